@@ -4,12 +4,14 @@
 //!
 //! This crate is pure: no I/O beyond reading manifest files in [`load`].
 
+pub mod attr;
 pub mod k8s;
 pub mod load;
 pub mod object;
 pub mod quantity;
 pub mod semver;
 
+pub use attr::{AttrValue, QualifiedName};
 pub use load::{LoadError, Loaded, Manifest, Source};
 pub use object::{ClusterInfo, ClusterObject, ObjectChange, ObjectKey, ObjectKind};
 pub use quantity::Quantity;

@@ -6,6 +6,9 @@
 //! silently mis-read. Every error names the file, the document index (and list item), the object
 //! and the field path.
 
+// LoadError is large (file, indices, object, field) by design; it is built only on failure.
+#![allow(clippy::result_large_err)]
+
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

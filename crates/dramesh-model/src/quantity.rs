@@ -207,7 +207,7 @@ impl Quantity {
 
     /// True when the value is a whole number of units.
     pub fn is_integer(&self) -> bool {
-        self.nanos % NANO == 0
+        self.nanos.rem_euclid(NANO) == 0
     }
 
     /// The value as an `i64` of units when it is whole and fits (CEL `asInteger`).
@@ -321,14 +321,14 @@ impl fmt::Display for Quantity {
         if n == 0 {
             return f.write_str("0");
         }
-        let whole = n % (NANO as u128) == 0;
+        let whole = n.is_multiple_of(NANO as u128);
         if self.format == Format::BinarySi && whole {
             let units = n / NANO as u128;
             // Largest binary suffix that divides the value; below 1024 fall back to decimal.
             const SUFFIX: [&str; 7] = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
             let mut v = units;
             let mut k = 0;
-            while k < 6 && v >= 1024 && v % 1024 == 0 {
+            while k < 6 && v >= 1024 && v.is_multiple_of(1024) {
                 v /= 1024;
                 k += 1;
             }
@@ -339,7 +339,7 @@ impl fmt::Display for Quantity {
         // Decimal: an integer mantissa with an exponent that is a multiple of 3, >= -9.
         let mut mantissa = n;
         let mut exp: i32 = -9;
-        while mantissa % 1000 == 0 && exp < 18 {
+        while mantissa.is_multiple_of(1000) && exp < 18 {
             mantissa /= 1000;
             exp += 3;
         }

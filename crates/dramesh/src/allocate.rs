@@ -10,13 +10,21 @@ use crate::{Failure, Output};
 pub fn run(node: &str, files: &[PathBuf], version: &str, output: Output) -> Result<(), Failure> {
     let version: KubeVersion = version.parse().map_err(Failure::input)?;
     let loaded = dramesh_model::load::load_paths(files).map_err(Failure::input)?;
-    let opts = Options { version, ..Options::default() };
+    let opts = Options {
+        version,
+        ..Options::default()
+    };
     let report = allocate_manifests(&loaded, node, &opts).map_err(Failure::input)?;
-    let json = serde_json::to_value(&report).map_err(|e| Failure { code: 1, message: e.to_string() })?;
+    let json = serde_json::to_value(&report).map_err(|e| Failure {
+        code: 1,
+        message: e.to_string(),
+    })?;
     match output {
-        Output::Json => {
-            println!("{}", serde_json::to_string_pretty(&json).unwrap_or_default());
-        }
+        // The report itself, not `json`: keeps the documented field order.
+        Output::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&report).unwrap_or_default()
+        ),
         Output::Table => print!("{}", render(&json)),
     }
     Ok(())
@@ -28,7 +36,11 @@ fn render(report: &serde_json::Value) -> String {
     let mut out = format!(
         "node {}: {}\n",
         s(&report["node"]),
-        if report["allocated"].as_bool() == Some(true) { "allocated" } else { "NOT allocated" }
+        if report["allocated"].as_bool() == Some(true) {
+            "allocated"
+        } else {
+            "NOT allocated"
+        }
     );
     if let Some(e) = report["error"].as_str() {
         out.push_str(&format!("error: {e}\n"));
@@ -63,7 +75,10 @@ fn render(report: &serde_json::Value) -> String {
             ]);
         }
         if !alloc["nodeSelector"].is_null() {
-            selectors.push(format!("{claim}: {}", node_selector_text(&alloc["nodeSelector"])));
+            selectors.push(format!(
+                "{claim}: {}",
+                node_selector_text(&alloc["nodeSelector"])
+            ));
         }
     }
     if !t.is_empty() {
@@ -115,7 +130,13 @@ mod tests {
         });
         let text = render(&report);
         assert!(text.starts_with("node n1: allocated\n"), "{text}");
-        assert!(text.contains("default/c  gpu      d       p     gpu-0   admin access"), "{text}");
-        assert!(text.contains("node selector default/c: metadata.name In [n1]"), "{text}");
+        assert!(
+            text.contains("default/c  gpu      d       p     gpu-0   admin access"),
+            "{text}"
+        );
+        assert!(
+            text.contains("node selector default/c: metadata.name In [n1]"),
+            "{text}"
+        );
     }
 }

@@ -12,7 +12,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Parser)]
-#[command(name = "dramesh", version, about = "Device-aware estimation, placement and preemption for multi-cluster Kubernetes DRA")]
+#[command(
+    name = "dramesh",
+    version,
+    about = "Device-aware estimation, placement and preemption for multi-cluster Kubernetes DRA"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -55,16 +59,22 @@ pub struct Failure {
 
 impl Failure {
     pub fn input(message: impl std::fmt::Display) -> Failure {
-        Failure { code: 2, message: message.to_string() }
+        Failure {
+            code: 2,
+            message: message.to_string(),
+        }
     }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Allocate { node, files, kubernetes_version, output } => {
-            allocate::run(&node, &files, &kubernetes_version, output)
-        }
+        Command::Allocate {
+            node,
+            files,
+            kubernetes_version,
+            output,
+        } => allocate::run(&node, &files, &kubernetes_version, output),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,173 @@
+//! The `dramesh` command-line contract: outputs and exit codes.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn dramesh(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_dramesh"))
+        .args(args)
+        .output()
+        .expect("run dramesh")
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p.to_string_lossy().into_owned()
+}
+
+const INVENTORY: &str = r#"
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: gpu.example.com}
+spec:
+  selectors:
+  - cel: {expression: "device.driver == 'gpu.example.com'"}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata: {name: node-1-gpus}
+spec:
+  driver: gpu.example.com
+  nodeName: node-1
+  pool: {name: node-1, generation: 1, resourceSliceCount: 1}
+  devices:
+  - name: gpu-0
+    attributes: {model: {string: a100}}
+  - name: gpu-1
+    attributes: {model: {string: h100}}
+"#;
+
+fn claim(name: &str, selector: &str) -> String {
+    format!(
+        r#"
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {{name: {name}, namespace: team-a}}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: gpu.example.com
+        selectors:
+        - cel: {{expression: "{selector}"}}
+"#
+    )
+}
+
+#[test]
+fn allocate_json_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let inv = write(dir.path(), "inv.yaml", INVENTORY);
+    let c = write(
+        dir.path(),
+        "claim.yaml",
+        &claim("c1", "device.attributes['gpu.example.com'].model == 'h100'"),
+    );
+    let out = dramesh(&[
+        "allocate", "--node", "node-1", "-f", &inv, "-f", &c, "-o", "json",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["node"], "node-1");
+    assert_eq!(v["allocated"], true);
+    assert_eq!(v["claims"][0]["namespace"], "team-a");
+    assert_eq!(v["claims"][0]["name"], "c1");
+    let r = &v["claims"][0]["allocation"]["devices"]["results"][0];
+    assert_eq!(
+        (r["request"].as_str(), r["device"].as_str()),
+        (Some("gpu"), Some("gpu-1"))
+    );
+    assert_eq!(
+        v["claims"][0]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"]
+            [0],
+        "node-1"
+    );
+}
+
+#[test]
+fn allocate_reports_pod_errors_with_exit_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let inv = write(dir.path(), "inv.yaml", INVENTORY);
+    // A missing attribute key is a CEL runtime error: it fails the pod, it is not "no fit".
+    let c = write(
+        dir.path(),
+        "claim.yaml",
+        &claim("c1", "device.attributes['gpu.example.com'].memory == 1"),
+    );
+    let out = dramesh(&[
+        "allocate", "--node", "node-1", "-f", &inv, "-f", &c, "-o", "json",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["allocated"], false);
+    assert!(v["error"].as_str().is_some_and(|e| !e.is_empty()), "{v}");
+}
+
+#[test]
+fn allocate_says_why_a_node_does_not_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let inv = write(dir.path(), "inv.yaml", INVENTORY);
+    let c = write(
+        dir.path(),
+        "claim.yaml",
+        &claim("c1", "device.attributes['gpu.example.com'].model == 'b200'"),
+    );
+    let out = dramesh(&["allocate", "--node", "node-1", "-f", &inv, "-f", &c]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("node node-1: NOT allocated"), "{text}");
+    assert!(text.contains("reason:"), "{text}");
+}
+
+#[test]
+fn invalid_input_exits_2_naming_file_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = write(
+        dir.path(),
+        "bad.yaml",
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: c, namespace: ns}\nspec:\n  devices:\n    requests:\n    - name: gpu\n      deviceClassName: gpu\n",
+    );
+    let out = dramesh(&["allocate", "--node", "node-1", "-f", &bad]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.yaml") && err.contains("spec.devices.requests[0].deviceClassName"),
+        "{err}"
+    );
+    let missing = dramesh(&["allocate", "--node", "n", "-f", "/nonexistent/x.yaml"]);
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/x.yaml"));
+}
+
+#[test]
+fn allocate_runs_a_conformance_case_file() {
+    let case = repo().join("tests/allocator/basic-simple.yaml");
+    let out = dramesh(&[
+        "allocate",
+        "--node",
+        "node-1",
+        "-f",
+        case.to_str().unwrap(),
+        "-o",
+        "json",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["allocated"], true);
+}

@@ -1,0 +1,65 @@
+//! The computation behind the APIs, supplied by the caller (the `dramesh replica` command
+//! implements it with the estimator crate over the replicated view).
+//!
+//! Methods are synchronous and may be CPU-heavy: the servers call them on Tokio's blocking
+//! pool, each under the configured timeout, so an implementation needs no async code. They
+//! must be safe to call concurrently.
+
+use std::time::Duration;
+
+use crate::native::{
+    EstimateRequest, EstimateResponse, PlaceRequest, PlaceResponse, PreemptRequest,
+    PreemptResponse, StatusReport,
+};
+use crate::query::{ComponentSetQuery, ReplicaQuery, UnschedulableQuery};
+
+/// The answer to one Karmada estimator question for one cluster.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReplicaAnswer {
+    /// The computed number (replicas, sets or unschedulable replicas). Values outside
+    /// `0..=i32::MAX` are clamped on the wire.
+    Count(i64),
+    /// The cluster is not in the view. Answered as 0, logged and counted.
+    UnknownCluster,
+    /// The cluster's data is older than the staleness limit. Answered as 0, logged and counted.
+    Stale { age: Duration },
+    /// The computation failed for this cluster (e.g. a claim template the engine cannot
+    /// evaluate). Answered as 0, logged and counted: karmada-scheduler drops every cluster's
+    /// accurate answer when one estimator errors, so an error would hurt all clusters.
+    Failed(String),
+}
+
+/// A native API error; maps to a gRPC status code and an HTTP status.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ApiError {
+    /// The request is malformed (bad manifests, no workload, ...): gRPC InvalidArgument, HTTP 400.
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    /// A named object (e.g. a cluster) does not exist: gRPC NotFound, HTTP 404.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// The replica cannot answer yet (view not loaded): gRPC Unavailable, HTTP 503.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    /// Anything else: gRPC Internal, HTTP 500.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// What a replica computes. See the module docs for the calling convention.
+pub trait Backend: Send + Sync + 'static {
+    /// Karmada `MaxAvailableReplicas` for `q.cluster`.
+    fn max_available_replicas(&self, q: &ReplicaQuery) -> ReplicaAnswer;
+    /// Karmada `MaxAvailableComponentSets` for `q.cluster`.
+    fn max_available_component_sets(&self, q: &ComponentSetQuery) -> ReplicaAnswer;
+    /// Karmada `GetUnschedulableReplicas` for `q.cluster`.
+    fn unschedulable_replicas(&self, q: &UnschedulableQuery) -> ReplicaAnswer;
+    /// Max available replicas on every cluster (or `req.clusters`).
+    fn estimate_all(&self, req: &EstimateRequest) -> Result<EstimateResponse, ApiError>;
+    /// Divides the workload's replicas over clusters by its propagation policy.
+    fn place(&self, req: &PlaceRequest) -> Result<PlaceResponse, ApiError>;
+    /// Chooses victims so that the workload fits on one cluster.
+    fn preempt(&self, req: &PreemptRequest) -> Result<PreemptResponse, ApiError>;
+    /// The replica's view. The server overwrites `ready` with its ready flag.
+    fn status(&self) -> StatusReport;
+}

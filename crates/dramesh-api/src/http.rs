@@ -1,0 +1,194 @@
+//! The HTTP/JSON server: the native API plus health, readiness and metrics.
+//!
+//! | Method and path | Body | Answer |
+//! |---|---|---|
+//! | `POST /v1/estimate` | [`EstimateRequest`] | [`EstimateResponse`](crate::native::EstimateResponse) |
+//! | `POST /v1/place` | [`PlaceRequest`] | [`PlaceResponse`](crate::native::PlaceResponse) |
+//! | `POST /v1/preempt` | [`PreemptRequest`] | [`PreemptResponse`](crate::native::PreemptResponse) |
+//! | `GET /v1/status` | | [`StatusReport`](crate::native::StatusReport) |
+//! | `GET /healthz` | | 200 `ok` while the process serves |
+//! | `GET /readyz` | | 200 `ready` once the ready flag is set, else 503 `not ready` |
+//! | `GET /metrics` | | Prometheus text of [`Metrics`](crate::metrics::Metrics) |
+//!
+//! Guarantees: bodies above the configured limit get 413 before they are parsed; malformed
+//! JSON gets 400 with `{"error": "..."}` naming the position or field; backend errors map to
+//! 400/404/503/500 with the same error body.
+
+use std::net::SocketAddr;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tracing::Instrument;
+
+use crate::backend::ApiError;
+use crate::metrics::Method;
+use crate::native::{EstimateRequest, PlaceRequest, PreemptRequest};
+use crate::server::{ApiState, ServeError, bind};
+
+fn error_body(status: StatusCode, message: &str) -> Response {
+    (status, axum::Json(serde_json::json!({ "error": message }))).into_response()
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = match &self {
+            ApiError::InvalidRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        error_body(status, &self.to_string())
+    }
+}
+
+fn parse<T: DeserializeOwned>(
+    state: &ApiState,
+    method: Method,
+    body: &[u8],
+) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| {
+        state.metrics.request(method);
+        state.metrics.error(method);
+        tracing::warn!(method = method.as_str(), error = %e, "malformed JSON body");
+        ApiError::InvalidRequest(format!(
+            "{} request body is not valid JSON of the expected shape: {e}",
+            method.as_str()
+        ))
+    })
+}
+
+fn json<T: Serialize>(r: Result<T, ApiError>) -> Response {
+    match r {
+        Ok(v) => axum::Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn estimate(State(state): State<ApiState>, body: Bytes) -> Response {
+    let req: EstimateRequest = match parse(&state, Method::EstimateAll, &body) {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let span = tracing::info_span!(
+        "http",
+        method = "EstimateAll",
+        clusters = req.clusters.len()
+    );
+    json(
+        state
+            .call_native(Method::EstimateAll, move |b| b.estimate_all(&req))
+            .instrument(span)
+            .await,
+    )
+}
+
+async fn place(State(state): State<ApiState>, body: Bytes) -> Response {
+    let req: PlaceRequest = match parse(&state, Method::Place, &body) {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let span = tracing::info_span!("http", method = "Place", clusters = req.clusters.len());
+    json(
+        state
+            .call_native(Method::Place, move |b| b.place(&req))
+            .instrument(span)
+            .await,
+    )
+}
+
+async fn preempt(State(state): State<ApiState>, body: Bytes) -> Response {
+    let req: PreemptRequest = match parse(&state, Method::Preempt, &body) {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let span = tracing::info_span!("http", method = "Preempt", clusters = req.clusters.len());
+    json(
+        state
+            .call_native(Method::Preempt, move |b| b.preempt(&req))
+            .instrument(span)
+            .await,
+    )
+}
+
+async fn status(State(state): State<ApiState>) -> Response {
+    let span = tracing::info_span!("http", method = "Status");
+    let ready = state.is_ready();
+    json(
+        state
+            .call_native(Method::Status, |b| Ok(b.status()))
+            .instrument(span)
+            .await
+            .map(|mut s| {
+                s.ready = ready;
+                s
+            }),
+    )
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+async fn readyz(State(state): State<ApiState>) -> Response {
+    if state.is_ready() {
+        (StatusCode::OK, "ready").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()
+    }
+}
+
+async fn metrics(State(state): State<ApiState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render_prometheus(),
+    )
+        .into_response()
+}
+
+/// The HTTP routes over `state`, with the body size limit applied.
+pub fn http_router(state: ApiState) -> Router {
+    let limit = state.config.max_request_bytes;
+    Router::new()
+        .route("/v1/estimate", post(estimate))
+        .route("/v1/place", post(place))
+        .route("/v1/preempt", post(preempt))
+        .route("/v1/status", get(status))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+/// Serves the HTTP API on `addr` until `shutdown` completes.
+pub async fn serve_http<F>(addr: SocketAddr, state: ApiState, shutdown: F) -> Result<(), ServeError>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let listener = bind(addr).await?;
+    serve_http_on(listener, state, shutdown).await
+}
+
+/// Serves the HTTP API on an already bound listener (e.g. port 0 in tests).
+pub async fn serve_http_on<F>(
+    listener: tokio::net::TcpListener,
+    state: ApiState,
+    shutdown: F,
+) -> Result<(), ServeError>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    if let Ok(a) = listener.local_addr() {
+        tracing::info!(addr = %a, "HTTP API listening");
+    }
+    axum::serve(listener, http_router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(ServeError::Http)
+}

@@ -1,0 +1,30 @@
+//! dramesh-api: the APIs a control-plane replica serves, as a library.
+//!
+//! * [`grpc`]: Karmada's scheduler-estimator gRPC service
+//!   (`github.com.karmada_io.karmada.pkg.estimator.service.Estimator`, default port
+//!   [`grpc::KARMADA_ESTIMATOR_PORT`]), wire-compatible with Karmada v1.17 (embedded
+//!   Kubernetes messages) and v1.18+ (`*Bytes` fields), answering for any cluster of the view;
+//!   plus the native `dramesh.v1.Dramesh` service on the same port.
+//! * [`http`]: the native API as HTTP/JSON, with `/healthz`, `/readyz` and `/metrics`.
+//! * [`backend`]: the [`Backend`] trait the caller implements; this crate does no estimation.
+//! * [`query`]: plain Rust forms of the Karmada requests, converted from either wire generation.
+//! * [`native`]: request and response types of the native API.
+//! * [`metrics`]: per-method counters.
+//! * [`table`]: a backend answering from a fixed table, for interop tests and demos.
+//! * [`proto`]: generated protobuf code (schema in `proto/karmada` and `proto/dramesh/v1`).
+
+pub mod backend;
+pub mod grpc;
+pub mod http;
+pub mod metrics;
+pub mod native;
+pub mod proto;
+pub mod query;
+pub mod server;
+pub mod table;
+
+pub use backend::{ApiError, Backend, ReplicaAnswer};
+pub use grpc::{KARMADA_ESTIMATOR_PORT, serve_grpc, serve_grpc_on};
+pub use http::{http_router, serve_http, serve_http_on};
+pub use metrics::{Method, MethodCounts, Metrics};
+pub use server::{ApiConfig, ApiState, ServeError};

@@ -1,0 +1,660 @@
+//! Request and response types of the native dramesh API, shared by the `dramesh.v1` gRPC
+//! service and the HTTP/JSON endpoints.
+//!
+//! JSON uses camelCase names; optional fields are omitted when unset. The response types
+//! serialise with the same field names as the estimator crate's result types
+//! (`ClusterEstimate`, `PlacementResult`, `PreemptionResult`), so a backend may convert
+//! either field by field or through `serde_json`. Conversions to and from the protobuf
+//! messages are lossless.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::proto::native as pb;
+
+/// The workload, as Kubernetes manifests: exactly one Deployment, StatefulSet, Job or Pod,
+/// plus the ResourceClaimTemplates it references, its PriorityClass and optionally a
+/// (Cluster)PropagationPolicy. Each item is YAML or JSON text and may hold several
+/// documents. Over HTTP an item may also be a JSON object, which is kept as JSON text.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Workload {
+    #[serde(deserialize_with = "manifests_de")]
+    pub manifests: Vec<String>,
+}
+
+fn manifests_de<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Doc {
+        Text(String),
+        Object(serde_json::Value),
+    }
+    let docs = Vec::<Doc>::deserialize(d)?;
+    Ok(docs
+        .into_iter()
+        .map(|d| match d {
+            Doc::Text(s) => s,
+            Doc::Object(v) => v.to_string(),
+        })
+        .collect())
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EstimateRequest {
+    pub workload: Workload,
+    /// Restrict to these clusters; all clusters of the view when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clusters: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterEstimate {
+    pub name: String,
+    pub max_replicas: i64,
+    /// What limited the answer: a resource name, `pods`, `devices`, `quota:<name>`, ...
+    #[serde(default)]
+    pub limited_by: String,
+    #[serde(default)]
+    pub excluded_nodes: BTreeMap<String, u32>,
+    #[serde(default)]
+    pub nodes_considered: u32,
+    #[serde(default)]
+    pub limits: BTreeMap<String, u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EstimateResponse {
+    pub clusters: Vec<ClusterEstimate>,
+    pub total: i64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlaceRequest {
+    pub workload: Workload,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clusters: Vec<String>,
+    /// Overrides the workload's replica count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TargetCluster {
+    pub name: String,
+    pub replicas: i64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlaceResponse {
+    pub policy: String,
+    pub strategy: String,
+    pub replicas: i64,
+    pub clusters: Vec<TargetCluster>,
+    #[serde(default)]
+    pub available: BTreeMap<String, i64>,
+    #[serde(default)]
+    pub filtered_out: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unschedulable: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreemptRequest {
+    pub workload: Workload,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clusters: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Victim {
+    pub namespace: String,
+    pub kind: String,
+    pub name: String,
+    pub priority: i32,
+    pub pods: u32,
+    #[serde(default)]
+    pub freed: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterPreemption {
+    pub name: String,
+    pub feasible: bool,
+    pub replicas_before: i64,
+    pub replicas_after: i64,
+    #[serde(default)]
+    pub victims: Vec<Victim>,
+    #[serde(default)]
+    pub freed: BTreeMap<String, String>,
+    #[serde(default)]
+    pub evicted_pods: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub highest_victim_priority: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreemptResponse {
+    pub preemptor: String,
+    pub priority: i32,
+    pub replicas: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fits_without_preemption: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chosen: Option<String>,
+    #[serde(default)]
+    pub clusters: Vec<ClusterPreemption>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Amounts of one resource; quantities as strings (`"64"`, `"250Gi"`, `"3500m"`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceAmount {
+    pub name: String,
+    pub allocatable: String,
+    pub consumed: String,
+    pub free: String,
+}
+
+/// The devices of one DeviceClass in a cluster.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceClassStatus {
+    pub class: String,
+    pub devices: u32,
+    pub allocated: u32,
+    pub free: u32,
+    /// Consumable device capacity summed over the class's devices.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capacity: Vec<ResourceAmount>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterStatus {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes_version: Option<String>,
+    pub generation: u64,
+    /// Seconds since the cluster's agent last published, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_age_seconds: Option<f64>,
+    /// Older than the replica's staleness limit: Karmada estimates answer 0.
+    pub stale: bool,
+    pub nodes: u32,
+    pub pods: u32,
+    #[serde(default)]
+    pub resources: Vec<ResourceAmount>,
+    #[serde(default)]
+    pub devices: Vec<DeviceClassStatus>,
+}
+
+/// The replica's view. `ready` is filled in by the server from its ready flag.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusReport {
+    pub replica: String,
+    #[serde(default)]
+    pub ready: bool,
+    pub clusters: Vec<ClusterStatus>,
+}
+
+// ---------------------------------------------------------------------------------------
+// protobuf <-> native
+
+impl From<pb::Workload> for Workload {
+    fn from(w: pb::Workload) -> Self {
+        Workload {
+            manifests: w.manifests,
+        }
+    }
+}
+
+impl From<Workload> for pb::Workload {
+    fn from(w: Workload) -> Self {
+        pb::Workload {
+            manifests: w.manifests,
+        }
+    }
+}
+
+impl From<pb::EstimateRequest> for EstimateRequest {
+    fn from(r: pb::EstimateRequest) -> Self {
+        EstimateRequest {
+            workload: r.workload.map(Into::into).unwrap_or_default(),
+            clusters: r.clusters,
+        }
+    }
+}
+
+impl From<EstimateRequest> for pb::EstimateRequest {
+    fn from(r: EstimateRequest) -> Self {
+        pb::EstimateRequest {
+            workload: Some(r.workload.into()),
+            clusters: r.clusters,
+        }
+    }
+}
+
+impl From<pb::PlaceRequest> for PlaceRequest {
+    fn from(r: pb::PlaceRequest) -> Self {
+        PlaceRequest {
+            workload: r.workload.map(Into::into).unwrap_or_default(),
+            clusters: r.clusters,
+            replicas: r.replicas,
+        }
+    }
+}
+
+impl From<PlaceRequest> for pb::PlaceRequest {
+    fn from(r: PlaceRequest) -> Self {
+        pb::PlaceRequest {
+            workload: Some(r.workload.into()),
+            clusters: r.clusters,
+            replicas: r.replicas,
+        }
+    }
+}
+
+impl From<pb::PreemptRequest> for PreemptRequest {
+    fn from(r: pb::PreemptRequest) -> Self {
+        PreemptRequest {
+            workload: r.workload.map(Into::into).unwrap_or_default(),
+            clusters: r.clusters,
+            replicas: r.replicas,
+        }
+    }
+}
+
+impl From<PreemptRequest> for pb::PreemptRequest {
+    fn from(r: PreemptRequest) -> Self {
+        pb::PreemptRequest {
+            workload: Some(r.workload.into()),
+            clusters: r.clusters,
+            replicas: r.replicas,
+        }
+    }
+}
+
+impl From<ClusterEstimate> for pb::ClusterEstimate {
+    fn from(c: ClusterEstimate) -> Self {
+        pb::ClusterEstimate {
+            name: c.name,
+            max_replicas: c.max_replicas,
+            limited_by: c.limited_by,
+            excluded_nodes: c.excluded_nodes.into_iter().collect(),
+            nodes_considered: c.nodes_considered,
+            limits: c.limits.into_iter().collect(),
+            kubernetes_version: c.kubernetes_version,
+            error: c.error,
+        }
+    }
+}
+
+impl From<pb::ClusterEstimate> for ClusterEstimate {
+    fn from(c: pb::ClusterEstimate) -> Self {
+        ClusterEstimate {
+            name: c.name,
+            max_replicas: c.max_replicas,
+            limited_by: c.limited_by,
+            excluded_nodes: c.excluded_nodes.into_iter().collect(),
+            nodes_considered: c.nodes_considered,
+            limits: c.limits.into_iter().collect(),
+            kubernetes_version: c.kubernetes_version,
+            error: c.error,
+        }
+    }
+}
+
+impl From<EstimateResponse> for pb::EstimateResponse {
+    fn from(r: EstimateResponse) -> Self {
+        pb::EstimateResponse {
+            clusters: r.clusters.into_iter().map(Into::into).collect(),
+            total: r.total,
+        }
+    }
+}
+
+impl From<pb::EstimateResponse> for EstimateResponse {
+    fn from(r: pb::EstimateResponse) -> Self {
+        EstimateResponse {
+            clusters: r.clusters.into_iter().map(Into::into).collect(),
+            total: r.total,
+        }
+    }
+}
+
+impl From<PlaceResponse> for pb::PlaceResponse {
+    fn from(r: PlaceResponse) -> Self {
+        pb::PlaceResponse {
+            policy: r.policy,
+            strategy: r.strategy,
+            replicas: r.replicas,
+            clusters: r
+                .clusters
+                .into_iter()
+                .map(|t| pb::TargetCluster {
+                    name: t.name,
+                    replicas: t.replicas,
+                })
+                .collect(),
+            available: r.available.into_iter().collect(),
+            filtered_out: r.filtered_out,
+            unschedulable: r.unschedulable,
+        }
+    }
+}
+
+impl From<pb::PlaceResponse> for PlaceResponse {
+    fn from(r: pb::PlaceResponse) -> Self {
+        PlaceResponse {
+            policy: r.policy,
+            strategy: r.strategy,
+            replicas: r.replicas,
+            clusters: r
+                .clusters
+                .into_iter()
+                .map(|t| TargetCluster {
+                    name: t.name,
+                    replicas: t.replicas,
+                })
+                .collect(),
+            available: r.available.into_iter().collect(),
+            filtered_out: r.filtered_out,
+            unschedulable: r.unschedulable,
+        }
+    }
+}
+
+impl From<Victim> for pb::Victim {
+    fn from(v: Victim) -> Self {
+        pb::Victim {
+            namespace: v.namespace,
+            kind: v.kind,
+            name: v.name,
+            priority: v.priority,
+            pods: v.pods,
+            freed: v.freed.into_iter().collect(),
+        }
+    }
+}
+
+impl From<pb::Victim> for Victim {
+    fn from(v: pb::Victim) -> Self {
+        Victim {
+            namespace: v.namespace,
+            kind: v.kind,
+            name: v.name,
+            priority: v.priority,
+            pods: v.pods,
+            freed: v.freed.into_iter().collect(),
+        }
+    }
+}
+
+impl From<ClusterPreemption> for pb::ClusterPreemption {
+    fn from(c: ClusterPreemption) -> Self {
+        pb::ClusterPreemption {
+            name: c.name,
+            feasible: c.feasible,
+            replicas_before: c.replicas_before,
+            replicas_after: c.replicas_after,
+            victims: c.victims.into_iter().map(Into::into).collect(),
+            freed: c.freed.into_iter().collect(),
+            evicted_pods: c.evicted_pods,
+            highest_victim_priority: c.highest_victim_priority,
+            reason: c.reason,
+        }
+    }
+}
+
+impl From<pb::ClusterPreemption> for ClusterPreemption {
+    fn from(c: pb::ClusterPreemption) -> Self {
+        ClusterPreemption {
+            name: c.name,
+            feasible: c.feasible,
+            replicas_before: c.replicas_before,
+            replicas_after: c.replicas_after,
+            victims: c.victims.into_iter().map(Into::into).collect(),
+            freed: c.freed.into_iter().collect(),
+            evicted_pods: c.evicted_pods,
+            highest_victim_priority: c.highest_victim_priority,
+            reason: c.reason,
+        }
+    }
+}
+
+impl From<PreemptResponse> for pb::PreemptResponse {
+    fn from(r: PreemptResponse) -> Self {
+        pb::PreemptResponse {
+            preemptor: r.preemptor,
+            priority: r.priority,
+            replicas: r.replicas,
+            fits_without_preemption: r.fits_without_preemption,
+            chosen: r.chosen,
+            clusters: r.clusters.into_iter().map(Into::into).collect(),
+            reason: r.reason,
+        }
+    }
+}
+
+impl From<pb::PreemptResponse> for PreemptResponse {
+    fn from(r: pb::PreemptResponse) -> Self {
+        PreemptResponse {
+            preemptor: r.preemptor,
+            priority: r.priority,
+            replicas: r.replicas,
+            fits_without_preemption: r.fits_without_preemption,
+            chosen: r.chosen,
+            clusters: r.clusters.into_iter().map(Into::into).collect(),
+            reason: r.reason,
+        }
+    }
+}
+
+impl From<ResourceAmount> for pb::ResourceAmount {
+    fn from(a: ResourceAmount) -> Self {
+        pb::ResourceAmount {
+            name: a.name,
+            allocatable: a.allocatable,
+            consumed: a.consumed,
+            free: a.free,
+        }
+    }
+}
+
+impl From<pb::ResourceAmount> for ResourceAmount {
+    fn from(a: pb::ResourceAmount) -> Self {
+        ResourceAmount {
+            name: a.name,
+            allocatable: a.allocatable,
+            consumed: a.consumed,
+            free: a.free,
+        }
+    }
+}
+
+impl From<DeviceClassStatus> for pb::DeviceClassStatus {
+    fn from(d: DeviceClassStatus) -> Self {
+        pb::DeviceClassStatus {
+            class: d.class,
+            devices: d.devices,
+            allocated: d.allocated,
+            free: d.free,
+            capacity: d.capacity.into_iter().map(Into::into).collect(),
+        }
+    }
+}
+
+impl From<pb::DeviceClassStatus> for DeviceClassStatus {
+    fn from(d: pb::DeviceClassStatus) -> Self {
+        DeviceClassStatus {
+            class: d.class,
+            devices: d.devices,
+            allocated: d.allocated,
+            free: d.free,
+            capacity: d.capacity.into_iter().map(Into::into).collect(),
+        }
+    }
+}
+
+impl From<ClusterStatus> for pb::ClusterStatus {
+    fn from(c: ClusterStatus) -> Self {
+        pb::ClusterStatus {
+            name: c.name,
+            kubernetes_version: c.kubernetes_version,
+            generation: c.generation,
+            data_age_seconds: c.data_age_seconds,
+            stale: c.stale,
+            nodes: c.nodes,
+            pods: c.pods,
+            resources: c.resources.into_iter().map(Into::into).collect(),
+            devices: c.devices.into_iter().map(Into::into).collect(),
+        }
+    }
+}
+
+impl From<pb::ClusterStatus> for ClusterStatus {
+    fn from(c: pb::ClusterStatus) -> Self {
+        ClusterStatus {
+            name: c.name,
+            kubernetes_version: c.kubernetes_version,
+            generation: c.generation,
+            data_age_seconds: c.data_age_seconds,
+            stale: c.stale,
+            nodes: c.nodes,
+            pods: c.pods,
+            resources: c.resources.into_iter().map(Into::into).collect(),
+            devices: c.devices.into_iter().map(Into::into).collect(),
+        }
+    }
+}
+
+impl From<StatusReport> for pb::StatusResponse {
+    fn from(s: StatusReport) -> Self {
+        pb::StatusResponse {
+            replica: s.replica,
+            ready: s.ready,
+            clusters: s.clusters.into_iter().map(Into::into).collect(),
+        }
+    }
+}
+
+impl From<pb::StatusResponse> for StatusReport {
+    fn from(s: pb::StatusResponse) -> Self {
+        StatusReport {
+            replica: s.replica,
+            ready: s.ready,
+            clusters: s.clusters.into_iter().map(Into::into).collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manifests_accept_text_and_objects() {
+        let r: EstimateRequest = serde_json::from_value(serde_json::json!({
+            "workload": {"manifests": ["kind: Deployment\n", {"kind": "ResourceClaimTemplate"}]},
+        }))
+        .expect("request");
+        assert_eq!(r.workload.manifests[0], "kind: Deployment\n");
+        let obj: serde_json::Value =
+            serde_json::from_str(&r.workload.manifests[1]).expect("json text");
+        assert_eq!(obj["kind"], "ResourceClaimTemplate");
+        assert!(r.clusters.is_empty());
+    }
+
+    #[test]
+    fn status_roundtrips_through_protobuf() {
+        let s = StatusReport {
+            replica: "r1".into(),
+            ready: true,
+            clusters: vec![ClusterStatus {
+                name: "c1".into(),
+                kubernetes_version: Some("1.36.0".into()),
+                generation: 7,
+                data_age_seconds: Some(1.5),
+                stale: false,
+                nodes: 3,
+                pods: 10,
+                resources: vec![ResourceAmount {
+                    name: "cpu".into(),
+                    allocatable: "96".into(),
+                    consumed: "10500m".into(),
+                    free: "85500m".into(),
+                }],
+                devices: vec![DeviceClassStatus {
+                    class: "gpu.example.com".into(),
+                    devices: 8,
+                    allocated: 2,
+                    free: 6,
+                    capacity: vec![],
+                }],
+            }],
+        };
+        let back: StatusReport = pb::StatusResponse::from(s.clone()).into();
+        assert_eq!(back, s);
+        let json = serde_json::to_value(&s).expect("json");
+        assert_eq!(json["clusters"][0]["dataAgeSeconds"], 1.5);
+        assert_eq!(
+            json["clusters"][0]["devices"][0]["class"],
+            "gpu.example.com"
+        );
+    }
+
+    #[test]
+    fn preemption_roundtrips_through_protobuf() {
+        let r = PreemptResponse {
+            preemptor: "Deployment ml/train".into(),
+            priority: 1000,
+            replicas: 4,
+            fits_without_preemption: None,
+            chosen: Some("c2".into()),
+            clusters: vec![ClusterPreemption {
+                name: "c2".into(),
+                feasible: true,
+                replicas_before: 1,
+                replicas_after: 4,
+                victims: vec![Victim {
+                    namespace: "batch".into(),
+                    kind: "Job".into(),
+                    name: "low".into(),
+                    priority: 10,
+                    pods: 3,
+                    freed: BTreeMap::from([("cpu".to_string(), "6".to_string())]),
+                }],
+                freed: BTreeMap::from([("cpu".to_string(), "6".to_string())]),
+                evicted_pods: 3,
+                highest_victim_priority: Some(10),
+                reason: None,
+            }],
+            reason: None,
+        };
+        let back: PreemptResponse = pb::PreemptResponse::from(r.clone()).into();
+        assert_eq!(back, r);
+    }
+}

@@ -1,0 +1,171 @@
+//! State shared by the gRPC and HTTP servers, and the bounded way both call the backend.
+//!
+//! Guarantees: every backend call runs on Tokio's blocking pool under a timeout, so a slow
+//! estimate never stalls the network runtime; request bodies above
+//! [`ApiConfig::max_request_bytes`] are refused before they are decoded.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::backend::{ApiError, Backend, ReplicaAnswer};
+use crate::metrics::{Method, Metrics, ZeroReason};
+
+/// Limits of the API servers.
+#[derive(Debug, Clone)]
+pub struct ApiConfig {
+    /// Largest accepted request message (gRPC) or body (HTTP). Default 4 MiB.
+    pub max_request_bytes: usize,
+    /// Time limit of one native API call (EstimateAll, Place, Preempt, Status). Default 10 s.
+    pub request_timeout: Duration,
+    /// Time limit of one Karmada estimator call; when it passes the answer is 0. Default
+    /// 2.5 s, below karmada-scheduler's default `--scheduler-estimator-timeout` of 3 s, so a
+    /// slow cluster gets 0 instead of failing the whole fan-out.
+    pub karmada_timeout: Duration,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig {
+            max_request_bytes: 4 * 1024 * 1024,
+            request_timeout: Duration::from_secs(10),
+            karmada_timeout: Duration::from_millis(2500),
+        }
+    }
+}
+
+/// Everything the servers need. Cheap to clone.
+#[derive(Clone)]
+pub struct ApiState {
+    pub backend: Arc<dyn Backend>,
+    pub metrics: Arc<Metrics>,
+    pub config: ApiConfig,
+    /// `GET /readyz` answers 200 once this is set (by the caller, e.g. after the first sync).
+    pub ready: Arc<AtomicBool>,
+}
+
+impl ApiState {
+    /// State with default limits, fresh counters and `ready` unset.
+    pub fn new(backend: Arc<dyn Backend>) -> ApiState {
+        ApiState {
+            backend,
+            metrics: Arc::new(Metrics::new()),
+            config: ApiConfig::default(),
+            ready: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    pub fn with_config(mut self, config: ApiConfig) -> ApiState {
+        self.config = config;
+        self
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Release);
+    }
+
+    /// Runs a native API call on the blocking pool under `request_timeout`.
+    pub(crate) async fn call_native<T, F>(&self, method: Method, f: F) -> Result<T, ApiError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn Backend) -> Result<T, ApiError> + Send + 'static,
+    {
+        self.metrics.request(method);
+        let backend = self.backend.clone();
+        let task = tokio::task::spawn_blocking(move || f(backend.as_ref()));
+        let out = match tokio::time::timeout(self.config.request_timeout, task).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(join)) => Err(ApiError::Internal(format!(
+                "{} computation panicked: {join}",
+                method.as_str()
+            ))),
+            // The blocking task keeps running to completion; its result is dropped.
+            Err(_) => Err(ApiError::Unavailable(format!(
+                "{} did not finish within {:?}",
+                method.as_str(),
+                self.config.request_timeout
+            ))),
+        };
+        if let Err(e) = &out {
+            self.metrics.error(method);
+            tracing::warn!(method = method.as_str(), error = %e, "request failed");
+        }
+        out
+    }
+
+    /// Runs a Karmada estimator call on the blocking pool under `karmada_timeout` and turns
+    /// the answer into the number sent on the wire (0 for anything but a computed count).
+    pub(crate) async fn call_karmada<F>(&self, method: Method, cluster: &str, f: F) -> i32
+    where
+        F: FnOnce(&dyn Backend) -> ReplicaAnswer + Send + 'static,
+    {
+        let backend = self.backend.clone();
+        let task = tokio::task::spawn_blocking(move || f(backend.as_ref()));
+        let answer = match tokio::time::timeout(self.config.karmada_timeout, task).await {
+            Ok(Ok(a)) => a,
+            Ok(Err(join)) => ReplicaAnswer::Failed(format!("computation panicked: {join}")),
+            Err(_) => {
+                self.metrics.zero(method, ZeroReason::Timeout);
+                tracing::warn!(
+                    method = method.as_str(),
+                    cluster,
+                    timeout = ?self.config.karmada_timeout,
+                    "estimate timed out; answering 0"
+                );
+                return 0;
+            }
+        };
+        match answer {
+            ReplicaAnswer::Count(n) => {
+                let n = i32::try_from(n.max(0)).unwrap_or(i32::MAX);
+                tracing::debug!(method = method.as_str(), cluster, answer = n, "answered");
+                n
+            }
+            ReplicaAnswer::UnknownCluster => {
+                self.metrics.zero(method, ZeroReason::UnknownCluster);
+                tracing::warn!(
+                    method = method.as_str(),
+                    cluster,
+                    "cluster is not in the view; answering 0"
+                );
+                0
+            }
+            ReplicaAnswer::Stale { age } => {
+                self.metrics.zero(method, ZeroReason::StaleCluster);
+                tracing::warn!(method = method.as_str(), cluster, age = ?age, "cluster data is stale; answering 0");
+                0
+            }
+            ReplicaAnswer::Failed(why) => {
+                self.metrics.zero(method, ZeroReason::BackendFailure);
+                tracing::warn!(method = method.as_str(), cluster, error = %why, "estimate failed; answering 0");
+                0
+            }
+        }
+    }
+}
+
+/// A server could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("gRPC server failed: {0}")]
+    Grpc(#[from] tonic::transport::Error),
+    #[error("HTTP server failed: {0}")]
+    Http(#[source] std::io::Error),
+}
+
+pub(crate) async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, ServeError> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { addr, source })
+}

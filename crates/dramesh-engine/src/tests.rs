@@ -1,0 +1,366 @@
+//! Engine-level tests of behaviour the conformance suite does not pin: search step counts
+//! (Kubernetes' `NumAllocateOneInvocations`), the budget, replica-after-replica allocation
+//! with commit/release, incremental inventory updates, taint rules, share IDs, versions.
+
+use dramesh_model::k8s;
+
+use crate::*;
+
+fn yaml<T: serde::de::DeserializeOwned>(s: &str) -> T {
+    serde_norway::from_str(s).expect("test YAML")
+}
+
+fn class(name: &str, driver: &str) -> k8s::DeviceClass {
+    yaml(&format!(
+        "metadata: {{name: {name}}}\nspec:\n  selectors:\n  - cel: {{expression: 'device.driver == \"{driver}\"'}}\n"
+    ))
+}
+
+/// A node-local slice with devices `device-1..=n`, attribute `type` from `types` (cycled).
+fn slice(name: &str, node: &str, pool: &str, n: usize, types: &[&str]) -> k8s::ResourceSlice {
+    let mut devs = String::new();
+    for i in 1..=n {
+        let t = types
+            .get((i - 1) % types.len().max(1))
+            .copied()
+            .unwrap_or("x");
+        devs.push_str(&format!(
+            "  - name: device-{i}\n    attributes:\n      type: {{string: {t}}}\n      numa: {{int: {}}}\n",
+            i % 2
+        ));
+    }
+    yaml(&format!(
+        "metadata: {{name: {name}}}\nspec:\n  driver: driver-a\n  nodeName: {node}\n  pool: {{name: {pool}, generation: 1, resourceSliceCount: 1}}\n  devices:\n{devs}"
+    ))
+}
+
+fn claim(name: &str, body: &str) -> k8s::ResourceClaim {
+    yaml(&format!(
+        "metadata: {{name: {name}, namespace: default}}\nspec:\n  devices:\n{body}"
+    ))
+}
+
+fn count_claim(name: &str, count: usize) -> k8s::ResourceClaim {
+    claim(
+        name,
+        &format!(
+            "    requests:\n    - name: req-0\n      exactly: {{deviceClassName: class-a, count: {count}}}\n"
+        ),
+    )
+}
+
+fn inventory(slices: &[k8s::ResourceSlice]) -> Inventory {
+    let classes = [class("class-a", "driver-a")];
+    Inventory::from_objects(slices, &classes, []).expect("inventory")
+}
+
+fn devices(o: &Outcome) -> Vec<Vec<String>> {
+    match o {
+        Outcome::Allocated(r) => r
+            .iter()
+            .map(|a| {
+                a.devices
+                    .iter()
+                    .flat_map(|d| d.results.iter().flatten())
+                    .map(|x| format!("{}={}", x.request, x.device))
+                    .collect()
+            })
+            .collect(),
+        other => panic!("not allocated: {other:?}"),
+    }
+}
+
+#[test]
+fn combinations_not_permutations() {
+    // Kubernetes: "check-combinations-within-single-request" takes 16 allocateOne calls.
+    let inv = inventory(&[slice("s1", "node-1", "pool-1", 4, &["x"])]);
+    let c = count_claim("c", 5);
+    let (o, steps) = allocate_with_steps(
+        &inv,
+        &AllocatedState::new(),
+        &NodeInfo::named("node-1"),
+        &[&c],
+        &Options::default(),
+    );
+    assert!(matches!(o, Outcome::Unsatisfiable { .. }), "{o:?}");
+    assert_eq!(steps, 16);
+}
+
+#[test]
+fn backtracking_step_count_matches_kubernetes() {
+    // "check-combinations-with-backtracking": req-1 takes 2 of anything, req-2 needs type X;
+    // devices X, Y, Y. Kubernetes needs 12 allocateOne invocations.
+    let inv = inventory(&[slice("s1", "node-1", "pool-1", 3, &["X", "Y", "Y"])]);
+    let c = claim(
+        "c",
+        "    requests:\n    - name: req-1\n      exactly: {deviceClassName: class-a, count: 2}\n    - name: req-2\n      exactly:\n        deviceClassName: class-a\n        selectors:\n        - cel: {expression: 'device.attributes[\"driver-a\"].type == \"X\"'}\n",
+    );
+    let (o, steps) = allocate_with_steps(
+        &inv,
+        &AllocatedState::new(),
+        &NodeInfo::named("node-1"),
+        &[&c],
+        &Options::default(),
+    );
+    assert_eq!(
+        devices(&o),
+        vec![vec!["req-1=device-2", "req-1=device-3", "req-2=device-1"]]
+    );
+    assert_eq!(steps, 12);
+}
+
+#[test]
+fn budget_bounds_a_hopeless_search() {
+    // 30 devices, half with numa 0 and half with numa 1; 16 devices with the same numa
+    // value do not exist, and proving that enumerates every subset of each half.
+    let inv = inventory(&[slice("s1", "node-1", "pool-1", 30, &["x"])]);
+    let c = claim(
+        "c",
+        "    requests:\n    - name: req-0\n      exactly: {deviceClassName: class-a, count: 16}\n    constraints:\n    - matchAttribute: driver-a/numa\n",
+    );
+    let opts = Options {
+        max_steps: 5_000,
+        ..Options::default()
+    };
+    let o = allocate(
+        &inv,
+        &AllocatedState::new(),
+        &NodeInfo::named("node-1"),
+        &[&c],
+        &opts,
+    );
+    assert_eq!(o, Outcome::BudgetExhausted { steps: 5_001 });
+    let unbounded = Options {
+        max_steps: u64::MAX,
+        ..Options::default()
+    };
+    let small = inventory(&[slice("s1", "node-1", "pool-1", 8, &["x"])]);
+    let c5 = claim(
+        "c",
+        "    requests:\n    - name: req-0\n      exactly: {deviceClassName: class-a, count: 5}\n    constraints:\n    - matchAttribute: driver-a/numa\n",
+    );
+    let o = allocate(
+        &small,
+        &AllocatedState::new(),
+        &NodeInfo::named("node-1"),
+        &[&c5],
+        &unbounded,
+    );
+    assert!(matches!(o, Outcome::Unsatisfiable { .. }), "{o:?}");
+}
+
+#[test]
+fn replicas_consume_devices_until_none_left() {
+    let inv = inventory(&[slice("s1", "node-1", "pool-1", 8, &["x"])]);
+    let node = NodeInfo::named("node-1");
+    let mut state = AllocatedState::new();
+    let mut placed = Vec::new();
+    for i in 0..8 {
+        let c = count_claim(&format!("c{i}"), 1);
+        match allocate(&inv, &state, &node, &[&c], &Options::default()) {
+            Outcome::Allocated(r) => {
+                state.commit(&r);
+                placed.push(r);
+            }
+            other => panic!("replica {i}: {other:?}"),
+        }
+    }
+    let first = devices(&Outcome::Allocated(placed[0].clone()));
+    assert_eq!(first, vec![vec!["req-0=device-1"]], "first fit");
+    let c = count_claim("c8", 1);
+    let o = allocate(&inv, &state, &node, &[&c], &Options::default());
+    assert!(matches!(o, Outcome::Unsatisfiable { .. }), "{o:?}");
+    state.release(&placed[3]);
+    let o = allocate(&inv, &state, &node, &[&c], &Options::default());
+    assert_eq!(devices(&o), vec![vec!["req-0=device-4"]]);
+}
+
+#[test]
+fn inventory_updates_incrementally() {
+    let mut inv = inventory(&[slice("s1", "node-1", "pool-1", 1, &["x"])]);
+    let node = NodeInfo::named("node-1");
+    let c = count_claim("c", 2);
+    let run = |inv: &Inventory| {
+        allocate(
+            inv,
+            &AllocatedState::new(),
+            &node,
+            &[&c],
+            &Options::default(),
+        )
+    };
+    assert!(matches!(run(&inv), Outcome::Unsatisfiable { .. }));
+    inv.upsert_slice(&slice("s2", "node-1", "pool-2", 1, &["x"]))
+        .expect("slice");
+    assert_eq!(
+        devices(&run(&inv)),
+        vec![vec!["req-0=device-1", "req-0=device-1"]]
+    );
+    // Replacing a slice with a bigger one, then removing the other.
+    inv.upsert_slice(&slice("s1", "node-1", "pool-1", 2, &["x"]))
+        .expect("slice");
+    assert!(inv.remove_slice("s2"));
+    assert_eq!(inv.slice_count(), 1);
+    assert_eq!(
+        devices(&run(&inv)),
+        vec![vec!["req-0=device-1", "req-0=device-2"]]
+    );
+    assert!(inv.remove_class("class-a"));
+    assert!(
+        matches!(run(&inv), Outcome::Error { message } if message.contains("could not retrieve device class"))
+    );
+}
+
+#[test]
+fn taint_rules_and_tolerations() {
+    let mut inv = inventory(&[slice("s1", "node-1", "pool-1", 1, &["x"])]);
+    let rule: k8s::DeviceTaintRule = yaml(
+        "metadata: {name: maint}\nspec:\n  deviceSelector: {driver: driver-a, pool: pool-1, device: device-1}\n  taint: {key: maintenance, value: 'true', effect: NoSchedule}\n",
+    );
+    inv.upsert_taint_rule(&rule).expect("rule");
+    let node = NodeInfo::named("node-1");
+    let plain = count_claim("c", 1);
+    let o = allocate(
+        &inv,
+        &AllocatedState::new(),
+        &node,
+        &[&plain],
+        &Options::default(),
+    );
+    assert!(matches!(o, Outcome::Unsatisfiable { .. }), "{o:?}");
+    // 1.35 has device taints off: the rule does not apply.
+    let o = allocate(
+        &inv,
+        &AllocatedState::new(),
+        &node,
+        &[&plain],
+        &Options::for_version(KubeVersion::V1_35),
+    );
+    assert!(o.is_allocated(), "{o:?}");
+    let tolerating = claim(
+        "c",
+        "    requests:\n    - name: req-0\n      exactly:\n        deviceClassName: class-a\n        tolerations:\n        - {key: maintenance, operator: Exists, effect: NoSchedule}\n",
+    );
+    let o = allocate(
+        &inv,
+        &AllocatedState::new(),
+        &node,
+        &[&tolerating],
+        &Options::default(),
+    );
+    let Outcome::Allocated(r) = o else {
+        panic!("tolerated taint must allocate: {o:?}");
+    };
+    let res = &r[0].devices.as_ref().unwrap().results.as_ref().unwrap()[0];
+    assert_eq!(res.tolerations.as_ref().map(Vec::len), Some(1));
+    assert!(inv.remove_taint_rule("maint"));
+    let o = allocate(
+        &inv,
+        &AllocatedState::new(),
+        &node,
+        &[&plain],
+        &Options::default(),
+    );
+    assert!(o.is_allocated());
+}
+
+#[test]
+fn shared_devices_get_distinct_deterministic_share_ids() {
+    let s: k8s::ResourceSlice = yaml(
+        "metadata: {name: s1}\nspec:\n  driver: driver-a\n  nodeName: node-1\n  pool: {name: pool-1, generation: 1, resourceSliceCount: 1}\n  devices:\n  - name: nic\n    allowMultipleAllocations: true\n    capacity:\n      bandwidth: {value: 10G}\n",
+    );
+    let inv = inventory(&[s]);
+    let c = claim(
+        "c",
+        "    requests:\n    - name: a\n      exactly: {deviceClassName: class-a, capacity: {requests: {bandwidth: 4G}}}\n    - name: b\n      exactly: {deviceClassName: class-a, capacity: {requests: {bandwidth: 4G}}}\n",
+    );
+    let node = NodeInfo::named("node-1");
+    let run = || {
+        allocate(
+            &inv,
+            &AllocatedState::new(),
+            &node,
+            &[&c],
+            &Options::default(),
+        )
+    };
+    let Outcome::Allocated(r) = run() else {
+        panic!("two shares fit in 10G");
+    };
+    let results = r[0].devices.as_ref().unwrap().results.as_ref().unwrap();
+    let ids: Vec<_> = results
+        .iter()
+        .map(|x| x.share_id.clone().unwrap())
+        .collect();
+    assert_ne!(ids[0], ids[1]);
+    assert_eq!(ids[0].len(), 36);
+    assert_eq!(&ids[0][14..15], "8", "version-8 UUID");
+    assert_eq!(run(), Outcome::Allocated(r.clone()), "deterministic");
+    assert_eq!(
+        results[0].consumed_capacity.as_ref().unwrap()["bandwidth"].0,
+        "4G"
+    );
+    // A third share of 4G does not fit next to the two committed ones.
+    let mut state = AllocatedState::new();
+    state.commit(&r);
+    let third = count_claim("d", 1);
+    let o = allocate(&inv, &state, &node, &[&third], &Options::default());
+    assert!(matches!(o, Outcome::Unsatisfiable { .. }), "{o:?}");
+}
+
+#[test]
+fn versions_and_features() {
+    assert_eq!("1.34".parse::<KubeVersion>(), Ok(KubeVersion::V1_34));
+    assert_eq!("v1.35.2".parse::<KubeVersion>(), Ok(KubeVersion::V1_35));
+    assert_eq!("1.36+".parse::<KubeVersion>(), Ok(KubeVersion::V1_36));
+    assert!("1.33".parse::<KubeVersion>().is_err());
+    assert_eq!(KubeVersion::default(), KubeVersion::V1_36);
+    let f34 = Features::defaults_for(KubeVersion::V1_34);
+    assert!(f34.prioritized_list && !f34.partitionable_devices && !f34.consumable_capacity);
+    assert!(Features::defaults_for(KubeVersion::V1_36).device_taints);
+    let o = Options {
+        features: Some(Features::all()),
+        ..Options::for_version(KubeVersion::V1_34)
+    };
+    assert!(o.effective_features().consumable_capacity);
+}
+
+#[test]
+fn extended_resource_class_lookup() {
+    let mut explicit = class("gpu-class", "driver-a");
+    explicit.spec.extended_resource_name = Some("example.com/gpu".into());
+    let inv = Inventory::from_objects([], [&explicit, &class("class-a", "driver-a")], [])
+        .expect("inventory");
+    assert_eq!(
+        inv.extended_resource_class("example.com/gpu"),
+        Some("gpu-class")
+    );
+    assert_eq!(
+        inv.extended_resource_class("deviceclass.resource.kubernetes.io/class-a"),
+        Some("class-a")
+    );
+    assert_eq!(inv.extended_resource_class("example.com/fpga"), None);
+}
+
+#[test]
+fn cel_runtime_error_fails_the_pod() {
+    let inv = inventory(&[slice("s1", "node-1", "pool-1", 1, &["x"])]);
+    let c = claim(
+        "c",
+        "    requests:\n    - name: req-0\n      exactly:\n        deviceClassName: class-a\n        selectors:\n        - cel: {expression: 'device.attributes[\"driver-a\"].nosuch == \"x\"'}\n",
+    );
+    let o = allocate(
+        &inv,
+        &AllocatedState::new(),
+        &NodeInfo::named("node-1"),
+        &[&c],
+        &Options::default(),
+    );
+    match o {
+        Outcome::Error { message } => {
+            assert!(message.contains("CEL runtime error"), "{message}");
+            assert!(message.contains("driver-a/pool-1/device-1"), "{message}");
+        }
+        other => panic!("expected a pod error, got {other:?}"),
+    }
+}

@@ -4,6 +4,7 @@
 //! read or is not valid, 1 for any other failure.
 
 mod allocate;
+mod plan;
 mod table;
 
 use std::path::PathBuf;
@@ -49,6 +50,43 @@ enum Command {
         #[arg(short, long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
+    /// Max replicas of a workload per member cluster (Karmada MaxAvailableReplicas, device-aware).
+    ///
+    /// SNAPSHOT holds one folder per member cluster (folder name = cluster name) with YAML of
+    /// Nodes, Pods, ResourceSlices, DeviceClasses, ResourceClaims and an optional cluster.yaml.
+    Estimate {
+        #[arg(long)]
+        snapshot: PathBuf,
+        /// Deployment, StatefulSet, Job or Pod, plus the ResourceClaimTemplates it references.
+        #[arg(short = 'w', long, required = true)]
+        workload: Vec<PathBuf>,
+        #[arg(short, long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Spread a workload's replicas over member clusters by a Karmada PropagationPolicy.
+    Place {
+        #[arg(long)]
+        snapshot: PathBuf,
+        #[arg(short = 'w', long, required = true)]
+        workload: Vec<PathBuf>,
+        /// PropagationPolicy or ClusterPropagationPolicy YAML (default: one beside the workload).
+        #[arg(long)]
+        policy: Option<PathBuf>,
+        #[arg(short, long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Choose lower-priority workloads to evict so a workload fits (device-aware).
+    Preempt {
+        #[arg(long)]
+        snapshot: PathBuf,
+        #[arg(short = 'w', long, required = true)]
+        workload: Vec<PathBuf>,
+        /// Restrict the candidate clusters to a policy's cluster affinity.
+        #[arg(long)]
+        policy: Option<PathBuf>,
+        #[arg(short, long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
 }
 
 /// An error with its exit code: 2 for bad input, 1 otherwise.
@@ -75,6 +113,23 @@ fn main() -> ExitCode {
             kubernetes_version,
             output,
         } => allocate::run(&node, &files, &kubernetes_version, output),
+        Command::Estimate {
+            snapshot,
+            workload,
+            output,
+        } => plan::run_estimate(&snapshot, &workload, output),
+        Command::Place {
+            snapshot,
+            workload,
+            policy,
+            output,
+        } => plan::run_place(&snapshot, &workload, policy.as_deref(), output),
+        Command::Preempt {
+            snapshot,
+            workload,
+            policy,
+            output,
+        } => plan::run_preempt(&snapshot, &workload, policy.as_deref(), output),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,314 @@
+//! The folder source: a directory of manifests (one cluster) polled for changes.
+//!
+//! Every `poll_every` the folder's `.yaml`/`.yml`/`.json` files are listed. A file whose
+//! modification time and size are unchanged since the last poll, and whose mtime is older
+//! than the previous poll (so a same-size rewrite within the file system's timestamp
+//! granularity cannot hide), is skipped; otherwise it is read and its SHA-256 compared, and
+//! only a changed content is decoded with the strict loader. The union of all files' objects
+//! is diffed against what was published last, giving upserts and deletes.
+//!
+//! A file that fails to load (half-written, invalid YAML, an unknown field) is reported with
+//! `tracing::warn!` and its previously loaded objects are KEPT: a broken save must not
+//! delete state. Removing the file deletes its objects. A folder that cannot be listed keeps
+//! everything as well.
+//!
+//! Scope: a folder has no per-node agents or leader, so everything is published under
+//! `Scope::Cluster { term }` with the configured term; the first batch is a snapshot.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use dramesh_model::load::{self, MAX_FILE_BYTES};
+use dramesh_model::{Manifest, ObjectKey};
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+
+use crate::batch::{Scope, SourceEvent};
+use crate::mirror::diff_states;
+
+/// Settings of the folder source.
+#[derive(Debug, Clone)]
+pub struct DirConfig {
+    pub poll_every: Duration,
+    /// Term of the `Scope::Cluster` the folder is published under.
+    pub term: u64,
+}
+
+impl Default for DirConfig {
+    fn default() -> Self {
+        DirConfig {
+            poll_every: Duration::from_millis(500),
+            term: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct FileState {
+    mtime: Option<SystemTime>,
+    size: u64,
+    hash: [u8; 32],
+    objects: Objects,
+}
+
+/// The folder's last seen files and their objects.
+#[derive(Debug, Default)]
+pub struct DirState {
+    files: BTreeMap<PathBuf, FileState>,
+    last_poll: Option<SystemTime>,
+}
+
+type Objects = Vec<(ObjectKey, Arc<[u8]>)>;
+
+fn read_objects(path: &Path, bytes: &[u8]) -> Result<Objects, String> {
+    let text =
+        std::str::from_utf8(bytes).map_err(|e| format!("{}: not UTF-8: {e}", path.display()))?;
+    let loaded = load::load_str(path, text).map_err(|e| e.to_string())?;
+    Ok(loaded
+        .into_iter()
+        .filter_map(|l| match l.manifest {
+            Manifest::Object(o) => Some((o.key(), o.to_json().into())),
+            other => {
+                tracing::debug!(file = %path.display(), kind = other.kind(), "ignoring non-cluster-state manifest");
+                None
+            }
+        })
+        .collect())
+}
+
+impl DirState {
+    /// Re-reads what changed below `dir` and returns the current objects by key. When two
+    /// files define the same object the later path wins.
+    pub fn poll(&mut self, dir: &Path) -> BTreeMap<ObjectKey, Arc<[u8]>> {
+        let poll_started = SystemTime::now();
+        match load::manifest_files(dir) {
+            Ok(paths) => {
+                self.files.retain(|p, _| paths.contains(p));
+                for p in paths {
+                    self.poll_file(&p);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list manifest folder; keeping the last state")
+            }
+        }
+        self.last_poll = Some(poll_started);
+        let mut out = BTreeMap::new();
+        for f in self.files.values() {
+            for (k, j) in &f.objects {
+                out.insert(k.clone(), j.clone());
+            }
+        }
+        out
+    }
+
+    fn poll_file(&mut self, path: &Path) {
+        let meta = match std::fs::metadata(path) {
+            Ok(m) => m,
+            // Gone between listing and reading: the next listing drops it.
+            Err(_) => return,
+        };
+        let mtime = meta.modified().ok();
+        let prev = self.files.get(path);
+        let settled = match (mtime, self.last_poll) {
+            (Some(m), Some(last)) => m + Duration::from_secs(2) < last,
+            _ => false,
+        };
+        if let Some(p) = prev
+            && p.mtime == mtime
+            && p.size == meta.len()
+            && settled
+        {
+            return;
+        }
+        if meta.len() > MAX_FILE_BYTES {
+            tracing::warn!(file = %path.display(), size = meta.len(), limit = MAX_FILE_BYTES, "manifest file too large; keeping its previous objects");
+            return;
+        }
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(file = %path.display(), error = %e, "cannot read manifest file; keeping its previous objects");
+                return;
+            }
+        };
+        let hash: [u8; 32] = Sha256::digest(&bytes).into();
+        if let Some(p) = self.files.get_mut(path)
+            && p.hash == hash
+        {
+            p.mtime = mtime;
+            p.size = meta.len();
+            return;
+        }
+        match read_objects(path, &bytes) {
+            Ok(objects) => {
+                self.files.insert(
+                    path.to_path_buf(),
+                    FileState {
+                        mtime,
+                        size: meta.len(),
+                        hash,
+                        objects,
+                    },
+                );
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "manifest file does not load; keeping its previous objects");
+                // Remember the broken content so it is not re-reported every poll; its
+                // objects stay as they were.
+                let objects = self
+                    .files
+                    .get(path)
+                    .map(|p| p.objects.clone())
+                    .unwrap_or_default();
+                self.files.insert(
+                    path.to_path_buf(),
+                    FileState {
+                        mtime,
+                        size: meta.len(),
+                        hash,
+                        objects,
+                    },
+                );
+            }
+        }
+    }
+}
+
+/// Polls `dir` until `tx` is closed. The first event is a snapshot of the folder; later
+/// ones carry only differences.
+pub async fn run_dir_source(dir: PathBuf, cfg: DirConfig, tx: mpsc::Sender<SourceEvent>) {
+    let scope = Scope::Cluster { term: cfg.term };
+    let mut state = DirState::default();
+    let mut published: Option<BTreeMap<ObjectKey, Arc<[u8]>>> = None;
+    loop {
+        let (s, current) = {
+            let dir = dir.clone();
+            let mut s = std::mem::take(&mut state);
+            // File reads and YAML decoding block; keep them off the async workers.
+            match tokio::task::spawn_blocking(move || {
+                let cur = s.poll(&dir);
+                (s, cur)
+            })
+            .await
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(error = %e, "folder poll failed");
+                    return;
+                }
+            }
+        };
+        state = s;
+        let ev = match &published {
+            None => Some(SourceEvent::Snapshot {
+                scope: scope.clone(),
+                changes: diff_states(&BTreeMap::new(), &current),
+            }),
+            Some(old) => {
+                let changes = diff_states(old, &current);
+                (!changes.is_empty()).then(|| SourceEvent::Changes {
+                    scope: scope.clone(),
+                    changes,
+                })
+            }
+        };
+        published = Some(current);
+        if let Some(ev) = ev
+            && tx.send(ev).await.is_err()
+        {
+            return;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(cfg.poll_every) => {}
+            () = tx.closed() => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dramesh_model::ObjectKind;
+
+    const NODE_A: &str = "apiVersion: v1\nkind: Node\nmetadata:\n  name: a\n";
+    const NODE_B: &str = "apiVersion: v1\nkind: Node\nmetadata:\n  name: b\n";
+
+    fn names(m: &BTreeMap<ObjectKey, Arc<[u8]>>) -> Vec<String> {
+        m.keys().map(|k| k.name.clone()).collect()
+    }
+
+    #[test]
+    fn broken_file_keeps_previous_objects_and_removal_deletes() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("nodes.yaml");
+        std::fs::write(&f, format!("{NODE_A}---\n{NODE_B}")).unwrap();
+        let mut s = DirState::default();
+        assert_eq!(names(&s.poll(dir.path())), ["a", "b"]);
+        // Half-written: the second document is cut.
+        std::fs::write(
+            &f,
+            format!("{NODE_A}---\napiVersion: v1\nkind: Node\nmetadata: ["),
+        )
+        .unwrap();
+        assert_eq!(names(&s.poll(dir.path())), ["a", "b"]);
+        std::fs::write(&f, NODE_A).unwrap();
+        assert_eq!(names(&s.poll(dir.path())), ["a"]);
+        std::fs::remove_file(&f).unwrap();
+        assert!(s.poll(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn same_size_rewrite_is_noticed() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("n.yaml");
+        std::fs::write(&f, NODE_A).unwrap();
+        let mut s = DirState::default();
+        let first = s.poll(dir.path());
+        std::fs::write(&f, NODE_B).unwrap(); // same length, likely same mtime tick
+        let second = s.poll(dir.path());
+        assert_eq!(names(&first), ["a"]);
+        assert_eq!(names(&second), ["b"]);
+        let k = ObjectKey::new(ObjectKind::Node, None, "b");
+        assert!(second.contains_key(&k));
+    }
+
+    #[tokio::test]
+    async fn source_sends_snapshot_then_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.yaml"), NODE_A).unwrap();
+        let (tx, mut rx) = mpsc::channel(16);
+        let cfg = DirConfig {
+            poll_every: Duration::from_millis(20),
+            term: 7,
+        };
+        let h = tokio::spawn(run_dir_source(dir.path().to_path_buf(), cfg, tx));
+        let first = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        let SourceEvent::Snapshot { scope, changes } = first else {
+            panic!("expected a snapshot")
+        };
+        assert_eq!(scope, Scope::Cluster { term: 7 });
+        assert_eq!(changes.len(), 1);
+        std::fs::remove_file(dir.path().join("a.yaml")).unwrap();
+        let next = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        let SourceEvent::Changes { changes, .. } = next else {
+            panic!("expected changes")
+        };
+        assert!(
+            matches!(&changes[..], [dramesh_model::ObjectChange::Delete { key }] if key.name == "a")
+        );
+        drop(rx);
+        tokio::time::timeout(Duration::from_secs(10), h)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+}

@@ -1,0 +1,372 @@
+//! Electing the one agent that publishes cluster-scoped records, with a
+//! `coordination.k8s.io/v1` Lease.
+//!
+//! Writes use the Lease's `resourceVersion` for optimistic concurrency, so of two agents
+//! racing for the same Lease exactly one write wins (the other gets `409 Conflict` and
+//! re-reads). Expiry is judged the way client-go does, by local observation rather than by
+//! comparing clocks: a candidate takes over only after the Lease record has stayed unchanged
+//! for its full `leaseDurationSeconds` as seen by the candidate itself. A holder that cannot
+//! renew steps down after `renew_deadline` (shorter than the duration), so it stops
+//! publishing before anyone else can acquire. The term is the Lease's `leaseTransitions`,
+//! which grows by one on every change of holder.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::PostParams;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// Lease settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseConfig {
+    pub namespace: String,
+    pub name: String,
+    /// This agent's identity in `holderIdentity` (e.g. the pod name).
+    pub identity: String,
+    /// `leaseDurationSeconds` written when holding (rounded up to whole seconds, at least 1).
+    pub duration: Duration,
+    /// How often the holder renews and a candidate re-reads.
+    pub renew_every: Duration,
+    /// A holder that has not renewed successfully for this long steps down. Must be shorter
+    /// than `duration`.
+    pub renew_deadline: Duration,
+}
+
+impl LeaseConfig {
+    /// Defaults: 15 s duration, renew every 5 s, step down after 10 s without renewal.
+    pub fn new(namespace: &str, name: &str, identity: &str) -> LeaseConfig {
+        LeaseConfig {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            identity: identity.to_string(),
+            duration: Duration::from_secs(15),
+            renew_every: Duration::from_secs(5),
+            renew_deadline: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Whether this agent currently publishes cluster-scoped records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leadership {
+    Follower,
+    Leader { term: u64 },
+}
+
+/// The fields of a Lease the decision reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRecord {
+    pub holder: Option<String>,
+    pub duration: Duration,
+    pub transitions: u64,
+}
+
+impl LeaseRecord {
+    pub fn of(lease: &Lease) -> LeaseRecord {
+        let spec = lease.spec.as_ref();
+        LeaseRecord {
+            holder: spec
+                .and_then(|s| s.holder_identity.clone())
+                .filter(|h| !h.is_empty()),
+            duration: Duration::from_secs(
+                spec.and_then(|s| s.lease_duration_seconds)
+                    .unwrap_or(0)
+                    .max(0) as u64,
+            ),
+            transitions: spec.and_then(|s| s.lease_transitions).unwrap_or(0).max(0) as u64,
+        }
+    }
+}
+
+/// What to do after reading the Lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseAction {
+    /// No Lease exists: create it holding it, term 0.
+    Create,
+    /// We hold it: renew, same term.
+    Renew { term: u64 },
+    /// Free or expired: take it with the next term.
+    Acquire { term: u64 },
+    /// Someone else holds it; it would expire after `remaining` more unchanged time.
+    Follow { holder: String, remaining: Duration },
+}
+
+/// Decides from the current record (`None` if there is no Lease) and how long this agent
+/// has seen the record unchanged.
+pub fn decide(record: Option<&LeaseRecord>, me: &str, unchanged_for: Duration) -> LeaseAction {
+    let Some(r) = record else {
+        return LeaseAction::Create;
+    };
+    match &r.holder {
+        Some(h) if h == me => LeaseAction::Renew {
+            term: r.transitions,
+        },
+        Some(h) if unchanged_for < r.duration => LeaseAction::Follow {
+            holder: h.clone(),
+            remaining: r.duration - unchanged_for,
+        },
+        _ => LeaseAction::Acquire {
+            term: r.transitions + 1,
+        },
+    }
+}
+
+fn duration_secs(d: Duration) -> i32 {
+    let s = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    i32::try_from(s.max(1)).unwrap_or(i32::MAX)
+}
+
+fn now() -> MicroTime {
+    MicroTime(Timestamp::now())
+}
+
+/// The Lease object to write for `action` given the current one.
+pub fn lease_for(
+    cfg: &LeaseConfig,
+    current: Option<&Lease>,
+    action: &LeaseAction,
+) -> Option<Lease> {
+    let (term, acquiring) = match action {
+        LeaseAction::Create => (0, true),
+        LeaseAction::Renew { term } => (*term, false),
+        LeaseAction::Acquire { term } => (*term, true),
+        LeaseAction::Follow { .. } => return None,
+    };
+    let mut lease = current.cloned().unwrap_or_else(|| Lease {
+        metadata: ObjectMeta {
+            name: Some(cfg.name.clone()),
+            namespace: Some(cfg.namespace.clone()),
+            ..Default::default()
+        },
+        spec: None,
+    });
+    let mut spec = lease.spec.take().unwrap_or_default();
+    let t = now();
+    if acquiring {
+        spec.acquire_time = Some(t.clone());
+    }
+    spec.renew_time = Some(t);
+    spec.holder_identity = Some(cfg.identity.clone());
+    spec.lease_duration_seconds = Some(duration_secs(cfg.duration));
+    spec.lease_transitions = Some(i32::try_from(term).unwrap_or(i32::MAX));
+    lease.spec = Some(spec);
+    Some(lease)
+}
+
+/// A write lost the optimistic-concurrency race.
+fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+/// Runs the election until `shutdown` resolves, publishing the current [`Leadership`] on
+/// `state`. On shutdown a held Lease is released (holder cleared, duration 1 s) so another
+/// agent can take over at once.
+pub async fn run_election(
+    api: Api<Lease>,
+    cfg: LeaseConfig,
+    state: watch::Sender<Leadership>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let mut observed: Option<(Option<String>, Option<String>, Instant)> = None;
+    let mut last_renew: Option<Instant> = None;
+    tokio::pin!(shutdown);
+    loop {
+        let started = Instant::now();
+        let mut retry_now = false;
+        match api.get_opt(&cfg.name).await {
+            Ok(current) => {
+                // The record's identity is its resourceVersion (and holder, for servers
+                // that reuse versions): any write restarts the expiry clock.
+                let fingerprint = current.as_ref().map(|l| {
+                    (
+                        l.metadata.resource_version.clone(),
+                        l.spec.as_ref().and_then(|s| s.holder_identity.clone()),
+                    )
+                });
+                let unchanged_for = match (&observed, &fingerprint) {
+                    (Some((rv, h, since)), Some((crv, ch))) if rv == crv && h == ch => {
+                        started.saturating_duration_since(*since)
+                    }
+                    _ => {
+                        observed = fingerprint.map(|(rv, h)| (rv, h, started));
+                        Duration::ZERO
+                    }
+                };
+                let record = current.as_ref().map(LeaseRecord::of);
+                let action = decide(record.as_ref(), &cfg.identity, unchanged_for);
+                match lease_for(&cfg, current.as_ref(), &action) {
+                    None => {
+                        if let LeaseAction::Follow { holder, remaining } = &action {
+                            tracing::debug!(%holder, ?remaining, lease = %cfg.name, "lease held by another agent");
+                        }
+                        last_renew = None;
+                        state.send_if_modified(|s| {
+                            std::mem::replace(s, Leadership::Follower) != Leadership::Follower
+                        });
+                    }
+                    Some(lease) => {
+                        let term = lease
+                            .spec
+                            .as_ref()
+                            .and_then(|s| s.lease_transitions)
+                            .unwrap_or(0)
+                            .max(0) as u64;
+                        let written = if current.is_some() {
+                            api.replace(&cfg.name, &PostParams::default(), &lease).await
+                        } else {
+                            api.create(&PostParams::default(), &lease).await
+                        };
+                        match written {
+                            Ok(_) => {
+                                last_renew = Some(started);
+                                let new = Leadership::Leader { term };
+                                state.send_if_modified(|s| std::mem::replace(s, new) != new);
+                            }
+                            Err(e) if is_conflict(&e) => {
+                                // Someone else wrote first; re-read at once.
+                                retry_now = true;
+                            }
+                            Err(e) => {
+                                tracing::warn!(lease = %cfg.name, error = %e, "cannot write lease");
+                            }
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(lease = %cfg.name, error = %e, "cannot read lease"),
+        }
+        if let Some(t) = last_renew
+            && t.elapsed() >= cfg.renew_deadline
+        {
+            tracing::warn!(lease = %cfg.name, "lease not renewed in time; stepping down");
+            last_renew = None;
+            state.send_if_modified(|s| {
+                std::mem::replace(s, Leadership::Follower) != Leadership::Follower
+            });
+        }
+        let pause = if retry_now {
+            Duration::ZERO
+        } else {
+            cfg.renew_every
+        };
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            () = &mut shutdown => break,
+        }
+    }
+    if matches!(*state.borrow(), Leadership::Leader { .. }) {
+        state.send_replace(Leadership::Follower);
+        release(&api, &cfg).await;
+    }
+}
+
+async fn release(api: &Api<Lease>, cfg: &LeaseConfig) {
+    let Ok(Some(mut lease)) = api.get_opt(&cfg.name).await else {
+        return;
+    };
+    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+    if spec.holder_identity.as_deref() != Some(cfg.identity.as_str()) {
+        return;
+    }
+    spec.holder_identity = None;
+    spec.lease_duration_seconds = Some(1);
+    spec.renew_time = Some(now());
+    if let Err(e) = api.replace(&cfg.name, &PostParams::default(), &lease).await {
+        tracing::warn!(lease = %cfg.name, error = %e, "cannot release lease");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(holder: Option<&str>, secs: u64, transitions: u64) -> LeaseRecord {
+        LeaseRecord {
+            holder: holder.map(str::to_string),
+            duration: Duration::from_secs(secs),
+            transitions,
+        }
+    }
+
+    #[test]
+    fn missing_lease_is_created() {
+        assert_eq!(decide(None, "a", Duration::ZERO), LeaseAction::Create);
+    }
+
+    #[test]
+    fn own_lease_is_renewed_with_same_term() {
+        let r = rec(Some("a"), 15, 4);
+        assert_eq!(
+            decide(Some(&r), "a", Duration::from_secs(100)),
+            LeaseAction::Renew { term: 4 }
+        );
+    }
+
+    #[test]
+    fn live_lease_of_another_is_followed() {
+        let r = rec(Some("b"), 15, 4);
+        assert_eq!(
+            decide(Some(&r), "a", Duration::from_secs(10)),
+            LeaseAction::Follow {
+                holder: "b".into(),
+                remaining: Duration::from_secs(5)
+            }
+        );
+    }
+
+    #[test]
+    fn expired_or_released_lease_is_acquired_with_next_term() {
+        let r = rec(Some("b"), 15, 4);
+        assert_eq!(
+            decide(Some(&r), "a", Duration::from_secs(15)),
+            LeaseAction::Acquire { term: 5 }
+        );
+        let free = rec(None, 1, 5);
+        assert_eq!(
+            decide(Some(&free), "a", Duration::ZERO),
+            LeaseAction::Acquire { term: 6 }
+        );
+    }
+
+    #[test]
+    fn written_lease_carries_identity_duration_and_term() {
+        let mut cfg = LeaseConfig::new("kube-system", "dramesh", "agent-a");
+        cfg.duration = Duration::from_millis(1500);
+        let l = lease_for(&cfg, None, &LeaseAction::Create).unwrap();
+        let s = l.spec.unwrap();
+        assert_eq!(s.holder_identity.as_deref(), Some("agent-a"));
+        assert_eq!(s.lease_duration_seconds, Some(2));
+        assert_eq!(s.lease_transitions, Some(0));
+        assert!(s.acquire_time.is_some() && s.renew_time.is_some());
+        assert_eq!(l.metadata.namespace.as_deref(), Some("kube-system"));
+        assert!(
+            lease_for(
+                &cfg,
+                None,
+                &LeaseAction::Follow {
+                    holder: "b".into(),
+                    remaining: Duration::ZERO
+                }
+            )
+            .is_none()
+        );
+    }
+
+    #[test]
+    fn record_reads_empty_holder_as_free() {
+        let lease = Lease {
+            metadata: ObjectMeta::default(),
+            spec: Some(LeaseSpec {
+                holder_identity: Some(String::new()),
+                lease_duration_seconds: Some(15),
+                lease_transitions: Some(3),
+                ..Default::default()
+            }),
+        };
+        assert_eq!(LeaseRecord::of(&lease), rec(None, 15, 3));
+    }
+}

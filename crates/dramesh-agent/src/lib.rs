@@ -1,0 +1,24 @@
+//! The dramesh member-cluster agent's sources, as a library the `dramesh agent` command runs.
+//!
+//! Two sources feed a [`coalesce`] stage that turns bursts of changes into scoped
+//! [`Batch`]es for the CRDT store:
+//! - [`kube_source`]: kube-rs watchers on a live cluster (DaemonSet mode, one agent per node,
+//!   plus a Lease-elected agent for cluster-scoped records);
+//! - [`dir_source`]: a polled folder of manifests standing in for one cluster.
+//!
+//! The decisions (trimming, ownership, diffing, coalescing, lease arbitration) are plain
+//! functions with unit tests; the async parts only move data between them and the network.
+
+pub mod batch;
+pub mod coalesce;
+pub mod dir_source;
+pub mod kube_source;
+pub mod lease;
+pub mod mirror;
+pub mod trim;
+
+pub use batch::{Batch, Scope, SourceEvent};
+pub use coalesce::{CoalesceConfig, Coalescer, run_coalescer, spawn_coalescer};
+pub use dir_source::{DirConfig, run_dir_source};
+pub use kube_source::{AgentConfig, AgentError, run_kube_source};
+pub use lease::{Leadership, LeaseConfig};

@@ -1,0 +1,333 @@
+//! Development PKI for the mesh: a project CA and replica/agent certificates (rcgen), written
+//! as PEM files and loaded back as [`TlsIdentity`].
+//!
+//! Every leaf certificate carries exactly one identity URI SAN (see [`crate::identity`]) and
+//! the fixed DNS SAN [`MESH_SERVER_NAME`], which clients use as the TLS server name: peers are
+//! identified by the URI SAN after the handshake, not by address, so addresses may change.
+//! Leaves are valid for both server and client authentication because replicas both accept
+//! and dial.
+
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SanType,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+use crate::identity::{IdentityError, PeerIdentity};
+
+/// DNS name present in every mesh certificate and used as the TLS server name.
+pub const MESH_SERVER_NAME: &str = "mesh.dramesh.invalid";
+
+#[derive(Debug, thiserror::Error)]
+pub enum CertError {
+    #[error("certificate generation failed for {what}: {source}")]
+    Generate {
+        what: String,
+        #[source]
+        source: rcgen::Error,
+    },
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what} holds no usable PEM {kind}: {detail}")]
+    Pem {
+        what: String,
+        kind: &'static str,
+        detail: String,
+    },
+    #[error("certificate {what} has no valid mesh identity: {source}")]
+    Identity {
+        what: String,
+        #[source]
+        source: IdentityError,
+    },
+}
+
+/// A certificate authority: its certificate and private key, PEM encoded.
+#[derive(Debug, Clone)]
+pub struct CaBundle {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+/// A leaf certificate and its private key, PEM encoded.
+#[derive(Debug, Clone)]
+pub struct LeafBundle {
+    pub identity: PeerIdentity,
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+/// Everything a node needs for mutual TLS, in DER form.
+#[derive(Debug)]
+pub struct TlsIdentity {
+    /// Leaf first, then any intermediates.
+    pub cert_chain: Vec<CertificateDer<'static>>,
+    pub key: PrivateKeyDer<'static>,
+    /// Trust anchors: peers must chain to one of these.
+    pub ca_certs: Vec<CertificateDer<'static>>,
+    /// Identity read from the leaf certificate.
+    pub identity: PeerIdentity,
+}
+
+impl Clone for TlsIdentity {
+    fn clone(&self) -> Self {
+        Self {
+            cert_chain: self.cert_chain.clone(),
+            key: self.key.clone_key(),
+            ca_certs: self.ca_certs.clone(),
+            identity: self.identity.clone(),
+        }
+    }
+}
+
+fn gen_err(what: &str) -> impl FnOnce(rcgen::Error) -> CertError + '_ {
+    move |source| CertError::Generate {
+        what: what.to_owned(),
+        source,
+    }
+}
+
+/// Generates a self-signed development CA valid for `valid_days` days.
+pub fn generate_ca(common_name: &str, valid_days: u32) -> Result<CaBundle, CertError> {
+    let key = KeyPair::generate().map_err(gen_err("CA key"))?;
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, common_name);
+    dn.push(DnType::OrganizationName, "dramesh");
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    set_validity(&mut params, valid_days);
+    let cert = params
+        .self_signed(&key)
+        .map_err(gen_err("CA certificate"))?;
+    Ok(CaBundle {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    })
+}
+
+fn set_validity(params: &mut CertificateParams, valid_days: u32) {
+    let now = time::OffsetDateTime::now_utc();
+    // Tolerate modest clock skew between nodes.
+    params.not_before = now - time::Duration::hours(1);
+    params.not_after = now + time::Duration::days(i64::from(valid_days));
+}
+
+/// Issues a leaf certificate for `identity`, signed by `ca`.
+pub fn issue_leaf(
+    ca: &CaBundle,
+    identity: &PeerIdentity,
+    valid_days: u32,
+) -> Result<LeafBundle, CertError> {
+    let what = identity.uri();
+    let ca_key = KeyPair::from_pem(&ca.key_pem).map_err(gen_err("CA key PEM"))?;
+    let issuer = Issuer::from_ca_cert_pem(&ca.cert_pem, ca_key).map_err(gen_err("CA cert PEM"))?;
+    let key = KeyPair::generate().map_err(gen_err(&what))?;
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, what.as_str());
+    params.distinguished_name = dn;
+    params.subject_alt_names = vec![
+        SanType::URI(what.clone().try_into().map_err(gen_err(&what))?),
+        SanType::DnsName(MESH_SERVER_NAME.try_into().map_err(gen_err(&what))?),
+    ];
+    params.is_ca = IsCa::ExplicitNoCa;
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    params.use_authority_key_identifier_extension = true;
+    set_validity(&mut params, valid_days);
+    let cert = params.signed_by(&key, &issuer).map_err(gen_err(&what))?;
+    Ok(LeafBundle {
+        identity: identity.clone(),
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    })
+}
+
+fn write(path: &Path, contents: &str, private: bool) -> Result<(), CertError> {
+    let err = |source| CertError::Write {
+        path: path.to_owned(),
+        source,
+    };
+    std::fs::write(path, contents).map_err(err)?;
+    #[cfg(unix)]
+    if private {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+    }
+    #[cfg(not(unix))]
+    let _ = private;
+    Ok(())
+}
+
+/// Paths of one written identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PemPaths {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// Writes `ca.crt` and `ca.key` into `dir` (created if needed).
+pub fn write_ca(dir: &Path, ca: &CaBundle) -> Result<PemPaths, CertError> {
+    std::fs::create_dir_all(dir).map_err(|source| CertError::Write {
+        path: dir.to_owned(),
+        source,
+    })?;
+    let paths = PemPaths {
+        cert: dir.join("ca.crt"),
+        key: dir.join("ca.key"),
+    };
+    write(&paths.cert, &ca.cert_pem, false)?;
+    write(&paths.key, &ca.key_pem, true)?;
+    Ok(paths)
+}
+
+/// File stem for an identity: `replica-<id>` or `agent-<cluster>-<node>`.
+pub fn file_stem(identity: &PeerIdentity) -> String {
+    match identity {
+        PeerIdentity::Replica { id } => format!("replica-{id}"),
+        PeerIdentity::Agent { cluster, node } => format!("agent-{cluster}-{node}"),
+    }
+}
+
+/// Writes `<stem>.crt` and `<stem>.key` into `dir` (see [`file_stem`]).
+pub fn write_leaf(dir: &Path, leaf: &LeafBundle) -> Result<PemPaths, CertError> {
+    std::fs::create_dir_all(dir).map_err(|source| CertError::Write {
+        path: dir.to_owned(),
+        source,
+    })?;
+    let stem = file_stem(&leaf.identity);
+    let paths = PemPaths {
+        cert: dir.join(format!("{stem}.crt")),
+        key: dir.join(format!("{stem}.key")),
+    };
+    write(&paths.cert, &leaf.cert_pem, false)?;
+    write(&paths.key, &leaf.key_pem, true)?;
+    Ok(paths)
+}
+
+/// Parses PEM text into a [`TlsIdentity`]; `what` names the source in errors.
+pub fn identity_from_pem(
+    cert_pem: &str,
+    key_pem: &str,
+    ca_pem: &str,
+    what: &str,
+) -> Result<TlsIdentity, CertError> {
+    let pem_err = |kind: &'static str| {
+        move |e: rustls::pki_types::pem::Error| CertError::Pem {
+            what: what.to_owned(),
+            kind,
+            detail: e.to_string(),
+        }
+    };
+    let cert_chain: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+            .collect::<Result<_, _>>()
+            .map_err(pem_err("certificate"))?;
+    let ca_certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(ca_pem.as_bytes())
+        .collect::<Result<_, _>>()
+        .map_err(pem_err("CA certificate"))?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(pem_err("private key"))?;
+    let leaf = cert_chain.first().ok_or_else(|| CertError::Pem {
+        what: what.to_owned(),
+        kind: "certificate",
+        detail: "no CERTIFICATE block".into(),
+    })?;
+    if ca_certs.is_empty() {
+        return Err(CertError::Pem {
+            what: what.to_owned(),
+            kind: "CA certificate",
+            detail: "no CERTIFICATE block".into(),
+        });
+    }
+    let identity =
+        PeerIdentity::from_certificate_der(leaf).map_err(|source| CertError::Identity {
+            what: what.to_owned(),
+            source,
+        })?;
+    Ok(TlsIdentity {
+        cert_chain,
+        key,
+        ca_certs,
+        identity,
+    })
+}
+
+/// Loads a node's certificate, key and CA from PEM files.
+pub fn load_identity(cert: &Path, key: &Path, ca: &Path) -> Result<TlsIdentity, CertError> {
+    let read = |p: &Path| {
+        std::fs::read_to_string(p).map_err(|source| CertError::Read {
+            path: p.to_owned(),
+            source,
+        })
+    };
+    identity_from_pem(
+        &read(cert)?,
+        &read(key)?,
+        &read(ca)?,
+        &cert.display().to_string(),
+    )
+}
+
+/// In-memory identity issued by `ca` (tests and single-process setups).
+pub fn issue_identity(
+    ca: &CaBundle,
+    identity: &PeerIdentity,
+    valid_days: u32,
+) -> Result<TlsIdentity, CertError> {
+    let leaf = issue_leaf(ca, identity, valid_days)?;
+    identity_from_pem(&leaf.cert_pem, &leaf.key_pem, &ca.cert_pem, &identity.uri())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generate_write_load_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = generate_ca("dramesh dev CA", 30).unwrap();
+        let ca_paths = write_ca(dir.path(), &ca).unwrap();
+        let id = PeerIdentity::Agent {
+            cluster: "east".into(),
+            node: "n1".into(),
+        };
+        let leaf = issue_leaf(&ca, &id, 30).unwrap();
+        let paths = write_leaf(dir.path(), &leaf).unwrap();
+        assert!(paths.cert.ends_with("agent-east-n1.crt"));
+        let loaded = load_identity(&paths.cert, &paths.key, &ca_paths.cert).unwrap();
+        assert_eq!(loaded.identity, id);
+        assert_eq!(loaded.ca_certs.len(), 1);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&paths.key).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+    }
+
+    #[test]
+    fn certificate_without_identity_is_refused() {
+        let ca = generate_ca("x", 1).unwrap();
+        // The CA certificate itself has no URI SAN.
+        let err = identity_from_pem(&ca.cert_pem, &ca.key_pem, &ca.cert_pem, "ca").unwrap_err();
+        assert!(matches!(err, CertError::Identity { .. }), "{err}");
+    }
+}

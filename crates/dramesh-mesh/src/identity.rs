@@ -1,0 +1,231 @@
+//! Peer identities and the document references they are allowed to write.
+//!
+//! A peer's identity is taken only from the URI SAN of its mutually authenticated TLS
+//! certificate: `dramesh://cluster/<cluster>/agent/<node>` for an agent and
+//! `dramesh://replica/<id>` for a control-plane replica. Parsing is strict: every
+//! segment must be a lowercase DNS-label-like name (`[a-z0-9]([a-z0-9.-]*[a-z0-9])?`,
+//! at most 253 bytes) and any other shape is rejected, so two spellings can never
+//! denote the same identity.
+
+use std::fmt;
+
+/// URI scheme of every mesh identity.
+pub const IDENTITY_SCHEME: &str = "dramesh://";
+
+/// Longest accepted identity segment, matching a DNS subdomain name.
+const MAX_SEGMENT_LEN: usize = 253;
+
+/// Who a peer is, as proven by its certificate.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PeerIdentity {
+    /// An agent publishing the state of `node` in member cluster `cluster`.
+    Agent { cluster: String, node: String },
+    /// A control-plane replica holding a converged copy of every document.
+    Replica { id: String },
+}
+
+/// Why an identity URI was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdentityError {
+    #[error("identity URI {uri:?} does not start with {IDENTITY_SCHEME:?}")]
+    Scheme { uri: String },
+    #[error(
+        "identity URI {uri:?} is neither dramesh://cluster/<cluster>/agent/<node> nor dramesh://replica/<id>"
+    )]
+    Shape { uri: String },
+    #[error(
+        "identity URI {uri:?}: segment {segment:?} must be 1-253 chars of [a-z0-9.-], starting and ending alphanumeric"
+    )]
+    Segment { uri: String, segment: String },
+    #[error("certificate has no dramesh:// URI SAN")]
+    Missing,
+    #[error("certificate has {count} dramesh:// URI SANs; exactly one is required")]
+    Ambiguous { count: usize },
+    #[error("certificate could not be parsed: {0}")]
+    Certificate(String),
+}
+
+/// Checks one path segment of an identity URI.
+pub fn valid_segment(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    if bytes.is_empty() || bytes.len() > MAX_SEGMENT_LEN {
+        return false;
+    }
+    let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    let first = bytes[0];
+    let last = bytes[bytes.len() - 1];
+    alnum(first) && alnum(last) && bytes.iter().all(|&b| alnum(b) || b == b'-' || b == b'.')
+}
+
+impl PeerIdentity {
+    /// Parses an identity URI strictly (see the module docs).
+    pub fn parse_uri(uri: &str) -> Result<Self, IdentityError> {
+        let rest = uri
+            .strip_prefix(IDENTITY_SCHEME)
+            .ok_or_else(|| IdentityError::Scheme {
+                uri: uri.to_owned(),
+            })?;
+        let parts: Vec<&str> = rest.split('/').collect();
+        let check = |segment: &str| {
+            if valid_segment(segment) {
+                Ok(segment.to_owned())
+            } else {
+                Err(IdentityError::Segment {
+                    uri: uri.to_owned(),
+                    segment: segment.to_owned(),
+                })
+            }
+        };
+        match parts.as_slice() {
+            ["cluster", cluster, "agent", node] => Ok(PeerIdentity::Agent {
+                cluster: check(cluster)?,
+                node: check(node)?,
+            }),
+            ["replica", id] => Ok(PeerIdentity::Replica { id: check(id)? }),
+            _ => Err(IdentityError::Shape {
+                uri: uri.to_owned(),
+            }),
+        }
+    }
+
+    /// The canonical URI of this identity (the inverse of [`PeerIdentity::parse_uri`]).
+    pub fn uri(&self) -> String {
+        match self {
+            PeerIdentity::Agent { cluster, node } => {
+                format!("{IDENTITY_SCHEME}cluster/{cluster}/agent/{node}")
+            }
+            PeerIdentity::Replica { id } => format!("{IDENTITY_SCHEME}replica/{id}"),
+        }
+    }
+
+    pub fn is_replica(&self) -> bool {
+        matches!(self, PeerIdentity::Replica { .. })
+    }
+
+    /// Whether this identity may author the document `doc`: an agent only its own
+    /// (cluster, writer) document, a replica none (replicas only relay).
+    pub fn owns(&self, doc: &DocRef) -> bool {
+        match self {
+            PeerIdentity::Agent { cluster, node } => doc.cluster == *cluster && doc.writer == *node,
+            PeerIdentity::Replica { .. } => false,
+        }
+    }
+
+    /// Extracts the identity from a DER certificate: exactly one `dramesh://` URI SAN.
+    pub fn from_certificate_der(der: &[u8]) -> Result<Self, IdentityError> {
+        let (_, cert) = x509_parser::parse_x509_certificate(der)
+            .map_err(|e| IdentityError::Certificate(e.to_string()))?;
+        let san = cert
+            .subject_alternative_name()
+            .map_err(|e| IdentityError::Certificate(e.to_string()))?;
+        let uris: Vec<&str> = san
+            .map(|ext| {
+                ext.value
+                    .general_names
+                    .iter()
+                    .filter_map(|name| match name {
+                        x509_parser::extensions::GeneralName::URI(uri) => Some(*uri),
+                        _ => None,
+                    })
+                    .filter(|uri| uri.starts_with(IDENTITY_SCHEME))
+                    .collect()
+            })
+            .unwrap_or_default();
+        match uris.as_slice() {
+            [] => Err(IdentityError::Missing),
+            [uri] => PeerIdentity::parse_uri(uri),
+            many => Err(IdentityError::Ambiguous { count: many.len() }),
+        }
+    }
+}
+
+impl fmt::Display for PeerIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.uri())
+    }
+}
+
+/// A replicated document: the state published by one writer (agent node) of one cluster.
+/// Generations of the same document share the `DocRef`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DocRef {
+    pub cluster: String,
+    pub writer: String,
+}
+
+impl DocRef {
+    pub fn new(cluster: impl Into<String>, writer: impl Into<String>) -> Self {
+        Self {
+            cluster: cluster.into(),
+            writer: writer.into(),
+        }
+    }
+
+    /// Both parts are valid identity segments (checked on every document id read from the wire).
+    pub fn is_valid(&self) -> bool {
+        valid_segment(&self.cluster) && valid_segment(&self.writer)
+    }
+}
+
+impl fmt::Display for DocRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.cluster, self.writer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_round_trips() {
+        let a = PeerIdentity::parse_uri("dramesh://cluster/east-1/agent/node-7.x").unwrap();
+        assert_eq!(
+            a,
+            PeerIdentity::Agent {
+                cluster: "east-1".into(),
+                node: "node-7.x".into()
+            }
+        );
+        assert_eq!(a.uri(), "dramesh://cluster/east-1/agent/node-7.x");
+        let r = PeerIdentity::parse_uri("dramesh://replica/r0").unwrap();
+        assert_eq!(r.uri(), "dramesh://replica/r0");
+        assert!(r.is_replica());
+    }
+
+    #[test]
+    fn rejects_everything_else() {
+        for bad in [
+            "https://replica/r0",
+            "dramesh://replica/",
+            "dramesh://replica/R0",
+            "dramesh://replica/r0/",
+            "dramesh://replica/-r0",
+            "dramesh://replica/r0-",
+            "dramesh://replica/r_0",
+            "dramesh://cluster/a/agent",
+            "dramesh://cluster/a/node/b",
+            "dramesh://cluster//agent/b",
+            "dramesh://cluster/a/agent/b/c",
+            "dramesh://replica/r0?x=1",
+            "dramesh://replica/r%30",
+            "dramesh:///replica/r0",
+        ] {
+            assert!(PeerIdentity::parse_uri(bad).is_err(), "{bad} accepted");
+        }
+        let long = format!("dramesh://replica/{}", "a".repeat(254));
+        assert!(PeerIdentity::parse_uri(&long).is_err());
+    }
+
+    #[test]
+    fn ownership_is_own_cluster_and_writer_only() {
+        let a = PeerIdentity::Agent {
+            cluster: "a".into(),
+            node: "n1".into(),
+        };
+        assert!(a.owns(&DocRef::new("a", "n1")));
+        assert!(!a.owns(&DocRef::new("a", "n2")));
+        assert!(!a.owns(&DocRef::new("b", "n1")));
+        assert!(!PeerIdentity::Replica { id: "r".into() }.owns(&DocRef::new("a", "n1")));
+    }
+}

@@ -1,0 +1,22 @@
+//! dramesh replication mesh.
+//!
+//! - [`identity`]: peer identities from certificate URI SANs and document ownership.
+//! - [`store`]: the [`DocStore`](store::DocStore) trait the mesh replicates and its digest.
+//! - [`wire`]: protobuf envelope and length-prefixed framing with a hard size limit.
+//! - [`protocol`]: sans-I/O replication state machine (push, relay, anti-entropy, authorization).
+//! - [`certs`]: development PKI generation and loading (rcgen, PEM).
+//! - [`transport`]: quinn/rustls mutual-TLS endpoint configuration.
+//! - [`node`]: the async node the daemons run ([`node::MeshHandle`]).
+//! - [`mem_store`]: in-memory automerge store for tests and examples.
+
+pub mod certs;
+pub mod identity;
+pub mod mem_store;
+pub mod node;
+pub mod protocol;
+pub mod store;
+pub mod transport;
+pub mod wire;
+
+pub use identity::{DocRef, PeerIdentity};
+pub use store::{Digest, DocEntry, DocStore, RejectReason};

@@ -1,0 +1,204 @@
+//! In-memory [`DocStore`] over real automerge documents, for tests, examples and benches.
+//!
+//! Each document is written by exactly one automerge actor derived from its
+//! [`DocRef`] ([`MemStore::actor_for`]). Incoming sync messages are applied to a scratch
+//! copy first; the copy replaces the held document only when every new change is
+//! authored by that actor, so an unauthorized message leaves nothing behind. Nothing is
+//! persisted.
+
+use std::collections::BTreeMap;
+
+use automerge::sync::{self, SyncDoc};
+use automerge::transaction::Transactable;
+use automerge::{ActorId, Automerge, ROOT, ReadDoc};
+use sha2::{Digest as _, Sha256};
+
+use crate::identity::{DocRef, PeerIdentity};
+use crate::store::{Digest, DocEntry, DocStore, RejectReason, bucket_of, heads_hash};
+
+struct Held {
+    generation: u64,
+    doc: Automerge,
+}
+
+/// See the module docs.
+#[derive(Default)]
+pub struct MemStore {
+    docs: BTreeMap<DocRef, Held>,
+    digest: Digest,
+}
+
+impl MemStore {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The only actor allowed to author changes of `doc`.
+    pub fn actor_for(doc: &DocRef) -> ActorId {
+        let mut h = Sha256::new();
+        h.update(doc.cluster.as_bytes());
+        h.update([0]);
+        h.update(doc.writer.as_bytes());
+        ActorId::from(&h.finalize()[..16])
+    }
+
+    fn entry_of(doc: &DocRef, held: &Held) -> DocEntry {
+        DocEntry {
+            doc: doc.clone(),
+            generation: held.generation,
+            heads_hash: heads_hash(&held.doc.get_heads()),
+        }
+    }
+
+    fn replace(&mut self, doc: &DocRef, held: Held) {
+        if let Some(old) = self.docs.get(doc) {
+            self.digest.toggle(&Self::entry_of(doc, old));
+        }
+        self.digest.toggle(&Self::entry_of(doc, &held));
+        self.docs.insert(doc.clone(), held);
+    }
+
+    /// Writes `key = value` into `doc` as its writer (creating generation 1 if absent).
+    pub fn put(&mut self, doc: &DocRef, key: &str, value: &str) -> Result<(), RejectReason> {
+        let mut held = match self.docs.remove(doc) {
+            Some(h) => {
+                self.digest.toggle(&Self::entry_of(doc, &h));
+                h
+            }
+            None => Held {
+                generation: 1,
+                doc: Automerge::new().with_actor(Self::actor_for(doc)),
+            },
+        };
+        held.doc.set_actor(Self::actor_for(doc));
+        let mut tx = held.doc.transaction();
+        let res = tx.put(ROOT, key, value);
+        tx.commit();
+        self.digest.toggle(&Self::entry_of(doc, &held));
+        self.docs.insert(doc.clone(), held);
+        res.map_err(|e| RejectReason::Store(format!("put {doc} {key}: {e}")))
+    }
+
+    /// Starts the next generation of `doc` holding a copy of the current values only.
+    pub fn roll_generation(&mut self, doc: &DocRef) -> Result<u64, RejectReason> {
+        let Some(old) = self.docs.get(doc) else {
+            return Err(RejectReason::Store(format!("no document {doc}")));
+        };
+        let values: Vec<(String, String)> = old
+            .doc
+            .map_range(ROOT, ..)
+            .filter_map(|item| {
+                let value = automerge::Value::from(item.value);
+                let s = value.as_str()?.to_owned();
+                Some((item.key.to_string(), s))
+            })
+            .collect();
+        let generation = old.generation + 1;
+        let mut fresh = Automerge::new().with_actor(Self::actor_for(doc));
+        let mut tx = fresh.transaction();
+        for (k, v) in &values {
+            tx.put(ROOT, k.as_str(), v.as_str())
+                .map_err(|e| RejectReason::Store(format!("roll {doc}: {e}")))?;
+        }
+        tx.commit();
+        self.replace(
+            doc,
+            Held {
+                generation,
+                doc: fresh,
+            },
+        );
+        Ok(generation)
+    }
+
+    /// Reads a string value of `doc`.
+    pub fn get(&self, doc: &DocRef, key: &str) -> Option<String> {
+        let held = self.docs.get(doc)?;
+        let (value, _) = held.doc.get(ROOT, key).ok()??;
+        value.as_str().map(str::to_owned)
+    }
+
+    /// Every held entry, sorted by document.
+    pub fn entries(&self) -> Vec<DocEntry> {
+        self.docs
+            .iter()
+            .map(|(d, h)| Self::entry_of(d, h))
+            .collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.docs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.docs.is_empty()
+    }
+}
+
+impl DocStore for MemStore {
+    fn digest(&self) -> Digest {
+        self.digest.clone()
+    }
+
+    fn bucket_entries(&self, bucket: u32) -> Vec<DocEntry> {
+        self.docs
+            .iter()
+            .filter(|(d, _)| bucket_of(d) == bucket)
+            .map(|(d, h)| Self::entry_of(d, h))
+            .collect()
+    }
+
+    fn entry(&self, doc: &DocRef) -> Option<DocEntry> {
+        self.docs.get(doc).map(|h| Self::entry_of(doc, h))
+    }
+
+    fn generate_sync_message(&mut self, doc: &DocRef, state: &mut sync::State) -> Option<Vec<u8>> {
+        let held = self.docs.get(doc)?;
+        held.doc.generate_sync_message(state).map(|m| m.encode())
+    }
+
+    fn receive_sync_message(
+        &mut self,
+        from: &PeerIdentity,
+        doc: &DocRef,
+        generation: u64,
+        state: &mut sync::State,
+        msg: &[u8],
+    ) -> Result<(), RejectReason> {
+        let message = sync::Message::decode(msg)
+            .map_err(|e| RejectReason::Malformed(format!("{doc} from {from}: {e}")))?;
+        let mut scratch = match self.docs.get(doc) {
+            Some(h) if h.generation > generation => {
+                return Err(RejectReason::StaleGeneration {
+                    have: h.generation,
+                    got: generation,
+                });
+            }
+            Some(h) if h.generation == generation => h.doc.clone(),
+            _ => Automerge::new(),
+        };
+        let before = scratch.get_heads();
+        scratch
+            .receive_sync_message(state, message)
+            .map_err(|e| RejectReason::Malformed(format!("{doc} from {from}: {e}")))?;
+        let allowed = Self::actor_for(doc);
+        let new_changes = scratch.get_changes(&before);
+        if let Some(bad) = new_changes.iter().find(|c| c.actor_id() != &allowed) {
+            return Err(RejectReason::Unauthorized(format!(
+                "{doc} from {from}: change by actor {} is not the document's writer",
+                bad.actor_id()
+            )));
+        }
+        // A message without new changes creates nothing (not even an empty newer generation).
+        if scratch.get_heads() != before {
+            self.replace(
+                doc,
+                Held {
+                    generation,
+                    doc: scratch,
+                },
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,816 @@
+//! The async mesh node the daemons run: quinn endpoint, dialing, connection tasks, and a
+//! dedicated protocol thread.
+//!
+//! Layout:
+//! - One UDP endpoint both accepts and dials. Every connection carries one bidirectional
+//!   stream (opened by the dialer) of length-prefixed frames; one stream keeps each
+//!   document's automerge exchange in order.
+//! - The [`Protocol`] and the store run on a dedicated OS thread, so automerge work (which can
+//!   take long for big documents) never blocks the tokio reactor. Connection readers hand
+//!   frames to it through a bounded queue: when the thread falls behind, readers stop reading
+//!   and QUIC flow control pushes back on the senders.
+//! - Each connection has an outbound byte budget. The protocol thread never waits on a slow
+//!   peer: a frame that does not fit is dropped and the protocol is told
+//!   ([`Protocol::on_backpressure`]); anti-entropy repairs the gap later.
+//! - Dialing: seeds always, plus replicas learned via peer exchange (agents dial every known
+//!   replica; replicas dial learned replicas whose identity URI sorts after their own, the
+//!   other side dials the rest). Failed or lost connections are redialed with exponential
+//!   backoff and jitter. When two connections to the same identity exist, both ends keep the
+//!   one dialed by the smaller identity URI (or the newer one if both were dialed by the same
+//!   side).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use tokio::sync::{Semaphore, broadcast, mpsc, oneshot};
+use tokio::task::JoinSet;
+use tracing::{debug, info, warn};
+
+use crate::certs::TlsIdentity;
+use crate::identity::{DocRef, PeerIdentity};
+use crate::protocol::{ConnId, Counters, Output, Protocol, ProtocolConfig};
+use crate::store::DocStore;
+use crate::transport::{self, MESH_SERVER_NAME, TransportConfig, TransportError};
+use crate::wire::{self, pb};
+
+/// Everything needed to start a node.
+#[derive(Clone)]
+pub struct NodeConfig {
+    pub identity: TlsIdentity,
+    /// UDP address to bind (port 0 picks one).
+    pub listen: SocketAddr,
+    /// Address other nodes should dial to reach this one (replicas); defaults to the bound
+    /// address.
+    pub advertise: Option<SocketAddr>,
+    /// Replica addresses to dial at start.
+    pub seeds: Vec<SocketAddr>,
+    pub protocol: ProtocolConfig,
+    pub transport: TransportConfig,
+    /// How often the protocol's timers are checked.
+    pub tick_interval: Duration,
+}
+
+impl NodeConfig {
+    pub fn new(identity: TlsIdentity, listen: SocketAddr) -> Self {
+        Self {
+            identity,
+            listen,
+            advertise: None,
+            seeds: vec![],
+            protocol: ProtocolConfig::default(),
+            transport: TransportConfig::default(),
+            tick_interval: Duration::from_millis(100),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    #[error("cannot read the bound address of the endpoint: {0}")]
+    LocalAddr(std::io::Error),
+    #[error("cannot start the protocol thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// A remote change the node applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppliedChange {
+    pub doc: DocRef,
+    pub generation: u64,
+    pub from: PeerIdentity,
+}
+
+/// Status of one live connection.
+#[derive(Debug, Clone)]
+pub struct PeerStatus {
+    pub identity: PeerIdentity,
+    pub remote_addr: SocketAddr,
+    /// Whether this node dialed the connection.
+    pub dialed: bool,
+    pub hello_received: bool,
+    pub last_heard: Instant,
+    /// Frame bytes written to / read from the mesh stream.
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub rtt: Duration,
+    /// Documents the peer's last heartbeat reported that differ from ours.
+    pub docs_behind: usize,
+}
+
+/// Transport-level counters (the protocol's are in [`Counters`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TransportCounters {
+    /// Incoming handshakes that failed (e.g. certificate from another CA).
+    pub handshake_failures: u64,
+    /// Dial attempts that failed.
+    pub dial_failures: u64,
+    /// Connections closed because the certificate carried no valid identity.
+    pub identity_rejections: u64,
+    /// Frames dropped because a peer's outbound budget was exhausted.
+    pub frames_dropped: u64,
+    /// Connections closed as duplicates of another one to the same identity.
+    pub duplicate_connections: u64,
+    /// Streams closed because of an invalid or oversized frame.
+    pub bad_frames: u64,
+}
+
+#[derive(Default)]
+struct AtomicTransportCounters {
+    handshake_failures: AtomicU64,
+    dial_failures: AtomicU64,
+    identity_rejections: AtomicU64,
+    frames_dropped: AtomicU64,
+    duplicate_connections: AtomicU64,
+    bad_frames: AtomicU64,
+}
+
+impl AtomicTransportCounters {
+    fn snapshot(&self) -> TransportCounters {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        TransportCounters {
+            handshake_failures: l(&self.handshake_failures),
+            dial_failures: l(&self.dial_failures),
+            identity_rejections: l(&self.identity_rejections),
+            frames_dropped: l(&self.frames_dropped),
+            duplicate_connections: l(&self.duplicate_connections),
+            bad_frames: l(&self.bad_frames),
+        }
+    }
+}
+
+#[derive(Default)]
+struct ConnStats {
+    bytes_sent: AtomicU64,
+    bytes_received: AtomicU64,
+}
+
+/// What the protocol thread publishes for the async side.
+#[derive(Default)]
+struct View {
+    known_replicas: BTreeMap<String, String>,
+    connected: HashSet<PeerIdentity>,
+    counters: Counters,
+}
+
+struct Shared {
+    view: Mutex<View>,
+    transport: AtomicTransportCounters,
+    closing: AtomicBool,
+}
+
+struct Outbound {
+    tx: mpsc::UnboundedSender<(Vec<u8>, u32)>,
+    budget: Arc<Semaphore>,
+    max_permits: u32,
+}
+
+enum Event {
+    Connected {
+        conn: ConnId,
+        identity: PeerIdentity,
+        dialed: bool,
+        connection: quinn::Connection,
+        outbound: Outbound,
+        stats: Arc<ConnStats>,
+    },
+    Disconnected(ConnId),
+    Frame(ConnId, pb::Envelope),
+    LocalChange(DocRef),
+    Tick,
+    Peers(oneshot::Sender<Vec<PeerStatus>>),
+    Shutdown,
+}
+
+/// Handle to a running node.
+pub struct MeshHandle {
+    identity: PeerIdentity,
+    local_addr: SocketAddr,
+    endpoint: quinn::Endpoint,
+    events: mpsc::Sender<Event>,
+    applied: broadcast::Sender<AppliedChange>,
+    shared: Arc<Shared>,
+    tasks: JoinSet<()>,
+    driver: Option<std::thread::JoinHandle<()>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding the lock leaves plain data behind; keep going with it.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl MeshHandle {
+    /// Binds the endpoint, starts the protocol thread, the accept loop and dialing.
+    /// Must be called inside a tokio runtime. The store is shared with the application,
+    /// which calls [`MeshHandle::notify_local_change`] after writing to it.
+    pub async fn start<S: DocStore + Send + 'static>(
+        config: NodeConfig,
+        store: Arc<Mutex<S>>,
+    ) -> Result<MeshHandle, NodeError> {
+        let identity = config.identity.identity.clone();
+        let endpoint =
+            transport::make_endpoint(config.listen, &config.identity, &config.transport)?;
+        let local_addr = endpoint.local_addr().map_err(NodeError::LocalAddr)?;
+        let advertise = config.advertise.unwrap_or(local_addr);
+        let mut pconfig = config.protocol.clone();
+        if identity.is_replica() && pconfig.advertise_addr.is_none() {
+            pconfig.advertise_addr = Some(advertise.to_string());
+        }
+        let (events_tx, events_rx) = mpsc::channel(config.transport.inbound_queue_frames.max(16));
+        let (applied_tx, _) = broadcast::channel(4096);
+        let shared = Arc::new(Shared {
+            view: Mutex::new(View::default()),
+            transport: AtomicTransportCounters::default(),
+            closing: AtomicBool::new(false),
+        });
+        let protocol = Protocol::new(identity.clone(), pconfig);
+        let driver = {
+            let shared = shared.clone();
+            let applied = applied_tx.clone();
+            std::thread::Builder::new()
+                .name(format!("dramesh-mesh {identity}"))
+                .spawn(move || drive(protocol, store, events_rx, applied, shared))
+                .map_err(NodeError::Thread)?
+        };
+        let mut tasks = JoinSet::new();
+        let ctx = Ctx {
+            endpoint: endpoint.clone(),
+            events: events_tx.clone(),
+            shared: shared.clone(),
+            transport: config.transport.clone(),
+            local: identity.clone(),
+            next_conn: Arc::new(AtomicU64::new(1)),
+        };
+        tasks.spawn(accept_loop(ctx.clone()));
+        tasks.spawn(dial_manager(ctx.clone(), config.seeds.clone(), advertise));
+        let tick_events = events_tx.clone();
+        let tick_interval = config.tick_interval;
+        tasks.spawn(async move {
+            let mut interval = tokio::time::interval(tick_interval);
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            loop {
+                interval.tick().await;
+                // A full queue means the protocol thread is busy; skipping a tick is harmless.
+                if let Err(mpsc::error::TrySendError::Closed(_)) = tick_events.try_send(Event::Tick)
+                {
+                    break;
+                }
+            }
+        });
+        info!(%identity, %local_addr, "mesh node started");
+        Ok(MeshHandle {
+            identity,
+            local_addr,
+            endpoint,
+            events: events_tx,
+            applied: applied_tx,
+            shared,
+            tasks,
+            driver: Some(driver),
+        })
+    }
+
+    pub fn identity(&self) -> &PeerIdentity {
+        &self.identity
+    }
+
+    /// The bound UDP address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Tells the mesh that the application changed `doc` in the store: it is pushed to all
+    /// connected peers that may hold it.
+    pub async fn notify_local_change(&self, doc: DocRef) {
+        if self.events.send(Event::LocalChange(doc)).await.is_err() {
+            debug!("notify_local_change after shutdown");
+        }
+    }
+
+    /// Receives every remote change applied from now on (lagging receivers skip entries).
+    pub fn subscribe(&self) -> broadcast::Receiver<AppliedChange> {
+        self.applied.subscribe()
+    }
+
+    /// Live connections with traffic figures.
+    pub async fn peers(&self) -> Vec<PeerStatus> {
+        let (tx, rx) = oneshot::channel();
+        if self.events.send(Event::Peers(tx)).await.is_err() {
+            return vec![];
+        }
+        rx.await.unwrap_or_default()
+    }
+
+    /// Protocol counters as of the last processed event.
+    pub fn counters(&self) -> Counters {
+        lock(&self.shared.view).counters.clone()
+    }
+
+    pub fn transport_counters(&self) -> TransportCounters {
+        self.shared.transport.snapshot()
+    }
+
+    /// Identities with a live connection, as of the last processed event.
+    pub fn connected_identities(&self) -> Vec<PeerIdentity> {
+        let mut ids: Vec<PeerIdentity> =
+            lock(&self.shared.view).connected.iter().cloned().collect();
+        ids.sort();
+        ids
+    }
+
+    /// Replicas known from hello and peer exchange: identity URI -> address.
+    pub fn known_replicas(&self) -> BTreeMap<String, String> {
+        lock(&self.shared.view).known_replicas.clone()
+    }
+
+    /// Closes every connection and stops all tasks and the protocol thread.
+    pub async fn shutdown(mut self) {
+        self.shared.closing.store(true, Ordering::Relaxed);
+        self.endpoint.close(0u32.into(), b"shutdown");
+        let _ = self.events.send(Event::Shutdown).await;
+        self.tasks.abort_all();
+        while self.tasks.join_next().await.is_some() {}
+        if let Some(driver) = self.driver.take() {
+            let _ = tokio::task::spawn_blocking(move || driver.join()).await;
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await;
+    }
+}
+
+impl Drop for MeshHandle {
+    fn drop(&mut self) {
+        self.shared.closing.store(true, Ordering::Relaxed);
+        self.endpoint.close(0u32.into(), b"dropped");
+        self.tasks.abort_all();
+        let _ = self.events.try_send(Event::Shutdown);
+    }
+}
+
+struct ConnEntry {
+    identity: PeerIdentity,
+    dialed: bool,
+    connection: quinn::Connection,
+    outbound: Outbound,
+    stats: Arc<ConnStats>,
+}
+
+/// The protocol thread: owns the [`Protocol`], locks the store per event.
+fn drive<S: DocStore>(
+    mut protocol: Protocol,
+    store: Arc<Mutex<S>>,
+    mut events: mpsc::Receiver<Event>,
+    applied: broadcast::Sender<AppliedChange>,
+    shared: Arc<Shared>,
+) {
+    let mut conns: HashMap<ConnId, ConnEntry> = HashMap::new();
+    let local_uri = protocol.local().uri();
+    while let Some(event) = events.blocking_recv() {
+        let now = Instant::now();
+        let outputs = match event {
+            Event::Shutdown => break,
+            Event::Connected {
+                conn,
+                identity,
+                dialed,
+                connection,
+                outbound,
+                stats,
+            } => {
+                let mut outs = Vec::new();
+                let existing = conns
+                    .iter()
+                    .find(|(_, e)| e.identity == identity)
+                    .map(|(c, e)| (*c, e.dialed));
+                let keep_new = match existing {
+                    None => true,
+                    Some((_, old_dialed)) if old_dialed == dialed => true,
+                    Some(_) => {
+                        // Keep the connection dialed by the smaller identity URI.
+                        let we_are_smaller = local_uri < identity.uri();
+                        dialed == we_are_smaller
+                    }
+                };
+                if keep_new {
+                    if let Some((old, _)) = existing
+                        && let Some(e) = conns.remove(&old)
+                    {
+                        shared
+                            .transport
+                            .duplicate_connections
+                            .fetch_add(1, Ordering::Relaxed);
+                        e.connection.close(2u32.into(), b"duplicate connection");
+                        protocol.on_disconnected(old);
+                    }
+                    conns.insert(
+                        conn,
+                        ConnEntry {
+                            identity: identity.clone(),
+                            dialed,
+                            connection,
+                            outbound,
+                            stats,
+                        },
+                    );
+                    outs.extend(protocol.on_connected(conn, identity, now));
+                } else {
+                    shared
+                        .transport
+                        .duplicate_connections
+                        .fetch_add(1, Ordering::Relaxed);
+                    connection.close(2u32.into(), b"duplicate connection");
+                }
+                outs
+            }
+            Event::Disconnected(conn) => {
+                if conns.remove(&conn).is_some() {
+                    protocol.on_disconnected(conn);
+                }
+                vec![]
+            }
+            Event::Frame(conn, env) => {
+                if conns.contains_key(&conn) {
+                    let mut s = lock(&store);
+                    protocol.handle_frame(&mut *s, conn, env, now)
+                } else {
+                    vec![]
+                }
+            }
+            Event::LocalChange(doc) => {
+                let mut s = lock(&store);
+                protocol.on_local_change(&mut *s, &doc)
+            }
+            Event::Tick => {
+                let mut s = lock(&store);
+                protocol.on_tick(&mut *s, now)
+            }
+            Event::Peers(reply) => {
+                let sessions = protocol.sessions();
+                let statuses = sessions
+                    .into_iter()
+                    .filter_map(|s| {
+                        let e = conns.get(&s.conn)?;
+                        Some(PeerStatus {
+                            identity: s.identity,
+                            remote_addr: e.connection.remote_address(),
+                            dialed: e.dialed,
+                            hello_received: s.hello_received,
+                            last_heard: s.last_heard,
+                            bytes_sent: e.stats.bytes_sent.load(Ordering::Relaxed),
+                            bytes_received: e.stats.bytes_received.load(Ordering::Relaxed),
+                            rtt: e.connection.rtt(),
+                            docs_behind: s.docs_behind,
+                        })
+                    })
+                    .collect();
+                let _ = reply.send(statuses);
+                vec![]
+            }
+        };
+        for out in outputs {
+            match out {
+                Output::Send { conn, envelope } => {
+                    let Some(entry) = conns.get(&conn) else {
+                        continue;
+                    };
+                    let frame = match wire::encode_frame(&envelope) {
+                        Ok(f) => f,
+                        Err(e) => {
+                            warn!(peer = %entry.identity, error = %e, "cannot encode frame; dropped");
+                            continue;
+                        }
+                    };
+                    let permits = u32::try_from(frame.len())
+                        .unwrap_or(u32::MAX)
+                        .min(entry.outbound.max_permits);
+                    match entry.outbound.budget.try_acquire_many(permits) {
+                        Ok(p) => {
+                            p.forget();
+                            let _ = entry.outbound.tx.send((frame, permits));
+                        }
+                        Err(_) => {
+                            shared
+                                .transport
+                                .frames_dropped
+                                .fetch_add(1, Ordering::Relaxed);
+                            debug!(peer = %entry.identity, "outbound budget exhausted; frame dropped");
+                            protocol.on_backpressure(conn);
+                        }
+                    }
+                }
+                Output::Close { conn, reason } => {
+                    if let Some(e) = conns.remove(&conn) {
+                        e.connection.close(1u32.into(), reason.as_bytes());
+                        protocol.on_disconnected(conn);
+                    }
+                }
+                Output::Applied {
+                    doc,
+                    generation,
+                    from,
+                } => {
+                    let _ = applied.send(AppliedChange {
+                        doc,
+                        generation,
+                        from,
+                    });
+                }
+            }
+        }
+        let mut view = lock(&shared.view);
+        if view.known_replicas != *protocol.known_replicas() {
+            view.known_replicas = protocol.known_replicas().clone();
+        }
+        view.connected = conns.values().map(|e| e.identity.clone()).collect();
+        view.counters = protocol.counters().clone();
+    }
+    for (_, e) in conns {
+        e.connection.close(0u32.into(), b"shutdown");
+    }
+}
+
+#[derive(Clone)]
+struct Ctx {
+    endpoint: quinn::Endpoint,
+    events: mpsc::Sender<Event>,
+    shared: Arc<Shared>,
+    transport: TransportConfig,
+    local: PeerIdentity,
+    next_conn: Arc<AtomicU64>,
+}
+
+async fn accept_loop(ctx: Ctx) {
+    let mut handshakes = JoinSet::new();
+    while let Some(incoming) = ctx.endpoint.accept().await {
+        // Reap finished handshake tasks so the set stays small.
+        while handshakes.try_join_next().is_some() {}
+        let ctx = ctx.clone();
+        handshakes.spawn(async move {
+            let remote = incoming.remote_address();
+            let connecting = match incoming.accept() {
+                Ok(c) => c,
+                Err(e) => {
+                    ctx.shared
+                        .transport
+                        .handshake_failures
+                        .fetch_add(1, Ordering::Relaxed);
+                    warn!(%remote, error = %e, "incoming connection refused");
+                    return;
+                }
+            };
+            let connection =
+                match tokio::time::timeout(ctx.transport.connect_timeout, connecting).await {
+                    Ok(Ok(c)) => c,
+                    Ok(Err(e)) => {
+                        ctx.shared
+                            .transport
+                            .handshake_failures
+                            .fetch_add(1, Ordering::Relaxed);
+                        if matches!(
+                            e,
+                            quinn::ConnectionError::ApplicationClosed(_)
+                                | quinn::ConnectionError::LocallyClosed
+                        ) {
+                            // The dialer gave up (e.g. shutting down): not a security event.
+                            debug!(%remote, error = %e, "handshake abandoned");
+                        } else {
+                            warn!(%remote, error = %e, "TLS/QUIC handshake failed");
+                        }
+                        return;
+                    }
+                    Err(_) => {
+                        ctx.shared
+                            .transport
+                            .handshake_failures
+                            .fetch_add(1, Ordering::Relaxed);
+                        warn!(%remote, "handshake timed out");
+                        return;
+                    }
+                };
+            let Some(identity) = check_identity(&ctx, &connection) else {
+                return;
+            };
+            let stream =
+                tokio::time::timeout(ctx.transport.connect_timeout, connection.accept_bi()).await;
+            match stream {
+                Ok(Ok((send, recv))) => {
+                    run_connection(&ctx, connection, identity, false, send, recv).await;
+                }
+                _ => {
+                    debug!(%remote, "peer opened no mesh stream");
+                    connection.close(1u32.into(), b"no stream");
+                }
+            }
+        });
+    }
+    handshakes.abort_all();
+}
+
+fn check_identity(ctx: &Ctx, connection: &quinn::Connection) -> Option<PeerIdentity> {
+    match transport::peer_identity(connection) {
+        Ok(id) if id == ctx.local => {
+            debug!("connected to ourselves; closing");
+            connection.close(3u32.into(), b"self");
+            None
+        }
+        Ok(id) => Some(id),
+        Err(e) => {
+            ctx.shared
+                .transport
+                .identity_rejections
+                .fetch_add(1, Ordering::Relaxed);
+            warn!(remote = %connection.remote_address(), error = %e, "peer certificate has no valid identity");
+            connection.close(4u32.into(), b"bad identity");
+            None
+        }
+    }
+}
+
+/// Runs one established connection until it ends.
+async fn run_connection(
+    ctx: &Ctx,
+    connection: quinn::Connection,
+    identity: PeerIdentity,
+    dialed: bool,
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+) {
+    let conn = ConnId(ctx.next_conn.fetch_add(1, Ordering::Relaxed));
+    let stats = Arc::new(ConnStats::default());
+    let budget_bytes = ctx
+        .transport
+        .outbound_budget_bytes
+        .max(wire::MAX_FRAME_SIZE);
+    let max_permits = u32::try_from(budget_bytes).unwrap_or(u32::MAX);
+    let budget = Arc::new(Semaphore::new(max_permits as usize));
+    let (tx, mut rx) = mpsc::unbounded_channel::<(Vec<u8>, u32)>();
+    let outbound = Outbound {
+        tx,
+        budget: budget.clone(),
+        max_permits,
+    };
+    if ctx
+        .events
+        .send(Event::Connected {
+            conn,
+            identity: identity.clone(),
+            dialed,
+            connection: connection.clone(),
+            outbound,
+            stats: stats.clone(),
+        })
+        .await
+        .is_err()
+    {
+        return;
+    }
+    debug!(local = %ctx.local, %identity, conn = conn.0, dialed, "mesh connection up");
+    let writer_stats = stats.clone();
+    let writer = async move {
+        while let Some((frame, permits)) = rx.recv().await {
+            let res = send.write_all(&frame).await;
+            budget.add_permits(permits as usize);
+            if res.is_err() {
+                break;
+            }
+            writer_stats
+                .bytes_sent
+                .fetch_add(frame.len() as u64, Ordering::Relaxed);
+        }
+        let _ = send.finish();
+    };
+    let reader = async {
+        loop {
+            match wire::read_frame(&mut recv).await {
+                Ok(Some((env, len))) => {
+                    stats
+                        .bytes_received
+                        .fetch_add(len as u64, Ordering::Relaxed);
+                    if ctx.events.send(Event::Frame(conn, env)).await.is_err() {
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(wire::FrameError::Io(_)) => break,
+                Err(e) => {
+                    ctx.shared
+                        .transport
+                        .bad_frames
+                        .fetch_add(1, Ordering::Relaxed);
+                    warn!(%identity, error = %e, "bad frame; closing connection");
+                    connection.close(5u32.into(), b"bad frame");
+                    break;
+                }
+            }
+        }
+    };
+    tokio::select! {
+        _ = writer => {}
+        _ = reader => {}
+        _ = connection.closed() => {}
+    }
+    connection.close(0u32.into(), b"done");
+    let _ = ctx.events.send(Event::Disconnected(conn)).await;
+    debug!(local = %ctx.local, %identity, conn = conn.0, "mesh connection down");
+}
+
+/// Spawns one dial loop per address to dial: seeds and learned replicas.
+async fn dial_manager(ctx: Ctx, seeds: Vec<SocketAddr>, own_addr: SocketAddr) {
+    let mut dialing: HashSet<SocketAddr> = HashSet::new();
+    let mut loops = JoinSet::new();
+    let mut check = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        check.tick().await;
+        if ctx.shared.closing.load(Ordering::Relaxed) {
+            break;
+        }
+        let mut targets: Vec<(SocketAddr, Option<PeerIdentity>)> =
+            seeds.iter().map(|a| (*a, None)).collect();
+        let known = lock(&ctx.shared.view).known_replicas.clone();
+        let local_uri = ctx.local.uri();
+        for (uri, addr) in known {
+            let Ok(addr) = addr.parse::<SocketAddr>() else {
+                continue;
+            };
+            let Ok(id) = PeerIdentity::parse_uri(&uri) else {
+                continue;
+            };
+            // Replicas split dialing between pairs; agents dial every replica.
+            if ctx.local.is_replica() && local_uri > uri {
+                continue;
+            }
+            targets.push((addr, Some(id)));
+        }
+        for (addr, id) in targets {
+            if addr == own_addr || !dialing.insert(addr) {
+                continue;
+            }
+            loops.spawn(dial_loop(ctx.clone(), addr, id));
+        }
+        while loops.try_join_next().is_some() {}
+    }
+    loops.abort_all();
+}
+
+/// Keeps a connection to `addr` up: dial, run, and redial with backoff and jitter.
+async fn dial_loop(ctx: Ctx, addr: SocketAddr, mut target: Option<PeerIdentity>) {
+    let mut backoff = ctx.transport.backoff_min;
+    loop {
+        if ctx.shared.closing.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Some(id) = &target
+            && lock(&ctx.shared.view).connected.contains(id)
+        {
+            // Someone (maybe the peer) already holds a connection to this identity.
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            continue;
+        }
+        let started = Instant::now();
+        match dial_once(&ctx, addr).await {
+            Ok((connection, identity, send, recv)) => {
+                target = Some(identity.clone());
+                run_connection(&ctx, connection, identity, true, send, recv).await;
+                if started.elapsed() > Duration::from_secs(5) {
+                    backoff = ctx.transport.backoff_min;
+                }
+            }
+            Err(e) => {
+                ctx.shared
+                    .transport
+                    .dial_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                debug!(%addr, error = %e, "dial failed");
+            }
+        }
+        let jitter: f64 = rand::rng().random_range(0.5..1.5);
+        tokio::time::sleep(backoff.mul_f64(jitter)).await;
+        backoff = (backoff * 2).min(ctx.transport.backoff_max);
+    }
+}
+
+type Dialed = (
+    quinn::Connection,
+    PeerIdentity,
+    quinn::SendStream,
+    quinn::RecvStream,
+);
+
+async fn dial_once(ctx: &Ctx, addr: SocketAddr) -> Result<Dialed, String> {
+    let connecting = ctx
+        .endpoint
+        .connect(addr, MESH_SERVER_NAME)
+        .map_err(|e| e.to_string())?;
+    let connection = tokio::time::timeout(ctx.transport.connect_timeout, connecting)
+        .await
+        .map_err(|_| "handshake timed out".to_string())?
+        .map_err(|e| e.to_string())?;
+    let identity = check_identity(ctx, &connection).ok_or("peer identity refused")?;
+    // The acceptor sees the stream once bytes arrive: the Hello queued by the protocol.
+    let (send, recv) = connection.open_bi().await.map_err(|e| e.to_string())?;
+    Ok((connection, identity, send, recv))
+}

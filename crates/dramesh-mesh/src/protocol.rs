@@ -1,0 +1,936 @@
+//! Sans-I/O replication protocol: what to send, given what arrived and what changed.
+//!
+//! [`Protocol`] owns no sockets, tasks or clocks. The driver feeds it connection events,
+//! decoded frames, local changes and ticks (with the current [`Instant`]) and carries out
+//! the returned [`Output`]s. This keeps the logic deterministic and testable by passing
+//! frames between several instances in memory.
+//!
+//! Guarantees:
+//! - **Push**: a local change is offered to every connected peer that may hold the document
+//!   at once ([`Protocol::on_local_change`]); a replica that applies a remote change re-offers
+//!   it to its other peers (relay), so reaching one replica reaches all.
+//! - **Anti-entropy**: every `anti_entropy_interval` (jittered) each session sends a root-only
+//!   digest probe (a few dozen bytes whatever the number of documents); only on mismatch are
+//!   the bucket hashes, then the entries of differing buckets, then automerge sync messages of
+//!   differing documents exchanged. A mismatch resets that document's in-flight sync state, so a
+//!   dropped message can delay convergence by at most one round.
+//! - **Authorization**: an agent may only exchange its own (cluster, writer) document; frames
+//!   about other documents are refused, counted in [`Counters::rejected_unauthorized`] and
+//!   logged. Agents never talk to agents. Replicas may relay any document; the store
+//!   checks change authors ([`DocStore::receive_sync_message`]).
+//! - Nothing but `Hello` is accepted before the peer's `Hello`; protocol violations close the
+//!   connection.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use automerge::sync;
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use tracing::{debug, warn};
+
+use crate::identity::{DocRef, PeerIdentity};
+use crate::store::{DIGEST_BUCKETS, Digest, DocEntry, DocStore, RejectReason, bucket_of};
+use crate::wire::{self, WIRE_VERSION, pb, pb::envelope::Body};
+
+/// Protocol version carried in `Hello`; peers with another version are disconnected.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// Most replicas accepted from one `PeerExchange`.
+pub const MAX_PEER_EXCHANGE: usize = 1024;
+/// Longest accepted advertised address.
+pub const MAX_ADDR_LEN: usize = 256;
+/// Most remembered per-(peer, document) sync states of closed sessions.
+const MAX_SAVED_STATES: usize = 100_000;
+
+/// Driver-assigned id of one live connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnId(pub u64);
+
+/// Timers and limits of the protocol.
+#[derive(Debug, Clone)]
+pub struct ProtocolConfig {
+    /// Mean period of the digest probe per session (jittered by ±25 %).
+    pub anti_entropy_interval: Duration,
+    /// Period of the `Ephemeral` heartbeat per session.
+    pub heartbeat_interval: Duration,
+    /// Period of `PeerExchange` from replicas.
+    pub peer_exchange_interval: Duration,
+    /// Address this node accepts connections on, told to peers (replicas).
+    pub advertise_addr: Option<String>,
+    /// Most entries put in one `BucketRequest`/`BucketEntries` frame.
+    pub max_entries_per_frame: usize,
+    /// Seed of the jitter generator (fixed in tests for determinism).
+    pub jitter_seed: u64,
+}
+
+impl Default for ProtocolConfig {
+    fn default() -> Self {
+        Self {
+            anti_entropy_interval: Duration::from_secs(2),
+            heartbeat_interval: Duration::from_secs(1),
+            peer_exchange_interval: Duration::from_secs(10),
+            advertise_addr: None,
+            max_entries_per_frame: 50_000,
+            jitter_seed: rand::rng().random(),
+        }
+    }
+}
+
+/// Something the driver must do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Output {
+    /// Send the envelope on the connection.
+    Send {
+        conn: ConnId,
+        envelope: pb::Envelope,
+    },
+    /// Close the connection (protocol violation or version mismatch).
+    Close { conn: ConnId, reason: String },
+    /// A remote sync message changed a document.
+    Applied {
+        doc: DocRef,
+        generation: u64,
+        from: PeerIdentity,
+    },
+}
+
+/// Monotonic protocol counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub frames_in: u64,
+    pub frames_out: u64,
+    pub sync_in: u64,
+    pub sync_out: u64,
+    /// Remote sync messages that changed a document.
+    pub applied: u64,
+    /// Frames about documents the sending identity may not exchange.
+    pub rejected_unauthorized: u64,
+    /// Sync messages the store refused (authors, malformed, store errors).
+    pub rejected_by_store: u64,
+    /// Sync messages for an older generation than held.
+    pub stale_generation: u64,
+    /// Malformed or out-of-order frames (each closes or ignores per the module docs).
+    pub protocol_errors: u64,
+    pub digest_probes_sent: u64,
+    /// Probes whose root differed from ours.
+    pub digest_mismatches: u64,
+    pub buckets_requested: u64,
+    /// Sync states reset because anti-entropy found a difference.
+    pub sync_resets: u64,
+    /// Sessions whose outbound queue overflowed (frames dropped by the driver).
+    pub backpressure_events: u64,
+}
+
+/// Protocol-level view of one session.
+#[derive(Debug, Clone)]
+pub struct SessionStatus {
+    pub conn: ConnId,
+    pub identity: PeerIdentity,
+    pub hello_received: bool,
+    pub last_heard: Instant,
+    /// Last heartbeat sequence received.
+    pub heartbeat_seq: u64,
+    /// Documents the peer reported in its last heartbeat that differ from ours.
+    pub docs_behind: usize,
+    pub advertise_addr: Option<String>,
+}
+
+struct DocSync {
+    generation: u64,
+    state: sync::State,
+}
+
+struct Session {
+    identity: PeerIdentity,
+    hello_received: bool,
+    docs: HashMap<DocRef, DocSync>,
+    next_anti_entropy: Instant,
+    next_heartbeat: Instant,
+    next_peer_exchange: Instant,
+    heartbeat_out: u64,
+    heartbeat_in: u64,
+    last_heard: Instant,
+    docs_behind: usize,
+    advertise_addr: Option<String>,
+}
+
+/// The replication state machine of one node (see the module docs).
+pub struct Protocol {
+    local: PeerIdentity,
+    config: ProtocolConfig,
+    sessions: BTreeMap<ConnId, Session>,
+    known_replicas: BTreeMap<String, String>,
+    saved_states: HashMap<(PeerIdentity, DocRef), (u64, Vec<u8>)>,
+    counters: Counters,
+    rng: StdRng,
+}
+
+/// Whether `local` may exchange `doc` with `remote` at all.
+fn may_exchange(local: &PeerIdentity, remote: &PeerIdentity, doc: &DocRef) -> bool {
+    let local_ok = local.is_replica() || local.owns(doc);
+    let remote_ok = remote.is_replica() || remote.owns(doc);
+    local_ok && remote_ok
+}
+
+/// The single document an agent-side session is about, if any side is an agent.
+fn agent_scope(local: &PeerIdentity, remote: &PeerIdentity) -> Option<DocRef> {
+    let agent = if local.is_replica() { remote } else { local };
+    match agent {
+        PeerIdentity::Agent { cluster, node } => Some(DocRef::new(cluster.clone(), node.clone())),
+        PeerIdentity::Replica { .. } => None,
+    }
+}
+
+fn role_of(id: &PeerIdentity) -> pb::Role {
+    if id.is_replica() {
+        pb::Role::Replica
+    } else {
+        pb::Role::Agent
+    }
+}
+
+fn reset_state(state: &sync::State) -> sync::State {
+    // Keeping only the shared heads (what `encode` persists) clears `in_flight` and the
+    // peer's claimed heads, so the next generate always produces a message.
+    sync::State::decode(&state.encode()).unwrap_or_else(|_| sync::State::new())
+}
+
+impl Protocol {
+    pub fn new(local: PeerIdentity, config: ProtocolConfig) -> Self {
+        let rng = StdRng::seed_from_u64(config.jitter_seed);
+        Self {
+            local,
+            config,
+            sessions: BTreeMap::new(),
+            known_replicas: BTreeMap::new(),
+            saved_states: HashMap::new(),
+            counters: Counters::default(),
+            rng,
+        }
+    }
+
+    pub fn local(&self) -> &PeerIdentity {
+        &self.local
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Replicas learned from `Hello` and `PeerExchange`: identity URI -> address.
+    pub fn known_replicas(&self) -> &BTreeMap<String, String> {
+        &self.known_replicas
+    }
+
+    /// Whether a session with `identity` has completed its hello.
+    pub fn is_connected(&self, identity: &PeerIdentity) -> bool {
+        self.sessions
+            .values()
+            .any(|s| s.hello_received && &s.identity == identity)
+    }
+
+    pub fn sessions(&self) -> Vec<SessionStatus> {
+        self.sessions
+            .iter()
+            .map(|(conn, s)| SessionStatus {
+                conn: *conn,
+                identity: s.identity.clone(),
+                hello_received: s.hello_received,
+                last_heard: s.last_heard,
+                heartbeat_seq: s.heartbeat_in,
+                docs_behind: s.docs_behind,
+                advertise_addr: s.advertise_addr.clone(),
+            })
+            .collect()
+    }
+
+    fn jittered(&mut self, base: Duration) -> Duration {
+        let factor: f64 = self.rng.random_range(0.75..1.25);
+        base.mul_f64(factor)
+    }
+
+    fn send(&mut self, out: &mut Vec<Output>, conn: ConnId, body: Body) {
+        self.counters.frames_out += 1;
+        if matches!(body, Body::Sync(_)) {
+            self.counters.sync_out += 1;
+        }
+        out.push(Output::Send {
+            conn,
+            envelope: wire::envelope(body),
+        });
+    }
+
+    /// A connection authenticated as `peer` is up: greet it.
+    pub fn on_connected(&mut self, conn: ConnId, peer: PeerIdentity, now: Instant) -> Vec<Output> {
+        let mut out = Vec::new();
+        if !self.local.is_replica() && !peer.is_replica() {
+            warn!(%peer, "refusing agent-to-agent connection");
+            self.counters.rejected_unauthorized += 1;
+            out.push(Output::Close {
+                conn,
+                reason: "agents only talk to replicas".into(),
+            });
+            return out;
+        }
+        let first_ae = self.jittered(self.config.anti_entropy_interval);
+        self.sessions.insert(
+            conn,
+            Session {
+                identity: peer,
+                hello_received: false,
+                docs: HashMap::new(),
+                next_anti_entropy: now + first_ae,
+                next_heartbeat: now + self.config.heartbeat_interval,
+                next_peer_exchange: now + self.config.peer_exchange_interval,
+                heartbeat_out: 0,
+                heartbeat_in: 0,
+                last_heard: now,
+                docs_behind: 0,
+                advertise_addr: None,
+            },
+        );
+        let hello = pb::Hello {
+            protocol_version: PROTOCOL_VERSION,
+            role: role_of(&self.local) as i32,
+            identity: self.local.uri(),
+            advertise_addr: self.config.advertise_addr.clone().unwrap_or_default(),
+        };
+        self.send(&mut out, conn, Body::Hello(hello));
+        out
+    }
+
+    /// The connection is gone; its sync states are remembered for a reconnect.
+    pub fn on_disconnected(&mut self, conn: ConnId) {
+        let Some(session) = self.sessions.remove(&conn) else {
+            return;
+        };
+        if self.saved_states.len() + session.docs.len() > MAX_SAVED_STATES {
+            self.saved_states.clear();
+        }
+        for (doc, ds) in session.docs {
+            self.saved_states.insert(
+                (session.identity.clone(), doc),
+                (ds.generation, ds.state.encode()),
+            );
+        }
+    }
+
+    /// The driver dropped frames for `conn` because its queue was full: forget what is in
+    /// flight so the next anti-entropy round re-sends what the peer missed.
+    pub fn on_backpressure(&mut self, conn: ConnId) {
+        self.counters.backpressure_events += 1;
+        if let Some(s) = self.sessions.get_mut(&conn) {
+            for ds in s.docs.values_mut() {
+                ds.state = reset_state(&ds.state);
+            }
+        }
+    }
+
+    fn scoped_digest<S: DocStore>(&self, store: &S, remote: &PeerIdentity) -> Digest {
+        match agent_scope(&self.local, remote) {
+            Some(doc) => Digest::from_entries(store.entry(&doc).iter()),
+            None => store.digest(),
+        }
+    }
+
+    fn scoped_bucket_entries<S: DocStore>(
+        &self,
+        store: &S,
+        remote: &PeerIdentity,
+        bucket: u32,
+    ) -> Vec<DocEntry> {
+        match agent_scope(&self.local, remote) {
+            Some(doc) => store
+                .entry(&doc)
+                .into_iter()
+                .filter(|e| bucket_of(&e.doc) == bucket)
+                .collect(),
+            None => store.bucket_entries(bucket),
+        }
+    }
+
+    fn doc_state<'a>(
+        saved: &mut HashMap<(PeerIdentity, DocRef), (u64, Vec<u8>)>,
+        session: &'a mut Session,
+        doc: &DocRef,
+        generation: u64,
+    ) -> &'a mut sync::State {
+        let ds = session.docs.entry(doc.clone()).or_insert_with(|| {
+            let state = match saved.remove(&(session.identity.clone(), doc.clone())) {
+                Some((g, bytes)) if g == generation => {
+                    sync::State::decode(&bytes).unwrap_or_else(|_| sync::State::new())
+                }
+                _ => sync::State::new(),
+            };
+            DocSync { generation, state }
+        });
+        if ds.generation != generation {
+            ds.generation = generation;
+            ds.state = sync::State::new();
+        }
+        &mut ds.state
+    }
+
+    /// Generates and queues the next sync message for `doc` on `conn`, if any.
+    fn push_doc<S: DocStore>(
+        &mut self,
+        store: &mut S,
+        conn: ConnId,
+        doc: &DocRef,
+        reset: bool,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(entry) = store.entry(doc) else {
+            return;
+        };
+        let Some(session) = self.sessions.get_mut(&conn) else {
+            return;
+        };
+        if !session.hello_received || !may_exchange(&self.local, &session.identity, doc) {
+            return;
+        }
+        let state = Self::doc_state(&mut self.saved_states, session, doc, entry.generation);
+        if reset {
+            *state = reset_state(state);
+            self.counters.sync_resets += 1;
+        }
+        if let Some(payload) = store.generate_sync_message(doc, state) {
+            self.send(
+                out,
+                conn,
+                Body::Sync(pb::Sync {
+                    doc: Some(doc.into()),
+                    generation: entry.generation,
+                    payload,
+                }),
+            );
+        }
+    }
+
+    /// A local writer changed `doc`: offer it to every connected peer that may hold it.
+    pub fn on_local_change<S: DocStore>(&mut self, store: &mut S, doc: &DocRef) -> Vec<Output> {
+        let mut out = Vec::new();
+        let conns: Vec<ConnId> = self.sessions.keys().copied().collect();
+        for conn in conns {
+            self.push_doc(store, conn, doc, false, &mut out);
+        }
+        out
+    }
+
+    /// Periodic work: digest probes, heartbeats, peer exchange.
+    pub fn on_tick<S: DocStore>(&mut self, store: &mut S, now: Instant) -> Vec<Output> {
+        let mut out = Vec::new();
+        let conns: Vec<ConnId> = self.sessions.keys().copied().collect();
+        for conn in conns {
+            let (identity, due_ae, due_hb, due_pex) = match self.sessions.get(&conn) {
+                Some(s) if s.hello_received => (
+                    s.identity.clone(),
+                    now >= s.next_anti_entropy,
+                    now >= s.next_heartbeat,
+                    now >= s.next_peer_exchange,
+                ),
+                _ => continue,
+            };
+            if due_ae {
+                let root = self.scoped_digest(store, &identity).root();
+                self.counters.digest_probes_sent += 1;
+                self.send(
+                    &mut out,
+                    conn,
+                    Body::Digest(pb::Digest {
+                        root,
+                        buckets: vec![],
+                    }),
+                );
+                let next = now + self.jittered(self.config.anti_entropy_interval);
+                if let Some(s) = self.sessions.get_mut(&conn) {
+                    s.next_anti_entropy = next;
+                }
+            }
+            if due_hb {
+                let own_docs = match &self.local {
+                    PeerIdentity::Agent { cluster, node } => store
+                        .entry(&DocRef::new(cluster.clone(), node.clone()))
+                        .iter()
+                        .map(pb::DocEntry::from)
+                        .collect(),
+                    PeerIdentity::Replica { .. } => vec![],
+                };
+                let sequence = match self.sessions.get_mut(&conn) {
+                    Some(s) => {
+                        s.heartbeat_out += 1;
+                        s.next_heartbeat = now + self.config.heartbeat_interval;
+                        s.heartbeat_out
+                    }
+                    None => continue,
+                };
+                let body = Body::Ephemeral(pb::Ephemeral {
+                    sender: self.local.uri(),
+                    sequence,
+                    own_docs,
+                });
+                self.send(&mut out, conn, body);
+            }
+            if due_pex && self.local.is_replica() {
+                if let Some(s) = self.sessions.get_mut(&conn) {
+                    s.next_peer_exchange = now + self.config.peer_exchange_interval;
+                }
+                let body = Body::PeerExchange(self.peer_exchange());
+                self.send(&mut out, conn, body);
+            }
+        }
+        out
+    }
+
+    fn peer_exchange(&self) -> pb::PeerExchange {
+        let mut replicas: Vec<pb::KnownReplica> = self
+            .known_replicas
+            .iter()
+            .map(|(identity, addr)| pb::KnownReplica {
+                identity: identity.clone(),
+                addr: addr.clone(),
+            })
+            .collect();
+        if let Some(addr) = &self.config.advertise_addr {
+            replicas.push(pb::KnownReplica {
+                identity: self.local.uri(),
+                addr: addr.clone(),
+            });
+        }
+        replicas.truncate(MAX_PEER_EXCHANGE);
+        pb::PeerExchange { replicas }
+    }
+
+    fn protocol_error(&mut self, out: &mut Vec<Output>, conn: ConnId, reason: String) {
+        self.counters.protocol_errors += 1;
+        warn!(conn = conn.0, %reason, "mesh protocol violation, closing");
+        out.push(Output::Close { conn, reason });
+    }
+
+    fn unauthorized(&mut self, peer: &PeerIdentity, what: &str, doc: &DocRef) {
+        self.counters.rejected_unauthorized += 1;
+        warn!(%peer, %doc, what, "refused: peer may not exchange this document");
+    }
+
+    /// Handles one decoded frame from `conn`.
+    pub fn handle_frame<S: DocStore>(
+        &mut self,
+        store: &mut S,
+        conn: ConnId,
+        envelope: pb::Envelope,
+        now: Instant,
+    ) -> Vec<Output> {
+        let mut out = Vec::new();
+        let Some(session) = self.sessions.get_mut(&conn) else {
+            return out;
+        };
+        session.last_heard = now;
+        let hello_received = session.hello_received;
+        let peer = session.identity.clone();
+        self.counters.frames_in += 1;
+        if envelope.version != WIRE_VERSION {
+            self.protocol_error(
+                &mut out,
+                conn,
+                format!("envelope version {} not supported", envelope.version),
+            );
+            return out;
+        }
+        let Some(body) = envelope.body else {
+            self.protocol_error(&mut out, conn, "envelope without body".into());
+            return out;
+        };
+        if !hello_received && !matches!(body, Body::Hello(_)) {
+            self.protocol_error(&mut out, conn, "frame before Hello".into());
+            return out;
+        }
+        match body {
+            Body::Hello(h) => self.on_hello(store, conn, &peer, h, hello_received, &mut out),
+            Body::Digest(d) => self.on_digest(store, conn, &peer, d, &mut out),
+            Body::BucketRequest(r) => {
+                let Some(buckets) = self.check_buckets(&mut out, conn, &r.buckets) else {
+                    return out;
+                };
+                let theirs = self.scoped_wire_entries(&peer, &r.entries, &buckets);
+                let mine: Vec<DocEntry> = buckets
+                    .iter()
+                    .flat_map(|b| self.scoped_bucket_entries(store, &peer, *b))
+                    .collect();
+                self.push_differences(store, conn, &mine, &theirs, &mut out);
+                self.send_entries(&mut out, conn, &buckets, &mine, false);
+            }
+            Body::BucketEntries(e) => {
+                let Some(buckets) = self.check_buckets(&mut out, conn, &e.buckets) else {
+                    return out;
+                };
+                let theirs = self.scoped_wire_entries(&peer, &e.entries, &buckets);
+                let mine: Vec<DocEntry> = buckets
+                    .iter()
+                    .flat_map(|b| self.scoped_bucket_entries(store, &peer, *b))
+                    .collect();
+                self.push_differences(store, conn, &mine, &theirs, &mut out);
+            }
+            Body::Sync(s) => self.on_sync(store, conn, &peer, s, &mut out),
+            Body::Ephemeral(e) => self.on_ephemeral(store, conn, &peer, e),
+            Body::PeerExchange(p) => {
+                if !peer.is_replica() {
+                    self.counters.rejected_unauthorized += 1;
+                    warn!(%peer, "refused PeerExchange from an agent");
+                    return out;
+                }
+                for r in p.replicas.iter().take(MAX_PEER_EXCHANGE) {
+                    self.learn_replica(&r.identity, &r.addr);
+                }
+            }
+        }
+        out
+    }
+
+    fn learn_replica(&mut self, identity: &str, addr: &str) {
+        if addr.is_empty() || addr.len() > MAX_ADDR_LEN {
+            return;
+        }
+        match PeerIdentity::parse_uri(identity) {
+            Ok(id) if id.is_replica() && id != self.local => {
+                if self.known_replicas.get(identity).map(String::as_str) != Some(addr) {
+                    debug!(%identity, %addr, "learned replica");
+                    self.known_replicas
+                        .insert(identity.to_owned(), addr.to_owned());
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                self.counters.protocol_errors += 1;
+                debug!(error = %e, "ignoring malformed replica identity in PeerExchange");
+            }
+        }
+    }
+
+    fn on_hello<S: DocStore>(
+        &mut self,
+        store: &mut S,
+        conn: ConnId,
+        peer: &PeerIdentity,
+        h: pb::Hello,
+        already: bool,
+        out: &mut Vec<Output>,
+    ) {
+        if already {
+            self.protocol_error(out, conn, "duplicate Hello".into());
+            return;
+        }
+        if h.protocol_version != PROTOCOL_VERSION {
+            self.protocol_error(
+                out,
+                conn,
+                format!(
+                    "protocol version {} not supported (speaking {PROTOCOL_VERSION})",
+                    h.protocol_version
+                ),
+            );
+            return;
+        }
+        if h.role != role_of(peer) as i32 || h.identity != peer.uri() {
+            self.protocol_error(
+                out,
+                conn,
+                format!(
+                    "Hello claims {} (role {}) but the certificate says {peer}",
+                    h.identity, h.role
+                ),
+            );
+            return;
+        }
+        let advertise = (!h.advertise_addr.is_empty()).then_some(h.advertise_addr);
+        if let Some(s) = self.sessions.get_mut(&conn) {
+            s.hello_received = true;
+            s.advertise_addr = advertise.clone();
+        }
+        if peer.is_replica()
+            && let Some(addr) = &advertise
+        {
+            self.learn_replica(&peer.uri(), addr);
+        }
+        // Catch up at once instead of waiting for the first timer.
+        let root = self.scoped_digest(store, peer).root();
+        self.counters.digest_probes_sent += 1;
+        self.send(
+            out,
+            conn,
+            Body::Digest(pb::Digest {
+                root,
+                buckets: vec![],
+            }),
+        );
+        if self.local.is_replica() {
+            let body = Body::PeerExchange(self.peer_exchange());
+            self.send(out, conn, body);
+        }
+    }
+
+    fn on_digest<S: DocStore>(
+        &mut self,
+        store: &mut S,
+        conn: ConnId,
+        peer: &PeerIdentity,
+        d: pb::Digest,
+        out: &mut Vec<Output>,
+    ) {
+        let mine = self.scoped_digest(store, peer);
+        if d.buckets.is_empty() {
+            if d.root != mine.root() {
+                self.counters.digest_mismatches += 1;
+                self.send(
+                    out,
+                    conn,
+                    Body::Digest(pb::Digest {
+                        root: mine.root(),
+                        buckets: mine.buckets().to_vec(),
+                    }),
+                );
+            }
+            return;
+        }
+        let Some(theirs) = Digest::from_buckets(d.buckets) else {
+            self.protocol_error(
+                out,
+                conn,
+                format!("digest must have {DIGEST_BUCKETS} buckets"),
+            );
+            return;
+        };
+        let differing = mine.differing_buckets(&theirs);
+        if differing.is_empty() {
+            return;
+        }
+        self.counters.buckets_requested += differing.len() as u64;
+        let mut chunk_buckets = Vec::new();
+        let mut chunk_entries: Vec<DocEntry> = Vec::new();
+        for b in differing {
+            let entries = self.scoped_bucket_entries(store, peer, b);
+            if !chunk_buckets.is_empty()
+                && chunk_entries.len() + entries.len() > self.config.max_entries_per_frame
+            {
+                self.send_entries(out, conn, &chunk_buckets, &chunk_entries, true);
+                chunk_buckets.clear();
+                chunk_entries.clear();
+            }
+            chunk_buckets.push(b);
+            chunk_entries.extend(entries);
+        }
+        self.send_entries(out, conn, &chunk_buckets, &chunk_entries, true);
+    }
+
+    fn send_entries(
+        &mut self,
+        out: &mut Vec<Output>,
+        conn: ConnId,
+        buckets: &[u32],
+        entries: &[DocEntry],
+        request: bool,
+    ) {
+        let limit = self.config.max_entries_per_frame;
+        if entries.len() > limit {
+            warn!(
+                entries = entries.len(),
+                limit,
+                "bucket entries exceed the per-frame limit; the excess waits for a later round"
+            );
+        }
+        let entries: Vec<pb::DocEntry> = entries.iter().take(limit).map(Into::into).collect();
+        let buckets = buckets.to_vec();
+        let body = if request {
+            Body::BucketRequest(pb::BucketRequest { buckets, entries })
+        } else {
+            Body::BucketEntries(pb::BucketEntries { buckets, entries })
+        };
+        self.send(out, conn, body);
+    }
+
+    fn check_buckets(
+        &mut self,
+        out: &mut Vec<Output>,
+        conn: ConnId,
+        buckets: &[u32],
+    ) -> Option<Vec<u32>> {
+        if buckets.len() > DIGEST_BUCKETS as usize || buckets.iter().any(|b| *b >= DIGEST_BUCKETS) {
+            self.protocol_error(out, conn, "bucket index out of range".into());
+            return None;
+        }
+        Some(buckets.to_vec())
+    }
+
+    /// Received entries that are valid, in one of `buckets`, and within the session's scope.
+    fn scoped_wire_entries(
+        &mut self,
+        peer: &PeerIdentity,
+        entries: &[pb::DocEntry],
+        buckets: &[u32],
+    ) -> Vec<DocEntry> {
+        let mut kept = Vec::with_capacity(entries.len());
+        for e in entries {
+            let Some(entry) = wire::entry_from_wire(e) else {
+                self.counters.protocol_errors += 1;
+                continue;
+            };
+            if !may_exchange(&self.local, peer, &entry.doc) {
+                self.unauthorized(peer, "bucket entry", &entry.doc);
+                continue;
+            }
+            if buckets.contains(&bucket_of(&entry.doc)) {
+                kept.push(entry);
+            }
+        }
+        kept
+    }
+
+    fn push_differences<S: DocStore>(
+        &mut self,
+        store: &mut S,
+        conn: ConnId,
+        mine: &[DocEntry],
+        theirs: &[DocEntry],
+        out: &mut Vec<Output>,
+    ) {
+        let theirs: HashMap<&DocRef, &DocEntry> = theirs.iter().map(|e| (&e.doc, e)).collect();
+        for entry in mine {
+            if entry.should_push_to(theirs.get(&entry.doc).copied()) {
+                self.push_doc(store, conn, &entry.doc, true, out);
+            }
+        }
+    }
+
+    fn on_sync<S: DocStore>(
+        &mut self,
+        store: &mut S,
+        conn: ConnId,
+        peer: &PeerIdentity,
+        s: pb::Sync,
+        out: &mut Vec<Output>,
+    ) {
+        self.counters.sync_in += 1;
+        let Some(doc) = wire::doc_from_wire(s.doc.as_ref()) else {
+            self.protocol_error(out, conn, "sync message with an invalid document id".into());
+            return;
+        };
+        if !may_exchange(&self.local, peer, &doc) {
+            self.unauthorized(peer, "sync", &doc);
+            return;
+        }
+        let before = store.entry(&doc);
+        let Some(session) = self.sessions.get_mut(&conn) else {
+            return;
+        };
+        let state = Self::doc_state(&mut self.saved_states, session, &doc, s.generation);
+        match store.receive_sync_message(peer, &doc, s.generation, state, &s.payload) {
+            Ok(()) => {}
+            Err(RejectReason::StaleGeneration { have, got }) => {
+                self.counters.stale_generation += 1;
+                debug!(%peer, %doc, have, got, "stale generation; offering ours");
+                self.push_doc(store, conn, &doc, true, out);
+                return;
+            }
+            Err(reason) => {
+                self.counters.rejected_by_store += 1;
+                warn!(%peer, %doc, %reason, "store refused sync message");
+                // The refused message may have left the sync state expecting an answer.
+                if let Some(ds) = self
+                    .sessions
+                    .get_mut(&conn)
+                    .and_then(|s| s.docs.get_mut(&doc))
+                {
+                    ds.state = reset_state(&ds.state);
+                }
+                return;
+            }
+        }
+        let after = store.entry(&doc);
+        let changed = after.is_some() && after != before;
+        if let (true, Some(entry)) = (changed, &after) {
+            self.counters.applied += 1;
+            out.push(Output::Applied {
+                doc: doc.clone(),
+                generation: entry.generation,
+                from: peer.clone(),
+            });
+        }
+        // Continue the automerge sync exchange with the sender.
+        if after.as_ref().is_some_and(|e| e.generation == s.generation) {
+            self.push_doc(store, conn, &doc, false, out);
+        } else {
+            self.reply_without_doc(conn, &doc, s.generation, out);
+        }
+        if changed && self.local.is_replica() {
+            let others: Vec<ConnId> = self
+                .sessions
+                .keys()
+                .copied()
+                .filter(|c| *c != conn)
+                .collect();
+            for other in others {
+                self.push_doc(store, other, &doc, false, out);
+            }
+        }
+    }
+
+    /// Answers a sync message for a document we do not hold yet (its first message carries
+    /// only heads): an empty document's reply tells the sender to send every change.
+    fn reply_without_doc(
+        &mut self,
+        conn: ConnId,
+        doc: &DocRef,
+        generation: u64,
+        out: &mut Vec<Output>,
+    ) {
+        use automerge::sync::SyncDoc;
+        let Some(session) = self.sessions.get_mut(&conn) else {
+            return;
+        };
+        let state = Self::doc_state(&mut self.saved_states, session, doc, generation);
+        if let Some(msg) = automerge::Automerge::new().generate_sync_message(state) {
+            self.send(
+                out,
+                conn,
+                Body::Sync(pb::Sync {
+                    doc: Some(doc.into()),
+                    generation,
+                    payload: msg.encode(),
+                }),
+            );
+        }
+    }
+
+    fn on_ephemeral<S: DocStore>(
+        &mut self,
+        store: &S,
+        conn: ConnId,
+        peer: &PeerIdentity,
+        e: pb::Ephemeral,
+    ) {
+        if e.sender != peer.uri() {
+            self.counters.protocol_errors += 1;
+            return;
+        }
+        let mut behind = 0;
+        for raw in &e.own_docs {
+            let Some(entry) = wire::entry_from_wire(raw) else {
+                self.counters.protocol_errors += 1;
+                continue;
+            };
+            if !peer.owns(&entry.doc) {
+                self.unauthorized(peer, "heartbeat doc", &entry.doc);
+                continue;
+            }
+            if store.entry(&entry.doc).as_ref() != Some(&entry) {
+                behind += 1;
+            }
+        }
+        if let Some(s) = self.sessions.get_mut(&conn) {
+            if e.sequence <= s.heartbeat_in {
+                // Stale or replayed heartbeat.
+                return;
+            }
+            s.heartbeat_in = e.sequence;
+            s.docs_behind = behind;
+        }
+    }
+}

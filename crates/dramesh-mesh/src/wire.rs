@@ -1,0 +1,179 @@
+//! Wire envelope (prost types generated from `proto/dramesh/mesh/v1/mesh.proto`) and framing.
+//!
+//! A frame is a 4-byte big-endian payload length followed by one encoded [`pb::Envelope`].
+//! Lengths above [`MAX_FRAME_SIZE`] are refused before any buffer is allocated, so a
+//! peer cannot make a node allocate more than that per frame.
+
+use prost::Message as _;
+
+use crate::identity::DocRef;
+use crate::store::DocEntry;
+
+/// Generated protobuf types.
+pub mod pb {
+    #![allow(clippy::all, missing_docs)]
+    include!(concat!(env!("OUT_DIR"), "/dramesh.mesh.v1.rs"));
+}
+
+/// Envelope format version this build speaks.
+pub const WIRE_VERSION: u32 = 1;
+/// Largest accepted frame payload (16 MiB).
+pub const MAX_FRAME_SIZE: usize = 16 * 1024 * 1024;
+/// Bytes of the length prefix.
+pub const FRAME_HEADER_LEN: usize = 4;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("frame length {len} exceeds the maximum {MAX_FRAME_SIZE}")]
+    TooLarge { len: usize },
+    #[error("frame does not decode as dramesh.mesh.v1.Envelope: {0}")]
+    Decode(#[from] prost::DecodeError),
+    #[error("I/O error on mesh stream: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Encodes an envelope as a length-prefixed frame.
+pub fn encode_frame(env: &pb::Envelope) -> Result<Vec<u8>, FrameError> {
+    let len = env.encoded_len();
+    if len > MAX_FRAME_SIZE {
+        return Err(FrameError::TooLarge { len });
+    }
+    let mut buf = Vec::with_capacity(FRAME_HEADER_LEN + len);
+    buf.extend_from_slice(&(len as u32).to_be_bytes());
+    env.encode(&mut buf)
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    Ok(buf)
+}
+
+/// Validates a received length prefix before allocating the payload buffer.
+pub fn check_frame_len(header: [u8; FRAME_HEADER_LEN]) -> Result<usize, FrameError> {
+    let len = u32::from_be_bytes(header) as usize;
+    if len > MAX_FRAME_SIZE {
+        return Err(FrameError::TooLarge { len });
+    }
+    Ok(len)
+}
+
+/// Decodes one frame payload (without its length prefix).
+pub fn decode_payload(payload: &[u8]) -> Result<pb::Envelope, FrameError> {
+    Ok(pb::Envelope::decode(payload)?)
+}
+
+/// Reads one frame from an async stream; `Ok(None)` on a clean end of stream.
+pub async fn read_frame<R: tokio::io::AsyncRead + Unpin>(
+    r: &mut R,
+) -> Result<Option<(pb::Envelope, usize)>, FrameError> {
+    use tokio::io::AsyncReadExt;
+    let mut header = [0u8; FRAME_HEADER_LEN];
+    match r.read_exact(&mut header).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let len = check_frame_len(header)?;
+    let mut payload = vec![0u8; len];
+    r.read_exact(&mut payload).await?;
+    Ok(Some((decode_payload(&payload)?, FRAME_HEADER_LEN + len)))
+}
+
+/// Wraps a body in an envelope of the current version.
+pub fn envelope(body: pb::envelope::Body) -> pb::Envelope {
+    pb::Envelope {
+        version: WIRE_VERSION,
+        body: Some(body),
+    }
+}
+
+impl From<&DocRef> for pb::DocId {
+    fn from(d: &DocRef) -> Self {
+        pb::DocId {
+            cluster: d.cluster.clone(),
+            writer: d.writer.clone(),
+        }
+    }
+}
+
+/// Converts a received document id, refusing missing or invalid names.
+pub fn doc_from_wire(d: Option<&pb::DocId>) -> Option<DocRef> {
+    let d = d?;
+    let doc = DocRef::new(d.cluster.clone(), d.writer.clone());
+    doc.is_valid().then_some(doc)
+}
+
+impl From<&DocEntry> for pb::DocEntry {
+    fn from(e: &DocEntry) -> Self {
+        pb::DocEntry {
+            doc: Some((&e.doc).into()),
+            generation: e.generation,
+            heads_hash: e.heads_hash.to_vec(),
+        }
+    }
+}
+
+/// Converts a received entry, refusing invalid ids and heads hashes that are not 32 bytes.
+pub fn entry_from_wire(e: &pb::DocEntry) -> Option<DocEntry> {
+    let doc = doc_from_wire(e.doc.as_ref())?;
+    let heads_hash: [u8; 32] = e.heads_hash.as_slice().try_into().ok()?;
+    Some(DocEntry {
+        doc,
+        generation: e.generation,
+        heads_hash,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_round_trip_and_limits() {
+        let env = envelope(pb::envelope::Body::Digest(pb::Digest {
+            root: 7,
+            buckets: vec![],
+        }));
+        let frame = encode_frame(&env).unwrap();
+        let mut header = [0u8; 4];
+        header.copy_from_slice(&frame[..4]);
+        let len = check_frame_len(header).unwrap();
+        assert_eq!(len, frame.len() - 4);
+        assert_eq!(decode_payload(&frame[4..]).unwrap(), env);
+        let too_big = ((MAX_FRAME_SIZE + 1) as u32).to_be_bytes();
+        assert!(matches!(
+            check_frame_len(too_big),
+            Err(FrameError::TooLarge { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn read_frame_rejects_oversized_header_without_reading_payload() {
+        let mut data: &[u8] = &[0xff, 0xff, 0xff, 0xff, 1, 2, 3];
+        assert!(matches!(
+            read_frame(&mut data).await,
+            Err(FrameError::TooLarge { .. })
+        ));
+        let mut empty: &[u8] = &[];
+        assert!(read_frame(&mut empty).await.unwrap().is_none());
+    }
+
+    #[test]
+    fn entry_conversion_validates() {
+        let bad = pb::DocEntry {
+            doc: Some(pb::DocId {
+                cluster: "A".into(),
+                writer: "n".into(),
+            }),
+            generation: 1,
+            heads_hash: vec![0; 32],
+        };
+        assert!(entry_from_wire(&bad).is_none());
+        let short = pb::DocEntry {
+            doc: Some(pb::DocId {
+                cluster: "a".into(),
+                writer: "n".into(),
+            }),
+            generation: 1,
+            heads_hash: vec![0; 31],
+        };
+        assert!(entry_from_wire(&short).is_none());
+    }
+}

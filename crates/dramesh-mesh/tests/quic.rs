@@ -1,0 +1,494 @@
+//! Loopback QUIC tests: real endpoints, certificates from the generator, in-memory stores.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dramesh_mesh::certs::{self, CaBundle, TlsIdentity};
+use dramesh_mesh::mem_store::MemStore;
+use dramesh_mesh::node::{MeshHandle, NodeConfig};
+use dramesh_mesh::protocol::{PROTOCOL_VERSION, ProtocolConfig};
+use dramesh_mesh::transport::{self, MESH_SERVER_NAME, TransportConfig};
+use dramesh_mesh::wire::{self, pb, pb::envelope::Body};
+use dramesh_mesh::{DocRef, DocStore, PeerIdentity};
+use tokio::net::UdpSocket;
+use tokio::task::JoinSet;
+
+const LOCAL: &str = "127.0.0.1:0";
+
+fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+fn replica(id: &str) -> PeerIdentity {
+    PeerIdentity::Replica { id: id.into() }
+}
+
+fn agent(cluster: &str, node: &str) -> PeerIdentity {
+    PeerIdentity::Agent {
+        cluster: cluster.into(),
+        node: node.into(),
+    }
+}
+
+fn own_doc(id: &PeerIdentity) -> DocRef {
+    match id {
+        PeerIdentity::Agent { cluster, node } => DocRef::new(cluster.clone(), node.clone()),
+        PeerIdentity::Replica { .. } => panic!("replicas own no document"),
+    }
+}
+
+struct TestNode {
+    handle: MeshHandle,
+    store: Arc<Mutex<MemStore>>,
+}
+
+impl TestNode {
+    fn entries(&self) -> Vec<dramesh_mesh::DocEntry> {
+        self.store.lock().unwrap().entries()
+    }
+
+    async fn write(&self, key: &str, value: &str) {
+        let doc = own_doc(self.handle.identity());
+        self.store.lock().unwrap().put(&doc, key, value).unwrap();
+        self.handle.notify_local_change(doc).await;
+    }
+
+    fn get(&self, doc: &DocRef, key: &str) -> Option<String> {
+        self.store.lock().unwrap().get(doc, key)
+    }
+}
+
+fn fast_config(identity: TlsIdentity, seeds: Vec<SocketAddr>) -> NodeConfig {
+    let mut c = NodeConfig::new(identity, LOCAL.parse().unwrap());
+    c.seeds = seeds;
+    c.protocol = ProtocolConfig {
+        anti_entropy_interval: Duration::from_millis(500),
+        heartbeat_interval: Duration::from_millis(250),
+        peer_exchange_interval: Duration::from_millis(500),
+        ..ProtocolConfig::default()
+    };
+    c.transport = TransportConfig {
+        idle_timeout: Duration::from_millis(1500),
+        keep_alive: Duration::from_millis(300),
+        connect_timeout: Duration::from_secs(1),
+        backoff_min: Duration::from_millis(50),
+        backoff_max: Duration::from_millis(500),
+        ..TransportConfig::default()
+    };
+    c.tick_interval = Duration::from_millis(50);
+    c
+}
+
+async fn start(config: NodeConfig) -> TestNode {
+    let store = Arc::new(Mutex::new(MemStore::new()));
+    let handle = MeshHandle::start(config, store.clone()).await.unwrap();
+    TestNode { handle, store }
+}
+
+async fn wait_until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    loop {
+        if cond() {
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < limit, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn converged(replicas: &[&TestNode], agents: &[&TestNode]) -> bool {
+    let want: Vec<_> = {
+        let mut all: Vec<_> = agents.iter().flat_map(|a| a.entries()).collect();
+        all.sort_by(|a, b| a.doc.cmp(&b.doc));
+        all
+    };
+    replicas.iter().all(|r| r.entries() == want)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_and_agents_converge_and_discover_each_other() {
+    init_tracing();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let ca = certs::generate_ca("test CA", 1).unwrap();
+        let id = |p: &PeerIdentity| certs::issue_identity(&ca, p, 1).unwrap();
+        let r0 = start(fast_config(id(&replica("r0")), vec![])).await;
+        let seed = vec![r0.handle.local_addr()];
+        let r1 = start(fast_config(id(&replica("r1")), seed.clone())).await;
+        let r2 = start(fast_config(id(&replica("r2")), seed.clone())).await;
+        let mut agents = Vec::new();
+        for (i, seed) in [
+            r0.handle.local_addr(),
+            r1.handle.local_addr(),
+            r2.handle.local_addr(),
+            r0.handle.local_addr(),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let cluster = if i % 2 == 0 { "east" } else { "west" };
+            let a = start(fast_config(
+                id(&agent(cluster, &format!("n{i}"))),
+                vec![seed],
+            ))
+            .await;
+            agents.push(a);
+        }
+        for (i, a) in agents.iter().enumerate() {
+            a.write("gpus", &format!("{}", i * 2)).await;
+        }
+        let reps = [&r0, &r1, &r2];
+        let ags: Vec<&TestNode> = agents.iter().collect();
+        let took = wait_until("initial convergence", Duration::from_secs(20), || {
+            converged(&reps, &ags) && r0.entries().len() == 4
+        })
+        .await;
+        println!("initial convergence (3 replicas, 4 agents) in {took:?}");
+        // Replicas found each other though r1 and r2 only had r0 as seed.
+        wait_until("replica discovery", Duration::from_secs(10), || {
+            r1.handle
+                .known_replicas()
+                .contains_key("dramesh://replica/r2")
+                && r2
+                    .handle
+                    .known_replicas()
+                    .contains_key("dramesh://replica/r1")
+        })
+        .await;
+        // Every agent ends up connected to every replica.
+        let started = Instant::now();
+        loop {
+            let mut all = true;
+            for a in &agents {
+                let peers = a.handle.peers().await;
+                let ids: HashSet<_> = peers.iter().map(|p| p.identity.clone()).collect();
+                all &= ids.len() == 3 && ids.iter().all(PeerIdentity::is_replica);
+            }
+            if all {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "agents did not reach all replicas"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Push latency: a fresh write reaches every replica quickly.
+        let t0 = Instant::now();
+        agents[1].write("gpus", "42").await;
+        let doc = own_doc(agents[1].handle.identity());
+        wait_until("push", Duration::from_secs(5), || {
+            reps.iter()
+                .all(|r| r.get(&doc, "gpus").as_deref() == Some("42"))
+        })
+        .await;
+        println!("push to all replicas in {:?}", t0.elapsed());
+        let peers = r1.handle.peers().await;
+        assert!(
+            peers
+                .iter()
+                .all(|p| p.hello_received && p.bytes_received > 0 && p.bytes_sent > 0)
+        );
+        // r1 and r2 (seeded only with r0) connect to each other once discovered.
+        wait_until("replica mesh", Duration::from_secs(10), || {
+            r1.handle.connected_identities().contains(&replica("r2"))
+                && r2.handle.connected_identities().contains(&replica("r1"))
+        })
+        .await;
+        // Each replica pair keeps exactly one connection.
+        let peers = r1.handle.peers().await;
+        let replica_peers = peers.iter().filter(|p| p.identity.is_replica()).count();
+        assert_eq!(replica_peers, 2, "{peers:?}");
+        for n in agents.into_iter().chain([r0, r1, r2]) {
+            n.handle.shutdown().await;
+        }
+    })
+    .await
+    .expect("test timed out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_of_cluster_a_cannot_sync_a_cluster_b_document() {
+    init_tracing();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let ca = certs::generate_ca("test CA", 1).unwrap();
+        let r0 = start(fast_config(certs::issue_identity(&ca, &replica("r0"), 1).unwrap(), vec![])).await;
+        let rogue_id = certs::issue_identity(&ca, &agent("a", "n1"), 1).unwrap();
+        let cfg = fast_config(rogue_id.clone(), vec![]);
+        // A hand-rolled client speaking the wire protocol directly, bypassing its own checks.
+        let endpoint = transport::make_endpoint(LOCAL.parse().unwrap(), &rogue_id, &cfg.transport).unwrap();
+        let conn = endpoint
+            .connect(r0.handle.local_addr(), MESH_SERVER_NAME)
+            .unwrap()
+            .await
+            .unwrap();
+        let (mut send, mut recv) = conn.open_bi().await.unwrap();
+        let hello = wire::envelope(Body::Hello(pb::Hello {
+            protocol_version: PROTOCOL_VERSION,
+            role: pb::Role::Agent as i32,
+            identity: rogue_id.identity.uri(),
+            advertise_addr: String::new(),
+        }));
+        send.write_all(&wire::encode_frame(&hello).unwrap()).await.unwrap();
+        // Build a genuine automerge exchange for cluster b's document.
+        let victim = DocRef::new("b", "n1");
+        let mut forged = MemStore::new();
+        forged.put(&victim, "gpus", "999").unwrap();
+        let mut state = automerge::sync::State::new();
+        let msg = forged.generate_sync_message(&victim, &mut state).unwrap();
+        let sync = wire::envelope(Body::Sync(pb::Sync {
+            doc: Some((&victim).into()),
+            generation: 1,
+            payload: msg,
+        }));
+        send.write_all(&wire::encode_frame(&sync).unwrap()).await.unwrap();
+        wait_until("rejection counted", Duration::from_secs(5), || {
+            r0.handle.counters().rejected_unauthorized >= 1
+        })
+        .await;
+        assert!(r0.store.lock().unwrap().entry(&victim).is_none());
+        // The replica answered nothing about the victim document.
+        let mut replies = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_millis(300), async {
+            while let Ok(Some((env, _))) = wire::read_frame(&mut recv).await {
+                replies.push(env);
+            }
+        })
+        .await;
+        assert!(replies.iter().any(|e| matches!(e.body, Some(Body::Hello(_)))));
+        assert!(!replies.iter().any(|e| matches!(&e.body, Some(Body::Sync(s)) if s.doc.as_ref().map(|d| d.cluster.as_str()) == Some("b"))));
+        // A well-behaved agent node refuses to even send it.
+        let honest = start(fast_config(certs::issue_identity(&ca, &agent("a", "n2"), 1).unwrap(), vec![r0.handle.local_addr()])).await;
+        honest.store.lock().unwrap().put(&victim, "gpus", "1").unwrap();
+        honest.handle.notify_local_change(victim.clone()).await;
+        honest.write("gpus", "4").await;
+        wait_until("honest doc", Duration::from_secs(5), || {
+            r0.get(&DocRef::new("a", "n2"), "gpus").as_deref() == Some("4")
+        })
+        .await;
+        assert!(r0.store.lock().unwrap().entry(&victim).is_none());
+        conn.close(0u32.into(), b"bye");
+        honest.handle.shutdown().await;
+        r0.handle.shutdown().await;
+    })
+    .await
+    .expect("test timed out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificate_from_another_ca_is_refused_at_tls() {
+    init_tracing();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let ca = certs::generate_ca("test CA", 1).unwrap();
+        let other: CaBundle = certs::generate_ca("other CA", 1).unwrap();
+        let r0 = start(fast_config(
+            certs::issue_identity(&ca, &replica("r0"), 1).unwrap(),
+            vec![],
+        ))
+        .await;
+        // The intruder trusts our CA (so it would accept r0) but its own cert is from another CA.
+        let leaf = certs::issue_leaf(&other, &agent("east", "n9"), 1).unwrap();
+        let intruder_id =
+            certs::identity_from_pem(&leaf.cert_pem, &leaf.key_pem, &ca.cert_pem, "intruder")
+                .unwrap();
+        let intruder = start(fast_config(intruder_id, vec![r0.handle.local_addr()])).await;
+        intruder.write("gpus", "1").await;
+        wait_until("handshake refused", Duration::from_secs(10), || {
+            r0.handle.transport_counters().handshake_failures >= 1
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(r0.handle.peers().await.is_empty());
+        assert!(intruder.handle.peers().await.is_empty());
+        assert!(r0.entries().is_empty());
+        // TLS 1.3 clients finish before the server checks their certificate, so the refusal
+        // shows on the intruder as connections that never carry a frame.
+        assert_eq!(intruder.handle.counters().frames_in, 0);
+        intruder.handle.shutdown().await;
+        r0.handle.shutdown().await;
+    })
+    .await
+    .expect("test timed out");
+}
+
+/// A UDP forwarder in front of one node that can drop traffic on command.
+struct Relay {
+    addr: SocketAddr,
+    /// Drop traffic from/to these client source addresses.
+    blocked_clients: Arc<Mutex<HashSet<SocketAddr>>>,
+    _tasks: JoinSet<()>,
+}
+
+impl Relay {
+    async fn start(target: SocketAddr) -> Relay {
+        let front = Arc::new(UdpSocket::bind(LOCAL).await.unwrap());
+        let addr = front.local_addr().unwrap();
+        let blocked_clients: Arc<Mutex<HashSet<SocketAddr>>> = Arc::default();
+        let mut tasks = JoinSet::new();
+        let (f, b) = (front.clone(), blocked_clients.clone());
+        tasks.spawn(async move {
+            let mut upstreams: HashMap<SocketAddr, Arc<UdpSocket>> = HashMap::new();
+            let mut back_tasks = JoinSet::new();
+            let mut buf = vec![0u8; 65536];
+            loop {
+                let Ok((n, client)) = f.recv_from(&mut buf).await else {
+                    return;
+                };
+                if b.lock().unwrap().contains(&client) {
+                    continue;
+                }
+                let up = match upstreams.get(&client) {
+                    Some(u) => u.clone(),
+                    None => {
+                        let u = Arc::new(UdpSocket::bind(LOCAL).await.unwrap());
+                        u.connect(target).await.unwrap();
+                        upstreams.insert(client, u.clone());
+                        let (u2, f2, b2) = (u.clone(), f.clone(), b.clone());
+                        back_tasks.spawn(async move {
+                            let mut buf = vec![0u8; 65536];
+                            while let Ok(n) = u2.recv(&mut buf).await {
+                                if b2.lock().unwrap().contains(&client) {
+                                    continue;
+                                }
+                                let _ = f2.send_to(&buf[..n], client).await;
+                            }
+                        });
+                        u
+                    }
+                };
+                let _ = up.send(&buf[..n]).await;
+            }
+        });
+        Relay {
+            addr,
+            blocked_clients,
+            _tasks: tasks,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitioned_replica_catches_up_after_heal() {
+    init_tracing();
+    tokio::time::timeout(Duration::from_secs(90), async {
+        let ca = certs::generate_ca("test CA", 1).unwrap();
+        let id = |p: &PeerIdentity| certs::issue_identity(&ca, p, 1).unwrap();
+        // Every replica sits behind its own relay and advertises the relay's address,
+        // so all replica-bound traffic crosses a relay.
+        let mut replicas = Vec::new();
+        let mut relays = Vec::new();
+        for i in 0..3 {
+            let mut cfg = fast_config(id(&replica(&format!("r{i}"))), vec![]);
+            // Bind first to know the port, then put a relay in front of it.
+            let probe = std::net::UdpSocket::bind(LOCAL).unwrap();
+            let listen = probe.local_addr().unwrap();
+            drop(probe);
+            cfg.listen = listen;
+            let relay = Relay::start(listen).await;
+            cfg.advertise = Some(relay.addr);
+            if i > 0 {
+                cfg.seeds = vec![relays.first().map(|r: &Relay| r.addr).unwrap()];
+            }
+            replicas.push(start(cfg).await);
+            relays.push(relay);
+        }
+        // a0 and a1 start at r0; a2 lives next to r2.
+        let mut agents = Vec::new();
+        for (i, seed) in [relays[0].addr, relays[1].addr, relays[2].addr]
+            .into_iter()
+            .enumerate()
+        {
+            agents.push(
+                start(fast_config(
+                    id(&agent("east", &format!("n{i}"))),
+                    vec![seed],
+                ))
+                .await,
+            );
+        }
+        for a in &agents {
+            a.write("v", "0").await;
+        }
+        let reps: Vec<&TestNode> = replicas.iter().collect();
+        let ags: Vec<&TestNode> = agents.iter().collect();
+        wait_until("initial convergence", Duration::from_secs(20), || {
+            converged(&reps, &ags) && replicas[0].entries().len() == 3
+        })
+        .await;
+
+        // Partition {r2, a2} from everybody else.
+        let r2_addr = replicas[2].handle.local_addr();
+        let a2_addr = agents[2].handle.local_addr();
+        let left: Vec<SocketAddr> = [&replicas[0], &replicas[1], &agents[0], &agents[1]]
+            .iter()
+            .map(|n| n.handle.local_addr())
+            .collect();
+        relays[2].blocked_clients.lock().unwrap().extend(left);
+        for r in &relays[..2] {
+            let mut b = r.blocked_clients.lock().unwrap();
+            b.insert(r2_addr);
+            b.insert(a2_addr);
+        }
+        // Wait until the idle timeout has torn the cross-partition connections down.
+        let cut_at = Instant::now();
+        wait_until("partition detected", Duration::from_secs(10), || {
+            !replicas[2]
+                .handle
+                .connected_identities()
+                .iter()
+                .any(PeerIdentity::is_replica)
+        })
+        .await;
+        println!("partition detected by r2 after {:?}", cut_at.elapsed());
+        // Both sides keep accepting local updates.
+        agents[0].write("v", "left").await;
+        agents[2].write("v", "right").await;
+        let d0 = own_doc(agents[0].handle.identity());
+        let d2 = own_doc(agents[2].handle.identity());
+        wait_until("left side update", Duration::from_secs(5), || {
+            replicas[1].get(&d0, "v").as_deref() == Some("left")
+        })
+        .await;
+        wait_until("right side update", Duration::from_secs(5), || {
+            replicas[2].get(&d2, "v").as_deref() == Some("right")
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            replicas[2].get(&d0, "v").as_deref(),
+            Some("0"),
+            "partition leaked"
+        );
+        assert_eq!(
+            replicas[0].get(&d2, "v").as_deref(),
+            Some("0"),
+            "partition leaked"
+        );
+
+        // Heal and time convergence.
+        let healed = Instant::now();
+        for r in &relays {
+            r.blocked_clients.lock().unwrap().clear();
+        }
+        wait_until("convergence after heal", Duration::from_secs(15), || {
+            converged(&reps, &ags)
+                && reps.iter().all(|r| {
+                    r.get(&d0, "v").as_deref() == Some("left")
+                        && r.get(&d2, "v").as_deref() == Some("right")
+                })
+        })
+        .await;
+        println!("convergence after heal: {:?}", healed.elapsed());
+        for n in agents.into_iter().chain(replicas) {
+            n.handle.shutdown().await;
+        }
+    })
+    .await
+    .expect("test timed out");
+}

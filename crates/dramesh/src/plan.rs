@@ -1,0 +1,265 @@
+//! `dramesh estimate | place | preempt`: the estimator over a snapshot of member clusters.
+
+use std::path::{Path, PathBuf};
+
+use dramesh_estimator::{
+    EstimateOptions, Estimator, Policy, Workload, load_snapshot, load_workload, place, preempt,
+};
+use dramesh_model::Manifest;
+
+use crate::table::Table;
+use crate::{Failure, Output};
+
+/// Loads the snapshot and the workload, both of which must be valid (exit 2 otherwise).
+fn inputs(
+    snapshot: &Path,
+    workload: &[PathBuf],
+) -> Result<(dramesh_estimator::View, Workload), Failure> {
+    let view = load_snapshot(snapshot).map_err(Failure::input)?;
+    let w = load_workload(workload).map_err(Failure::input)?;
+    Ok((view, w))
+}
+
+/// The policy from `--policy`, else one found beside the workload.
+fn policy(path: Option<&Path>, w: &Workload) -> Result<Option<Policy>, Failure> {
+    let Some(path) = path else {
+        return Ok(w.policy.clone());
+    };
+    let loaded = dramesh_model::load::load_path(path).map_err(Failure::input)?;
+    let mut found = None;
+    for l in loaded {
+        if let Manifest::Other { kind, value, .. } = &l.manifest
+            && (kind == "PropagationPolicy" || kind == "ClusterPropagationPolicy")
+        {
+            if found.is_some() {
+                return Err(Failure::input(format!(
+                    "{}: more than one PropagationPolicy",
+                    path.display()
+                )));
+            }
+            found = Some(
+                Policy::from_value(value)
+                    .map_err(|e| Failure::input(format!("{}: {e}", l.source)))?,
+            );
+        }
+    }
+    found.map(Some).ok_or_else(|| {
+        Failure::input(format!(
+            "{}: no PropagationPolicy or ClusterPropagationPolicy found",
+            path.display()
+        ))
+    })
+}
+
+fn print_json<T: serde::Serialize>(v: &T) -> Result<(), Failure> {
+    let text = serde_json::to_string_pretty(v).map_err(|e| Failure {
+        code: 1,
+        message: e.to_string(),
+    })?;
+    println!("{text}");
+    Ok(())
+}
+
+fn excluded_text(ex: &std::collections::BTreeMap<String, u32>) -> String {
+    let parts: Vec<String> = ex
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(k, n)| format!("{k}={n}"))
+        .collect();
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(",")
+    }
+}
+
+pub fn estimate_table(est: &dramesh_estimator::Estimate) -> String {
+    let mut t = Table::new([
+        "CLUSTER",
+        "K8S",
+        "MAX REPLICAS",
+        "LIMITED BY",
+        "NODES",
+        "EXCLUDED",
+    ]);
+    for c in &est.clusters {
+        t.row([
+            c.name.clone(),
+            c.kubernetes_version.clone().unwrap_or_else(|| "-".into()),
+            c.max_replicas.to_string(),
+            c.error
+                .clone()
+                .map(|e| format!("error: {e}"))
+                .unwrap_or_else(|| c.limited_by.clone()),
+            c.nodes_considered.to_string(),
+            excluded_text(&c.excluded_nodes),
+        ]);
+    }
+    format!("{}total: {}\n", t.render(), est.total)
+}
+
+pub fn placement_table(p: &dramesh_estimator::PlacementResult) -> String {
+    let mut out = format!(
+        "policy {} ({}), {} replicas\n",
+        p.policy, p.strategy, p.replicas
+    );
+    let mut t = Table::new(["CLUSTER", "REPLICAS", "AVAILABLE"]);
+    for c in &p.clusters {
+        let avail = p
+            .available
+            .get(&c.name)
+            .map_or("-".to_string(), |a| a.to_string());
+        t.row([c.name.clone(), c.replicas.to_string(), avail]);
+    }
+    if !t.is_empty() {
+        out.push_str(&t.render());
+    }
+    if !p.filtered_out.is_empty() {
+        out.push_str(&format!(
+            "filtered out by cluster affinity: {}\n",
+            p.filtered_out.join(", ")
+        ));
+    }
+    if let Some(u) = &p.unschedulable {
+        out.push_str(&format!("UNSCHEDULABLE: {u}\n"));
+    }
+    out
+}
+
+pub fn preemption_table(p: &dramesh_estimator::PreemptionResult) -> String {
+    let mut out = format!(
+        "preemptor {} (priority {}), {} replicas\n",
+        p.preemptor, p.priority, p.replicas
+    );
+    if let Some(c) = &p.fits_without_preemption {
+        out.push_str(&format!("fits without preemption in {c}\n"));
+    }
+    let mut t = Table::new([
+        "CLUSTER",
+        "FEASIBLE",
+        "BEFORE",
+        "AFTER",
+        "VICTIMS",
+        "EVICTED PODS",
+        "TOP VICTIM PRIO",
+        "NOTE",
+    ]);
+    for c in &p.clusters {
+        let chosen = p.chosen.as_deref() == Some(c.name.as_str());
+        t.row([
+            if chosen {
+                format!("{} *", c.name)
+            } else {
+                c.name.clone()
+            },
+            if c.feasible { "yes" } else { "no" }.to_string(),
+            c.replicas_before.to_string(),
+            c.replicas_after.to_string(),
+            c.victims.len().to_string(),
+            c.evicted_pods.to_string(),
+            c.highest_victim_priority
+                .map_or("-".into(), |p| p.to_string()),
+            c.reason.clone().unwrap_or_default(),
+        ]);
+    }
+    out.push_str(&t.render());
+    if let Some(chosen) = p
+        .chosen
+        .as_deref()
+        .and_then(|n| p.clusters.iter().find(|c| c.name == n))
+    {
+        let mut v = Table::new(["VICTIM", "PRIORITY", "PODS", "FREES"]);
+        for victim in &chosen.victims {
+            let frees: Vec<String> = victim
+                .freed
+                .iter()
+                .map(|(k, q)| format!("{k}={q}"))
+                .collect();
+            v.row([
+                format!("{} {}/{}", victim.kind, victim.namespace, victim.name),
+                victim.priority.to_string(),
+                victim.pods.to_string(),
+                frees.join(","),
+            ]);
+        }
+        out.push_str(&format!("victims in {} (*):\n{}", chosen.name, v.render()));
+    }
+    if let Some(r) = &p.reason {
+        out.push_str(&format!("{r}\n"));
+    }
+    out
+}
+
+pub fn run_estimate(snapshot: &Path, workload: &[PathBuf], output: Output) -> Result<(), Failure> {
+    let (view, w) = inputs(snapshot, workload)?;
+    let est = Estimator::new().estimate(&view, &w, &EstimateOptions::default());
+    match output {
+        Output::Json => print_json(&est),
+        Output::Table => {
+            print!("{}", estimate_table(&est));
+            Ok(())
+        }
+    }
+}
+
+pub fn run_place(
+    snapshot: &Path,
+    workload: &[PathBuf],
+    policy_file: Option<&Path>,
+    output: Output,
+) -> Result<(), Failure> {
+    let (view, w) = inputs(snapshot, workload)?;
+    let policy = policy(policy_file, &w)?.ok_or_else(|| {
+        Failure::input(
+            "no placement policy: pass --policy or put a PropagationPolicy beside the workload",
+        )
+    })?;
+    let result = place(
+        &view,
+        &w,
+        &policy,
+        &mut Estimator::new(),
+        &EstimateOptions::default(),
+    );
+    match output {
+        Output::Json => print_json(&result),
+        Output::Table => {
+            print!("{}", placement_table(&result));
+            Ok(())
+        }
+    }
+}
+
+pub fn run_preempt(
+    snapshot: &Path,
+    workload: &[PathBuf],
+    policy_file: Option<&Path>,
+    output: Output,
+) -> Result<(), Failure> {
+    let (view, w) = inputs(snapshot, workload)?;
+    let mut opts = EstimateOptions::default();
+    // A policy restricts which clusters may be considered for preemption.
+    if let Some(p) = policy(policy_file, &w)?
+        && let Some(a) = &p.affinity
+    {
+        opts.clusters = view
+            .clusters()
+            .filter(|c| a.matches(&c.name, &c.info))
+            .map(|c| c.name.clone())
+            .collect();
+        if opts.clusters.is_empty() {
+            return Err(Failure::input(format!(
+                "policy {}: no cluster matches its cluster affinity",
+                p.name
+            )));
+        }
+    }
+    let result = preempt(&view, &w, &mut Estimator::new(), &opts);
+    match output {
+        Output::Json => print_json(&result),
+        Output::Table => {
+            print!("{}", preemption_table(&result));
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,343 @@
+//! The dramesh metric set: one typed handle per metric the replica and agent export.
+//!
+//! Every metric is registered once in [`Metrics::new`] and rendered by [`Metrics::render`] even
+//! before the first value is recorded (labelled families then show only HELP/TYPE; unlabelled ones
+//! show 0). Names carry the `dramesh_` namespace; [`names`] lists them for tests and dashboards.
+//! Durations are seconds, sizes bytes (Prometheus base units).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::registry::{CounterVec, Gauge, GaugeVec, Histogram, HistogramVec, Registry};
+
+/// Exported metric names.
+pub mod names {
+    pub const API_REQUESTS_TOTAL: &str = "dramesh_api_requests_total";
+    pub const API_REQUEST_DURATION_SECONDS: &str = "dramesh_api_request_duration_seconds";
+    pub const MESH_SYNC_LAG_SECONDS: &str = "dramesh_mesh_sync_lag_seconds";
+    pub const MESH_BYTES_TOTAL: &str = "dramesh_mesh_bytes_total";
+    pub const MESH_REJECTED_WRITES_TOTAL: &str = "dramesh_mesh_rejected_writes_total";
+    pub const STORE_BYTES: &str = "dramesh_store_bytes";
+    pub const STORE_HISTORY_CHANGES: &str = "dramesh_store_history_changes";
+    pub const STORE_DOCUMENTS: &str = "dramesh_store_documents";
+    pub const RESERVATIONS: &str = "dramesh_reservations";
+    pub const ESTIMATOR_ZERO_ANSWERS_TOTAL: &str = "dramesh_estimator_zero_answers_total";
+    pub const ALLOCATION_SEARCH_STEPS: &str = "dramesh_allocation_search_steps";
+    pub const VIEW_DATA_AGE_SECONDS: &str = "dramesh_view_data_age_seconds";
+}
+
+/// Request latency buckets: estimator answers are expected well under a millisecond when served
+/// from the local view, so the low end is finer than the Prometheus default.
+pub const API_LATENCY_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
+];
+
+/// Allocator search-step buckets, roughly ×2.5 per step up to the allocator's step budgets.
+pub const ALLOCATION_STEP_BUCKETS: &[f64] = &[
+    1.0,
+    2.0,
+    5.0,
+    10.0,
+    25.0,
+    50.0,
+    100.0,
+    250.0,
+    500.0,
+    1_000.0,
+    2_500.0,
+    5_000.0,
+    10_000.0,
+    25_000.0,
+    50_000.0,
+    100_000.0,
+    1_000_000.0,
+];
+
+/// Direction of mesh traffic, the `direction` label of `mesh_bytes_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    Sent,
+    Received,
+}
+
+impl Direction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::Sent => "sent",
+            Direction::Received => "received",
+        }
+    }
+}
+
+/// The `state` label of `reservations`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReservationState {
+    Live,
+    Expired,
+    Conflicted,
+}
+
+impl ReservationState {
+    pub const ALL: [ReservationState; 3] = [Self::Live, Self::Expired, Self::Conflicted];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Live => "live",
+            Self::Expired => "expired",
+            Self::Conflicted => "conflicted",
+        }
+    }
+}
+
+/// Typed handles for every dramesh metric, plus the registry they render from.
+pub struct Metrics {
+    registry: Registry,
+    /// `{api,method,code}`: API requests answered; `code` is the gRPC code name or HTTP status.
+    pub api_requests_total: Arc<CounterVec<3>>,
+    /// `{api,method}`: time from request decoded to response ready.
+    pub api_request_duration_seconds: Arc<HistogramVec<2>>,
+    /// `{peer,cluster}`: age of the newest change from `cluster` applied via `peer`.
+    pub mesh_sync_lag_seconds: Arc<GaugeVec<2>>,
+    /// `{peer,direction}`: replication payload bytes.
+    pub mesh_bytes_total: Arc<CounterVec<2>>,
+    /// `{peer,reason}`: changes refused (wrong writer, bad signature, over size, ...).
+    pub mesh_rejected_writes_total: Arc<CounterVec<2>>,
+    /// `{doc_kind}`: encoded size of stored documents.
+    pub store_bytes: Arc<GaugeVec<1>>,
+    /// `{cluster,writer}`: automerge changes kept in history.
+    pub store_history_changes: Arc<GaugeVec<2>>,
+    /// Documents held by the store.
+    pub store_documents: Arc<Gauge>,
+    /// `{state}`: reservations by state (`live`, `expired`, `conflicted`).
+    pub reservations: Arc<GaugeVec<1>>,
+    /// `{reason}`: estimator answers of zero replicas, by why.
+    pub estimator_zero_answers_total: Arc<CounterVec<1>>,
+    /// Steps one allocation search took.
+    pub allocation_search_steps: Arc<Histogram>,
+    /// `{cluster}`: age of the cluster's data in the view answers are computed from.
+    pub view_data_age_seconds: Arc<GaugeVec<1>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics")
+            .field("registry", &self.registry)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        Self::with_registry(Registry::new())
+    }
+
+    /// Registers the dramesh set into `registry`, which may already hold other families.
+    ///
+    /// # Panics
+    /// If `registry` already holds one of the [`names`]: that is a programming error, not input.
+    pub fn with_registry(registry: Registry) -> Self {
+        use names::*;
+        const REGISTERED: &str = "dramesh metric names are static, valid and registered once";
+        let r = &registry;
+        let api_requests_total = r
+            .counter_vec(
+                API_REQUESTS_TOTAL,
+                "API requests answered, by API, method and result code.",
+                ["api", "method", "code"],
+            )
+            .expect(REGISTERED);
+        let api_request_duration_seconds = r
+            .histogram_vec(
+                API_REQUEST_DURATION_SECONDS,
+                "Time to answer an API request, in seconds.",
+                ["api", "method"],
+                API_LATENCY_BUCKETS,
+            )
+            .expect(REGISTERED);
+        let mesh_sync_lag_seconds = r
+            .gauge_vec(
+                MESH_SYNC_LAG_SECONDS,
+                "Age of the newest applied change per peer and origin cluster, in seconds.",
+                ["peer", "cluster"],
+            )
+            .expect(REGISTERED);
+        let mesh_bytes_total = r
+            .counter_vec(
+                MESH_BYTES_TOTAL,
+                "Replication payload bytes exchanged with a peer.",
+                ["peer", "direction"],
+            )
+            .expect(REGISTERED);
+        let mesh_rejected_writes_total = r
+            .counter_vec(
+                MESH_REJECTED_WRITES_TOTAL,
+                "Replicated changes refused, by sending peer and reason.",
+                ["peer", "reason"],
+            )
+            .expect(REGISTERED);
+        let store_bytes = r
+            .gauge_vec(
+                STORE_BYTES,
+                "Encoded size of stored documents, in bytes.",
+                ["doc_kind"],
+            )
+            .expect(REGISTERED);
+        let store_history_changes = r
+            .gauge_vec(
+                STORE_HISTORY_CHANGES,
+                "Changes kept in document history, by cluster and writer.",
+                ["cluster", "writer"],
+            )
+            .expect(REGISTERED);
+        let store_documents = r
+            .gauge(STORE_DOCUMENTS, "Documents held by the store.")
+            .expect(REGISTERED);
+        let reservations = r
+            .gauge_vec(
+                RESERVATIONS,
+                "Reservations by state (live, expired, conflicted).",
+                ["state"],
+            )
+            .expect(REGISTERED);
+        let estimator_zero_answers_total = r
+            .counter_vec(
+                ESTIMATOR_ZERO_ANSWERS_TOTAL,
+                "Estimator answers of zero replicas, by reason.",
+                ["reason"],
+            )
+            .expect(REGISTERED);
+        let allocation_search_steps = r
+            .histogram(
+                ALLOCATION_SEARCH_STEPS,
+                "Search steps taken by one structured-allocation search.",
+                ALLOCATION_STEP_BUCKETS,
+            )
+            .expect(REGISTERED);
+        let view_data_age_seconds = r
+            .gauge_vec(
+                VIEW_DATA_AGE_SECONDS,
+                "Age of a cluster's data in the estimation view, in seconds.",
+                ["cluster"],
+            )
+            .expect(REGISTERED);
+        // All three states are always present so a dashboard sees 0 rather than no data.
+        for s in ReservationState::ALL {
+            reservations.with([s.as_str()]);
+        }
+        Self {
+            registry,
+            api_requests_total,
+            api_request_duration_seconds,
+            mesh_sync_lag_seconds,
+            mesh_bytes_total,
+            mesh_rejected_writes_total,
+            store_bytes,
+            store_history_changes,
+            store_documents,
+            reservations,
+            estimator_zero_answers_total,
+            allocation_search_steps,
+            view_data_age_seconds,
+        }
+    }
+
+    /// The registry, for daemons that register extra families next to the dramesh set.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Everything in text exposition format 0.0.4 (serve with [`crate::CONTENT_TYPE`]).
+    pub fn render(&self) -> String {
+        self.registry.render()
+    }
+
+    /// Counts one answered request and records its latency.
+    pub fn observe_api_request(&self, api: &str, method: &str, code: &str, elapsed: Duration) {
+        self.api_requests_total.with([api, method, code]).inc();
+        self.api_request_duration_seconds
+            .with([api, method])
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Starts timing a request; finish it with [`ApiTimer::finish`].
+    pub fn start_api_request<'a>(&'a self, api: &'a str, method: &'a str) -> ApiTimer<'a> {
+        ApiTimer {
+            metrics: self,
+            api,
+            method,
+            start: Instant::now(),
+        }
+    }
+
+    pub fn set_sync_lag(&self, peer: &str, cluster: &str, lag: Duration) {
+        self.mesh_sync_lag_seconds
+            .with([peer, cluster])
+            .set(lag.as_secs_f64());
+    }
+
+    pub fn add_mesh_bytes(&self, peer: &str, direction: Direction, bytes: u64) {
+        self.mesh_bytes_total
+            .with([peer, direction.as_str()])
+            .inc_by(bytes);
+    }
+
+    pub fn reject_write(&self, peer: &str, reason: &str) {
+        self.mesh_rejected_writes_total.with([peer, reason]).inc();
+    }
+
+    /// Drops every per-peer series of a peer that left the mesh.
+    pub fn forget_peer(&self, peer: &str) {
+        self.mesh_sync_lag_seconds.retain(|[p, _]| p != peer);
+        self.mesh_bytes_total.retain(|[p, _]| p != peer);
+        self.mesh_rejected_writes_total.retain(|[p, _]| p != peer);
+    }
+
+    pub fn set_reservations(&self, live: u64, expired: u64, conflicted: u64) {
+        for (s, n) in ReservationState::ALL
+            .into_iter()
+            .zip([live, expired, conflicted])
+        {
+            self.reservations.with([s.as_str()]).set(n as f64);
+        }
+    }
+
+    pub fn zero_answer(&self, reason: &str) {
+        self.estimator_zero_answers_total.with([reason]).inc();
+    }
+
+    pub fn observe_allocation_steps(&self, steps: u64) {
+        self.allocation_search_steps.observe(steps as f64);
+    }
+
+    pub fn set_view_data_age(&self, cluster: &str, age: Duration) {
+        self.view_data_age_seconds
+            .with([cluster])
+            .set(age.as_secs_f64());
+    }
+}
+
+/// Times one API request from [`Metrics::start_api_request`] to [`ApiTimer::finish`].
+#[must_use = "call finish(code) to record the request"]
+pub struct ApiTimer<'a> {
+    metrics: &'a Metrics,
+    api: &'a str,
+    method: &'a str,
+    start: Instant,
+}
+
+impl ApiTimer<'_> {
+    /// Records the request with its result code; returns the elapsed time.
+    pub fn finish(self, code: &str) -> Duration {
+        let elapsed = self.start.elapsed();
+        self.metrics
+            .observe_api_request(self.api, self.method, code, elapsed);
+        elapsed
+    }
+}

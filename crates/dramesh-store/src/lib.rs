@@ -1,0 +1,32 @@
+//! dramesh-store: the CRDT state store of dramesh.
+//!
+//! Each member cluster is described by a few automerge documents, one per writer (an agent).
+//! A document is a flat map from object keys (`node/<name>`, `pod/<ns>/<name>`, ...; see
+//! [`keys`]) to one trimmed Kubernetes object as compact JSON bytes. Only the writer's derived
+//! actor may author a document ([`writer_actor`]); replicas check this for every incoming change.
+//! History is bounded by generation rollover, documents persist as CRC-framed append-only files,
+//! and every mutation reports exactly the visible object changes it caused.
+//!
+//! The crate is sans-I/O with respect to the network: the mesh moves the bytes produced by
+//! [`Store::generate_sync_message`] and feeds received ones to [`Store::receive_sync_message`].
+//! See `DOCUMENT-MODEL.md` for the model and invariants.
+
+mod auth;
+mod docid;
+mod error;
+pub mod keys;
+pub mod object;
+mod persist;
+mod store;
+mod view;
+
+pub use automerge::ChangeHash;
+pub use automerge::sync::State as SyncState;
+pub use docid::{DocId, heads_hash, writer_actor};
+pub use error::StoreError;
+pub use object::{ObjectChange, ObjectKey, ObjectKind};
+pub use persist::Durability;
+pub use store::{
+    CorruptDoc, DIGEST_BUCKETS, Digest, DocStats, DocSummary, OpenReport, RolloverPolicy, Store,
+    StoreConfig, TruncatedTail, WriteOutcome,
+};

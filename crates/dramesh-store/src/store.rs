@@ -1,0 +1,1344 @@
+//! The store: a set of single-writer automerge documents, their persistence, the sync entry
+//! points the mesh drives, and the materialized view fed to the estimator.
+//!
+//! Guarantees:
+//! - Only the writer's actor ([`writer_actor`]) ever authors a document; incoming sync messages
+//!   are checked change by change before anything is applied ([`StoreError::ForeignAuthor`]).
+//! - A write or a received sync message is acknowledged (returns `Ok`) only once it is on disk
+//!   (fsynced under [`Durability::Fsync`]). Changes that are not durable yet are never offered
+//!   to peers, so a writer that crashes cannot have published changes it does not remember.
+//! - History is bounded: a writer rebuilds its document from current values into a new
+//!   generation when the stored history outgrows [`RolloverPolicy`]; replicas adopt a newer
+//!   generation once its first (base) change is complete and replace the older one entirely.
+//! - Every call that changes documents returns exactly the object keys whose visible value
+//!   changed, decoded only for those keys.
+
+use crate::auth::check_authors;
+use crate::docid::{DocId, heads_hash, writer_actor};
+use crate::error::StoreError;
+use crate::keys::{TERM_KEY, doc_key, parse_doc_key};
+use crate::object::{ObjectChange, ObjectKey};
+use crate::persist::{self, Durability, FileHeader};
+use crate::view::View;
+use automerge::sync::{self, Message, SyncDoc};
+use automerge::transaction::Transactable;
+use automerge::{
+    Automerge, ChangeHash, LoadOptions, OnPartialLoad, PatchAction, PatchLog, Prop, ROOT, ReadDoc,
+    ScalarValue, Value, VerificationMode,
+};
+use sha2::{Digest as _, Sha256};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Number of buckets in a [`Digest`].
+pub const DIGEST_BUCKETS: usize = 64;
+
+/// When a document's file is compacted and when its writer starts a new generation.
+///
+/// Let `fresh` be the snapshot size the generation started with. When the file exceeds
+/// `max_stored_ratio x fresh` (and `min_stored_bytes`), it is compacted: rewritten as one
+/// `save()` of the same generation, history included (automerge's columnar format stores
+/// history compactly). If that snapshot is still above `max_compacted_ratio x fresh`, or the
+/// in-memory history holds more than `max_ops_ratio` operations per live key, or
+/// `max_changes` commits were made, the writer rolls over to a new generation instead. So the
+/// stored size stays within `max_stored_ratio x fresh` plus one commit, and the resident history
+/// within about `max_ops_ratio` times the live state.
+#[derive(Clone, Debug)]
+pub struct RolloverPolicy {
+    pub max_stored_ratio: f64,
+    pub max_compacted_ratio: f64,
+    pub max_ops_ratio: f64,
+    /// Files below this size are left alone.
+    pub min_stored_bytes: u64,
+    pub max_changes: u64,
+}
+
+impl Default for RolloverPolicy {
+    fn default() -> Self {
+        RolloverPolicy {
+            max_stored_ratio: 2.0,
+            max_compacted_ratio: 1.25,
+            max_ops_ratio: 2.0,
+            min_stored_bytes: 64 * 1024,
+            max_changes: 100_000,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    pub durability: Durability,
+    /// Compaction and rollover thresholds; replicas use the compaction part for their copies
+    /// (their history only shrinks when the writer rolls over).
+    pub rollover: RolloverPolicy,
+    /// Largest sync message accepted.
+    pub max_message_bytes: usize,
+    /// Largest number of next-generation documents being received at once.
+    pub max_pending: usize,
+    /// A replica applies an incoming batch of at least this many new changes to a document of
+    /// at least `rebuild_min_ops` operations by rebuilding the document from all its changes,
+    /// which automerge 0.12 does much faster than applying onto a populated document.
+    pub rebuild_min_changes: usize,
+    pub rebuild_min_ops: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            durability: Durability::Fsync,
+            rollover: RolloverPolicy::default(),
+            max_message_bytes: 64 * 1024 * 1024,
+            max_pending: 10_000,
+            rebuild_min_changes: 4,
+            rebuild_min_ops: 2048,
+        }
+    }
+}
+
+/// One document as advertised to peers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DocSummary {
+    pub doc: DocId,
+    pub generation: u64,
+    pub heads_hash: [u8; 32],
+}
+
+/// Compact summary of every document: per bucket (by [`DocId::bucket`]) the XOR of an 8-byte
+/// hash of each (doc, generation, heads hash). Two stores hold the same documents at the same
+/// heads exactly when (up to hash collisions) their digests are equal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Digest {
+    pub buckets: [u64; DIGEST_BUCKETS],
+}
+
+impl Digest {
+    /// Buckets whose documents differ between `self` and `other`.
+    pub fn differing_buckets(&self, other: &Digest) -> Vec<usize> {
+        (0..DIGEST_BUCKETS)
+            .filter(|i| self.buckets[*i] != other.buckets[*i])
+            .collect()
+    }
+
+    /// 512-byte little-endian encoding.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        self.buckets.iter().flat_map(|b| b.to_le_bytes()).collect()
+    }
+
+    pub fn from_bytes(bytes: &[u8]) -> Option<Digest> {
+        if bytes.len() != DIGEST_BUCKETS * 8 {
+            return None;
+        }
+        let mut buckets = [0u64; DIGEST_BUCKETS];
+        for (i, chunk) in bytes.chunks_exact(8).enumerate() {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(chunk);
+            buckets[i] = u64::from_le_bytes(b);
+        }
+        Some(Digest { buckets })
+    }
+}
+
+/// Result of a local write.
+#[derive(Clone, Debug)]
+pub struct WriteOutcome {
+    /// Generation the write landed in (after any rollover it triggered).
+    pub generation: u64,
+    /// Heads of the document after the write.
+    pub heads: Vec<ChangeHash>,
+    /// Whether the write triggered a rollover to a new generation.
+    pub rolled_over: bool,
+    /// Visible changes of the materialized view, `(cluster, change)`.
+    pub view: Vec<(String, ObjectChange)>,
+}
+
+/// Size and history figures of one document.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DocStats {
+    pub generation: u64,
+    pub owned: bool,
+    /// Bytes of the document's file (or what it would be, for an in-memory store).
+    pub stored_bytes: u64,
+    /// Bytes of the snapshot the current file started from.
+    pub base_bytes: u64,
+    /// Bytes of the snapshot the generation started from (the rollover reference).
+    pub fresh_bytes: u64,
+    /// Commits since the generation started.
+    pub commits_since_base: u64,
+    pub num_changes: u64,
+    pub num_ops: u64,
+    pub keys: usize,
+}
+
+/// A document file that could not be used; the document is dropped and must be resynced.
+#[derive(Clone, Debug)]
+pub struct CorruptDoc {
+    pub path: PathBuf,
+    /// Where the file was moved so that it is never loaded again.
+    pub moved_to: PathBuf,
+    pub doc: Option<DocId>,
+    pub generation: Option<u64>,
+    pub reason: String,
+}
+
+/// A torn final record (an unacknowledged write cut by a crash) that was truncated away.
+#[derive(Clone, Debug)]
+pub struct TruncatedTail {
+    pub doc: DocId,
+    pub path: PathBuf,
+    pub bytes: u64,
+}
+
+/// What [`Store::open`] found.
+#[derive(Clone, Debug, Default)]
+pub struct OpenReport {
+    pub loaded: usize,
+    pub corrupt: Vec<CorruptDoc>,
+    pub truncated: Vec<TruncatedTail>,
+    pub removed_tmp_files: usize,
+}
+
+struct DocEntry {
+    generation: u64,
+    doc: Automerge,
+    owned: bool,
+    term: u64,
+    saved_heads: Vec<ChangeHash>,
+    heads_hash: [u8; 32],
+    digest_part: u64,
+    stored_bytes: u64,
+    /// Snapshot size of the current file (after the last compaction or rollover).
+    base_bytes: u64,
+    /// Snapshot size when the generation started (or was first loaded here).
+    fresh_bytes: u64,
+    commits_since_base: u64,
+    /// Set when the last append failed: in-memory changes are not durable and must not be
+    /// offered to peers until a later append succeeds.
+    not_durable: bool,
+}
+
+struct Pending {
+    generation: u64,
+    doc: Automerge,
+}
+
+/// State of the changed document before the mutation being reconciled.
+enum Old {
+    /// The same document, read at these heads.
+    At(Vec<ChangeHash>),
+    /// A document that was replaced.
+    Doc(Box<Automerge>),
+    /// The document did not exist.
+    Absent,
+}
+
+/// The document store. Not thread-safe by itself: wrap it in a mutex, and run it off the async
+/// reactor (`spawn_blocking`) because loads and large sync messages take milliseconds to seconds.
+pub struct Store {
+    dir: Option<PathBuf>,
+    config: StoreConfig,
+    docs: BTreeMap<DocId, DocEntry>,
+    pending: BTreeMap<DocId, Pending>,
+    view: View,
+    buckets: [u64; DIGEST_BUCKETS],
+    undelivered: Vec<(String, ObjectChange)>,
+}
+
+fn now_millis() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Generations are wall-clock milliseconds; one further ahead than this is not believed (it
+/// would let a peer push a writer's generation counter to its end).
+const MAX_FUTURE_GENERATION_MS: u64 = 30 * 24 * 3600 * 1000;
+
+fn plausible_generation(generation: u64) -> bool {
+    generation <= now_millis().saturating_add(MAX_FUTURE_GENERATION_MS)
+}
+
+fn digest_part(doc: &DocId, generation: u64, heads: &[u8; 32]) -> u64 {
+    let mut h = Sha256::new();
+    h.update(doc.hash());
+    h.update(generation.to_le_bytes());
+    h.update(heads);
+    let out: [u8; 32] = h.finalize().into();
+    u64::from_le_bytes([
+        out[0], out[1], out[2], out[3], out[4], out[5], out[6], out[7],
+    ])
+}
+
+fn value_bytes(v: &Value<'_>) -> Option<Arc<[u8]>> {
+    match v {
+        Value::Scalar(s) => match s.as_ref() {
+            ScalarValue::Bytes(b) => Some(Arc::from(b.as_slice())),
+            ScalarValue::Str(s) => Some(Arc::from(s.as_bytes())),
+            _ => None,
+        },
+        Value::Object(_) => None,
+    }
+}
+
+fn read_value(doc: &Automerge, key: &str, at: Option<&[ChangeHash]>) -> Option<Arc<[u8]>> {
+    let got = match at {
+        Some(h) => doc.get_at(ROOT, key, h),
+        None => doc.get(ROOT, key),
+    };
+    got.ok().flatten().and_then(|(v, _)| value_bytes(&v))
+}
+
+fn read_term<D: ReadDoc>(doc: &D) -> u64 {
+    match doc.get(ROOT, TERM_KEY) {
+        Ok(Some((Value::Scalar(s), _))) => match s.as_ref() {
+            ScalarValue::Uint(u) => *u,
+            ScalarValue::Int(i) => u64::try_from(*i).unwrap_or(0),
+            _ => 0,
+        },
+        _ => 0,
+    }
+}
+
+/// Object keys (not reserved keys) of a document, optionally as at `heads`.
+fn object_keys(doc: &Automerge, at: Option<&[ChangeHash]>) -> Vec<String> {
+    let keys = match at {
+        Some(h) => doc.keys_at(ROOT, h),
+        None => doc.keys(ROOT),
+    };
+    keys.filter(|k| parse_doc_key(k).is_some()).collect()
+}
+
+/// Root keys touched by a list of patches.
+fn patched_keys(patches: &[automerge::Patch]) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for p in patches {
+        let key = if p.obj == ROOT {
+            match &p.action {
+                PatchAction::PutMap { key, .. } | PatchAction::DeleteMap { key } => {
+                    Some(key.clone())
+                }
+                PatchAction::Increment {
+                    prop: Prop::Map(key),
+                    ..
+                }
+                | PatchAction::Conflict {
+                    prop: Prop::Map(key),
+                } => Some(key.clone()),
+                _ => None,
+            }
+        } else {
+            match p.path.first() {
+                Some((_, Prop::Map(key))) => Some(key.clone()),
+                _ => None,
+            }
+        };
+        if let Some(k) = key {
+            out.insert(k);
+        }
+    }
+    out
+}
+
+fn load_options() -> LoadOptions<'static> {
+    LoadOptions::new()
+        .on_partial_load(OnPartialLoad::Error)
+        .verification_mode(VerificationMode::Check)
+}
+
+/// A fresh single-change document holding the current values of `old`.
+fn build_fresh(doc_id: &DocId, old: &Automerge, generation: u64) -> Result<Automerge, StoreError> {
+    let am = |source: automerge::AutomergeError| StoreError::Automerge {
+        doc: doc_id.clone(),
+        source: Box::new(source),
+    };
+    let mut fresh = Automerge::new().with_actor(writer_actor(doc_id, generation));
+    let mut tx = fresh.transaction();
+    for key in old.keys(ROOT) {
+        if let Some((Value::Scalar(s), _)) = old.get(ROOT, key.as_str()).map_err(am)? {
+            tx.put(ROOT, key.as_str(), s.into_owned()).map_err(am)?;
+        }
+    }
+    // The base change must exist even for an empty document: replicas adopt a generation once
+    // they hold a complete, non-empty history of it.
+    if tx.get(ROOT, TERM_KEY).map_err(am)?.is_none() {
+        tx.put(ROOT, TERM_KEY, ScalarValue::Uint(0)).map_err(am)?;
+    }
+    tx.commit();
+    Ok(fresh)
+}
+
+/// Loads a document file's snapshot followed by its change records.
+///
+/// automerge applies changes to an already populated document far more slowly than it builds
+/// one from changes (measured: ~10 ms per change on a 5,000-key document), so the snapshot's
+/// changes and the appended ones are replayed together into an empty document.
+fn load_file_doc(bytes: &[u8], snapshot_len: usize) -> Result<Automerge, String> {
+    let (snapshot, tail) = bytes.split_at(snapshot_len.min(bytes.len()));
+    let base = Automerge::load_with_options(snapshot, load_options())
+        .map_err(|e| format!("automerge snapshot does not load: {e}"))?;
+    let doc = if tail.is_empty() {
+        base
+    } else {
+        let mut changes = base.get_changes(&[]);
+        for (_, chunk) in
+            crate::auth::split_chunks(tail).map_err(|e| format!("change records: {e}"))?
+        {
+            changes.push(
+                automerge::Change::try_from(chunk)
+                    .map_err(|e| format!("unreadable change record: {e}"))?,
+            );
+        }
+        let mut doc = Automerge::new();
+        doc.apply_changes(changes)
+            .map_err(|e| format!("change records do not apply: {e}"))?;
+        doc
+    };
+    let missing = doc.get_missing_deps(&[]);
+    if !missing.is_empty() {
+        return Err(format!(
+            "{} change(s) depend on changes missing from the file",
+            missing.len()
+        ));
+    }
+    Ok(doc)
+}
+
+/// Shared heads after our heads moved from `old` to `new` (what automerge's sync does when it
+/// applies a message's changes itself): heads we gained plus previously shared heads still current.
+fn advance_heads(old: &[ChangeHash], new: &[ChangeHash], shared: &[ChangeHash]) -> Vec<ChangeHash> {
+    let mut out: BTreeSet<ChangeHash> = new.iter().filter(|h| !old.contains(h)).copied().collect();
+    out.extend(shared.iter().filter(|h| new.contains(h)).copied());
+    out.into_iter().collect()
+}
+
+fn framed_len(payload: usize) -> u64 {
+    payload as u64 + 13
+}
+
+impl Store {
+    /// A store without persistence (tests, benchmarks, ephemeral replicas).
+    pub fn in_memory(config: StoreConfig) -> Store {
+        Store {
+            dir: None,
+            config,
+            docs: BTreeMap::new(),
+            pending: BTreeMap::new(),
+            view: View::default(),
+            buckets: [0; DIGEST_BUCKETS],
+            undelivered: Vec::new(),
+        }
+    }
+
+    /// Opens (creating if needed) a store directory and loads every document in it.
+    ///
+    /// Corrupt files are moved aside and listed in the report, never loaded; their documents
+    /// are absent and come back through sync (or, for a writer, through [`Store::open_writer`],
+    /// which starts a newer generation). Torn tails are truncated and listed.
+    pub fn open(
+        dir: impl AsRef<Path>,
+        config: StoreConfig,
+    ) -> Result<(Store, OpenReport), StoreError> {
+        let dir = dir.as_ref().to_path_buf();
+        let io = |source| StoreError::Io {
+            path: dir.clone(),
+            source,
+        };
+        std::fs::create_dir_all(&dir).map_err(io)?;
+        let mut store = Store::in_memory(config);
+        store.dir = Some(dir.clone());
+        let mut report = OpenReport::default();
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .map_err(io)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .collect();
+        paths.sort();
+        for path in paths {
+            if persist::is_tmp(&path) {
+                std::fs::remove_file(&path).map_err(|source| StoreError::Io {
+                    path: path.clone(),
+                    source,
+                })?;
+                report.removed_tmp_files += 1;
+                continue;
+            }
+            if !persist::is_doc_file(&path) {
+                continue;
+            }
+            let bytes = std::fs::read(&path).map_err(|source| StoreError::Io {
+                path: path.clone(),
+                source,
+            })?;
+            let corrupt = |reason: String,
+                           header: Option<&FileHeader>|
+             -> Result<CorruptDoc, StoreError> {
+                let moved_to = persist::quarantine(&path)?;
+                tracing::error!(path = %path.display(), %reason, "corrupt document file dropped; it will be resynced");
+                Ok(CorruptDoc {
+                    path: path.clone(),
+                    moved_to,
+                    doc: header.map(|h| h.doc.clone()),
+                    generation: header.map(|h| h.generation),
+                    reason,
+                })
+            };
+            let file = match persist::parse_file(&bytes) {
+                Ok(f) => f,
+                Err(c) => {
+                    report.corrupt.push(corrupt(c.reason, c.header.as_ref())?);
+                    continue;
+                }
+            };
+            let expected_path = persist::doc_path(&dir, &file.header.doc);
+            if expected_path != path {
+                report.corrupt.push(corrupt(
+                    "file name does not match the document id in its header".to_string(),
+                    Some(&file.header),
+                )?);
+                continue;
+            }
+            let mut doc = match load_file_doc(&file.automerge_bytes, file.snapshot_len as usize) {
+                Ok(d) => d,
+                Err(reason) => {
+                    report.corrupt.push(corrupt(reason, Some(&file.header))?);
+                    continue;
+                }
+            };
+            if file.torn_tail > 0 {
+                persist::truncate(&path, file.valid_len, store.config.durability)?;
+                tracing::warn!(path = %path.display(), bytes = file.torn_tail, "truncated torn (unacknowledged) tail");
+                report.truncated.push(TruncatedTail {
+                    doc: file.header.doc.clone(),
+                    path: path.clone(),
+                    bytes: file.torn_tail,
+                });
+            }
+            let FileHeader {
+                doc: id,
+                generation,
+                owned,
+                fresh_bytes,
+                ..
+            } = file.header;
+            if owned {
+                doc.set_actor(writer_actor(&id, generation));
+            }
+            let heads = doc.get_heads();
+            let hh = heads_hash(&heads);
+            let part = digest_part(&id, generation, &hh);
+            let changes = doc.stats().num_changes;
+            let entry = DocEntry {
+                generation,
+                term: read_term(&doc),
+                owned,
+                saved_heads: heads,
+                heads_hash: hh,
+                digest_part: part,
+                stored_bytes: file.valid_len,
+                base_bytes: framed_len(file.snapshot_len as usize),
+                fresh_bytes: if fresh_bytes > 0 {
+                    fresh_bytes
+                } else {
+                    framed_len(file.snapshot_len as usize)
+                },
+                commits_since_base: changes.saturating_sub(1),
+                not_durable: false,
+                doc,
+            };
+            store.buckets[id.bucket(DIGEST_BUCKETS)] ^= part;
+            store.view.set_term(&id.cluster, &id.writer, entry.term);
+            for key in object_keys(&entry.doc, None) {
+                if read_value(&entry.doc, &key, None).is_some() {
+                    store.view.set_present(&id.cluster, &id.writer, &key, true);
+                }
+            }
+            store.docs.insert(id, entry);
+            report.loaded += 1;
+        }
+        Ok((store, report))
+    }
+
+    fn path_of(&self, doc: &DocId) -> Option<PathBuf> {
+        self.dir.as_ref().map(|d| persist::doc_path(d, doc))
+    }
+
+    fn set_digest(&mut self, doc: &DocId) {
+        if let Some(e) = self.docs.get_mut(doc) {
+            let hh = heads_hash(&e.doc.get_heads());
+            let part = digest_part(doc, e.generation, &hh);
+            self.buckets[doc.bucket(DIGEST_BUCKETS)] ^= e.digest_part ^ part;
+            e.heads_hash = hh;
+            e.digest_part = part;
+        }
+    }
+
+    /// Writes a snapshot as the document's new file (new generation or compaction); returns
+    /// (file bytes, snapshot record bytes).
+    fn write_snapshot(
+        &self,
+        id: &DocId,
+        generation: u64,
+        owned: bool,
+        snapshot: &[u8],
+        fresh_bytes: Option<u64>,
+    ) -> Result<(u64, u64), StoreError> {
+        let base = framed_len(snapshot.len());
+        let header = FileHeader {
+            format: 1,
+            doc: id.clone(),
+            generation,
+            owned,
+            fresh_bytes: fresh_bytes.unwrap_or(base),
+        };
+        match &self.dir {
+            Some(dir) => {
+                let total = persist::write_new(dir, &header, snapshot, self.config.durability)?;
+                Ok((total, base))
+            }
+            None => Ok((base + persist::header_overhead(&header), base)),
+        }
+    }
+
+    /// Appends the changes made since the last durable point of `doc`.
+    fn persist_incremental(&mut self, doc: &DocId) -> Result<(), StoreError> {
+        let path = self.path_of(doc);
+        let durability = self.config.durability;
+        let Some(e) = self.docs.get_mut(doc) else {
+            return Ok(());
+        };
+        let heads = e.doc.get_heads();
+        if heads == e.saved_heads {
+            e.not_durable = false;
+            return Ok(());
+        }
+        // Each change as its own chunk, DEFLATE-compressed when automerge finds it worthwhile
+        // (large changes such as bursts of similar objects shrink several-fold on disk).
+        let mut bytes = Vec::new();
+        for mut c in e.doc.get_changes(&e.saved_heads) {
+            bytes.extend_from_slice(&c.bytes());
+        }
+        let appended = match path {
+            Some(p) => match persist::append_changes(&p, &bytes, durability) {
+                Ok(n) => n,
+                Err(err) => {
+                    e.not_durable = true;
+                    return Err(err);
+                }
+            },
+            None => framed_len(bytes.len()),
+        };
+        e.stored_bytes += appended;
+        e.saved_heads = heads;
+        e.not_durable = false;
+        Ok(())
+    }
+
+    /// Creates the document this store writes, or resumes it from disk; returns its generation.
+    ///
+    /// A fresh document starts at a generation taken from the wall clock (milliseconds), so a
+    /// writer that lost its disk still supersedes what replicas hold. A document held here only
+    /// as a replica copy is taken over by rolling it into a new generation.
+    pub fn open_writer(&mut self, doc: &DocId) -> Result<u64, StoreError> {
+        if let Some(e) = self.docs.get(doc) {
+            if e.owned {
+                return Ok(e.generation);
+            }
+            let min = e.generation.saturating_add(1);
+            if let Some(e) = self.docs.get_mut(doc) {
+                e.owned = true;
+            }
+            let rolled = self.rollover_to(doc, min);
+            if rolled.is_err()
+                && let Some(e) = self.docs.get_mut(doc)
+            {
+                // Still a replica copy: its actor is not ours, so it must not be written.
+                e.owned = false;
+            }
+            return rolled;
+        }
+        let min_gen = self
+            .pending
+            .get(doc)
+            .map_or(0, |p| p.generation.saturating_add(1));
+        let generation = now_millis().max(min_gen).max(1);
+        let fresh = build_fresh(doc, &Automerge::new(), generation)?;
+        let (stored, base) = self.write_snapshot(doc, generation, true, &fresh.save(), None)?;
+        self.pending.remove(doc);
+        let heads = fresh.get_heads();
+        let entry = DocEntry {
+            generation,
+            term: 0,
+            owned: true,
+            saved_heads: heads,
+            heads_hash: [0; 32],
+            digest_part: 0,
+            stored_bytes: stored,
+            base_bytes: base,
+            fresh_bytes: base,
+            commits_since_base: 0,
+            not_durable: false,
+            doc: fresh,
+        };
+        self.docs.insert(doc.clone(), entry);
+        self.set_digest(doc);
+        self.view.set_term(&doc.cluster, &doc.writer, 0);
+        Ok(generation)
+    }
+
+    /// Applies a burst of object changes to the writer's document in one automerge commit and
+    /// returns once it is durable. Upserts equal to the stored value and deletes of absent keys
+    /// are skipped (they would only grow history); within the burst the last change of a key wins.
+    pub fn apply(
+        &mut self,
+        doc: &DocId,
+        changes: Vec<ObjectChange>,
+    ) -> Result<WriteOutcome, StoreError> {
+        let mut ops: BTreeMap<String, Option<Arc<[u8]>>> = BTreeMap::new();
+        for c in changes {
+            match c {
+                ObjectChange::Upsert { key, json } => ops.insert(doc_key(&key)?, Some(json)),
+                ObjectChange::Delete { key } => ops.insert(doc_key(&key)?, None),
+            };
+        }
+        self.write_ops(doc, ops, None)
+    }
+
+    /// Records the lease term under which this writer publishes cluster-scoped objects; among
+    /// documents of one cluster holding the same key, the highest term (then writer name) wins.
+    pub fn set_lease_term(&mut self, doc: &DocId, term: u64) -> Result<WriteOutcome, StoreError> {
+        self.write_ops(doc, BTreeMap::new(), Some(term))
+    }
+
+    fn write_ops(
+        &mut self,
+        doc: &DocId,
+        ops: BTreeMap<String, Option<Arc<[u8]>>>,
+        term: Option<u64>,
+    ) -> Result<WriteOutcome, StoreError> {
+        let am = |source: automerge::AutomergeError| StoreError::Automerge {
+            doc: doc.clone(),
+            source: Box::new(source),
+        };
+        let Some(e) = self.docs.get_mut(doc).filter(|e| e.owned) else {
+            return Err(StoreError::NotWriter { doc: doc.clone() });
+        };
+        let before = e.doc.get_heads();
+        let mut changed = Vec::new();
+        let mut tx = e.doc.transaction();
+        for (k, v) in &ops {
+            let current = tx.get(ROOT, k.as_str()).map_err(am)?;
+            match v {
+                Some(json) => {
+                    let same = current
+                        .as_ref()
+                        .and_then(|(v, _)| value_bytes(v))
+                        .is_some_and(|c| c[..] == json[..]);
+                    if !same {
+                        tx.put(ROOT, k.as_str(), ScalarValue::Bytes(json.to_vec()))
+                            .map_err(am)?;
+                        changed.push(k.clone());
+                    }
+                }
+                None => {
+                    if current.is_some() {
+                        tx.delete(ROOT, k.as_str()).map_err(am)?;
+                        changed.push(k.clone());
+                    }
+                }
+            }
+        }
+        let mut term_changed = false;
+        if let Some(t) = term
+            && read_term(&tx) != t
+        {
+            tx.put(ROOT, TERM_KEY, ScalarValue::Uint(t)).map_err(am)?;
+            term_changed = true;
+        }
+        if changed.is_empty() && !term_changed {
+            tx.rollback();
+            // Retry a failed append even when this burst is a no-op.
+            self.persist_incremental(doc)?;
+            let mut view = std::mem::take(&mut self.undelivered);
+            view.shrink_to_fit();
+            return Ok(WriteOutcome {
+                generation: self.docs.get(doc).map_or(0, |e| e.generation),
+                heads: before,
+                rolled_over: false,
+                view,
+            });
+        }
+        tx.commit();
+        e.commits_since_base += 1;
+        e.term = read_term(&e.doc);
+        let persisted = self.persist_incremental(doc);
+        self.set_digest(doc);
+        let view = self.reconcile(doc, changed, Old::At(before));
+        if let Err(err) = persisted {
+            self.undelivered.extend(view);
+            return Err(err);
+        }
+        let rolled_over = self.maintain(doc)?;
+        let mut out = std::mem::take(&mut self.undelivered);
+        out.extend(view);
+        let e = self
+            .docs
+            .get(doc)
+            .ok_or_else(|| StoreError::UnknownDoc { doc: doc.clone() })?;
+        Ok(WriteOutcome {
+            generation: e.generation,
+            heads: e.doc.get_heads(),
+            rolled_over,
+            view: out,
+        })
+    }
+
+    /// Applies [`RolloverPolicy`] to `doc` after it grew: compacts its file, or (writer only)
+    /// rolls it over. Returns whether a rollover happened.
+    fn maintain(&mut self, doc: &DocId) -> Result<bool, StoreError> {
+        let p = self.config.rollover.clone();
+        let Some(e) = self.docs.get(doc) else {
+            return Ok(false);
+        };
+        if e.owned {
+            let ops = e.doc.stats().num_ops as f64;
+            let keys = e.doc.length(ROOT).max(1) as f64;
+            if (ops > p.max_ops_ratio * keys && ops > 1024.0)
+                || e.commits_since_base >= p.max_changes
+            {
+                self.rollover_to(doc, 0)?;
+                return Ok(true);
+            }
+        }
+        // A writer measures against its fresh size (compaction results above
+        // `max_compacted_ratio` roll over instead); a replica cannot roll over, so it measures
+        // against its last snapshot too, which keeps it from compacting on every message.
+        let reference = if e.owned {
+            e.fresh_bytes
+        } else {
+            e.fresh_bytes.max(e.base_bytes)
+        } as f64;
+        let limit = ((p.max_stored_ratio * reference) as u64).max(p.min_stored_bytes);
+        if e.stored_bytes <= limit {
+            return Ok(false);
+        }
+        let snapshot = e.doc.save();
+        if e.owned
+            && framed_len(snapshot.len()) as f64 > p.max_compacted_ratio * e.fresh_bytes as f64
+        {
+            self.rollover_to(doc, 0)?;
+            return Ok(true);
+        }
+        let (generation, owned, fresh) = (e.generation, e.owned, e.fresh_bytes);
+        let (stored, base) = self.write_snapshot(doc, generation, owned, &snapshot, Some(fresh))?;
+        if let Some(e) = self.docs.get_mut(doc) {
+            e.stored_bytes = stored;
+            e.base_bytes = base;
+        }
+        Ok(false)
+    }
+
+    /// Rebuilds the writer's document from its current values into a new generation, replacing
+    /// the file atomically; returns the new generation.
+    pub fn rollover(&mut self, doc: &DocId) -> Result<u64, StoreError> {
+        self.rollover_to(doc, 0)
+    }
+
+    fn rollover_to(&mut self, doc: &DocId, min_generation: u64) -> Result<u64, StoreError> {
+        let Some(e) = self.docs.get(doc).filter(|e| e.owned) else {
+            return Err(StoreError::NotWriter { doc: doc.clone() });
+        };
+        let generation = e
+            .generation
+            .saturating_add(1)
+            .max(min_generation)
+            .max(now_millis());
+        let fresh = build_fresh(doc, &e.doc, generation)?;
+        let (stored, base) = self.write_snapshot(doc, generation, true, &fresh.save(), None)?;
+        let heads = fresh.get_heads();
+        if let Some(e) = self.docs.get_mut(doc) {
+            e.generation = generation;
+            e.doc = fresh;
+            e.saved_heads = heads;
+            e.stored_bytes = stored;
+            e.base_bytes = base;
+            e.fresh_bytes = base;
+            e.commits_since_base = 0;
+            e.not_durable = false;
+        }
+        self.pending.remove(doc);
+        self.set_digest(doc);
+        tracing::info!(doc = %doc, generation, stored, "rolled over to a new generation");
+        Ok(generation)
+    }
+
+    /// Every document with its generation and heads hash.
+    pub fn list_docs(&self) -> Vec<DocSummary> {
+        self.docs
+            .iter()
+            .map(|(id, e)| DocSummary {
+                doc: id.clone(),
+                generation: e.generation,
+                heads_hash: e.heads_hash,
+            })
+            .collect()
+    }
+
+    pub fn doc_summary(&self, doc: &DocId) -> Option<DocSummary> {
+        self.docs.get(doc).map(|e| DocSummary {
+            doc: doc.clone(),
+            generation: e.generation,
+            heads_hash: e.heads_hash,
+        })
+    }
+
+    /// The digest of all documents (512 bytes on the wire however many documents there are).
+    pub fn digest(&self) -> Digest {
+        Digest {
+            buckets: self.buckets,
+        }
+    }
+
+    /// Documents falling in one digest bucket.
+    pub fn bucket_docs(&self, bucket: usize) -> Vec<DocSummary> {
+        self.docs
+            .iter()
+            .filter(|(id, _)| id.bucket(DIGEST_BUCKETS) == bucket)
+            .map(|(id, e)| DocSummary {
+                doc: id.clone(),
+                generation: e.generation,
+                heads_hash: e.heads_hash,
+            })
+            .collect()
+    }
+
+    pub fn doc_stats(&self, doc: &DocId) -> Option<DocStats> {
+        self.docs.get(doc).map(|e| {
+            let s = e.doc.stats();
+            DocStats {
+                generation: e.generation,
+                owned: e.owned,
+                stored_bytes: e.stored_bytes,
+                base_bytes: e.base_bytes,
+                fresh_bytes: e.fresh_bytes,
+                commits_since_base: e.commits_since_base,
+                num_changes: s.num_changes,
+                num_ops: s.num_ops,
+                keys: e.doc.length(ROOT),
+            }
+        })
+    }
+
+    /// Size in bytes of a freshly rebuilt copy of `doc` (its current values only); used to
+    /// check the bounded-history figure.
+    pub fn fresh_size(&self, doc: &DocId) -> Result<Option<usize>, StoreError> {
+        match self.docs.get(doc) {
+            None => Ok(None),
+            Some(e) => Ok(Some(build_fresh(doc, &e.doc, e.generation)?.save().len())),
+        }
+    }
+
+    /// The automerge document currently held for `doc` (read-only access for diagnostics).
+    pub fn automerge_doc(&self, doc: &DocId) -> Option<&Automerge> {
+        self.docs.get(doc).map(|e| &e.doc)
+    }
+
+    /// Produces the next sync message for `doc` at `generation` toward one peer.
+    ///
+    /// The mesh keeps one [`sync::State`] per (doc, generation, peer) and should always sync the
+    /// highest generation either side has. Asking for a generation newer than the one held (or
+    /// for an unknown document) starts receiving it into a side document; asking for an older
+    /// one returns `None`. For the store's own documents the state is forced read-only (the
+    /// writer never accepts changes), and nothing is offered while a local write is not durable.
+    pub fn generate_sync_message(
+        &mut self,
+        doc: &DocId,
+        generation: u64,
+        state: &mut sync::State,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        if let Some(e) = self.docs.get(doc) {
+            if generation < e.generation {
+                return Ok(None);
+            }
+            if generation == e.generation {
+                if e.owned {
+                    if e.not_durable {
+                        return Ok(None);
+                    }
+                    state.read_only = true;
+                }
+                return Ok(e.doc.generate_sync_message(state).map(Message::encode));
+            }
+            if e.owned {
+                // A peer holds a newer generation of our own document (we lost our disk and the
+                // clock went back): supersede it.
+                if plausible_generation(generation) {
+                    self.rollover_to(doc, generation.saturating_add(1))?;
+                }
+                return Ok(None);
+            }
+        }
+        if !plausible_generation(generation) {
+            return Ok(None);
+        }
+        let p = self.pending_for(doc, generation)?;
+        Ok(p.and_then(|p| p.doc.generate_sync_message(state))
+            .map(Message::encode))
+    }
+
+    fn pending_for(
+        &mut self,
+        doc: &DocId,
+        generation: u64,
+    ) -> Result<Option<&mut Pending>, StoreError> {
+        match self.pending.get(doc).map(|p| p.generation) {
+            Some(g) if g > generation => return Ok(None),
+            Some(g) if g == generation => return Ok(self.pending.get_mut(doc)),
+            Some(_) => {}
+            None => {
+                if self.pending.len() >= self.config.max_pending {
+                    return Err(StoreError::TooManyPending {
+                        doc: doc.clone(),
+                        limit: self.config.max_pending,
+                    });
+                }
+            }
+        }
+        self.pending.insert(
+            doc.clone(),
+            Pending {
+                generation,
+                doc: Automerge::new(),
+            },
+        );
+        Ok(self.pending.get_mut(doc))
+    }
+
+    /// Forgets a partially received newer generation (e.g. when every peer offering it left).
+    pub fn abandon_pending(&mut self, doc: &DocId) {
+        self.pending.remove(doc);
+    }
+
+    /// Applies one incoming sync message for `doc` at `generation` and returns the visible
+    /// changes it caused, `(cluster, change)`.
+    ///
+    /// `may_deliver` is the mesh's policy for the sending peer (for example: replicas may relay
+    /// any document, an agent only its own). Before anything is applied, every change carried
+    /// by the message must be authored by the writer's actor for that generation; otherwise the
+    /// message is refused with [`StoreError::ForeignAuthor`] and neither the document nor the
+    /// sync state changes. Messages for an older generation than the one held are ignored.
+    /// A newer generation is received on the side and replaces the held one, in one step, as
+    /// soon as its history is complete.
+    pub fn receive_sync_message(
+        &mut self,
+        doc: &DocId,
+        generation: u64,
+        state: &mut sync::State,
+        message: &[u8],
+        may_deliver: &dyn Fn(&DocId) -> bool,
+    ) -> Result<Vec<(String, ObjectChange)>, StoreError> {
+        if message.len() > self.config.max_message_bytes {
+            return Err(StoreError::MessageTooLarge {
+                doc: doc.clone(),
+                size: message.len(),
+                limit: self.config.max_message_bytes,
+            });
+        }
+        if !may_deliver(doc) {
+            return Err(StoreError::PeerNotAllowed {
+                doc: doc.clone(),
+                generation,
+            });
+        }
+        let current = self.docs.get(doc).map(|e| (e.generation, e.owned));
+        if let Some((g, _)) = current
+            && generation < g
+        {
+            return Ok(Vec::new());
+        }
+        if !plausible_generation(generation) {
+            return Err(StoreError::MalformedMessage {
+                doc: doc.clone(),
+                reason: format!("generation {generation} lies more than 30 days in the future"),
+            });
+        }
+        let msg = Message::decode(message).map_err(|e| StoreError::MalformedMessage {
+            doc: doc.clone(),
+            reason: e.to_string(),
+        })?;
+        let incoming = check_authors(doc, generation, &msg)?;
+        let am = |source: automerge::AutomergeError| StoreError::Automerge {
+            doc: doc.clone(),
+            source: Box::new(source),
+        };
+        match current {
+            Some((g, true)) => {
+                if generation > g {
+                    self.rollover_to(doc, generation.saturating_add(1))?;
+                } else if let Some(e) = self.docs.get_mut(doc) {
+                    state.read_only = true;
+                    e.doc.receive_sync_message(state, msg).map_err(am)?;
+                }
+                Ok(std::mem::take(&mut self.undelivered))
+            }
+            Some((g, false)) if g == generation => self.receive_current(doc, state, msg, incoming),
+            _ => {
+                let Some(p) = self.pending_for(doc, generation)? else {
+                    return Ok(Vec::new());
+                };
+                p.doc.receive_sync_message(state, msg).map_err(am)?;
+                let complete =
+                    !p.doc.get_heads().is_empty() && p.doc.get_missing_deps(&[]).is_empty();
+                if complete {
+                    self.promote(doc)
+                } else {
+                    Ok(std::mem::take(&mut self.undelivered))
+                }
+            }
+        }
+    }
+
+    fn receive_current(
+        &mut self,
+        doc: &DocId,
+        state: &mut sync::State,
+        msg: Message,
+        incoming: Vec<automerge::Change>,
+    ) -> Result<Vec<(String, ObjectChange)>, StoreError> {
+        let am = |source: automerge::AutomergeError| StoreError::Automerge {
+            doc: doc.clone(),
+            source: Box::new(source),
+        };
+        let Some(e) = self.docs.get_mut(doc) else {
+            return Err(StoreError::UnknownDoc { doc: doc.clone() });
+        };
+        let before = e.doc.get_heads();
+        let new: Vec<automerge::Change> = incoming
+            .into_iter()
+            .filter(|c| e.doc.get_change_meta_by_hash(&c.hash()).is_none())
+            .collect();
+        let rebuild = !state.read_only
+            && new.len() >= self.config.rebuild_min_changes
+            && e.doc.stats().num_ops >= self.config.rebuild_min_ops;
+        let patches = if rebuild {
+            // automerge 0.12 applies changes onto a populated document slowly (measured on a
+            // 5,000-key document: ~10-20 ms per change) but builds a document from all of its
+            // changes quickly (~20 ms for the whole history), so large batches are applied by
+            // rebuilding. Sync bookkeeping then sees only known changes; shared heads are
+            // advanced here exactly as automerge would have.
+            let mut all = e.doc.get_changes(&[]);
+            all.extend(new);
+            let mut rebuilt = Automerge::new();
+            rebuilt.apply_changes(all).map_err(am)?;
+            let after = rebuilt.get_heads();
+            state.shared_heads = advance_heads(&before, &after, &state.shared_heads);
+            rebuilt.receive_sync_message(state, msg).map_err(am)?;
+            let patches = rebuilt.diff(&before, &rebuilt.get_heads());
+            e.doc = rebuilt;
+            patches
+        } else {
+            let mut log = PatchLog::active();
+            e.doc
+                .receive_sync_message_log_patches(state, msg, &mut log)
+                .map_err(am)?;
+            e.doc.make_patches(&mut log)
+        };
+        if e.doc.get_heads() == before {
+            return Ok(std::mem::take(&mut self.undelivered));
+        }
+        e.term = read_term(&e.doc);
+        let keys: Vec<String> = patched_keys(&patches)
+            .into_iter()
+            .filter(|k| parse_doc_key(k).is_some())
+            .collect();
+        let persisted = self.persist_incremental(doc);
+        self.set_digest(doc);
+        let view = self.reconcile(doc, keys, Old::At(before));
+        self.undelivered.extend(view);
+        persisted?;
+        self.maintain(doc)?;
+        Ok(std::mem::take(&mut self.undelivered))
+    }
+
+    /// Replaces the held generation of `doc` with its completed pending one.
+    fn promote(&mut self, doc: &DocId) -> Result<Vec<(String, ObjectChange)>, StoreError> {
+        let Some(p) = self.pending.remove(doc) else {
+            return Ok(std::mem::take(&mut self.undelivered));
+        };
+        let (stored, base) =
+            match self.write_snapshot(doc, p.generation, false, &p.doc.save(), None) {
+                Ok(v) => v,
+                Err(err) => {
+                    self.pending.insert(doc.clone(), p);
+                    return Err(err);
+                }
+            };
+        let heads = p.doc.get_heads();
+        let entry = DocEntry {
+            generation: p.generation,
+            term: read_term(&p.doc),
+            owned: false,
+            saved_heads: heads,
+            heads_hash: [0; 32],
+            digest_part: 0,
+            stored_bytes: stored,
+            base_bytes: base,
+            fresh_bytes: base,
+            commits_since_base: 0,
+            not_durable: false,
+            doc: p.doc,
+        };
+        let mut keys: BTreeSet<String> = object_keys(&entry.doc, None).into_iter().collect();
+        let old = match self.docs.insert(doc.clone(), entry) {
+            Some(old) => {
+                self.buckets[doc.bucket(DIGEST_BUCKETS)] ^= old.digest_part;
+                keys.extend(object_keys(&old.doc, None));
+                Old::Doc(Box::new(old.doc))
+            }
+            None => Old::Absent,
+        };
+        self.set_digest(doc);
+        tracing::debug!(doc = %doc, generation = p.generation, "adopted generation");
+        let view = self.reconcile(doc, keys.into_iter().collect(), old);
+        let mut out = std::mem::take(&mut self.undelivered);
+        out.extend(view);
+        Ok(out)
+    }
+
+    /// Drops a document (decommissioned cluster or writer), deleting its file.
+    pub fn remove_doc(&mut self, doc: &DocId) -> Result<Vec<(String, ObjectChange)>, StoreError> {
+        self.pending.remove(doc);
+        let Some(old) = self.docs.remove(doc) else {
+            return Ok(Vec::new());
+        };
+        self.buckets[doc.bucket(DIGEST_BUCKETS)] ^= old.digest_part;
+        if let Some(path) = self.path_of(doc) {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => return Err(StoreError::Io { path, source }),
+            }
+        }
+        let keys = object_keys(&old.doc, None);
+        Ok(self.reconcile(doc, keys, Old::Doc(Box::new(old.doc))))
+    }
+
+    /// Visible value of each key, resolving which document wins. `own` reads the changed
+    /// document's value in the state being captured.
+    fn capture(
+        &self,
+        doc: &DocId,
+        keys: &[String],
+        own: &dyn Fn(&str) -> Option<Arc<[u8]>>,
+    ) -> Vec<Option<Arc<[u8]>>> {
+        keys.iter()
+            .map(|k| match self.view.winner(&doc.cluster, k) {
+                None => None,
+                Some(w) if w == doc.writer => own(k),
+                Some(w) => {
+                    let other = DocId::new(doc.cluster.clone(), w);
+                    self.docs
+                        .get(&other)
+                        .and_then(|e| read_value(&e.doc, k, None))
+                }
+            })
+            .collect()
+    }
+
+    /// Updates the view after `doc` changed and returns the visible changes for `keys`
+    /// (plus every key of the document when its lease term changed).
+    fn reconcile(
+        &mut self,
+        doc: &DocId,
+        keys: Vec<String>,
+        old: Old,
+    ) -> Vec<(String, ObjectChange)> {
+        let old_term = self.view.term(&doc.cluster, &doc.writer);
+        let new_term = self.docs.get(doc).map(|e| e.term);
+        let mut keys = keys;
+        if new_term.is_some_and(|t| t != old_term) {
+            let mut all: BTreeSet<String> = keys.into_iter().collect();
+            if let Some(e) = self.docs.get(doc) {
+                all.extend(object_keys(&e.doc, None));
+                if let Old::At(h) = &old {
+                    all.extend(object_keys(&e.doc, Some(h)));
+                }
+            }
+            if let Old::Doc(d) = &old {
+                all.extend(object_keys(d, None));
+            }
+            keys = all.into_iter().collect();
+        }
+        let before = {
+            let current = self.docs.get(doc);
+            let own_old = |k: &str| match &old {
+                Old::At(h) => current.and_then(|e| read_value(&e.doc, k, Some(h))),
+                Old::Doc(d) => read_value(d, k, None),
+                Old::Absent => None,
+            };
+            self.capture(doc, &keys, &own_old)
+        };
+        let presence: Vec<bool> = {
+            let current = self.docs.get(doc);
+            keys.iter()
+                .map(|k| current.is_some_and(|e| read_value(&e.doc, k, None).is_some()))
+                .collect()
+        };
+        for (k, present) in keys.iter().zip(presence) {
+            self.view.set_present(&doc.cluster, &doc.writer, k, present);
+        }
+        if let Some(t) = new_term {
+            self.view.set_term(&doc.cluster, &doc.writer, t);
+        }
+        let after = {
+            let current = self.docs.get(doc);
+            let own_new = |k: &str| current.and_then(|e| read_value(&e.doc, k, None));
+            self.capture(doc, &keys, &own_new)
+        };
+        let mut out = Vec::new();
+        for ((k, b), a) in keys.iter().zip(before).zip(after) {
+            if b == a {
+                continue;
+            }
+            let Some(key) = parse_doc_key(k) else {
+                continue;
+            };
+            let change = match a {
+                Some(json) => ObjectChange::Upsert { key, json },
+                None => ObjectChange::Delete { key },
+            };
+            out.push((doc.cluster.clone(), change));
+        }
+        out
+    }
+
+    /// Every visible object, as upserts (the initial load of an estimation view).
+    pub fn snapshot(&self) -> Vec<(String, ObjectChange)> {
+        let mut out = Vec::new();
+        for (id, e) in &self.docs {
+            for k in object_keys(&e.doc, None) {
+                if self.view.winner(&id.cluster, &k) != Some(id.writer.as_str()) {
+                    continue;
+                }
+                if let (Some(key), Some(json)) = (parse_doc_key(&k), read_value(&e.doc, &k, None)) {
+                    out.push((id.cluster.clone(), ObjectChange::Upsert { key, json }));
+                }
+            }
+        }
+        out
+    }
+
+    /// The visible JSON of one object.
+    pub fn get(&self, cluster: &str, key: &ObjectKey) -> Option<Arc<[u8]>> {
+        let k = doc_key(key).ok()?;
+        let w = self.view.winner(cluster, &k)?;
+        let e = self.docs.get(&DocId::new(cluster, w))?;
+        read_value(&e.doc, &k, None)
+    }
+
+    /// View changes that were computed but could not be returned because the call that
+    /// caused them failed to persist; they are also prepended to the next successful result.
+    pub fn take_undelivered(&mut self) -> Vec<(String, ObjectChange)> {
+        std::mem::take(&mut self.undelivered)
+    }
+}

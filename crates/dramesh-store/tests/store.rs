@@ -1,0 +1,630 @@
+mod common;
+
+use automerge::sync::SyncDoc;
+use automerge::transaction::Transactable;
+use automerge::{ActorId, ROOT};
+use common::*;
+use dramesh_store::{
+    DocId, Durability, ObjectChange, RolloverPolicy, Store, StoreConfig, StoreError, SyncState,
+};
+
+fn agent(doc: &DocId, config: StoreConfig) -> Peer {
+    let mut store = Store::in_memory(config);
+    store.open_writer(doc).unwrap();
+    Peer {
+        store,
+        view: ViewModel::new(),
+        agent_of: Some(doc.clone()),
+    }
+}
+
+fn full_sync(a: &mut Peer, b: &mut Peer) {
+    for _ in 0..10 {
+        if sync_pair(a, b, 50) == 0 {
+            return;
+        }
+    }
+}
+
+#[test]
+fn writer_to_replica_materializes_only_changed_keys() {
+    let d = DocId::new("c1", "agent/n1");
+    let mut a = agent(&d, test_config());
+    let mut r = Peer::replica(Store::in_memory(test_config()));
+    let w = a
+        .store
+        .apply(
+            &d,
+            vec![
+                upsert(node("n1"), r#"{"v":1}"#),
+                upsert(node("n2"), r#"{"v":1}"#),
+            ],
+        )
+        .unwrap();
+    assert_eq!(w.view.len(), 2);
+    full_sync(&mut a, &mut r);
+    assert_eq!(r.view.len(), 2);
+    assert_eq!(r.store.digest(), a.store.digest());
+
+    // One changed key, one identical upsert (skipped), one delete.
+    let w = a
+        .store
+        .apply(
+            &d,
+            vec![
+                upsert(node("n1"), r#"{"v":2}"#),
+                upsert(node("n2"), r#"{"v":1}"#),
+            ],
+        )
+        .unwrap();
+    assert_eq!(w.view.len(), 1);
+    let mut changes = Vec::new();
+    let mut sa = SyncState::new();
+    let mut sr = SyncState::new();
+    let g = a.store.doc_summary(&d).unwrap().generation;
+    for _ in 0..10 {
+        if let Some(m) = a.store.generate_sync_message(&d, g, &mut sa).unwrap() {
+            changes.extend(
+                r.store
+                    .receive_sync_message(&d, g, &mut sr, &m, &|_| true)
+                    .unwrap(),
+            );
+        }
+        if let Some(m) = r.store.generate_sync_message(&d, g, &mut sr).unwrap() {
+            a.store
+                .receive_sync_message(&d, g, &mut sa, &m, &|_| true)
+                .unwrap();
+        }
+    }
+    assert_eq!(changes.len(), 1, "{changes:?}");
+    assert_eq!(changes[0].0, "c1");
+    match &changes[0].1 {
+        ObjectChange::Upsert { key, json } => {
+            assert_eq!(key, &node("n1"));
+            assert_eq!(&json[..], &br#"{"v":2}"#[..]);
+        }
+        other => panic!("expected an upsert, got {other:?}"),
+    }
+    assert_eq!(
+        r.store.get("c1", &node("n1")).as_deref(),
+        Some(&br#"{"v":2}"#[..])
+    );
+    assert_eq!(r.store.digest(), a.store.digest());
+    apply_view(&mut r.view, changes);
+
+    a.store
+        .apply(&d, vec![ObjectChange::Delete { key: node("n2") }])
+        .unwrap();
+    full_sync(&mut a, &mut r);
+    assert_eq!(r.store.get("c1", &node("n2")), None);
+    assert_eq!(r.view, snapshot_view(&r.store));
+    assert_eq!(r.view.len(), 1);
+}
+
+#[test]
+fn newer_generation_replaces_older_and_older_is_ignored() {
+    let d = DocId::new("c1", "agent/n1");
+    let mut a = agent(&d, test_config());
+    let mut r = Peer::replica(Store::in_memory(test_config()));
+    a.store
+        .apply(&d, vec![upsert(node("n1"), "1"), upsert(node("gone"), "x")])
+        .unwrap();
+    full_sync(&mut a, &mut r);
+    let old_gen = r.store.doc_summary(&d).unwrap().generation;
+
+    // Write, roll over, write again: the replica must end with every last write and no
+    // leftover key, whatever it held from the older generation.
+    a.store
+        .apply(&d, vec![ObjectChange::Delete { key: node("gone") }])
+        .unwrap();
+    let new_gen = a.store.rollover(&d).unwrap();
+    assert!(new_gen > old_gen);
+    a.store
+        .apply(&d, vec![upsert(node("n1"), "2"), upsert(node("n3"), "3")])
+        .unwrap();
+    full_sync(&mut a, &mut r);
+    assert_eq!(r.store.doc_summary(&d).unwrap().generation, new_gen);
+    assert_eq!(r.store.digest(), a.store.digest());
+    assert_eq!(r.view, snapshot_view(&a.store));
+    assert_eq!(r.store.get("c1", &node("gone")), None);
+    assert_eq!(r.store.get("c1", &node("n1")).as_deref(), Some(&b"2"[..]));
+
+    // A message for the old generation is ignored and asking for it yields nothing.
+    let mut st = SyncState::new();
+    assert_eq!(
+        r.store.generate_sync_message(&d, old_gen, &mut st).unwrap(),
+        None
+    );
+    let stale = automerge::Automerge::new()
+        .generate_sync_message(&mut SyncState::new())
+        .unwrap()
+        .encode();
+    let out = r
+        .store
+        .receive_sync_message(&d, old_gen, &mut st, &stale, &|_| true)
+        .unwrap();
+    assert!(out.is_empty());
+    assert_eq!(r.store.doc_summary(&d).unwrap().generation, new_gen);
+}
+
+#[test]
+fn automatic_rollover_bounds_history() {
+    let d = DocId::new("c1", "agent/n1");
+    let config = StoreConfig {
+        rollover: RolloverPolicy {
+            min_stored_bytes: 0,
+            max_changes: 1_000_000,
+            ..RolloverPolicy::default()
+        },
+        ..test_config()
+    };
+    let mut a = agent(&d, config);
+    let mut rolled = 0;
+    for i in 0..400 {
+        let w = a
+            .store
+            .apply(
+                &d,
+                vec![upsert(
+                    node(&format!("n{}", i % 20)),
+                    &format!("{{\"gen\":{i}}}"),
+                )],
+            )
+            .unwrap();
+        rolled += usize::from(w.rolled_over);
+        let s = a.store.doc_stats(&d).unwrap();
+        // Within 2x the fresh size plus the one commit that crossed the limit.
+        assert!(
+            s.stored_bytes <= 2 * s.fresh_bytes + 512,
+            "stored {} fresh {} base {}",
+            s.stored_bytes,
+            s.fresh_bytes,
+            s.base_bytes
+        );
+        assert!(s.base_bytes as f64 <= 1.25 * s.fresh_bytes as f64, "{s:?}");
+    }
+    assert!(rolled > 2, "expected several rollovers, got {rolled}");
+    let mut r = Peer::replica(Store::in_memory(test_config()));
+    full_sync(&mut a, &mut r);
+    assert_eq!(r.view, snapshot_view(&a.store));
+    assert_eq!(r.view.len(), 20);
+}
+
+#[test]
+fn foreign_author_is_refused_and_state_unchanged() {
+    let d = DocId::new("c1", "agent/n1");
+    let mut a = agent(&d, test_config());
+    let mut r = Peer::replica(Store::in_memory(test_config()));
+    a.store.apply(&d, vec![upsert(node("n1"), "good")]).unwrap();
+    full_sync(&mut a, &mut r);
+    let g = r.store.doc_summary(&d).unwrap().generation;
+    let digest_before = r.store.digest();
+
+    // An intruder holding a copy of the document adds a change under its own actor.
+    let mut intruder = a.store.automerge_doc(&d).unwrap().fork();
+    intruder.set_actor(ActorId::from(b"compromised-peer"));
+    let mut tx = intruder.transaction();
+    tx.put(
+        ROOT,
+        "node/n1",
+        automerge::ScalarValue::Bytes(b"evil".to_vec()),
+    )
+    .unwrap();
+    tx.commit();
+
+    let mut si = SyncState::new();
+    let mut sr = SyncState::new();
+    let mut refused = None;
+    for _ in 0..10 {
+        if let Some(m) = intruder.generate_sync_message(&mut si) {
+            let sr_before = sr.clone().encode();
+            match r
+                .store
+                .receive_sync_message(&d, g, &mut sr, &m.encode(), &|_| true)
+            {
+                Ok(out) => assert!(out.is_empty()),
+                Err(e) => {
+                    assert_eq!(sr.clone().encode(), sr_before, "sync state was touched");
+                    refused = Some(e);
+                    break;
+                }
+            }
+        }
+        if let Some(m) = r.store.generate_sync_message(&d, g, &mut sr).unwrap() {
+            intruder
+                .receive_sync_message(&mut si, automerge::sync::Message::decode(&m).unwrap())
+                .unwrap();
+        }
+    }
+    let err = refused.expect("the forged change was never offered");
+    assert!(matches!(err, StoreError::ForeignAuthor { .. }), "{err}");
+    assert_eq!(r.store.digest(), digest_before);
+    assert_eq!(
+        r.store.get("c1", &node("n1")).as_deref(),
+        Some(&b"good"[..])
+    );
+
+    // The peer policy is consulted before anything else.
+    let m = a
+        .store
+        .generate_sync_message(&d, g, &mut SyncState::new())
+        .unwrap()
+        .unwrap();
+    let err = r
+        .store
+        .receive_sync_message(&d, g, &mut SyncState::new(), &m, &|_| false)
+        .unwrap_err();
+    assert!(matches!(err, StoreError::PeerNotAllowed { .. }));
+
+    // The writer never accepts changes to its own document, even well-authored ones.
+    let mut other_writer_copy = r.store.automerge_doc(&d).unwrap().fork();
+    other_writer_copy.set_actor(dramesh_store::writer_actor(&d, g));
+    let mut tx = other_writer_copy.transaction();
+    tx.put(
+        ROOT,
+        "node/n9",
+        automerge::ScalarValue::Bytes(b"x".to_vec()),
+    )
+    .unwrap();
+    tx.commit();
+    let mut s1 = SyncState::new();
+    let mut s2 = SyncState::new();
+    for _ in 0..10 {
+        if let Some(m) = other_writer_copy.generate_sync_message(&mut s1) {
+            let out = a
+                .store
+                .receive_sync_message(&d, g, &mut s2, &m.encode(), &|_| true)
+                .unwrap();
+            assert!(out.is_empty());
+        }
+        if let Some(m) = a.store.generate_sync_message(&d, g, &mut s2).unwrap() {
+            other_writer_copy
+                .receive_sync_message(&mut s1, automerge::sync::Message::decode(&m).unwrap())
+                .unwrap();
+        }
+    }
+    assert_eq!(a.store.get("c1", &node("n9")), None);
+}
+
+#[test]
+fn cluster_scoped_keys_prefer_higher_term_then_writer() {
+    let d1 = DocId::new("c1", "agent/a");
+    let d2 = DocId::new("c1", "agent/b");
+    let mut a1 = agent(&d1, test_config());
+    let mut a2 = agent(&d2, test_config());
+    let mut r = Peer::replica(Store::in_memory(test_config()));
+    a1.store.set_lease_term(&d1, 7).unwrap();
+    a1.store
+        .apply(&d1, vec![upsert(class("gpu"), "from-a")])
+        .unwrap();
+    a2.store
+        .apply(&d2, vec![upsert(class("gpu"), "from-b")])
+        .unwrap();
+    full_sync(&mut a2, &mut r);
+    assert_eq!(
+        r.store.get("c1", &class("gpu")).as_deref(),
+        Some(&b"from-b"[..])
+    );
+    full_sync(&mut a1, &mut r);
+    assert_eq!(
+        r.store.get("c1", &class("gpu")).as_deref(),
+        Some(&b"from-a"[..])
+    );
+    assert_eq!(r.view, snapshot_view(&r.store));
+
+    // The new leaseholder takes over with a higher term; the old one then withdraws.
+    a2.store.set_lease_term(&d2, 8).unwrap();
+    full_sync(&mut a2, &mut r);
+    assert_eq!(
+        r.store.get("c1", &class("gpu")).as_deref(),
+        Some(&b"from-b"[..])
+    );
+    a1.store
+        .apply(&d1, vec![ObjectChange::Delete { key: class("gpu") }])
+        .unwrap();
+    full_sync(&mut a1, &mut r);
+    assert_eq!(
+        r.store.get("c1", &class("gpu")).as_deref(),
+        Some(&b"from-b"[..])
+    );
+    assert_eq!(r.view, snapshot_view(&r.store));
+    assert_eq!(r.view.len(), 1);
+}
+
+#[test]
+fn restart_from_disk_keeps_acknowledged_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let rdir = tempfile::tempdir().unwrap();
+    let d = DocId::new("c1", "agent/n1");
+    let config = StoreConfig {
+        durability: Durability::Fsync,
+        ..StoreConfig::default()
+    };
+    let generation;
+    {
+        let (mut s, report) = Store::open(dir.path(), config.clone()).unwrap();
+        assert_eq!(report.loaded, 0);
+        generation = s.open_writer(&d).unwrap();
+        for i in 0..20 {
+            s.apply(
+                &d,
+                vec![upsert(node(&format!("n{}", i % 7)), &i.to_string())],
+            )
+            .unwrap();
+        }
+        let mut a = Peer {
+            store: s,
+            view: ViewModel::new(),
+            agent_of: Some(d.clone()),
+        };
+        let (rs, _) = Store::open(rdir.path(), config.clone()).unwrap();
+        let mut r = Peer::replica(rs);
+        full_sync(&mut a, &mut r);
+        a.store
+            .apply(&d, vec![upsert(node("late"), "only-on-writer")])
+            .unwrap();
+    }
+    let (mut s, report) = Store::open(dir.path(), config.clone()).unwrap();
+    assert_eq!(report.loaded, 1);
+    assert!(report.corrupt.is_empty() && report.truncated.is_empty());
+    assert_eq!(s.open_writer(&d).unwrap(), generation);
+    for i in 13..20 {
+        assert_eq!(
+            s.get("c1", &node(&format!("n{}", i % 7))).as_deref(),
+            Some(i.to_string().as_bytes())
+        );
+    }
+    assert_eq!(
+        s.get("c1", &node("late")).as_deref(),
+        Some(&b"only-on-writer"[..])
+    );
+    // The resumed writer keeps writing in the same generation and a restarted replica catches
+    // up incrementally from its own disk copy.
+    s.apply(&d, vec![upsert(node("after"), "restart")]).unwrap();
+    let (rs, rreport) = Store::open(rdir.path(), config).unwrap();
+    assert_eq!(rreport.loaded, 1);
+    let mut r = Peer::replica(rs);
+    r.view = snapshot_view(&r.store);
+    assert_eq!(r.view.len(), 7);
+    let mut a = Peer {
+        store: s,
+        view: ViewModel::new(),
+        agent_of: Some(d.clone()),
+    };
+    full_sync(&mut a, &mut r);
+    assert_eq!(r.store.digest(), a.store.digest());
+    assert_eq!(r.view, snapshot_view(&a.store));
+}
+
+fn doc_file(dir: &std::path::Path) -> std::path::PathBuf {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "amdoc"))
+        .unwrap()
+}
+
+fn writer_with_history(dir: &std::path::Path, d: &DocId) -> (Store, Vec<u64>) {
+    let (mut s, _) = Store::open(dir, test_config()).unwrap();
+    s.open_writer(d).unwrap();
+    let mut record_ends = vec![std::fs::metadata(doc_file(dir)).unwrap().len()];
+    for i in 0..5 {
+        s.apply(d, vec![upsert(node(&format!("n{i}")), "v")])
+            .unwrap();
+        record_ends.push(std::fs::metadata(doc_file(dir)).unwrap().len());
+    }
+    (s, record_ends)
+}
+
+#[test]
+fn truncated_tail_is_cut_and_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = DocId::new("c1", "agent/n1");
+    let (s, ends) = writer_with_history(dir.path(), &d);
+    drop(s);
+    let path = doc_file(dir.path());
+    // Cut the last record in half: a write torn by a crash before it was acknowledged.
+    let cut = (ends[4] + ends[5]) / 2;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(cut)
+        .unwrap();
+    let (s, report) = Store::open(dir.path(), test_config()).unwrap();
+    assert_eq!(report.truncated.len(), 1);
+    assert_eq!(report.truncated[0].doc, d);
+    assert_eq!(report.truncated[0].bytes, cut - ends[4]);
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), ends[4]);
+    assert!(s.get("c1", &node("n3")).is_some());
+    assert!(s.get("c1", &node("n4")).is_none());
+
+    // Cutting into the snapshot leaves nothing usable: the document is reported and dropped.
+    drop(s);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(ends[0] - 5)
+        .unwrap();
+    let (s, report) = Store::open(dir.path(), test_config()).unwrap();
+    assert_eq!(report.corrupt.len(), 1, "{report:?}");
+    assert!(s.list_docs().is_empty());
+    assert!(!path.exists());
+}
+
+#[test]
+fn flipped_byte_is_reported_dropped_and_resynced() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = DocId::new("c1", "agent/n1");
+    let (s, ends) = writer_with_history(dir.path(), &d);
+    // Keep an intact replica copy to resync from.
+    let mut a = Peer {
+        store: s,
+        view: ViewModel::new(),
+        agent_of: Some(d.clone()),
+    };
+    let rdir = tempfile::tempdir().unwrap();
+    let mut r = Peer::replica(Store::open(rdir.path(), test_config()).unwrap().0);
+    full_sync(&mut a, &mut r);
+    drop(r);
+    let mut r2 = Peer::replica(Store::in_memory(test_config()));
+    full_sync(&mut a, &mut r2);
+
+    let rpath = doc_file(rdir.path());
+    let mut bytes = std::fs::read(&rpath).unwrap();
+    let middle = (ends[1] + ends[2]) as usize / 2;
+    let middle = middle.min(bytes.len() - 1);
+    bytes[middle] ^= 0x01;
+    std::fs::write(&rpath, &bytes).unwrap();
+
+    let (rs, report) = Store::open(rdir.path(), test_config()).unwrap();
+    assert_eq!(report.corrupt.len(), 1, "{report:?}");
+    assert_eq!(report.corrupt[0].doc.as_ref(), Some(&d));
+    assert!(report.corrupt[0].moved_to.exists());
+    assert!(
+        rs.list_docs().is_empty(),
+        "corrupt document must not be used"
+    );
+    let mut r = Peer::replica(rs);
+    full_sync(&mut r2, &mut r);
+    assert_eq!(r.store.digest(), a.store.digest());
+    assert_eq!(r.view, snapshot_view(&a.store));
+}
+
+#[test]
+fn digest_buckets_locate_differences() {
+    let mut a = Peer::replica(Store::in_memory(test_config()));
+    let mut b = Peer::replica(Store::in_memory(test_config()));
+    let mut agents: Vec<(DocId, Peer)> = (0..12)
+        .map(|i| {
+            let d = DocId::new("c1", format!("agent/n{i}"));
+            let p = agent(&d, test_config());
+            (d, p)
+        })
+        .collect();
+    for (d, p) in &mut agents {
+        p.store
+            .apply(d, vec![upsert(node(&d.writer.replace('/', "-")), "1")])
+            .unwrap();
+        full_sync(p, &mut a);
+        full_sync(p, &mut b);
+    }
+    assert_eq!(a.store.digest(), b.store.digest());
+    assert_eq!(a.store.digest().to_bytes().len(), 512);
+    let (d, p) = &mut agents[5];
+    p.store.apply(d, vec![upsert(node("x"), "2")]).unwrap();
+    full_sync(p, &mut a);
+    let diff = a.store.digest().differing_buckets(&b.store.digest());
+    assert_eq!(diff, vec![d.bucket(dramesh_store::DIGEST_BUCKETS)]);
+    let listed: Vec<DocId> = a
+        .store
+        .bucket_docs(diff[0])
+        .into_iter()
+        .map(|s| s.doc)
+        .collect();
+    assert!(listed.contains(d));
+    full_sync(&mut a, &mut b);
+    assert_eq!(a.store.digest(), b.store.digest());
+    assert_eq!(
+        dramesh_store::Digest::from_bytes(&a.store.digest().to_bytes()),
+        Some(a.store.digest())
+    );
+}
+
+#[test]
+fn large_batches_on_large_documents_apply_by_rebuild() {
+    let d = DocId::new("c1", "agent/dir");
+    let mut a = agent(&d, test_config());
+    let mut r = Peer::replica(Store::in_memory(test_config()));
+    let fill: Vec<ObjectChange> = (0..2100)
+        .map(|i| upsert(node(&format!("n{i}")), &format!("{{\"i\":{i}}}")))
+        .collect();
+    a.store.apply(&d, fill).unwrap();
+    full_sync(&mut a, &mut r);
+    assert_eq!(r.view.len(), 2100);
+    // Five commits reach the replica in one message: the rebuild path (default thresholds).
+    for i in 0..5 {
+        a.store
+            .apply(&d, vec![upsert(node(&format!("n{i}")), "changed")])
+            .unwrap();
+    }
+    a.store
+        .apply(&d, vec![ObjectChange::Delete { key: node("n7") }])
+        .unwrap();
+    let g = a.store.doc_summary(&d).unwrap().generation;
+    let mut sa = SyncState::new();
+    let mut sr = SyncState::new();
+    let mut changes = Vec::new();
+    for _ in 0..10 {
+        if let Some(m) = a.store.generate_sync_message(&d, g, &mut sa).unwrap() {
+            changes.extend(
+                r.store
+                    .receive_sync_message(&d, g, &mut sr, &m, &|_| true)
+                    .unwrap(),
+            );
+        }
+        if let Some(m) = r.store.generate_sync_message(&d, g, &mut sr).unwrap() {
+            a.store
+                .receive_sync_message(&d, g, &mut sa, &m, &|_| true)
+                .unwrap();
+        }
+    }
+    let mut keys: Vec<String> = changes
+        .iter()
+        .map(|(_, c)| match c {
+            ObjectChange::Upsert { key, .. } => format!("up {}", key.name),
+            ObjectChange::Delete { key } => format!("del {}", key.name),
+        })
+        .collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        ["del n7", "up n0", "up n1", "up n2", "up n3", "up n4"]
+    );
+    assert_eq!(r.store.digest(), a.store.digest());
+    assert!(sa.shared_heads == a.store.automerge_doc(&d).unwrap().get_heads());
+    apply_view(&mut r.view, changes);
+    assert_eq!(r.view, snapshot_view(&a.store));
+}
+
+#[test]
+fn implausible_future_generation_is_refused() {
+    let d = DocId::new("c1", "agent/n1");
+    let mut a = agent(&d, test_config());
+    let g = a.store.doc_summary(&d).unwrap().generation;
+    let mut st = SyncState::new();
+    let m = automerge::Automerge::new()
+        .generate_sync_message(&mut SyncState::new())
+        .unwrap()
+        .encode();
+    let err = a
+        .store
+        .receive_sync_message(&d, u64::MAX, &mut st, &m, &|_| true)
+        .unwrap_err();
+    assert!(matches!(err, StoreError::MalformedMessage { .. }), "{err}");
+    assert_eq!(
+        a.store
+            .generate_sync_message(&d, u64::MAX, &mut st)
+            .unwrap(),
+        None
+    );
+    assert_eq!(a.store.doc_summary(&d).unwrap().generation, g);
+}
+
+#[test]
+fn store_can_move_to_a_blocking_thread() {
+    fn assert_send<T: Send + 'static>() {}
+    assert_send::<Store>();
+    assert_send::<StoreError>();
+    let d = DocId::new("c1", "agent/n1");
+    let handle = std::thread::spawn(move || {
+        let mut s = Store::in_memory(test_config());
+        s.open_writer(&d).unwrap();
+        s.apply(&d, vec![upsert(node("n1"), "1")])
+            .unwrap()
+            .view
+            .len()
+    });
+    assert_eq!(handle.join().unwrap(), 1);
+}

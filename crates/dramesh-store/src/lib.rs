@@ -9,7 +9,7 @@
 //!
 //! The crate is sans-I/O with respect to the network: the mesh moves the bytes produced by
 //! [`Store::generate_sync_message`] and feeds received ones to [`Store::receive_sync_message`].
-//! See `DOCUMENT-MODEL.md` for the model and invariants.
+//! The document model and its invariants are described in the repository's `ARCHITECTURE.md`.
 
 mod auth;
 mod docid;

@@ -1,0 +1,599 @@
+//! The Jepsen-style checker: pure functions over what the workload driver wrote and what the
+//! replicas reported.
+//!
+//! Two checks:
+//! - [`check_state`]: every replica holds exactly the objects of the driver's final files
+//!   (same keys, same content hashes) and all replicas report the same whole-state digest. A
+//!   missing or stale object is reported with the driver's last write that touched it, so a
+//!   lost write names its change number in `changes.jsonl`.
+//! - [`check_queries`]: during the fault window every replica that was up answered every
+//!   estimate query, within the latency bound, reporting a data age; a replica that could
+//!   hear from nobody must not claim fresher data than the time it has been cut off.
+//!
+//! Guarantees: no I/O; the result lists every violation found (not only the first), in a
+//! stable order.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::Serialize;
+
+/// Object key (`Kind/ns/name` or `Kind/name`) to sha256 hex of its canonical JSON.
+pub type ObjectHashes = BTreeMap<String, String>;
+/// Cluster name to its objects.
+pub type ClusterState = BTreeMap<String, ObjectHashes>;
+
+/// What one replica reported at the end of a run.
+#[derive(Debug, Clone)]
+pub struct ReplicaObservation {
+    pub replica: String,
+    /// The replica's objects per cluster, or why they could not be read.
+    pub state: Result<ClusterState, String>,
+    pub digest: Option<String>,
+}
+
+/// One estimate query sent during a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct QueryRecord {
+    pub replica: String,
+    /// Milliseconds since the scenario started.
+    pub at_ms: u64,
+    pub latency_ms: f64,
+    pub outcome: QueryOutcome,
+}
+
+/// How a query ended.
+#[derive(Debug, Clone, Serialize)]
+pub enum QueryOutcome {
+    Answered {
+        clusters: usize,
+        /// Smallest and largest data age over the clusters the replica reported, if any.
+        min_age_s: Option<f64>,
+        max_age_s: Option<f64>,
+    },
+    Failed(String),
+}
+
+/// A time window in milliseconds since the scenario started (end exclusive).
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct Window {
+    pub start_ms: u64,
+    pub end_ms: u64,
+}
+
+impl Window {
+    pub fn contains(&self, t: u64) -> bool {
+        t >= self.start_ms && t < self.end_ms
+    }
+}
+
+/// A replica cut off from every peer and agent from `from_ms` until the fault ends.
+#[derive(Debug, Clone, Serialize)]
+pub struct Isolation {
+    pub replica: String,
+    pub from_ms: u64,
+    /// Allowed understatement of the data age (seconds), covering heartbeat periods.
+    pub slack_s: f64,
+}
+
+/// What the query check demands.
+#[derive(Debug, Clone)]
+pub struct QueryPolicy {
+    pub latency_bound_ms: f64,
+    pub fault: Window,
+    /// Windows in which a replica was deliberately down (killed until ready again).
+    pub down: BTreeMap<String, Vec<Window>>,
+    pub isolations: Vec<Isolation>,
+}
+
+/// One thing that went wrong.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub enum Violation {
+    Unreachable {
+        replica: String,
+        error: String,
+    },
+    MissingCluster {
+        replica: String,
+        cluster: String,
+    },
+    /// An object of the final files is absent on the replica.
+    LostWrite {
+        replica: String,
+        cluster: String,
+        key: String,
+        last_write: Option<u64>,
+    },
+    /// The replica holds another version of the object than the final files.
+    StaleObject {
+        replica: String,
+        cluster: String,
+        key: String,
+        expected: String,
+        got: String,
+        last_write: Option<u64>,
+    },
+    /// The replica holds an object the final files no longer have (a lost delete).
+    LostDelete {
+        replica: String,
+        cluster: String,
+        key: String,
+        last_write: Option<u64>,
+    },
+    DigestMissing {
+        replica: String,
+    },
+    DigestsDiffer {
+        digests: BTreeMap<String, String>,
+    },
+    QueryFailed {
+        replica: String,
+        at_ms: u64,
+        error: String,
+    },
+    QueryTooSlow {
+        replica: String,
+        at_ms: u64,
+        latency_ms: f64,
+        bound_ms: f64,
+    },
+    NoQueriesAnswered {
+        replica: String,
+    },
+    DataAgeMissing {
+        replica: String,
+        at_ms: u64,
+    },
+    /// An isolated replica reported data fresher than the time it had been cut off.
+    DataAgeUnderstated {
+        replica: String,
+        at_ms: u64,
+        reported_s: f64,
+        at_least_s: f64,
+    },
+}
+
+impl Violation {
+    /// Whether this is a state (convergence) violation rather than a query one.
+    pub fn is_state(&self) -> bool {
+        matches!(
+            self,
+            Violation::Unreachable { .. }
+                | Violation::MissingCluster { .. }
+                | Violation::LostWrite { .. }
+                | Violation::StaleObject { .. }
+                | Violation::LostDelete { .. }
+                | Violation::DigestMissing { .. }
+                | Violation::DigestsDiffer { .. }
+        )
+    }
+}
+
+fn write_ref(w: &Option<u64>) -> String {
+    w.map_or_else(|| "initial state".to_string(), |n| format!("write #{n}"))
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Violation::Unreachable { replica, error } => {
+                write!(f, "{replica}: state unreadable: {error}")
+            }
+            Violation::MissingCluster { replica, cluster } => {
+                write!(f, "{replica}: cluster {cluster} absent")
+            }
+            Violation::LostWrite {
+                replica,
+                cluster,
+                key,
+                last_write,
+            } => write!(
+                f,
+                "{replica}: lost write: {cluster} {key} missing ({})",
+                write_ref(last_write)
+            ),
+            Violation::StaleObject {
+                replica,
+                cluster,
+                key,
+                expected,
+                got,
+                last_write,
+            } => write!(
+                f,
+                "{replica}: stale object: {cluster} {key} has {} want {} ({})",
+                short(got),
+                short(expected),
+                write_ref(last_write)
+            ),
+            Violation::LostDelete {
+                replica,
+                cluster,
+                key,
+                last_write,
+            } => write!(
+                f,
+                "{replica}: lost delete: {cluster} {key} still present ({})",
+                write_ref(last_write)
+            ),
+            Violation::DigestMissing { replica } => write!(f, "{replica}: no digest reported"),
+            Violation::DigestsDiffer { digests } => {
+                write!(f, "digests differ:")?;
+                for (r, d) in digests {
+                    write!(f, " {r}={}", short(d))?;
+                }
+                Ok(())
+            }
+            Violation::QueryFailed {
+                replica,
+                at_ms,
+                error,
+            } => write!(f, "{replica}: query at {at_ms} ms failed: {error}"),
+            Violation::QueryTooSlow {
+                replica,
+                at_ms,
+                latency_ms,
+                bound_ms,
+            } => write!(
+                f,
+                "{replica}: query at {at_ms} ms took {latency_ms:.1} ms > bound {bound_ms} ms"
+            ),
+            Violation::NoQueriesAnswered { replica } => {
+                write!(f, "{replica}: answered no query during the fault")
+            }
+            Violation::DataAgeMissing { replica, at_ms } => {
+                write!(f, "{replica}: answer at {at_ms} ms reports no data age")
+            }
+            Violation::DataAgeUnderstated {
+                replica,
+                at_ms,
+                reported_s,
+                at_least_s,
+            } => write!(
+                f,
+                "{replica}: isolated, yet at {at_ms} ms reported data age {reported_s:.1}s < {at_least_s:.1}s"
+            ),
+        }
+    }
+}
+
+fn short(h: &str) -> &str {
+    &h[..h.len().min(12)]
+}
+
+/// Compares every replica's state with the expected final state and the digests with each
+/// other. `last_write` maps (cluster, key) to the number of the last change that touched it.
+pub fn check_state(
+    expected: &ClusterState,
+    last_write: &BTreeMap<(String, String), u64>,
+    observed: &[ReplicaObservation],
+) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let lw = |c: &str, k: &str| last_write.get(&(c.to_string(), k.to_string())).copied();
+    for obs in observed {
+        let replica = obs.replica.clone();
+        let state = match &obs.state {
+            Ok(s) => s,
+            Err(e) => {
+                out.push(Violation::Unreachable {
+                    replica,
+                    error: e.clone(),
+                });
+                continue;
+            }
+        };
+        for (cluster, want) in expected {
+            let Some(got) = state.get(cluster) else {
+                out.push(Violation::MissingCluster {
+                    replica: replica.clone(),
+                    cluster: cluster.clone(),
+                });
+                continue;
+            };
+            for (key, hash) in want {
+                match got.get(key) {
+                    None => out.push(Violation::LostWrite {
+                        replica: replica.clone(),
+                        cluster: cluster.clone(),
+                        key: key.clone(),
+                        last_write: lw(cluster, key),
+                    }),
+                    Some(h) if h != hash => out.push(Violation::StaleObject {
+                        replica: replica.clone(),
+                        cluster: cluster.clone(),
+                        key: key.clone(),
+                        expected: hash.clone(),
+                        got: h.clone(),
+                        last_write: lw(cluster, key),
+                    }),
+                    Some(_) => {}
+                }
+            }
+            for key in got.keys().filter(|k| !want.contains_key(*k)) {
+                out.push(Violation::LostDelete {
+                    replica: replica.clone(),
+                    cluster: cluster.clone(),
+                    key: key.clone(),
+                    last_write: lw(cluster, key),
+                });
+            }
+        }
+    }
+    let mut digests = BTreeMap::new();
+    for obs in observed {
+        match &obs.digest {
+            Some(d) => {
+                digests.insert(obs.replica.clone(), d.clone());
+            }
+            None => out.push(Violation::DigestMissing {
+                replica: obs.replica.clone(),
+            }),
+        }
+    }
+    let mut distinct: Vec<&String> = digests.values().collect();
+    distinct.sort();
+    distinct.dedup();
+    if distinct.len() > 1 {
+        out.push(Violation::DigestsDiffer { digests });
+    }
+    out
+}
+
+/// Checks the queries sent during the fault window against `policy`.
+pub fn check_queries(
+    replicas: &[String],
+    queries: &[QueryRecord],
+    policy: &QueryPolicy,
+) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let is_down = |r: &str, t: u64| {
+        policy
+            .down
+            .get(r)
+            .is_some_and(|ws| ws.iter().any(|w| w.contains(t)))
+    };
+    for r in replicas {
+        let mut answered = 0usize;
+        for q in queries.iter().filter(|q| &q.replica == r) {
+            if !policy.fault.contains(q.at_ms) || is_down(r, q.at_ms) {
+                continue;
+            }
+            match &q.outcome {
+                QueryOutcome::Failed(e) => out.push(Violation::QueryFailed {
+                    replica: r.clone(),
+                    at_ms: q.at_ms,
+                    error: e.clone(),
+                }),
+                QueryOutcome::Answered { min_age_s, .. } => {
+                    answered += 1;
+                    if q.latency_ms > policy.latency_bound_ms {
+                        out.push(Violation::QueryTooSlow {
+                            replica: r.clone(),
+                            at_ms: q.at_ms,
+                            latency_ms: q.latency_ms,
+                            bound_ms: policy.latency_bound_ms,
+                        });
+                    }
+                    let Some(age) = min_age_s else {
+                        out.push(Violation::DataAgeMissing {
+                            replica: r.clone(),
+                            at_ms: q.at_ms,
+                        });
+                        continue;
+                    };
+                    for iso in policy.isolations.iter().filter(|i| &i.replica == r) {
+                        if q.at_ms < iso.from_ms {
+                            continue;
+                        }
+                        let cut_off_s = (q.at_ms - iso.from_ms) as f64 / 1000.0;
+                        let at_least = cut_off_s - iso.slack_s;
+                        if at_least > 0.0 && *age < at_least {
+                            out.push(Violation::DataAgeUnderstated {
+                                replica: r.clone(),
+                                at_ms: q.at_ms,
+                                reported_s: *age,
+                                at_least_s: at_least,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        if answered == 0 {
+            out.push(Violation::NoQueriesAnswered { replica: r.clone() });
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(objs: &[(&str, &str, &str)]) -> ClusterState {
+        let mut s = ClusterState::new();
+        for (c, k, h) in objs {
+            s.entry(c.to_string())
+                .or_default()
+                .insert(k.to_string(), h.to_string());
+        }
+        s
+    }
+
+    fn obs(r: &str, s: ClusterState, d: &str) -> ReplicaObservation {
+        ReplicaObservation {
+            replica: r.into(),
+            state: Ok(s),
+            digest: Some(d.into()),
+        }
+    }
+
+    #[test]
+    fn identical_states_and_equal_digests_pass() {
+        let want = state(&[("a", "Node/n1", "h1"), ("b", "Node/n2", "h2")]);
+        let o = vec![obs("r1", want.clone(), "d"), obs("r2", want.clone(), "d")];
+        assert_eq!(check_state(&want, &BTreeMap::new(), &o), vec![]);
+    }
+
+    #[test]
+    fn a_missing_last_write_is_reported_with_its_change_number() {
+        let want = state(&[("a", "Node/n1", "h1"), ("a", "Node/n9", "h9")]);
+        let lagging = state(&[("a", "Node/n1", "h1")]);
+        let lw: BTreeMap<_, _> = [(("a".to_string(), "Node/n9".to_string()), 17u64)].into();
+        let v = check_state(
+            &want,
+            &lw,
+            &[obs("r1", want.clone(), "d"), obs("r2", lagging, "d")],
+        );
+        assert_eq!(
+            v,
+            vec![Violation::LostWrite {
+                replica: "r2".into(),
+                cluster: "a".into(),
+                key: "Node/n9".into(),
+                last_write: Some(17)
+            }]
+        );
+        assert!(v[0].to_string().contains("write #17"));
+    }
+
+    #[test]
+    fn stale_versions_lost_deletes_and_digest_splits_are_reported() {
+        let want = state(&[("a", "ResourceClaim/ml/c1", "new")]);
+        let old = state(&[("a", "ResourceClaim/ml/c1", "old"), ("a", "Node/gone", "x")]);
+        let v = check_state(
+            &want,
+            &BTreeMap::new(),
+            &[obs("r1", want.clone(), "d1"), obs("r2", old, "d2")],
+        );
+        assert!(matches!(&v[0], Violation::StaleObject { replica, .. } if replica == "r2"));
+        assert!(matches!(&v[1], Violation::LostDelete { key, .. } if key == "Node/gone"));
+        assert!(matches!(&v[2], Violation::DigestsDiffer { digests } if digests.len() == 2));
+        assert_eq!(v.len(), 3);
+    }
+
+    #[test]
+    fn unreachable_replicas_and_missing_clusters_fail() {
+        let want = state(&[("a", "Node/n1", "h1"), ("b", "Node/n2", "h2")]);
+        let only_a = state(&[("a", "Node/n1", "h1")]);
+        let v = check_state(
+            &want,
+            &BTreeMap::new(),
+            &[
+                obs("r1", only_a, "d"),
+                ReplicaObservation {
+                    replica: "r2".into(),
+                    state: Err("connection refused".into()),
+                    digest: None,
+                },
+            ],
+        );
+        assert!(v.contains(&Violation::MissingCluster {
+            replica: "r1".into(),
+            cluster: "b".into()
+        }));
+        assert!(v.iter().any(|x| matches!(x, Violation::Unreachable { .. })));
+        assert!(
+            v.iter()
+                .any(|x| matches!(x, Violation::DigestMissing { .. }))
+        );
+        assert!(v.iter().all(Violation::is_state));
+    }
+
+    fn q(r: &str, at: u64, lat: f64, age: Option<f64>) -> QueryRecord {
+        QueryRecord {
+            replica: r.into(),
+            at_ms: at,
+            latency_ms: lat,
+            outcome: QueryOutcome::Answered {
+                clusters: 3,
+                min_age_s: age,
+                max_age_s: age,
+            },
+        }
+    }
+
+    fn policy() -> QueryPolicy {
+        QueryPolicy {
+            latency_bound_ms: 500.0,
+            fault: Window {
+                start_ms: 1000,
+                end_ms: 11000,
+            },
+            down: BTreeMap::new(),
+            isolations: vec![],
+        }
+    }
+
+    #[test]
+    fn queries_within_bounds_pass_and_outside_the_window_are_ignored() {
+        let r = vec!["r1".to_string()];
+        let qs = vec![
+            q("r1", 500, 9000.0, None), // before the fault: not judged
+            q("r1", 2000, 12.0, Some(1.0)),
+            q("r1", 5000, 499.0, Some(2.0)),
+        ];
+        assert_eq!(check_queries(&r, &qs, &policy()), vec![]);
+    }
+
+    #[test]
+    fn slow_failed_ageless_and_silent_replicas_are_reported() {
+        let r = vec!["r1".to_string(), "r2".to_string()];
+        let mut qs = vec![q("r1", 2000, 800.0, Some(1.0)), q("r1", 3000, 5.0, None)];
+        qs.push(QueryRecord {
+            replica: "r1".into(),
+            at_ms: 4000,
+            latency_ms: 2000.0,
+            outcome: QueryOutcome::Failed("timed out".into()),
+        });
+        let v = check_queries(&r, &qs, &policy());
+        assert!(matches!(&v[0], Violation::QueryTooSlow { at_ms: 2000, .. }));
+        assert!(matches!(
+            &v[1],
+            Violation::DataAgeMissing { at_ms: 3000, .. }
+        ));
+        assert!(matches!(&v[2], Violation::QueryFailed { at_ms: 4000, .. }));
+        assert_eq!(
+            v[3],
+            Violation::NoQueriesAnswered {
+                replica: "r2".into()
+            }
+        );
+        assert_eq!(v.len(), 4);
+    }
+
+    #[test]
+    fn down_windows_excuse_failures_and_isolated_replicas_must_age() {
+        let r = vec!["r1".to_string()];
+        let mut p = policy();
+        p.down.insert(
+            "r1".into(),
+            vec![Window {
+                start_ms: 2000,
+                end_ms: 4000,
+            }],
+        );
+        p.isolations.push(Isolation {
+            replica: "r1".into(),
+            from_ms: 1000,
+            slack_s: 2.0,
+        });
+        let qs = vec![
+            QueryRecord {
+                replica: "r1".into(),
+                at_ms: 3000,
+                latency_ms: 1.0,
+                outcome: QueryOutcome::Failed("refused".into()),
+            },
+            q("r1", 2500, 1.0, Some(0.0)),  // down window: ignored
+            q("r1", 9000, 1.0, Some(7.5)),  // cut off 8 s, slack 2: >= 6 ok
+            q("r1", 10000, 1.0, Some(1.0)), // claims fresh data while cut off 9 s
+        ];
+        let v = check_queries(&r, &qs, &p);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(matches!(
+            &v[0],
+            Violation::DataAgeUnderstated { at_ms: 10000, .. }
+        ));
+    }
+}

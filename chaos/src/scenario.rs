@@ -1,0 +1,661 @@
+//! Named fault scenarios, the quick and full profiles, and the runner that plays one scenario:
+//! lab and fleet up, warm-up convergence, fault + workload + queries, heal, convergence, check.
+//!
+//! Host names: replicas `r1`..`r3`; agents `a0`..`a2` (one per member cluster of the demo
+//! fleet). Guarantees: every scenario gets a fresh lab and fleet that are torn down whatever
+//! happens (guards); the scenario's seed fixes the workload's change sequence and the loss
+//! draws; all records are written under the scenario's output folder.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+
+use crate::checker::{
+    self, ClusterState, Isolation, QueryOutcome, QueryPolicy, QueryRecord, ReplicaObservation,
+    Violation, Window,
+};
+use crate::fleet::{Fleet, FleetConfig};
+use crate::http;
+use crate::net::{Impairment, Lab};
+use crate::report::{self, ScenarioResult};
+use crate::sys;
+use crate::workload::Workload;
+
+pub const REPLICAS: [&str; 3] = ["r1", "r2", "r3"];
+pub const AGENTS: [&str; 3] = ["a0", "a1", "a2"];
+
+/// A fault injected for the fault window.
+#[derive(Debug, Clone, Serialize)]
+pub enum Fault {
+    /// Both directions cut between every host of `a` and every host of `b`.
+    Partition { a: Vec<String>, b: Vec<String> },
+    /// Packets from `from` never arrive at `to`; the other direction works.
+    OneWay { from: Vec<String>, to: Vec<String> },
+    /// One replica cut off from every other host.
+    Isolate { replica: String },
+    /// Delay, jitter and loss on every link between hosts.
+    Impair(Impairment),
+    /// SIGKILL a process at the start; restart it from its disk after `down_ms`.
+    Kill { proc: String, down_ms: u64 },
+    /// SIGKILL a replica, truncate its largest data file to half, restart after `down_ms`.
+    TruncateDisk { replica: String, down_ms: u64 },
+    /// The replica runs with its wall clock shifted by `offset` (libfaketime syntax).
+    ClockShift { replica: String, offset: String },
+}
+
+/// A named scenario.
+#[derive(Debug, Clone, Serialize)]
+pub struct Scenario {
+    pub name: &'static str,
+    pub about: &'static str,
+    pub fault: Fault,
+}
+
+fn hosts(names: &[&str]) -> Vec<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+/// Every scenario, for a fault window of `fault_ms`.
+pub fn all_scenarios(fault_ms: u64) -> Vec<Scenario> {
+    vec![
+        Scenario {
+            name: "partition-halves",
+            about: "r1+a0 | r2+r3+a1+a2, both directions",
+            fault: Fault::Partition {
+                a: hosts(&["r1", "a0"]),
+                b: hosts(&["r2", "r3", "a1", "a2"]),
+            },
+        },
+        Scenario {
+            name: "partition-one-way",
+            about: "packets from r2,r3,a1,a2 never reach r1,a0",
+            fault: Fault::OneWay {
+                from: hosts(&["r2", "r3", "a1", "a2"]),
+                to: hosts(&["r1", "a0"]),
+            },
+        },
+        Scenario {
+            name: "isolate-replica",
+            about: "r2 cut off from every replica and agent",
+            fault: Fault::Isolate {
+                replica: "r2".into(),
+            },
+        },
+        Scenario {
+            name: "lossy-slow-links",
+            about: "80 ms +0-40 ms delay and 5% loss on every inter-host packet",
+            fault: Fault::Impair(Impairment {
+                delay_ms: 80,
+                jitter_ms: 40,
+                loss: 0.05,
+            }),
+        },
+        Scenario {
+            name: "replica-sigkill",
+            about: "r3 SIGKILLed, restarted from its disk halfway through",
+            fault: Fault::Kill {
+                proc: "r3".into(),
+                down_ms: fault_ms / 2,
+            },
+        },
+        Scenario {
+            name: "agent-sigkill",
+            about: "agent a1 SIGKILLed, restarted halfway through",
+            fault: Fault::Kill {
+                proc: "a1".into(),
+                down_ms: fault_ms / 2,
+            },
+        },
+        Scenario {
+            name: "disk-truncate",
+            about: "r2 killed, its largest data file cut in half, restarted",
+            fault: Fault::TruncateDisk {
+                replica: "r2".into(),
+                down_ms: fault_ms / 3,
+            },
+        },
+        Scenario {
+            name: "clock-shift",
+            about: "r3's wall clock runs 2 h ahead (libfaketime; monotonic clock untouched)",
+            fault: Fault::ClockShift {
+                replica: "r3".into(),
+                offset: "+7200".into(),
+            },
+        },
+    ]
+}
+
+/// Timing and selection of a profile.
+#[derive(Debug, Clone, Serialize)]
+pub struct Profile {
+    pub name: String,
+    pub scenarios: Vec<&'static str>,
+    pub fault_ms: u64,
+    pub write_interval_ms: u64,
+    pub query_interval_ms: u64,
+    pub latency_bound_ms: f64,
+    pub warmup_timeout_ms: u64,
+    pub converge_timeout_ms: u64,
+}
+
+impl Profile {
+    pub fn named(name: &str) -> Result<Profile> {
+        match name {
+            "quick" => Ok(Profile {
+                name: "quick".into(),
+                scenarios: vec![
+                    "partition-halves",
+                    "isolate-replica",
+                    "replica-sigkill",
+                    "disk-truncate",
+                ],
+                fault_ms: 10_000,
+                write_interval_ms: 250,
+                query_interval_ms: 200,
+                latency_bound_ms: 1000.0,
+                warmup_timeout_ms: 45_000,
+                converge_timeout_ms: 45_000,
+            }),
+            "full" => Ok(Profile {
+                name: "full".into(),
+                scenarios: all_scenarios(0).iter().map(|s| s.name).collect(),
+                fault_ms: 30_000,
+                write_interval_ms: 200,
+                query_interval_ms: 150,
+                latency_bound_ms: 1000.0,
+                warmup_timeout_ms: 60_000,
+                converge_timeout_ms: 90_000,
+            }),
+            other => bail!("unknown profile {other:?} (quick, full)"),
+        }
+    }
+}
+
+/// Options of a run beyond the profile.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub dramesh: PathBuf,
+    pub helper_exe: PathBuf,
+    pub out: PathBuf,
+    pub seed: u64,
+    pub replica_extra_args: Vec<String>,
+    pub agents_home_only: bool,
+}
+
+/// A scenario's own seed: the run seed mixed with the scenario name.
+pub fn scenario_seed(seed: u64, name: &str) -> u64 {
+    name.bytes().fold(seed ^ 0x9e37_79b9_7f4a_7c15, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+const ESTIMATE_BODY: &str = r#"{"workload":{"manifests":["apiVersion: resource.k8s.io/v1\nkind: ResourceClaimTemplate\nmetadata:\n  name: chaos-probe-gpu\n  namespace: chaos\nspec:\n  spec:\n    devices:\n      requests:\n      - name: gpu\n        exactly:\n          deviceClassName: gpu.nvidia.com\n          count: 1\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: chaos-probe\n  namespace: chaos\nspec:\n  replicas: 1\n  selector:\n    matchLabels:\n      app: chaos-probe\n  template:\n    metadata:\n      labels:\n        app: chaos-probe\n    spec:\n      resourceClaims:\n      - name: gpu\n        resourceClaimTemplateName: chaos-probe-gpu\n      containers:\n      - name: main\n        image: busybox\n        resources:\n          requests:\n            cpu: \"1\"\n          claims:\n          - name: gpu\n"]}}"#;
+
+fn ages(v: &serde_json::Value) -> Vec<f64> {
+    v["clusters"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["dataAgeSeconds"].as_f64())
+        .collect()
+}
+
+/// Sends one estimate query (and reads the data age from `/v1/status` if the estimate does
+/// not carry it).
+pub fn query_once(addr: SocketAddr, replica: &str, t0: Instant, timeout: Duration) -> QueryRecord {
+    let at_ms = t0.elapsed().as_millis() as u64;
+    let start = Instant::now();
+    let res = http::request(
+        addr,
+        "POST",
+        "/v1/estimate",
+        Some(ESTIMATE_BODY.as_bytes()),
+        timeout,
+    )
+    .and_then(|r| r.json());
+    let latency_ms = start.elapsed().as_secs_f64() * 1000.0;
+    let outcome = match res {
+        Err(e) => QueryOutcome::Failed(format!("{e:#}")),
+        Ok(v) => {
+            let clusters = v["clusters"].as_array().map_or(0, Vec::len);
+            let mut a = ages(&v);
+            if a.is_empty()
+                && let Ok(s) =
+                    http::request(addr, "GET", "/v1/status", None, timeout).and_then(|r| r.json())
+            {
+                a = ages(&s);
+            }
+            QueryOutcome::Answered {
+                clusters,
+                min_age_s: a.iter().copied().reduce(f64::min),
+                max_age_s: a.iter().copied().reduce(f64::max),
+            }
+        }
+    };
+    QueryRecord {
+        replica: replica.to_string(),
+        at_ms,
+        latency_ms,
+        outcome,
+    }
+}
+
+/// Reads one replica's digest and objects of `clusters`.
+pub fn observe(addr: SocketAddr, replica: &str, clusters: &[String]) -> ReplicaObservation {
+    let t = Duration::from_secs(5);
+    let read = || -> Result<(ClusterState, Option<String>)> {
+        let status = http::request(addr, "GET", "/v1/status", None, t)?.json()?;
+        let digest = status["digest"].as_str().map(str::to_string);
+        let listed: Vec<&str> = status["clusters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["name"].as_str())
+            .collect();
+        let mut state = ClusterState::new();
+        for c in clusters.iter().filter(|c| listed.contains(&c.as_str())) {
+            let v = http::request(
+                addr,
+                "GET",
+                &format!("/v1/debug/objects?cluster={c}"),
+                None,
+                t,
+            )?
+            .json()
+            .with_context(|| format!("debug objects of {c}"))?;
+            let objs = v["objects"]
+                .as_object()
+                .with_context(|| format!("debug objects of {c}: no `objects` map"))?;
+            state.insert(
+                c.clone(),
+                objs.iter()
+                    .map(|(k, h)| (k.clone(), h.as_str().unwrap_or_default().to_string()))
+                    .collect(),
+            );
+        }
+        Ok((state, digest))
+    };
+    match read() {
+        Ok((state, digest)) => ReplicaObservation {
+            replica: replica.to_string(),
+            state: Ok(state),
+            digest,
+        },
+        Err(e) => ReplicaObservation {
+            replica: replica.to_string(),
+            state: Err(format!("{e:#}")),
+            digest: None,
+        },
+    }
+}
+
+/// Mesh bytes sent by all replicas according to their `/metrics`, if any answers.
+pub fn metrics_bytes(api: &BTreeMap<String, SocketAddr>) -> Option<u64> {
+    let mut total = None;
+    for a in api.values() {
+        let Ok(r) = http::request(*a, "GET", "/metrics", None, Duration::from_secs(3)) else {
+            continue;
+        };
+        if r.status != 200 {
+            continue;
+        }
+        total =
+            Some(total.unwrap_or(0) + report::mesh_bytes_sent(&String::from_utf8_lossy(&r.body)));
+    }
+    total
+}
+
+struct Observed {
+    violations: Vec<Violation>,
+}
+
+fn observe_all(
+    fleet: &Fleet,
+    expected: &ClusterState,
+    lw: &BTreeMap<(String, String), u64>,
+) -> Observed {
+    let clusters: Vec<String> = expected.keys().cloned().collect();
+    let obs: Vec<ReplicaObservation> = fleet
+        .api
+        .iter()
+        .map(|(r, a)| observe(*a, r, &clusters))
+        .collect();
+    Observed {
+        violations: checker::check_state(expected, lw, &obs),
+    }
+}
+
+/// Polls until the replicas hold `expected` and agree on the digest, or `timeout`.
+fn converge(
+    fleet: &Fleet,
+    expected: &ClusterState,
+    lw: &BTreeMap<(String, String), u64>,
+    timeout: Duration,
+) -> Result<(Option<Duration>, Vec<Violation>)> {
+    let start = Instant::now();
+    loop {
+        sys::check_stop()?;
+        let o = observe_all(fleet, expected, lw);
+        if o.violations.is_empty() {
+            return Ok((Some(start.elapsed()), vec![]));
+        }
+        if start.elapsed() > timeout {
+            return Ok((None, o.violations));
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// Plays one scenario end to end.
+pub fn run_scenario(sc: &Scenario, profile: &Profile, opts: &RunOptions) -> Result<ScenarioResult> {
+    let seed = scenario_seed(opts.seed, sc.name);
+    let dir = opts.out.join(sc.name);
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {dir:?}"))?;
+    }
+    std::fs::create_dir_all(&dir)?;
+    let mut names: Vec<&str> = REPLICAS.to_vec();
+    names.extend(AGENTS);
+    let mut lab = Lab::create(&names, &opts.helper_exe)?;
+    let mut wl = Workload::new(&dir.join("snapshots"), &dramesh_sim::demo_fleet(), seed)?;
+    let clusters = wl.cluster_names();
+    let mut clock_offsets = BTreeMap::new();
+    if let Fault::ClockShift { replica, offset } = &sc.fault {
+        clock_offsets.insert(replica.clone(), offset.clone());
+    }
+    let cfg = FleetConfig {
+        dramesh: opts.dramesh.clone(),
+        dir: dir.clone(),
+        replicas: hosts(&REPLICAS),
+        agents: AGENTS
+            .iter()
+            .zip(&clusters)
+            .map(|(h, c)| (h.to_string(), c.clone(), wl.cluster_dir(c)))
+            .collect(),
+        replica_extra_args: opts.replica_extra_args.clone(),
+        agents_home_only: opts.agents_home_only,
+        clock_offsets,
+    };
+    let mut fleet = Fleet::start(&lab, cfg, Duration::from_secs(30))?;
+    let mut notes = Vec::new();
+
+    let expected0 = wl.expected()?;
+    let (warm, warm_v) = converge(
+        &fleet,
+        &expected0,
+        &BTreeMap::new(),
+        Duration::from_millis(profile.warmup_timeout_ms),
+    )?;
+    if warm.is_none() {
+        notes.push(format!(
+            "warm-up did not converge ({} violations, first: {})",
+            warm_v.len(),
+            warm_v.first().map(ToString::to_string).unwrap_or_default()
+        ));
+    }
+
+    // Queries run on their own threads, one per replica, for the whole scenario.
+    let t0 = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let records = Arc::new(Mutex::new(Vec::<QueryRecord>::new()));
+    let mut threads = Vec::new();
+    for (r, a) in fleet.api.clone() {
+        let (stop, records) = (stop.clone(), records.clone());
+        let interval = Duration::from_millis(profile.query_interval_ms);
+        let timeout = Duration::from_millis((profile.latency_bound_ms * 3.0) as u64);
+        threads.push(std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                let q = query_once(a, &r, t0, timeout);
+                if let Ok(mut v) = records.lock() {
+                    v.push(q);
+                }
+                std::thread::sleep(interval);
+            }
+        }));
+    }
+    let outcome = play_fault(
+        sc, profile, &mut lab, &mut fleet, &mut wl, t0, seed, &mut notes,
+    );
+    stop.store(true, Ordering::SeqCst);
+    for t in threads {
+        let _ = t.join();
+    }
+    let (fault_window, down, isolations, bytes_before, veth_before, metrics_before) = outcome?;
+
+    let expected = wl.expected()?;
+    let lw = wl.last_writes();
+    let (conv, mut violations) = converge(
+        &fleet,
+        &expected,
+        &lw,
+        Duration::from_millis(profile.converge_timeout_ms),
+    )?;
+    // Measured from the heal (the end of the fault window), not from when the check began.
+    let converge_s = conv.map(|_| {
+        (t0.elapsed().as_millis() as u64).saturating_sub(fault_window.end_ms) as f64 / 1000.0
+    });
+    let mesh_bytes = lab
+        .mesh_bytes()
+        .ok()
+        .map(|b| b.saturating_sub(bytes_before));
+    let veth_bytes = lab.veth_bytes().saturating_sub(veth_before);
+    let metrics = metrics_bytes(&fleet.api).map(|b| b.saturating_sub(metrics_before.unwrap_or(0)));
+
+    let queries = records.lock().map(|v| v.clone()).unwrap_or_default();
+    let policy = QueryPolicy {
+        latency_bound_ms: profile.latency_bound_ms,
+        fault: fault_window,
+        down,
+        isolations,
+    };
+    violations.extend(checker::check_queries(&hosts(&REPLICAS), &queries, &policy));
+    fleet.stop_all();
+    drop(fleet);
+    lab.teardown();
+
+    write_jsonl(&dir.join("changes.jsonl"), &wl.changes)?;
+    write_jsonl(&dir.join("queries.jsonl"), &queries)?;
+    let result = report::summarize(report::Inputs {
+        name: sc.name,
+        about: sc.about,
+        seed,
+        writes: wl.changes.len(),
+        warmup_s: warm.map(|d| d.as_secs_f64()),
+        converge_s,
+        queries: &queries,
+        fault: fault_window,
+        mesh_bytes,
+        veth_bytes,
+        metrics_bytes: metrics,
+        violations: &violations,
+        notes,
+    });
+    std::fs::write(dir.join("result.json"), serde_json::to_vec_pretty(&result)?)?;
+    Ok(result)
+}
+
+type FaultOutcome = (
+    Window,
+    BTreeMap<String, Vec<Window>>,
+    Vec<Isolation>,
+    u64,
+    u64,
+    Option<u64>,
+);
+
+#[allow(clippy::too_many_arguments)]
+fn play_fault(
+    sc: &Scenario,
+    profile: &Profile,
+    lab: &mut Lab,
+    fleet: &mut Fleet,
+    wl: &mut Workload,
+    t0: Instant,
+    seed: u64,
+    notes: &mut Vec<String>,
+) -> Result<FaultOutcome> {
+    let ms = |t: Instant| t.duration_since(t0).as_millis() as u64;
+    // Let the query threads record a baseline before the fault.
+    std::thread::sleep(Duration::from_millis(500));
+    let bytes_before = lab.mesh_bytes().unwrap_or(0);
+    let veth_before = lab.veth_bytes();
+    let metrics_before = metrics_bytes(&fleet.api);
+    let fault_start = Instant::now();
+    let mut down: BTreeMap<String, Vec<Window>> = BTreeMap::new();
+    let mut isolations = Vec::new();
+    // (process, restart due, killed at, is replica)
+    let mut pending_restart: Option<(String, Instant, Instant, bool)> = None;
+    let mut awaiting_ready: Option<(String, Instant)> = None;
+    match &sc.fault {
+        Fault::Partition { a, b } => lab.partition(a, b)?,
+        Fault::OneWay { from, to } => {
+            for f in from {
+                for t in to {
+                    lab.block(f, t)?;
+                }
+            }
+        }
+        Fault::Isolate { replica } => {
+            lab.isolate(replica)?;
+            isolations.push(Isolation {
+                replica: replica.clone(),
+                from_ms: ms(fault_start),
+                slack_s: 5.0,
+            });
+        }
+        Fault::Impair(imp) => lab.impair(*imp, seed)?,
+        Fault::Kill { proc, down_ms } => {
+            fleet.kill(proc)?;
+            pending_restart = Some((
+                proc.clone(),
+                fault_start + Duration::from_millis(*down_ms),
+                fault_start,
+                REPLICAS.contains(&proc.as_str()),
+            ));
+        }
+        Fault::TruncateDisk { replica, down_ms } => {
+            fleet.kill(replica)?;
+            let (p, before, after) =
+                crate::fleet::truncate_largest_file(&fleet.data_dir(replica), 0.5)?;
+            notes.push(format!(
+                "truncated {} from {before} to {after} bytes",
+                p.display()
+            ));
+            pending_restart = Some((
+                replica.clone(),
+                fault_start + Duration::from_millis(*down_ms),
+                fault_start,
+                true,
+            ));
+        }
+        Fault::ClockShift { .. } => {}
+    }
+    let fault_end = fault_start + Duration::from_millis(profile.fault_ms);
+    let mut next_write = Instant::now();
+    while Instant::now() < fault_end {
+        sys::check_stop()?;
+        let now = Instant::now();
+        if now >= next_write {
+            wl.step(ms(now))?;
+            next_write = now + Duration::from_millis(profile.write_interval_ms);
+        }
+        if let Some((p, due, killed, is_replica)) = pending_restart.clone()
+            && now >= due
+        {
+            fleet.start_proc(&p)?;
+            pending_restart = None;
+            if is_replica {
+                awaiting_ready = Some((p, killed));
+            }
+        }
+        if let Some((r, killed)) = awaiting_ready.clone()
+            && fleet.is_ready(&r)
+        {
+            down.entry(r.clone()).or_default().push(Window {
+                start_ms: ms(killed),
+                end_ms: ms(Instant::now()),
+            });
+            awaiting_ready = None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let heal = Instant::now();
+    lab.heal()?;
+    if let Some((p, _, killed, is_replica)) = pending_restart {
+        fleet.start_proc(&p)?;
+        if is_replica {
+            awaiting_ready = Some((p, killed));
+        }
+    }
+    if let Some((r, killed)) = awaiting_ready {
+        let ready = fleet.wait_ready(&r, Duration::from_secs(30));
+        down.entry(r.clone()).or_default().push(Window {
+            start_ms: ms(killed),
+            end_ms: ms(Instant::now()),
+        });
+        if let Err(e) = ready {
+            notes.push(format!("{r} did not come back: {e:#}"));
+        }
+    }
+    Ok((
+        Window {
+            start_ms: ms(fault_start),
+            end_ms: ms(heal),
+        },
+        down,
+        isolations,
+        bytes_before,
+        veth_before,
+        metrics_before,
+    ))
+}
+
+fn write_jsonl<T: Serialize>(path: &Path, items: &[T]) -> Result<()> {
+    let mut s = String::new();
+    for i in items {
+        s.push_str(&serde_json::to_string(i)?);
+        s.push('\n');
+    }
+    std::fs::write(path, s).with_context(|| format!("writing {path:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profiles_name_existing_scenarios_and_quick_fits_three_minutes() {
+        let all: Vec<&str> = all_scenarios(1000).iter().map(|s| s.name).collect();
+        for p in ["quick", "full"] {
+            let prof = Profile::named(p).unwrap();
+            for s in &prof.scenarios {
+                assert!(all.contains(s), "{p} names unknown scenario {s}");
+            }
+        }
+        let q = Profile::named("quick").unwrap();
+        // Per scenario: fault window plus roughly 20 s of start, warm-up and convergence.
+        let budget = q.scenarios.len() as u64 * (q.fault_ms + 20_000);
+        assert!(budget <= 180_000, "quick profile budget {budget} ms");
+        assert!(Profile::named("slow").is_err());
+    }
+
+    #[test]
+    fn scenario_seeds_differ_per_scenario_and_are_stable() {
+        assert_eq!(scenario_seed(1, "a"), scenario_seed(1, "a"));
+        assert_ne!(scenario_seed(1, "a"), scenario_seed(1, "b"));
+        assert_ne!(scenario_seed(1, "a"), scenario_seed(2, "a"));
+    }
+
+    #[test]
+    fn estimate_body_is_json_with_one_manifest() {
+        let v: serde_json::Value = serde_json::from_str(ESTIMATE_BODY).unwrap();
+        let m = v["workload"]["manifests"][0].as_str().unwrap();
+        assert!(m.contains("kind: Deployment") && m.contains("kind: ResourceClaimTemplate"));
+    }
+}

@@ -8,6 +8,7 @@
 //! - [`transport`]: quinn/rustls mutual-TLS endpoint configuration.
 //! - [`node`]: the async node the daemons run ([`node::MeshHandle`]).
 //! - [`mem_store`]: in-memory automerge store for tests and examples.
+//! - [`store_adapter`]: the persistent `dramesh-store` as a [`DocStore`](store::DocStore).
 
 pub mod certs;
 pub mod identity;
@@ -15,6 +16,7 @@ pub mod mem_store;
 pub mod node;
 pub mod protocol;
 pub mod store;
+pub mod store_adapter;
 pub mod transport;
 pub mod wire;
 

@@ -60,6 +60,12 @@ pub struct ProtocolConfig {
     pub max_entries_per_frame: usize,
     /// Seed of the jitter generator (fixed in tests for determinism).
     pub jitter_seed: u64,
+    /// Digest probes (periodic and on hello). Turned off only by chaos tests, to show that
+    /// push alone does not repair a dropped message.
+    pub anti_entropy: bool,
+    /// Offering local changes to peers at once, and relaying applied ones. Turned off only by
+    /// chaos tests, to show that anti-entropy alone converges.
+    pub push: bool,
 }
 
 impl Default for ProtocolConfig {
@@ -71,6 +77,8 @@ impl Default for ProtocolConfig {
             advertise_addr: None,
             max_entries_per_frame: 50_000,
             jitter_seed: rand::rng().random(),
+            anti_entropy: true,
+            push: true,
         }
     }
 }
@@ -409,6 +417,9 @@ impl Protocol {
     /// A local writer changed `doc`: offer it to every connected peer that may hold it.
     pub fn on_local_change<S: DocStore>(&mut self, store: &mut S, doc: &DocRef) -> Vec<Output> {
         let mut out = Vec::new();
+        if !self.config.push {
+            return out;
+        }
         let conns: Vec<ConnId> = self.sessions.keys().copied().collect();
         for conn in conns {
             self.push_doc(store, conn, doc, false, &mut out);
@@ -430,7 +441,7 @@ impl Protocol {
                 ),
                 _ => continue,
             };
-            if due_ae {
+            if due_ae && self.config.anti_entropy {
                 let root = self.scoped_digest(store, &identity).root();
                 self.counters.digest_probes_sent += 1;
                 self.send(
@@ -651,16 +662,18 @@ impl Protocol {
             self.learn_replica(&peer.uri(), addr);
         }
         // Catch up at once instead of waiting for the first timer.
-        let root = self.scoped_digest(store, peer).root();
-        self.counters.digest_probes_sent += 1;
-        self.send(
-            out,
-            conn,
-            Body::Digest(pb::Digest {
-                root,
-                buckets: vec![],
-            }),
-        );
+        if self.config.anti_entropy {
+            let root = self.scoped_digest(store, peer).root();
+            self.counters.digest_probes_sent += 1;
+            self.send(
+                out,
+                conn,
+                Body::Digest(pb::Digest {
+                    root,
+                    buckets: vec![],
+                }),
+            );
+        }
         if self.local.is_replica() {
             let body = Body::PeerExchange(self.peer_exchange());
             self.send(out, conn, body);
@@ -859,7 +872,7 @@ impl Protocol {
         } else {
             self.reply_without_doc(conn, &doc, s.generation, out);
         }
-        if changed && self.local.is_replica() {
+        if changed && self.local.is_replica() && self.config.push {
             let others: Vec<ConnId> = self
                 .sessions
                 .keys()

@@ -68,6 +68,8 @@ impl Sim {
             advertise_addr: None,
             max_entries_per_frame: 10_000,
             jitter_seed: 7,
+            anti_entropy: true,
+            push: true,
         };
         Sim {
             nodes: ids

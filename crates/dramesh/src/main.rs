@@ -3,12 +3,21 @@
 //! Exit codes: 0 when the inputs were valid (whatever the answer), 2 when an input cannot be
 //! read or is not valid, 1 for any other failure.
 
+mod agent;
 mod allocate;
+mod backend;
+mod certs;
+mod demo;
+mod devstatus;
 mod plan;
+mod replica;
+mod routes;
 mod table;
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
@@ -87,6 +96,109 @@ enum Command {
         #[arg(short, long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
+    /// Write a development CA and mesh certificates (ca.crt/ca.key, replica-<id>.crt/.key,
+    /// agent-<cluster>-<name>.crt/.key). An existing CA in the folder is reused.
+    Certs {
+        #[arg(long)]
+        out: PathBuf,
+        /// Replica id (identity dramesh://replica/<id>). Repeatable.
+        #[arg(long = "replica")]
+        replicas: Vec<String>,
+        /// CLUSTER/NAME (identity dramesh://cluster/<cluster>/agent/<name>). Repeatable.
+        #[arg(long = "agent")]
+        agents: Vec<String>,
+        /// Validity of every certificate, in days.
+        #[arg(long, default_value_t = 365)]
+        days: u32,
+    },
+    /// Run a control-plane replica: replicated store, QUIC mesh, Karmada + native APIs.
+    Replica {
+        /// Replica id; must match the certificate's dramesh://replica/<id>.
+        #[arg(long)]
+        id: String,
+        /// UDP address of the mesh endpoint.
+        #[arg(long)]
+        listen_mesh: String,
+        /// HTTP API address (/v1/status, /v1/estimate, /healthz, /readyz, /metrics).
+        #[arg(long)]
+        api: String,
+        /// gRPC address (Karmada Estimator service and dramesh.v1).
+        #[arg(long)]
+        grpc: String,
+        /// Mesh address of another replica to dial. Repeatable.
+        #[arg(long = "seed")]
+        seeds: Vec<String>,
+        #[arg(long)]
+        data_dir: PathBuf,
+        #[arg(long)]
+        mesh_cert: PathBuf,
+        #[arg(long)]
+        mesh_key: PathBuf,
+        #[arg(long)]
+        mesh_ca: PathBuf,
+        /// Karmada estimates answer 0 for a cluster not heard from for this many seconds.
+        #[arg(long, default_value_t = 120)]
+        stale_after: u64,
+        /// Chaos testing only: no digest probes (anti-entropy).
+        #[arg(long)]
+        chaos_disable_anti_entropy: bool,
+        /// Chaos testing only: no immediate push or relay of changes.
+        #[arg(long)]
+        chaos_disable_push: bool,
+    },
+    /// Run a member-cluster agent publishing DRA inventory to the replicas.
+    Agent {
+        /// Member cluster name; must match the certificate.
+        #[arg(long)]
+        cluster: String,
+        /// Agent (writer) name; must match the certificate's dramesh://cluster/<c>/agent/<name>.
+        #[arg(long)]
+        agent_name: String,
+        #[arg(long, value_enum)]
+        source: SourceKind,
+        /// Folder of manifests standing for the cluster (--source dir).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Folder poll period in milliseconds (--source dir).
+        #[arg(long, default_value_t = 500)]
+        poll_ms: u64,
+        /// Node this agent runs on (--source kube); defaults to the agent name.
+        #[arg(long, env = "NODE_NAME")]
+        node_name: Option<String>,
+        /// Namespace of the Lease electing the cluster-scoped publisher (--source kube);
+        /// without it this agent publishes cluster-scoped records unconditionally.
+        #[arg(long)]
+        lease_namespace: Option<String>,
+        /// Also watch resource.k8s.io/v1beta2 DeviceTaintRules (--source kube).
+        #[arg(long)]
+        watch_device_taint_rules: bool,
+        /// Mesh address of a replica. Repeatable; more are learned from the replicas.
+        #[arg(long = "replica", required = true)]
+        replicas: Vec<String>,
+        /// Local UDP address to bind.
+        #[arg(long, default_value = "0.0.0.0:0")]
+        listen: String,
+        #[arg(long)]
+        data_dir: PathBuf,
+        #[arg(long)]
+        mesh_cert: PathBuf,
+        #[arg(long)]
+        mesh_key: PathBuf,
+        #[arg(long)]
+        mesh_ca: PathBuf,
+    },
+    /// Simulated fleet, 3 replicas and 3 agents in this process: estimates, placement, preemption.
+    Demo {
+        /// Keep everything running and print the API addresses.
+        #[arg(long)]
+        serve: bool,
+    },
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum SourceKind {
+    Dir,
+    Kube,
 }
 
 /// An error with its exit code: 2 for bad input, 1 otherwise.
@@ -102,6 +214,91 @@ impl Failure {
             message: message.to_string(),
         }
     }
+}
+
+/// Resolves `host:port` (an IP literal or a name) to one socket address.
+fn resolve(addr: &str, flag: &str) -> anyhow::Result<SocketAddr> {
+    use std::net::ToSocketAddrs;
+    addr.to_socket_addrs()
+        .map_err(|e| anyhow::anyhow!("{flag} {addr}: {e}"))?
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("{flag} {addr}: resolves to no address"))
+}
+
+/// Completes on ctrl-c or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %e, "cannot listen for ctrl-c");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => tracing::info!("ctrl-c: shutting down"),
+        () = term => tracing::info!("SIGTERM: shutting down"),
+    }
+}
+
+/// Runs an async command on a multi-threaded runtime with logs to stderr (`RUST_LOG`,
+/// default `default_filter`).
+fn daemon(
+    default_filter: &str,
+    fut: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> Result<(), Failure> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure {
+            code: 1,
+            message: format!("cannot start the async runtime: {e}"),
+        })?;
+    rt.block_on(fut).map_err(|e| Failure {
+        code: 1,
+        message: format!("{e:#}"),
+    })
+}
+
+fn run_certs(
+    out: &std::path::Path,
+    replicas: &[String],
+    agents: &[String],
+    days: u32,
+) -> Result<(), Failure> {
+    let mut ids = Vec::new();
+    for r in replicas {
+        ids.push(certs::replica_identity(r).map_err(|e| Failure::input(format!("{e:#}")))?);
+    }
+    for a in agents {
+        ids.push(certs::agent_identity(a).map_err(|e| Failure::input(format!("{e:#}")))?);
+    }
+    let written = certs::write_all(out, &ids, days).map_err(|e| Failure {
+        code: 1,
+        message: format!("{e:#}"),
+    })?;
+    for p in written {
+        println!("{}", p.display());
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {
@@ -130,6 +327,122 @@ fn main() -> ExitCode {
             policy,
             output,
         } => plan::run_preempt(&snapshot, &workload, policy.as_deref(), output),
+        Command::Certs {
+            out,
+            replicas,
+            agents,
+            days,
+        } => run_certs(&out, &replicas, &agents, days),
+        Command::Replica {
+            id,
+            listen_mesh,
+            api,
+            grpc,
+            seeds,
+            data_dir,
+            mesh_cert,
+            mesh_key,
+            mesh_ca,
+            stale_after,
+            chaos_disable_anti_entropy,
+            chaos_disable_push,
+        } => daemon("info", async move {
+            let identity = dramesh_mesh::certs::load_identity(&mesh_cert, &mesh_key, &mesh_ca)?;
+            let want = dramesh_mesh::PeerIdentity::Replica { id: id.clone() };
+            if identity.identity != want {
+                anyhow::bail!(
+                    "--id {id}: the certificate {} is for {}, not {want}",
+                    mesh_cert.display(),
+                    identity.identity
+                );
+            }
+            let protocol = dramesh_mesh::protocol::ProtocolConfig {
+                anti_entropy: !chaos_disable_anti_entropy,
+                push: !chaos_disable_push,
+                ..Default::default()
+            };
+            if chaos_disable_anti_entropy || chaos_disable_push {
+                tracing::warn!(
+                    anti_entropy = protocol.anti_entropy,
+                    push = protocol.push,
+                    "chaos switches set: replication is deliberately degraded"
+                );
+            }
+            let r = replica::Replica::start(replica::ReplicaConfig {
+                identity,
+                listen_mesh: resolve(&listen_mesh, "--listen-mesh")?,
+                api: resolve(&api, "--api")?,
+                grpc: resolve(&grpc, "--grpc")?,
+                seeds: seeds
+                    .iter()
+                    .map(|s| resolve(s, "--seed"))
+                    .collect::<anyhow::Result<_>>()?,
+                data_dir: Some(data_dir),
+                stale_after: Duration::from_secs(stale_after),
+                protocol,
+            })
+            .await?;
+            shutdown_signal().await;
+            r.shutdown().await;
+            Ok(())
+        }),
+        Command::Agent {
+            cluster,
+            agent_name,
+            source,
+            dir,
+            poll_ms,
+            node_name,
+            lease_namespace,
+            watch_device_taint_rules,
+            replicas,
+            listen,
+            data_dir,
+            mesh_cert,
+            mesh_key,
+            mesh_ca,
+        } => daemon("info", async move {
+            let identity = dramesh_mesh::certs::load_identity(&mesh_cert, &mesh_key, &mesh_ca)?;
+            let want = dramesh_mesh::PeerIdentity::Agent {
+                cluster: cluster.clone(),
+                node: agent_name.clone(),
+            };
+            if identity.identity != want {
+                anyhow::bail!(
+                    "--cluster {cluster} --agent-name {agent_name}: the certificate {} is for {}, not {want}",
+                    mesh_cert.display(),
+                    identity.identity
+                );
+            }
+            let source = match source {
+                SourceKind::Dir => agent::AgentSource::Dir {
+                    path: dir.ok_or_else(|| anyhow::anyhow!("--source dir needs --dir PATH"))?,
+                    poll_every: Duration::from_millis(poll_ms.max(10)),
+                },
+                SourceKind::Kube => agent::AgentSource::Kube {
+                    node_name: node_name.unwrap_or_else(|| agent_name.clone()),
+                    lease_namespace,
+                    watch_device_taint_rules,
+                },
+            };
+            let a = agent::Agent::start(agent::AgentConfig {
+                identity,
+                replicas: replicas
+                    .iter()
+                    .map(|s| resolve(s, "--replica"))
+                    .collect::<anyhow::Result<_>>()?,
+                listen: resolve(&listen, "--listen")?,
+                data_dir: Some(data_dir),
+                source,
+                protocol: dramesh_mesh::protocol::ProtocolConfig::default(),
+                coalesce: dramesh_agent::CoalesceConfig::default(),
+            })
+            .await?;
+            shutdown_signal().await;
+            a.shutdown().await;
+            Ok(())
+        }),
+        Command::Demo { serve } => daemon("warn", demo::run(serve)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,482 @@
+//! [`MeshStore`]: the persistent [`dramesh_store::Store`] as a [`DocStore`] the mesh replicates.
+//!
+//! The store keeps its own digest (bucketed by `DocId::bucket`); the mesh compares digests
+//! bucketed by [`bucket_of`] over [`DocEntry::fingerprint`]s, so this adapter maintains the
+//! mesh's digest itself, incrementally: after every call that may change a document it
+//! re-reads that document's summary and swaps its entry. Two replicas holding the same
+//! documents at the same heads therefore report equal mesh digests.
+//!
+//! Guarantees:
+//! - Every visible object change caused by a received sync message is queued, in order, and
+//!   handed out by [`MeshStore::drain_changes`] (the replica feeds them to its estimation
+//!   view). Local writes return their changes directly ([`MeshStore::apply`]).
+//! - A message for an older generation than held is refused with
+//!   [`RejectReason::StaleGeneration`], so the protocol offers the newer one back.
+//! - Documents whose (cluster, writer) are not valid mesh identity segments are never
+//!   advertised (they cannot be named on the wire).
+//! - The changes queue is bounded ([`MAX_QUEUED_CHANGES`]); on overflow it is cleared and
+//!   [`MeshStore::take_overflowed`] reports it, so the consumer rebuilds from
+//!   [`Store::snapshot`] instead of silently missing updates.
+
+use std::collections::BTreeMap;
+
+use automerge::sync;
+use dramesh_store::{DocId, ObjectChange, Store, StoreError, WriteOutcome};
+
+use crate::identity::{DocRef, PeerIdentity};
+use crate::store::{Digest, DocEntry, DocStore, RejectReason, bucket_of};
+
+/// Largest number of queued view changes before the queue is dropped (see the module docs).
+pub const MAX_QUEUED_CHANGES: usize = 4_000_000;
+
+/// See the module docs.
+pub struct MeshStore {
+    store: Store,
+    entries: BTreeMap<DocRef, DocEntry>,
+    digest: Digest,
+    queue: Vec<(String, ObjectChange)>,
+    track_changes: bool,
+    overflowed: bool,
+}
+
+fn doc_id(doc: &DocRef) -> DocId {
+    DocId::new(doc.cluster.clone(), doc.writer.clone())
+}
+
+fn reject(e: StoreError) -> RejectReason {
+    match e {
+        StoreError::ForeignAuthor { .. } | StoreError::PeerNotAllowed { .. } => {
+            RejectReason::Unauthorized(e.to_string())
+        }
+        StoreError::MalformedMessage { .. }
+        | StoreError::MessageTooLarge { .. }
+        | StoreError::Automerge { .. } => RejectReason::Malformed(e.to_string()),
+        other => RejectReason::Store(other.to_string()),
+    }
+}
+
+impl MeshStore {
+    /// Wraps `store`. With `track_changes` the view changes of received sync messages are
+    /// queued for [`MeshStore::drain_changes`] (replicas); without, they are dropped (agents,
+    /// which hold only their own document).
+    pub fn new(store: Store, track_changes: bool) -> MeshStore {
+        let mut s = MeshStore {
+            store,
+            entries: BTreeMap::new(),
+            digest: Digest::empty(),
+            queue: Vec::new(),
+            track_changes,
+            overflowed: false,
+        };
+        s.refresh_all();
+        s
+    }
+
+    /// Read access to the wrapped store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Runs `f` on the wrapped store, then re-reads every document's entry (for mutations the
+    /// adapter has no dedicated method for).
+    pub fn with_store_mut<T>(&mut self, f: impl FnOnce(&mut Store) -> T) -> T {
+        let out = f(&mut self.store);
+        self.refresh_all();
+        out
+    }
+
+    /// Creates or resumes the writer's own document (see [`Store::open_writer`]).
+    pub fn open_writer(&mut self, doc: &DocId) -> Result<u64, StoreError> {
+        let r = self.store.open_writer(doc);
+        self.refresh(doc);
+        r
+    }
+
+    /// Applies a burst of local changes to the writer's document in one commit.
+    pub fn apply(
+        &mut self,
+        doc: &DocId,
+        changes: Vec<ObjectChange>,
+    ) -> Result<WriteOutcome, StoreError> {
+        let r = self.store.apply(doc, changes);
+        self.refresh(doc);
+        r
+    }
+
+    /// Records the writer's lease term (see [`Store::set_lease_term`]).
+    pub fn set_lease_term(&mut self, doc: &DocId, term: u64) -> Result<WriteOutcome, StoreError> {
+        let r = self.store.set_lease_term(doc, term);
+        self.refresh(doc);
+        r
+    }
+
+    /// The queued view changes of received sync messages, oldest first.
+    pub fn drain_changes(&mut self) -> Vec<(String, ObjectChange)> {
+        std::mem::take(&mut self.queue)
+    }
+
+    /// Whether the change queue overflowed (and was cleared) since the last call.
+    pub fn take_overflowed(&mut self) -> bool {
+        std::mem::take(&mut self.overflowed)
+    }
+
+    /// Every advertised document entry.
+    pub fn entries(&self) -> impl Iterator<Item = &DocEntry> {
+        self.entries.values()
+    }
+
+    /// XOR of the fingerprints of one cluster's documents (0 when it has none).
+    pub fn cluster_fingerprint(&self, cluster: &str) -> u64 {
+        self.entries
+            .values()
+            .filter(|e| e.doc.cluster == cluster)
+            .fold(0, |acc, e| acc ^ e.fingerprint())
+    }
+
+    fn queue(&mut self, changes: Vec<(String, ObjectChange)>) {
+        if !self.track_changes || changes.is_empty() {
+            return;
+        }
+        if self.queue.len() + changes.len() > MAX_QUEUED_CHANGES {
+            self.queue.clear();
+            self.overflowed = true;
+            return;
+        }
+        self.queue.extend(changes);
+    }
+
+    fn summary_entry(&self, id: &DocId) -> Option<DocEntry> {
+        let doc = DocRef::new(id.cluster.clone(), id.writer.clone());
+        if !doc.is_valid() {
+            return None;
+        }
+        self.store.doc_summary(id).map(|s| DocEntry {
+            doc,
+            generation: s.generation,
+            heads_hash: s.heads_hash,
+        })
+    }
+
+    /// Re-reads one document's entry and updates the digest.
+    fn refresh(&mut self, id: &DocId) {
+        let key = DocRef::new(id.cluster.clone(), id.writer.clone());
+        let new = self.summary_entry(id);
+        let old = self.entries.get(&key).cloned();
+        if old == new {
+            return;
+        }
+        if let Some(o) = &old {
+            self.digest.toggle(o);
+            self.entries.remove(&key);
+        }
+        if let Some(n) = new {
+            self.digest.toggle(&n);
+            self.entries.insert(key, n);
+        }
+    }
+
+    fn refresh_all(&mut self) {
+        self.entries.clear();
+        self.digest = Digest::empty();
+        for s in self.store.list_docs() {
+            if let Some(e) = self.summary_entry(&s.doc) {
+                self.digest.toggle(&e);
+                self.entries.insert(e.doc.clone(), e);
+            }
+        }
+    }
+}
+
+impl DocStore for MeshStore {
+    fn digest(&self) -> Digest {
+        self.digest.clone()
+    }
+
+    fn bucket_entries(&self, bucket: u32) -> Vec<DocEntry> {
+        self.entries
+            .values()
+            .filter(|e| bucket_of(&e.doc) == bucket)
+            .cloned()
+            .collect()
+    }
+
+    fn entry(&self, doc: &DocRef) -> Option<DocEntry> {
+        self.entries.get(doc).cloned()
+    }
+
+    fn generate_sync_message(&mut self, doc: &DocRef, state: &mut sync::State) -> Option<Vec<u8>> {
+        let generation = self.entries.get(doc)?.generation;
+        let id = doc_id(doc);
+        let out = match self.store.generate_sync_message(&id, generation, state) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(%doc, generation, error = %e, "cannot generate sync message");
+                None
+            }
+        };
+        // Generating can roll the writer's own document past a newer peer generation.
+        self.refresh(&id);
+        let undelivered = self.store.take_undelivered();
+        self.queue(undelivered);
+        out
+    }
+
+    fn receive_sync_message(
+        &mut self,
+        from: &PeerIdentity,
+        doc: &DocRef,
+        generation: u64,
+        state: &mut sync::State,
+        msg: &[u8],
+    ) -> Result<(), RejectReason> {
+        if let Some(e) = self.entries.get(doc)
+            && e.generation > generation
+        {
+            return Err(RejectReason::StaleGeneration {
+                have: e.generation,
+                got: generation,
+            });
+        }
+        let id = doc_id(doc);
+        let may_deliver = |d: &DocId| {
+            from.is_replica() || from.owns(&DocRef::new(d.cluster.clone(), d.writer.clone()))
+        };
+        let r = self
+            .store
+            .receive_sync_message(&id, generation, state, msg, &may_deliver);
+        self.refresh(&id);
+        match r {
+            Ok(changes) => {
+                self.queue(changes);
+                Ok(())
+            }
+            Err(e) => {
+                // Changes computed before a persistence failure are still real.
+                let undelivered = self.store.take_undelivered();
+                self.queue(undelivered);
+                Err(reject(e))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{ConnId, Output, Protocol, ProtocolConfig};
+    use dramesh_store::{Durability, ObjectKey, ObjectKind, StoreConfig};
+    use std::collections::VecDeque;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    fn mem() -> Store {
+        Store::in_memory(StoreConfig {
+            durability: Durability::None,
+            ..StoreConfig::default()
+        })
+    }
+
+    fn node(name: &str, label: &str) -> ObjectChange {
+        let json = format!(
+            r#"{{"apiVersion":"v1","kind":"Node","metadata":{{"name":"{name}","labels":{{"x":"{label}"}}}}}}"#
+        );
+        ObjectChange::Upsert {
+            key: ObjectKey::new(ObjectKind::Node, None, name),
+            json: Arc::from(json.into_bytes().into_boxed_slice()),
+        }
+    }
+
+    struct Peer {
+        proto: Protocol,
+        store: MeshStore,
+        conn: ConnId,
+    }
+
+    /// Delivers frames between the peers until nothing is in flight; returns the Applied
+    /// outputs seen per peer.
+    fn run(peers: &mut [Peer; 2], mut outs: VecDeque<(usize, Output)>, now: Instant) -> [usize; 2] {
+        let mut applied = [0, 0];
+        let mut steps = 0;
+        while let Some((from, out)) = outs.pop_front() {
+            steps += 1;
+            assert!(steps < 10_000, "protocol did not settle");
+            match out {
+                Output::Send { envelope, .. } => {
+                    let to = 1 - from;
+                    let p = &mut peers[to];
+                    let conn = p.conn;
+                    for o in p.proto.handle_frame(&mut p.store, conn, envelope, now) {
+                        outs.push_back((to, o));
+                    }
+                }
+                Output::Applied { .. } => applied[from] += 1,
+                Output::Close { reason, .. } => panic!("connection closed: {reason}"),
+            }
+        }
+        applied
+    }
+
+    #[test]
+    fn agent_and_replica_converge_and_queue_changes() {
+        let agent_id = PeerIdentity::Agent {
+            cluster: "east".into(),
+            node: "dir-agent".into(),
+        };
+        let replica_id = PeerIdentity::Replica { id: "r1".into() };
+        let cfg = || ProtocolConfig {
+            jitter_seed: 3,
+            anti_entropy_interval: Duration::from_secs(60),
+            ..ProtocolConfig::default()
+        };
+        let doc = DocId::new("east", "dir-agent");
+        let mut agent_store = MeshStore::new(mem(), false);
+        agent_store.open_writer(&doc).unwrap();
+        agent_store
+            .apply(&doc, vec![node("n1", "a"), node("n2", "a")])
+            .unwrap();
+        let mut peers = [
+            Peer {
+                proto: Protocol::new(agent_id.clone(), cfg()),
+                store: agent_store,
+                conn: ConnId(1),
+            },
+            Peer {
+                proto: Protocol::new(replica_id.clone(), cfg()),
+                store: MeshStore::new(mem(), true),
+                conn: ConnId(2),
+            },
+        ];
+        assert_ne!(peers[0].store.digest(), peers[1].store.digest());
+        let now = Instant::now();
+        let mut outs = VecDeque::new();
+        let (a, b) = peers.split_at_mut(1);
+        for o in a[0].proto.on_connected(ConnId(1), replica_id.clone(), now) {
+            outs.push_back((0, o));
+        }
+        for o in b[0].proto.on_connected(ConnId(2), agent_id.clone(), now) {
+            outs.push_back((1, o));
+        }
+        let applied = run(&mut peers, outs, now);
+        assert!(applied[1] >= 1, "replica applied nothing");
+        assert_eq!(peers[0].store.digest(), peers[1].store.digest());
+        assert_eq!(
+            peers[0].store.cluster_fingerprint("east"),
+            peers[1].store.cluster_fingerprint("east")
+        );
+        let mut got: Vec<String> = peers[1]
+            .store
+            .drain_changes()
+            .into_iter()
+            .map(|(c, ch)| format!("{c}:{}", ch.key().name))
+            .collect();
+        got.sort();
+        assert_eq!(got, ["east:n1", "east:n2"]);
+        assert!(peers[1].store.drain_changes().is_empty());
+
+        // An update and a delete are pushed and queued as exactly those changes.
+        let outcome = peers[0]
+            .store
+            .apply(
+                &doc,
+                vec![
+                    node("n1", "b"),
+                    ObjectChange::Delete {
+                        key: ObjectKey::new(ObjectKind::Node, None, "n2"),
+                    },
+                ],
+            )
+            .unwrap();
+        assert_eq!(outcome.view.len(), 2);
+        let (a, _) = peers.split_at_mut(1);
+        let docref = DocRef::new("east", "dir-agent");
+        let outs: VecDeque<(usize, Output)> = a[0]
+            .proto
+            .on_local_change(&mut a[0].store, &docref)
+            .into_iter()
+            .map(|o| (0, o))
+            .collect();
+        run(&mut peers, outs, now);
+        assert_eq!(peers[0].store.digest(), peers[1].store.digest());
+        let changes = peers[1].store.drain_changes();
+        assert_eq!(changes.len(), 2, "{changes:?}");
+        for (cluster, ch) in &changes {
+            assert_eq!(cluster, "east");
+            match ch {
+                ObjectChange::Upsert { key, json } => {
+                    assert_eq!(key.name, "n1");
+                    assert!(std::str::from_utf8(json).unwrap().contains(r#""x":"b""#));
+                }
+                ObjectChange::Delete { key } => assert_eq!(key.name, "n2"),
+            }
+        }
+        let e = peers[1].store.entry(&docref).unwrap();
+        assert_eq!(Some(e), peers[0].store.entry(&docref));
+    }
+
+    #[test]
+    fn chaos_switches_silence_push_and_probes() {
+        let agent_id = PeerIdentity::Agent {
+            cluster: "east".into(),
+            node: "a".into(),
+        };
+        let replica_id = PeerIdentity::Replica { id: "r1".into() };
+        let doc = DocId::new("east", "a");
+        let mut store = MeshStore::new(mem(), false);
+        store.open_writer(&doc).unwrap();
+        store.apply(&doc, vec![node("n1", "a")]).unwrap();
+        let now = Instant::now();
+        for (push, anti_entropy) in [(false, true), (true, false)] {
+            let mut p = Protocol::new(
+                agent_id.clone(),
+                ProtocolConfig {
+                    push,
+                    anti_entropy,
+                    jitter_seed: 1,
+                    ..ProtocolConfig::default()
+                },
+            );
+            p.on_connected(ConnId(1), replica_id.clone(), now);
+            let hello = crate::wire::envelope(crate::wire::pb::envelope::Body::Hello(
+                crate::wire::pb::Hello {
+                    protocol_version: crate::protocol::PROTOCOL_VERSION,
+                    role: crate::wire::pb::Role::Replica as i32,
+                    identity: replica_id.uri(),
+                    advertise_addr: String::new(),
+                },
+            ));
+            let on_hello = p.handle_frame(&mut store, ConnId(1), hello, now);
+            let probes = on_hello
+                .iter()
+                .filter(|o| matches!(o, Output::Send { envelope, .. } if matches!(envelope.body, Some(crate::wire::pb::envelope::Body::Digest(_)))))
+                .count();
+            assert_eq!(probes, usize::from(anti_entropy), "push={push}");
+            let pushed = p.on_local_change(&mut store, &DocRef::new("east", "a"));
+            assert_eq!(!pushed.is_empty(), push, "push={push}");
+            let later = p.on_tick(&mut store, now + Duration::from_secs(60));
+            let probes = later
+                .iter()
+                .filter(|o| matches!(o, Output::Send { envelope, .. } if matches!(envelope.body, Some(crate::wire::pb::envelope::Body::Digest(_)))))
+                .count();
+            assert_eq!(probes, usize::from(anti_entropy), "tick, push={push}");
+        }
+    }
+
+    #[test]
+    fn older_generation_is_refused_as_stale() {
+        let doc = DocId::new("east", "w");
+        let mut s = MeshStore::new(mem(), true);
+        let generation = s.open_writer(&doc).unwrap();
+        let from = PeerIdentity::Replica { id: "r".into() };
+        let mut state = sync::State::new();
+        let err = s
+            .receive_sync_message(
+                &from,
+                &DocRef::new("east", "w"),
+                generation - 1,
+                &mut state,
+                &[],
+            )
+            .unwrap_err();
+        assert!(matches!(err, RejectReason::StaleGeneration { .. }), "{err}");
+    }
+}

@@ -1,0 +1,407 @@
+//! `dramesh agent`: a member-cluster agent as a running process (or in-process, for the
+//! demo): source (folder or Kubernetes watches) -> coalescer -> the agent's own document in
+//! the store -> the mesh.
+//!
+//! The agent writes exactly one document, `(cluster, agent name)`, which is the document its
+//! certificate identity `dramesh://cluster/<cluster>/agent/<agent name>` owns in the mesh.
+//! Every coalesced batch becomes one automerge commit, acknowledged (durable) before the mesh
+//! is told to push it.
+//!
+//! Scopes: a batch is either node-local ([`Scope::Node`]) or cluster-scoped
+//! ([`Scope::Cluster`]); both may land in the same document (a DaemonSet agent holding the
+//! Lease). A snapshot batch replaces its scope's records: every key previously written under
+//! that scope and absent from the snapshot is deleted. Keys found in the document at start
+//! (written by a previous run) are assigned to a scope by the same rule the kube source uses
+//! (`dramesh_agent::trim`), or all to the cluster scope in folder mode, so a restart followed
+//! by a snapshot removes what disappeared meanwhile.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use dramesh_agent::trim::{self, Owner};
+use dramesh_agent::{Batch, CoalesceConfig, DirConfig, Scope};
+use dramesh_mesh::certs::TlsIdentity;
+use dramesh_mesh::node::{MeshHandle, NodeConfig};
+use dramesh_mesh::protocol::ProtocolConfig;
+use dramesh_mesh::store_adapter::MeshStore;
+use dramesh_mesh::{DocRef, PeerIdentity};
+use dramesh_model::{ClusterObject, ObjectChange, ObjectKey};
+use dramesh_store::DocId;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+
+use crate::backend::lock;
+
+/// Where the agent reads its cluster from.
+#[derive(Clone, Debug)]
+pub enum AgentSource {
+    /// A folder of manifests standing for the whole cluster.
+    Dir { path: PathBuf, poll_every: Duration },
+    /// The Kubernetes API (in-cluster or kubeconfig), DaemonSet mode.
+    Kube {
+        node_name: String,
+        /// Namespace of the Lease electing the cluster-scoped publisher; `None` publishes
+        /// cluster-scoped records unconditionally (single agent).
+        lease_namespace: Option<String>,
+        watch_device_taint_rules: bool,
+    },
+}
+
+/// How an agent is started.
+#[derive(Clone)]
+pub struct AgentConfig {
+    pub identity: TlsIdentity,
+    /// Replica mesh addresses to dial (more are learned through peer exchange).
+    pub replicas: Vec<SocketAddr>,
+    /// Local UDP address to bind.
+    pub listen: SocketAddr,
+    /// Store directory; `None` keeps the document in memory only (demo).
+    pub data_dir: Option<PathBuf>,
+    pub source: AgentSource,
+    pub protocol: ProtocolConfig,
+    pub coalesce: CoalesceConfig,
+}
+
+/// A running agent.
+pub struct Agent {
+    pub cluster: String,
+    pub name: String,
+    mesh: Arc<MeshHandle>,
+    stop: watch::Sender<bool>,
+    tasks: JoinSet<()>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ScopeKind {
+    Node,
+    Cluster,
+}
+
+fn kind_of(scope: &Scope) -> ScopeKind {
+    match scope {
+        Scope::Node(_) => ScopeKind::Node,
+        Scope::Cluster { .. } => ScopeKind::Cluster,
+    }
+}
+
+/// Which scope each key of the agent's document was written under.
+#[derive(Debug, Default)]
+struct ScopeTracker {
+    owner: BTreeMap<ObjectKey, ScopeKind>,
+}
+
+/// The scope the kube source would publish an existing record under.
+fn natural_scope(key: &ObjectKey, json: &[u8]) -> ScopeKind {
+    let owner = match ClusterObject::from_json(key.kind, json) {
+        Ok(ClusterObject::Node(_)) | Ok(ClusterObject::Pod(_)) => Some(Owner::Node(String::new())),
+        Ok(ClusterObject::ResourceSlice(s)) => trim::slice_record(&s).owner,
+        Ok(ClusterObject::ResourceClaim(c)) => trim::claim_owner(&c),
+        _ => Some(Owner::Cluster),
+    };
+    match owner {
+        Some(Owner::Node(_)) => ScopeKind::Node,
+        _ => ScopeKind::Cluster,
+    }
+}
+
+impl ScopeTracker {
+    /// Assigns the keys already in the document: all to the cluster scope in folder mode,
+    /// by kind and content otherwise.
+    fn from_existing(existing: &[(ObjectKey, Arc<[u8]>)], folder: bool) -> ScopeTracker {
+        let owner = existing
+            .iter()
+            .map(|(k, json)| {
+                let s = if folder {
+                    ScopeKind::Cluster
+                } else {
+                    natural_scope(k, json)
+                };
+                (k.clone(), s)
+            })
+            .collect();
+        ScopeTracker { owner }
+    }
+
+    /// The changes to write for `batch` (a snapshot adds deletes for what it no longer
+    /// names), updating the ownership record.
+    fn changes_for(&mut self, batch: Batch) -> Vec<ObjectChange> {
+        let scope = kind_of(&batch.scope);
+        let mut out = batch.changes;
+        if batch.snapshot {
+            let named: BTreeSet<&ObjectKey> = out.iter().map(ObjectChange::key).collect();
+            let gone: Vec<ObjectKey> = self
+                .owner
+                .iter()
+                .filter(|(k, s)| **s == scope && !named.contains(k))
+                .map(|(k, _)| k.clone())
+                .collect();
+            out.extend(gone.into_iter().map(|key| ObjectChange::Delete { key }));
+        }
+        for c in &out {
+            match c {
+                ObjectChange::Upsert { key, .. } => {
+                    self.owner.insert(key.clone(), scope);
+                }
+                ObjectChange::Delete { key } => {
+                    self.owner.remove(key);
+                }
+            }
+        }
+        out
+    }
+}
+
+async fn stopped(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|v| *v).await;
+}
+
+impl Agent {
+    /// Opens the store and the writer document, starts the mesh node, the source, the
+    /// coalescer and the writer.
+    pub async fn start(config: AgentConfig) -> anyhow::Result<Agent> {
+        let (cluster, name) = match &config.identity.identity {
+            PeerIdentity::Agent { cluster, node } => (cluster.clone(), node.clone()),
+            other => anyhow::bail!("the mesh certificate is for {other}, not an agent"),
+        };
+        let doc = DocId::new(cluster.clone(), name.clone());
+        let what = format!("agent {cluster}/{name}");
+        let dir = config.data_dir.clone();
+        let (store, existing) = {
+            let doc = doc.clone();
+            tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+                let store = crate::replica::open_store(dir.as_ref(), &what)?;
+                let mut store = MeshStore::new(store, false);
+                store
+                    .open_writer(&doc)
+                    .with_context(|| format!("{what}: opening its document"))?;
+                let existing: Vec<(ObjectKey, Arc<[u8]>)> = store
+                    .store()
+                    .snapshot()
+                    .into_iter()
+                    .filter(|(c, _)| *c == doc.cluster)
+                    .filter_map(|(_, ch)| match ch {
+                        ObjectChange::Upsert { key, json } => Some((key, json)),
+                        ObjectChange::Delete { .. } => None,
+                    })
+                    .collect();
+                Ok((store, existing))
+            })
+            .await
+            .context("store loader panicked")??
+        };
+        let folder = matches!(config.source, AgentSource::Dir { .. });
+        let tracker = ScopeTracker::from_existing(&existing, folder);
+        let store = Arc::new(Mutex::new(store));
+        let mut node = NodeConfig::new(config.identity.clone(), config.listen);
+        node.seeds = config.replicas.clone();
+        node.protocol = config.protocol.clone();
+        let mesh = Arc::new(
+            MeshHandle::start(node, store.clone())
+                .await
+                .with_context(|| format!("agent {cluster}/{name}: starting the mesh"))?,
+        );
+        let (stop, stop_rx) = watch::channel(false);
+        let (events, batches_rx) = dramesh_agent::spawn_coalescer(config.coalesce);
+        let mut tasks = JoinSet::new();
+        match config.source.clone() {
+            AgentSource::Dir { path, poll_every } => {
+                let stop = stopped(stop_rx.clone());
+                tasks.spawn(async move {
+                    let cfg = DirConfig {
+                        poll_every,
+                        term: 0,
+                    };
+                    tokio::select! {
+                        () = dramesh_agent::run_dir_source(path, cfg, events) => {}
+                        () = stop => {}
+                    }
+                });
+            }
+            AgentSource::Kube {
+                node_name,
+                lease_namespace,
+                watch_device_taint_rules,
+            } => {
+                let client = kube::Client::try_default()
+                    .await
+                    .context("building the Kubernetes client (in-cluster config or kubeconfig)")?;
+                let mut cfg = dramesh_agent::AgentConfig::new(&node_name);
+                cfg.watch_device_taint_rules = watch_device_taint_rules;
+                cfg.lease = lease_namespace.map(|ns| {
+                    dramesh_agent::LeaseConfig::new(&ns, &format!("dramesh-agent-{cluster}"), &name)
+                });
+                let stop = stopped(stop_rx.clone());
+                tasks.spawn(async move {
+                    tokio::select! {
+                        r = dramesh_agent::run_kube_source(client, cfg, events) => {
+                            if let Err(e) = r {
+                                tracing::error!(error = %e, "kube source stopped");
+                            }
+                        }
+                        () = stop => {}
+                    }
+                });
+            }
+        }
+        let batches = Arc::new(AtomicU64::new(0));
+        tasks.spawn(write_batches(
+            batches_rx,
+            tracker,
+            store.clone(),
+            mesh.clone(),
+            doc,
+            batches.clone(),
+        ));
+        tracing::info!(%cluster, agent = %name, mesh = %mesh.local_addr(), "agent started");
+        Ok(Agent {
+            cluster,
+            name,
+            mesh,
+            stop,
+            tasks,
+        })
+    }
+
+    /// Stops the source (the writer flushes what the coalescer holds) and the mesh node.
+    pub async fn shutdown(mut self) {
+        let _ = self.stop.send(true);
+        let drain = async { while self.tasks.join_next().await.is_some() {} };
+        if tokio::time::timeout(Duration::from_secs(5), drain)
+            .await
+            .is_err()
+        {
+            self.tasks.abort_all();
+        }
+        match Arc::try_unwrap(self.mesh) {
+            Ok(m) => m.shutdown().await,
+            Err(m) => drop(m),
+        }
+        tracing::info!(cluster = %self.cluster, agent = %self.name, "agent stopped");
+    }
+}
+
+/// Commits each batch as one change of the agent's document, then has the mesh push it.
+async fn write_batches(
+    mut rx: mpsc::Receiver<Batch>,
+    mut tracker: ScopeTracker,
+    store: Arc<Mutex<MeshStore>>,
+    mesh: Arc<MeshHandle>,
+    doc: DocId,
+    count: Arc<AtomicU64>,
+) {
+    let docref = DocRef::new(doc.cluster.clone(), doc.writer.clone());
+    let mut term: Option<u64> = None;
+    while let Some(batch) = rx.recv().await {
+        let scope = batch.scope.clone();
+        let snapshot = batch.snapshot;
+        let new_term = match &scope {
+            Scope::Cluster { term: t } if term != Some(*t) => Some(*t),
+            _ => None,
+        };
+        let changes = tracker.changes_for(batch);
+        let n = changes.len();
+        let store = store.clone();
+        let d = doc.clone();
+        let r = tokio::task::spawn_blocking(move || -> Result<usize, dramesh_store::StoreError> {
+            let mut s = lock(&store);
+            if let Some(t) = new_term {
+                s.set_lease_term(&d, t)?;
+            }
+            let out = s.apply(&d, changes)?;
+            Ok(out.view.len())
+        })
+        .await;
+        match r {
+            Ok(Ok(visible)) => {
+                if let Some(t) = new_term {
+                    term = Some(t);
+                }
+                count.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(%scope, snapshot, changes = n, visible, "batch committed");
+                mesh.notify_local_change(docref.clone()).await;
+            }
+            Ok(Err(e)) => {
+                // The store keeps what it could not persist out of the offered history; the
+                // next snapshot (or change of the same keys) writes it again.
+                tracing::error!(%scope, error = %e, "batch not committed");
+            }
+            Err(e) => tracing::error!(error = %e, "batch writer panicked"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dramesh_model::ObjectKind;
+
+    fn up(kind: ObjectKind, name: &str) -> ObjectChange {
+        ObjectChange::Upsert {
+            key: ObjectKey::new(kind, None, name),
+            json: Arc::from(b"{}".as_slice()),
+        }
+    }
+
+    fn names(changes: &[ObjectChange]) -> Vec<String> {
+        changes
+            .iter()
+            .map(|c| match c {
+                ObjectChange::Upsert { key, .. } => format!("+{}", key.name),
+                ObjectChange::Delete { key } => format!("-{}", key.name),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn snapshot_replaces_only_its_scope() {
+        let mut t = ScopeTracker::default();
+        let node = |changes, snapshot| Batch {
+            scope: Scope::Node("n".into()),
+            changes,
+            snapshot,
+        };
+        let cluster = |changes, snapshot| Batch {
+            scope: Scope::Cluster { term: 1 },
+            changes,
+            snapshot,
+        };
+        t.changes_for(node(
+            vec![up(ObjectKind::Node, "a"), up(ObjectKind::Node, "b")],
+            true,
+        ));
+        t.changes_for(cluster(vec![up(ObjectKind::DeviceClass, "c1")], true));
+        let out = t.changes_for(node(vec![up(ObjectKind::Node, "a")], true));
+        assert_eq!(names(&out), ["+a", "-b"]);
+        let out = t.changes_for(cluster(vec![], true));
+        assert_eq!(names(&out), ["-c1"]);
+        // Incremental batches delete nothing on their own.
+        let out = t.changes_for(node(vec![up(ObjectKind::Node, "z")], false));
+        assert_eq!(names(&out), ["+z"]);
+    }
+
+    #[test]
+    fn existing_keys_are_assigned_by_content() {
+        let sim = dramesh_sim::generate(&dramesh_sim::demo_fleet()[0]);
+        let existing: Vec<(ObjectKey, Arc<[u8]>)> = sim
+            .objects
+            .iter()
+            .map(|o| (o.key(), Arc::from(o.to_json())))
+            .collect();
+        let kube = ScopeTracker::from_existing(&existing, false);
+        let folder = ScopeTracker::from_existing(&existing, true);
+        for (k, _) in &existing {
+            let want = match k.kind {
+                ObjectKind::Node | ObjectKind::Pod | ObjectKind::ResourceSlice => ScopeKind::Node,
+                ObjectKind::ResourceClaim => ScopeKind::Node,
+                _ => ScopeKind::Cluster,
+            };
+            assert_eq!(kube.owner[k], want, "{k}");
+            assert_eq!(folder.owner[k], ScopeKind::Cluster);
+        }
+    }
+}

@@ -1,0 +1,271 @@
+//! `dramesh replica`: a control-plane replica as a running process (or in-process, for the
+//! demo): the persistent store, the QUIC mesh node, the estimation view fed from the mesh,
+//! and the Karmada gRPC, native gRPC and HTTP APIs.
+//!
+//! Readiness rule (`/readyz`, `ready` in `/v1/status`): the replica is ready once its store
+//! has been loaded AND either the loaded store held at least one document, or a peer has
+//! delivered at least one change through the mesh since start. A fresh replica whose peers
+//! are all empty therefore stays not-ready until some agent publishes.
+//!
+//! Data age of a cluster (the staleness behind Karmada's zero answers): the time, on this
+//! replica's monotonic clock, since a change for one of the cluster's documents was applied
+//! here, or since a heartbeat from one of the cluster's agents connected to this replica
+//! arrived, whichever is later. Clusters loaded from disk count as heard from at start.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use dramesh_api::ApiState;
+use dramesh_mesh::PeerIdentity;
+use dramesh_mesh::certs::TlsIdentity;
+use dramesh_mesh::node::{MeshHandle, NodeConfig};
+use dramesh_mesh::protocol::ProtocolConfig;
+use dramesh_mesh::store_adapter::MeshStore;
+use dramesh_store::{Durability, Store, StoreConfig};
+use tokio::sync::{broadcast, watch};
+use tokio::task::JoinSet;
+
+use crate::backend::{ReplicaBackend, ReplicaState, lock};
+
+/// How a replica is started.
+#[derive(Clone)]
+pub struct ReplicaConfig {
+    pub identity: TlsIdentity,
+    pub listen_mesh: SocketAddr,
+    pub api: SocketAddr,
+    pub grpc: SocketAddr,
+    pub seeds: Vec<SocketAddr>,
+    /// Store directory; `None` keeps documents in memory only (demo).
+    pub data_dir: Option<PathBuf>,
+    pub stale_after: Duration,
+    pub protocol: ProtocolConfig,
+}
+
+/// A running replica.
+pub struct Replica {
+    pub id: String,
+    pub state: Arc<ReplicaState>,
+    pub mesh_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    pub grpc_addr: SocketAddr,
+    mesh: Arc<MeshHandle>,
+    stop: watch::Sender<bool>,
+    tasks: JoinSet<()>,
+}
+
+async fn stopped(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|v| *v).await;
+}
+
+/// Opens the store directory (or an in-memory store), logging what was dropped.
+pub fn open_store(dir: Option<&PathBuf>, what: &str) -> anyhow::Result<Store> {
+    let Some(dir) = dir else {
+        return Ok(Store::in_memory(StoreConfig {
+            durability: Durability::None,
+            ..StoreConfig::default()
+        }));
+    };
+    let (store, report) = Store::open(dir, StoreConfig::default())
+        .with_context(|| format!("{what}: opening the store in {}", dir.display()))?;
+    for c in &report.corrupt {
+        tracing::warn!(
+            path = %c.path.display(),
+            moved_to = %c.moved_to.display(),
+            doc = ?c.doc,
+            reason = %c.reason,
+            "corrupt document file dropped; it will be resynced from peers"
+        );
+    }
+    for t in &report.truncated {
+        tracing::warn!(doc = %t.doc, bytes = t.bytes, "torn tail of an interrupted write truncated");
+    }
+    tracing::info!(dir = %dir.display(), loaded = report.loaded, corrupt = report.corrupt.len(), "store opened");
+    Ok(store)
+}
+
+impl Replica {
+    /// Opens the store, builds the view, starts the mesh and the API servers.
+    pub async fn start(config: ReplicaConfig) -> anyhow::Result<Replica> {
+        let id = match &config.identity.identity {
+            PeerIdentity::Replica { id } => id.clone(),
+            other => anyhow::bail!("the mesh certificate is for {other}, not a replica"),
+        };
+        let dir = config.data_dir.clone();
+        let what = format!("replica {id}");
+        let store = tokio::task::spawn_blocking(move || open_store(dir.as_ref(), &what))
+            .await
+            .context("store loader panicked")??;
+        let store = Arc::new(Mutex::new(MeshStore::new(store, true)));
+        let state = {
+            let store = store.clone();
+            let id = id.clone();
+            let stale = config.stale_after;
+            tokio::task::spawn_blocking(move || ReplicaState::new(&id, stale, store))
+                .await
+                .context("view builder panicked")?
+        };
+        let loaded_nodes: usize = state.view().clusters().map(|c| c.node_count()).sum();
+        let non_empty = !lock(&store).store().list_docs().is_empty();
+        let api = ApiState::new(Arc::new(ReplicaBackend {
+            state: state.clone(),
+        }));
+        if non_empty {
+            api.set_ready(true);
+        }
+        let mut node = NodeConfig::new(config.identity.clone(), config.listen_mesh);
+        node.seeds = config.seeds.clone();
+        node.protocol = config.protocol.clone();
+        let mesh = Arc::new(
+            MeshHandle::start(node, store.clone())
+                .await
+                .with_context(|| {
+                    format!("replica {id}: starting the mesh on {}", config.listen_mesh)
+                })?,
+        );
+        let http = tokio::net::TcpListener::bind(config.api)
+            .await
+            .with_context(|| format!("replica {id}: binding the HTTP API on {}", config.api))?;
+        let grpc = tokio::net::TcpListener::bind(config.grpc)
+            .await
+            .with_context(|| format!("replica {id}: binding the gRPC API on {}", config.grpc))?;
+        let http_addr = http.local_addr()?;
+        let grpc_addr = grpc.local_addr()?;
+        let (stop, stop_rx) = watch::channel(false);
+        let mut tasks = JoinSet::new();
+        {
+            let router = crate::routes::router(api.clone(), state.clone());
+            let shutdown = stopped(stop_rx.clone());
+            tasks.spawn(async move {
+                if let Err(e) = axum::serve(http, router)
+                    .with_graceful_shutdown(shutdown)
+                    .await
+                {
+                    tracing::error!(error = %e, "HTTP API failed");
+                }
+            });
+        }
+        {
+            let api = api.clone();
+            let shutdown = stopped(stop_rx.clone());
+            tasks.spawn(async move {
+                if let Err(e) = dramesh_api::serve_grpc_on(grpc, api, shutdown).await {
+                    tracing::error!(error = %e, "gRPC API failed");
+                }
+            });
+        }
+        tasks.spawn(feed(
+            mesh.subscribe(),
+            state.clone(),
+            api.clone(),
+            stop_rx.clone(),
+        ));
+        tasks.spawn(watch_agents(mesh.clone(), state.clone(), stop_rx));
+        tracing::info!(
+            replica = %id,
+            mesh = %mesh.local_addr(),
+            http = %http_addr,
+            grpc = %grpc_addr,
+            clusters = state.view().clusters().count(),
+            nodes = loaded_nodes,
+            ready = api.is_ready(),
+            "replica started"
+        );
+        Ok(Replica {
+            id,
+            state,
+            mesh_addr: mesh.local_addr(),
+            http_addr,
+            grpc_addr,
+            mesh,
+            stop,
+            tasks,
+        })
+    }
+
+    /// Stops the APIs, the feeder and the mesh node.
+    pub async fn shutdown(mut self) {
+        let _ = self.stop.send(true);
+        let drain = async { while self.tasks.join_next().await.is_some() {} };
+        if tokio::time::timeout(Duration::from_secs(5), drain)
+            .await
+            .is_err()
+        {
+            self.tasks.abort_all();
+        }
+        match Arc::try_unwrap(self.mesh) {
+            Ok(m) => m.shutdown().await,
+            Err(m) => drop(m),
+        }
+        tracing::info!(replica = %self.id, "replica stopped");
+    }
+}
+
+/// Moves the store's queued view changes into the view whenever the mesh applied something,
+/// and every 250 ms regardless (a lagging broadcast receiver skips notifications).
+async fn feed(
+    mut applied: broadcast::Receiver<dramesh_mesh::node::AppliedChange>,
+    state: Arc<ReplicaState>,
+    api: ApiState,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        let mut touched = BTreeSet::new();
+        tokio::select! {
+            r = applied.recv() => match r {
+                Ok(a) => { touched.insert(a.doc.cluster); }
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    tracing::debug!(skipped = n, "applied-change notifications skipped");
+                }
+                Err(broadcast::error::RecvError::Closed) => return,
+            },
+            _ = tick.tick() => {}
+            _ = stop.wait_for(|v| *v) => return,
+        }
+        while let Ok(a) = applied.try_recv() {
+            touched.insert(a.doc.cluster);
+        }
+        if !touched.is_empty() {
+            api.set_ready(true);
+        }
+        let state = state.clone();
+        let r = tokio::task::spawn_blocking(move || {
+            let now = Instant::now();
+            state.catch_up();
+            for c in &touched {
+                state.touch(c, now);
+            }
+        })
+        .await;
+        if let Err(e) = r {
+            tracing::error!(error = %e, "applying changes to the view panicked");
+        }
+    }
+}
+
+/// Heartbeats of directly connected agents keep their cluster's data fresh.
+async fn watch_agents(
+    mesh: Arc<MeshHandle>,
+    state: Arc<ReplicaState>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.wait_for(|v| *v) => return,
+        }
+        for p in mesh.peers().await {
+            if let PeerIdentity::Agent { cluster, .. } = &p.identity
+                && p.hello_received
+            {
+                state.touch(cluster, p.last_heard);
+            }
+        }
+    }
+}

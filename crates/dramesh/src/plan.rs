@@ -82,20 +82,31 @@ pub fn estimate_table(est: &dramesh_estimator::Estimate) -> String {
         "NODES",
         "EXCLUDED",
     ]);
+    // Errors are long sentences: they go below the table, referenced by number.
+    let mut notes = Vec::new();
     for c in &est.clusters {
+        let limited = match &c.error {
+            Some(e) => {
+                notes.push(format!("[{}] {}: {e}", notes.len() + 1, c.name));
+                format!("error [{}]", notes.len())
+            }
+            None => c.limited_by.clone(),
+        };
         t.row([
             c.name.clone(),
             c.kubernetes_version.clone().unwrap_or_else(|| "-".into()),
             c.max_replicas.to_string(),
-            c.error
-                .clone()
-                .map(|e| format!("error: {e}"))
-                .unwrap_or_else(|| c.limited_by.clone()),
+            limited,
             c.nodes_considered.to_string(),
             excluded_text(&c.excluded_nodes),
         ]);
     }
-    format!("{}total: {}\n", t.render(), est.total)
+    let mut out = format!("{}total: {}\n", t.render(), est.total);
+    for n in notes {
+        out.push_str(&n);
+        out.push('\n');
+    }
+    out
 }
 
 pub fn placement_table(p: &dramesh_estimator::PlacementResult) -> String {

@@ -1,0 +1,139 @@
+//! Estimation, placement and preemption on generated GPU fleets.
+//!
+//! - `one_cluster_5000x8`: one cluster, 5,000 nodes x 8 GPUs, 0-4 GPUs per node in use;
+//!   a workload needing 1 GPU per replica. `cold` builds the caches (fresh estimator),
+//!   `warm` repeats the query, `after_one_node_change` applies one claim change on one node
+//!   and re-estimates (the change is undone in the next iteration).
+//! - `fleet_100x1000x8`: 100 clusters of 1,000 nodes x 8 GPUs, same workload; plus
+//!   placement (dynamic weight) and preemption of a workload that fits nowhere.
+
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::sync::Arc;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use dramesh_estimator::synth::{self, FleetSpec};
+use dramesh_estimator::{EstimateOptions, Estimator, Policy, View, Workload, place, preempt};
+use dramesh_model::{ClusterObject, ObjectChange, ObjectKey, ObjectKind};
+use serde_json::json;
+
+fn gpu_workload(replicas: i64) -> Workload {
+    let tpl: dramesh_model::k8s::ResourceClaimTemplate = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "gpu", "namespace": "default"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": synth::CLASS}}]}}}
+    }))
+    .expect("template");
+    let mut templates = HashMap::new();
+    templates.insert(("default".to_string(), "gpu".to_string()), Arc::new(tpl));
+    let spec = json!({
+        "containers": [{"name": "c", "resources": {"requests": {"cpu": "2", "memory": "16Gi"}}}],
+        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu"}]
+    });
+    let mut w = Workload::from_pod_spec(
+        "Deployment",
+        "default",
+        "bench",
+        replicas,
+        serde_json::from_value(spec).expect("spec"),
+        &templates,
+    )
+    .expect("workload");
+    w.priority = 10_000;
+    w
+}
+
+fn fleet(clusters: usize, nodes: usize) -> View {
+    let spec = FleetSpec {
+        clusters,
+        nodes_per_cluster: nodes,
+        gpus_per_node: 8,
+        owners_per_cluster: 4,
+        kubernetes_version: "1.36".into(),
+    };
+    synth::fleet(&spec, &|n| n % 5).expect("fleet")
+}
+
+fn toggle_claim(view: &mut View, cluster: &str, node: &str, on: bool) {
+    let change = if on {
+        ObjectChange::upsert(&ClusterObject::ResourceClaim(Arc::new(
+            synth::allocated_claim("default", "bench-toggle", node, 7),
+        )))
+    } else {
+        ObjectChange::Delete {
+            key: ObjectKey::new(ObjectKind::ResourceClaim, Some("default"), "bench-toggle"),
+        }
+    };
+    view.apply(cluster, &change).expect("apply");
+}
+
+fn one_cluster(c: &mut Criterion) {
+    let mut view = fleet(1, 5000);
+    let w = gpu_workload(1);
+    let opts = EstimateOptions::default();
+    let mut g = c.benchmark_group("one_cluster_5000x8");
+    g.sample_size(10);
+    g.bench_function("cold", |b| {
+        b.iter(|| black_box(Estimator::new().estimate(&view, &w, &opts).total))
+    });
+    let mut est = Estimator::new();
+    est.estimate(&view, &w, &opts);
+    g.bench_function("warm", |b| {
+        b.iter(|| black_box(est.estimate(&view, &w, &opts).total))
+    });
+    let mut on = false;
+    g.bench_function("after_one_node_change", |b| {
+        b.iter(|| {
+            on = !on;
+            toggle_claim(&mut view, "c0", "c0-n2500", on);
+            black_box(est.estimate(&view, &w, &opts).total)
+        })
+    });
+    g.finish();
+}
+
+fn hundred_clusters(c: &mut Criterion) {
+    let mut view = fleet(100, 1000);
+    let w = gpu_workload(1);
+    let opts = EstimateOptions::default();
+    let mut g = c.benchmark_group("fleet_100x1000x8");
+    g.sample_size(10);
+    g.bench_function("estimate_cold", |b| {
+        b.iter(|| black_box(Estimator::new().estimate(&view, &w, &opts).total))
+    });
+    let mut est = Estimator::new();
+    est.estimate(&view, &w, &opts);
+    g.bench_function("estimate_warm", |b| {
+        b.iter(|| black_box(est.estimate(&view, &w, &opts).total))
+    });
+    let mut on = false;
+    g.bench_function("estimate_after_one_node_change", |b| {
+        b.iter(|| {
+            on = !on;
+            toggle_claim(&mut view, "c42", "c42-n500", on);
+            black_box(est.estimate(&view, &w, &opts).total)
+        })
+    });
+    let policy = Policy::from_value(&json!({
+        "metadata": {"name": "bench"},
+        "spec": {"placement": {
+            "clusterAffinity": {"labelSelector": {"matchLabels": {"fleet": "synthetic"}}},
+            "replicaScheduling": {"replicaSchedulingType": "Divided", "replicaDivisionPreference": "Weighted",
+                                  "weightPreference": {"dynamicWeight": "AvailableReplicas"}}}}
+    }))
+    .expect("policy");
+    let big = gpu_workload(20_000);
+    g.bench_function("place_dynamic_weight", |b| {
+        b.iter(|| black_box(place(&view, &big, &policy, &mut est, &opts).clusters.len()))
+    });
+    // 8,000 GPUs per cluster, 6,000 free (0-4 of 8 used per node): 7,000 replicas fit
+    // nowhere without preemption.
+    let huge = gpu_workload(7_000);
+    g.bench_function("preempt", |b| {
+        b.iter(|| black_box(preempt(&view, &huge, &mut est, &opts).chosen))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, one_cluster, hundred_clusters);
+criterion_main!(benches);

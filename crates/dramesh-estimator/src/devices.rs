@@ -1,0 +1,1016 @@
+//! Device (DRA) state of one cluster, and the only place the estimator talks to the
+//! allocation engine (`dramesh-engine`).
+//!
+//! State is kept incrementally: the engine's [`Inventory`] (slices, classes, taint rules)
+//! and [`AllocatedState`] (devices used by allocated claims) are updated one object at a
+//! time; claims are kept in compact form (their allocation only). Each node has a device
+//! generation (its local slices or the allocations in its pools changed) and the cluster
+//! has a shared generation (classes, taint rules, node-less slices or their allocations,
+//! version), which the result caches key on.
+//!
+//! Estimation semantics ([`DeviceQuery::fit`]): on a node, replica after replica gets its
+//! own fresh allocation of the pod's template claims from the engine, against the state
+//! that already includes the earlier replicas (on any node); the count stops at the first
+//! replica that does not fit. Allocations that only use devices local to the node are rolled
+//! back after the node is counted (they cannot affect another node); allocations that use
+//! shared devices stay, so later nodes see them.
+//!
+//! Caching never changes results: a node's answer is reused only when its device generation
+//! and the cluster's shared generation are unchanged and no replica of the current query
+//! has consumed a shared device yet. Nodes whose local slices and local allocations are
+//! identical up to node and pool names ("same shape") share one answer when the cluster has
+//! no node-less slices and no taint rules, since then nothing else can influence a node's
+//! allocation.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeMap, VecDeque};
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use dramesh_engine::{AllocatedState, Inventory, KubeVersion, NodeInfo, Options, Outcome};
+use dramesh_model::k8s::{
+    AllocationResult, DeviceClaim, DeviceClass, DeviceRequest, DeviceTaintRule, ExactDeviceRequest,
+    ObjectMeta, ResourceClaim, ResourceClaimSpec, ResourceSlice,
+};
+
+use crate::estimate::Overlay;
+use crate::fasthash::{FastMap, FastSet};
+use crate::resources::{ResName, is_extended_resource};
+use crate::view::{ClusterView, NodeEntry};
+use crate::workload::Workload;
+
+/// What the view remembers of a slice.
+#[derive(Debug, Clone)]
+pub(crate) struct SliceMeta {
+    pub node: Option<Arc<str>>,
+    pub driver: String,
+    pub pool: String,
+    /// Hash of the slice content without its name, node name and pool name.
+    pub shape: u64,
+    /// counter name -> largest consumption any device of the slice declares (nano-units).
+    pub max_counters: BTreeMap<String, i128>,
+}
+
+/// One device result of an allocation, with driver and pool names interned.
+#[derive(Debug, Clone)]
+pub(crate) struct CompactResult {
+    driver: Arc<str>,
+    pool: Arc<str>,
+    device: Box<str>,
+    request: Box<str>,
+    admin_access: Option<bool>,
+    share_id: Option<Box<str>>,
+    consumed: Option<BTreeMap<String, dramesh_model::k8s::K8sQuantity>>,
+}
+
+impl CompactResult {
+    fn expand(&self) -> dramesh_model::k8s::DeviceRequestAllocationResult {
+        dramesh_model::k8s::DeviceRequestAllocationResult {
+            driver: self.driver.to_string(),
+            pool: self.pool.to_string(),
+            device: self.device.to_string(),
+            request: self.request.to_string(),
+            admin_access: self.admin_access,
+            share_id: self.share_id.as_deref().map(str::to_string),
+            consumed_capacity: self.consumed.clone(),
+            ..Default::default()
+        }
+    }
+}
+
+fn expand(results: &[CompactResult]) -> AllocationResult {
+    AllocationResult {
+        devices: Some(dramesh_model::k8s::DeviceAllocationResult {
+            results: Some(results.iter().map(CompactResult::expand).collect()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// What the view remembers of a claim.
+#[derive(Debug, Clone)]
+pub(crate) struct ClaimMeta {
+    /// The allocation's device results in compact form (node selector and config are not
+    /// needed for device state).
+    pub allocation: Option<Box<[CompactResult]>>,
+    /// The allocation's node selector when it is not the usual single-node pin.
+    pub node_selector: Option<dramesh_model::k8s::NodeSelector>,
+    /// The node the allocation is pinned to (`matchFields metadata.name In [node]`).
+    pub pinned_node: Option<Arc<str>>,
+    /// The whole claim, kept only while it is unallocated (it may have to be allocated by
+    /// the workload being estimated, when it is a shared claim).
+    pub unallocated: Option<Arc<ResourceClaim>>,
+}
+
+/// Device state of one cluster.
+#[derive(Debug, Default)]
+pub struct ClusterDevices {
+    pub(crate) version: KubeVersion,
+    pub(crate) version_error: Option<String>,
+    pub(crate) inventory: Inventory,
+    pub(crate) allocated: AllocatedState,
+    pub(crate) slices: FastMap<String, SliceMeta>,
+    pub(crate) shared_slices: usize,
+    pub(crate) classes: BTreeMap<String, Arc<DeviceClass>>,
+    pub(crate) taint_rules: usize,
+    pub(crate) claims: FastMap<(String, String), ClaimMeta>,
+    /// (driver, pool) -> node the pool's slices are local to.
+    pub(crate) pool_node: FastMap<(String, String), Arc<str>>,
+    /// node -> local slice names.
+    pub(crate) node_slices: FastMap<Arc<str>, Vec<String>>,
+    /// (driver, pool) -> multiset of allocated devices (device name and consumed capacity),
+    /// kept per pool so it does not depend on whether claims or slices arrived first.
+    pub(crate) pool_alloc: FastMap<(String, String), BTreeMap<String, u32>>,
+    pub(crate) node_gen: FastMap<Arc<str>, u64>,
+    pub(crate) shared_gen: u64,
+    counter: u64,
+    /// Interned driver and pool names.
+    names: FastSet<Arc<str>>,
+    /// Recent per-node device changes (generation, node), see `ClusterView::log`.
+    pub(crate) log: VecDeque<(u64, Arc<str>)>,
+    pub(crate) log_floor: u64,
+}
+
+fn hash_of<T: Hash>(t: &T) -> u64 {
+    let mut h = DefaultHasher::new();
+    t.hash(&mut h);
+    h.finish()
+}
+
+impl ClusterDevices {
+    fn tick(&mut self) -> u64 {
+        self.counter += 1;
+        self.counter
+    }
+
+    fn key_for(&self, node: &str) -> Arc<str> {
+        self.node_gen
+            .get_key_value(node)
+            .map(|(k, _)| k.clone())
+            .unwrap_or_else(|| Arc::from(node))
+    }
+
+    fn bump_node(&mut self, node: &str) {
+        let g = self.tick();
+        let key = self.key_for(node);
+        self.log.push_back((g, key.clone()));
+        if self.log.len() > crate::view::CHANGE_LOG
+            && let Some((old, _)) = self.log.pop_front()
+        {
+            self.log_floor = old;
+        }
+        self.node_gen.insert(key, g);
+    }
+
+    /// The current change counter (node and shared changes).
+    pub fn counter(&self) -> u64 {
+        self.counter
+    }
+
+    fn bump_shared(&mut self) {
+        self.shared_gen = self.tick();
+    }
+
+    pub(crate) fn set_version(&mut self, v: Option<&str>) {
+        match v.map(str::parse::<KubeVersion>) {
+            None => {
+                self.version = KubeVersion::default();
+                self.version_error = None;
+            }
+            Some(Ok(k)) => {
+                self.version = k;
+                self.version_error = None;
+            }
+            Some(Err(e)) => {
+                self.version = KubeVersion::default();
+                self.version_error = Some(e.to_string());
+            }
+        }
+        self.bump_shared();
+    }
+
+    /// The allocator semantics used for this cluster.
+    pub fn kube_version(&self) -> KubeVersion {
+        self.version
+    }
+
+    pub(crate) fn node_changed(&mut self, node: &str) {
+        self.bump_node(node);
+    }
+
+    /// The device generation of one node (0 when it has never had devices).
+    pub fn node_generation(&self, node: &str) -> u64 {
+        self.node_gen.get(node).copied().unwrap_or(0)
+    }
+
+    pub fn shared_generation(&self) -> u64 {
+        self.shared_gen
+    }
+
+    pub fn has_devices(&self) -> bool {
+        !self.slices.is_empty()
+    }
+
+    pub fn slice_count(&self) -> usize {
+        self.slices.len()
+    }
+
+    pub fn claim_count(&self) -> usize {
+        self.claims.len()
+    }
+
+    pub fn class(&self, name: &str) -> Option<&Arc<DeviceClass>> {
+        self.classes.get(name)
+    }
+
+    pub fn inventory(&self) -> &Inventory {
+        &self.inventory
+    }
+
+    pub fn allocated_state(&self) -> &AllocatedState {
+        &self.allocated
+    }
+
+    /// The DeviceClass that maps an extended resource name (KEP-5004).
+    pub fn class_for_extended_resource(&self, name: &str) -> Option<&Arc<DeviceClass>> {
+        let class = self.inventory.extended_resource_class(name)?;
+        self.classes.get(class)
+    }
+
+    /// Largest consumption of `counter` declared by any device of `driver` (nano-units).
+    pub fn max_counter(&self, driver: &str, counter: &str) -> i128 {
+        self.slices
+            .values()
+            .filter(|s| s.driver == driver)
+            .filter_map(|s| s.max_counters.get(counter))
+            .copied()
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn alloc_marker(r: &dramesh_model::k8s::DeviceRequestAllocationResult) -> String {
+        marker_of(&r.device, &r.consumed_capacity)
+    }
+
+    fn account(&mut self, alloc: &AllocationResult, add: bool) {
+        let results = alloc
+            .devices
+            .as_ref()
+            .and_then(|d| d.results.clone())
+            .unwrap_or_default();
+        for r in &results {
+            let pool = (r.driver.clone(), r.pool.clone());
+            let marker = Self::alloc_marker(r);
+            let set = self.pool_alloc.entry(pool.clone()).or_default();
+            if add {
+                *set.entry(marker).or_default() += 1;
+            } else if let Some(n) = set.get_mut(&marker) {
+                *n -= 1;
+                if *n == 0 {
+                    set.remove(&marker);
+                }
+            }
+            if set.is_empty() {
+                self.pool_alloc.remove(&pool);
+            }
+            match self.pool_node.get(&pool).cloned() {
+                Some(node) => self.bump_node(&node),
+                None => self.bump_shared(),
+            }
+        }
+        if add {
+            self.allocated.commit(std::slice::from_ref(alloc));
+        } else {
+            self.allocated.release(std::slice::from_ref(alloc));
+        }
+    }
+
+    pub(crate) fn upsert_slice(&mut self, name: &str, slice: &ResourceSlice) -> Result<(), String> {
+        self.inventory
+            .upsert_slice(slice)
+            .map_err(|e| e.to_string())?;
+        self.remove_meta(name);
+        let spec = &slice.spec;
+        let node = spec
+            .node_name
+            .as_deref()
+            .filter(|n| !n.is_empty())
+            .map(|n| self.key_for(n));
+        let mut shape_src = spec.clone();
+        shape_src.node_name = None;
+        shape_src.pool.name = String::new();
+        let shape = hash_of(&serde_json::to_string(&shape_src).unwrap_or_default());
+        let mut max_counters: BTreeMap<String, i128> = BTreeMap::new();
+        for d in spec.devices.iter().flatten() {
+            for cc in d.consumes_counters.iter().flatten() {
+                for (k, v) in &cc.counters {
+                    if let Ok(q) = dramesh_model::Quantity::parse(&v.value.0) {
+                        let e = max_counters.entry(k.clone()).or_default();
+                        *e = (*e).max(q.nanos());
+                    }
+                }
+            }
+        }
+        match &node {
+            Some(n) => {
+                let names = self.node_slices.entry(n.clone()).or_default();
+                if let Err(i) = names.binary_search_by(|x| x.as_str().cmp(name)) {
+                    names.insert(i, name.to_string());
+                }
+                self.pool_node
+                    .insert((spec.driver.clone(), spec.pool.name.clone()), n.clone());
+                self.bump_node(n);
+            }
+            None => {
+                self.shared_slices += 1;
+                self.bump_shared();
+            }
+        }
+        self.slices.insert(
+            name.to_string(),
+            SliceMeta {
+                node,
+                driver: spec.driver.clone(),
+                pool: spec.pool.name.clone(),
+                shape,
+                max_counters,
+            },
+        );
+        Ok(())
+    }
+
+    fn remove_meta(&mut self, name: &str) {
+        let Some(old) = self.slices.remove(name) else {
+            return;
+        };
+        match &old.node {
+            Some(n) => {
+                if let Some(v) = self.node_slices.get_mut(n) {
+                    v.retain(|s| s != name);
+                    if v.is_empty() {
+                        self.node_slices.remove(n);
+                        self.pool_node
+                            .remove(&(old.driver.clone(), old.pool.clone()));
+                    }
+                }
+                let n = n.clone();
+                self.bump_node(&n);
+            }
+            None => {
+                self.shared_slices = self.shared_slices.saturating_sub(1);
+                self.bump_shared();
+            }
+        }
+    }
+
+    pub(crate) fn remove_slice(&mut self, name: &str) {
+        self.inventory.remove_slice(name);
+        self.remove_meta(name);
+    }
+
+    pub(crate) fn upsert_class(
+        &mut self,
+        name: &str,
+        class: Arc<DeviceClass>,
+    ) -> Result<(), String> {
+        self.inventory
+            .upsert_class(&class)
+            .map_err(|e| e.to_string())?;
+        self.classes.insert(name.to_string(), class);
+        self.bump_shared();
+        Ok(())
+    }
+
+    pub(crate) fn remove_class(&mut self, name: &str) {
+        self.inventory.remove_class(name);
+        if self.classes.remove(name).is_some() {
+            self.bump_shared();
+        }
+    }
+
+    pub(crate) fn upsert_taint_rule(&mut self, rule: &DeviceTaintRule) -> Result<(), String> {
+        let name = rule.metadata.name.clone().unwrap_or_default();
+        let existed = self.inventory.remove_taint_rule(&name);
+        self.inventory
+            .upsert_taint_rule(rule)
+            .map_err(|e| e.to_string())?;
+        if !existed {
+            self.taint_rules += 1;
+        }
+        self.bump_shared();
+        Ok(())
+    }
+
+    pub(crate) fn remove_taint_rule(&mut self, name: &str) {
+        if self.inventory.remove_taint_rule(name) {
+            self.taint_rules = self.taint_rules.saturating_sub(1);
+            self.bump_shared();
+        }
+    }
+
+    fn name(&mut self, n: &str) -> Arc<str> {
+        if let Some(a) = self.names.get(n) {
+            return a.clone();
+        }
+        let a: Arc<str> = Arc::from(n);
+        self.names.insert(a.clone());
+        a
+    }
+
+    pub(crate) fn upsert_claim(&mut self, namespace: &str, name: &str, claim: Arc<ResourceClaim>) {
+        self.remove_claim(namespace, name);
+        let allocation = claim.status.as_ref().and_then(|s| s.allocation.as_ref());
+        let mut compact = None;
+        let mut node_selector = None;
+        let mut pinned_node = None;
+        if let Some(a) = allocation {
+            self.account(a, true);
+            let mut v = Vec::new();
+            for r in a.devices.iter().flat_map(|d| d.results.iter().flatten()) {
+                v.push(CompactResult {
+                    driver: self.name(&r.driver),
+                    pool: self.name(&r.pool),
+                    device: r.device.as_str().into(),
+                    request: r.request.as_str().into(),
+                    admin_access: r.admin_access,
+                    share_id: r.share_id.as_deref().map(Into::into),
+                    consumed: r.consumed_capacity.clone(),
+                });
+            }
+            compact = Some(v.into_boxed_slice());
+            if let Some(sel) = &a.node_selector {
+                match single_node(sel) {
+                    Some(n) => pinned_node = Some(self.key_for(n)),
+                    None => node_selector = Some(sel.clone()),
+                }
+            }
+        } else {
+            self.bump_shared();
+        }
+        let unallocated = compact.is_none().then_some(claim);
+        self.claims.insert(
+            (namespace.to_string(), name.to_string()),
+            ClaimMeta {
+                allocation: compact,
+                node_selector,
+                pinned_node,
+                unallocated,
+            },
+        );
+    }
+
+    pub(crate) fn remove_claim(&mut self, namespace: &str, name: &str) {
+        if let Some(old) = self
+            .claims
+            .remove(&(namespace.to_string(), name.to_string()))
+            && let Some(a) = &old.allocation
+        {
+            self.account(&expand(a), false);
+        }
+    }
+
+    pub fn has_claim(&self, namespace: &str, name: &str) -> bool {
+        self.claims
+            .contains_key(&(namespace.to_string(), name.to_string()))
+    }
+
+    /// Shape hash of one node's local devices and their allocations, optionally with some
+    /// allocations (per pool) taken away.
+    fn node_shape(&self, node: &str, removed: Option<&PoolMarkers>) -> u64 {
+        let mut h = DefaultHasher::new();
+        // Slice names of a node are kept sorted (see `upsert_slice`).
+        for n in self.node_slices.get(node).into_iter().flatten() {
+            let Some(m) = self.slices.get(n.as_str()) else {
+                continue;
+            };
+            m.shape.hash(&mut h);
+            let pool = (m.driver.clone(), m.pool.clone());
+            let gone = removed.and_then(|r| r.get(&pool));
+            for (marker, k) in self.pool_alloc.get(&pool).into_iter().flatten() {
+                let left = k.saturating_sub(gone.and_then(|g| g.get(marker)).copied().unwrap_or(0));
+                if left > 0 {
+                    marker.hash(&mut h);
+                    left.hash(&mut h);
+                }
+            }
+        }
+        h.finish()
+    }
+}
+
+/// Identity of one allocated device use within its pool: device name and consumed capacity.
+fn marker_of(
+    device: &str,
+    consumed: &Option<BTreeMap<String, dramesh_model::k8s::K8sQuantity>>,
+) -> String {
+    match consumed {
+        None => format!("{device}/null"),
+        Some(c) => format!("{device}/{}", serde_json::to_string(c).unwrap_or_default()),
+    }
+}
+
+/// The node of a `matchFields metadata.name In [node]` selector with one term.
+fn single_node(sel: &dramesh_model::k8s::NodeSelector) -> Option<&str> {
+    let [term] = sel.node_selector_terms.as_slice() else {
+        return None;
+    };
+    if term
+        .match_expressions
+        .as_ref()
+        .is_some_and(|e| !e.is_empty())
+    {
+        return None;
+    }
+    let [req] = term.match_fields.as_deref()? else {
+        return None;
+    };
+    match (
+        req.key.as_str(),
+        req.operator.as_str(),
+        req.values.as_deref(),
+    ) {
+        ("metadata.name", "In", Some([n])) => Some(n.as_str()),
+        _ => None,
+    }
+}
+
+/// Allocated-device markers per pool.
+type PoolMarkers = FastMap<(String, String), BTreeMap<String, u32>>;
+
+/// Upper bound of entries per cache map before it is cleared.
+const MAX_CACHE_ENTRIES: usize = 1 << 20;
+
+/// A cached node answer: (node generation, shared generation, cap used, fit).
+type NodeAnswer = (u64, u64, i64, i64);
+
+/// Per-node device answers kept between estimates of one cluster.
+#[derive(Debug, Default)]
+pub struct DeviceCache {
+    /// (query fingerprint, node) -> (node generation, shared generation, cap, fit).
+    per_node: FastMap<(u64, Arc<str>), NodeAnswer>,
+    /// (query fingerprint, shape, shared generation) -> (cap, fit).
+    per_shape: FastMap<(u64, u64, u64), (i64, i64)>,
+    /// A copy of the cluster's device state as of a device change counter, reused by
+    /// queries so a cache miss does not copy the whole state. Local allocations made by a
+    /// query are rolled back; `scratch_dirty` marks a copy a query changed for good.
+    scratch: Option<(u64, AllocatedState)>,
+    scratch_dirty: bool,
+}
+
+impl DeviceCache {
+    pub fn len(&self) -> usize {
+        self.per_node.len() + self.per_shape.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A reused answer computed with cap `cap_used` is exact for `cap` when it stopped short of
+/// its cap, or when the new cap is not larger.
+fn reuse(cap_used: i64, fit: i64, cap: i64) -> Option<i64> {
+    if fit < cap_used || cap <= cap_used {
+        Some(fit.min(cap))
+    } else {
+        None
+    }
+}
+
+/// A prepared device question for one workload on one cluster.
+pub(crate) struct DeviceQuery<'a> {
+    devices: &'a ClusterDevices,
+    /// A private copy of the device state, used when no cache scratch copy can be (the
+    /// overlay releases devices, or there is no cache).
+    owned: Option<AllocatedState>,
+    /// Work on the cache's scratch copy of the device state (kept between queries).
+    use_scratch: bool,
+    opts: Options,
+    /// Template claims of one replica.
+    template_claims: Vec<ResourceClaim>,
+    /// Extended resources a DeviceClass maps: (resource, class, count).
+    dra_extended: Vec<(ResName, String, i64)>,
+    /// Allocated shared claims' node selectors.
+    shared_selectors: Vec<dramesh_model::k8s::NodeSelector>,
+    /// Shared claims still to be allocated by the first replica.
+    pending_shared: Vec<Arc<ResourceClaim>>,
+    fingerprint: u64,
+    /// Set once a replica of this query consumed a shared device (caches stop applying).
+    dirty: bool,
+    overlay_nodes: FastSet<Arc<str>>,
+    /// Markers of the allocations an overlay released, per pool.
+    overlay_released: PoolMarkers,
+    /// Allocations the overlay releases, applied to `state` only when the engine is
+    /// actually called (cache hits never need them).
+    to_release: Vec<&'a [CompactResult]>,
+    cache: Option<&'a mut DeviceCache>,
+    shape_ok: bool,
+}
+
+fn claim_from(namespace: &str, name: &str, spec: ResourceClaimSpec) -> ResourceClaim {
+    ResourceClaim {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(namespace.to_string()),
+            ..Default::default()
+        },
+        spec,
+        status: None,
+    }
+}
+
+impl<'a> DeviceQuery<'a> {
+    /// `Ok(None)` when the workload needs no devices in this cluster; `Err` when it cannot
+    /// be scheduled in this cluster at all (a shared claim is missing).
+    pub(crate) fn prepare(
+        c: &'a ClusterView,
+        w: &Workload,
+        overlay: Option<&Overlay>,
+        cache: Option<&'a mut DeviceCache>,
+    ) -> Result<Option<DeviceQuery<'a>>, String> {
+        let devices = &c.devices;
+        let mut dra_extended = Vec::new();
+        let ext_enabled = Options::for_version(devices.version)
+            .effective_features()
+            .extended_resource;
+        for (name, amount) in w.requests.iter() {
+            if let ResName::Other(s) = name
+                && ext_enabled
+                && is_extended_resource(s)
+                && let Some(class) = devices.inventory.extended_resource_class(s)
+            {
+                dra_extended.push((name.clone(), class.to_string(), amount));
+            }
+        }
+        let mut shared_selectors = Vec::new();
+        let mut pending_shared = Vec::new();
+        for claim in &w.shared_claims {
+            let key = (w.namespace.clone(), claim.clone());
+            let removed = overlay.is_some_and(|o| o.removed_claims.contains(&key));
+            match devices.claims.get(&key) {
+                None => {
+                    return Err(format!(
+                        "ResourceClaim {}/{claim} not found in cluster {}",
+                        w.namespace, c.name
+                    ));
+                }
+                Some(m) => match (&m.allocation, &m.unallocated) {
+                    (Some(_), _) if !removed => {
+                        if let Some(sel) = &m.node_selector {
+                            shared_selectors.push(sel.clone());
+                        }
+                        if let Some(n) = &m.pinned_node {
+                            shared_selectors.push(dramesh_model::k8s::NodeSelector {
+                                node_selector_terms: vec![dramesh_model::k8s::NodeSelectorTerm {
+                                    match_fields: Some(vec![
+                                        dramesh_model::k8s::NodeSelectorRequirement {
+                                            key: "metadata.name".into(),
+                                            operator: "In".into(),
+                                            values: Some(vec![n.to_string()]),
+                                        },
+                                    ]),
+                                    ..Default::default()
+                                }],
+                            });
+                        }
+                    }
+                    (_, Some(full)) => pending_shared.push(full.clone()),
+                    _ => {}
+                },
+            }
+        }
+        if w.templates.is_empty()
+            && dra_extended.is_empty()
+            && pending_shared.is_empty()
+            && shared_selectors.is_empty()
+        {
+            return Ok(None);
+        }
+        if let Some(e) = &devices.version_error {
+            return Err(format!("cluster {}: {e}", c.name));
+        }
+        let mut template_claims = Vec::new();
+        for t in &w.templates {
+            template_claims.push(claim_from(
+                &w.namespace,
+                &format!("{}-{}", w.name, t.pod_claim),
+                t.template.spec.spec.clone(),
+            ));
+        }
+        let mut to_release: Vec<&'a [CompactResult]> = Vec::new();
+        let mut overlay_nodes = FastSet::default();
+        let mut overlay_released: PoolMarkers = FastMap::default();
+        let mut shared_released = false;
+        if let Some(o) = overlay {
+            for key in &o.removed_claims {
+                if let Some(m) = devices.claims.get(key)
+                    && let Some(a) = &m.allocation
+                {
+                    to_release.push(&**a);
+                    for r in a.iter() {
+                        let pool = (r.driver.to_string(), r.pool.to_string());
+                        match devices.pool_node.get(&pool) {
+                            Some(n) => {
+                                overlay_nodes.insert(n.clone());
+                                *overlay_released
+                                    .entry(pool)
+                                    .or_default()
+                                    .entry(marker_of(&r.device, &r.consumed))
+                                    .or_default() += 1;
+                            }
+                            None => shared_released = true,
+                        }
+                    }
+                }
+            }
+        }
+        let mut fp = DefaultHasher::new();
+        w.fingerprint.hash(&mut fp);
+        dra_extended.hash(&mut fp);
+        let fingerprint = fp.finish();
+        let shape_ok = devices.shared_slices == 0 && devices.taint_rules == 0;
+        // Removing claims that used shared devices changes what every node sees.
+        let dirty = shared_released;
+        let use_scratch = cache.is_some() && to_release.is_empty();
+        let mut cache = cache;
+        if use_scratch
+            && let Some(c) = cache.as_deref_mut()
+            && c.scratch_dirty
+        {
+            // A previous query left shared allocations in the copy: start from the view.
+            c.scratch = None;
+            c.scratch_dirty = false;
+        }
+        Ok(Some(DeviceQuery {
+            devices,
+            owned: None,
+            use_scratch,
+            opts: Options::for_version(devices.version),
+            template_claims,
+            dra_extended,
+            shared_selectors,
+            pending_shared,
+            fingerprint,
+            dirty,
+            overlay_nodes,
+            overlay_released,
+            to_release,
+            cache,
+            shape_ok,
+        }))
+    }
+
+    /// True once a replica consumed a shared device or a shared claim is still pending:
+    /// node answers of this query then depend on node order.
+    pub(crate) fn order_dependent(&self) -> bool {
+        self.dirty || !self.pending_shared.is_empty()
+    }
+
+    /// False when an allocated shared claim's node selector excludes this node.
+    pub(crate) fn node_allowed(&self, node: &NodeEntry) -> bool {
+        if self.shared_selectors.is_empty() {
+            return true;
+        }
+        let info = NodeInfo {
+            name: node.name.to_string(),
+            labels: node.labels.clone(),
+        };
+        self.shared_selectors
+            .iter()
+            .all(|s| dramesh_engine::node_selector_matches(s, &info).unwrap_or(false))
+    }
+
+    /// The DRA-backed extended resources this node does not advertise itself.
+    fn ext_on_node(&self, node: &NodeEntry) -> Vec<&(ResName, String, i64)> {
+        self.dra_extended
+            .iter()
+            .filter(|(n, _, _)| node.allocatable.get(n) <= 0)
+            .collect()
+    }
+
+    /// True when `r` is an extended resource this node does not advertise and a
+    /// DeviceClass maps: on this node it is satisfied by devices, not node allocatable.
+    pub(crate) fn served_by_devices(&self, node: &NodeEntry, r: &ResName) -> bool {
+        self.dra_extended
+            .iter()
+            .any(|(n, _, _)| n == r && node.allocatable.get(n) <= 0)
+    }
+
+    /// How many replicas (at most `cap`) each get their own devices on this node.
+    pub(crate) fn fit(&mut self, node: &NodeEntry, cap: i64) -> Result<i64, String> {
+        let ext = self.ext_on_node(node);
+        let ext_claim = (!ext.is_empty()).then(|| {
+            let requests = ext
+                .iter()
+                .enumerate()
+                .map(|(i, (_, class, count))| DeviceRequest {
+                    name: format!("extended-resource-{i}"),
+                    exactly: Some(ExactDeviceRequest {
+                        device_class_name: class.clone(),
+                        count: Some(*count),
+                        allocation_mode: Some("ExactCount".into()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })
+                .collect();
+            claim_from(
+                "default",
+                "extended-resources",
+                ResourceClaimSpec {
+                    devices: Some(DeviceClaim {
+                        requests: Some(requests),
+                        ..Default::default()
+                    }),
+                },
+            )
+        });
+        let variant = u64::from(ext_claim.is_some());
+        let key_fp = self.fingerprint ^ variant.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let cacheable = !self.dirty && self.pending_shared.is_empty();
+        let in_overlay = self.overlay_nodes.contains(&node.name);
+        let node_gen = self.devices.node_generation(&node.name);
+        let shared_gen = self.devices.shared_gen;
+        let mut shape_key = None;
+        if cacheable && let Some(cache) = self.cache.as_deref_mut() {
+            if self.shape_ok {
+                // Same-shape answers cover every node; the shape is cheap to hash, so it is
+                // recomputed rather than looked up.
+                let shape = if in_overlay {
+                    self.devices
+                        .node_shape(&node.name, Some(&self.overlay_released))
+                } else {
+                    self.devices.node_shape(&node.name, None)
+                };
+                let k = (key_fp, shape, shared_gen);
+                if let Some(&(cap_used, fit)) = cache.per_shape.get(&k)
+                    && let Some(v) = reuse(cap_used, fit, cap)
+                {
+                    return Ok(v);
+                }
+                shape_key = Some(k);
+            } else if !in_overlay
+                && let Some(&(g, s, cap_used, fit)) =
+                    cache.per_node.get(&(key_fp, node.name.clone()))
+                && g == node_gen
+                && s == shared_gen
+                && let Some(v) = reuse(cap_used, fit, cap)
+            {
+                return Ok(v);
+            }
+        }
+        let fit = self.fit_uncached(node, cap, ext_claim.as_ref())?;
+        // An answer that consumed shared devices cannot be replayed from a cache: the
+        // consumption is a side effect later nodes must see.
+        if cacheable
+            && !self.dirty
+            && let Some(cache) = self.cache.as_deref_mut()
+        {
+            // Stale generations are never read again; bound memory by starting over.
+            if cache.per_node.len() >= MAX_CACHE_ENTRIES {
+                cache.per_node.clear();
+            }
+            if cache.per_shape.len() >= MAX_CACHE_ENTRIES {
+                cache.per_shape.clear();
+            }
+            if !in_overlay {
+                cache.per_node.insert(
+                    (key_fp, node.name.clone()),
+                    (node_gen, shared_gen, cap, fit),
+                );
+            }
+            if let Some(k) = shape_key {
+                cache.per_shape.insert(k, (cap, fit));
+            }
+        }
+        Ok(fit)
+    }
+
+    /// The naive path: replica by replica through the engine.
+    pub(crate) fn fit_uncached(
+        &mut self,
+        node: &NodeEntry,
+        cap: i64,
+        ext_claim: Option<&ResourceClaim>,
+    ) -> Result<i64, String> {
+        let devices = self.devices;
+        if !self.to_release.is_empty() {
+            let release = std::mem::take(&mut self.to_release);
+            let st = state_mut(&mut self.cache, &mut self.owned, devices, false);
+            for a in release {
+                st.release(std::slice::from_ref(&expand(a)));
+            }
+        }
+        let use_scratch = self.use_scratch;
+        let info = NodeInfo {
+            name: node.name.to_string(),
+            labels: node.labels.clone(),
+        };
+        let mut local: Vec<Vec<AllocationResult>> = Vec::new();
+        let mut n = 0;
+        let mut failure = None;
+        while n < cap {
+            let pending: Vec<Arc<ResourceClaim>> = std::mem::take(&mut self.pending_shared);
+            let mut claims: Vec<&ResourceClaim> = pending.iter().map(|c| &**c).collect();
+            claims.extend(self.template_claims.iter());
+            if let Some(e) = ext_claim {
+                claims.push(e);
+            }
+            if claims.is_empty() {
+                n = cap;
+                break;
+            }
+            let st = state_mut(&mut self.cache, &mut self.owned, devices, use_scratch);
+            match dramesh_engine::allocate(&devices.inventory, st, &info, &claims, &self.opts) {
+                Outcome::Allocated(results) => {
+                    let (shared_part, rest) = results.split_at(pending.len().min(results.len()));
+                    for a in shared_part {
+                        st.commit(std::slice::from_ref(a));
+                        if let Some(sel) = &a.node_selector {
+                            self.shared_selectors.push(sel.clone());
+                        }
+                        self.dirty = true;
+                    }
+                    let rest = rest.to_vec();
+                    st.commit(&rest);
+                    let local_only = rest.iter().all(|a| {
+                        a.devices
+                            .iter()
+                            .flat_map(|d| d.results.iter().flatten())
+                            .all(|r| {
+                                devices
+                                    .pool_node
+                                    .get(&(r.driver.clone(), r.pool.clone()))
+                                    .is_some_and(|p| **p == *node.name)
+                            })
+                    });
+                    if local_only {
+                        local.push(rest);
+                    } else {
+                        self.dirty = true;
+                    }
+                    n += 1;
+                }
+                Outcome::Unsatisfiable { .. } | Outcome::BudgetExhausted { .. } => {
+                    self.pending_shared = pending;
+                    break;
+                }
+                Outcome::Error { message } => {
+                    self.pending_shared = pending;
+                    failure = Some(format!("device allocation fails the workload: {message}"));
+                    break;
+                }
+            }
+        }
+        let st = state_mut(&mut self.cache, &mut self.owned, devices, use_scratch);
+        for a in local.iter().rev() {
+            st.release(a);
+        }
+        if self.dirty
+            && use_scratch
+            && let Some(c) = self.cache.as_deref_mut()
+        {
+            c.scratch_dirty = true;
+        }
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(n),
+        }
+    }
+}
+
+/// The device state a query may change: the cache's scratch copy (refreshed when stale) or
+/// a private copy.
+fn state_mut<'s>(
+    cache: &'s mut Option<&mut DeviceCache>,
+    owned: &'s mut Option<AllocatedState>,
+    devices: &ClusterDevices,
+    use_scratch: bool,
+) -> &'s mut AllocatedState {
+    if use_scratch && let Some(c) = cache.as_deref_mut() {
+        let fresh = matches!(&c.scratch, Some((g, _)) if *g == devices.counter);
+        if !fresh {
+            c.scratch = Some((devices.counter, devices.allocated.clone()));
+        }
+        if let Some((_, s)) = &mut c.scratch {
+            return s;
+        }
+    }
+    owned.get_or_insert_with(|| devices.allocated.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reuse;
+
+    #[test]
+    fn reuse_rules() {
+        // Stopped short of its cap: exact for any cap.
+        assert_eq!(reuse(10, 3, 100), Some(3));
+        assert_eq!(reuse(10, 3, 2), Some(2));
+        // Hit its cap: only valid for caps not above it.
+        assert_eq!(reuse(10, 10, 5), Some(5));
+        assert_eq!(reuse(10, 10, 11), None);
+    }
+}

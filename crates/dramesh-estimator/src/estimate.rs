@@ -1,0 +1,733 @@
+//! Max-available-replicas estimation (Karmada `MaxAvailableReplicas` semantics, extended
+//! with DRA devices), component sets (`MaxAvailableComponentSets`), assumed in-flight
+//! workloads and per-cluster explanations.
+//!
+//! Per cluster: every node that passes the replica's node claim contributes
+//! `min(min over requested resources of floor(free / request), free pod slots,
+//! device-fit)` replicas, where free = allocatable - requests of active pods bound to the
+//! node - assumed workloads (first-fit, as Karmada deducts them). Device-fit is the number
+//! of replicas that each get a fresh allocation, one after another, from the engine (see
+//! [`crate::devices`]). The cluster answer is the sum, further capped by an optional quota.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::devices::{DeviceCache, DeviceQuery};
+use crate::fasthash::{FastMap, FastSet};
+use crate::filter::{Exclusion, NodeClaim};
+use crate::quota::QuotaSet;
+use crate::resources::{ResList, ResName};
+use crate::view::{ClusterView, NodeEntry, View};
+use crate::workload::Workload;
+
+/// An in-flight workload already assigned to a cluster but not yet bound to nodes.
+#[derive(Debug, Clone)]
+pub struct AssumedWorkload {
+    pub cluster: String,
+    pub requests: ResList,
+    pub node_claim: NodeClaim,
+    pub replicas: i64,
+}
+
+impl AssumedWorkload {
+    pub fn from_workload(cluster: &str, w: &Workload, replicas: i64) -> AssumedWorkload {
+        AssumedWorkload {
+            cluster: cluster.to_string(),
+            requests: w.requests.clone(),
+            node_claim: w.node_claim.clone(),
+            replicas,
+        }
+    }
+}
+
+/// Options of one estimate.
+#[derive(Debug, Clone, Default)]
+pub struct EstimateOptions {
+    pub assumed: Vec<AssumedWorkload>,
+    pub quotas: Option<QuotaSet>,
+    /// Restrict to these clusters (all when empty).
+    pub clusters: Vec<String>,
+    /// Compute every node replica by replica, ignoring result caches (the reference path
+    /// the caches are tested against).
+    pub disable_cache: bool,
+}
+
+/// The estimate of one cluster.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterEstimate {
+    pub name: String,
+    pub max_replicas: i64,
+    /// What limited the answer: a resource name, `pods`, `devices`, `quota:<name>`,
+    /// `no nodes`, `no node passes filters`, or an error text.
+    pub limited_by: String,
+    /// Excluded node counts by reason (`nodeSelector`, `nodeAffinity`, `taints`, `unschedulable`).
+    pub excluded_nodes: BTreeMap<String, u32>,
+    /// Nodes that passed the filters, and how many of them limit on each factor.
+    pub nodes_considered: u32,
+    pub limits: BTreeMap<String, u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kubernetes_version: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The estimate over the selected clusters.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Estimate {
+    pub clusters: Vec<ClusterEstimate>,
+    pub total: i64,
+}
+
+impl Estimate {
+    pub fn cluster(&self, name: &str) -> Option<&ClusterEstimate> {
+        self.clusters.iter().find(|c| c.name == name)
+    }
+}
+
+/// Pods removed from a cluster for a what-if (preemption).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Overlay {
+    pub removed_pods: FastSet<(String, String)>,
+    /// node -> requests and pod slots given back.
+    pub freed: FastMap<Arc<str>, (ResList, u32)>,
+    /// Claims whose devices are given back.
+    pub removed_claims: FastSet<(String, String)>,
+}
+
+impl Overlay {
+    /// Puts pods removed earlier back.
+    pub fn restore_pods(&mut self, c: &ClusterView, keys: &[(String, String)]) {
+        for k in keys {
+            if !self.removed_pods.remove(k) {
+                continue;
+            }
+            if let Some(p) = c.pods.get(k) {
+                if p.active
+                    && let Some(n) = &p.node
+                    && let Some(e) = self.freed.get_mut(n)
+                {
+                    e.0.sub_all(&p.requests);
+                    e.1 = e.1.saturating_sub(1);
+                    if e.1 == 0 {
+                        self.freed.remove(n);
+                    }
+                }
+                for claim in &p.claims {
+                    self.removed_claims.remove(&(k.0.clone(), claim.clone()));
+                }
+            }
+        }
+    }
+
+    pub fn remove_pods(&mut self, c: &ClusterView, keys: &[(String, String)]) {
+        for k in keys {
+            if !self.removed_pods.insert(k.clone()) {
+                continue;
+            }
+            if let Some(p) = c.pods.get(k) {
+                if p.active
+                    && let Some(n) = &p.node
+                {
+                    let e = self.freed.entry(n.clone()).or_default();
+                    e.0.add_all(&p.requests);
+                    e.1 += 1;
+                }
+                for claim in &p.claims {
+                    self.removed_claims.insert((k.0.clone(), claim.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// Estimates with result caches that survive between calls (per-node device results keyed
+/// by workload fingerprint and node generation). Use one per view; it is cheap to create.
+#[derive(Debug, Default)]
+pub struct Estimator {
+    pub(crate) device_cache: FastMap<String, DeviceCache>,
+    /// (cluster, workload fingerprint) -> per-node answers and their sums.
+    memos: FastMap<(String, u64), ClusterMemo>,
+}
+
+/// Most cluster memos kept; the map starts over when full.
+const MAX_MEMOS: usize = 4096;
+
+/// Why a node limits, as stored per node.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Factor {
+    Res(ResName),
+    Pods,
+    Devices,
+}
+
+impl Factor {
+    fn label(&self) -> String {
+        match self {
+            Factor::Res(r) => r.to_string(),
+            Factor::Pods => "pods".into(),
+            Factor::Devices => "devices".into(),
+        }
+    }
+}
+
+/// A cluster's per-node answers for one workload, with their sums, valid as of the
+/// recorded generations.
+#[derive(Debug, Default)]
+struct ClusterMemo {
+    view_gen: u64,
+    dev_counter: u64,
+    shared_gen: u64,
+    per_node: FastMap<Arc<str>, NodeOutcome>,
+    total: i64,
+    considered: u32,
+    excluded: BTreeMap<String, u32>,
+    limits: BTreeMap<String, u32>,
+}
+
+impl ClusterMemo {
+    fn add(&mut self, o: &NodeOutcome, sign: i64) {
+        let bump = |m: &mut BTreeMap<String, u32>, k: String| {
+            let e = m.entry(k.clone()).or_default();
+            if sign > 0 {
+                *e += 1;
+            } else {
+                *e = e.saturating_sub(1);
+                if *e == 0 {
+                    m.remove(&k);
+                }
+            }
+        };
+        match o {
+            NodeOutcome::Excluded(r) => bump(&mut self.excluded, r.to_string()),
+            NodeOutcome::Fit { replicas, factor } => {
+                self.total = self.total.saturating_add(sign.saturating_mul(*replicas));
+                if sign > 0 {
+                    self.considered += 1;
+                } else {
+                    self.considered = self.considered.saturating_sub(1);
+                }
+                if let Some(f) = factor {
+                    bump(&mut self.limits, f.label());
+                }
+            }
+        }
+    }
+
+    fn to_estimate(
+        &self,
+        c: &ClusterView,
+        w: &Workload,
+        opts: &EstimateOptions,
+    ) -> ClusterEstimate {
+        let mut out = ClusterEstimate {
+            name: c.name.clone(),
+            max_replicas: self.total,
+            limited_by: String::new(),
+            excluded_nodes: self.excluded.clone(),
+            nodes_considered: self.considered,
+            limits: self.limits.clone(),
+            kubernetes_version: c.info.kubernetes_version.clone(),
+            error: None,
+        };
+        finish(&mut out, c, w, opts);
+        out
+    }
+}
+
+/// Nodes changed since the given generations, or `None` when the logs do not reach back.
+fn changed_nodes(c: &ClusterView, view_gen: u64, dev_counter: u64) -> Option<Vec<Arc<str>>> {
+    if view_gen < c.log_floor || dev_counter < c.devices.log_floor {
+        return None;
+    }
+    let mut seen: FastSet<Arc<str>> = FastSet::default();
+    for (g, n) in c.log.iter().rev() {
+        if *g <= view_gen {
+            break;
+        }
+        seen.insert(n.clone());
+    }
+    for (g, n) in c.devices.log.iter().rev() {
+        if *g <= dev_counter {
+            break;
+        }
+        seen.insert(n.clone());
+    }
+    let mut v: Vec<Arc<str>> = seen.into_iter().collect();
+    v.sort();
+    Some(v)
+}
+
+impl Estimator {
+    pub fn new() -> Estimator {
+        Estimator::default()
+    }
+
+    /// Max available replicas of `w` per cluster.
+    pub fn estimate(&mut self, view: &View, w: &Workload, opts: &EstimateOptions) -> Estimate {
+        let mut clusters = Vec::new();
+        for c in view.clusters() {
+            if !opts.clusters.is_empty() && !opts.clusters.contains(&c.name) {
+                continue;
+            }
+            if opts.disable_cache {
+                clusters.push(estimate_cluster(c, w, opts, None, None));
+            } else if opts.assumed.iter().any(|a| a.cluster == c.name) {
+                let cache = self.device_cache.entry(c.name.clone()).or_default();
+                clusters.push(estimate_cluster(c, w, opts, None, Some(cache)));
+            } else {
+                clusters.push(self.estimate_memoized(c, w, opts));
+            }
+        }
+        let total = clusters
+            .iter()
+            .map(|c| c.max_replicas)
+            .fold(0i64, i64::saturating_add);
+        Estimate { clusters, total }
+    }
+}
+
+impl Estimator {
+    /// Brings the cluster's memo for `w` up to date by revisiting only the nodes changed
+    /// since it was made (all nodes the first time), then sums.
+    fn estimate_memoized(
+        &mut self,
+        c: &ClusterView,
+        w: &Workload,
+        opts: &EstimateOptions,
+    ) -> ClusterEstimate {
+        let key = (c.name.clone(), w.fingerprint);
+        let cache = self.device_cache.entry(c.name.clone()).or_default();
+        let memo = self.memos.remove(&key);
+        let view_gen = c.generation;
+        let dev_counter = c.devices.counter();
+        let shared_gen = c.devices.shared_gen;
+        if let Some(mut m) = memo
+            && m.shared_gen == shared_gen
+            && let Some(changed) = changed_nodes(c, m.view_gen, m.dev_counter)
+            && changed.len() * 4 <= c.nodes.len() + 16
+        {
+            if changed.is_empty() {
+                let out = m.to_estimate(c, w, opts);
+                self.memos.insert(key, m);
+                return out;
+            }
+            let mut devq = match DeviceQuery::prepare(c, w, None, Some(cache)) {
+                Ok(q) => q,
+                Err(e) => return error_estimate(c, e),
+            };
+            let mut ok = true;
+            for name in &changed {
+                if let Some(old) = m.per_node.remove(name) {
+                    m.add(&old, -1);
+                }
+                let Some(node) = c.nodes.get(name) else {
+                    continue;
+                };
+                match node_fit(c, w, node, None, None, devq.as_mut()) {
+                    Ok(o) => {
+                        m.add(&o, 1);
+                        m.per_node.insert(node.name.clone(), o);
+                    }
+                    Err(e) => return error_estimate(c, e),
+                }
+                if devq.as_ref().is_some_and(|q| q.order_dependent()) {
+                    ok = false;
+                    break;
+                }
+            }
+            if ok {
+                m.view_gen = view_gen;
+                m.dev_counter = dev_counter;
+                let out = m.to_estimate(c, w, opts);
+                if self.memos.len() >= MAX_MEMOS {
+                    self.memos.clear();
+                }
+                self.memos.insert(key, m);
+                return out;
+            }
+        }
+        let cache = self.device_cache.entry(c.name.clone()).or_default();
+        let mut memo = ClusterMemo {
+            view_gen,
+            dev_counter,
+            shared_gen,
+            ..Default::default()
+        };
+        let mut devq = match DeviceQuery::prepare(c, w, None, Some(cache)) {
+            Ok(q) => q,
+            Err(e) => return error_estimate(c, e),
+        };
+        if c.nodes.is_empty() {
+            let mut out = memo.to_estimate(c, w, opts);
+            out.limited_by = "no nodes".into();
+            return out;
+        }
+        for node in c.nodes.values() {
+            match node_fit(c, w, node, None, None, devq.as_mut()) {
+                Ok(o) => {
+                    memo.add(&o, 1);
+                    memo.per_node.insert(node.name.clone(), o);
+                }
+                Err(e) => return error_estimate(c, e),
+            }
+        }
+        let out = memo.to_estimate(c, w, opts);
+        if !devq.as_ref().is_some_and(|q| q.order_dependent()) {
+            if self.memos.len() >= MAX_MEMOS {
+                self.memos.clear();
+            }
+            self.memos.insert(key, memo);
+        }
+        out
+    }
+}
+
+fn error_estimate(c: &ClusterView, e: String) -> ClusterEstimate {
+    ClusterEstimate {
+        name: c.name.clone(),
+        max_replicas: 0,
+        limited_by: e.clone(),
+        excluded_nodes: BTreeMap::new(),
+        nodes_considered: 0,
+        limits: BTreeMap::new(),
+        kubernetes_version: c.info.kubernetes_version.clone(),
+        error: Some(e),
+    }
+}
+
+/// Sets `limited_by` from the sums and applies the quota cap.
+fn finish(out: &mut ClusterEstimate, c: &ClusterView, w: &Workload, opts: &EstimateOptions) {
+    out.limited_by = if c.nodes.is_empty() {
+        "no nodes".into()
+    } else if out.nodes_considered == 0 {
+        "no node passes filters".into()
+    } else {
+        out.limits
+            .iter()
+            .max_by(|a, b| a.1.cmp(b.1).then_with(|| b.0.cmp(a.0)))
+            .map(|(k, _)| k.clone())
+            .unwrap_or_else(|| "none".into())
+    };
+    if let Some(q) = &opts.quotas
+        && let Some((cap, res)) = q.limit(&c.name, w, c)
+        && cap < out.max_replicas
+    {
+        out.max_replicas = cap;
+        out.limited_by = format!("quota:{res}");
+    }
+}
+
+/// One-off estimate without a persistent cache.
+pub fn estimate(view: &View, w: &Workload, opts: &EstimateOptions) -> Estimate {
+    Estimator::new().estimate(view, w, opts)
+}
+
+/// Free capacity of one node after usage, overlay and assumed deductions.
+pub(crate) struct NodeFree {
+    pub res: ResList,
+    pub pods: i64,
+}
+
+pub(crate) fn node_free(
+    c: &ClusterView,
+    node: &NodeEntry,
+    overlay: Option<&Overlay>,
+    assumed: Option<&FastMap<Arc<str>, (ResList, i64)>>,
+) -> NodeFree {
+    let mut res = node.allocatable.clone();
+    let mut pods = node.allocatable.get(&ResName::Pods);
+    res.remove(&ResName::Pods);
+    if let Some(u) = c.usage.get(&node.name) {
+        res.sub_all(&u.requested);
+        pods -= i64::from(u.pods);
+    }
+    if let Some(o) = overlay
+        && let Some((r, n)) = o.freed.get(&node.name)
+    {
+        res.add_all(r);
+        pods += i64::from(*n);
+    }
+    if let Some(a) = assumed
+        && let Some((r, n)) = a.get(&node.name)
+    {
+        res.sub_all(r);
+        pods -= n;
+    }
+    NodeFree {
+        res,
+        pods: pods.max(0),
+    }
+}
+
+/// Karmada's first-fit deduction of assumed workloads: node by node in order, each takes
+/// as many replicas as fit.
+pub(crate) fn assumed_deductions(
+    c: &ClusterView,
+    assumed: &[AssumedWorkload],
+    overlay: Option<&Overlay>,
+) -> FastMap<Arc<str>, (ResList, i64)> {
+    let mut used: FastMap<Arc<str>, (ResList, i64)> = FastMap::default();
+    for a in assumed.iter().filter(|a| a.cluster == c.name) {
+        let mut remaining = a.replicas;
+        for node in c.nodes.values() {
+            if remaining <= 0 {
+                break;
+            }
+            if a.node_claim.check(&node.facts()).is_err() {
+                continue;
+            }
+            let free = node_free(c, node, overlay, Some(&used));
+            let (fit, _) = free.res.max_divided(&a.requests);
+            let take = remaining.min(fit).min(free.pods);
+            if take <= 0 {
+                continue;
+            }
+            let e = used.entry(node.name.clone()).or_default();
+            e.0.add_all(&a.requests.scaled(take));
+            e.1 += take;
+            remaining -= take;
+        }
+    }
+    used
+}
+
+/// What one node contributes.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum NodeOutcome {
+    Excluded(&'static str),
+    Fit {
+        replicas: i64,
+        factor: Option<Factor>,
+    },
+}
+
+/// Replicas of `w` that fit on one node.
+pub(crate) fn node_fit(
+    c: &ClusterView,
+    w: &Workload,
+    node: &NodeEntry,
+    overlay: Option<&Overlay>,
+    assumed: Option<&FastMap<Arc<str>, (ResList, i64)>>,
+    devq: Option<&mut DeviceQuery<'_>>,
+) -> Result<NodeOutcome, String> {
+    if let Err(ex) = w.node_claim.check(&node.facts()) {
+        return Ok(NodeOutcome::Excluded(ex.as_str()));
+    }
+    if let Some(q) = &devq
+        && !q.node_allowed(node)
+    {
+        return Ok(NodeOutcome::Excluded("resourceClaimAllocation"));
+    }
+    let usage = c.usage.get(&node.name);
+    let freed = overlay.and_then(|o| o.freed.get(&node.name));
+    let taken = assumed.and_then(|a| a.get(&node.name));
+    let free_of = |r: &ResName| -> i64 {
+        let mut f = node.allocatable.get(r);
+        if let Some(u) = usage {
+            f -= u.requested.get(r);
+        }
+        if let Some((fr, _)) = freed {
+            f += fr.get(r);
+        }
+        if let Some((t, _)) = taken {
+            f -= t.get(r);
+        }
+        f
+    };
+    let mut n = i64::MAX;
+    let mut factor = None;
+    for (r, req) in w.requests.iter() {
+        if req <= 0 || !r.is_divisible() {
+            continue;
+        }
+        if let Some(q) = &devq
+            && q.served_by_devices(node, r)
+        {
+            continue;
+        }
+        let free = free_of(r);
+        let fit = if free <= 0 { 0 } else { free / req };
+        if fit < n {
+            n = fit;
+            factor = Some(Factor::Res(r.clone()));
+        }
+    }
+    let mut pods = node.allocatable.get(&ResName::Pods);
+    if let Some(u) = usage {
+        pods -= i64::from(u.pods);
+    }
+    if let Some((_, k)) = freed {
+        pods += i64::from(*k);
+    }
+    if let Some((_, k)) = taken {
+        pods -= k;
+    }
+    let pods = pods.max(0);
+    if pods < n {
+        n = pods;
+        factor = Some(Factor::Pods);
+    }
+    if let Some(q) = devq
+        && n > 0
+    {
+        let d = q.fit(node, n)?;
+        if d < n {
+            n = d;
+            factor = Some(Factor::Devices);
+        }
+    }
+    Ok(NodeOutcome::Fit {
+        replicas: n,
+        factor,
+    })
+}
+
+pub(crate) fn estimate_cluster(
+    c: &ClusterView,
+    w: &Workload,
+    opts: &EstimateOptions,
+    overlay: Option<&Overlay>,
+    cache: Option<&mut DeviceCache>,
+) -> ClusterEstimate {
+    let mut out = ClusterEstimate {
+        name: c.name.clone(),
+        max_replicas: 0,
+        limited_by: String::new(),
+        excluded_nodes: BTreeMap::new(),
+        nodes_considered: 0,
+        limits: BTreeMap::new(),
+        kubernetes_version: c.info.kubernetes_version.clone(),
+        error: None,
+    };
+    if c.nodes.is_empty() {
+        out.limited_by = "no nodes".into();
+        return out;
+    }
+    let assumed = if opts.assumed.iter().any(|a| a.cluster == c.name) {
+        Some(assumed_deductions(c, &opts.assumed, overlay))
+    } else {
+        None
+    };
+    let mut devq = match DeviceQuery::prepare(c, w, overlay, cache) {
+        Ok(q) => q,
+        Err(e) => {
+            out.limited_by = e.clone();
+            out.error = Some(e);
+            return out;
+        }
+    };
+    let mut total: i64 = 0;
+    for node in c.nodes.values() {
+        match node_fit(c, w, node, overlay, assumed.as_ref(), devq.as_mut()) {
+            Ok(NodeOutcome::Excluded(reason)) => {
+                *out.excluded_nodes.entry(reason.to_string()).or_default() += 1;
+            }
+            Ok(NodeOutcome::Fit { replicas, factor }) => {
+                out.nodes_considered += 1;
+                if let Some(f) = factor {
+                    *out.limits.entry(f.label()).or_default() += 1;
+                }
+                total = total.saturating_add(replicas);
+            }
+            Err(e) => {
+                out.error = Some(e.clone());
+                out.limited_by = e;
+                out.max_replicas = 0;
+                return out;
+            }
+        }
+    }
+    out.max_replicas = total;
+    finish(&mut out, c, w, opts);
+    out
+}
+
+/// One component of a multi-template workload (Karmada `Component`).
+#[derive(Debug, Clone)]
+pub struct Component {
+    pub name: String,
+    pub replicas: i64,
+    pub requests: ResList,
+    pub node_claim: NodeClaim,
+}
+
+/// Karmada `MaxAvailableComponentSets`: how many complete sets of all components fit, by
+/// first-fit over nodes in name order, one set at a time. Devices are not modelled for
+/// components (as in Karmada), so this counts cpu, memory, extended resources and pods.
+pub fn estimate_component_sets(
+    view: &View,
+    components: &[Component],
+    opts: &EstimateOptions,
+) -> Estimate {
+    let mut clusters = Vec::new();
+    for c in view.clusters() {
+        if !opts.clusters.is_empty() && !opts.clusters.contains(&c.name) {
+            continue;
+        }
+        let assumed = assumed_deductions(c, &opts.assumed, None);
+        let mut free: Vec<(&NodeEntry, NodeFree)> = c
+            .nodes
+            .values()
+            .map(|n| (n, node_free(c, n, None, Some(&assumed))))
+            .collect();
+        let mut sets = 0i64;
+        let bound = i64::from(i32::MAX);
+        'outer: while sets < bound && !components.is_empty() {
+            let mut trial: Vec<(ResList, i64)> =
+                free.iter().map(|(_, f)| (f.res.clone(), f.pods)).collect();
+            for comp in components {
+                let mut remaining = comp.replicas;
+                for (i, (node, _)) in free.iter().enumerate() {
+                    if remaining <= 0 {
+                        break;
+                    }
+                    if comp.node_claim.check(&node.facts()).is_err() {
+                        continue;
+                    }
+                    let (fit, _) = trial[i].0.max_divided(&comp.requests);
+                    let take = remaining.min(fit).min(trial[i].1);
+                    if take > 0 {
+                        trial[i].0.sub_all(&comp.requests.scaled(take));
+                        trial[i].1 -= take;
+                        remaining -= take;
+                    }
+                }
+                if remaining > 0 {
+                    break 'outer;
+                }
+            }
+            for (i, (res, pods)) in trial.into_iter().enumerate() {
+                free[i].1.res = res;
+                free[i].1.pods = pods;
+            }
+            sets += 1;
+        }
+        clusters.push(ClusterEstimate {
+            name: c.name.clone(),
+            max_replicas: sets,
+            limited_by: if c.nodes.is_empty() {
+                "no nodes".into()
+            } else {
+                "first-fit".into()
+            },
+            excluded_nodes: BTreeMap::new(),
+            nodes_considered: c.nodes.len() as u32,
+            limits: BTreeMap::new(),
+            kubernetes_version: c.info.kubernetes_version.clone(),
+            error: None,
+        });
+    }
+    let total = clusters.iter().map(|c| c.max_replicas).sum();
+    Estimate { clusters, total }
+}
+
+/// Reasons are reported with these names.
+pub fn exclusion_names() -> [&'static str; 4] {
+    [
+        Exclusion::NodeSelector.as_str(),
+        Exclusion::NodeAffinity.as_str(),
+        Exclusion::Taint.as_str(),
+        Exclusion::Unschedulable.as_str(),
+    ]
+}

@@ -1,0 +1,500 @@
+//! The in-memory, indexed view of member clusters that estimation, placement and
+//! preemption read.
+//!
+//! The view is fed one object at a time ([`View::apply`] / [`View::apply_object`]) so a
+//! replication stream can keep it current: a node, pod, slice or claim change touches only
+//! the indexes of that object (the node's usage, the node's device shape) and bumps the
+//! generation of what it touched, which is what result caches key on. Pods are kept in a
+//! compact form (requests, priority, owner, claim names); terminal pods and pods not bound
+//! to a node do not count against capacity, as in Karmada's estimator.
+
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use dramesh_model::k8s::{Node, Pod, Taint};
+use dramesh_model::{ClusterInfo, ClusterObject, ObjectChange, ObjectKey, ObjectKind};
+
+use crate::devices::ClusterDevices;
+use crate::fasthash::FastMap;
+use crate::filter::NodeFacts;
+use crate::resources::{ResList, ResName, pod_requests};
+
+/// Why a change could not be applied. The view is unchanged when this is returned.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("cluster {cluster}: cannot decode {key}: {message}")]
+    Decode {
+        cluster: String,
+        key: ObjectKey,
+        message: String,
+    },
+    #[error("cluster {cluster}: {key}: {message}")]
+    Invalid {
+        cluster: String,
+        key: ObjectKey,
+        message: String,
+    },
+}
+
+/// The workload a pod belongs to: its controller, with ReplicaSets of Deployments folded
+/// into the Deployment (by the `pod-template-hash` suffix), or the pod itself.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub struct Owner {
+    pub namespace: String,
+    pub kind: String,
+    pub name: String,
+}
+
+/// A pod as the view keeps it.
+#[derive(Debug, Clone)]
+pub struct PodEntry {
+    pub node: Option<Arc<str>>,
+    /// Shared between pods with equal requests (most pods of a workload).
+    pub requests: Arc<ResList>,
+    pub priority: i32,
+    pub owner: Arc<Owner>,
+    /// Names of the ResourceClaims the pod uses (named claims and generated ones from status).
+    pub claims: Vec<String>,
+    /// Counted against its node: bound and not Succeeded/Failed.
+    pub active: bool,
+}
+
+/// A node's static facts.
+#[derive(Debug, Clone)]
+pub struct NodeEntry {
+    pub name: Arc<str>,
+    pub labels: BTreeMap<String, String>,
+    pub taints: Vec<Taint>,
+    pub unschedulable: bool,
+    pub allocatable: ResList,
+}
+
+impl NodeEntry {
+    pub fn facts(&self) -> NodeFacts<'_> {
+        NodeFacts {
+            name: &self.name,
+            labels: &self.labels,
+            taints: &self.taints,
+            unschedulable: self.unschedulable,
+        }
+    }
+}
+
+/// Requests of the active pods bound to one node name (kept even before the node exists).
+#[derive(Debug, Clone, Default)]
+pub struct NodeUsage {
+    pub requested: ResList,
+    pub pods: u32,
+}
+
+/// One member cluster.
+#[derive(Debug, Default)]
+pub struct ClusterView {
+    pub name: String,
+    pub info: ClusterInfo,
+    pub(crate) nodes: BTreeMap<Arc<str>, NodeEntry>,
+    pub(crate) usage: FastMap<Arc<str>, NodeUsage>,
+    /// Bumped whenever a node or its usage changes.
+    pub(crate) node_gen: FastMap<Arc<str>, u64>,
+    pub(crate) pods: FastMap<(String, String), PodEntry>,
+    pub(crate) devices: ClusterDevices,
+    pub(crate) generation: u64,
+    /// Recent node changes (generation, node), so a cached cluster result can be brought up
+    /// to date by revisiting only those nodes.
+    pub(crate) log: VecDeque<(u64, Arc<str>)>,
+    /// Changes at or before this generation may be missing from `log`.
+    pub(crate) log_floor: u64,
+    /// Interned owners and request lists, so a million pods of a few workloads share them.
+    owners: HashSet<Arc<Owner>>,
+    request_lists: HashSet<Arc<ResList>>,
+}
+
+/// How many recent node changes a cluster remembers.
+pub(crate) const CHANGE_LOG: usize = 4096;
+
+impl ClusterView {
+    fn new(name: &str) -> ClusterView {
+        ClusterView {
+            name: name.to_string(),
+            ..Default::default()
+        }
+    }
+
+    pub fn nodes(&self) -> impl Iterator<Item = &NodeEntry> {
+        self.nodes.values()
+    }
+
+    pub fn node(&self, name: &str) -> Option<&NodeEntry> {
+        self.nodes.get(name)
+    }
+
+    pub fn usage(&self, node: &str) -> Option<&NodeUsage> {
+        self.usage.get(node)
+    }
+
+    pub fn pods(&self) -> impl Iterator<Item = (&(String, String), &PodEntry)> {
+        self.pods.iter()
+    }
+
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn pod_count(&self) -> usize {
+        self.pods.len()
+    }
+
+    pub fn devices(&self) -> &ClusterDevices {
+        &self.devices
+    }
+
+    /// Monotonic change counter of this cluster.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    pub fn kubernetes_version(&self) -> Option<&str> {
+        self.info.kubernetes_version.as_deref()
+    }
+
+    fn bump(&mut self, node: &Arc<str>) {
+        self.generation += 1;
+        let g = self.generation;
+        self.log.push_back((g, node.clone()));
+        if self.log.len() > CHANGE_LOG
+            && let Some((old, _)) = self.log.pop_front()
+        {
+            self.log_floor = old;
+        }
+        self.node_gen.insert(node.clone(), g);
+    }
+
+    fn interned(&self, name: &str) -> Arc<str> {
+        match self.nodes.get_key_value(name) {
+            Some((k, _)) => k.clone(),
+            None => match self.usage.get_key_value(name) {
+                Some((k, _)) => k.clone(),
+                None => Arc::from(name),
+            },
+        }
+    }
+
+    fn intern(&mut self, mut entry: PodEntry) -> PodEntry {
+        match self.owners.get(&entry.owner) {
+            Some(o) => entry.owner = o.clone(),
+            None => {
+                self.owners.insert(entry.owner.clone());
+            }
+        }
+        match self.request_lists.get(&entry.requests) {
+            Some(r) => entry.requests = r.clone(),
+            None => {
+                self.request_lists.insert(entry.requests.clone());
+            }
+        }
+        entry
+    }
+
+    fn remove_pod(&mut self, key: &(String, String)) {
+        if let Some(old) = self.pods.remove(key)
+            && old.active
+            && let Some(node) = &old.node
+        {
+            if let Some(u) = self.usage.get_mut(node) {
+                u.requested.sub_all(&old.requests);
+                u.pods = u.pods.saturating_sub(1);
+            }
+            let node = node.clone();
+            self.bump(&node);
+        }
+    }
+
+    fn upsert_pod(&mut self, key: (String, String), entry: PodEntry) {
+        self.remove_pod(&key);
+        let entry = self.intern(entry);
+        if entry.active
+            && let Some(node) = &entry.node
+        {
+            let u = self.usage.entry(node.clone()).or_default();
+            u.requested.add_all(&entry.requests);
+            u.pods += 1;
+            let node = node.clone();
+            self.bump(&node);
+        }
+        self.pods.insert(key, entry);
+    }
+}
+
+/// The view of all member clusters.
+#[derive(Debug, Default)]
+pub struct View {
+    clusters: BTreeMap<String, ClusterView>,
+}
+
+impl View {
+    pub fn new() -> View {
+        View::default()
+    }
+
+    pub fn cluster(&self, name: &str) -> Option<&ClusterView> {
+        self.clusters.get(name)
+    }
+
+    pub fn clusters(&self) -> impl Iterator<Item = &ClusterView> {
+        self.clusters.values()
+    }
+
+    pub fn cluster_names(&self) -> Vec<String> {
+        self.clusters.keys().cloned().collect()
+    }
+
+    /// Adds an empty cluster (a cluster with no nodes yet still takes part in placement).
+    pub fn ensure_cluster(&mut self, cluster: &str) -> &mut ClusterView {
+        self.clusters
+            .entry(cluster.to_string())
+            .or_insert_with(|| ClusterView::new(cluster))
+    }
+
+    pub fn remove_cluster(&mut self, cluster: &str) -> bool {
+        self.clusters.remove(cluster).is_some()
+    }
+
+    /// Applies one replicated change.
+    pub fn apply(&mut self, cluster: &str, change: &ObjectChange) -> Result<(), ApplyError> {
+        match change {
+            ObjectChange::Upsert { key, json } => {
+                let obj =
+                    ClusterObject::from_json(key.kind, json).map_err(|e| ApplyError::Decode {
+                        cluster: cluster.to_string(),
+                        key: key.clone(),
+                        message: e.to_string(),
+                    })?;
+                let got = obj.key();
+                if &got != key && key.kind != ObjectKind::ClusterInfo {
+                    return Err(ApplyError::Invalid {
+                        cluster: cluster.to_string(),
+                        key: key.clone(),
+                        message: format!("object inside the change is {got}"),
+                    });
+                }
+                self.apply_object(cluster, obj)
+            }
+            ObjectChange::Delete { key } => {
+                self.delete(cluster, key);
+                Ok(())
+            }
+        }
+    }
+
+    /// Inserts or replaces one object.
+    pub fn apply_object(&mut self, cluster: &str, obj: ClusterObject) -> Result<(), ApplyError> {
+        let key = obj.key();
+        let invalid = |message: String| ApplyError::Invalid {
+            cluster: cluster.to_string(),
+            key: key.clone(),
+            message,
+        };
+        let c = self.ensure_cluster(cluster);
+        match obj {
+            ClusterObject::Node(n) => {
+                let entry = node_entry(&n).map_err(invalid)?;
+                let name = c.interned(&entry.name);
+                let entry = NodeEntry {
+                    name: name.clone(),
+                    ..entry
+                };
+                c.nodes.insert(name.clone(), entry);
+                c.devices.node_changed(&name);
+                c.bump(&name);
+            }
+            ClusterObject::Pod(p) => {
+                let pk = (key.namespace.clone().unwrap_or_default(), key.name.clone());
+                let mut entry = pod_entry(&p).map_err(invalid)?;
+                if let Some(n) = &entry.node {
+                    entry.node = Some(c.interned(n));
+                }
+                c.upsert_pod(pk, entry);
+            }
+            ClusterObject::ResourceSlice(s) => {
+                c.generation += 1;
+                c.devices.upsert_slice(&key.name, &s).map_err(invalid)?;
+            }
+            ClusterObject::DeviceClass(d) => {
+                c.generation += 1;
+                c.devices.upsert_class(&key.name, d).map_err(invalid)?;
+            }
+            ClusterObject::ResourceClaim(rc) => {
+                c.generation += 1;
+                c.devices.upsert_claim(
+                    key.namespace.as_deref().unwrap_or("default"),
+                    &key.name,
+                    rc,
+                );
+            }
+            ClusterObject::DeviceTaintRule(r) => {
+                c.generation += 1;
+                c.devices.upsert_taint_rule(&r).map_err(invalid)?;
+            }
+            ClusterObject::ClusterInfo(info) => {
+                c.generation += 1;
+                c.info = (*info).clone();
+                c.devices.set_version(info.kubernetes_version.as_deref());
+            }
+        }
+        Ok(())
+    }
+
+    fn delete(&mut self, cluster: &str, key: &ObjectKey) {
+        let Some(c) = self.clusters.get_mut(cluster) else {
+            return;
+        };
+        match key.kind {
+            ObjectKind::Node => {
+                if let Some((name, _)) = c.nodes.remove_entry(key.name.as_str()) {
+                    c.devices.node_changed(&name);
+                    c.bump(&name);
+                }
+            }
+            ObjectKind::Pod => {
+                let pk = (key.namespace.clone().unwrap_or_default(), key.name.clone());
+                c.remove_pod(&pk);
+            }
+            ObjectKind::ResourceSlice => {
+                c.generation += 1;
+                c.devices.remove_slice(&key.name);
+            }
+            ObjectKind::DeviceClass => {
+                c.generation += 1;
+                c.devices.remove_class(&key.name);
+            }
+            ObjectKind::ResourceClaim => {
+                c.generation += 1;
+                c.devices
+                    .remove_claim(key.namespace.as_deref().unwrap_or("default"), &key.name);
+            }
+            ObjectKind::DeviceTaintRule => {
+                c.generation += 1;
+                c.devices.remove_taint_rule(&key.name);
+            }
+            ObjectKind::ClusterInfo => {
+                c.generation += 1;
+                c.info = ClusterInfo::default();
+                c.devices.set_version(None);
+            }
+        }
+    }
+}
+
+fn node_entry(n: &Node) -> Result<NodeEntry, String> {
+    let name = n.metadata.name.clone().unwrap_or_default();
+    if name.is_empty() {
+        return Err("metadata.name is empty".into());
+    }
+    let status_alloc = n
+        .status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref().or(s.capacity.as_ref()));
+    let allocatable = match status_alloc {
+        Some(m) => ResList::from_k8s(m).map_err(|e| format!("status.allocatable.{e}"))?,
+        None => ResList::new(),
+    };
+    let spec = n.spec.as_ref();
+    Ok(NodeEntry {
+        name: Arc::from(name.as_str()),
+        labels: n.metadata.labels.clone().unwrap_or_default(),
+        taints: spec.and_then(|s| s.taints.clone()).unwrap_or_default(),
+        unschedulable: spec.and_then(|s| s.unschedulable).unwrap_or(false),
+        allocatable,
+    })
+}
+
+/// The workload identity of a pod (see [`Owner`]).
+pub fn pod_owner(p: &Pod) -> Owner {
+    let namespace = p
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    let controller = p
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+        .or_else(|| p.metadata.owner_references.as_ref().and_then(|v| v.first()));
+    match controller {
+        Some(o) => {
+            let hash = p
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("pod-template-hash"));
+            if o.kind == "ReplicaSet"
+                && let Some(h) = hash
+                && let Some(base) = o.name.strip_suffix(&format!("-{h}"))
+            {
+                return Owner {
+                    namespace,
+                    kind: "Deployment".into(),
+                    name: base.to_string(),
+                };
+            }
+            Owner {
+                namespace,
+                kind: o.kind.clone(),
+                name: o.name.clone(),
+            }
+        }
+        None => Owner {
+            namespace,
+            kind: "Pod".into(),
+            name: p.metadata.name.clone().unwrap_or_default(),
+        },
+    }
+}
+
+fn pod_entry(p: &Pod) -> Result<PodEntry, String> {
+    let spec = p.spec.as_ref();
+    let requests = match spec {
+        Some(s) => pod_requests(s).map_err(|e| format!("spec.{e}"))?,
+        None => ResList::new(),
+    };
+    let node = spec
+        .and_then(|s| s.node_name.as_deref())
+        .filter(|n| !n.is_empty())
+        .map(Arc::from);
+    let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+    let terminal = matches!(phase, Some("Succeeded" | "Failed"));
+    let mut claims = Vec::new();
+    let statuses = p
+        .status
+        .as_ref()
+        .and_then(|s| s.resource_claim_statuses.as_ref());
+    for rc in spec
+        .and_then(|s| s.resource_claims.as_ref())
+        .into_iter()
+        .flatten()
+    {
+        if let Some(n) = &rc.resource_claim_name {
+            claims.push(n.clone());
+        } else if let Some(generated) = statuses
+            .into_iter()
+            .flatten()
+            .find(|s| s.name == rc.name)
+            .and_then(|s| s.resource_claim_name.clone())
+        {
+            claims.push(generated);
+        }
+    }
+    let mut requests = requests;
+    // The pods slot is counted separately.
+    requests.remove(&ResName::Pods);
+    Ok(PodEntry {
+        active: node.is_some() && !terminal,
+        node,
+        requests: Arc::new(requests),
+        priority: spec.and_then(|s| s.priority).unwrap_or(0),
+        owner: Arc::new(pod_owner(p)),
+        claims,
+    })
+}

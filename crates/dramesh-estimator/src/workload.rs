@@ -1,0 +1,317 @@
+//! The workload being estimated, placed or used as a preemptor: one Deployment,
+//! StatefulSet, Job or Pod, reduced to what one replica needs (requests, node claim,
+//! ResourceClaimTemplates, shared claims), its replica count, priority and identity.
+//!
+//! Guarantees: every ResourceClaimTemplate the pod template references is resolved or
+//! loading fails naming it; the fingerprint changes whenever anything that affects
+//! per-node fit changes.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
+use std::path::Path;
+use std::sync::Arc;
+
+use dramesh_model::k8s::{PodSpec, PodTemplateSpec, PriorityClass, ResourceClaimTemplate};
+use dramesh_model::{Manifest, load};
+
+use crate::filter::NodeClaim;
+use crate::placement::Policy;
+use crate::resources::{ResList, pod_requests};
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkloadError {
+    #[error(transparent)]
+    Load(Box<load::LoadError>),
+    #[error("no Deployment, StatefulSet, Job or Pod found in the workload files")]
+    NoWorkload,
+    #[error("more than one workload in the files: {first} and {second}")]
+    Ambiguous { first: String, second: String },
+    #[error(
+        "{workload}: pod template references ResourceClaimTemplate {namespace}/{name}, which was not provided"
+    )]
+    MissingTemplate {
+        workload: String,
+        namespace: String,
+        name: String,
+    },
+    #[error(
+        "{workload}: spec.template.spec.priorityClassName {name:?} names no PriorityClass in the files"
+    )]
+    MissingPriorityClass { workload: String, name: String },
+    #[error("{workload}: {message}")]
+    Invalid { workload: String, message: String },
+    #[error(transparent)]
+    Policy(#[from] crate::placement::PolicyError),
+}
+
+impl From<load::LoadError> for WorkloadError {
+    fn from(e: load::LoadError) -> Self {
+        WorkloadError::Load(Box::new(e))
+    }
+}
+
+/// One ResourceClaimTemplate reference of the pod template.
+#[derive(Debug, Clone)]
+pub struct TemplateRef {
+    /// `spec.resourceClaims[].name` in the pod.
+    pub pod_claim: String,
+    pub template: Arc<ResourceClaimTemplate>,
+}
+
+/// What one replica of a workload needs, and who it is.
+#[derive(Debug, Clone)]
+pub struct Workload {
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+    pub uid: Option<String>,
+    pub replicas: i64,
+    pub pod_spec: Arc<PodSpec>,
+    pub requests: ResList,
+    pub node_claim: NodeClaim,
+    pub templates: Vec<TemplateRef>,
+    /// `resourceClaimName` references: claims shared by all replicas.
+    pub shared_claims: Vec<String>,
+    pub priority: i32,
+    /// True unless the PriorityClass says `preemptionPolicy: Never`.
+    pub preempt_lower_priority: bool,
+    /// A PropagationPolicy found with the workload files, if any.
+    pub policy: Option<Policy>,
+    pub fingerprint: u64,
+}
+
+impl Workload {
+    /// `Kind namespace/name`.
+    pub fn id(&self) -> String {
+        format!("{} {}/{}", self.kind, self.namespace, self.name)
+    }
+
+    pub fn needs_devices(&self) -> bool {
+        !self.templates.is_empty() || !self.shared_claims.is_empty()
+    }
+
+    /// Builds a workload from decoded manifests.
+    pub fn from_manifests(manifests: &[Manifest]) -> Result<Workload, WorkloadError> {
+        let mut found: Option<(String, String, String, Option<String>, i64, PodTemplateSpec)> =
+            None;
+        let mut templates: HashMap<(String, String), Arc<ResourceClaimTemplate>> = HashMap::new();
+        let mut classes: HashMap<String, Arc<PriorityClass>> = HashMap::new();
+        let mut policy = None;
+        for m in manifests {
+            let candidate = match m {
+                Manifest::Deployment(d) => Some((
+                    "Deployment",
+                    &d.metadata,
+                    d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1) as i64,
+                    d.spec.as_ref().map(|s| s.template.clone()),
+                )),
+                Manifest::StatefulSet(s) => Some((
+                    "StatefulSet",
+                    &s.metadata,
+                    s.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1) as i64,
+                    s.spec.as_ref().map(|s| s.template.clone()),
+                )),
+                Manifest::Job(j) => Some((
+                    "Job",
+                    &j.metadata,
+                    j.spec.as_ref().and_then(|s| s.parallelism).unwrap_or(1) as i64,
+                    j.spec.as_ref().map(|s| s.template.clone()),
+                )),
+                Manifest::Object(dramesh_model::ClusterObject::Pod(p)) => Some((
+                    "Pod",
+                    &p.metadata,
+                    1,
+                    Some(PodTemplateSpec {
+                        metadata: Some(p.metadata.clone()),
+                        spec: p.spec.clone(),
+                    }),
+                )),
+                Manifest::ResourceClaimTemplate(t) => {
+                    let ns = t
+                        .metadata
+                        .namespace
+                        .clone()
+                        .unwrap_or_else(|| "default".into());
+                    let name = t.metadata.name.clone().unwrap_or_default();
+                    templates.insert((ns, name), t.clone());
+                    None
+                }
+                Manifest::PriorityClass(pc) => {
+                    classes.insert(pc.metadata.name.clone().unwrap_or_default(), pc.clone());
+                    None
+                }
+                Manifest::Other { kind, value, .. }
+                    if kind == "PropagationPolicy" || kind == "ClusterPropagationPolicy" =>
+                {
+                    if policy.is_none() {
+                        policy = Some(Policy::from_value(value)?);
+                    }
+                    None
+                }
+                _ => None,
+            };
+            if let Some((kind, meta, replicas, template)) = candidate {
+                let ns = meta.namespace.clone().unwrap_or_else(|| "default".into());
+                let name = meta.name.clone().unwrap_or_default();
+                let label = format!("{kind} {ns}/{name}");
+                if let Some(f) = &found {
+                    return Err(WorkloadError::Ambiguous {
+                        first: format!("{} {}/{}", f.0, f.1, f.2),
+                        second: label,
+                    });
+                }
+                let template = template.ok_or_else(|| WorkloadError::Invalid {
+                    workload: label.clone(),
+                    message: "spec.template is missing".into(),
+                })?;
+                found = Some((
+                    kind.to_string(),
+                    ns,
+                    name,
+                    meta.uid.clone(),
+                    replicas,
+                    template,
+                ));
+            }
+        }
+        let (kind, namespace, name, uid, replicas, template) =
+            found.ok_or(WorkloadError::NoWorkload)?;
+        let label = format!("{kind} {namespace}/{name}");
+        let spec = template.spec.ok_or_else(|| WorkloadError::Invalid {
+            workload: label.clone(),
+            message: "spec.template.spec is missing".into(),
+        })?;
+        let priority = match spec
+            .priority_class_name
+            .as_deref()
+            .filter(|n| !n.is_empty())
+        {
+            Some(pcn) => match classes.get(pcn) {
+                Some(pc) => (
+                    pc.value.unwrap_or(0),
+                    pc.preemption_policy.as_deref() != Some("Never"),
+                ),
+                None if spec.priority.is_some() => (spec.priority.unwrap_or(0), true),
+                None => {
+                    return Err(WorkloadError::MissingPriorityClass {
+                        workload: label,
+                        name: pcn.to_string(),
+                    });
+                }
+            },
+            None => (
+                spec.priority.unwrap_or(0),
+                spec.preemption_policy.as_deref() != Some("Never"),
+            ),
+        };
+        let mut w = Workload::from_pod_spec(&kind, &namespace, &name, replicas, spec, &templates)?;
+        w.uid = uid;
+        w.priority = priority.0;
+        w.preempt_lower_priority = priority.1;
+        w.policy = policy;
+        Ok(w)
+    }
+
+    /// Builds a workload from a pod spec and the templates it may reference
+    /// (keyed by namespace and name).
+    pub fn from_pod_spec(
+        kind: &str,
+        namespace: &str,
+        name: &str,
+        replicas: i64,
+        spec: PodSpec,
+        templates: &HashMap<(String, String), Arc<ResourceClaimTemplate>>,
+    ) -> Result<Workload, WorkloadError> {
+        let label = format!("{kind} {namespace}/{name}");
+        let requests = pod_requests(&spec).map_err(|m| WorkloadError::Invalid {
+            workload: label.clone(),
+            message: format!("spec.template.spec.{m}"),
+        })?;
+        let mut refs = Vec::new();
+        let mut shared = Vec::new();
+        for rc in spec.resource_claims.iter().flatten() {
+            if let Some(t) = &rc.resource_claim_template_name {
+                let tpl = templates
+                    .get(&(namespace.to_string(), t.clone()))
+                    .ok_or_else(|| WorkloadError::MissingTemplate {
+                        workload: label.clone(),
+                        namespace: namespace.to_string(),
+                        name: t.clone(),
+                    })?;
+                refs.push(TemplateRef {
+                    pod_claim: rc.name.clone(),
+                    template: tpl.clone(),
+                });
+            } else if let Some(c) = &rc.resource_claim_name {
+                shared.push(c.clone());
+            }
+        }
+        let affinity = spec
+            .affinity
+            .as_ref()
+            .and_then(|a| a.node_affinity.as_ref())
+            .and_then(|n| {
+                n.required_during_scheduling_ignored_during_execution
+                    .clone()
+            });
+        let node_claim = NodeClaim {
+            node_selector: spec.node_selector.clone().unwrap_or_default(),
+            affinity,
+            tolerations: spec.tolerations.clone().unwrap_or_default(),
+        };
+        let mut w = Workload {
+            kind: kind.to_string(),
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            uid: None,
+            replicas,
+            pod_spec: Arc::new(spec),
+            requests,
+            node_claim,
+            templates: refs,
+            shared_claims: shared,
+            priority: 0,
+            preempt_lower_priority: true,
+            policy: None,
+            fingerprint: 0,
+        };
+        w.refresh_fingerprint();
+        Ok(w)
+    }
+
+    /// Recomputes the fingerprint after fields were changed by hand.
+    pub fn refresh_fingerprint(&mut self) {
+        let mut h = DefaultHasher::new();
+        self.namespace.hash(&mut h);
+        self.requests.hash(&mut h);
+        serde_json::to_string(&self.node_claim.affinity)
+            .unwrap_or_default()
+            .hash(&mut h);
+        self.node_claim.node_selector.hash(&mut h);
+        serde_json::to_string(&self.node_claim.tolerations)
+            .unwrap_or_default()
+            .hash(&mut h);
+        for t in &self.templates {
+            t.pod_claim.hash(&mut h);
+            serde_json::to_string(&t.template.spec)
+                .unwrap_or_default()
+                .hash(&mut h);
+        }
+        self.shared_claims.hash(&mut h);
+        self.fingerprint = h.finish();
+    }
+
+    /// Requests as a plain map, for output.
+    pub fn requests_map(&self) -> BTreeMap<String, String> {
+        self.requests.to_map()
+    }
+}
+
+/// Loads a workload (and the ResourceClaimTemplates, PriorityClasses and an optional
+/// PropagationPolicy next to it) from files or directories.
+pub fn load_workload<P: AsRef<Path>>(paths: &[P]) -> Result<Workload, WorkloadError> {
+    let loaded = load::load_paths(paths)?;
+    let manifests: Vec<Manifest> = loaded.into_iter().map(|l| l.manifest).collect();
+    Workload::from_manifests(&manifests)
+}

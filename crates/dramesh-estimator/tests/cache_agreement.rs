@@ -1,0 +1,236 @@
+//! The cached estimate (per-node and same-shape caches) must equal the naive replica-by-
+//! replica allocation on random fleets, before and after incremental changes.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use dramesh_estimator::synth::{self, FleetSpec};
+use dramesh_estimator::{EstimateOptions, Estimator, View, Workload};
+use dramesh_model::{ClusterObject, ObjectChange, ObjectKey, ObjectKind};
+use serde_json::json;
+
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n.max(1)
+    }
+}
+
+fn gpu_workload(count: i64, cpu: &str) -> Workload {
+    let tpl: dramesh_model::k8s::ResourceClaimTemplate = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "gpu", "namespace": "default"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": synth::CLASS, "count": count,
+            "selectors": [{"cel": {"expression": "device.capacity[\"gpu.example.com\"].memory.compareTo(quantity(\"40Gi\")) >= 0"}}]
+        }}]}}}
+    }))
+    .unwrap();
+    let mut templates = HashMap::new();
+    templates.insert(("default".to_string(), "gpu".to_string()), Arc::new(tpl));
+    let spec = json!({
+        "containers": [{"name": "c", "resources": {"requests": {"cpu": cpu, "memory": "8Gi"}}}],
+        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu"}]
+    });
+    Workload::from_pod_spec(
+        "Job",
+        "default",
+        "probe",
+        1,
+        serde_json::from_value(spec).unwrap(),
+        &templates,
+    )
+    .unwrap()
+}
+
+fn shared_slice(devices: usize) -> ClusterObject {
+    let devs: Vec<serde_json::Value> = (0..devices)
+        .map(|i| json!({"name": format!("net-gpu-{i}"), "capacity": {"memory": {"value": "80Gi"}}}))
+        .collect();
+    ClusterObject::ResourceSlice(Arc::new(
+        serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": "shared-gpus"},
+            "spec": {"driver": synth::DRIVER, "allNodes": true,
+                     "pool": {"name": "shared", "generation": 1, "resourceSliceCount": 1},
+                     "devices": devs}
+        }))
+        .unwrap(),
+    ))
+}
+
+fn compare(view: &View, est: &mut Estimator, w: &Workload, label: &str) {
+    let naive = est.estimate(
+        view,
+        w,
+        &EstimateOptions {
+            disable_cache: true,
+            ..Default::default()
+        },
+    );
+    let cached = est.estimate(view, w, &EstimateOptions::default());
+    let again = est.estimate(view, w, &EstimateOptions::default());
+    assert_eq!(cached, naive, "{label}: cached differs from naive");
+    assert_eq!(
+        again, naive,
+        "{label}: second cached run differs from naive"
+    );
+}
+
+#[test]
+fn cached_equals_naive_on_random_fleets() {
+    let mut rng = Lcg(7);
+    let mut nonzero = 0;
+    for round in 0..8 {
+        let nodes = 4 + rng.next(20) as usize;
+        let spec = FleetSpec {
+            clusters: 3,
+            nodes_per_cluster: nodes,
+            gpus_per_node: 1 + rng.next(8) as usize,
+            owners_per_cluster: 3,
+            kubernetes_version: "1.36".into(),
+        };
+        let salt = rng.next(1000) as usize;
+        let alloc = move |n: usize| (n * 7 + salt) % 5;
+        let mut view = synth::fleet(&spec, &alloc).unwrap();
+        // Cluster c2 also has a network-attached pool visible from every node.
+        view.apply_object("c2", shared_slice(1 + rng.next(6) as usize))
+            .unwrap();
+        let mut est = Estimator::new();
+        for count in 1..=3 {
+            let cpu = ["1", "30", "64"][rng.next(3) as usize];
+            let w = gpu_workload(count, cpu);
+            compare(&view, &mut est, &w, &format!("round {round} count {count}"));
+            nonzero += est.estimate(&view, &w, &EstimateOptions::default()).total;
+        }
+        // Incremental changes: free a GPU, take another, drop a node, then compare again.
+        let c = format!("c{}", rng.next(3));
+        let n = rng.next(nodes as u64) as usize;
+        let node = format!("{c}-n{n}");
+        view.apply(
+            &c,
+            &ObjectChange::Delete {
+                key: ObjectKey::new(
+                    ObjectKind::ResourceClaim,
+                    Some("default"),
+                    &format!("{node}-gpu-0"),
+                ),
+            },
+        )
+        .unwrap();
+        let extra = synth::allocated_claim("default", "extra", &node, spec.gpus_per_node - 1);
+        view.apply(
+            &c,
+            &ObjectChange::upsert(&ClusterObject::ResourceClaim(Arc::new(extra))),
+        )
+        .unwrap();
+        // A CPU-heavy pod lands on another node.
+        let busy = format!("{c}-n{}", (n + 2) % nodes);
+        let pod: dramesh_model::k8s::Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "hog", "namespace": "default"},
+            "spec": {"nodeName": busy, "containers": [{"name": "c", "resources": {"requests": {"cpu": "120"}}}]}
+        }))
+        .unwrap();
+        view.apply(
+            &c,
+            &ObjectChange::upsert(&ClusterObject::Pod(Arc::new(pod))),
+        )
+        .unwrap();
+        let gone = format!("{c}-n{}", (n + 1) % nodes);
+        view.apply(
+            &c,
+            &ObjectChange::Delete {
+                key: ObjectKey::new(ObjectKind::Node, None, &gone),
+            },
+        )
+        .unwrap();
+        for count in 1..=2 {
+            let w = gpu_workload(count, "2");
+            compare(
+                &view,
+                &mut est,
+                &w,
+                &format!("round {round} after changes count {count}"),
+            );
+        }
+    }
+    assert!(nonzero > 0, "the random fleets should admit some replicas");
+}
+
+#[test]
+fn arrival_order_does_not_change_results() {
+    // Claims before slices (as a replication stream may deliver them) must give the same
+    // answers as slices before claims, cached or not.
+    let spec = FleetSpec {
+        clusters: 1,
+        nodes_per_cluster: 12,
+        gpus_per_node: 4,
+        owners_per_cluster: 2,
+        kubernetes_version: "1.36".into(),
+    };
+    let alloc = |n: usize| n % 3;
+    let forward = synth::fleet(&spec, &alloc).unwrap();
+    let mut objs = Vec::new();
+    synth::cluster_objects(&spec, 0, &alloc, |o| objs.push(o));
+    objs.reverse();
+    let mut backward = View::new();
+    for o in objs {
+        backward.apply_object("c0", o).unwrap();
+    }
+    let w = gpu_workload(1, "1");
+    let mut est = Estimator::new();
+    let a = est.estimate(&forward, &w, &EstimateOptions::default());
+    let mut est2 = Estimator::new();
+    let b = est2.estimate(&backward, &w, &EstimateOptions::default());
+    // 12 nodes x 4 GPUs minus (0+1+2)*4 allocated = 36.
+    assert_eq!(a.total, 36);
+    assert_eq!(a, b);
+    compare(&backward, &mut est2, &w, "reversed arrival");
+}
+
+#[test]
+fn preemption_with_caches_equals_naive() {
+    let spec = FleetSpec {
+        clusters: 3,
+        nodes_per_cluster: 10,
+        gpus_per_node: 4,
+        owners_per_cluster: 3,
+        kubernetes_version: "1.36".into(),
+    };
+    let view = synth::fleet(&spec, &|n| 2 + n % 3).unwrap();
+    let mut w = gpu_workload(1, "1");
+    w.priority = 1000;
+    // More than any cluster has free (each has 10*4 - (2+3+4+...) allocated).
+    w.replicas = 25;
+    let mut est = Estimator::new();
+    let cached = dramesh_estimator::preempt(&view, &w, &mut est, &EstimateOptions::default());
+    let again = dramesh_estimator::preempt(&view, &w, &mut est, &EstimateOptions::default());
+    let naive = dramesh_estimator::preempt(
+        &view,
+        &w,
+        &mut Estimator::new(),
+        &EstimateOptions {
+            disable_cache: true,
+            ..Default::default()
+        },
+    );
+    assert_eq!(cached, naive);
+    assert_eq!(again, naive);
+    assert!(naive.chosen.is_some(), "{naive:?}");
+    let c = naive
+        .clusters
+        .iter()
+        .find(|c| Some(&c.name) == naive.chosen.as_ref())
+        .unwrap();
+    assert!(c.replicas_after >= 25);
+    // Victims are whole workloads of lower priority.
+    assert!(
+        c.victims
+            .iter()
+            .all(|v| v.priority < 1000 && v.kind == "Deployment")
+    );
+}

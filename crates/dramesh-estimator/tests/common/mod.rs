@@ -1,0 +1,64 @@
+//! Builders shared by the integration tests.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use dramesh_estimator::{View, Workload};
+use dramesh_model::ClusterObject;
+use serde_json::{Value, json};
+
+pub fn node(name: &str, cpu: &str, mem: &str, pods: i64, extra: Value) -> ClusterObject {
+    let mut v = json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {}},
+        "spec": {},
+        "status": {"allocatable": {"cpu": cpu, "memory": mem, "pods": pods.to_string(), "ephemeral-storage": "100Gi"}}
+    });
+    merge(&mut v, extra);
+    ClusterObject::Node(Arc::new(serde_json::from_value(v).unwrap()))
+}
+
+pub fn pod(ns: &str, name: &str, node: &str, cpu: &str, mem: &str, extra: Value) -> ClusterObject {
+    let mut v = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"requests": {"cpu": cpu, "memory": mem}}}]},
+        "status": {"phase": "Running"}
+    });
+    merge(&mut v, extra);
+    ClusterObject::Pod(Arc::new(serde_json::from_value(v).unwrap()))
+}
+
+pub fn merge(a: &mut Value, b: Value) {
+    match (a, b) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in b {
+                merge(a.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (a, b) => *a = b,
+    }
+}
+
+pub fn workload(cpu: &str, mem: &str, replicas: i64, extra_spec: Value) -> Workload {
+    let mut spec = json!({"containers": [{"name": "c", "resources": {"requests": {"cpu": cpu, "memory": mem}}}]});
+    merge(&mut spec, extra_spec);
+    Workload::from_pod_spec(
+        "Deployment",
+        "default",
+        "w",
+        replicas,
+        serde_json::from_value(spec).unwrap(),
+        &HashMap::new(),
+    )
+    .unwrap()
+}
+
+pub fn view_of(cluster: &str, objs: Vec<ClusterObject>) -> View {
+    let mut v = View::new();
+    for o in objs {
+        v.apply_object(cluster, o).unwrap();
+    }
+    v
+}

@@ -12,6 +12,9 @@
 //! delete state. Removing the file deletes its objects. A folder that cannot be listed keeps
 //! everything as well.
 //!
+//! Objects are published as loaded (not trimmed), so unbound pods appear with their full
+//! status, including the `PodScheduled` condition the unschedulable-replica count reads.
+//!
 //! Scope: a folder has no per-node agents or leader, so everything is published under
 //! `Scope::Cluster { term }` with the configured term; the first batch is a snapshot.
 
@@ -273,6 +276,28 @@ mod tests {
         assert_eq!(names(&second), ["b"]);
         let k = ObjectKey::new(ObjectKind::Node, None, "b");
         assert!(second.contains_key(&k));
+    }
+
+    #[test]
+    fn unbound_pods_are_published_with_their_scheduling_condition() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("pending.yaml"),
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: ml}\n\
+             spec: {containers: [{name: c}]}\n\
+             status: {phase: Pending, conditions: [{type: PodScheduled, status: 'False', \
+             reason: Unschedulable, lastTransitionTime: '2025-01-01T00:00:00Z'}]}\n",
+        )
+        .unwrap();
+        let objs = DirState::default().poll(dir.path());
+        let json = &objs[&ObjectKey::new(ObjectKind::Pod, Some("ml"), "p")];
+        let v: serde_json::Value = serde_json::from_slice(json).unwrap();
+        assert!(v["spec"].get("nodeName").is_none());
+        assert_eq!(v["status"]["conditions"][0]["reason"], "Unschedulable");
+        assert_eq!(
+            v["status"]["conditions"][0]["lastTransitionTime"],
+            "2025-01-01T00:00:00Z"
+        );
     }
 
     #[tokio::test]

@@ -3,8 +3,9 @@
 //!
 //! Every agent runs on one node (its name from the downward API, `NODE_NAME`) and watches:
 //! its own Node (`metadata.name=<node>`), its node's pods and ResourceSlices
-//! (`spec.nodeName=<node>`), network-attached slices (`spec.nodeName=`, i.e. without a node),
-//! DeviceClasses, optionally DeviceTaintRules (`resource.k8s.io/v1beta2`), and all
+//! (`spec.nodeName=<node>`), network-attached slices and unbound pods (`spec.nodeName=`,
+//! i.e. without a node; unbound pods are published once the scheduler marked them
+//! `PodScheduled=False`, see [`crate::trim::pod_owner`]), DeviceClasses, optionally DeviceTaintRules (`resource.k8s.io/v1beta2`), and all
 //! ResourceClaims (the API has no filter for "allocated on this node", so claims are filtered
 //! here by [`crate::trim::claim_owner`]). It publishes its node's records under
 //! [`Scope::Node`]; while it holds the Lease it also publishes the cluster-scoped ones under
@@ -91,6 +92,7 @@ enum WatchId {
     NetworkSlices = 4,
     Classes = 5,
     TaintRules = 6,
+    PendingPods = 7,
 }
 
 const NODE_WATCHES: [WatchId; 4] = [
@@ -99,11 +101,12 @@ const NODE_WATCHES: [WatchId; 4] = [
     WatchId::NodeSlices,
     WatchId::Claims,
 ];
-const CLUSTER_WATCHES: [WatchId; 4] = [
+const CLUSTER_WATCHES: [WatchId; 5] = [
     WatchId::Claims,
     WatchId::NetworkSlices,
     WatchId::Classes,
     WatchId::TaintRules,
+    WatchId::PendingPods,
 ];
 
 enum Internal {
@@ -126,7 +129,7 @@ struct State {
 
 impl State {
     fn new(cfg: &AgentConfig) -> State {
-        let mut mirrors: Vec<Mirror> = (0..7)
+        let mut mirrors: Vec<Mirror> = (0..8)
             .map(|_| Mirror::new(Some(cfg.node_name.clone())))
             .collect();
         if !cfg.watch_device_taint_rules {
@@ -298,6 +301,16 @@ pub async fn run_kube_source(
         base().fields("spec.nodeName="),
         WatchId::NetworkSlices,
         trim::slice_record,
+        itx.clone(),
+    ));
+    // Unbound pods: a pod leaving this selection when bound is DELETED here and appears in
+    // its node agent's pod watch, so it moves from the cluster scope to a node scope (both
+    // may briefly hold it while the two publishers' batches are in flight).
+    tasks.spawn(watch_into(
+        Api::<k8s::Pod>::all(client.clone()),
+        base().fields("spec.nodeName="),
+        WatchId::PendingPods,
+        trim::pod_record,
         itx.clone(),
     ));
     tasks.spawn(watch_into(

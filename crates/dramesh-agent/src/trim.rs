@@ -7,14 +7,17 @@
 //! estimator cares about changes, unchanged trimmed JSON is never republished.
 //!
 //! Ownership ([`Owner`]) is exclusive: every object belongs to one node's agent or to the
-//! cluster leader, never both, so scopes never hold the same key twice.
+//! cluster leader, never both, so scopes never hold the same key twice. The exception is a
+//! moment of handover: a pod being bound leaves the leader's unbound-pod watch and enters its
+//! node agent's watch, and the two scopes' batches travel independently (the store shows one
+//! holder's value per key, see `dramesh-store`'s view, until the other catches up).
 
 use std::sync::Arc;
 
 use dramesh_model::k8s::{self, ObjectMeta};
 use dramesh_model::{ClusterObject, ObjectKey};
 use k8s_openapi::api::core::v1::{
-    Container, NodeCondition, NodeSpec, NodeStatus, PodSpec, PodStatus,
+    Container, NodeCondition, NodeSpec, NodeStatus, PodCondition, PodSpec, PodStatus,
 };
 use k8s_openapi::api::resource::v1::ResourceClaimStatus;
 
@@ -65,8 +68,41 @@ fn trim_container(c: &Container) -> Container {
     }
 }
 
-/// A pod reduced to what placement and preemption read: requests, claims, priority, owner,
-/// node and phase.
+/// The pod condition the scheduler writes (`PodScheduled`).
+pub const POD_SCHEDULED: &str = "PodScheduled";
+
+/// The pod's `PodScheduled` condition reduced to type, status, reason and transition time.
+/// Its message (which lists per-node failure counts and changes on every retry) and probe
+/// times are dropped, so a pod stuck in the scheduling queue is not republished per retry.
+fn scheduled_condition(s: &PodStatus) -> Option<Vec<PodCondition>> {
+    let c = s
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == POD_SCHEDULED)?;
+    Some(vec![PodCondition {
+        type_: c.type_.clone(),
+        status: c.status.clone(),
+        reason: c.reason.clone(),
+        last_transition_time: c.last_transition_time.clone(),
+        ..Default::default()
+    }])
+}
+
+/// Whether the scheduler has tried to place this unbound pod and failed (its `PodScheduled`
+/// condition is `False`, whatever the reason).
+pub fn pod_scheduling_failed(pod: &k8s::Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.type_ == POD_SCHEDULED && c.status == "False")
+        })
+}
+
+/// A pod reduced to what placement, preemption and the unschedulable-replica count read:
+/// requests, claims, priority, owner, node, phase and the `PodScheduled` condition.
 pub fn trim_pod(pod: &k8s::Pod) -> k8s::Pod {
     let mut metadata = pod.metadata.clone();
     trim_meta(&mut metadata);
@@ -90,6 +126,7 @@ pub fn trim_pod(pod: &k8s::Pod) -> k8s::Pod {
         nominated_node_name: s.nominated_node_name.clone(),
         resource_claim_statuses: s.resource_claim_statuses.clone(),
         extended_resource_claim_status: s.extended_resource_claim_status.clone(),
+        conditions: scheduled_condition(s),
         ..Default::default()
     });
     k8s::Pod {
@@ -245,12 +282,24 @@ impl Record {
     }
 }
 
-pub fn pod_record(pod: &k8s::Pod) -> Record {
-    let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-    let owner = match node {
-        Some(n) if !pod_is_terminal(pod) && !n.is_empty() => Some(Owner::Node(n)),
+/// Who publishes a pod: the agent of the node it is bound to; for an unbound pod, the
+/// cluster leader once the scheduler has marked it `PodScheduled=False` (pods still waiting
+/// for their first scheduling attempt are skipped: most are bound within milliseconds, and
+/// publishing them would add two cluster-scope commits per created pod); nobody for a
+/// finished pod.
+pub fn pod_owner(pod: &k8s::Pod) -> Option<Owner> {
+    if pod_is_terminal(pod) {
+        return None;
+    }
+    match pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+        Some(n) if !n.is_empty() => Some(Owner::Node(n.to_string())),
+        _ if pod_scheduling_failed(pod) => Some(Owner::Cluster),
         _ => None,
-    };
+    }
+}
+
+pub fn pod_record(pod: &k8s::Pod) -> Record {
+    let owner = pod_owner(pod);
     Record::new(ClusterObject::Pod(Arc::new(trim_pod(pod))), owner)
 }
 
@@ -406,7 +455,10 @@ mod tests {
         assert!(v["spec"]["containers"][0].get("image").is_none());
         assert!(v["spec"]["containers"][0].get("env").is_none());
         assert!(v["spec"].get("volumes").is_none());
-        assert!(v["status"].get("conditions").is_none());
+        assert!(
+            v["status"].get("conditions").is_none(),
+            "only PodScheduled is kept"
+        );
         assert!(v["status"].get("podIP").is_none());
         assert!(v["metadata"].get("resourceVersion").is_none());
     }
@@ -416,6 +468,70 @@ mod tests {
         assert!(pod_record(&pod("Succeeded")).owner.is_none());
         assert!(pod_record(&pod("Failed")).owner.is_none());
         assert!(pod_record(&pod("Pending")).owner.is_some());
+    }
+
+    fn pending_pod(scheduled: Option<(&str, &str, &str)>) -> k8s::Pod {
+        let mut p = pod("Pending");
+        if let Some(s) = p.spec.as_mut() {
+            s.node_name = None;
+        }
+        let conds = match scheduled {
+            Some((status, reason, at)) => json!([
+                {"type": "Ready", "status": "False"},
+                {"type": "PodScheduled", "status": status, "reason": reason,
+                 "lastTransitionTime": at, "lastProbeTime": null,
+                 "message": "0/3 nodes are available: 3 Insufficient cpu."}]),
+            None => json!([]),
+        };
+        p.status = Some(decode_value(json!({"phase": "Pending", "conditions": conds})).unwrap());
+        p
+    }
+
+    #[test]
+    fn unschedulable_pods_are_cluster_owned_with_their_condition() {
+        let p = pending_pod(Some(("False", "Unschedulable", "2025-01-01T00:00:00Z")));
+        let r = pod_record(&p);
+        assert_eq!(r.owner, Some(Owner::Cluster));
+        let v: serde_json::Value = serde_json::from_slice(&r.json).unwrap();
+        let conds = v["status"]["conditions"].as_array().unwrap();
+        assert_eq!(conds.len(), 1, "only PodScheduled is kept: {conds:?}");
+        assert_eq!(conds[0]["type"], "PodScheduled");
+        assert_eq!(conds[0]["status"], "False");
+        assert_eq!(conds[0]["reason"], "Unschedulable");
+        assert_eq!(conds[0]["lastTransitionTime"], "2025-01-01T00:00:00Z");
+        assert!(conds[0].get("message").is_none());
+        assert_eq!(v["metadata"]["ownerReferences"][0]["kind"], "ReplicaSet");
+        assert!(v["spec"].get("nodeName").is_none());
+        // A new failure message on retry does not change the record.
+        let mut again = p.clone();
+        if let Some(c) = again
+            .status
+            .as_mut()
+            .and_then(|s| s.conditions.as_mut())
+            .and_then(|c| c.get_mut(1))
+        {
+            c.message = Some("0/4 nodes are available".into());
+        }
+        assert_eq!(pod_record(&again).json, r.json);
+    }
+
+    #[test]
+    fn unbound_pods_not_yet_tried_or_finished_are_not_published() {
+        assert_eq!(pod_owner(&pending_pod(None)), None);
+        assert_eq!(
+            pod_owner(&pending_pod(Some(("True", "", "2025-01-01T00:00:00Z")))),
+            None
+        );
+        let mut failed = pending_pod(Some(("False", "Unschedulable", "2025-01-01T00:00:00Z")));
+        if let Some(s) = failed.status.as_mut() {
+            s.phase = Some("Failed".into());
+        }
+        assert_eq!(pod_owner(&failed), None);
+        let mut bound = pending_pod(Some(("False", "Unschedulable", "2025-01-01T00:00:00Z")));
+        if let Some(s) = bound.spec.as_mut() {
+            s.node_name = Some("n2".into());
+        }
+        assert_eq!(pod_owner(&bound), Some(Owner::Node("n2".into())));
     }
 
     #[test]

@@ -553,3 +553,77 @@ async fn graceful_shutdown_releases_the_lease() {
     })
     .await;
 }
+
+fn pending_pod(name: &str, since: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ml", "labels": {"pod-template-hash": "5d8f9c"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                "name": "trainer-5d8f9c", "uid": "rs-1", "controller": true}]},
+        "spec": {"priority": 10,
+            "containers": [{"name": "c", "image": "busybox", "resources": {"requests": {"cpu": "1"}}}]},
+        "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+            "reason": "Unschedulable", "lastTransitionTime": since,
+            "message": "0/2 nodes are available: 2 Insufficient cpu."}]}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_pods_reach_the_cluster_scope_and_move_when_bound() {
+    bounded(async {
+        let api = FakeApi::start().await;
+        let nodes = seed(&api);
+        let me = nodes[0].clone();
+        let ns = Scope::Node(me.clone());
+        let cs = Scope::Cluster { term: 0 };
+        api.apply(pending_pod("stuck-before-start", "2025-01-01T00:00:00Z"));
+        let mut a = Agent::start(&api, &me, None);
+        a.until("cluster snapshot with the pending pod", |v| {
+            v.has(&cs, ObjectKind::Pod, Some("ml"), "stuck-before-start")
+        })
+        .await;
+        let p = &a.view.cluster(0).unwrap()
+            [&ObjectKey::new(ObjectKind::Pod, Some("ml"), "stuck-before-start")];
+        assert_eq!(p["status"]["conditions"][0]["type"], "PodScheduled");
+        assert_eq!(p["status"]["conditions"][0]["reason"], "Unschedulable");
+        assert_eq!(p["status"]["conditions"][0]["lastTransitionTime"], "2025-01-01T00:00:00Z");
+        assert!(p["status"]["conditions"][0].get("message").is_none());
+        assert_eq!(p["metadata"]["ownerReferences"][0]["name"], "trainer-5d8f9c");
+        assert_eq!(a.view.count(&cs, ObjectKind::Pod), 1, "bound pods stay node-scoped");
+        // The pending pods were watched with a server-side selector for "no node".
+        let reqs = api.requests();
+        let unbound_selector = |r: &String| {
+            r.contains("/pods?")
+                && r.split(['?', '&'])
+                    .any(|kv| kv == "fieldSelector=spec.nodeName%3D")
+        };
+        assert!(reqs.iter().any(unbound_selector), "{reqs:#?}");
+
+        // A pod created later, and one the scheduler has not tried yet (not published).
+        api.apply(pending_pod("stuck-later", "2025-01-01T00:01:00Z"));
+        let mut fresh = pending_pod("not-tried", "2025-01-01T00:01:00Z");
+        fresh["status"] = json!({"phase": "Pending"});
+        api.apply(fresh);
+        a.until("watched pending pod", |v| {
+            v.has(&cs, ObjectKind::Pod, Some("ml"), "stuck-later")
+        })
+        .await;
+        assert!(!a.view.has(&cs, ObjectKind::Pod, Some("ml"), "not-tried"));
+
+        // Binding moves it: it leaves the unbound selection and enters this node's.
+        let mut bound = pending_pod("stuck-later", "2025-01-01T00:01:00Z");
+        bound["spec"]["nodeName"] = json!(me);
+        bound["status"] = json!({"phase": "Running", "conditions": [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2025-01-01T00:02:00Z"}]});
+        api.apply(bound);
+        a.until("bound pod moved to the node scope", |v| {
+            !v.has(&cs, ObjectKind::Pod, Some("ml"), "stuck-later")
+                && v.has(&ns, ObjectKind::Pod, Some("ml"), "stuck-later")
+        })
+        .await;
+        assert!(api.delete("Pod", Some("ml"), "stuck-before-start"));
+        a.until("deleted pending pod", |v| {
+            !v.has(&cs, ObjectKind::Pod, Some("ml"), "stuck-before-start")
+        })
+        .await;
+    })
+    .await;
+}

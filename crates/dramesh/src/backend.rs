@@ -15,6 +15,9 @@
 //!   tolerations, and resource claims for the DRA templates and shared claims), so the Karmada
 //!   path and the native manifest path estimate identical workloads identically.
 //! - Native answers are the estimator's own results converted field for field through serde.
+//! - `GetUnschedulableReplicas` is answered from a side index of unbound pods
+//!   ([`PendingIndex`], fed with the same changes as the view); see [`crate::pending`] for
+//!   how pods are matched to the Deployment and the wall-clock caveat.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -39,6 +42,7 @@ use dramesh_model::k8s;
 use dramesh_model::{Manifest, ObjectChange};
 
 use crate::devstatus::DeviceIndex;
+use crate::pending::PendingIndex;
 
 /// Locks a mutex, continuing with the data if a panicking thread poisoned it (every
 /// structure here stays consistent between calls).
@@ -61,6 +65,8 @@ pub struct ReplicaState {
     pub store: Arc<Mutex<MeshStore>>,
     view: RwLock<View>,
     devices: Mutex<DeviceIndex>,
+    /// Unbound pods per cluster, for `GetUnschedulableReplicas`.
+    pending: Mutex<PendingIndex>,
     estimator: Mutex<Estimator>,
     /// Last time each cluster's writers were heard from (a change or a heartbeat).
     fresh: Mutex<HashMap<String, Instant>>,
@@ -83,6 +89,7 @@ impl ReplicaState {
             store,
             view: RwLock::new(View::new()),
             devices: Mutex::new(DeviceIndex::default()),
+            pending: Mutex::new(PendingIndex::default()),
             estimator: Mutex::new(Estimator::new()),
             fresh: Mutex::new(HashMap::new()),
             feed: Mutex::new(()),
@@ -123,6 +130,7 @@ impl ReplicaState {
         };
         *write(&self.view) = View::new();
         *lock(&self.devices) = DeviceIndex::default();
+        *lock(&self.pending) = PendingIndex::default();
         *lock(&self.estimator) = Estimator::new();
         self.apply_changes(&snapshot);
     }
@@ -143,9 +151,11 @@ impl ReplicaState {
             }
         }
         let mut devices = lock(&self.devices);
+        let mut pending = lock(&self.pending);
         let mut fresh = lock(&self.fresh);
         for (cluster, change) in changes {
             devices.apply(cluster, change);
+            pending.apply(cluster, change);
             fresh.insert(cluster.clone(), now);
         }
     }
@@ -570,8 +580,12 @@ impl Backend for ReplicaBackend {
         if let Err(a) = s.check_karmada(&view, &q.cluster) {
             return a;
         }
-        // Agents publish only pods bound to nodes, so no pending pod is ever known here.
-        ReplicaAnswer::Count(0)
+        drop(view);
+        let now = k8s_openapi::jiff::Timestamp::now();
+        match lock(&s.pending).unschedulable(&q.cluster, &q.workload, q.threshold, now) {
+            Ok(n) => ReplicaAnswer::Count(i64::try_from(n).unwrap_or(i64::MAX)),
+            Err(e) => ReplicaAnswer::Failed(e),
+        }
     }
 
     fn estimate_all(&self, req: &EstimateRequest) -> Result<EstimateResponse, ApiError> {
@@ -742,6 +756,62 @@ mod tests {
         let status = backend.status();
         assert!(status.clusters[0].stale);
         assert_eq!(status.clusters[0].nodes, 1);
+    }
+
+    #[test]
+    fn unschedulable_replicas_count_pending_deployment_pods() {
+        let state = state_with_fleet();
+        let ago = |mins: i64| {
+            let t = k8s_openapi::jiff::Timestamp::now()
+                - k8s_openapi::jiff::SignedDuration::from_mins(mins);
+            t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+        };
+        let pod = |name: &str, since: &str| {
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: ml\n  labels: {{pod-template-hash: 6b7d}}\n  ownerReferences: [{{apiVersion: apps/v1, kind: ReplicaSet, name: trainer-6b7d, uid: u1, controller: true}}]\nspec:\n  containers: [{{name: c}}]\nstatus:\n  phase: Pending\n  conditions: [{{type: PodScheduled, status: 'False', reason: Unschedulable, lastTransitionTime: '{since}'}}]\n"
+            )
+        };
+        let mut changes = Vec::new();
+        for (name, since) in [("old", ago(10)), ("new", ago(0))] {
+            for l in dramesh_model::load::load_str(Path::new("p"), &pod(name, &since)).unwrap() {
+                if let Manifest::Object(o) = l.manifest {
+                    changes.push(("gpu-east".to_string(), ObjectChange::upsert(&o)));
+                }
+            }
+        }
+        assert_eq!(changes.len(), 2);
+        state.apply_changes(&changes);
+        let backend = ReplicaBackend { state };
+        let q = |cluster: &str, kind: &str, name: &str| UnschedulableQuery {
+            cluster: cluster.into(),
+            workload: query::ObjectRef {
+                api_version: "apps/v1".into(),
+                kind: kind.into(),
+                namespace: "ml".into(),
+                name: name.into(),
+            },
+            threshold: Duration::from_secs(60),
+        };
+        assert_eq!(
+            backend.unschedulable_replicas(&q("gpu-east", "Deployment", "trainer")),
+            ReplicaAnswer::Count(1)
+        );
+        assert_eq!(
+            backend.unschedulable_replicas(&q("gpu-east", "Deployment", "web")),
+            ReplicaAnswer::Count(0)
+        );
+        assert_eq!(
+            backend.unschedulable_replicas(&q("gpu-west", "Deployment", "trainer")),
+            ReplicaAnswer::Count(0)
+        );
+        assert_eq!(
+            backend.unschedulable_replicas(&q("nowhere", "Deployment", "trainer")),
+            ReplicaAnswer::UnknownCluster
+        );
+        assert!(matches!(
+            backend.unschedulable_replicas(&q("gpu-east", "StatefulSet", "trainer")),
+            ReplicaAnswer::Failed(_)
+        ));
     }
 
     #[test]

@@ -9,6 +9,7 @@ mod backend;
 mod certs;
 mod demo;
 mod devstatus;
+mod pending;
 mod plan;
 mod replica;
 mod routes;

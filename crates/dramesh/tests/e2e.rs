@@ -5,7 +5,9 @@
 //! `/v1/debug/objects`); checks that the Karmada gRPC answers and the native HTTP answers of
 //! every replica equal `dramesh estimate --snapshot` on the same folder; then changes one
 //! cluster's folder and measures how long until every replica answers the new value (must be
-//! under 2 s). Also runs `dramesh demo` and checks its three sections. Every wait is bounded;
+//! under 2 s); then writes pending pods of a Deployment into a cluster folder and checks
+//! Karmada's `GetUnschedulableReplicas` on every replica. Also runs `dramesh demo` and checks
+//! its three sections. Every wait is bounded;
 //! processes are killed when the test ends, pass or fail.
 
 use std::collections::BTreeMap;
@@ -234,6 +236,32 @@ async fn karmada_estimate(addr: SocketAddr, clusters: &[String]) -> BTreeMap<Str
     out
 }
 
+/// `GetUnschedulableReplicas` for Deployment `demo/<name>` with a 60 s threshold.
+async fn karmada_unschedulable(addr: SocketAddr, cluster: &str, name: &str) -> i32 {
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .expect("uri")
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .expect("grpc connect");
+    let mut c = EstimatorClient::new(channel);
+    c.get_unschedulable_replicas(dramesh_api::proto::karmada::UnschedulableReplicasRequest {
+        cluster: cluster.into(),
+        resource: Some(dramesh_api::proto::karmada::ObjectReference {
+            api_version: "apps/v1".into(),
+            kind: "Deployment".into(),
+            namespace: "demo".into(),
+            name: name.into(),
+        }),
+        unschedulable_threshold: 60_000_000_000,
+    })
+    .await
+    .expect("karmada answer")
+    .into_inner()
+    .unschedulable_replicas
+}
+
 fn status(addr: SocketAddr) -> Option<Value> {
     let (code, v) = try_http(addr, "GET", "/v1/status", None)?;
     (code == 200).then_some(v)
@@ -457,6 +485,48 @@ async fn replicas_converge_and_answer_like_the_cli() {
     );
     for r in &replicas {
         assert_eq!(karmada_estimate(r.grpc, &clusters).await, new_want);
+    }
+
+    // Pending pods written into a cluster folder reach GetUnschedulableReplicas: one of the
+    // Deployment's pods has been unschedulable for 10 minutes, one for a moment; with a
+    // 60 s threshold only the first counts, and an unrelated Deployment has none.
+    let ago = |mins: i64| {
+        (k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_mins(mins))
+            .strftime("%Y-%m-%dT%H:%M:%SZ")
+            .to_string()
+    };
+    let pending_pod = |name: &str, since: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: demo\n  labels: {{app: gpu-inference, pod-template-hash: 7c9d5f}}\n  ownerReferences:\n  - {{apiVersion: apps/v1, kind: ReplicaSet, name: gpu-inference-7c9d5f, uid: rs-1, controller: true}}\nspec:\n  containers:\n  - {{name: server, image: vllm, resources: {{requests: {{cpu: '4'}}}}}}\nstatus:\n  phase: Pending\n  conditions:\n  - {{type: PodScheduled, status: 'False', reason: Unschedulable, lastTransitionTime: '{since}'}}\n"
+        )
+    };
+    std::fs::write(
+        east_dir.join("pending.yaml"),
+        format!(
+            "{}---\n{}",
+            pending_pod("gpu-inference-7c9d5f-old", &ago(10)),
+            pending_pod("gpu-inference-7c9d5f-new", &ago(0))
+        ),
+    )
+    .expect("write pending pods");
+    for r in &replicas {
+        let mut got = (-1, -1);
+        let until = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < until {
+            got = (
+                karmada_unschedulable(r.grpc, "us-east-train", "gpu-inference").await,
+                karmada_unschedulable(r.grpc, "us-east-train", "unrelated").await,
+            );
+            if got == (1, 0) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(
+            got,
+            (1, 0),
+            "GetUnschedulableReplicas (workload, unrelated)"
+        );
     }
 
     // Graceful shutdown on SIGTERM.

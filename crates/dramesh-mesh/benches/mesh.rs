@@ -1,35 +1,952 @@
-//! Mesh benchmark (work in progress): fleet sizing probe.
-use dramesh_store::*;
-fn rss() -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap();
-    s.lines().find(|l| l.starts_with("VmRSS")).unwrap().split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+//! End-to-end mesh benchmark on loopback QUIC with real stores (`cargo bench -p dramesh-mesh
+//! --bench mesh`).
+//!
+//! Topology: 3 replicas, each a child process (this binary re-executed with a role argument,
+//! so its resident memory is its own), each with an fsynced store in a temp dir; one
+//! directory-mode agent per member cluster (one document per cluster) in the parent process.
+//! Replica r2 sits behind a UDP relay that can drop everything (the partition).
+//!
+//! Phases and figures:
+//! 1. fleet load: agents build their documents from `dramesh-sim` clusters, then connect;
+//!    time until every replica holds every document.
+//! 2. steady updates at `MESH_RATE` node updates/s spread over the clusters: propagation
+//!    latency agent -> all 3 replicas (p50/p99), frame bytes on the wire per update vs the
+//!    JSON size of the changed Node.
+//! 3. partition r2 for `MESH_PARTITION_SECS` while updates continue, stop updates and heal:
+//!    time until all replicas hold the agents' state.
+//! 4. a new replica with an empty directory joins: time and bytes to load the fleet.
+//! 5. resident memory of every replica process.
+//! 6. layout probe: resident cost of one document per node vs one per cluster (child process).
+//!
+//! Knobs (env): MESH_CLUSTERS (100), MESH_NODES (1000 per cluster), MESH_RATE (1000),
+//! MESH_STEADY_SECS (20), MESH_PARTITION_SECS (60), MESH_LAYOUT_NODES (2000, 0 skips).
+//! Prints a table and one `MESH_BENCH_JSON {...}` line.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use dramesh_mesh::certs;
+use dramesh_mesh::node::{MeshHandle, NodeConfig};
+use dramesh_mesh::store_adapter::MeshStore;
+use dramesh_mesh::{DocRef, DocStore, PeerIdentity};
+use dramesh_store::{DocId, Durability, ObjectChange, ObjectKey, ObjectKind, Store, StoreConfig};
+use serde_json::{Value, json};
+
+const SEQ_ANNOTATION: &str = "bench.dramesh.io/seq";
+const SEQ_NEEDLE: &[u8] = b"bench.dramesh.io/seq\":\"";
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
-fn main() {
-    let nodes: usize = std::env::var("N").ok().and_then(|s| s.parse().ok()).unwrap_or(1000);
-    let k: usize = std::env::var("K").ok().and_then(|s| s.parse().ok()).unwrap_or(3);
-    let specs = dramesh_sim::uniform_fleet(k, nodes, 0.5);
-    let r0 = rss();
-    let mut agent = Store::in_memory(StoreConfig { durability: Durability::None, ..Default::default() });
-    let mut replica = Store::in_memory(StoreConfig { durability: Durability::None, ..Default::default() });
-    let mut msgbytes = 0;
-    for spec in &specs {
-        let c = dramesh_sim::generate(spec);
-        let t = std::time::Instant::now();
-        let doc = DocId::new(c.name.clone(), "dir-agent");
-        agent.open_writer(&doc).unwrap();
-        let changes: Vec<_> = c.objects.iter().map(ObjectChange::upsert).collect();
-        agent.apply(&doc, changes).unwrap();
-        let ta = t.elapsed();
-        let g = agent.doc_summary(&doc).unwrap().generation;
-        let (mut sa, mut sr) = (SyncState::new(), SyncState::new());
-        let t = std::time::Instant::now();
-        for _ in 0..10 {
-            let mut any = false;
-            if let Some(m) = agent.generate_sync_message(&doc, g, &mut sa).unwrap() { msgbytes += m.len(); any = true; replica.receive_sync_message(&doc, g, &mut sr, &m, &|_| true).unwrap(); }
-            if let Some(m) = replica.generate_sync_message(&doc, g, &mut sr).unwrap() { msgbytes += m.len(); any = true; agent.receive_sync_message(&doc, g, &mut sa, &m, &|_| true).unwrap(); }
-            if !any { break; }
+
+fn unix_nanos() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn free_udp_addr() -> SocketAddr {
+    let s = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind probe socket");
+    s.local_addr().expect("probe address")
+}
+
+fn find_seq(json: &[u8]) -> Option<u64> {
+    let at = json
+        .windows(SEQ_NEEDLE.len())
+        .position(|w| w == SEQ_NEEDLE)?;
+    let rest = &json[at + SEQ_NEEDLE.len()..];
+    let end = rest.iter().position(|b| !b.is_ascii_digit())?;
+    std::str::from_utf8(&rest[..end]).ok()?.parse().ok()
+}
+
+// ---------------------------------------------------------------- replica child process
+
+/// `__replica <id> <dir> <listen> <advertise|-> <seeds,|-> <certdir>`
+fn replica_main(args: &[String]) {
+    let [id, dir, listen, advertise, seeds, certdir] = args else {
+        panic!("replica role needs 6 arguments, got {args:?}");
+    };
+    let certdir = PathBuf::from(certdir);
+    let tls = certs::load_identity(
+        &certdir.join(format!("{id}.crt")),
+        &certdir.join(format!("{id}.key")),
+        &certdir.join("ca.crt"),
+    )
+    .expect("replica certificate");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async move {
+        let (store, report) = Store::open(
+            dir,
+            StoreConfig {
+                durability: Durability::Fsync,
+                ..StoreConfig::default()
+            },
+        )
+        .expect("open replica store");
+        assert!(report.corrupt.is_empty());
+        let store = Arc::new(Mutex::new(MeshStore::new(store, true)));
+        let mut cfg = NodeConfig::new(tls, listen.parse().expect("listen address"));
+        if advertise != "-" {
+            cfg.advertise = Some(advertise.parse().expect("advertise address"));
         }
-        println!("{}: agent apply {ta:?}, replica sync {:?}, rss {} MB", c.name, t.elapsed(), (rss() - r0) >> 20);
+        if seeds != "-" {
+            cfg.seeds = seeds
+                .split(',')
+                .map(|s| s.parse().expect("seed address"))
+                .collect();
+        }
+        let handle = Arc::new(MeshHandle::start(cfg, store.clone()).await.expect("start"));
+        let out = Arc::new(Mutex::new(std::io::stdout()));
+        // Observed sequence numbers, from the change stream the estimation view would consume.
+        let mut applied = handle.subscribe();
+        let (s2, o2) = (store.clone(), out.clone());
+        tokio::spawn(async move {
+            loop {
+                match applied.recv().await {
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(_) => return,
+                }
+                let changes = s2.lock().expect("store lock").drain_changes();
+                let now = unix_nanos();
+                let mut lines = String::new();
+                for (_, c) in changes {
+                    if let ObjectChange::Upsert { key, json } = c
+                        && key.kind == ObjectKind::Node
+                        && let Some(seq) = find_seq(&json)
+                    {
+                        lines.push_str(&format!("SEEN {seq} {now}\n"));
+                    }
+                }
+                if !lines.is_empty() {
+                    let mut o = o2.lock().expect("stdout lock");
+                    let _ = o.write_all(lines.as_bytes());
+                    let _ = o.flush();
+                }
+            }
+        });
+        let (cmd_tx, mut cmd_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        std::thread::spawn(move || {
+            for line in std::io::stdin().lock().lines() {
+                let Ok(line) = line else { break };
+                if cmd_tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        while let Some(cmd) = cmd_rx.recv().await {
+            match cmd.trim() {
+                "status" => {
+                    let peers = handle.peers().await;
+                    let (root, docs) = {
+                        let s = store.lock().expect("store lock");
+                        (s.digest().root(), s.entries().count())
+                    };
+                    let c = handle.counters();
+                    let t = handle.transport_counters();
+                    let line = json!({
+                        "root": root.to_string(),
+                        "docs": docs,
+                        "bytes_received": peers.iter().map(|p| p.bytes_received).sum::<u64>(),
+                        "bytes_sent": peers.iter().map(|p| p.bytes_sent).sum::<u64>(),
+                        "replica_peers": peers.iter().filter(|p| p.identity.is_replica()).count(),
+                        "peers": peers.len(),
+                        "rss": rss_bytes(),
+                        "applied": c.applied,
+                        "sync_in": c.sync_in,
+                        "sync_out": c.sync_out,
+                        "frames_dropped": t.frames_dropped,
+                        "backpressure": c.backpressure_events,
+                    });
+                    let mut o = out.lock().expect("stdout lock");
+                    let _ = writeln!(o, "STATUS {line}");
+                    let _ = o.flush();
+                }
+                "quit" => break,
+                other => eprintln!("replica {id}: unknown command {other:?}"),
+            }
+        }
+        if let Ok(h) = Arc::try_unwrap(handle) {
+            h.shutdown().await;
+        }
+    });
+}
+
+/// `__layout <node|cluster> <nodes>`: resident bytes of a store holding `nodes` nodes' objects
+/// as one document per node or as one document.
+fn layout_main(args: &[String]) {
+    let [mode, nodes] = args else {
+        panic!("layout role needs 2 arguments");
+    };
+    let nodes: usize = nodes.parse().expect("node count");
+    let spec = &dramesh_sim::uniform_fleet(1, nodes, 0.5)[0];
+    let cluster = dramesh_sim::generate(spec);
+    let mut per_node: Vec<(String, Vec<ObjectChange>)> = Vec::new();
+    let mut shared = Vec::new();
+    for o in &cluster.objects {
+        let c = ObjectChange::upsert(o);
+        match o.kind() {
+            ObjectKind::ClusterInfo | ObjectKind::DeviceClass => shared.push(c),
+            ObjectKind::Node => per_node.push((o.key().name, vec![c])),
+            _ => match per_node.last_mut() {
+                Some(n) => n.1.push(c),
+                None => shared.push(c),
+            },
+        }
     }
-    println!("msg bytes {msgbytes}");
+    if let Some(first) = per_node.first_mut() {
+        first.1.append(&mut shared);
+    }
+    drop(cluster);
+    let before = rss_bytes();
+    let started = Instant::now();
+    let mut store = Store::in_memory(StoreConfig {
+        durability: Durability::None,
+        ..StoreConfig::default()
+    });
+    let docs = if mode == "node" {
+        for (node, changes) in per_node {
+            let doc = DocId::new(spec.name.clone(), node);
+            store.open_writer(&doc).expect("open writer");
+            store.apply(&doc, changes).expect("apply");
+        }
+        nodes
+    } else {
+        let doc = DocId::new(spec.name.clone(), "dir-agent");
+        store.open_writer(&doc).expect("open writer");
+        let all: Vec<ObjectChange> = per_node.into_iter().flat_map(|(_, c)| c).collect();
+        store.apply(&doc, all).expect("apply");
+        1
+    };
+    let took = started.elapsed();
+    let grown = rss_bytes().saturating_sub(before);
+    println!(
+        "LAYOUT {}",
+        json!({"mode": mode, "nodes": nodes, "docs": docs, "rss_growth": grown,
+               "build_secs": took.as_secs_f64(), "keys": store.snapshot().len()})
+    );
+}
+
+// ---------------------------------------------------------------- parent side
+
+struct ReplicaProc {
+    name: String,
+    child: Child,
+    stdin: ChildStdin,
+    status: mpsc::Receiver<Value>,
+    seen: Arc<Mutex<HashMap<u64, u64>>>,
+}
+
+impl ReplicaProc {
+    fn spawn(
+        name: &str,
+        dir: &Path,
+        listen: SocketAddr,
+        advertise: Option<SocketAddr>,
+        seeds: &[SocketAddr],
+        certdir: &Path,
+    ) -> ReplicaProc {
+        let exe = std::env::current_exe().expect("own executable");
+        let seeds = if seeds.is_empty() {
+            "-".to_string()
+        } else {
+            seeds
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let mut child = Command::new(exe)
+            .arg("__replica")
+            .arg(name)
+            .arg(dir)
+            .arg(listen.to_string())
+            .arg(advertise.map_or("-".to_string(), |a| a.to_string()))
+            .arg(seeds)
+            .arg(certdir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn replica");
+        let stdin = child.stdin.take().expect("child stdin");
+        let stdout = child.stdout.take().expect("child stdout");
+        let (tx, rx) = mpsc::channel();
+        let seen: Arc<Mutex<HashMap<u64, u64>>> = Arc::default();
+        let seen2 = seen.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Some(rest) = line.strip_prefix("SEEN ") {
+                    let mut it = rest.split(' ').filter_map(|x| x.parse::<u64>().ok());
+                    if let (Some(seq), Some(ns)) = (it.next(), it.next()) {
+                        seen2.lock().expect("seen lock").entry(seq).or_insert(ns);
+                    }
+                } else if let Some(rest) = line.strip_prefix("STATUS ")
+                    && let Ok(v) = serde_json::from_str::<Value>(rest)
+                {
+                    let _ = tx.send(v);
+                }
+            }
+        });
+        ReplicaProc {
+            name: name.to_string(),
+            child,
+            stdin,
+            status: rx,
+            seen,
+        }
+    }
+
+    fn status(&mut self) -> Value {
+        writeln!(self.stdin, "status").expect("write to replica");
+        self.stdin.flush().expect("flush replica stdin");
+        self.status
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|e| panic!("replica {} gave no status: {e}", self.name))
+    }
+
+    fn quit(mut self) {
+        let _ = writeln!(self.stdin, "quit");
+        let _ = self.stdin.flush();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn u(v: &Value, k: &str) -> u64 {
+    v[k].as_u64().unwrap_or(0)
+}
+
+/// UDP forwarder in front of one replica; drops everything while `blocked`.
+async fn relay(target: SocketAddr, blocked: Arc<AtomicBool>) -> SocketAddr {
+    use tokio::net::UdpSocket;
+    let front = Arc::new(UdpSocket::bind("127.0.0.1:0").await.expect("relay bind"));
+    let addr = front.local_addr().expect("relay address");
+    tokio::spawn(async move {
+        let mut ups: HashMap<SocketAddr, Arc<UdpSocket>> = HashMap::new();
+        let mut buf = vec![0u8; 65536];
+        while let Ok((n, client)) = front.recv_from(&mut buf).await {
+            if blocked.load(Ordering::Relaxed) {
+                continue;
+            }
+            let up = match ups.get(&client) {
+                Some(u) => u.clone(),
+                None => {
+                    let Ok(sock) = UdpSocket::bind("127.0.0.1:0").await else {
+                        continue;
+                    };
+                    if sock.connect(target).await.is_err() {
+                        continue;
+                    }
+                    let sock = Arc::new(sock);
+                    ups.insert(client, sock.clone());
+                    let (s2, f2, b2) = (sock.clone(), front.clone(), blocked.clone());
+                    tokio::spawn(async move {
+                        let mut buf = vec![0u8; 65536];
+                        while let Ok(n) = s2.recv(&mut buf).await {
+                            if !b2.load(Ordering::Relaxed) {
+                                let _ = f2.send_to(&buf[..n], client).await;
+                            }
+                        }
+                    });
+                    sock
+                }
+            };
+            let _ = up.send(&buf[..n]).await;
+        }
+    });
+    addr
+}
+
+/// (cluster index, agent store, its document, base Node JSONs, JSON bytes written).
+type BuiltDoc = (usize, Store, DocId, Vec<Value>, usize);
+
+struct AgentNode {
+    doc: DocId,
+    handle: MeshHandle,
+    store: Arc<Mutex<MeshStore>>,
+    /// Base Node JSON per node, the object the update workload changes.
+    nodes: Vec<Value>,
+}
+
+fn expected_root(agents: &[AgentNode]) -> u64 {
+    let entries: Vec<_> = agents
+        .iter()
+        .filter_map(|a| {
+            a.store
+                .lock()
+                .ok()?
+                .entry(&DocRef::new(a.doc.cluster.clone(), a.doc.writer.clone()))
+        })
+        .collect();
+    dramesh_mesh::Digest::from_entries(entries.iter()).root()
+}
+
+fn wait_converged(reps: &mut [&mut ReplicaProc], root: u64, limit: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    let want = root.to_string();
+    while started.elapsed() < limit {
+        if reps
+            .iter_mut()
+            .all(|r| r.status()["root"].as_str() == Some(want.as_str()))
+        {
+            return Some(started.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    None
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+async fn agent_bytes_sent(agents: &[AgentNode]) -> u64 {
+    let mut total = 0;
+    for a in agents {
+        total += a
+            .handle
+            .peers()
+            .await
+            .iter()
+            .map(|p| p.bytes_sent)
+            .sum::<u64>();
+    }
+    total
+}
+
+/// Drives node updates at `rate`/s from a dedicated thread until `stop`; returns
+/// (seq, send time ns, payload bytes) per update.
+fn drive_updates(
+    agents: Arc<Vec<AgentNode>>,
+    rt: tokio::runtime::Handle,
+    rate: usize,
+    first_seq: u64,
+    stop: Arc<AtomicBool>,
+    limit: Duration,
+) -> std::thread::JoinHandle<Vec<(u64, u64, usize)>> {
+    std::thread::spawn(move || {
+        let mut sent = Vec::new();
+        let started = Instant::now();
+        let mut seq = first_seq;
+        let mut rng_state: u64 = 0x9e37_79b9_7f4a_7c15 ^ first_seq;
+        let interval = Duration::from_secs_f64(1.0 / rate.max(1) as f64);
+        let mut i: u32 = 0;
+        while !stop.load(Ordering::Relaxed) && started.elapsed() < limit {
+            let due = interval * i;
+            if let Some(wait) = due.checked_sub(started.elapsed()) {
+                std::thread::sleep(wait);
+            }
+            i += 1;
+            let a = &agents[(seq as usize) % agents.len()];
+            rng_state ^= rng_state << 13;
+            rng_state ^= rng_state >> 7;
+            rng_state ^= rng_state << 17;
+            let n = (rng_state as usize) % a.nodes.len();
+            let mut node = a.nodes[n].clone();
+            node["metadata"]["annotations"][SEQ_ANNOTATION] = Value::String(seq.to_string());
+            let name = node["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let bytes = serde_json::to_vec(&node).unwrap_or_default();
+            let payload = bytes.len();
+            let change = ObjectChange::Upsert {
+                key: ObjectKey::new(ObjectKind::Node, None, &name),
+                json: bytes.into(),
+            };
+            let t = unix_nanos();
+            let r = a
+                .store
+                .lock()
+                .expect("agent store")
+                .apply(&a.doc, vec![change]);
+            if let Err(e) = r {
+                eprintln!("agent {} apply failed: {e}", a.doc);
+                continue;
+            }
+            let doc = DocRef::new(a.doc.cluster.clone(), a.doc.writer.clone());
+            rt.block_on(a.handle.notify_local_change(doc));
+            sent.push((seq, t, payload));
+            seq += 1;
+        }
+        sent
+    })
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    match args.get(1).map(String::as_str) {
+        Some("__replica") => return replica_main(&args[2..]),
+        Some("__layout") => return layout_main(&args[2..]),
+        _ => {}
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    run(&rt);
+}
+
+fn run(rt: &tokio::runtime::Runtime) {
+    let clusters = env_usize("MESH_CLUSTERS", 100);
+    let nodes = env_usize("MESH_NODES", 1000);
+    let rate = env_usize("MESH_RATE", 1000);
+    let steady = Duration::from_secs(env_usize("MESH_STEADY_SECS", 20) as u64);
+    let partition = Duration::from_secs(env_usize("MESH_PARTITION_SECS", 60) as u64);
+    let layout_nodes = env_usize("MESH_LAYOUT_NODES", 2000);
+    let bench_start = Instant::now();
+    println!(
+        "mesh bench: {clusters} clusters x {nodes} nodes, {rate} updates/s, steady {steady:?}, partition {partition:?}"
+    );
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let certdir = tmp.path().join("certs");
+    std::fs::create_dir_all(&certdir).expect("cert dir");
+    let ca = certs::generate_ca("bench CA", 1).expect("CA");
+    std::fs::write(certdir.join("ca.crt"), &ca.cert_pem).expect("write CA");
+    for i in 0..4 {
+        let id = PeerIdentity::Replica {
+            id: format!("r{i}"),
+        };
+        let leaf = certs::issue_leaf(&ca, &id, 1).expect("leaf");
+        std::fs::write(certdir.join(format!("r{i}.crt")), &leaf.cert_pem).expect("write cert");
+        std::fs::write(certdir.join(format!("r{i}.key")), &leaf.key_pem).expect("write key");
+    }
+
+    // Replicas: r0 direct, r1 seeded with r0, r2 only reachable through the relay (it has no
+    // seeds and sorts last, so every connection to it is dialed to the relay address).
+    let blocked = Arc::new(AtomicBool::new(false));
+    let listen: Vec<SocketAddr> = (0..3).map(|_| free_udp_addr()).collect();
+    let relay2 = rt.block_on(relay(listen[2], blocked.clone()));
+    let dir = |i: usize| tmp.path().join(format!("r{i}"));
+    let mut r0 = ReplicaProc::spawn("r0", &dir(0), listen[0], None, &[relay2], &certdir);
+    let mut r1 = ReplicaProc::spawn("r1", &dir(1), listen[1], None, &[listen[0]], &certdir);
+    let mut r2 = ReplicaProc::spawn("r2", &dir(2), listen[2], Some(relay2), &[], &certdir);
+
+    // Agents' documents, built before they connect (2 threads).
+    let t_build = Instant::now();
+    let specs = dramesh_sim::uniform_fleet(clusters, nodes, 0.5);
+    let built: Mutex<Vec<BuiltDoc>> = Mutex::new(Vec::new());
+    let next = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                    let Some(spec) = specs.get(i) else { break };
+                    let cluster = dramesh_sim::generate(spec);
+                    let mut base_nodes = Vec::new();
+                    let mut bytes = 0;
+                    let changes: Vec<ObjectChange> = cluster
+                        .objects
+                        .iter()
+                        .map(|o| {
+                            let c = ObjectChange::upsert(o);
+                            if let ObjectChange::Upsert { json, .. } = &c {
+                                bytes += json.len();
+                                if o.kind() == ObjectKind::Node {
+                                    base_nodes.push(serde_json::from_slice(json).expect("node"));
+                                }
+                            }
+                            c
+                        })
+                        .collect();
+                    let mut store = Store::in_memory(StoreConfig {
+                        durability: Durability::None,
+                        ..StoreConfig::default()
+                    });
+                    let doc = DocId::new(spec.name.clone(), "dir-agent");
+                    store.open_writer(&doc).expect("open writer");
+                    store.apply(&doc, changes).expect("initial apply");
+                    built
+                        .lock()
+                        .expect("built")
+                        .push((i, store, doc, base_nodes, bytes));
+                }
+            });
+        }
+    });
+    let mut built = built.into_inner().expect("built");
+    built.sort_by_key(|b| b.0);
+    let fleet_json_bytes: usize = built.iter().map(|b| b.4).sum();
+    let fleet_objects: usize = built.iter().map(|b| b.1.snapshot().len()).sum();
+    let build_secs = t_build.elapsed().as_secs_f64();
+    println!(
+        "built {clusters} agent documents ({fleet_objects} objects, {:.1} MB JSON) in {build_secs:.1}s",
+        fleet_json_bytes as f64 / 1e6
+    );
+
+    let agents: Vec<AgentNode> = rt.block_on(async {
+        let mut out = Vec::new();
+        for (_, store, doc, base_nodes, _) in built {
+            let id = PeerIdentity::Agent {
+                cluster: doc.cluster.clone(),
+                node: doc.writer.clone(),
+            };
+            let tls = certs::issue_identity(&ca, &id, 1).expect("agent identity");
+            let mut cfg = NodeConfig::new(tls, "127.0.0.1:0".parse().expect("addr"));
+            cfg.seeds = vec![listen[0]];
+            let store = Arc::new(Mutex::new(MeshStore::new(store, false)));
+            let handle = MeshHandle::start(cfg, store.clone()).await.expect("agent");
+            out.push(AgentNode {
+                doc,
+                handle,
+                store,
+                nodes: base_nodes,
+            });
+        }
+        out
+    });
+    let root = expected_root(&agents);
+    let t_load = Instant::now();
+    let load = wait_converged(
+        &mut [&mut r0, &mut r1, &mut r2],
+        root,
+        Duration::from_secs(1800),
+    );
+    let load_secs = load.map(|d| d.as_secs_f64());
+    println!(
+        "fleet load into 3 replicas: {:?} (build excluded)",
+        load.map_or("did not converge".into(), |d| format!("{d:.1?}"))
+    );
+    let _ = t_load;
+    // Let every agent connect to every replica before measuring propagation.
+    let t_conn = Instant::now();
+    while t_conn.elapsed() < Duration::from_secs(60) {
+        let all = rt.block_on(async {
+            for a in &agents {
+                if a.handle.connected_identities().len() < 3 {
+                    return false;
+                }
+            }
+            true
+        });
+        if all {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let rss_loaded: Vec<u64> = [&mut r0, &mut r1, &mut r2]
+        .into_iter()
+        .map(|r| u(&r.status(), "rss"))
+        .collect();
+
+    // Steady updates.
+    let agents = Arc::new(agents);
+    let sent_before = rt.block_on(agent_bytes_sent(&agents));
+    let rep_before: Vec<(u64, u64)> = [&mut r0, &mut r1, &mut r2]
+        .into_iter()
+        .map(|r| {
+            let s = r.status();
+            (u(&s, "bytes_sent"), u(&s, "bytes_received"))
+        })
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let steady_sent = drive_updates(
+        agents.clone(),
+        rt.handle().clone(),
+        rate,
+        0,
+        stop.clone(),
+        steady,
+    )
+    .join()
+    .expect("driver");
+    // Let the last updates land before reading byte counters.
+    std::thread::sleep(Duration::from_secs(2));
+    let sent_after = rt.block_on(agent_bytes_sent(&agents));
+    let rep_after: Vec<(u64, u64)> = [&mut r0, &mut r1, &mut r2]
+        .into_iter()
+        .map(|r| {
+            let s = r.status();
+            (u(&s, "bytes_sent"), u(&s, "bytes_received"))
+        })
+        .collect();
+    let n_updates = steady_sent.len();
+    let achieved_rate = n_updates as f64 / steady.as_secs_f64();
+    let payload_avg =
+        steady_sent.iter().map(|s| s.2).sum::<usize>() as f64 / n_updates.max(1) as f64;
+    let agent_bytes = sent_after.saturating_sub(sent_before);
+    let replica_sent: u64 = rep_before
+        .iter()
+        .zip(&rep_after)
+        .map(|(b, a)| a.0.saturating_sub(b.0))
+        .sum();
+    let replica_received: Vec<u64> = rep_before
+        .iter()
+        .zip(&rep_after)
+        .map(|(b, a)| a.1.saturating_sub(b.1))
+        .collect();
+    let per_update = |b: u64| b as f64 / n_updates.max(1) as f64;
+    let total_wire = agent_bytes + replica_sent;
+    // Latency: agent write -> the update is in each replica's change stream.
+    let seen: Vec<HashMap<u64, u64>> = [&r0, &r1, &r2]
+        .iter()
+        .map(|r| r.seen.lock().expect("seen").clone())
+        .collect();
+    let mut all3 = Vec::new();
+    let mut per_replica: Vec<Vec<f64>> = vec![Vec::new(); 3];
+    let mut unseen = 0;
+    for (seq, t, _) in &steady_sent {
+        let mut worst: Option<f64> = Some(0.0);
+        for (i, s) in seen.iter().enumerate() {
+            match s.get(seq) {
+                Some(ns) => {
+                    let ms = ns.saturating_sub(*t) as f64 / 1e6;
+                    per_replica[i].push(ms);
+                    worst = worst.map(|w: f64| w.max(ms));
+                }
+                None => worst = None,
+            }
+        }
+        match worst {
+            Some(w) => all3.push(w),
+            None => unseen += 1,
+        }
+    }
+    all3.sort_by(f64::total_cmp);
+    for v in &mut per_replica {
+        v.sort_by(f64::total_cmp);
+    }
+    let (p50, p99, pmax) = (
+        percentile(&all3, 0.5),
+        percentile(&all3, 0.99),
+        all3.last().copied().unwrap_or(f64::NAN),
+    );
+    println!(
+        "steady: {n_updates} updates ({achieved_rate:.0}/s), all-3 latency p50 {p50:.1} ms p99 {p99:.1} ms max {pmax:.1} ms, {unseen} not observed on all replicas"
+    );
+
+    // Partition r2 while updates continue, then stop updates and heal.
+    blocked.store(true, Ordering::Relaxed);
+    let stop = Arc::new(AtomicBool::new(false));
+    let part_driver = drive_updates(
+        agents.clone(),
+        rt.handle().clone(),
+        rate,
+        1_000_000_000,
+        stop.clone(),
+        partition,
+    );
+    let part_sent = part_driver.join().expect("driver");
+    let partition_secs = partition.as_secs_f64();
+    let left_root = expected_root(&agents);
+    // The left side must have everything before we time the heal.
+    let left_ok = wait_converged(&mut [&mut r0, &mut r1], left_root, Duration::from_secs(300));
+    let left_root_s = left_root.to_string();
+    let r2_behind = r2.status()["root"].as_str() != Some(left_root_s.as_str());
+    blocked.store(false, Ordering::Relaxed);
+    let healed = Instant::now();
+    let mut reconnect = None;
+    let heal = loop {
+        if healed.elapsed() > Duration::from_secs(600) {
+            break None;
+        }
+        let s = r2.status();
+        if reconnect.is_none() && u(&s, "peers") > 0 {
+            reconnect = Some(healed.elapsed());
+        }
+        if s["root"].as_str() == Some(left_root_s.as_str()) {
+            break Some(healed.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    println!(
+        "partition {partition_secs:.0}s with {} updates (left side converged: {}, r2 behind: {r2_behind}); after heal: r2 reconnected {:?}, converged {:?}",
+        part_sent.len(),
+        left_ok.is_some(),
+        reconnect,
+        heal
+    );
+
+    // A new replica loads the fleet.
+    let listen3 = free_udp_addr();
+    let mut r3 = ReplicaProc::spawn("r3", &dir(3), listen3, None, &[listen[0]], &certdir);
+    let joined = Instant::now();
+    let new_replica = wait_converged(&mut [&mut r3], left_root, Duration::from_secs(1800));
+    let s3 = r3.status();
+    let new_bytes = u(&s3, "bytes_received");
+    println!(
+        "new replica: {:?}, {:.1} MB received",
+        new_replica.or(Some(joined.elapsed())),
+        new_bytes as f64 / 1e6
+    );
+
+    let rss_final: Vec<u64> = [&mut r0, &mut r1, &mut r2, &mut r3]
+        .into_iter()
+        .map(|r| u(&r.status(), "rss"))
+        .collect();
+    let parent_rss = rss_bytes();
+    rt.block_on(async {
+        if let Ok(agents) = Arc::try_unwrap(agents) {
+            for a in agents {
+                a.handle.shutdown().await;
+            }
+        }
+    });
+    for r in [r0, r1, r2, r3] {
+        r.quit();
+    }
+
+    // Layout probe in child processes (clean RSS).
+    let mut layout = Vec::new();
+    if layout_nodes > 0 {
+        for mode in ["node", "cluster"] {
+            let exe = std::env::current_exe().expect("own executable");
+            let out = Command::new(exe)
+                .arg("__layout")
+                .arg(mode)
+                .arg(layout_nodes.to_string())
+                .output()
+                .expect("layout child");
+            let text = String::from_utf8_lossy(&out.stdout);
+            if let Some(v) = text
+                .lines()
+                .find_map(|l| l.strip_prefix("LAYOUT "))
+                .and_then(|l| serde_json::from_str::<Value>(l).ok())
+            {
+                layout.push(v);
+            }
+        }
+    }
+
+    let mb = |b: u64| b as f64 / (1024.0 * 1024.0);
+    println!();
+    println!("| figure | value | target |");
+    println!("|---|---|---|");
+    println!(
+        "| fleet | {clusters} clusters x {nodes} nodes, {fleet_objects} objects, {:.0} MB JSON | |",
+        fleet_json_bytes as f64 / 1e6
+    );
+    println!(
+        "| fleet load into 3 replicas (agents' build excluded: {build_secs:.1} s) | {} | |",
+        load_secs.map_or("n/a".into(), |s| format!("{s:.1} s"))
+    );
+    println!("| update rate achieved | {achieved_rate:.0}/s ({n_updates} updates) | {rate}/s |");
+    println!(
+        "| propagation agent -> all 3 replicas p50 / p99 / max | {p50:.1} / {p99:.1} / {pmax:.1} ms ({unseen} unobserved) | p99 <= 250 ms |"
+    );
+    for (i, v) in per_replica.iter().enumerate() {
+        println!(
+            "| propagation to r{i} p50 / p99 | {:.1} / {:.1} ms | |",
+            percentile(v, 0.5),
+            percentile(v, 0.99)
+        );
+    }
+    println!("| payload (Node JSON) per update | {payload_avg:.0} B | |");
+    println!(
+        "| agent egress per update (to 3 replicas) | {:.0} B = {:.2}x payload = {:.2}x per replica | <= 3x |",
+        per_update(agent_bytes),
+        per_update(agent_bytes) / payload_avg,
+        per_update(agent_bytes) / payload_avg / 3.0
+    );
+    println!(
+        "| replica ingress per update r0/r1/r2 | {:.0} / {:.0} / {:.0} B | |",
+        per_update(replica_received[0]),
+        per_update(replica_received[1]),
+        per_update(replica_received[2])
+    );
+    println!(
+        "| all mesh frame bytes per update (incl. replica relays, acks, probes) | {:.0} B = {:.2}x payload | |",
+        per_update(total_wire),
+        per_update(total_wire) / payload_avg
+    );
+    println!(
+        "| heal after {partition_secs:.0} s partition ({} updates missed) | reconnect {} / converged {} | <= 5 s |",
+        part_sent.len(),
+        reconnect.map_or("n/a".into(), |d| format!("{:.1} s", d.as_secs_f64())),
+        heal.map_or("n/a".into(), |d| format!("{:.1} s", d.as_secs_f64()))
+    );
+    println!(
+        "| new replica loads the fleet | {} , {:.1} MB received | <= 60 s |",
+        new_replica.map_or("n/a".into(), |d| format!("{:.1} s", d.as_secs_f64())),
+        new_bytes as f64 / 1e6
+    );
+    println!(
+        "| replica RSS after load r0/r1/r2 | {:.0} / {:.0} / {:.0} MiB | <= 4096 MiB |",
+        mb(rss_loaded[0]),
+        mb(rss_loaded[1]),
+        mb(rss_loaded[2])
+    );
+    println!(
+        "| replica RSS at end r0/r1/r2/r3(new) | {:.0} / {:.0} / {:.0} / {:.0} MiB | <= 4096 MiB |",
+        mb(rss_final[0]),
+        mb(rss_final[1]),
+        mb(rss_final[2]),
+        mb(rss_final[3])
+    );
+    println!("| parent (100 agents) RSS | {:.0} MiB | |", mb(parent_rss));
+    for l in &layout {
+        let docs = l["docs"].as_u64().unwrap_or(1).max(1);
+        let grown = l["rss_growth"].as_u64().unwrap_or(0);
+        println!(
+            "| layout {} ({} nodes, {} docs) | {:.1} MiB RSS, {:.1} KiB per doc, build {:.1} s | |",
+            l["mode"].as_str().unwrap_or("?"),
+            l["nodes"],
+            docs,
+            mb(grown),
+            grown as f64 / docs as f64 / 1024.0,
+            l["build_secs"].as_f64().unwrap_or(0.0)
+        );
+    }
+    println!(
+        "| bench wall time | {:.0} s | |",
+        bench_start.elapsed().as_secs_f64()
+    );
+    let out = json!({
+        "clusters": clusters, "nodes": nodes, "objects": fleet_objects,
+        "fleet_json_bytes": fleet_json_bytes, "build_secs": build_secs,
+        "load_secs": load_secs, "rate_target": rate, "rate_achieved": achieved_rate,
+        "updates": n_updates, "p50_ms": p50, "p99_ms": p99, "max_ms": pmax, "unobserved": unseen,
+        "per_replica_p99_ms": per_replica.iter().map(|v| percentile(v, 0.99)).collect::<Vec<_>>(),
+        "payload_bytes": payload_avg,
+        "agent_bytes_per_update": per_update(agent_bytes),
+        "replica_ingress_per_update": replica_received.iter().map(|b| per_update(*b)).collect::<Vec<_>>(),
+        "wire_bytes_per_update": per_update(total_wire),
+        "partition_secs": partition_secs, "partition_updates": part_sent.len(),
+        "heal_reconnect_secs": reconnect.map(|d| d.as_secs_f64()),
+        "heal_secs": heal.map(|d| d.as_secs_f64()),
+        "new_replica_secs": new_replica.map(|d| d.as_secs_f64()),
+        "new_replica_bytes": new_bytes,
+        "rss_loaded": rss_loaded, "rss_final": rss_final, "parent_rss": parent_rss,
+        "layout": layout,
+    });
+    println!("MESH_BENCH_JSON {out}");
 }

@@ -1,0 +1,902 @@
+//! Loopback QUIC tests of the mesh over the real persistent store (`dramesh-store` through
+//! [`MeshStore`]), with realistic DRA objects from `dramesh-sim`.
+//!
+//! Covered: convergence of 3 replicas and 10 agents of 3 clusters to identical digests and
+//! materialized views; a network partition (UDP relays that drop traffic on command) during
+//! which both sides keep accepting and serving updates, then heal; an agent of cluster A that
+//! cannot alter cluster B; a replica restarted from its fsynced directory that catches up with
+//! a small fraction of the bytes of a full resync. Each test is bounded by a timeout.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dramesh_mesh::certs::{self, CaBundle, TlsIdentity};
+use dramesh_mesh::node::{MeshHandle, NodeConfig};
+use dramesh_mesh::protocol::{PROTOCOL_VERSION, ProtocolConfig};
+use dramesh_mesh::store_adapter::MeshStore;
+use dramesh_mesh::transport::{self, MESH_SERVER_NAME, TransportConfig};
+use dramesh_mesh::wire::{self, pb, pb::envelope::Body};
+use dramesh_mesh::{DocEntry, DocRef, DocStore, PeerIdentity};
+use dramesh_sim::{ClusterSpec, generate, uniform_fleet};
+use dramesh_store::{
+    DocId, Durability, ObjectChange, ObjectKey, ObjectKind, Store, StoreConfig, SyncState,
+};
+use tokio::net::UdpSocket;
+use tokio::task::JoinSet;
+
+const LOCAL: &str = "127.0.0.1:0";
+
+/// Materialized state: (cluster, object key) -> compact JSON.
+type View = BTreeMap<(String, ObjectKey), Vec<u8>>;
+
+fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+fn replica_id(id: &str) -> PeerIdentity {
+    PeerIdentity::Replica { id: id.into() }
+}
+
+fn agent_id(cluster: &str, node: &str) -> PeerIdentity {
+    PeerIdentity::Agent {
+        cluster: cluster.into(),
+        node: node.into(),
+    }
+}
+
+fn fast_config(identity: TlsIdentity, seeds: Vec<SocketAddr>) -> NodeConfig {
+    let mut c = NodeConfig::new(identity, LOCAL.parse().unwrap());
+    c.seeds = seeds;
+    c.protocol = ProtocolConfig {
+        anti_entropy_interval: Duration::from_millis(500),
+        heartbeat_interval: Duration::from_millis(250),
+        peer_exchange_interval: Duration::from_millis(500),
+        ..ProtocolConfig::default()
+    };
+    c.transport = TransportConfig {
+        idle_timeout: Duration::from_millis(1500),
+        keep_alive: Duration::from_millis(300),
+        connect_timeout: Duration::from_secs(2),
+        backoff_min: Duration::from_millis(50),
+        backoff_max: Duration::from_millis(500),
+        ..TransportConfig::default()
+    };
+    c.tick_interval = Duration::from_millis(50);
+    c
+}
+
+fn mem_store() -> Store {
+    Store::in_memory(StoreConfig {
+        durability: Durability::None,
+        ..StoreConfig::default()
+    })
+}
+
+/// A replica store on disk with fsync, as the daemon runs it.
+fn disk_store(dir: &Path) -> (Store, usize) {
+    let (store, report) = Store::open(
+        dir,
+        StoreConfig {
+            durability: Durability::Fsync,
+            ..StoreConfig::default()
+        },
+    )
+    .unwrap();
+    assert!(report.corrupt.is_empty(), "{report:?}");
+    (store, report.loaded)
+}
+
+struct TestNode {
+    handle: MeshHandle,
+    store: Arc<Mutex<MeshStore>>,
+}
+
+impl TestNode {
+    async fn start(config: NodeConfig, store: Store, track_changes: bool) -> TestNode {
+        let store = Arc::new(Mutex::new(MeshStore::new(store, track_changes)));
+        let handle = MeshHandle::start(config, store.clone()).await.unwrap();
+        TestNode { handle, store }
+    }
+
+    fn digest(&self) -> dramesh_mesh::Digest {
+        self.store.lock().unwrap().digest()
+    }
+
+    fn entries(&self) -> Vec<DocEntry> {
+        let mut v: Vec<DocEntry> = self.store.lock().unwrap().entries().cloned().collect();
+        v.sort_by(|a, b| a.doc.cmp(&b.doc));
+        v
+    }
+
+    fn view(&self) -> View {
+        to_view(self.store.lock().unwrap().store().snapshot())
+    }
+
+    fn get(&self, cluster: &str, key: &ObjectKey) -> Option<Vec<u8>> {
+        self.store
+            .lock()
+            .unwrap()
+            .store()
+            .get(cluster, key)
+            .map(|j| j.to_vec())
+    }
+
+    async fn bytes_received(&self) -> u64 {
+        self.handle
+            .peers()
+            .await
+            .iter()
+            .map(|p| p.bytes_received)
+            .sum()
+    }
+}
+
+/// An agent: its identity's own document, written through the real store.
+struct Agent {
+    node: TestNode,
+    doc: DocId,
+    /// What this agent published last, per key.
+    written: View,
+}
+
+impl Agent {
+    async fn start(ca: &CaBundle, cluster: &str, writer: &str, seeds: Vec<SocketAddr>) -> Agent {
+        let id = certs::issue_identity(ca, &agent_id(cluster, writer), 1).unwrap();
+        let node = TestNode::start(fast_config(id, seeds), mem_store(), false).await;
+        let doc = DocId::new(cluster, writer);
+        node.store.lock().unwrap().open_writer(&doc).unwrap();
+        Agent {
+            node,
+            doc,
+            written: View::new(),
+        }
+    }
+
+    async fn write(&mut self, changes: Vec<ObjectChange>) {
+        for c in &changes {
+            let k = (self.doc.cluster.clone(), c.key().clone());
+            match c {
+                ObjectChange::Upsert { json, .. } => {
+                    self.written.insert(k, json.to_vec());
+                }
+                ObjectChange::Delete { .. } => {
+                    self.written.remove(&k);
+                }
+            }
+        }
+        self.node
+            .store
+            .lock()
+            .unwrap()
+            .apply(&self.doc, changes)
+            .unwrap();
+        let doc = DocRef::new(self.doc.cluster.clone(), self.doc.writer.clone());
+        self.node.handle.notify_local_change(doc).await;
+    }
+
+    fn entry(&self) -> DocEntry {
+        self.node
+            .store
+            .lock()
+            .unwrap()
+            .entry(&DocRef::new(
+                self.doc.cluster.clone(),
+                self.doc.writer.clone(),
+            ))
+            .unwrap()
+    }
+}
+
+fn to_view(changes: Vec<(String, ObjectChange)>) -> View {
+    let mut v = View::new();
+    apply_changes(&mut v, changes);
+    v
+}
+
+fn apply_changes(v: &mut View, changes: Vec<(String, ObjectChange)>) {
+    for (cluster, c) in changes {
+        match c {
+            ObjectChange::Upsert { key, json } => {
+                v.insert((cluster, key), json.to_vec());
+            }
+            ObjectChange::Delete { key } => {
+                v.remove(&(cluster, key));
+            }
+        }
+    }
+}
+
+/// Splits a generated cluster into per-node object sets: each node with its slices, pods and
+/// claims; the cluster-scoped objects (ClusterInfo, DeviceClasses) go with the first node.
+fn per_node_objects(spec: &ClusterSpec) -> Vec<(String, Vec<ObjectChange>)> {
+    let cluster = generate(spec);
+    let mut shared = Vec::new();
+    let mut out: Vec<(String, Vec<ObjectChange>)> = Vec::new();
+    for o in &cluster.objects {
+        let change = ObjectChange::upsert(o);
+        match o.kind() {
+            ObjectKind::ClusterInfo | ObjectKind::DeviceClass => shared.push(change),
+            ObjectKind::Node => out.push((o.key().name, vec![change])),
+            _ => out
+                .last_mut()
+                .expect("the generator emits a node before its objects")
+                .1
+                .push(change),
+        }
+    }
+    out[0].1.extend(shared);
+    out
+}
+
+/// A changed copy of a Node object: one label set to `value`.
+fn relabel(change: &ObjectChange, value: &str) -> ObjectChange {
+    let ObjectChange::Upsert { key, json } = change else {
+        panic!("not an upsert");
+    };
+    let mut v: serde_json::Value = serde_json::from_slice(json).unwrap();
+    v["metadata"]["labels"]["dramesh.io/test-rev"] = serde_json::Value::String(value.into());
+    ObjectChange::Upsert {
+        key: key.clone(),
+        json: serde_json::to_vec(&v).unwrap().into(),
+    }
+}
+
+async fn wait_until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    loop {
+        if cond() {
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < limit, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+fn union_of(agents: &[Agent]) -> View {
+    let mut all = View::new();
+    for a in agents {
+        for (k, v) in &a.written {
+            assert!(
+                all.insert(k.clone(), v.clone()).is_none(),
+                "two agents wrote {k:?}"
+            );
+        }
+    }
+    all
+}
+
+fn agent_entries(agents: &[Agent]) -> Vec<DocEntry> {
+    let mut v: Vec<DocEntry> = agents.iter().map(Agent::entry).collect();
+    v.sort_by(|a, b| a.doc.cmp(&b.doc));
+    v
+}
+
+fn converged(replicas: &[&TestNode], agents: &[Agent]) -> bool {
+    let want = agent_entries(agents);
+    replicas.iter().all(|r| r.entries() == want)
+}
+
+async fn start_replicas(ca: &CaBundle, n: usize) -> Vec<TestNode> {
+    let mut replicas: Vec<TestNode> = Vec::new();
+    for i in 0..n {
+        let id = certs::issue_identity(ca, &replica_id(&format!("r{i}")), 1).unwrap();
+        let seeds = replicas.first().map(|r| vec![r.handle.local_addr()]);
+        let cfg = fast_config(id, seeds.unwrap_or_default());
+        replicas.push(TestNode::start(cfg, mem_store(), true).await);
+    }
+    replicas
+}
+
+async fn shutdown(nodes: impl IntoIterator<Item = TestNode>) {
+    for n in nodes {
+        n.handle.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_and_ten_agents_of_three_clusters_converge() {
+    init_tracing();
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let ca = certs::generate_ca("test CA", 1).unwrap();
+        let replicas = start_replicas(&ca, 3).await;
+        let addrs: Vec<SocketAddr> = replicas.iter().map(|r| r.handle.local_addr()).collect();
+        // 10 agents: 4 + 3 + 3 nodes, each agent publishing one node's objects.
+        let mut specs = uniform_fleet(3, 4, 0.5);
+        specs[1].groups[0].count = 3;
+        specs[2].groups[0].count = 3;
+        let mut agents = Vec::new();
+        for spec in &specs {
+            for (node, objects) in per_node_objects(spec) {
+                let seed = addrs[agents.len() % addrs.len()];
+                let mut a = Agent::start(&ca, &spec.name, &node, vec![seed]).await;
+                a.write(objects).await;
+                agents.push(a);
+            }
+        }
+        assert_eq!(agents.len(), 10);
+        let reps: Vec<&TestNode> = replicas.iter().collect();
+        let took = wait_until("convergence", Duration::from_secs(60), || {
+            converged(&reps, &agents)
+        })
+        .await;
+        println!("3 replicas, 10 agents converged in {took:?}");
+        let digest = replicas[0].digest();
+        assert_eq!(
+            digest,
+            dramesh_mesh::Digest::from_entries(agent_entries(&agents).iter())
+        );
+        let union = union_of(&agents);
+        assert!(union.len() >= 10 * 5, "fleet too small: {}", union.len());
+        for (i, r) in replicas.iter().enumerate() {
+            assert_eq!(r.digest(), digest, "replica r{i} digest");
+            assert!(
+                r.view() == union,
+                "replica r{i} view differs from the union"
+            );
+            // The change stream handed to the estimation view rebuilds the same state.
+            let mut streamed = View::new();
+            let mut store = r.store.lock().unwrap();
+            assert!(!store.take_overflowed());
+            apply_changes(&mut streamed, store.drain_changes());
+            assert!(streamed == union, "replica r{i} change stream differs");
+        }
+
+        // A second round of updates (one node object per agent) is pushed everywhere.
+        for a in &mut agents {
+            let node = a
+                .written
+                .iter()
+                .find(|((_, k), _)| k.kind == ObjectKind::Node)
+                .map(|((_, k), json)| ObjectChange::Upsert {
+                    key: k.clone(),
+                    json: json.clone().into(),
+                })
+                .unwrap();
+            a.write(vec![relabel(&node, "2")]).await;
+        }
+        let union = union_of(&agents);
+        let took = wait_until("second round", Duration::from_secs(30), || {
+            converged(&reps, &agents)
+        })
+        .await;
+        println!("second round converged in {took:?}");
+        for (i, r) in replicas.iter().enumerate() {
+            assert!(r.view() == union, "replica r{i} view after updates");
+            let mut store = r.store.lock().unwrap();
+            let changes = store.drain_changes();
+            assert_eq!(changes.len(), 10, "replica r{i}: one view change per agent");
+            for (cluster, c) in changes {
+                let ObjectChange::Upsert { key, json } = c else {
+                    panic!("unexpected delete");
+                };
+                assert_eq!(key.kind, ObjectKind::Node);
+                assert_eq!(union.get(&(cluster, key)), Some(&json.to_vec()));
+            }
+        }
+        let counters = replicas[0].handle.counters();
+        assert_eq!(counters.rejected_unauthorized, 0);
+        assert_eq!(counters.rejected_by_store, 0);
+        shutdown(agents.into_iter().map(|a| a.node)).await;
+        shutdown(replicas).await;
+    })
+    .await
+    .expect("test timed out");
+}
+
+/// A UDP forwarder in front of one node that drops datagrams of blocked client addresses.
+struct Relay {
+    addr: SocketAddr,
+    blocked: Arc<Mutex<HashSet<SocketAddr>>>,
+    _tasks: JoinSet<()>,
+}
+
+impl Relay {
+    async fn start(target: SocketAddr) -> Relay {
+        let front = Arc::new(UdpSocket::bind(LOCAL).await.unwrap());
+        let addr = front.local_addr().unwrap();
+        let blocked: Arc<Mutex<HashSet<SocketAddr>>> = Arc::default();
+        let mut tasks = JoinSet::new();
+        let (front2, blocked2) = (front.clone(), blocked.clone());
+        tasks.spawn(async move {
+            // One upstream socket per client, so the target sees distinct sources.
+            let mut upstreams: HashMap<SocketAddr, Arc<UdpSocket>> = HashMap::new();
+            let mut back = JoinSet::new();
+            let mut buf = vec![0u8; 65536];
+            while let Ok((n, client)) = front2.recv_from(&mut buf).await {
+                if blocked2.lock().unwrap().contains(&client) {
+                    continue;
+                }
+                let up = match upstreams.get(&client) {
+                    Some(u) => u.clone(),
+                    None => {
+                        let u = Arc::new(UdpSocket::bind(LOCAL).await.unwrap());
+                        u.connect(target).await.unwrap();
+                        upstreams.insert(client, u.clone());
+                        let (u2, f, b) = (u.clone(), front2.clone(), blocked2.clone());
+                        back.spawn(async move {
+                            let mut buf = vec![0u8; 65536];
+                            while let Ok(n) = u2.recv(&mut buf).await {
+                                if !b.lock().unwrap().contains(&client) {
+                                    let _ = f.send_to(&buf[..n], client).await;
+                                }
+                            }
+                        });
+                        u
+                    }
+                };
+                let _ = up.send(&buf[..n]).await;
+            }
+        });
+        Relay {
+            addr,
+            blocked,
+            _tasks: tasks,
+        }
+    }
+}
+
+fn free_udp_addr() -> SocketAddr {
+    let probe = std::net::UdpSocket::bind(LOCAL).unwrap();
+    probe.local_addr().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition_keeps_both_sides_serving_and_heals_to_every_last_write() {
+    init_tracing();
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let ca = certs::generate_ca("test CA", 1).unwrap();
+        // Every replica sits behind a relay and advertises the relay, so all replica-bound
+        // traffic can be cut.
+        let mut replicas: Vec<TestNode> = Vec::new();
+        let mut relays: Vec<Relay> = Vec::new();
+        for i in 0..3 {
+            let id = certs::issue_identity(&ca, &replica_id(&format!("r{i}")), 1).unwrap();
+            let mut cfg = fast_config(id, relays.first().map(|r| vec![r.addr]).unwrap_or_default());
+            cfg.listen = free_udp_addr();
+            let relay = Relay::start(cfg.listen).await;
+            cfg.advertise = Some(relay.addr);
+            replicas.push(TestNode::start(cfg, mem_store(), true).await);
+            relays.push(relay);
+        }
+        // Two clusters of two nodes; agents 0-1 (cluster "member-000") start at r0, agents
+        // 2-3 ("member-001") at r2.
+        let specs = uniform_fleet(2, 2, 0.5);
+        let mut agents = Vec::new();
+        for (c, spec) in specs.iter().enumerate() {
+            for (node, objects) in per_node_objects(spec) {
+                let seed = relays[if c == 0 { 0 } else { 2 }].addr;
+                let mut a = Agent::start(&ca, &spec.name, &node, vec![seed]).await;
+                a.write(objects).await;
+                agents.push(a);
+            }
+        }
+        let reps: Vec<&TestNode> = replicas.iter().collect();
+        wait_until("initial convergence", Duration::from_secs(60), || {
+            converged(&reps, &agents)
+        })
+        .await;
+        // Agents reach every replica before the cut (so the cut really separates them).
+        for a in &agents {
+            wait_until(
+                "agent connected to 3 replicas",
+                Duration::from_secs(20),
+                || a.node.handle.connected_identities().len() == 3,
+            )
+            .await;
+        }
+
+        // Partition {r2, agents 2-3} from {r0, r1, agents 0-1}.
+        let addr_of = |n: &TestNode| n.handle.local_addr();
+        let left: Vec<SocketAddr> = [&replicas[0], &replicas[1], &agents[0].node, &agents[1].node]
+            .into_iter()
+            .map(addr_of)
+            .collect();
+        let right: Vec<SocketAddr> = [&replicas[2], &agents[2].node, &agents[3].node]
+            .into_iter()
+            .map(addr_of)
+            .collect();
+        relays[2]
+            .blocked
+            .lock()
+            .unwrap()
+            .extend(left.iter().copied());
+        for r in &relays[..2] {
+            r.blocked.lock().unwrap().extend(right.iter().copied());
+        }
+        let cut = Instant::now();
+        wait_until("partition detected", Duration::from_secs(15), || {
+            !replicas[2]
+                .handle
+                .connected_identities()
+                .iter()
+                .any(PeerIdentity::is_replica)
+                && agents[2].node.handle.connected_identities().len() == 1
+                && agents[0].node.handle.connected_identities().len() == 2
+        })
+        .await;
+        println!("partition detected after {:?}", cut.elapsed());
+
+        // Both sides keep accepting updates (three revisions per agent) and serving them.
+        let node_change = |a: &Agent| {
+            a.written
+                .iter()
+                .find(|((_, k), _)| k.kind == ObjectKind::Node)
+                .map(|((_, k), json)| ObjectChange::Upsert {
+                    key: k.clone(),
+                    json: json.clone().into(),
+                })
+                .unwrap()
+        };
+        let before_cut: Vec<View> = agents.iter().map(|a| a.written.clone()).collect();
+        for rev in 1..=3 {
+            for a in &mut agents {
+                let c = relabel(&node_change(a), &format!("partitioned-{rev}"));
+                a.write(vec![c]).await;
+            }
+        }
+        let sides: [(&[usize], &[usize]); 2] = [(&[0, 1], &[0, 1]), (&[2], &[2, 3])];
+        for (reps_on_side, agents_on_side) in sides {
+            for &ri in reps_on_side {
+                for &ai in agents_on_side {
+                    let (cluster, key, want) = {
+                        let ((c, k), v) = agents[ai]
+                            .written
+                            .iter()
+                            .find(|((_, k), _)| k.kind == ObjectKind::Node)
+                            .unwrap();
+                        (c.clone(), k.clone(), v.clone())
+                    };
+                    wait_until("update on its side", Duration::from_secs(10), || {
+                        replicas[ri].get(&cluster, &key).as_ref() == Some(&want)
+                    })
+                    .await;
+                }
+            }
+        }
+        // Nothing crossed: each side still serves the other side's pre-partition values.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let crossed = |ri: usize, ai: usize| {
+            let ((c, k), v) = before_cut[ai]
+                .iter()
+                .find(|((_, k), _)| k.kind == ObjectKind::Node)
+                .unwrap();
+            replicas[ri].get(c, k).as_ref() != Some(v)
+        };
+        assert!(
+            !crossed(2, 0) && !crossed(2, 1),
+            "left updates leaked to r2"
+        );
+        assert!(
+            !crossed(0, 2) && !crossed(1, 3),
+            "right updates leaked to the left"
+        );
+
+        let healed = Instant::now();
+        for r in &relays {
+            r.blocked.lock().unwrap().clear();
+        }
+        let union = union_of(&agents);
+        wait_until("convergence after heal", Duration::from_secs(30), || {
+            converged(&reps, &agents)
+        })
+        .await;
+        println!("converged {:?} after heal", healed.elapsed());
+        for (i, r) in replicas.iter().enumerate() {
+            assert!(r.view() == union, "replica r{i} lacks a last write");
+        }
+        shutdown(agents.into_iter().map(|a| a.node)).await;
+        shutdown(replicas).await;
+    })
+    .await
+    .expect("test timed out");
+}
+
+/// A complete automerge exchange of `forger`'s document toward an empty peer: the message that
+/// carries the changes (the first one only carries heads).
+fn forged_changes_message(forger: &mut Store, doc: &DocId, generation: u64) -> Vec<u8> {
+    let mut empty = mem_store();
+    let (mut sf, mut se) = (SyncState::new(), SyncState::new());
+    let first = forger
+        .generate_sync_message(doc, generation, &mut sf)
+        .unwrap()
+        .unwrap();
+    empty
+        .receive_sync_message(doc, generation, &mut se, &first, &|_| true)
+        .unwrap();
+    let ask = empty
+        .generate_sync_message(doc, generation, &mut se)
+        .unwrap()
+        .unwrap();
+    forger
+        .receive_sync_message(doc, generation, &mut sf, &ask, &|_| true)
+        .unwrap();
+    forger
+        .generate_sync_message(doc, generation, &mut sf)
+        .unwrap()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_of_cluster_a_cannot_alter_cluster_b() {
+    init_tracing();
+    tokio::time::timeout(Duration::from_secs(90), async {
+        let ca = certs::generate_ca("test CA", 1).unwrap();
+        let replicas = start_replicas(&ca, 3).await;
+        let addrs: Vec<SocketAddr> = replicas.iter().map(|r| r.handle.local_addr()).collect();
+        let specs = uniform_fleet(2, 1, 0.5);
+        let (a_name, b_name) = (specs[0].name.clone(), specs[1].name.clone());
+        let mut agents = Vec::new();
+        for spec in &specs {
+            for (node, objects) in per_node_objects(spec) {
+                let mut a = Agent::start(&ca, &spec.name, &node, vec![addrs[0]]).await;
+                a.write(objects).await;
+                agents.push(a);
+            }
+        }
+        let reps: Vec<&TestNode> = replicas.iter().collect();
+        wait_until("convergence", Duration::from_secs(60), || {
+            converged(&reps, &agents)
+        })
+        .await;
+        let b_doc = agents[1].doc.clone();
+        let b_ref = DocRef::new(b_doc.cluster.clone(), b_doc.writer.clone());
+        let b_view = |r: &TestNode| -> View {
+            r.view()
+                .into_iter()
+                .filter(|((c, _), _)| *c == b_name)
+                .collect()
+        };
+        let b_before: Vec<(View, Option<DocEntry>)> = replicas
+            .iter()
+            .map(|r| (b_view(r), r.store.lock().unwrap().entry(&b_ref)))
+            .collect();
+        assert!(!b_before[0].0.is_empty());
+
+        // The forger derives cluster B's writer actor (it is public) and writes a newer
+        // generation of B's document in which a B node carries a fake label.
+        let mut forger = mem_store();
+        let forged_gen = forger.open_writer(&b_doc).unwrap();
+        let b_node = ObjectChange::Upsert {
+            key: ObjectKey::new(ObjectKind::Node, None, &b_doc.writer),
+            json: agents[1]
+                .written
+                .iter()
+                .find(|((_, k), _)| k.kind == ObjectKind::Node)
+                .map(|(_, v)| v.clone())
+                .unwrap()
+                .into(),
+        };
+        forger
+            .apply(&b_doc, vec![relabel(&b_node, "forged")])
+            .unwrap();
+        assert!(forged_gen > b_before[0].1.as_ref().unwrap().generation);
+        let forged = forged_changes_message(&mut forger, &b_doc, forged_gen);
+
+        // A rogue client holding a genuine certificate for an agent of cluster A speaks the
+        // wire protocol directly, bypassing its own node's checks.
+        let rogue = agent_id(&a_name, "rogue");
+        let rogue_tls = certs::issue_identity(&ca, &rogue, 1).unwrap();
+        let cfg = fast_config(rogue_tls.clone(), vec![]);
+        let endpoint =
+            transport::make_endpoint(LOCAL.parse().unwrap(), &rogue_tls, &cfg.transport).unwrap();
+        let conn = endpoint
+            .connect(addrs[0], MESH_SERVER_NAME)
+            .unwrap()
+            .await
+            .unwrap();
+        let (mut send, _recv) = conn.open_bi().await.unwrap();
+        let frame = |body: Body| wire::encode_frame(&wire::envelope(body)).unwrap();
+        send.write_all(&frame(Body::Hello(pb::Hello {
+            protocol_version: PROTOCOL_VERSION,
+            role: pb::Role::Agent as i32,
+            identity: rogue.uri(),
+            advertise_addr: String::new(),
+        })))
+        .await
+        .unwrap();
+        // 1. B's document, named as such: refused by the mesh's authorization.
+        send.write_all(&frame(Body::Sync(pb::Sync {
+            doc: Some((&b_ref).into()),
+            generation: forged_gen,
+            payload: forged.clone(),
+        })))
+        .await
+        .unwrap();
+        // 2. The same changes smuggled under the rogue's own document id: refused by the
+        //    store, whose author check binds every change to the named document's writer.
+        let own = DocRef::new(a_name.clone(), "rogue");
+        send.write_all(&frame(Body::Sync(pb::Sync {
+            doc: Some((&own).into()),
+            generation: forged_gen,
+            payload: forged,
+        })))
+        .await
+        .unwrap();
+        // 3. A bucket entry claiming B's document: refused and counted as well.
+        send.write_all(&frame(Body::BucketEntries(pb::BucketEntries {
+            buckets: vec![dramesh_mesh::store::bucket_of(&b_ref)],
+            entries: vec![pb::DocEntry::from(&DocEntry {
+                doc: b_ref.clone(),
+                generation: forged_gen,
+                heads_hash: [7; 32],
+            })],
+        })))
+        .await
+        .unwrap();
+        wait_until("rejections counted", Duration::from_secs(10), || {
+            let c = replicas[0].handle.counters();
+            c.rejected_unauthorized >= 2 && c.rejected_by_store >= 1
+        })
+        .await;
+        // Give any leak time to spread, then check every replica.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        for (i, r) in replicas.iter().enumerate() {
+            let (view, entry) = &b_before[i];
+            assert!(b_view(r) == *view, "r{i}: cluster B state changed");
+            assert_eq!(
+                &r.store.lock().unwrap().entry(&b_ref),
+                entry,
+                "r{i}: B entry"
+            );
+            assert_eq!(
+                r.store.lock().unwrap().entry(&own),
+                None,
+                "r{i}: smuggled document advertised"
+            );
+        }
+        let c = replicas[0].handle.counters();
+        println!("r0 counters after the attack: {c:?}");
+        assert_eq!(c.rejected_by_store, 1, "{c:?}");
+        // B's honest agent keeps publishing normally afterwards.
+        let honest = relabel(&b_node, "honest");
+        agents[1].write(vec![honest]).await;
+        wait_until("honest update", Duration::from_secs(20), || {
+            converged(&reps, &agents)
+        })
+        .await;
+        let union = union_of(&agents);
+        for r in &replicas {
+            assert!(r.view() == union);
+        }
+        conn.close(0u32.into(), b"bye");
+        shutdown(agents.into_iter().map(|a| a.node)).await;
+        shutdown(replicas).await;
+    })
+    .await
+    .expect("test timed out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_replica_catches_up_with_only_the_missing_changes() {
+    init_tracing();
+    tokio::time::timeout(Duration::from_secs(180), async {
+        let ca = certs::generate_ca("test CA", 1).unwrap();
+        let tls = |p: &PeerIdentity| certs::issue_identity(&ca, p, 1).unwrap();
+        let r0 = TestNode::start(fast_config(tls(&replica_id("r0")), vec![]), mem_store(), true)
+            .await;
+        let seeds = vec![r0.handle.local_addr()];
+        let r1 =
+            TestNode::start(fast_config(tls(&replica_id("r1")), seeds.clone()), mem_store(), true)
+                .await;
+        let dir2 = tempfile::tempdir().unwrap();
+        let mut cfg2 = fast_config(tls(&replica_id("r2")), seeds.clone());
+        cfg2.listen = free_udp_addr();
+        let (store2, loaded) = disk_store(dir2.path());
+        assert_eq!(loaded, 0);
+        let r2 = TestNode::start(cfg2.clone(), store2, true).await;
+        // Three directory-mode agents (one document per cluster) of 40 nodes each.
+        let mut agents = Vec::new();
+        for spec in uniform_fleet(3, 40, 0.5) {
+            let mut a = Agent::start(&ca, &spec.name, "dir-agent", seeds.clone()).await;
+            let objects = generate(&spec).objects.iter().map(ObjectChange::upsert).collect();
+            a.write(objects).await;
+            agents.push(a);
+        }
+        wait_until("convergence", Duration::from_secs(90), || {
+            converged(&[&r0, &r1, &r2], &agents)
+        })
+        .await;
+        let full_state_bytes: usize = {
+            let s = r0.store.lock().unwrap();
+            agents
+                .iter()
+                .map(|a| s.store().fresh_size(&a.doc).unwrap().unwrap())
+                .sum()
+        };
+
+        // Stop r2, then make a few changes it misses.
+        r2.handle.shutdown().await;
+        drop(r2.store);
+        let mut changed_payload = 0;
+        for a in &mut agents {
+            let node = a
+                .written
+                .iter()
+                .find(|((_, k), _)| k.kind == ObjectKind::Node)
+                .map(|((_, k), json)| ObjectChange::Upsert {
+                    key: k.clone(),
+                    json: json.clone().into(),
+                })
+                .unwrap();
+            let c = relabel(&node, "while-r2-was-down");
+            if let ObjectChange::Upsert { json, .. } = &c {
+                changed_payload += json.len();
+            }
+            a.write(vec![c]).await;
+        }
+        wait_until("r0, r1 updated", Duration::from_secs(20), || {
+            converged(&[&r0, &r1], &agents)
+        })
+        .await;
+        let stale = agents[0].entry();
+
+        // Restart r2 from its directory on the same address.
+        let (store2, loaded) = disk_store(dir2.path());
+        assert_eq!(loaded, 3, "r2 reloads its three documents");
+        let store = Arc::new(Mutex::new(MeshStore::new(store2, true)));
+        let mut attempts = 0;
+        let handle = loop {
+            // The old endpoint's socket may take a moment to be released.
+            match MeshHandle::start(cfg2.clone(), store.clone()).await {
+                Ok(h) => break h,
+                Err(e) if attempts < 20 => {
+                    attempts += 1;
+                    println!("rebinding r2: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("restart failed: {e}"),
+            }
+        };
+        let r2 = TestNode { handle, store };
+        assert_ne!(
+            r2.store.lock().unwrap().entry(&stale.doc).unwrap().heads_hash,
+            stale.heads_hash,
+            "r2 came back with the old heads"
+        );
+        let restarted = Instant::now();
+        wait_until("restarted r2 catches up", Duration::from_secs(30), || {
+            converged(&[&r2], &agents)
+        })
+        .await;
+        let catch_up = r2.bytes_received().await;
+        println!(
+            "restart catch-up: {:?}, {catch_up} bytes received (changed payload {changed_payload} bytes)",
+            restarted.elapsed()
+        );
+        assert!(r2.view() == union_of(&agents));
+
+        // For comparison, a new replica with an empty directory loads the same state.
+        let dir3 = tempfile::tempdir().unwrap();
+        let (store3, _) = disk_store(dir3.path());
+        let r3 = TestNode::start(fast_config(tls(&replica_id("r3")), seeds.clone()), store3, true)
+            .await;
+        let joined = Instant::now();
+        wait_until("new r3 loads everything", Duration::from_secs(60), || {
+            converged(&[&r3], &agents)
+        })
+        .await;
+        let full = r3.bytes_received().await;
+        println!(
+            "full resync: {:?}, {full} bytes received; documents saved: {full_state_bytes} bytes",
+            joined.elapsed()
+        );
+        assert!(r3.view() == union_of(&agents));
+        let baseline = full.min(full_state_bytes as u64);
+        assert!(
+            catch_up * 4 < baseline,
+            "catch-up {catch_up} bytes is not below 25% of a full resync ({full} bytes received, {full_state_bytes} bytes of documents)"
+        );
+        shutdown(agents.into_iter().map(|a| a.node)).await;
+        shutdown([r0, r1, r2, r3]).await;
+    })
+    .await
+    .expect("test timed out");
+}

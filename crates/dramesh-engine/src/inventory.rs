@@ -5,6 +5,9 @@
 //! Every quantity is parsed once, attribute and capacity names are split into qualified
 //! names once, each device carries its ready-made CEL input, and class selectors are compiled
 //! once per class. Request selectors are compiled on first use and cached by expression.
+//! Devices whose published fields other than the name are identical share one parsed form
+//! (and so one CEL input and one built CEL value), which is what keeps a fleet of identical
+//! GPUs small.
 //!
 //! Guarantees: an object that Kubernetes validation would reject for a malformed quantity is
 //! refused with an [`InventoryError`] naming the object and field; problems Kubernetes only
@@ -94,8 +97,24 @@ pub(crate) struct Taint {
     pub effect: String,
 }
 
+/// One device: its name plus the parsed content, which is shared by every device of the
+/// inventory whose published fields other than the name are identical (the typical fleet has
+/// thousands of identical GPUs per model), so the parsed form and its CEL input exist once.
 pub(crate) struct Device {
     pub name: Arc<str>,
+    pub core: Arc<DeviceCore>,
+}
+
+impl std::ops::Deref for Device {
+    type Target = DeviceCore;
+    fn deref(&self) -> &DeviceCore {
+        &self.core
+    }
+}
+
+/// Everything about a device except its name, derived only from the device's own fields and
+/// its slice's driver (so equal sources give equal cores).
+pub(crate) struct DeviceCore {
     pub attrs: Vec<Attr>,
     /// Why a CEL input cannot be built for this device (an attribute without a value).
     pub attr_error: Option<String>,
@@ -112,7 +131,7 @@ pub(crate) struct Device {
     pub allow_multiple: bool,
 }
 
-impl Device {
+impl DeviceCore {
     /// `lookupAttribute`: the exact key first, then the bare identifier when the domain is
     /// the driver's.
     pub(crate) fn lookup_attr(&self, full: &str, driver: &str) -> Option<&Attr> {
@@ -170,6 +189,108 @@ impl TaintRule {
     }
 }
 
+/// Interns [`DeviceCore`]s by content so identical devices share one.
+///
+/// The key is a 128-bit digest of the JSON encoding of exactly the device fields
+/// `parse_device` reads, plus the driver, computed with two independently and randomly keyed
+/// SipHash instances: keys are secret per process, so a publisher cannot construct two
+/// different devices that collide, and an accidental collision has probability ~2^-128.
+/// Entries no device references any more are dropped in amortized batches.
+struct CoreInterner {
+    keys: (std::hash::RandomState, std::hash::RandomState),
+    map: HashMap<(u64, u64), Arc<DeviceCore>>,
+    prune_at: usize,
+}
+
+/// Minimum interner size before unreferenced entries are swept.
+const CORE_PRUNE_MIN: usize = 1024;
+
+impl CoreInterner {
+    fn new() -> CoreInterner {
+        CoreInterner {
+            keys: (std::hash::RandomState::new(), std::hash::RandomState::new()),
+            map: HashMap::new(),
+            prune_at: CORE_PRUNE_MIN,
+        }
+    }
+
+    fn key(&self, d: &k8s::Device, driver: &str) -> (u64, u64) {
+        use std::hash::{BuildHasher, Hasher};
+        struct Both<A, B>(A, B);
+        impl<A: Hasher, B: Hasher> std::io::Write for Both<A, B> {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.write(buf);
+                self.1.write(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut w = Both(self.keys.0.build_hasher(), self.keys.1.build_hasher());
+        // Every field of the device except its name; keep in sync with `parse_device`.
+        let fields = (
+            driver,
+            &d.attributes,
+            &d.capacity,
+            &d.consumes_counters,
+            &d.node_name,
+            &d.all_nodes,
+            &d.node_selector,
+            &d.taints,
+            &d.binds_to_node,
+            &d.binding_conditions,
+            &d.binding_failure_conditions,
+            &d.allow_multiple_allocations,
+        );
+        // Serializing plain data into a writer that never fails does not fail; should it
+        // ever, the sentinel key makes the caller parse the device without sharing it.
+        if serde_json::to_writer(&mut w, &fields).is_err() {
+            return (u64::MAX, u64::MAX);
+        }
+        (w.0.finish(), w.1.finish())
+    }
+
+    fn get_or_parse(
+        &mut self,
+        d: &k8s::Device,
+        di: usize,
+        driver: &str,
+        object: &str,
+    ) -> Result<Arc<DeviceCore>, InventoryError> {
+        let key = self.key(d, driver);
+        if key == (u64::MAX, u64::MAX) {
+            return Ok(Arc::new(parse_device(d, di, driver, object)?));
+        }
+        if let Some(c) = self.map.get(&key) {
+            return Ok(c.clone());
+        }
+        let core = Arc::new(parse_device(d, di, driver, object)?);
+        if self.map.len() >= self.prune_at {
+            self.map.retain(|_, c| Arc::strong_count(c) > 1);
+            self.prune_at = (self.map.len() * 2).max(CORE_PRUNE_MIN);
+        }
+        self.map.insert(key, core.clone());
+        Ok(core)
+    }
+}
+
+/// A small sorted set of slice names. Most nodes and pools have one or two slices, where a
+/// `BTreeSet` would allocate a whole eleven-slot node per set.
+pub(crate) type NameSet = Vec<String>;
+
+fn set_insert(set: &mut NameSet, name: &str) {
+    if let Err(i) = set.binary_search_by(|x| x.as_str().cmp(name)) {
+        set.insert(i, name.to_string());
+    }
+}
+
+fn set_remove(set: &mut NameSet, name: &str) {
+    if let Ok(i) = set.binary_search_by(|x| x.as_str().cmp(name)) {
+        set.remove(i);
+    }
+}
+
 /// Pool identity: (driver, pool name).
 pub(crate) type PoolKey = (Arc<str>, Arc<str>);
 
@@ -177,15 +298,16 @@ pub(crate) type PoolKey = (Arc<str>, Arc<str>);
 pub struct Inventory {
     cel: CelEnv,
     pub(crate) slices: BTreeMap<String, Arc<Slice>>,
-    /// Slice names with `spec.nodeName`, per node.
-    pub(crate) by_node: HashMap<String, BTreeSet<String>>,
+    /// Slice names with `spec.nodeName`, per node (sorted; see [`NameSet`]).
+    pub(crate) by_node: HashMap<String, NameSet>,
     /// Slice names without `spec.nodeName` (network-attached, all-nodes, per-device, counters).
     pub(crate) nodeless: BTreeSet<String>,
     /// All slice names of each pool, any node, any generation.
-    pub(crate) pools: BTreeMap<PoolKey, BTreeSet<String>>,
+    pub(crate) pools: BTreeMap<PoolKey, NameSet>,
     pub(crate) classes: BTreeMap<String, Arc<Class>>,
     pub(crate) taint_rules: BTreeMap<String, Arc<TaintRule>>,
     compiled: Mutex<HashMap<String, Result<Selector, String>>>,
+    cores: CoreInterner,
 }
 
 impl Default for Inventory {
@@ -224,6 +346,7 @@ impl Inventory {
             classes: BTreeMap::new(),
             taint_rules: BTreeMap::new(),
             compiled: Mutex::new(HashMap::new()),
+            cores: CoreInterner::new(),
         }
     }
 
@@ -286,24 +409,23 @@ impl Inventory {
 
     /// Adds or replaces a ResourceSlice (keyed by name).
     pub fn upsert_slice(&mut self, slice: &k8s::ResourceSlice) -> Result<(), InventoryError> {
-        let parsed = parse_slice(slice)?;
+        let parsed = parse_slice(slice, &mut self.cores)?;
         let name = parsed.name.clone();
         self.remove_slice(&name);
         match &parsed.node_name {
             Some(n) if !n.is_empty() => {
-                self.by_node
-                    .entry(n.clone())
-                    .or_default()
-                    .insert(name.clone());
+                set_insert(self.by_node.entry(n.clone()).or_default(), &name);
             }
             _ => {
                 self.nodeless.insert(name.clone());
             }
         }
-        self.pools
-            .entry((parsed.driver.clone(), parsed.pool.clone()))
-            .or_default()
-            .insert(name.clone());
+        set_insert(
+            self.pools
+                .entry((parsed.driver.clone(), parsed.pool.clone()))
+                .or_default(),
+            &name,
+        );
         self.slices.insert(name, Arc::new(parsed));
         Ok(())
     }
@@ -316,7 +438,7 @@ impl Inventory {
         match &old.node_name {
             Some(n) if !n.is_empty() => {
                 if let Some(set) = self.by_node.get_mut(n) {
-                    set.remove(name);
+                    set_remove(set, name);
                     if set.is_empty() {
                         self.by_node.remove(n);
                     }
@@ -328,7 +450,7 @@ impl Inventory {
         }
         let key = (old.driver.clone(), old.pool.clone());
         if let Some(set) = self.pools.get_mut(&key) {
-            set.remove(name);
+            set_remove(set, name);
             if set.is_empty() {
                 self.pools.remove(&key);
             }
@@ -429,7 +551,7 @@ impl Inventory {
     }
 }
 
-fn parse_slice(s: &k8s::ResourceSlice) -> Result<Slice, InventoryError> {
+fn parse_slice(s: &k8s::ResourceSlice, cores: &mut CoreInterner) -> Result<Slice, InventoryError> {
     let name = s.metadata.name.clone().unwrap_or_default();
     let object = format!("ResourceSlice {name}");
     if name.is_empty() {
@@ -455,7 +577,10 @@ fn parse_slice(s: &k8s::ResourceSlice) -> Result<Slice, InventoryError> {
     }
     let mut devices = Vec::new();
     for (di, d) in spec.devices.iter().flatten().enumerate() {
-        devices.push(parse_device(d, di, &driver, &object)?);
+        devices.push(Device {
+            name: d.name.as_str().into(),
+            core: cores.get_or_parse(d, di, &driver, &object)?,
+        });
     }
     Ok(Slice {
         name,
@@ -477,7 +602,7 @@ fn parse_device(
     di: usize,
     driver: &str,
     object: &str,
-) -> Result<Device, InventoryError> {
+) -> Result<DeviceCore, InventoryError> {
     let mut attrs = Vec::new();
     let mut attr_error = None;
     for (key, a) in d.attributes.iter().flatten() {
@@ -588,8 +713,7 @@ fn parse_device(
     } else {
         None
     };
-    Ok(Device {
-        name: d.name.as_str().into(),
+    Ok(DeviceCore {
         attrs,
         attr_error,
         cel_input,

@@ -398,13 +398,15 @@ impl<'a> Run<'a> {
                 continue;
             }
             let pickable = !pool.incomplete;
+            // One pool lookup, then one device lookup per device.
+            let pool_uses = if self.state.is_empty() {
+                None
+            } else {
+                self.state.pool_uses(pool.driver, pool.name)
+            };
             for slice in &pool.device_slices {
                 for dev in &slice.devices {
-                    let used = if self.state.is_empty() {
-                        None
-                    } else {
-                        self.state.lookup(pool.driver, pool.name, &dev.name)
-                    };
+                    let used = pool_uses.and_then(|u| u.get(&*dev.name));
                     let rule_taints = rules
                         .iter()
                         .filter(|r| r.selects(pool.driver, pool.name, &dev.name))
@@ -448,10 +450,25 @@ impl<'a> Run<'a> {
                 }
             }
         }
+        // The first device whose name an earlier device already has is reported. Pools are
+        // usually small, where comparing with the earlier names beats hashing each name.
+        const LINEAR_MAX: usize = 32;
+        let mut seen: Vec<&str> = Vec::new();
         let mut names = std::collections::HashSet::new();
         for s in &pool.device_slices {
             for d in &s.devices {
-                if !names.insert(&*d.name) {
+                let name: &str = &d.name;
+                let repeated = if names.is_empty() && seen.len() < LINEAR_MAX {
+                    let r = seen.contains(&name);
+                    seen.push(name);
+                    r
+                } else {
+                    if names.is_empty() {
+                        names.extend(seen.iter().copied());
+                    }
+                    !names.insert(name)
+                };
+                if repeated {
                     pool.invalid = Some(format!("duplicate device name {}", d.name));
                     return;
                 }

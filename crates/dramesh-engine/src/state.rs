@@ -8,10 +8,12 @@
 //! exactly as Kubernetes does, so it stays right when slices change.
 //!
 //! [`AllocatedState::commit`] and [`AllocatedState::release`] are exact inverses, so an
-//! estimator can place replica after replica and roll back without cloning; `Clone` is also
-//! cheap enough for one copy per node.
+//! estimator can place replica after replica and roll back without cloning. `Clone` costs
+//! reference-count increments only: each driver's pool map and each pool's device map are
+//! shared copy-on-write, so a copy that then changes a few pools duplicates only those.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use dramesh_model::k8s;
 use dramesh_model::{QualifiedName, Quantity};
@@ -32,13 +34,14 @@ impl DevUse {
     }
 }
 
-type PoolUses = HashMap<String, HashMap<String, DevUse>>;
+pub(crate) type DevUses = HashMap<String, DevUse>;
+type PoolUses = HashMap<Arc<str>, Arc<DevUses>>;
 
 /// Devices in use by already-allocated claims.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct AllocatedState {
     /// driver -> pool -> device, so lookups by borrowed names allocate nothing.
-    uses: HashMap<String, PoolUses>,
+    uses: HashMap<Arc<str>, Arc<PoolUses>>,
     share_ids: HashSet<String>,
 }
 
@@ -58,20 +61,26 @@ impl AllocatedState {
         s
     }
 
-    fn entry(&mut self, r: &k8s::DeviceRequestAllocationResult) -> &mut DevUse {
-        self.uses
-            .entry(r.driver.clone())
-            .or_default()
-            .entry(r.pool.clone())
-            .or_default()
-            .entry(r.device.clone())
-            .or_default()
+    /// The use record of a result's device, created when absent (so always `Some`; the
+    /// keys are only allocated when the driver or pool is new).
+    fn entry(&mut self, r: &k8s::DeviceRequestAllocationResult) -> Option<&mut DevUse> {
+        if !self.uses.contains_key(r.driver.as_str()) {
+            self.uses.insert(r.driver.as_str().into(), Arc::default());
+        }
+        let pools = Arc::make_mut(self.uses.get_mut(r.driver.as_str())?);
+        if !pools.contains_key(r.pool.as_str()) {
+            pools.insert(r.pool.as_str().into(), Arc::default());
+        }
+        let devs = Arc::make_mut(pools.get_mut(r.pool.as_str())?);
+        Some(devs.entry(r.device.clone()).or_default())
     }
 
     /// Marks the devices of these allocations as used.
     pub fn commit(&mut self, allocations: &[k8s::AllocationResult]) {
         for r in results(allocations) {
-            let e = self.entry(r);
+            let Some(e) = self.entry(r) else {
+                continue;
+            };
             match &r.share_id {
                 Some(id) => {
                     e.shares += 1;
@@ -89,10 +98,14 @@ impl AllocatedState {
     /// Undoes [`Self::commit`] of the same allocations.
     pub fn release(&mut self, allocations: &[k8s::AllocationResult]) {
         for r in results(allocations) {
-            let Some(pools) = self.uses.get_mut(&r.driver) else {
+            // Look first, so releasing what is not there copies no shared map.
+            if self.lookup(&r.driver, &r.pool, &r.device).is_none() {
+                continue;
+            }
+            let Some(pools) = self.uses.get_mut(r.driver.as_str()).map(Arc::make_mut) else {
                 continue;
             };
-            let Some(devs) = pools.get_mut(&r.pool) else {
+            let Some(devs) = pools.get_mut(r.pool.as_str()).map(Arc::make_mut) else {
                 continue;
             };
             let Some(e) = devs.get_mut(&r.device) else {
@@ -117,13 +130,18 @@ impl AllocatedState {
             if !e.allocated() {
                 devs.remove(&r.device);
                 if devs.is_empty() {
-                    pools.remove(&r.pool);
+                    pools.remove(r.pool.as_str());
                     if pools.is_empty() {
-                        self.uses.remove(&r.driver);
+                        self.uses.remove(r.driver.as_str());
                     }
                 }
             }
         }
+    }
+
+    /// The uses of one pool's devices, for callers that look up many devices of one pool.
+    pub(crate) fn pool_uses(&self, driver: &str, pool: &str) -> Option<&DevUses> {
+        self.uses.get(driver)?.get(pool).map(|d| &**d)
     }
 
     pub(crate) fn lookup(&self, driver: &str, pool: &str, device: &str) -> Option<&DevUse> {

@@ -364,3 +364,96 @@ fn cel_runtime_error_fails_the_pod() {
         other => panic!("expected a pod error, got {other:?}"),
     }
 }
+
+#[test]
+fn identical_devices_share_one_parsed_core() {
+    // device-1 and device-3 have equal content except the name (type a, numa 1); device-2
+    // differs (type b, numa 0). Equal content across slices and nodes shares too.
+    let inv = inventory(&[
+        slice("s1", "n1", "p1", 3, &["a", "b"]),
+        slice("s2", "n2", "p2", 3, &["a", "b"]),
+    ]);
+    let d1 = &inv.slices["s1"].devices;
+    let d2 = &inv.slices["s2"].devices;
+    assert!(std::sync::Arc::ptr_eq(&d1[0].core, &d1[2].core));
+    assert!(!std::sync::Arc::ptr_eq(&d1[0].core, &d1[1].core));
+    assert!(std::sync::Arc::ptr_eq(&d1[1].core, &d2[1].core));
+    assert_eq!(&*d1[2].name, "device-3", "names stay per device");
+    // Sharing a core does not merge allocation: both equal devices are still allocatable.
+    let st = AllocatedState::new();
+    let node = NodeInfo {
+        name: "n1".into(),
+        labels: Default::default(),
+    };
+    let mut inv = inv;
+    inv.upsert_class(&class("c", "driver-a")).expect("class");
+    let c = claim(
+        "two-a",
+        "    requests:\n    - name: r\n      exactly:\n        deviceClassName: c\n        count: 2\n        selectors:\n        - cel: {expression: 'device.attributes[\"driver-a\"].type == \"a\"'}\n",
+    );
+    match allocate(&inv, &st, &node, &[&c], &Options::default()) {
+        Outcome::Allocated(r) => {
+            let names: Vec<String> = r[0]
+                .devices
+                .iter()
+                .flat_map(|d| d.results.iter().flatten())
+                .map(|x| x.device.clone())
+                .collect();
+            assert_eq!(names, vec!["device-1".to_string(), "device-3".to_string()]);
+        }
+        other => panic!("expected an allocation, got {other:?}"),
+    }
+}
+
+#[test]
+fn allocated_state_clone_is_copy_on_write() {
+    let a: k8s::AllocationResult = yaml(
+        "devices:\n  results:\n  - {request: r, driver: d, pool: p, device: x}\n  - {request: r, driver: d, pool: q, device: y}\n",
+    );
+    let b: k8s::AllocationResult =
+        yaml("devices:\n  results:\n  - {request: r, driver: d, pool: p, device: z}\n");
+    let mut base = AllocatedState::new();
+    base.commit(std::slice::from_ref(&a));
+    let before = base.clone();
+    let mut copy = base.clone();
+    copy.commit(std::slice::from_ref(&b));
+    copy.release(std::slice::from_ref(&a));
+    assert!(copy.is_dedicated("d", "p", "z"));
+    assert!(!copy.is_dedicated("d", "p", "x"));
+    assert!(!copy.is_dedicated("d", "q", "y"));
+    assert_eq!(base, before, "changes to a copy never reach the original");
+    assert!(base.is_dedicated("d", "p", "x") && base.is_dedicated("d", "q", "y"));
+    assert!(!base.is_dedicated("d", "p", "z"));
+    copy.release(std::slice::from_ref(&b));
+    assert!(copy.is_empty());
+}
+
+#[test]
+fn duplicate_device_names_are_reported_in_small_and_large_pools() {
+    for (n, dup) in [(3usize, 2usize), (40, 35)] {
+        let mut s = slice("s1", "n1", "p1", n, &["a"]);
+        let mut extra = s.spec.devices.as_ref().expect("devices")[dup - 1].clone();
+        extra.attributes = None;
+        s.spec.devices.as_mut().expect("devices").push(extra);
+        let mut inv = inventory(&[s]);
+        inv.upsert_class(&class("class-a", "driver-a"))
+            .expect("class");
+        let node = NodeInfo {
+            name: "n1".into(),
+            labels: Default::default(),
+        };
+        let c = count_claim("one", 1);
+        let out = allocate(
+            &inv,
+            &AllocatedState::new(),
+            &node,
+            &[&c],
+            &Options::default(),
+        );
+        let text = format!("{out:?}");
+        assert!(
+            text.contains(&format!("duplicate device name device-{dup}")),
+            "pool of {n}: {text}"
+        );
+    }
+}

@@ -24,7 +24,7 @@
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, VecDeque};
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::Arc;
 
 use dramesh_engine::{AllocatedState, Inventory, KubeVersion, NodeInfo, Options, Outcome};
@@ -34,21 +34,93 @@ use dramesh_model::k8s::{
 };
 
 use crate::estimate::Overlay;
-use crate::fasthash::{FastMap, FastSet};
+use crate::fasthash::FastHasher;
 use crate::resources::{ResName, is_extended_resource};
 use crate::view::{ClusterView, NodeEntry};
 use crate::workload::Workload;
+
+/// [`FastHasher`] followed by a full-avalanche finalizer (SplitMix64's). The multiply-rotate
+/// state alone leaves the low bits, which pick the hash-table bucket, depending only on the
+/// first bytes of a word: names such as `c0-n1234` that differ only in their last bytes then
+/// land in a handful of buckets, and lookups degrade into long chains of string compares.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct MixHasher(FastHasher);
+
+impl Hasher for MixHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.write(bytes);
+    }
+    #[inline]
+    fn write_u8(&mut self, i: u8) {
+        self.0.write_u8(i);
+    }
+    #[inline]
+    fn write_u32(&mut self, i: u32) {
+        self.0.write_u32(i);
+    }
+    #[inline]
+    fn write_u64(&mut self, i: u64) {
+        self.0.write_u64(i);
+    }
+    #[inline]
+    fn write_usize(&mut self, i: usize) {
+        self.0.write_usize(i);
+    }
+    #[inline]
+    fn finish(&self) -> u64 {
+        let mut z = self.0.finish();
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+/// Maps and sets of the view and device indexes (keyed by node, slice, pool and claim names).
+pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, BuildHasherDefault<MixHasher>>;
+pub(crate) type FastSet<K> = std::collections::HashSet<K, BuildHasherDefault<MixHasher>>;
 
 /// What the view remembers of a slice.
 #[derive(Debug, Clone)]
 pub(crate) struct SliceMeta {
     pub node: Option<Arc<str>>,
-    pub driver: String,
-    pub pool: String,
+    /// (driver, pool), in the form `pool_alloc` is keyed by, so lookups need no copies.
+    pub pool_key: (String, String),
     /// Hash of the slice content without its name, node name and pool name.
     pub shape: u64,
     /// counter name -> largest consumption any device of the slice declares (nano-units).
     pub max_counters: BTreeMap<String, i128>,
+}
+
+/// The local slices of one node.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct NodeSlices {
+    /// Sorted by slice name.
+    pub slices: Vec<(String, Arc<SliceMeta>)>,
+    /// `ClusterDevices::compute_shape` of the node, refreshed on every change of its slices
+    /// or of the allocations in their pools, so the estimate's per-node path reads one value.
+    pub shape: u64,
+}
+
+/// The allocated devices of one pool, as a multiset of markers (see [`marker_of`]).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PoolAlloc {
+    pub markers: BTreeMap<String, u32>,
+    /// `markers_hash` of `markers`, kept current so node shapes need not walk the markers.
+    pub hash: u64,
+}
+
+/// Hash of a marker multiset (entries with a zero count are skipped, so a multiset has one
+/// hash however it was reached).
+fn markers_hash<'m>(markers: impl IntoIterator<Item = (&'m String, u32)>) -> u64 {
+    let mut h = DefaultHasher::new();
+    for (marker, k) in markers {
+        if k > 0 {
+            marker.hash(&mut h);
+            k.hash(&mut h);
+        }
+    }
+    h.finish()
 }
 
 /// One device result of an allocation, with driver and pool names interned.
@@ -56,8 +128,9 @@ pub(crate) struct SliceMeta {
 pub(crate) struct CompactResult {
     driver: Arc<str>,
     pool: Arc<str>,
-    device: Box<str>,
-    request: Box<str>,
+    /// Device and request names repeat across claims (`gpu-0`, `gpu`), so they are interned.
+    device: Arc<str>,
+    request: Arc<str>,
     admin_access: Option<bool>,
     share_id: Option<Box<str>>,
     consumed: Option<BTreeMap<String, dramesh_model::k8s::K8sQuantity>>,
@@ -110,7 +183,7 @@ pub struct ClusterDevices {
     pub(crate) version_error: Option<String>,
     pub(crate) inventory: Inventory,
     pub(crate) allocated: AllocatedState,
-    pub(crate) slices: FastMap<String, SliceMeta>,
+    pub(crate) slices: FastMap<String, Arc<SliceMeta>>,
     pub(crate) shared_slices: usize,
     pub(crate) classes: BTreeMap<String, Arc<DeviceClass>>,
     pub(crate) taint_rules: usize,
@@ -118,14 +191,18 @@ pub struct ClusterDevices {
     /// (driver, pool) -> node the pool's slices are local to.
     pub(crate) pool_node: FastMap<(String, String), Arc<str>>,
     /// node -> local slice names.
-    pub(crate) node_slices: FastMap<Arc<str>, Vec<String>>,
+    /// node -> local slices and the node's current shape.
+    pub(crate) node_slices: FastMap<Arc<str>, NodeSlices>,
+    /// (driver, pool) -> nodes with a local slice of that pool (once per slice), so a change
+    /// of the pool's allocations refreshes the shape of exactly the nodes that depend on it.
+    pool_nodes: FastMap<(String, String), Vec<Arc<str>>>,
     /// (driver, pool) -> multiset of allocated devices (device name and consumed capacity),
     /// kept per pool so it does not depend on whether claims or slices arrived first.
-    pub(crate) pool_alloc: FastMap<(String, String), BTreeMap<String, u32>>,
+    pub(crate) pool_alloc: FastMap<(String, String), PoolAlloc>,
     pub(crate) node_gen: FastMap<Arc<str>, u64>,
     pub(crate) shared_gen: u64,
     counter: u64,
-    /// Interned driver and pool names.
+    /// Interned driver, pool, device and request names of allocation results.
     names: FastSet<Arc<str>>,
     /// Recent per-node device changes (generation, node), see `ClusterView::log`.
     pub(crate) log: VecDeque<(u64, Arc<str>)>,
@@ -149,6 +226,23 @@ impl ClusterDevices {
             .get_key_value(node)
             .map(|(k, _)| k.clone())
             .unwrap_or_else(|| Arc::from(node))
+    }
+
+    /// The node-name key every per-node index of this cluster uses, registered (with
+    /// generation 0, which is what an unknown node reads as) when new. Sharing one `Arc` per
+    /// node with the view lets hot-path lookups by the view's name compare pointers only.
+    fn intern_node(&mut self, node: &str) -> Arc<str> {
+        if let Some((k, _)) = self.node_gen.get_key_value(node) {
+            return k.clone();
+        }
+        let key: Arc<str> = Arc::from(node);
+        self.node_gen.insert(key.clone(), 0);
+        key
+    }
+
+    /// The interned key of a node this cluster's device indexes know.
+    pub(crate) fn node_key(&self, node: &str) -> Option<&Arc<str>> {
+        self.node_gen.get_key_value(node).map(|(k, _)| k)
     }
 
     fn bump_node(&mut self, node: &str) {
@@ -195,7 +289,10 @@ impl ClusterDevices {
         self.version
     }
 
-    pub(crate) fn node_changed(&mut self, node: &str) {
+    pub(crate) fn node_changed(&mut self, node: &Arc<str>) {
+        if !self.node_gen.contains_key(&**node) {
+            self.node_gen.insert(node.clone(), 0);
+        }
         self.bump_node(node);
     }
 
@@ -242,7 +339,7 @@ impl ClusterDevices {
     pub fn max_counter(&self, driver: &str, counter: &str) -> i128 {
         self.slices
             .values()
-            .filter(|s| s.driver == driver)
+            .filter(|s| s.pool_key.0 == driver)
             .filter_map(|s| s.max_counters.get(counter))
             .copied()
             .max()
@@ -262,7 +359,8 @@ impl ClusterDevices {
         for r in &results {
             let pool = (r.driver.clone(), r.pool.clone());
             let marker = Self::alloc_marker(r);
-            let set = self.pool_alloc.entry(pool.clone()).or_default();
+            let entry = self.pool_alloc.entry(pool.clone()).or_default();
+            let set = &mut entry.markers;
             if add {
                 *set.entry(marker).or_default() += 1;
             } else if let Some(n) = set.get_mut(&marker) {
@@ -273,6 +371,12 @@ impl ClusterDevices {
             }
             if set.is_empty() {
                 self.pool_alloc.remove(&pool);
+            } else {
+                entry.hash = markers_hash(entry.markers.iter().map(|(m, k)| (m, *k)));
+            }
+            let nodes = self.pool_nodes.get(&pool).cloned().unwrap_or_default();
+            for n in &nodes {
+                self.refresh_shape(n);
             }
             match self.pool_node.get(&pool).cloned() {
                 Some(node) => self.bump_node(&node),
@@ -296,7 +400,7 @@ impl ClusterDevices {
             .node_name
             .as_deref()
             .filter(|n| !n.is_empty())
-            .map(|n| self.key_for(n));
+            .map(|n| self.intern_node(n));
         let mut shape_src = spec.clone();
         shape_src.node_name = None;
         shape_src.pool.name = String::new();
@@ -312,12 +416,24 @@ impl ClusterDevices {
                 }
             }
         }
+        let meta = Arc::new(SliceMeta {
+            node: node.clone(),
+            pool_key: (spec.driver.clone(), spec.pool.name.clone()),
+            shape,
+            max_counters,
+        });
         match &node {
             Some(n) => {
-                let names = self.node_slices.entry(n.clone()).or_default();
-                if let Err(i) = names.binary_search_by(|x| x.as_str().cmp(name)) {
-                    names.insert(i, name.to_string());
+                let names = &mut self.node_slices.entry(n.clone()).or_default().slices;
+                match names.binary_search_by(|x| x.0.as_str().cmp(name)) {
+                    Ok(i) => names[i].1 = meta.clone(),
+                    Err(i) => names.insert(i, (name.to_string(), meta.clone())),
                 }
+                self.pool_nodes
+                    .entry(meta.pool_key.clone())
+                    .or_default()
+                    .push(n.clone());
+                self.refresh_shape(n);
                 self.pool_node
                     .insert((spec.driver.clone(), spec.pool.name.clone()), n.clone());
                 self.bump_node(n);
@@ -327,16 +443,7 @@ impl ClusterDevices {
                 self.bump_shared();
             }
         }
-        self.slices.insert(
-            name.to_string(),
-            SliceMeta {
-                node,
-                driver: spec.driver.clone(),
-                pool: spec.pool.name.clone(),
-                shape,
-                max_counters,
-            },
-        );
+        self.slices.insert(name.to_string(), meta);
         Ok(())
     }
 
@@ -347,11 +454,20 @@ impl ClusterDevices {
         match &old.node {
             Some(n) => {
                 if let Some(v) = self.node_slices.get_mut(n) {
-                    v.retain(|s| s != name);
-                    if v.is_empty() {
+                    v.slices.retain(|s| s.0 != name);
+                    if v.slices.is_empty() {
                         self.node_slices.remove(n);
-                        self.pool_node
-                            .remove(&(old.driver.clone(), old.pool.clone()));
+                        self.pool_node.remove(&old.pool_key);
+                    } else {
+                        self.refresh_shape(n);
+                    }
+                }
+                if let Some(v) = self.pool_nodes.get_mut(&old.pool_key) {
+                    if let Some(i) = v.iter().position(|x| x == n) {
+                        v.swap_remove(i);
+                    }
+                    if v.is_empty() {
+                        self.pool_nodes.remove(&old.pool_key);
                     }
                 }
                 let n = n.clone();
@@ -431,8 +547,8 @@ impl ClusterDevices {
                 v.push(CompactResult {
                     driver: self.name(&r.driver),
                     pool: self.name(&r.pool),
-                    device: r.device.as_str().into(),
-                    request: r.request.as_str().into(),
+                    device: self.name(&r.device),
+                    request: self.name(&r.request),
                     admin_access: r.admin_access,
                     share_id: r.share_id.as_deref().map(Into::into),
                     consumed: r.consumed_capacity.clone(),
@@ -477,25 +593,42 @@ impl ClusterDevices {
 
     /// Shape hash of one node's local devices and their allocations, optionally with some
     /// allocations (per pool) taken away.
-    fn node_shape(&self, node: &str, removed: Option<&PoolMarkers>) -> u64 {
+    fn node_shape(&self, node: &Arc<str>, removed: Option<&PoolMarkers>) -> u64 {
+        match (removed, self.node_slices.get(node)) {
+            (None, Some(n)) => n.shape,
+            _ => self.compute_shape(node, removed),
+        }
+    }
+
+    fn compute_shape(&self, node: &str, removed: Option<&PoolMarkers>) -> u64 {
         let mut h = DefaultHasher::new();
-        // Slice names of a node are kept sorted (see `upsert_slice`).
-        for n in self.node_slices.get(node).into_iter().flatten() {
-            let Some(m) = self.slices.get(n.as_str()) else {
-                continue;
-            };
+        for (_, m) in self.node_slices.get(node).iter().flat_map(|n| &n.slices) {
             m.shape.hash(&mut h);
-            let pool = (m.driver.clone(), m.pool.clone());
-            let gone = removed.and_then(|r| r.get(&pool));
-            for (marker, k) in self.pool_alloc.get(&pool).into_iter().flatten() {
-                let left = k.saturating_sub(gone.and_then(|g| g.get(marker)).copied().unwrap_or(0));
-                if left > 0 {
-                    marker.hash(&mut h);
-                    left.hash(&mut h);
-                }
-            }
+            let pool = &m.pool_key;
+            let alloc = self.pool_alloc.get(pool);
+            let pool_hash = match (removed.and_then(|r| r.get(pool)), alloc) {
+                (_, None) => markers_hash(std::iter::empty()),
+                (None, Some(a)) => a.hash,
+                (Some(gone), Some(a)) => markers_hash(a.markers.iter().map(|(marker, k)| {
+                    (
+                        marker,
+                        k.saturating_sub(gone.get(marker).copied().unwrap_or(0)),
+                    )
+                })),
+            };
+            pool_hash.hash(&mut h);
         }
         h.finish()
+    }
+
+    fn refresh_shape(&mut self, node: &str) {
+        if !self.node_slices.contains_key(node) {
+            return;
+        }
+        let shape = self.compute_shape(node, None);
+        if let Some(n) = self.node_slices.get_mut(node) {
+            n.shape = shape;
+        }
     }
 }
 
@@ -830,7 +963,9 @@ impl<'a> DeviceQuery<'a> {
         let key_fp = self.fingerprint ^ variant.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         let cacheable = !self.dirty && self.pending_shared.is_empty();
         let in_overlay = self.overlay_nodes.contains(&node.name);
-        let node_gen = self.devices.node_generation(&node.name);
+        // `devices` is not changed by this query, so the generation can be read when needed
+        // (a same-shape hit never needs it).
+        let node_gen = || self.devices.node_gen.get(&node.name).copied().unwrap_or(0);
         let shared_gen = self.devices.shared_gen;
         let mut shape_key = None;
         if cacheable && let Some(cache) = self.cache.as_deref_mut() {
@@ -853,7 +988,7 @@ impl<'a> DeviceQuery<'a> {
             } else if !in_overlay
                 && let Some(&(g, s, cap_used, fit)) =
                     cache.per_node.get(&(key_fp, node.name.clone()))
-                && g == node_gen
+                && g == node_gen()
                 && s == shared_gen
                 && let Some(v) = reuse(cap_used, fit, cap)
             {
@@ -877,7 +1012,7 @@ impl<'a> DeviceQuery<'a> {
             if !in_overlay {
                 cache.per_node.insert(
                     (key_fp, node.name.clone()),
-                    (node_gen, shared_gen, cap, fit),
+                    (node_gen(), shared_gen, cap, fit),
                 );
             }
             if let Some(k) = shape_key {
@@ -1002,7 +1137,45 @@ fn state_mut<'s>(
 
 #[cfg(test)]
 mod tests {
-    use super::reuse;
+    use super::{ClusterDevices, reuse};
+    use crate::synth;
+    use std::sync::Arc;
+
+    fn check_cached(d: &ClusterDevices, node: &str) -> u64 {
+        let key: Arc<str> = Arc::from(node);
+        let cached = d.node_shape(&key, None);
+        assert_eq!(cached, d.compute_shape(node, None), "stale shape of {node}");
+        cached
+    }
+
+    #[test]
+    fn cached_node_shapes_follow_slice_and_claim_changes() {
+        let mut d = ClusterDevices::default();
+        for n in ["n1", "n2"] {
+            d.upsert_slice(&format!("{n}-s"), &synth::gpu_slice(n, 4, "A100"))
+                .expect("slice");
+        }
+        assert_eq!(check_cached(&d, "n1"), check_cached(&d, "n2"));
+        let claim = Arc::new(synth::allocated_claim("default", "c1", "n1", 2));
+        d.upsert_claim("default", "c1", claim);
+        assert_ne!(check_cached(&d, "n1"), check_cached(&d, "n2"));
+        // A claim that arrives before its slice is counted once the slice appears.
+        let early = Arc::new(synth::allocated_claim("default", "c3", "n3", 2));
+        d.upsert_claim("default", "c3", early);
+        d.upsert_slice("n3-s", &synth::gpu_slice("n3", 4, "A100"))
+            .expect("slice");
+        assert_eq!(check_cached(&d, "n3"), check_cached(&d, "n1"));
+        d.remove_claim("default", "c1");
+        assert_eq!(check_cached(&d, "n1"), check_cached(&d, "n2"));
+        d.upsert_slice("n2-s", &synth::gpu_slice("n2", 4, "H100"))
+            .expect("slice");
+        assert_ne!(check_cached(&d, "n1"), check_cached(&d, "n2"));
+        d.remove_slice("n2-s");
+        assert_eq!(
+            check_cached(&d, "n2"),
+            d.compute_shape("no-such-node", None)
+        );
+    }
 
     #[test]
     fn reuse_rules() {

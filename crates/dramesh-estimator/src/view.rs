@@ -14,8 +14,7 @@ use std::sync::Arc;
 use dramesh_model::k8s::{Node, Pod, Taint};
 use dramesh_model::{ClusterInfo, ClusterObject, ObjectChange, ObjectKey, ObjectKind};
 
-use crate::devices::ClusterDevices;
-use crate::fasthash::FastMap;
+use crate::devices::{ClusterDevices, FastMap};
 use crate::filter::NodeFacts;
 use crate::resources::{ResList, ResName, pod_requests};
 
@@ -174,7 +173,10 @@ impl ClusterView {
             Some((k, _)) => k.clone(),
             None => match self.usage.get_key_value(name) {
                 Some((k, _)) => k.clone(),
-                None => Arc::from(name),
+                None => match self.devices.node_key(name) {
+                    Some(k) => k.clone(),
+                    None => Arc::from(name),
+                },
             },
         }
     }

@@ -24,7 +24,7 @@
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use dramesh_engine::{AllocatedState, Inventory, KubeVersion, NodeInfo, Options, Outcome};
@@ -34,51 +34,11 @@ use dramesh_model::k8s::{
 };
 
 use crate::estimate::Overlay;
-use crate::fasthash::FastHasher;
 use crate::resources::{ResName, is_extended_resource};
 use crate::view::{ClusterView, NodeEntry};
 use crate::workload::Workload;
 
-/// [`FastHasher`] followed by a full-avalanche finalizer (SplitMix64's). The multiply-rotate
-/// state alone leaves the low bits, which pick the hash-table bucket, depending only on the
-/// first bytes of a word: names such as `c0-n1234` that differ only in their last bytes then
-/// land in a handful of buckets, and lookups degrade into long chains of string compares.
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct MixHasher(FastHasher);
-
-impl Hasher for MixHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        self.0.write(bytes);
-    }
-    #[inline]
-    fn write_u8(&mut self, i: u8) {
-        self.0.write_u8(i);
-    }
-    #[inline]
-    fn write_u32(&mut self, i: u32) {
-        self.0.write_u32(i);
-    }
-    #[inline]
-    fn write_u64(&mut self, i: u64) {
-        self.0.write_u64(i);
-    }
-    #[inline]
-    fn write_usize(&mut self, i: usize) {
-        self.0.write_usize(i);
-    }
-    #[inline]
-    fn finish(&self) -> u64 {
-        let mut z = self.0.finish();
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
-
-/// Maps and sets of the view and device indexes (keyed by node, slice, pool and claim names).
-pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, BuildHasherDefault<MixHasher>>;
-pub(crate) type FastSet<K> = std::collections::HashSet<K, BuildHasherDefault<MixHasher>>;
+pub(crate) use crate::fasthash::{FastMap, FastSet};
 
 /// What the view remembers of a slice.
 #[derive(Debug, Clone)]

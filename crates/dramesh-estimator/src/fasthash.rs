@@ -57,9 +57,15 @@ impl Hasher for FastHasher {
         self.add(i as u64);
     }
 
+    /// SplitMix64's finalizer: the multiply-rotate state alone leaves the low bits, which
+    /// pick the hash-table bucket, depending only on the first bytes of a word, so names such
+    /// as `c0-n1234` that differ only in their last bytes would share a handful of buckets.
     #[inline]
     fn finish(&self) -> u64 {
-        self.hash
+        let mut z = self.hash;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
     }
 }
 

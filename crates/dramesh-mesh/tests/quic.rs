@@ -1,10 +1,13 @@
 //! Loopback QUIC tests: real endpoints, certificates from the generator, in-memory stores.
 
-use std::collections::{HashMap, HashSet};
+mod common;
+
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::{LOCAL, Relay};
 use dramesh_mesh::certs::{self, CaBundle, TlsIdentity};
 use dramesh_mesh::mem_store::MemStore;
 use dramesh_mesh::node::{MeshHandle, NodeConfig};
@@ -12,10 +15,6 @@ use dramesh_mesh::protocol::{PROTOCOL_VERSION, ProtocolConfig};
 use dramesh_mesh::transport::{self, MESH_SERVER_NAME, TransportConfig};
 use dramesh_mesh::wire::{self, pb, pb::envelope::Body};
 use dramesh_mesh::{DocRef, DocStore, PeerIdentity};
-use tokio::net::UdpSocket;
-use tokio::task::JoinSet;
-
-const LOCAL: &str = "127.0.0.1:0";
 
 fn init_tracing() {
     let _ = tracing_subscriber::fmt()
@@ -317,62 +316,6 @@ async fn certificate_from_another_ca_is_refused_at_tls() {
     .expect("test timed out");
 }
 
-/// A UDP forwarder in front of one node that can drop traffic on command.
-struct Relay {
-    addr: SocketAddr,
-    /// Drop traffic from/to these client source addresses.
-    blocked_clients: Arc<Mutex<HashSet<SocketAddr>>>,
-    _tasks: JoinSet<()>,
-}
-
-impl Relay {
-    async fn start(target: SocketAddr) -> Relay {
-        let front = Arc::new(UdpSocket::bind(LOCAL).await.unwrap());
-        let addr = front.local_addr().unwrap();
-        let blocked_clients: Arc<Mutex<HashSet<SocketAddr>>> = Arc::default();
-        let mut tasks = JoinSet::new();
-        let (f, b) = (front.clone(), blocked_clients.clone());
-        tasks.spawn(async move {
-            let mut upstreams: HashMap<SocketAddr, Arc<UdpSocket>> = HashMap::new();
-            let mut back_tasks = JoinSet::new();
-            let mut buf = vec![0u8; 65536];
-            loop {
-                let Ok((n, client)) = f.recv_from(&mut buf).await else {
-                    return;
-                };
-                if b.lock().unwrap().contains(&client) {
-                    continue;
-                }
-                let up = match upstreams.get(&client) {
-                    Some(u) => u.clone(),
-                    None => {
-                        let u = Arc::new(UdpSocket::bind(LOCAL).await.unwrap());
-                        u.connect(target).await.unwrap();
-                        upstreams.insert(client, u.clone());
-                        let (u2, f2, b2) = (u.clone(), f.clone(), b.clone());
-                        back_tasks.spawn(async move {
-                            let mut buf = vec![0u8; 65536];
-                            while let Ok(n) = u2.recv(&mut buf).await {
-                                if b2.lock().unwrap().contains(&client) {
-                                    continue;
-                                }
-                                let _ = f2.send_to(&buf[..n], client).await;
-                            }
-                        });
-                        u
-                    }
-                };
-                let _ = up.send(&buf[..n]).await;
-            }
-        });
-        Relay {
-            addr,
-            blocked_clients,
-            _tasks: tasks,
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitioned_replica_catches_up_after_heal() {
     init_tracing();
@@ -429,9 +372,9 @@ async fn partitioned_replica_catches_up_after_heal() {
             .iter()
             .map(|n| n.handle.local_addr())
             .collect();
-        relays[2].blocked_clients.lock().unwrap().extend(left);
+        relays[2].blocked.lock().unwrap().extend(left);
         for r in &relays[..2] {
-            let mut b = r.blocked_clients.lock().unwrap();
+            let mut b = r.blocked.lock().unwrap();
             b.insert(r2_addr);
             b.insert(a2_addr);
         }
@@ -474,7 +417,7 @@ async fn partitioned_replica_catches_up_after_heal() {
         // Heal and time convergence.
         let healed = Instant::now();
         for r in &relays {
-            r.blocked_clients.lock().unwrap().clear();
+            r.blocked.lock().unwrap().clear();
         }
         wait_until("convergence after heal", Duration::from_secs(15), || {
             converged(&reps, &ags)

@@ -7,12 +7,15 @@
 //! cannot alter cluster B; a replica restarted from its fsynced directory that catches up with
 //! a small fraction of the bytes of a full resync. Each test is bounded by a timeout.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+mod common;
+
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::{LOCAL, Relay};
 use dramesh_mesh::certs::{self, CaBundle, TlsIdentity};
 use dramesh_mesh::node::{MeshHandle, NodeConfig};
 use dramesh_mesh::protocol::{PROTOCOL_VERSION, ProtocolConfig};
@@ -24,10 +27,6 @@ use dramesh_sim::{ClusterSpec, generate, uniform_fleet};
 use dramesh_store::{
     DocId, Durability, ObjectChange, ObjectKey, ObjectKind, Store, StoreConfig, SyncState,
 };
-use tokio::net::UdpSocket;
-use tokio::task::JoinSet;
-
-const LOCAL: &str = "127.0.0.1:0";
 
 /// Materialized state: (cluster, object key) -> compact JSON.
 type View = BTreeMap<(String, ObjectKey), Vec<u8>>;
@@ -389,58 +388,6 @@ async fn three_replicas_and_ten_agents_of_three_clusters_converge() {
     })
     .await
     .expect("test timed out");
-}
-
-/// A UDP forwarder in front of one node that drops datagrams of blocked client addresses.
-struct Relay {
-    addr: SocketAddr,
-    blocked: Arc<Mutex<HashSet<SocketAddr>>>,
-    _tasks: JoinSet<()>,
-}
-
-impl Relay {
-    async fn start(target: SocketAddr) -> Relay {
-        let front = Arc::new(UdpSocket::bind(LOCAL).await.unwrap());
-        let addr = front.local_addr().unwrap();
-        let blocked: Arc<Mutex<HashSet<SocketAddr>>> = Arc::default();
-        let mut tasks = JoinSet::new();
-        let (front2, blocked2) = (front.clone(), blocked.clone());
-        tasks.spawn(async move {
-            // One upstream socket per client, so the target sees distinct sources.
-            let mut upstreams: HashMap<SocketAddr, Arc<UdpSocket>> = HashMap::new();
-            let mut back = JoinSet::new();
-            let mut buf = vec![0u8; 65536];
-            while let Ok((n, client)) = front2.recv_from(&mut buf).await {
-                if blocked2.lock().unwrap().contains(&client) {
-                    continue;
-                }
-                let up = match upstreams.get(&client) {
-                    Some(u) => u.clone(),
-                    None => {
-                        let u = Arc::new(UdpSocket::bind(LOCAL).await.unwrap());
-                        u.connect(target).await.unwrap();
-                        upstreams.insert(client, u.clone());
-                        let (u2, f, b) = (u.clone(), front2.clone(), blocked2.clone());
-                        back.spawn(async move {
-                            let mut buf = vec![0u8; 65536];
-                            while let Ok(n) = u2.recv(&mut buf).await {
-                                if !b.lock().unwrap().contains(&client) {
-                                    let _ = f.send_to(&buf[..n], client).await;
-                                }
-                            }
-                        });
-                        u
-                    }
-                };
-                let _ = up.send(&buf[..n]).await;
-            }
-        });
-        Relay {
-            addr,
-            blocked,
-            _tasks: tasks,
-        }
-    }
 }
 
 fn free_udp_addr() -> SocketAddr {

@@ -197,8 +197,8 @@ fn preempt_cluster_with(
 fn cpu_of(freed: &BTreeMap<String, String>) -> i64 {
     freed
         .get(ResName::Cpu.as_str())
-        .and_then(|s| s.trim_end_matches('m').parse().ok())
-        .unwrap_or(0)
+        .and_then(|s| dramesh_model::Quantity::parse(s).ok())
+        .map_or(0, |q| i64::try_from(q.milli_ceil()).unwrap_or(i64::MAX))
 }
 
 /// Chooses victims and the cluster to preempt on for `w`.

@@ -183,16 +183,20 @@ impl ResList {
         Ok(out)
     }
 
-    /// As a plain map with Kubernetes quantity strings (CPU back in millicores).
+    /// As a plain map with canonical Kubernetes quantity strings (`32`, `500m`, `256Gi`).
     pub fn to_map(&self) -> BTreeMap<String, String> {
+        use dramesh_model::quantity::{Format, Quantity};
         self.0
             .iter()
             .map(|(n, v)| {
-                let s = match n {
-                    ResName::Cpu => format!("{v}m"),
-                    _ => v.to_string(),
+                let q = match n {
+                    ResName::Cpu => Quantity::from_milli(*v),
+                    ResName::Memory | ResName::EphemeralStorage => {
+                        Quantity::from_units(*v).with_format(Format::BinarySi)
+                    }
+                    _ => Quantity::from_units(*v),
                 };
-                (n.as_str().to_string(), s)
+                (n.as_str().to_string(), q.to_string())
             })
             .collect()
     }

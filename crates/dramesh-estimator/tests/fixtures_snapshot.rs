@@ -98,7 +98,7 @@ fn snapshot_preemption_picks_lowest_victim_priority() {
     assert_eq!(west.victims[0].kind, "Deployment");
     assert_eq!(west.victims[0].pods, 6);
     assert_eq!(west.replicas_after, 8);
-    assert_eq!(west.freed.get("cpu").map(String::as_str), Some("24000m"));
+    assert_eq!(west.freed.get("cpu").map(String::as_str), Some("24"));
     let east = r.clusters.iter().find(|c| c.name == "gpu-east").unwrap();
     assert!(east.feasible);
     assert_eq!(east.highest_victim_priority, Some(100));

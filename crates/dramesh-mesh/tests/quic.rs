@@ -7,40 +7,28 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{LOCAL, Relay};
+use common::{LOCAL, Relay, agent_id, init_tracing, replica_id};
 use dramesh_mesh::certs::{self, CaBundle, TlsIdentity};
 use dramesh_mesh::mem_store::MemStore;
 use dramesh_mesh::node::{MeshHandle, NodeConfig};
-use dramesh_mesh::protocol::{PROTOCOL_VERSION, ProtocolConfig};
-use dramesh_mesh::transport::{self, MESH_SERVER_NAME, TransportConfig};
+use dramesh_mesh::protocol::PROTOCOL_VERSION;
+use dramesh_mesh::transport::{self, MESH_SERVER_NAME};
 use dramesh_mesh::wire::{self, pb, pb::envelope::Body};
 use dramesh_mesh::{DocRef, DocStore, PeerIdentity};
-
-fn init_tracing() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_test_writer()
-        .try_init();
-}
-
-fn replica(id: &str) -> PeerIdentity {
-    PeerIdentity::Replica { id: id.into() }
-}
-
-fn agent(cluster: &str, node: &str) -> PeerIdentity {
-    PeerIdentity::Agent {
-        cluster: cluster.into(),
-        node: node.into(),
-    }
-}
 
 fn own_doc(id: &PeerIdentity) -> DocRef {
     match id {
         PeerIdentity::Agent { cluster, node } => DocRef::new(cluster.clone(), node.clone()),
         PeerIdentity::Replica { .. } => panic!("replicas own no document"),
     }
+}
+
+fn fast_config(identity: TlsIdentity, seeds: Vec<SocketAddr>) -> NodeConfig {
+    common::fast_config(identity, seeds, Duration::from_millis(1000))
+}
+
+async fn wait_until(what: &str, limit: Duration, cond: impl FnMut() -> bool) -> Duration {
+    common::wait_until(what, limit, Duration::from_millis(20), cond).await
 }
 
 struct TestNode {
@@ -64,42 +52,10 @@ impl TestNode {
     }
 }
 
-fn fast_config(identity: TlsIdentity, seeds: Vec<SocketAddr>) -> NodeConfig {
-    let mut c = NodeConfig::new(identity, LOCAL.parse().unwrap());
-    c.seeds = seeds;
-    c.protocol = ProtocolConfig {
-        anti_entropy_interval: Duration::from_millis(500),
-        heartbeat_interval: Duration::from_millis(250),
-        peer_exchange_interval: Duration::from_millis(500),
-        ..ProtocolConfig::default()
-    };
-    c.transport = TransportConfig {
-        idle_timeout: Duration::from_millis(1500),
-        keep_alive: Duration::from_millis(300),
-        connect_timeout: Duration::from_secs(1),
-        backoff_min: Duration::from_millis(50),
-        backoff_max: Duration::from_millis(500),
-        ..TransportConfig::default()
-    };
-    c.tick_interval = Duration::from_millis(50);
-    c
-}
-
 async fn start(config: NodeConfig) -> TestNode {
     let store = Arc::new(Mutex::new(MemStore::new()));
     let handle = MeshHandle::start(config, store.clone()).await.unwrap();
     TestNode { handle, store }
-}
-
-async fn wait_until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) -> Duration {
-    let started = Instant::now();
-    loop {
-        if cond() {
-            return started.elapsed();
-        }
-        assert!(started.elapsed() < limit, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 fn converged(replicas: &[&TestNode], agents: &[&TestNode]) -> bool {
@@ -117,10 +73,10 @@ async fn replicas_and_agents_converge_and_discover_each_other() {
     tokio::time::timeout(Duration::from_secs(60), async {
         let ca = certs::generate_ca("test CA", 1).unwrap();
         let id = |p: &PeerIdentity| certs::issue_identity(&ca, p, 1).unwrap();
-        let r0 = start(fast_config(id(&replica("r0")), vec![])).await;
+        let r0 = start(fast_config(id(&replica_id("r0")), vec![])).await;
         let seed = vec![r0.handle.local_addr()];
-        let r1 = start(fast_config(id(&replica("r1")), seed.clone())).await;
-        let r2 = start(fast_config(id(&replica("r2")), seed.clone())).await;
+        let r1 = start(fast_config(id(&replica_id("r1")), seed.clone())).await;
+        let r2 = start(fast_config(id(&replica_id("r2")), seed.clone())).await;
         let mut agents = Vec::new();
         for (i, seed) in [
             r0.handle.local_addr(),
@@ -133,7 +89,7 @@ async fn replicas_and_agents_converge_and_discover_each_other() {
         {
             let cluster = if i % 2 == 0 { "east" } else { "west" };
             let a = start(fast_config(
-                id(&agent(cluster, &format!("n{i}"))),
+                id(&agent_id(cluster, &format!("n{i}"))),
                 vec![seed],
             ))
             .await;
@@ -196,8 +152,8 @@ async fn replicas_and_agents_converge_and_discover_each_other() {
         );
         // r1 and r2 (seeded only with r0) connect to each other once discovered.
         wait_until("replica mesh", Duration::from_secs(10), || {
-            r1.handle.connected_identities().contains(&replica("r2"))
-                && r2.handle.connected_identities().contains(&replica("r1"))
+            r1.handle.connected_identities().contains(&replica_id("r2"))
+                && r2.handle.connected_identities().contains(&replica_id("r1"))
         })
         .await;
         // Each replica pair keeps exactly one connection.
@@ -217,8 +173,8 @@ async fn agent_of_cluster_a_cannot_sync_a_cluster_b_document() {
     init_tracing();
     tokio::time::timeout(Duration::from_secs(30), async {
         let ca = certs::generate_ca("test CA", 1).unwrap();
-        let r0 = start(fast_config(certs::issue_identity(&ca, &replica("r0"), 1).unwrap(), vec![])).await;
-        let rogue_id = certs::issue_identity(&ca, &agent("a", "n1"), 1).unwrap();
+        let r0 = start(fast_config(certs::issue_identity(&ca, &replica_id("r0"), 1).unwrap(), vec![])).await;
+        let rogue_id = certs::issue_identity(&ca, &agent_id("a", "n1"), 1).unwrap();
         let cfg = fast_config(rogue_id.clone(), vec![]);
         // A hand-rolled client speaking the wire protocol directly, bypassing its own checks.
         let endpoint = transport::make_endpoint(LOCAL.parse().unwrap(), &rogue_id, &cfg.transport).unwrap();
@@ -263,7 +219,7 @@ async fn agent_of_cluster_a_cannot_sync_a_cluster_b_document() {
         assert!(replies.iter().any(|e| matches!(e.body, Some(Body::Hello(_)))));
         assert!(!replies.iter().any(|e| matches!(&e.body, Some(Body::Sync(s)) if s.doc.as_ref().map(|d| d.cluster.as_str()) == Some("b"))));
         // A well-behaved agent node refuses to even send it.
-        let honest = start(fast_config(certs::issue_identity(&ca, &agent("a", "n2"), 1).unwrap(), vec![r0.handle.local_addr()])).await;
+        let honest = start(fast_config(certs::issue_identity(&ca, &agent_id("a", "n2"), 1).unwrap(), vec![r0.handle.local_addr()])).await;
         honest.store.lock().unwrap().put(&victim, "gpus", "1").unwrap();
         honest.handle.notify_local_change(victim.clone()).await;
         honest.write("gpus", "4").await;
@@ -287,12 +243,12 @@ async fn certificate_from_another_ca_is_refused_at_tls() {
         let ca = certs::generate_ca("test CA", 1).unwrap();
         let other: CaBundle = certs::generate_ca("other CA", 1).unwrap();
         let r0 = start(fast_config(
-            certs::issue_identity(&ca, &replica("r0"), 1).unwrap(),
+            certs::issue_identity(&ca, &replica_id("r0"), 1).unwrap(),
             vec![],
         ))
         .await;
         // The intruder trusts our CA (so it would accept r0) but its own cert is from another CA.
-        let leaf = certs::issue_leaf(&other, &agent("east", "n9"), 1).unwrap();
+        let leaf = certs::issue_leaf(&other, &agent_id("east", "n9"), 1).unwrap();
         let intruder_id =
             certs::identity_from_pem(&leaf.cert_pem, &leaf.key_pem, &ca.cert_pem, "intruder")
                 .unwrap();
@@ -327,7 +283,7 @@ async fn partitioned_replica_catches_up_after_heal() {
         let mut replicas = Vec::new();
         let mut relays = Vec::new();
         for i in 0..3 {
-            let mut cfg = fast_config(id(&replica(&format!("r{i}"))), vec![]);
+            let mut cfg = fast_config(id(&replica_id(&format!("r{i}"))), vec![]);
             // Bind first to know the port, then put a relay in front of it.
             let probe = std::net::UdpSocket::bind(LOCAL).unwrap();
             let listen = probe.local_addr().unwrap();
@@ -349,7 +305,7 @@ async fn partitioned_replica_catches_up_after_heal() {
         {
             agents.push(
                 start(fast_config(
-                    id(&agent("east", &format!("n{i}"))),
+                    id(&agent_id("east", &format!("n{i}"))),
                     vec![seed],
                 ))
                 .await,

@@ -15,12 +15,12 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{LOCAL, Relay};
+use common::{LOCAL, Relay, agent_id, init_tracing, replica_id};
 use dramesh_mesh::certs::{self, CaBundle, TlsIdentity};
 use dramesh_mesh::node::{MeshHandle, NodeConfig};
-use dramesh_mesh::protocol::{PROTOCOL_VERSION, ProtocolConfig};
+use dramesh_mesh::protocol::PROTOCOL_VERSION;
 use dramesh_mesh::store_adapter::MeshStore;
-use dramesh_mesh::transport::{self, MESH_SERVER_NAME, TransportConfig};
+use dramesh_mesh::transport::{self, MESH_SERVER_NAME};
 use dramesh_mesh::wire::{self, pb, pb::envelope::Body};
 use dramesh_mesh::{DocEntry, DocRef, DocStore, PeerIdentity};
 use dramesh_sim::{ClusterSpec, generate, uniform_fleet};
@@ -31,45 +31,12 @@ use dramesh_store::{
 /// Materialized state: (cluster, object key) -> compact JSON.
 type View = BTreeMap<(String, ObjectKey), Vec<u8>>;
 
-fn init_tracing() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_test_writer()
-        .try_init();
-}
-
-fn replica_id(id: &str) -> PeerIdentity {
-    PeerIdentity::Replica { id: id.into() }
-}
-
-fn agent_id(cluster: &str, node: &str) -> PeerIdentity {
-    PeerIdentity::Agent {
-        cluster: cluster.into(),
-        node: node.into(),
-    }
-}
-
 fn fast_config(identity: TlsIdentity, seeds: Vec<SocketAddr>) -> NodeConfig {
-    let mut c = NodeConfig::new(identity, LOCAL.parse().unwrap());
-    c.seeds = seeds;
-    c.protocol = ProtocolConfig {
-        anti_entropy_interval: Duration::from_millis(500),
-        heartbeat_interval: Duration::from_millis(250),
-        peer_exchange_interval: Duration::from_millis(500),
-        ..ProtocolConfig::default()
-    };
-    c.transport = TransportConfig {
-        idle_timeout: Duration::from_millis(1500),
-        keep_alive: Duration::from_millis(300),
-        connect_timeout: Duration::from_secs(2),
-        backoff_min: Duration::from_millis(50),
-        backoff_max: Duration::from_millis(500),
-        ..TransportConfig::default()
-    };
-    c.tick_interval = Duration::from_millis(50);
-    c
+    common::fast_config(identity, seeds, Duration::from_millis(2000))
+}
+
+async fn wait_until(what: &str, limit: Duration, cond: impl FnMut() -> bool) -> Duration {
+    common::wait_until(what, limit, Duration::from_millis(25), cond).await
 }
 
 fn mem_store() -> Store {
@@ -245,17 +212,6 @@ fn relabel(change: &ObjectChange, value: &str) -> ObjectChange {
     ObjectChange::Upsert {
         key: key.clone(),
         json: serde_json::to_vec(&v).unwrap().into(),
-    }
-}
-
-async fn wait_until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) -> Duration {
-    let started = Instant::now();
-    loop {
-        if cond() {
-            return started.elapsed();
-        }
-        assert!(started.elapsed() < limit, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
 

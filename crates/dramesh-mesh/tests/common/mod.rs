@@ -3,11 +3,80 @@
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use dramesh_mesh::PeerIdentity;
+use dramesh_mesh::certs::TlsIdentity;
+use dramesh_mesh::node::NodeConfig;
+use dramesh_mesh::protocol::ProtocolConfig;
+use dramesh_mesh::transport::TransportConfig;
 use tokio::net::UdpSocket;
 use tokio::task::JoinSet;
 
 pub const LOCAL: &str = "127.0.0.1:0";
+
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+pub fn replica_id(id: &str) -> PeerIdentity {
+    PeerIdentity::Replica { id: id.into() }
+}
+
+pub fn agent_id(cluster: &str, node: &str) -> PeerIdentity {
+    PeerIdentity::Agent {
+        cluster: cluster.into(),
+        node: node.into(),
+    }
+}
+
+/// Timers shortened so partitions are noticed and healed within a test's time.
+pub fn fast_config(
+    identity: TlsIdentity,
+    seeds: Vec<SocketAddr>,
+    connect_timeout: Duration,
+) -> NodeConfig {
+    let mut c = NodeConfig::new(identity, LOCAL.parse().unwrap());
+    c.seeds = seeds;
+    c.protocol = ProtocolConfig {
+        anti_entropy_interval: Duration::from_millis(500),
+        heartbeat_interval: Duration::from_millis(250),
+        peer_exchange_interval: Duration::from_millis(500),
+        ..ProtocolConfig::default()
+    };
+    c.transport = TransportConfig {
+        idle_timeout: Duration::from_millis(1500),
+        keep_alive: Duration::from_millis(300),
+        connect_timeout,
+        backoff_min: Duration::from_millis(50),
+        backoff_max: Duration::from_millis(500),
+        ..TransportConfig::default()
+    };
+    c.tick_interval = Duration::from_millis(50);
+    c
+}
+
+/// Polls `cond` every `poll` until it holds; fails the test after `limit`.
+pub async fn wait_until(
+    what: &str,
+    limit: Duration,
+    poll: Duration,
+    mut cond: impl FnMut() -> bool,
+) -> Duration {
+    let started = Instant::now();
+    loop {
+        if cond() {
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < limit, "timed out waiting for {what}");
+        tokio::time::sleep(poll).await;
+    }
+}
 
 /// A UDP forwarder in front of one node that drops datagrams of blocked client addresses.
 pub struct Relay {

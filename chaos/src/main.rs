@@ -43,7 +43,7 @@ enum Cmd {
         /// Each agent talks to one replica only instead of all of them.
         #[arg(long)]
         agents_home_only: bool,
-        /// Shorthand: disable anti-entropy and push on replicas, home-only agents.
+        /// Shorthand: no anti-entropy and no peer exchange on replicas, home-only agents.
         #[arg(long)]
         break_replication: bool,
         /// Succeed only if every scenario reports lost writes (the checker's own test).
@@ -55,6 +55,9 @@ enum Cmd {
         /// Override warm-up and post-heal convergence timeouts (ms).
         #[arg(long)]
         converge_timeout_ms: Option<u64>,
+        /// Override the warm-up convergence timeout only (ms); wins over --converge-timeout-ms.
+        #[arg(long)]
+        warmup_timeout_ms: Option<u64>,
     },
     /// Removes every dmc-* namespace and dmcb*/dmv* link (idempotent).
     Cleanup,
@@ -235,6 +238,7 @@ fn real_main() -> Result<ExitCode> {
             expect_lost_writes,
             fault_ms,
             converge_timeout_ms,
+            warmup_timeout_ms,
         } => {
             sys::install_signal_handlers();
             let mut prof = Profile::named(&profile)?;
@@ -245,9 +249,16 @@ fn real_main() -> Result<ExitCode> {
                 prof.converge_timeout_ms = c;
                 prof.warmup_timeout_ms = c;
             }
+            if let Some(w) = warmup_timeout_ms {
+                prof.warmup_timeout_ms = w;
+            }
             if break_replication {
+                // Push and relay stay on, so the warm-up converges and only what a fault cuts
+                // off is lost: with no anti-entropy nothing re-sends it after the heal. Without
+                // peer exchange each agent knows only its home replica; otherwise it would
+                // dial every replica and its own anti-entropy would repair the loss.
                 replica_args.push("--chaos-disable-anti-entropy".into());
-                replica_args.push("--chaos-disable-push".into());
+                replica_args.push("--chaos-disable-peer-exchange".into());
                 agents_home_only = true;
             }
             let all = scenario::all_scenarios(prof.fault_ms);

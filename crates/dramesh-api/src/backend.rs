@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::native::{
     EstimateRequest, EstimateResponse, PlaceRequest, PlaceResponse, PreemptRequest,
-    PreemptResponse, StatusReport,
+    PreemptResponse, ReservationStatus, ReserveRequest, StatusReport,
 };
 use crate::query::{ComponentSetQuery, ReplicaQuery, UnschedulableQuery};
 
@@ -62,4 +62,28 @@ pub trait Backend: Send + Sync + 'static {
     fn preempt(&self, req: &PreemptRequest) -> Result<PreemptResponse, ApiError>;
     /// The replica's view. The server overwrites `ready` with its ready flag.
     fn status(&self) -> StatusReport;
+    /// Writes an in-flight reservation owned by this replica and returns its state after
+    /// overcommit resolution on this replica.
+    fn reserve(&self, req: &ReserveRequest) -> Result<ReservationStatus, ApiError> {
+        let _ = req;
+        Err(no_reservations())
+    }
+    /// Releases a reservation this replica owns.
+    fn release(&self, id: &str) -> Result<ReservationStatus, ApiError> {
+        let _ = id;
+        Err(no_reservations())
+    }
+    /// One reservation (own or merged from another replica), or a recently ended one.
+    fn reservation(&self, id: &str) -> Result<ReservationStatus, ApiError> {
+        let _ = id;
+        Err(no_reservations())
+    }
+    /// Every reservation this replica knows, ordered by id.
+    fn reservations(&self) -> Result<Vec<ReservationStatus>, ApiError> {
+        Err(no_reservations())
+    }
+}
+
+fn no_reservations() -> ApiError {
+    ApiError::Unavailable("this backend keeps no reservations".into())
 }

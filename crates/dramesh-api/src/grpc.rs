@@ -15,8 +15,10 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
+use dramesh_telemetry::spans::fields;
+
 use crate::backend::ApiError;
-use crate::metrics::Method;
+use crate::metrics::{API_KARMADA, API_NATIVE_GRPC, Method};
 use crate::proto::karmada as kpb;
 use crate::proto::karmada_service::estimator_server::{Estimator, EstimatorServer};
 use crate::proto::native as npb;
@@ -36,6 +38,34 @@ fn object_of<T>(r: &Request<T>) -> String {
         .unwrap_or_default()
 }
 
+/// Serves one RPC inside an `api.request` span, recording its count, latency and code.
+async fn observed<T>(
+    state: &ApiState,
+    api: &'static str,
+    method: Method,
+    cluster: Option<&str>,
+    fut: impl Future<Output = Result<T, Status>>,
+) -> Result<Response<T>, Status> {
+    let span = dramesh_telemetry::api_span(api, method.as_str());
+    if let Some(c) = cluster {
+        span.record(fields::CLUSTER, c);
+    }
+    let timer = state.metrics.start_api_request(api, method.as_str());
+    let r = fut.instrument(span.clone()).await;
+    // "OK", else tonic's name of the code ("InvalidArgument", "Unavailable").
+    let code = match &r {
+        Ok(_) => "OK".to_owned(),
+        Err(s) => format!("{:?}", s.code()),
+    };
+    span.record(fields::CODE, code.as_str());
+    span.record(
+        fields::OTEL_STATUS_CODE,
+        if r.is_ok() { "ok" } else { "error" },
+    );
+    timer.finish(&code);
+    r.map(Response::new)
+}
+
 /// Implements Karmada's `Estimator` service over an [`ApiState`].
 #[derive(Clone)]
 pub struct KarmadaEstimator {
@@ -48,7 +78,6 @@ impl KarmadaEstimator {
     }
 
     fn invalid(&self, method: Method, e: impl std::fmt::Display) -> Status {
-        self.state.metrics.error(method);
         tracing::warn!(method = method.as_str(), error = %e, "malformed request");
         Status::invalid_argument(e.to_string())
     }
@@ -63,20 +92,17 @@ impl Estimator for KarmadaEstimator {
         let m = Method::MaxAvailableReplicas;
         let object = object_of(&request);
         let req = request.into_inner();
-        let span = tracing::info_span!("karmada", method = m.as_str(), cluster = %req.cluster, object = %object);
-        async move {
-            self.state.metrics.request(m);
+        let cluster = req.cluster.clone();
+        tracing::debug!(method = m.as_str(), cluster = %cluster, object = %object, "request");
+        observed(&self.state, API_KARMADA, m, Some(&cluster), async move {
             let q = ReplicaQuery::from_proto(req).map_err(|e| self.invalid(m, e))?;
             let cluster = q.cluster.clone();
             let n = self
                 .state
                 .call_karmada(m, &cluster, move |b| b.max_available_replicas(&q))
                 .await;
-            Ok(Response::new(kpb::MaxAvailableReplicasResponse {
-                max_replicas: n,
-            }))
-        }
-        .instrument(span)
+            Ok(kpb::MaxAvailableReplicasResponse { max_replicas: n })
+        })
         .await
     }
 
@@ -87,20 +113,17 @@ impl Estimator for KarmadaEstimator {
         let m = Method::MaxAvailableComponentSets;
         let object = object_of(&request);
         let req = request.into_inner();
-        let span = tracing::info_span!("karmada", method = m.as_str(), cluster = %req.cluster, object = %object);
-        async move {
-            self.state.metrics.request(m);
+        let cluster = req.cluster.clone();
+        tracing::debug!(method = m.as_str(), cluster = %cluster, object = %object, "request");
+        observed(&self.state, API_KARMADA, m, Some(&cluster), async move {
             let q = ComponentSetQuery::from_proto(req).map_err(|e| self.invalid(m, e))?;
             let cluster = q.cluster.clone();
             let n = self
                 .state
                 .call_karmada(m, &cluster, move |b| b.max_available_component_sets(&q))
                 .await;
-            Ok(Response::new(kpb::MaxAvailableComponentSetsResponse {
-                max_sets: n,
-            }))
-        }
-        .instrument(span)
+            Ok(kpb::MaxAvailableComponentSetsResponse { max_sets: n })
+        })
         .await
     }
 
@@ -111,20 +134,19 @@ impl Estimator for KarmadaEstimator {
         let m = Method::GetUnschedulableReplicas;
         let object = object_of(&request);
         let req = request.into_inner();
-        let span = tracing::info_span!("karmada", method = m.as_str(), cluster = %req.cluster, object = %object);
-        async move {
-            self.state.metrics.request(m);
+        let cluster = req.cluster.clone();
+        tracing::debug!(method = m.as_str(), cluster = %cluster, object = %object, "request");
+        observed(&self.state, API_KARMADA, m, Some(&cluster), async move {
             let q = UnschedulableQuery::from_proto(req);
             let cluster = q.cluster.clone();
             let n = self
                 .state
                 .call_karmada(m, &cluster, move |b| b.unschedulable_replicas(&q))
                 .await;
-            Ok(Response::new(kpb::UnschedulableReplicasResponse {
+            Ok(kpb::UnschedulableReplicasResponse {
                 unschedulable_replicas: n,
-            }))
-        }
-        .instrument(span)
+            })
+        })
         .await
     }
 }
@@ -159,17 +181,15 @@ impl Dramesh for NativeService {
         request: Request<npb::EstimateRequest>,
     ) -> Result<Response<npb::EstimateResponse>, Status> {
         let req = crate::native::EstimateRequest::from(request.into_inner());
-        let span = tracing::info_span!(
-            "native",
-            method = "EstimateAll",
-            clusters = req.clusters.len()
-        );
-        let r = self
-            .state
-            .call_native(Method::EstimateAll, move |b| b.estimate_all(&req))
-            .instrument(span)
-            .await?;
-        Ok(Response::new(r.into()))
+        let m = Method::EstimateAll;
+        observed(&self.state, API_NATIVE_GRPC, m, None, async move {
+            let r = self
+                .state
+                .call_native(m, move |b| b.estimate_all(&req))
+                .await?;
+            Ok(r.into())
+        })
+        .await
     }
 
     async fn place(
@@ -177,13 +197,12 @@ impl Dramesh for NativeService {
         request: Request<npb::PlaceRequest>,
     ) -> Result<Response<npb::PlaceResponse>, Status> {
         let req = crate::native::PlaceRequest::from(request.into_inner());
-        let span = tracing::info_span!("native", method = "Place", clusters = req.clusters.len());
-        let r = self
-            .state
-            .call_native(Method::Place, move |b| b.place(&req))
-            .instrument(span)
-            .await?;
-        Ok(Response::new(r.into()))
+        let m = Method::Place;
+        observed(&self.state, API_NATIVE_GRPC, m, None, async move {
+            let r = self.state.call_native(m, move |b| b.place(&req)).await?;
+            Ok(r.into())
+        })
+        .await
     }
 
     async fn preempt(
@@ -191,27 +210,25 @@ impl Dramesh for NativeService {
         request: Request<npb::PreemptRequest>,
     ) -> Result<Response<npb::PreemptResponse>, Status> {
         let req = crate::native::PreemptRequest::from(request.into_inner());
-        let span = tracing::info_span!("native", method = "Preempt", clusters = req.clusters.len());
-        let r = self
-            .state
-            .call_native(Method::Preempt, move |b| b.preempt(&req))
-            .instrument(span)
-            .await?;
-        Ok(Response::new(r.into()))
+        let m = Method::Preempt;
+        observed(&self.state, API_NATIVE_GRPC, m, None, async move {
+            let r = self.state.call_native(m, move |b| b.preempt(&req)).await?;
+            Ok(r.into())
+        })
+        .await
     }
 
     async fn status(
         &self,
         _request: Request<npb::StatusRequest>,
     ) -> Result<Response<npb::StatusResponse>, Status> {
-        let span = tracing::info_span!("native", method = "Status");
-        let mut r = self
-            .state
-            .call_native(Method::Status, |b| Ok(b.status()))
-            .instrument(span)
-            .await?;
-        r.ready = self.state.is_ready();
-        Ok(Response::new(r.into()))
+        let m = Method::Status;
+        observed(&self.state, API_NATIVE_GRPC, m, None, async move {
+            let mut r = self.state.call_native(m, |b| Ok(b.status())).await?;
+            r.ready = self.state.is_ready();
+            Ok(r.into())
+        })
+        .await
     }
 }
 

@@ -6,9 +6,15 @@
 //! | `POST /v1/place` | [`PlaceRequest`] | [`PlaceResponse`](crate::native::PlaceResponse) |
 //! | `POST /v1/preempt` | [`PreemptRequest`] | [`PreemptResponse`](crate::native::PreemptResponse) |
 //! | `GET /v1/status` | | [`StatusReport`](crate::native::StatusReport) |
+//! | `POST /v1/reservations` | [`ReserveRequest`] | [`ReservationStatus`](crate::native::ReservationStatus) (201) |
+//! | `GET /v1/reservations` | | [`ReservationList`] |
+//! | `GET /v1/reservations/{id}` | | [`ReservationStatus`](crate::native::ReservationStatus) |
+//! | `DELETE /v1/reservations/{id}` | | [`ReservationStatus`](crate::native::ReservationStatus), `released` (only on the owner replica) |
 //! | `GET /healthz` | | 200 `ok` while the process serves |
 //! | `GET /readyz` | | 200 `ready` once the ready flag is set, else 503 `not ready` |
 //! | `GET /metrics` | | Prometheus text of [`Metrics`](crate::metrics::Metrics) |
+//!
+//! Every matched route is counted and timed by [`crate::metrics::track_http`].
 //!
 //! Guarantees: bodies above the configured limit get 413 before they are parsed; malformed
 //! JSON gets 400 with `{"error": "..."}` naming the position or field; backend errors map to
@@ -18,7 +24,7 @@ use std::net::SocketAddr;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -28,7 +34,9 @@ use tracing::Instrument;
 
 use crate::backend::ApiError;
 use crate::metrics::Method;
-use crate::native::{EstimateRequest, PlaceRequest, PreemptRequest};
+use crate::native::{
+    EstimateRequest, PlaceRequest, PreemptRequest, ReservationList, ReserveRequest,
+};
 use crate::server::{ApiState, ServeError, bind};
 
 fn error_body(status: StatusCode, message: &str) -> Response {
@@ -48,13 +56,11 @@ impl IntoResponse for ApiError {
 }
 
 fn parse<T: DeserializeOwned>(
-    state: &ApiState,
+    _state: &ApiState,
     method: Method,
     body: &[u8],
 ) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| {
-        state.metrics.request(method);
-        state.metrics.error(method);
         tracing::warn!(method = method.as_str(), error = %e, "malformed JSON body");
         ApiError::InvalidRequest(format!(
             "{} request body is not valid JSON of the expected shape: {e}",
@@ -131,6 +137,67 @@ async fn status(State(state): State<ApiState>) -> Response {
     )
 }
 
+/// Runs a reservation call on the blocking pool under `request_timeout`. Not counted in the
+/// per-method metrics, which have no reservation methods yet.
+async fn call_reservations<T, F>(state: &ApiState, what: &str, f: F) -> Result<T, ApiError>
+where
+    T: Send + 'static,
+    F: FnOnce(&dyn crate::backend::Backend) -> Result<T, ApiError> + Send + 'static,
+{
+    let backend = state.backend.clone();
+    let task = tokio::task::spawn_blocking(move || f(backend.as_ref()));
+    let out = match tokio::time::timeout(state.config.request_timeout, task).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(join)) => Err(ApiError::Internal(format!("{what} panicked: {join}"))),
+        Err(_) => Err(ApiError::Unavailable(format!(
+            "{what} did not finish within {:?}",
+            state.config.request_timeout
+        ))),
+    };
+    if let Err(e) = &out {
+        tracing::warn!(method = what, error = %e, "request failed");
+    }
+    out
+}
+
+async fn reserve(State(state): State<ApiState>, body: Bytes) -> Response {
+    let req: ReserveRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return ApiError::InvalidRequest(format!(
+                "Reserve request body is not valid JSON of the expected shape: {e}"
+            ))
+            .into_response();
+        }
+    };
+    let span = tracing::info_span!("http", method = "Reserve", cluster = %req.cluster);
+    match call_reservations(&state, "Reserve", move |b| b.reserve(&req))
+        .instrument(span)
+        .await
+    {
+        Ok(r) => (StatusCode::CREATED, axum::Json(r)).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn list_reservations(State(state): State<ApiState>) -> Response {
+    json(
+        call_reservations(&state, "ListReservations", |b| {
+            b.reservations()
+                .map(|reservations| ReservationList { reservations })
+        })
+        .await,
+    )
+}
+
+async fn get_reservation(State(state): State<ApiState>, Path(id): Path<String>) -> Response {
+    json(call_reservations(&state, "GetReservation", move |b| b.reservation(&id)).await)
+}
+
+async fn release_reservation(State(state): State<ApiState>, Path(id): Path<String>) -> Response {
+    json(call_reservations(&state, "ReleaseReservation", move |b| b.release(&id)).await)
+}
+
 async fn healthz() -> &'static str {
     "ok"
 }
@@ -145,8 +212,8 @@ async fn readyz(State(state): State<ApiState>) -> Response {
 
 async fn metrics(State(state): State<ApiState>) -> Response {
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render_prometheus(),
+        [(header::CONTENT_TYPE, dramesh_telemetry::CONTENT_TYPE)],
+        state.metrics.render(),
     )
         .into_response()
 }
@@ -159,9 +226,18 @@ pub fn http_router(state: ApiState) -> Router {
         .route("/v1/place", post(place))
         .route("/v1/preempt", post(preempt))
         .route("/v1/status", get(status))
+        .route("/v1/reservations", post(reserve).get(list_reservations))
+        .route(
+            "/v1/reservations/{id}",
+            get(get_reservation).delete(release_reservation),
+        )
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.metrics.clone(),
+            crate::metrics::track_http,
+        ))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
 }

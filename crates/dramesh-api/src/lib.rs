@@ -9,7 +9,7 @@
 //! * [`backend`]: the [`Backend`] trait the caller implements; this crate does no estimation.
 //! * [`query`]: plain Rust forms of the Karmada requests, converted from either wire generation.
 //! * [`native`]: request and response types of the native API.
-//! * [`metrics`]: per-method counters.
+//! * [`metrics`]: how requests are recorded into the shared [`dramesh_telemetry::Metrics`].
 //! * [`table`]: a backend answering from a fixed table, for interop tests and demos.
 //! * [`proto`]: generated protobuf code (schema in `proto/karmada` and `proto/dramesh/v1`).
 
@@ -26,5 +26,5 @@ pub mod table;
 pub use backend::{ApiError, Backend, ReplicaAnswer};
 pub use grpc::{KARMADA_ESTIMATOR_PORT, serve_grpc, serve_grpc_on};
 pub use http::{http_router, serve_http, serve_http_on};
-pub use metrics::{Method, MethodCounts, Metrics};
+pub use metrics::{Method, MethodCounts, Metrics, ZeroReason};
 pub use server::{ApiConfig, ApiState, ServeError};

@@ -1,12 +1,37 @@
-//! Per-method request counters of the API servers, cheap to update from any thread.
+//! How the API servers record into the shared dramesh metric set ([`dramesh_telemetry::Metrics`],
+//! re-exported here as [`Metrics`]): the label vocabulary (`api`, `method`, zero-answer reasons),
+//! the HTTP tracking middleware, and per-method counts read back from the registry.
 //!
-//! Counters only grow. [`Metrics::render_prometheus`] renders them in the Prometheus text
-//! format (also served at `GET /metrics`); [`Metrics::snapshot`] gives them as values.
+//! There is one registry per replica: the daemon creates it, hands it to [`crate::ApiState`]
+//! and serves it on `/metrics`, so API counters, mesh and store gauges render together.
+//!
+//! Recorded per request (gRPC in [`crate::grpc`], HTTP by [`track_http`]):
+//! - `dramesh_api_requests_total{api,method,code}` and
+//!   `dramesh_api_request_duration_seconds{api,method}`; `api` is [`API_KARMADA`],
+//!   [`API_NATIVE_GRPC`] or [`API_HTTP`]; `method` is the RPC name ([`Method::as_str`]) or the
+//!   matched HTTP route (`/v1/estimate`); `code` the gRPC code name (`OK`, `InvalidArgument`)
+//!   or the HTTP status (`200`);
+//! - `dramesh_api_zero_answers_total{method,reason}` for Karmada questions answered 0;
+//! - `dramesh_alloc_search_duration_seconds{method}` for calls that search allocations.
 
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
-/// The API methods that are counted.
+use axum::extract::{MatchedPath, Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+use dramesh_telemetry::spans::fields;
+use tracing::Instrument;
+
+pub use dramesh_telemetry::Metrics;
+
+/// `api` label of Karmada's `Estimator` gRPC service.
+pub const API_KARMADA: &str = "karmada";
+/// `api` label of the native `dramesh.v1.Dramesh` gRPC service.
+pub const API_NATIVE_GRPC: &str = "dramesh.v1";
+/// `api` label of the HTTP/JSON server.
+pub const API_HTTP: &str = "http";
+
+/// The API methods (gRPC names; the HTTP routes map onto the same calls).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Method {
     MaxAvailableReplicas,
@@ -16,6 +41,9 @@ pub enum Method {
     Place,
     Preempt,
     Status,
+    /// A method added by a caller of [`crate::ApiState`] (e.g. a reservation call); the name
+    /// is used as the label as is and should be a static identifier.
+    Other(&'static str),
 }
 
 impl Method {
@@ -38,11 +66,21 @@ impl Method {
             Method::Place => "Place",
             Method::Preempt => "Preempt",
             Method::Status => "Status",
+            Method::Other(name) => name,
         }
     }
 
-    fn index(self) -> usize {
-        self as usize
+    /// Whether the call runs allocation searches over the view (gets an `alloc.search` span
+    /// and a search-duration observation).
+    pub fn searches_allocations(self) -> bool {
+        matches!(
+            self,
+            Method::MaxAvailableReplicas
+                | Method::MaxAvailableComponentSets
+                | Method::EstimateAll
+                | Method::Place
+                | Method::Preempt
+        )
     }
 }
 
@@ -55,23 +93,31 @@ pub enum ZeroReason {
     Timeout,
 }
 
-#[derive(Debug, Default)]
-struct Counters {
-    requests: AtomicU64,
-    errors: AtomicU64,
-    zero_unknown_cluster: AtomicU64,
-    zero_stale_cluster: AtomicU64,
-    zero_backend_failure: AtomicU64,
-    zero_timeout: AtomicU64,
+impl ZeroReason {
+    pub const ALL: [ZeroReason; 4] = [
+        ZeroReason::UnknownCluster,
+        ZeroReason::StaleCluster,
+        ZeroReason::BackendFailure,
+        ZeroReason::Timeout,
+    ];
+
+    /// The `reason` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ZeroReason::UnknownCluster => "unknown_cluster",
+            ZeroReason::StaleCluster => "stale_cluster",
+            ZeroReason::BackendFailure => "backend_failure",
+            ZeroReason::Timeout => "timeout",
+        }
+    }
 }
 
-/// Counter values of one method.
+/// Counts of one method on one API, read back from the registry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MethodCounts {
     pub method: Method,
     pub requests: u64,
-    /// Requests answered with an error status (malformed input, native API errors, timeouts
-    /// of native calls).
+    /// Requests answered with a code other than `OK` / a 2xx status.
     pub errors: u64,
     pub zero_unknown_cluster: u64,
     pub zero_stale_cluster: u64,
@@ -79,122 +125,90 @@ pub struct MethodCounts {
     pub zero_timeout: u64,
 }
 
-/// Request counters of every method.
-#[derive(Debug, Default)]
-pub struct Metrics {
-    counters: [Counters; 7],
+impl MethodCounts {
+    /// The counts `metrics` holds for `method` served on `api` (zero answers are per method,
+    /// whatever the API).
+    pub fn of(metrics: &Metrics, api: &str, method: Method) -> MethodCounts {
+        let m = method.as_str();
+        let z = |r: ZeroReason| metrics.zero_answers(m, r.as_str());
+        MethodCounts {
+            method,
+            requests: metrics.api_requests(api, m, |_| true),
+            errors: metrics.api_requests(api, m, |c| !is_success(c)),
+            zero_unknown_cluster: z(ZeroReason::UnknownCluster),
+            zero_stale_cluster: z(ZeroReason::StaleCluster),
+            zero_backend_failure: z(ZeroReason::BackendFailure),
+            zero_timeout: z(ZeroReason::Timeout),
+        }
+    }
 }
 
-impl Metrics {
-    pub fn new() -> Metrics {
-        Metrics::default()
-    }
+/// `OK` or a 2xx/3xx HTTP status.
+fn is_success(code: &str) -> bool {
+    code == "OK" || code.starts_with('2') || code.starts_with('3')
+}
 
-    pub fn request(&self, m: Method) {
-        self.counters[m.index()]
-            .requests
-            .fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub fn error(&self, m: Method) {
-        self.counters[m.index()]
-            .errors
-            .fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub fn zero(&self, m: Method, why: ZeroReason) {
-        let c = &self.counters[m.index()];
-        let counter = match why {
-            ZeroReason::UnknownCluster => &c.zero_unknown_cluster,
-            ZeroReason::StaleCluster => &c.zero_stale_cluster,
-            ZeroReason::BackendFailure => &c.zero_backend_failure,
-            ZeroReason::Timeout => &c.zero_timeout,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub fn get(&self, m: Method) -> MethodCounts {
-        let c = &self.counters[m.index()];
-        MethodCounts {
-            method: m,
-            requests: c.requests.load(Ordering::Relaxed),
-            errors: c.errors.load(Ordering::Relaxed),
-            zero_unknown_cluster: c.zero_unknown_cluster.load(Ordering::Relaxed),
-            zero_stale_cluster: c.zero_stale_cluster.load(Ordering::Relaxed),
-            zero_backend_failure: c.zero_backend_failure.load(Ordering::Relaxed),
-            zero_timeout: c.zero_timeout.load(Ordering::Relaxed),
-        }
-    }
-
-    pub fn snapshot(&self) -> Vec<MethodCounts> {
-        Method::ALL.iter().map(|m| self.get(*m)).collect()
-    }
-
-    /// Prometheus text exposition format (version 0.0.4).
-    pub fn render_prometheus(&self) -> String {
-        let snap = self.snapshot();
-        let mut out = String::new();
-        out.push_str("# HELP dramesh_api_requests_total API requests received, by method.\n");
-        out.push_str("# TYPE dramesh_api_requests_total counter\n");
-        for s in &snap {
-            let _ = writeln!(
-                out,
-                "dramesh_api_requests_total{{method=\"{}\"}} {}",
-                s.method.as_str(),
-                s.requests
-            );
-        }
-        out.push_str("# HELP dramesh_api_errors_total API requests answered with an error status, by method.\n");
-        out.push_str("# TYPE dramesh_api_errors_total counter\n");
-        for s in &snap {
-            let _ = writeln!(
-                out,
-                "dramesh_api_errors_total{{method=\"{}\"}} {}",
-                s.method.as_str(),
-                s.errors
-            );
-        }
-        out.push_str(
-            "# HELP dramesh_api_zero_answers_total Karmada estimator questions answered with 0 instead of a computed number, by method and reason.\n",
-        );
-        out.push_str("# TYPE dramesh_api_zero_answers_total counter\n");
-        for s in &snap[..3] {
-            for (reason, v) in [
-                ("unknown_cluster", s.zero_unknown_cluster),
-                ("stale_cluster", s.zero_stale_cluster),
-                ("backend_failure", s.zero_backend_failure),
-                ("timeout", s.zero_timeout),
-            ] {
-                let _ = writeln!(
-                    out,
-                    "dramesh_api_zero_answers_total{{method=\"{}\",reason=\"{reason}\"}} {v}",
-                    s.method.as_str()
-                );
-            }
-        }
-        out
-    }
+/// Axum middleware (install with `route_layer(axum::middleware::from_fn_with_state(metrics,
+/// track_http))`): an `api.request` span and the request metrics per matched route. Only
+/// matched routes are recorded, so unknown paths cannot create label values.
+pub async fn track_http(
+    State(metrics): State<Arc<Metrics>>,
+    matched: Option<MatchedPath>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let route = matched
+        .as_ref()
+        .map_or("unmatched", |m| m.as_str())
+        .to_owned();
+    let span = dramesh_telemetry::api_span(API_HTTP, &route);
+    let timer = metrics.start_api_request(API_HTTP, &route);
+    let resp = next.run(req).instrument(span.clone()).await;
+    let status = resp.status();
+    span.record(fields::CODE, status.as_str());
+    span.record(
+        fields::OTEL_STATUS_CODE,
+        if status.is_server_error() {
+            "error"
+        } else {
+            "ok"
+        },
+    );
+    timer.finish(status.as_str());
+    resp
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
-    fn counts_are_per_method_and_rendered() {
+    fn counts_are_read_back_per_api_and_method() {
         let m = Metrics::new();
-        m.request(Method::MaxAvailableReplicas);
-        m.request(Method::MaxAvailableReplicas);
-        m.zero(Method::MaxAvailableReplicas, ZeroReason::UnknownCluster);
-        m.error(Method::Place);
-        let r = m.get(Method::MaxAvailableReplicas);
-        assert_eq!((r.requests, r.zero_unknown_cluster, r.errors), (2, 1, 0));
-        assert_eq!(m.get(Method::Place).errors, 1);
-        let text = m.render_prometheus();
-        assert!(text.contains("dramesh_api_requests_total{method=\"MaxAvailableReplicas\"} 2\n"));
-        assert!(text.contains(
-            "dramesh_api_zero_answers_total{method=\"MaxAvailableReplicas\",reason=\"unknown_cluster\"} 1\n"
-        ));
-        assert!(text.contains("dramesh_api_errors_total{method=\"Place\"} 1\n"));
+        let mar = Method::MaxAvailableReplicas;
+        let d = Duration::from_millis(1);
+        m.observe_api_request(API_KARMADA, mar.as_str(), "OK", d);
+        m.observe_api_request(API_KARMADA, mar.as_str(), "OK", d);
+        m.observe_api_request(API_KARMADA, mar.as_str(), "InvalidArgument", d);
+        m.observe_api_request(API_NATIVE_GRPC, "Place", "Unavailable", d);
+        m.zero_answer(mar.as_str(), ZeroReason::UnknownCluster.as_str());
+        let c = MethodCounts::of(&m, API_KARMADA, mar);
+        assert_eq!(
+            (c.requests, c.errors, c.zero_unknown_cluster, c.zero_timeout),
+            (3, 1, 1, 0)
+        );
+        let p = MethodCounts::of(&m, API_NATIVE_GRPC, Method::Place);
+        assert_eq!((p.requests, p.errors), (1, 1));
+        assert_eq!(MethodCounts::of(&m, API_KARMADA, Method::Place).requests, 0);
+        let text = m.render();
+        assert!(
+            text.contains(
+                "dramesh_api_zero_answers_total{method=\"MaxAvailableReplicas\",reason=\"unknown_cluster\"} 1\n"
+            ),
+            "{text}"
+        );
+        assert_eq!(Method::Other("Reserve").as_str(), "Reserve");
+        assert!(is_success("204") && !is_success("404") && !is_success("Internal"));
     }
 }

@@ -218,6 +218,89 @@ pub struct StatusReport {
     #[serde(default)]
     pub ready: bool,
     pub clusters: Vec<ClusterStatus>,
+    /// Every reservation this replica knows (its own and merged ones), ordered by id.
+    /// HTTP/JSON only: the `dramesh.v1` protobuf status does not carry it yet.
+    #[serde(default)]
+    pub reservations: Vec<ReservationStatus>,
+}
+
+/// `POST /v1/reservations`: hold capacity for `replicas` replicas of the workload on
+/// `cluster` until the member cluster reports them bound, the reservation is released, or
+/// `ttlSeconds` pass.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReserveRequest {
+    /// The per-replica requirements, as for an estimate.
+    pub workload: Workload,
+    pub cluster: String,
+    /// Defaults to the workload's own replica count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i64>,
+    /// Defaults to the workload's priority (its PriorityClass, else 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
+    /// Defaults to the replica's reservation TTL (300 s); at most 86,400.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<u64>,
+}
+
+/// The workload a reservation is for (pods it owns end the reservation once bound).
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadRef {
+    pub namespace: String,
+    pub kind: String,
+    pub name: String,
+}
+
+/// Lifecycle state of a reservation as one replica sees it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ReservationState {
+    /// Admitted by overcommit resolution: deducted from estimates.
+    #[default]
+    Live,
+    /// Lost overcommit resolution: holds nothing (see `winner`).
+    Conflicted,
+    /// Its time to live passed.
+    Expired,
+    /// The member cluster reports all its replicas bound.
+    Satisfied,
+    /// Released by its owner.
+    Released,
+}
+
+/// One reservation and its state on the answering replica.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReservationStatus {
+    pub id: String,
+    /// The replica that wrote it (the only one that can release it).
+    pub owner: String,
+    pub cluster: String,
+    pub workload: WorkloadRef,
+    pub replicas: i64,
+    /// Replicas still held: `replicas` minus those bound since the reservation was made.
+    pub remaining: i64,
+    pub priority: i32,
+    pub ttl_seconds: u64,
+    pub status: ReservationState,
+    /// For a conflicted reservation: the highest-ranked live reservation of its cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub winner: Option<String>,
+    /// Why it is conflicted when no winner explains it (unknown cluster, estimator error).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Seconds until this replica considers it expired (live and conflicted only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_in_seconds: Option<f64>,
+}
+
+/// `GET /v1/reservations`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReservationList {
+    pub reservations: Vec<ReservationStatus>,
 }
 
 // ---------------------------------------------------------------------------------------
@@ -567,6 +650,7 @@ impl From<pb::StatusResponse> for StatusReport {
             replica: s.replica,
             ready: s.ready,
             clusters: s.clusters.into_iter().map(Into::into).collect(),
+            reservations: Vec::new(),
         }
     }
 }
@@ -615,6 +699,7 @@ mod tests {
                     capacity: vec![],
                 }],
             }],
+            reservations: vec![],
         };
         let back: StatusReport = pb::StatusResponse::from(s.clone()).into();
         assert_eq!(back, s);
@@ -624,6 +709,31 @@ mod tests {
             json["clusters"][0]["devices"][0]["class"],
             "gpu.example.com"
         );
+    }
+
+    #[test]
+    fn reservation_json_shape() {
+        let r: ReserveRequest = serde_json::from_value(serde_json::json!({
+            "workload": {"manifests": ["kind: Deployment\n"]},
+            "cluster": "c1", "replicas": 8, "ttlSeconds": 60,
+        }))
+        .expect("request");
+        assert_eq!(
+            (r.replicas, r.priority, r.ttl_seconds),
+            (Some(8), None, Some(60))
+        );
+        let s = ReservationStatus {
+            id: "r1-1".into(),
+            status: ReservationState::Conflicted,
+            winner: Some("r2-1".into()),
+            ..ReservationStatus::default()
+        };
+        let v = serde_json::to_value(&s).expect("json");
+        assert_eq!(v["status"], "conflicted");
+        assert_eq!(v["winner"], "r2-1");
+        assert!(v.get("reason").is_none());
+        let back: ReservationStatus = serde_json::from_value(v).expect("back");
+        assert_eq!(back, s);
     }
 
     #[test]

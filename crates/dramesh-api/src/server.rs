@@ -7,7 +7,9 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use dramesh_telemetry::spans::fields;
 
 use crate::backend::{ApiError, Backend, ReplicaAnswer};
 use crate::metrics::{Method, Metrics, ZeroReason};
@@ -46,7 +48,7 @@ pub struct ApiState {
 }
 
 impl ApiState {
-    /// State with default limits, fresh counters and `ready` unset.
+    /// State with default limits, a fresh metric set and `ready` unset.
     pub fn new(backend: Arc<dyn Backend>) -> ApiState {
         ApiState {
             backend,
@@ -59,6 +61,38 @@ impl ApiState {
     pub fn with_config(mut self, config: ApiConfig) -> ApiState {
         self.config = config;
         self
+    }
+
+    /// Records into `metrics` (the daemon's one registry) instead of a private one.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> ApiState {
+        self.metrics = metrics;
+        self
+    }
+
+    /// Runs `f` on the calling (blocking-pool) thread inside an `alloc.search` span when the
+    /// method searches allocations, recording the search time.
+    fn searched<T>(
+        metrics: &Metrics,
+        method: Method,
+        cluster: &str,
+        f: impl FnOnce() -> T,
+        outcome: impl FnOnce(&T) -> &'static str,
+    ) -> T {
+        if !method.searches_allocations() {
+            return f();
+        }
+        let span = dramesh_telemetry::alloc_span(method.as_str(), cluster);
+        let _entered = span.enter();
+        let start = Instant::now();
+        let out = f();
+        metrics.observe_alloc_search(method.as_str(), start.elapsed());
+        let o = outcome(&out);
+        span.record(fields::OUTCOME, o);
+        span.record(
+            fields::OTEL_STATUS_CODE,
+            if o == "error" { "error" } else { "ok" },
+        );
+        out
     }
 
     pub fn is_ready(&self) -> bool {
@@ -75,9 +109,19 @@ impl ApiState {
         T: Send + 'static,
         F: FnOnce(&dyn Backend) -> Result<T, ApiError> + Send + 'static,
     {
-        self.metrics.request(method);
         let backend = self.backend.clone();
-        let task = tokio::task::spawn_blocking(move || f(backend.as_ref()));
+        let metrics = self.metrics.clone();
+        let span = tracing::Span::current();
+        let task = tokio::task::spawn_blocking(move || {
+            let _parent = span.enter();
+            Self::searched(
+                &metrics,
+                method,
+                "*",
+                || f(backend.as_ref()),
+                |r| if r.is_ok() { "ok" } else { "error" },
+            )
+        });
         let out = match tokio::time::timeout(self.config.request_timeout, task).await {
             Ok(Ok(r)) => r,
             Ok(Err(join)) => Err(ApiError::Internal(format!(
@@ -92,7 +136,6 @@ impl ApiState {
             ))),
         };
         if let Err(e) = &out {
-            self.metrics.error(method);
             tracing::warn!(method = method.as_str(), error = %e, "request failed");
         }
         out
@@ -105,12 +148,29 @@ impl ApiState {
         F: FnOnce(&dyn Backend) -> ReplicaAnswer + Send + 'static,
     {
         let backend = self.backend.clone();
-        let task = tokio::task::spawn_blocking(move || f(backend.as_ref()));
+        let metrics = self.metrics.clone();
+        let span = tracing::Span::current();
+        let c = cluster.to_owned();
+        let task = tokio::task::spawn_blocking(move || {
+            let _parent = span.enter();
+            Self::searched(
+                &metrics,
+                method,
+                &c,
+                || f(backend.as_ref()),
+                |a| match a {
+                    ReplicaAnswer::Count(_) => "count",
+                    ReplicaAnswer::UnknownCluster => "unknown_cluster",
+                    ReplicaAnswer::Stale { .. } => "stale_cluster",
+                    ReplicaAnswer::Failed(_) => "error",
+                },
+            )
+        });
         let answer = match tokio::time::timeout(self.config.karmada_timeout, task).await {
             Ok(Ok(a)) => a,
             Ok(Err(join)) => ReplicaAnswer::Failed(format!("computation panicked: {join}")),
             Err(_) => {
-                self.metrics.zero(method, ZeroReason::Timeout);
+                self.zero(method, ZeroReason::Timeout);
                 tracing::warn!(
                     method = method.as_str(),
                     cluster,
@@ -127,7 +187,7 @@ impl ApiState {
                 n
             }
             ReplicaAnswer::UnknownCluster => {
-                self.metrics.zero(method, ZeroReason::UnknownCluster);
+                self.zero(method, ZeroReason::UnknownCluster);
                 tracing::warn!(
                     method = method.as_str(),
                     cluster,
@@ -136,16 +196,22 @@ impl ApiState {
                 0
             }
             ReplicaAnswer::Stale { age } => {
-                self.metrics.zero(method, ZeroReason::StaleCluster);
+                self.zero(method, ZeroReason::StaleCluster);
                 tracing::warn!(method = method.as_str(), cluster, age = ?age, "cluster data is stale; answering 0");
                 0
             }
             ReplicaAnswer::Failed(why) => {
-                self.metrics.zero(method, ZeroReason::BackendFailure);
+                self.zero(method, ZeroReason::BackendFailure);
                 tracing::warn!(method = method.as_str(), cluster, error = %why, "estimate failed; answering 0");
                 0
             }
         }
+    }
+}
+
+impl ApiState {
+    fn zero(&self, method: Method, why: ZeroReason) {
+        self.metrics.zero_answer(method.as_str(), why.as_str());
     }
 }
 

@@ -475,6 +475,7 @@ impl Backend for TableBackend {
                         .collect(),
                 })
                 .collect(),
+            reservations: Vec::new(),
         }
     }
 }

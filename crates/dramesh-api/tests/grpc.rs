@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use dramesh_api::metrics::Method;
+use dramesh_api::metrics::{API_KARMADA, Method, MethodCounts};
 use dramesh_api::proto::karmada as kpb;
 use dramesh_api::proto::karmada_service::estimator_client::EstimatorClient;
 use dramesh_api::proto::native as npb;
@@ -91,7 +91,11 @@ async fn unknown_and_stale_clusters_answer_zero_not_error() {
         .await
         .expect("no error");
     assert_eq!(r.into_inner().max_sets, 0);
-    let m = srv.state.metrics.get(Method::MaxAvailableReplicas);
+    let m = MethodCounts::of(
+        &srv.state.metrics,
+        API_KARMADA,
+        Method::MaxAvailableReplicas,
+    );
     assert_eq!(
         (
             m.requests,
@@ -102,10 +106,12 @@ async fn unknown_and_stale_clusters_answer_zero_not_error() {
         (2, 0, 1, 1)
     );
     assert_eq!(
-        srv.state
-            .metrics
-            .get(Method::MaxAvailableComponentSets)
-            .zero_unknown_cluster,
+        MethodCounts::of(
+            &srv.state.metrics,
+            API_KARMADA,
+            Method::MaxAvailableComponentSets
+        )
+        .zero_unknown_cluster,
         1
     );
     srv.stop().await;
@@ -244,7 +250,12 @@ async fn malformed_and_oversized_requests_are_refused_cleanly() {
         .expect("answer");
     assert_eq!(r.into_inner().max_replicas, 32);
     assert_eq!(
-        srv.state.metrics.get(Method::MaxAvailableReplicas).errors,
+        MethodCounts::of(
+            &srv.state.metrics,
+            API_KARMADA,
+            Method::MaxAvailableReplicas
+        )
+        .errors,
         1
     );
     srv.stop().await;

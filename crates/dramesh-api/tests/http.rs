@@ -104,7 +104,9 @@ async fn estimate_place_preempt_and_status_as_json() {
     let (code, text) = call(srv.addr, "GET", "/metrics", None).await;
     assert_eq!(code, 200);
     assert!(
-        text.contains("dramesh_api_requests_total{method=\"EstimateAll\"} 1"),
+        text.contains(
+            "dramesh_api_requests_total{api=\"http\",method=\"/v1/estimate\",code=\"200\"} 1\n"
+        ),
         "{text}"
     );
     srv.stop().await;

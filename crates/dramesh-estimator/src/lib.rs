@@ -9,6 +9,7 @@ pub mod filter;
 pub mod placement;
 pub mod preempt;
 pub mod quota;
+pub mod reservations;
 pub mod resources;
 pub mod snapshot;
 pub mod synth;
@@ -22,6 +23,7 @@ pub use estimate::{
 pub use placement::{PlacementResult, Policy, PolicyError, Strategy, TargetCluster, place};
 pub use preempt::{ClusterPreemption, PreemptionResult, Victim, preempt};
 pub use quota::{ClusterQuota, DeviceClassMapping, QuotaSet};
+pub use reservations::{Admission, Reservation, Resolution, resolve};
 pub use snapshot::{SnapshotError, load_snapshot};
 pub use view::{ApplyError, ClusterView, View};
 pub use workload::{Workload, WorkloadError, load_workload};

@@ -6,11 +6,19 @@
 //! segment must be a lowercase DNS-label-like name (`[a-z0-9]([a-z0-9.-]*[a-z0-9])?`,
 //! at most 253 bytes) and any other shape is rejected, so two spellings can never
 //! denote the same identity.
+//!
+//! Documents are named by (cluster, writer) segments of the same shape, plus one reserved
+//! scope: [`RESERVATION_SCOPE`] in place of the cluster names the in-flight reservations of
+//! replica `<id>` (`DocRef { cluster: "_reservations", writer: <id> }`). The leading `_` is not
+//! a valid identity segment, so no member cluster and no agent can ever be named by it.
 
 use std::fmt;
 
 /// URI scheme of every mesh identity.
 pub const IDENTITY_SCHEME: &str = "dramesh://";
+
+/// The reserved cluster segment of replica-written reservation documents (see the module docs).
+pub const RESERVATION_SCOPE: &str = "_reservations";
 
 /// Longest accepted identity segment, matching a DNS subdomain name.
 const MAX_SEGMENT_LEN: usize = 253;
@@ -103,11 +111,12 @@ impl PeerIdentity {
     }
 
     /// Whether this identity may author the document `doc`: an agent only its own
-    /// (cluster, writer) document, a replica none (replicas only relay).
+    /// (cluster, writer) document, a replica only its own reservation document (it relays
+    /// everything else).
     pub fn owns(&self, doc: &DocRef) -> bool {
         match self {
             PeerIdentity::Agent { cluster, node } => doc.cluster == *cluster && doc.writer == *node,
-            PeerIdentity::Replica { .. } => false,
+            PeerIdentity::Replica { id } => doc.is_reservations() && doc.writer == *id,
         }
     }
 
@@ -161,9 +170,20 @@ impl DocRef {
         }
     }
 
-    /// Both parts are valid identity segments (checked on every document id read from the wire).
+    /// The reservation document written by replica `id`.
+    pub fn reservations(id: impl Into<String>) -> Self {
+        Self::new(RESERVATION_SCOPE, id)
+    }
+
+    /// Whether this is a replica's reservation document (not a member cluster's).
+    pub fn is_reservations(&self) -> bool {
+        self.cluster == RESERVATION_SCOPE
+    }
+
+    /// Both parts are valid identity segments, or the cluster is [`RESERVATION_SCOPE`] and the
+    /// writer a valid replica id (checked on every document id read from the wire).
     pub fn is_valid(&self) -> bool {
-        valid_segment(&self.cluster) && valid_segment(&self.writer)
+        (valid_segment(&self.cluster) || self.is_reservations()) && valid_segment(&self.writer)
     }
 }
 
@@ -227,5 +247,23 @@ mod tests {
         assert!(!a.owns(&DocRef::new("a", "n2")));
         assert!(!a.owns(&DocRef::new("b", "n1")));
         assert!(!PeerIdentity::Replica { id: "r".into() }.owns(&DocRef::new("a", "n1")));
+    }
+
+    #[test]
+    fn replicas_own_only_their_reservation_document() {
+        let r1 = PeerIdentity::Replica { id: "r1".into() };
+        assert!(r1.owns(&DocRef::reservations("r1")));
+        assert!(!r1.owns(&DocRef::reservations("r2")));
+        assert!(!r1.owns(&DocRef::new("r1", "r1")));
+        assert!(DocRef::reservations("r1").is_valid());
+        assert!(!DocRef::reservations("R1").is_valid());
+        assert!(!DocRef::new("_other", "r1").is_valid());
+        // No agent can be named into the reserved scope: its cluster segment must be valid.
+        assert!(PeerIdentity::parse_uri("dramesh://cluster/_reservations/agent/r1").is_err());
+        let a = PeerIdentity::Agent {
+            cluster: "c".into(),
+            node: "r1".into(),
+        };
+        assert!(!a.owns(&DocRef::reservations("r1")));
     }
 }

@@ -66,6 +66,10 @@ pub struct ProtocolConfig {
     /// Offering local changes to peers at once, and relaying applied ones. Turned off only by
     /// chaos tests, to show that anti-entropy alone converges.
     pub push: bool,
+    /// Sending `PeerExchange` (replicas) and learning replicas from received ones. Turned off
+    /// only by chaos tests, so that an agent knows no replica but its seeds and the break of
+    /// replica-to-replica replication cannot be bypassed by agents reaching every replica.
+    pub peer_exchange: bool,
 }
 
 impl Default for ProtocolConfig {
@@ -79,6 +83,7 @@ impl Default for ProtocolConfig {
             jitter_seed: rand::rng().random(),
             anti_entropy: true,
             push: true,
+            peer_exchange: true,
         }
     }
 }
@@ -481,7 +486,7 @@ impl Protocol {
                 });
                 self.send(&mut out, conn, body);
             }
-            if due_pex && self.local.is_replica() {
+            if due_pex && self.local.is_replica() && self.config.peer_exchange {
                 if let Some(s) = self.sessions.get_mut(&conn) {
                     s.next_peer_exchange = now + self.config.peer_exchange_interval;
                 }
@@ -588,6 +593,9 @@ impl Protocol {
                     warn!(%peer, "refused PeerExchange from an agent");
                     return out;
                 }
+                if !self.config.peer_exchange {
+                    return out;
+                }
                 for r in p.replicas.iter().take(MAX_PEER_EXCHANGE) {
                     self.learn_replica(&r.identity, &r.addr);
                 }
@@ -674,7 +682,7 @@ impl Protocol {
                 }),
             );
         }
-        if self.local.is_replica() {
+        if self.local.is_replica() && self.config.peer_exchange {
             let body = Body::PeerExchange(self.peer_exchange());
             self.send(out, conn, body);
         }

@@ -70,6 +70,7 @@ impl Sim {
             jitter_seed: 7,
             anti_entropy: true,
             push: true,
+            peer_exchange: true,
         };
         Sim {
             nodes: ids
@@ -497,4 +498,53 @@ fn replicas_learn_each_other_through_peer_exchange() {
             .map(String::as_str),
         Some("10.0.0.2:1")
     );
+}
+
+#[test]
+fn without_peer_exchange_an_agent_learns_only_the_replica_it_dialed() {
+    for peer_exchange in [true, false] {
+        let mut sim = Sim::new(vec![replica("r0"), replica("r1"), agent("east", "a")]);
+        let config = |addr: &str| ProtocolConfig {
+            advertise_addr: Some(addr.into()),
+            jitter_seed: 1,
+            peer_exchange,
+            ..ProtocolConfig::default()
+        };
+        sim.nodes[0].proto = Protocol::new(replica("r0"), config("10.0.0.0:1"));
+        sim.nodes[1].proto = Protocol::new(replica("r1"), config("10.0.0.1:1"));
+        sim.connect(0, 1);
+        sim.connect(2, 0);
+        sim.run();
+        sim.tick(Duration::from_secs(11));
+        sim.tick(Duration::from_secs(11));
+        let known: Vec<&str> = sim.nodes[2]
+            .proto
+            .known_replicas()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        if peer_exchange {
+            assert!(sim.frames.get("peer_exchange").is_some_and(|n| *n > 0));
+            assert_eq!(known, ["dramesh://replica/r0", "dramesh://replica/r1"]);
+        } else {
+            assert_eq!(
+                sim.frames.get("peer_exchange"),
+                None,
+                "a replica sent PeerExchange although it is turned off"
+            );
+            assert_eq!(
+                known,
+                ["dramesh://replica/r0"],
+                "the agent learned {known:?}"
+            );
+        }
+        // Hello still carries the dialed replica's address, so replicas seeded with each
+        // other know each other either way.
+        assert!(
+            sim.nodes[1]
+                .proto
+                .known_replicas()
+                .contains_key("dramesh://replica/r0")
+        );
+    }
 }

@@ -2,8 +2,10 @@
 //! OTLP/gRPC when an endpoint is configured.
 //!
 //! Guarantees:
-//! - the filter comes from `RUST_LOG` when set (an invalid value is an error naming `RUST_LOG`),
-//!   else from [`TelemetryConfig::default_filter`] (`info`);
+//! - the stderr log filter comes from `RUST_LOG` when set (an invalid value is an error naming
+//!   `RUST_LOG`), else from [`TelemetryConfig::default_filter`] (`info`);
+//! - the export filter is independent of the log filter, so a quiet daemon (`warn` logs) still
+//!   exports its spans: `INFO` and above from `dramesh*` targets, `WARN` and above from others;
 //! - OTLP export is on exactly when [`TelemetryConfig::otlp_endpoint`] or
 //!   `OTEL_EXPORTER_OTLP_ENDPOINT` is a non-empty string; spans then go through a batch processor
 //!   to the endpoint with resource attributes `service.name`, `service.version` and, if set,
@@ -254,7 +256,8 @@ fn build(
     };
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(writer)
-        .with_ansi(cfg.ansi);
+        .with_ansi(cfg.ansi)
+        .with_filter(filter);
 
     let endpoint = cfg.resolved_otlp_endpoint();
     let (otel, provider) = match &endpoint {
@@ -265,15 +268,12 @@ fn build(
             let layer = tracing_opentelemetry::layer()
                 .with_tracer(tracer)
                 .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
-                    !is_export_path(meta.target())
+                    exported(meta.target(), *meta.level())
                 }));
             (Some(layer), Some(provider))
         }
     };
-    let subscriber = tracing_subscriber::registry()
-        .with(filter)
-        .with(fmt)
-        .with(otel);
+    let subscriber = tracing_subscriber::registry().with(fmt).with(otel);
     Ok((
         subscriber,
         TelemetryGuard {
@@ -303,6 +303,19 @@ fn is_export_path(target: &str) -> bool {
     ["h2", "hyper", "tonic", "tower", "opentelemetry"]
         .iter()
         .any(|p| target.starts_with(p))
+}
+
+/// Whether spans and events of `target` at `level` go to the OTLP exporter.
+fn exported(target: &str, level: tracing::Level) -> bool {
+    if is_export_path(target) {
+        return false;
+    }
+    // Levels order by verbosity: ERROR < WARN < INFO < DEBUG < TRACE.
+    if target.starts_with("dramesh") {
+        level <= tracing::Level::INFO
+    } else {
+        level <= tracing::Level::WARN
+    }
 }
 
 fn tracer_provider(cfg: &TelemetryConfig, ep: &str) -> Result<SdkTracerProvider, TelemetryError> {
@@ -383,6 +396,16 @@ mod tests {
         let cfg = TelemetryConfig::agent().with_otlp_endpoint("http://127.0.0.1:4317");
         let err = init_for_tests(&cfg).unwrap_err();
         assert!(matches!(err, TelemetryError::NoRuntime { .. }), "{err}");
+    }
+
+    #[test]
+    fn export_filter_keeps_dramesh_info_and_drops_its_own_path() {
+        use tracing::Level;
+        assert!(exported("dramesh_telemetry::spans", Level::INFO));
+        assert!(!exported("dramesh_api::grpc", Level::DEBUG));
+        assert!(!exported("quinn_proto::connection", Level::INFO));
+        assert!(exported("quinn_proto::connection", Level::WARN));
+        assert!(!exported("tonic::transport", Level::ERROR));
     }
 
     #[test]

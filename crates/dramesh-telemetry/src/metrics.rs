@@ -8,22 +8,46 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::registry::{CounterVec, Gauge, GaugeVec, Histogram, HistogramVec, Registry};
+use crate::registry::{CounterVec, Gauge, GaugeVec, HistogramVec, Registry};
 
 /// Exported metric names.
 pub mod names {
     pub const API_REQUESTS_TOTAL: &str = "dramesh_api_requests_total";
     pub const API_REQUEST_DURATION_SECONDS: &str = "dramesh_api_request_duration_seconds";
+    pub const API_ZERO_ANSWERS_TOTAL: &str = "dramesh_api_zero_answers_total";
+    pub const ALLOC_SEARCH_DURATION_SECONDS: &str = "dramesh_alloc_search_duration_seconds";
     pub const MESH_SYNC_LAG_SECONDS: &str = "dramesh_mesh_sync_lag_seconds";
+    pub const MESH_PEER_DOCS_BEHIND: &str = "dramesh_mesh_peer_docs_behind";
+    pub const MESH_PEERS: &str = "dramesh_mesh_peers";
     pub const MESH_BYTES_TOTAL: &str = "dramesh_mesh_bytes_total";
     pub const MESH_REJECTED_WRITES_TOTAL: &str = "dramesh_mesh_rejected_writes_total";
     pub const STORE_BYTES: &str = "dramesh_store_bytes";
     pub const STORE_HISTORY_CHANGES: &str = "dramesh_store_history_changes";
     pub const STORE_DOCUMENTS: &str = "dramesh_store_documents";
     pub const RESERVATIONS: &str = "dramesh_reservations";
-    pub const ESTIMATOR_ZERO_ANSWERS_TOTAL: &str = "dramesh_estimator_zero_answers_total";
-    pub const ALLOCATION_SEARCH_STEPS: &str = "dramesh_allocation_search_steps";
+    pub const RESERVATION_EVENTS_TOTAL: &str = "dramesh_reservation_events_total";
     pub const VIEW_DATA_AGE_SECONDS: &str = "dramesh_view_data_age_seconds";
+    pub const AGENT_BATCHES_TOTAL: &str = "dramesh_agent_batches_total";
+
+    /// Every name above, in registration order.
+    pub const ALL: &[&str] = &[
+        API_REQUESTS_TOTAL,
+        API_REQUEST_DURATION_SECONDS,
+        API_ZERO_ANSWERS_TOTAL,
+        ALLOC_SEARCH_DURATION_SECONDS,
+        MESH_SYNC_LAG_SECONDS,
+        MESH_PEER_DOCS_BEHIND,
+        MESH_PEERS,
+        MESH_BYTES_TOTAL,
+        MESH_REJECTED_WRITES_TOTAL,
+        STORE_BYTES,
+        STORE_HISTORY_CHANGES,
+        STORE_DOCUMENTS,
+        RESERVATIONS,
+        RESERVATION_EVENTS_TOTAL,
+        VIEW_DATA_AGE_SECONDS,
+        AGENT_BATCHES_TOTAL,
+    ];
 }
 
 /// Request latency buckets: estimator answers are expected well under a millisecond when served
@@ -31,27 +55,6 @@ pub mod names {
 pub const API_LATENCY_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
     5.0, 10.0,
-];
-
-/// Allocator search-step buckets, roughly ×2.5 per step up to the allocator's step budgets.
-pub const ALLOCATION_STEP_BUCKETS: &[f64] = &[
-    1.0,
-    2.0,
-    5.0,
-    10.0,
-    25.0,
-    50.0,
-    100.0,
-    250.0,
-    500.0,
-    1_000.0,
-    2_500.0,
-    5_000.0,
-    10_000.0,
-    25_000.0,
-    50_000.0,
-    100_000.0,
-    1_000_000.0,
 ];
 
 /// Direction of mesh traffic, the `direction` label of `mesh_bytes_total`.
@@ -97,26 +100,34 @@ pub struct Metrics {
     pub api_requests_total: Arc<CounterVec<3>>,
     /// `{api,method}`: time from request decoded to response ready.
     pub api_request_duration_seconds: Arc<HistogramVec<2>>,
-    /// `{peer,cluster}`: age of the newest change from `cluster` applied via `peer`.
+    /// `{method,reason}`: Karmada questions answered 0 instead of a computed number.
+    pub api_zero_answers_total: Arc<CounterVec<2>>,
+    /// `{method}`: time one estimation, placement or preemption search took on the view.
+    pub alloc_search_duration_seconds: Arc<HistogramVec<1>>,
+    /// `{peer,cluster}`: time since the newest change of `cluster` arrived from `peer`.
     pub mesh_sync_lag_seconds: Arc<GaugeVec<2>>,
-    /// `{peer,direction}`: replication payload bytes.
+    /// `{peer}`: documents the peer's last heartbeat reported as differing from ours.
+    pub mesh_peer_docs_behind: Arc<GaugeVec<1>>,
+    /// `{kind}`: live mesh connections by peer kind (`replica`, `agent`).
+    pub mesh_peers: Arc<GaugeVec<1>>,
+    /// `{peer,direction}`: mesh frame bytes.
     pub mesh_bytes_total: Arc<CounterVec<2>>,
-    /// `{peer,reason}`: changes refused (wrong writer, bad signature, over size, ...).
-    pub mesh_rejected_writes_total: Arc<CounterVec<2>>,
-    /// `{doc_kind}`: encoded size of stored documents.
+    /// `{reason}`: replicated writes refused (unauthorized document, refused by the store, ...).
+    pub mesh_rejected_writes_total: Arc<CounterVec<1>>,
+    /// `{cluster}`: stored size of the cluster's documents.
     pub store_bytes: Arc<GaugeVec<1>>,
-    /// `{cluster,writer}`: automerge changes kept in history.
-    pub store_history_changes: Arc<GaugeVec<2>>,
+    /// `{cluster}`: automerge changes kept in the history of the cluster's documents.
+    pub store_history_changes: Arc<GaugeVec<1>>,
     /// Documents held by the store.
     pub store_documents: Arc<Gauge>,
     /// `{state}`: reservations by state (`live`, `expired`, `conflicted`).
     pub reservations: Arc<GaugeVec<1>>,
-    /// `{reason}`: estimator answers of zero replicas, by why.
-    pub estimator_zero_answers_total: Arc<CounterVec<1>>,
-    /// Steps one allocation search took.
-    pub allocation_search_steps: Arc<Histogram>,
+    /// `{event}`: reservations that expired or lost a conflict (`expired`, `conflicted`).
+    pub reservation_events_total: Arc<CounterVec<1>>,
     /// `{cluster}`: age of the cluster's data in the view answers are computed from.
     pub view_data_age_seconds: Arc<GaugeVec<1>>,
+    /// `{result}`: agent change batches committed (`ok`) or refused by the store (`error`).
+    pub agent_batches_total: Arc<CounterVec<1>>,
 }
 
 impl Default for Metrics {
@@ -161,39 +172,64 @@ impl Metrics {
                 API_LATENCY_BUCKETS,
             )
             .expect(REGISTERED);
+        let api_zero_answers_total = r
+            .counter_vec(
+                API_ZERO_ANSWERS_TOTAL,
+                "Karmada estimator questions answered 0 instead of a computed number, by method and reason.",
+                ["method", "reason"],
+            )
+            .expect(REGISTERED);
+        let alloc_search_duration_seconds = r
+            .histogram_vec(
+                ALLOC_SEARCH_DURATION_SECONDS,
+                "Time one estimation, placement or preemption search took on the view, in seconds.",
+                ["method"],
+                API_LATENCY_BUCKETS,
+            )
+            .expect(REGISTERED);
         let mesh_sync_lag_seconds = r
             .gauge_vec(
                 MESH_SYNC_LAG_SECONDS,
-                "Age of the newest applied change per peer and origin cluster, in seconds.",
+                "Time since the newest change of a cluster arrived from a peer, in seconds.",
                 ["peer", "cluster"],
             )
+            .expect(REGISTERED);
+        let mesh_peer_docs_behind = r
+            .gauge_vec(
+                MESH_PEER_DOCS_BEHIND,
+                "Documents a peer's last heartbeat reported as differing from ours.",
+                ["peer"],
+            )
+            .expect(REGISTERED);
+        let mesh_peers = r
+            .gauge_vec(MESH_PEERS, "Live mesh connections by peer kind.", ["kind"])
             .expect(REGISTERED);
         let mesh_bytes_total = r
             .counter_vec(
                 MESH_BYTES_TOTAL,
-                "Replication payload bytes exchanged with a peer.",
+                "Mesh frame bytes exchanged with a peer.",
                 ["peer", "direction"],
             )
             .expect(REGISTERED);
         let mesh_rejected_writes_total = r
             .counter_vec(
                 MESH_REJECTED_WRITES_TOTAL,
-                "Replicated changes refused, by sending peer and reason.",
-                ["peer", "reason"],
+                "Replicated writes refused, by reason.",
+                ["reason"],
             )
             .expect(REGISTERED);
         let store_bytes = r
             .gauge_vec(
                 STORE_BYTES,
-                "Encoded size of stored documents, in bytes.",
-                ["doc_kind"],
+                "Stored size of a cluster's documents, in bytes.",
+                ["cluster"],
             )
             .expect(REGISTERED);
         let store_history_changes = r
             .gauge_vec(
                 STORE_HISTORY_CHANGES,
-                "Changes kept in document history, by cluster and writer.",
-                ["cluster", "writer"],
+                "Changes kept in the history of a cluster's documents.",
+                ["cluster"],
             )
             .expect(REGISTERED);
         let store_documents = r
@@ -206,18 +242,11 @@ impl Metrics {
                 ["state"],
             )
             .expect(REGISTERED);
-        let estimator_zero_answers_total = r
+        let reservation_events_total = r
             .counter_vec(
-                ESTIMATOR_ZERO_ANSWERS_TOTAL,
-                "Estimator answers of zero replicas, by reason.",
-                ["reason"],
-            )
-            .expect(REGISTERED);
-        let allocation_search_steps = r
-            .histogram(
-                ALLOCATION_SEARCH_STEPS,
-                "Search steps taken by one structured-allocation search.",
-                ALLOCATION_STEP_BUCKETS,
+                RESERVATION_EVENTS_TOTAL,
+                "Reservations that expired or lost a conflict, by event.",
+                ["event"],
             )
             .expect(REGISTERED);
         let view_data_age_seconds = r
@@ -227,24 +256,41 @@ impl Metrics {
                 ["cluster"],
             )
             .expect(REGISTERED);
-        // All three states are always present so a dashboard sees 0 rather than no data.
+        let agent_batches_total = r
+            .counter_vec(
+                AGENT_BATCHES_TOTAL,
+                "Agent change batches, committed (ok) or refused by the store (error).",
+                ["result"],
+            )
+            .expect(REGISTERED);
+        // Fixed label values are always present so a dashboard sees 0 rather than no data.
         for s in ReservationState::ALL {
             reservations.with([s.as_str()]);
+        }
+        for e in [ReservationState::Expired, ReservationState::Conflicted] {
+            reservation_events_total.with([e.as_str()]);
+        }
+        for k in ["replica", "agent"] {
+            mesh_peers.with([k]);
         }
         Self {
             registry,
             api_requests_total,
             api_request_duration_seconds,
+            api_zero_answers_total,
+            alloc_search_duration_seconds,
             mesh_sync_lag_seconds,
+            mesh_peer_docs_behind,
+            mesh_peers,
             mesh_bytes_total,
             mesh_rejected_writes_total,
             store_bytes,
             store_history_changes,
             store_documents,
             reservations,
-            estimator_zero_answers_total,
-            allocation_search_steps,
+            reservation_events_total,
             view_data_age_seconds,
+            agent_batches_total,
         }
     }
 
@@ -288,17 +334,18 @@ impl Metrics {
             .inc_by(bytes);
     }
 
-    pub fn reject_write(&self, peer: &str, reason: &str) {
-        self.mesh_rejected_writes_total.with([peer, reason]).inc();
+    pub fn reject_writes(&self, reason: &str, n: u64) {
+        self.mesh_rejected_writes_total.with([reason]).inc_by(n);
     }
 
     /// Drops every per-peer series of a peer that left the mesh.
     pub fn forget_peer(&self, peer: &str) {
         self.mesh_sync_lag_seconds.retain(|[p, _]| p != peer);
+        self.mesh_peer_docs_behind.retain(|[p]| p != peer);
         self.mesh_bytes_total.retain(|[p, _]| p != peer);
-        self.mesh_rejected_writes_total.retain(|[p, _]| p != peer);
     }
 
+    /// Sets the reservation gauges to the numbers currently held in each state.
     pub fn set_reservations(&self, live: u64, expired: u64, conflicted: u64) {
         for (s, n) in ReservationState::ALL
             .into_iter()
@@ -308,12 +355,44 @@ impl Metrics {
         }
     }
 
-    pub fn zero_answer(&self, reason: &str) {
-        self.estimator_zero_answers_total.with([reason]).inc();
+    /// Counts reservations that just expired or lost a conflict (`Live` is not an event and
+    /// is ignored).
+    pub fn reservation_events(&self, event: ReservationState, n: u64) {
+        if event != ReservationState::Live {
+            self.reservation_events_total
+                .with([event.as_str()])
+                .inc_by(n);
+        }
     }
 
-    pub fn observe_allocation_steps(&self, steps: u64) {
-        self.allocation_search_steps.observe(steps as f64);
+    /// Counts a Karmada question answered 0 instead of a computed number.
+    pub fn zero_answer(&self, method: &str, reason: &str) {
+        self.api_zero_answers_total.with([method, reason]).inc();
+    }
+
+    /// Records how long one estimation/placement/preemption search took.
+    pub fn observe_alloc_search(&self, method: &str, elapsed: Duration) {
+        self.alloc_search_duration_seconds
+            .with([method])
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Sum of `api_requests_total` over `(api, method)` series whose code satisfies `code`.
+    pub fn api_requests(&self, api: &str, method: &str, code: impl Fn(&str) -> bool) -> u64 {
+        let mut n = 0;
+        self.api_requests_total.for_each(|[a, m, c], v| {
+            if a == api && m == method && code(c) {
+                n += v.get();
+            }
+        });
+        n
+    }
+
+    /// `api_zero_answers_total` of one method and reason.
+    pub fn zero_answers(&self, method: &str, reason: &str) -> u64 {
+        self.api_zero_answers_total
+            .get([method, reason])
+            .map_or(0, |c| c.get())
     }
 
     pub fn set_view_data_age(&self, cluster: &str, age: Duration) {

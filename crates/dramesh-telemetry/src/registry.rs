@@ -256,6 +256,23 @@ impl<M: Metric, const N: usize> Family<M, N> {
         m
     }
 
+    /// The series for these label values if it exists (never creates one).
+    pub fn get(&self, values: [&str; N]) -> Option<Arc<M>> {
+        let key: [String; N] = values.map(|v| truncate(v, MAX_LABEL_VALUE_BYTES).to_owned());
+        self.series
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .cloned()
+    }
+
+    /// Calls `f` with every rendered series, in label-value order.
+    pub fn for_each(&self, mut f: impl FnMut(&[String; N], &M)) {
+        for (k, m) in self.series.read().unwrap_or_else(|e| e.into_inner()).iter() {
+            f(k, m);
+        }
+    }
+
     /// Forgets one series (a peer that left, a cluster that was removed). Returns whether it existed.
     pub fn remove(&self, values: [&str; N]) -> bool {
         let key: [String; N] = values.map(|v| truncate(v, MAX_LABEL_VALUE_BYTES).to_owned());

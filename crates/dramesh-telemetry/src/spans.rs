@@ -3,9 +3,9 @@
 //!
 //! | span (name)          | fields set at creation       | fields to record later (start `Empty`)                     |
 //! |----------------------|------------------------------|------------------------------------------------------------|
-//! | [`api_span`] `api.request` | `api`, `method`, `otel.kind = "server"` | `code`, `otel.status_code`                 |
+//! | [`api_span`] `api.request` | `api`, `method`, `otel.kind = "server"` | `cluster`, `code`, `otel.status_code`      |
 //! | [`sync_span`] `mesh.sync`  | `peer`                       | `cluster`, `bytes_sent`, `bytes_received`, `changes_applied`, `rejected`, `otel.status_code` |
-//! | [`alloc_span`] `alloc.search` | `cluster`, `node`         | `steps`, `outcome`, `otel.status_code`                     |
+//! | [`alloc_span`] `alloc.search` | `method`, `cluster`       | `node`, `steps`, `outcome`, `otel.status_code`             |
 //!
 //! Record a late field with `span.record(fields::CODE, "OK")`, and counts with [`record_count`]
 //! (the OpenTelemetry bridge exports `u64` values as strings, `i64` as integers). All three are
@@ -32,7 +32,7 @@ pub mod fields {
     pub const CODE: &str = "code";
     /// Mesh peer identity (its certificate name).
     pub const PEER: &str = "peer";
-    /// Member cluster name.
+    /// Member cluster name (`*` for a search over every cluster of the view).
     pub const CLUSTER: &str = "cluster";
     /// Node the allocation search ran against.
     pub const NODE: &str = "node";
@@ -54,6 +54,7 @@ pub fn api_span(api: &str, method: &str) -> Span {
         "api.request",
         api = api,
         method = method,
+        cluster = Empty,
         code = Empty,
         otel.kind = "server",
         otel.status_code = Empty,
@@ -74,12 +75,14 @@ pub fn sync_span(peer: &str) -> Span {
     )
 }
 
-/// A span for one structured-allocation search on a node of a cluster.
-pub fn alloc_span(cluster: &str, node: &str) -> Span {
+/// A span for one allocation search: an estimation, placement or preemption (`method`) over
+/// one cluster, or over every cluster of the view (`cluster = "*"`).
+pub fn alloc_span(method: &str, cluster: &str) -> Span {
     tracing::info_span!(
         "alloc.search",
+        method = method,
         cluster = cluster,
-        node = node,
+        node = Empty,
         steps = Empty,
         outcome = Empty,
         otel.status_code = Empty,
@@ -148,7 +151,8 @@ mod tests {
             s.record(fields::CODE, "OK");
             let s = sync_span("replica-b");
             record_count(&s, fields::BYTES_SENT, 42);
-            let s = alloc_span("c1", "node-7");
+            let s = alloc_span("MaxAvailableReplicas", "c1");
+            s.record(fields::NODE, "node-7");
             record_count(&s, fields::STEPS, u64::MAX);
         });
         let got = cap.0.lock().unwrap().clone();
@@ -162,6 +166,7 @@ mod tests {
         assert_eq!(get(&got[1].1, fields::BYTES_SENT), Some("42"));
         assert_eq!(got[2].0, names::ALLOC);
         assert_eq!(get(&got[2].1, fields::CLUSTER), Some("c1"));
+        assert_eq!(get(&got[2].1, fields::METHOD), Some("MaxAvailableReplicas"));
         assert_eq!(get(&got[2].1, fields::NODE), Some("node-7"));
         assert_eq!(
             get(&got[2].1, fields::STEPS),

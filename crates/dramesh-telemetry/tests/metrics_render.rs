@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use dramesh_telemetry::metrics::names;
-use dramesh_telemetry::{Direction, Metrics};
+use dramesh_telemetry::{Direction, Metrics, ReservationState};
 
 const EXPECTED: &[(&str, &str, &[&str])] = &[
     (
@@ -19,24 +19,28 @@ const EXPECTED: &[(&str, &str, &[&str])] = &[
         "histogram",
         &["api", "method"],
     ),
-    (names::MESH_SYNC_LAG_SECONDS, "gauge", &["peer", "cluster"]),
-    (names::MESH_BYTES_TOTAL, "counter", &["peer", "direction"]),
     (
-        names::MESH_REJECTED_WRITES_TOTAL,
+        names::API_ZERO_ANSWERS_TOTAL,
         "counter",
-        &["peer", "reason"],
+        &["method", "reason"],
     ),
-    (names::STORE_BYTES, "gauge", &["doc_kind"]),
     (
-        names::STORE_HISTORY_CHANGES,
-        "gauge",
-        &["cluster", "writer"],
+        names::ALLOC_SEARCH_DURATION_SECONDS,
+        "histogram",
+        &["method"],
     ),
+    (names::MESH_SYNC_LAG_SECONDS, "gauge", &["peer", "cluster"]),
+    (names::MESH_PEER_DOCS_BEHIND, "gauge", &["peer"]),
+    (names::MESH_PEERS, "gauge", &["kind"]),
+    (names::MESH_BYTES_TOTAL, "counter", &["peer", "direction"]),
+    (names::MESH_REJECTED_WRITES_TOTAL, "counter", &["reason"]),
+    (names::STORE_BYTES, "gauge", &["cluster"]),
+    (names::STORE_HISTORY_CHANGES, "gauge", &["cluster"]),
     (names::STORE_DOCUMENTS, "gauge", &[]),
     (names::RESERVATIONS, "gauge", &["state"]),
-    (names::ESTIMATOR_ZERO_ANSWERS_TOTAL, "counter", &["reason"]),
-    (names::ALLOCATION_SEARCH_STEPS, "histogram", &[]),
+    (names::RESERVATION_EVENTS_TOTAL, "counter", &["event"]),
     (names::VIEW_DATA_AGE_SECONDS, "gauge", &["cluster"]),
+    (names::AGENT_BATCHES_TOTAL, "counter", &["result"]),
 ];
 
 const NASTY_PEER: &str = "peer \"b\"\\west\nzone";
@@ -66,18 +70,22 @@ fn record(m: &Metrics) {
     m.add_mesh_bytes("replica-b", Direction::Sent, 1000);
     m.add_mesh_bytes("replica-b", Direction::Sent, 24);
     m.add_mesh_bytes("replica-b", Direction::Received, 77);
-    m.reject_write(NASTY_PEER, "wrong_writer");
-    m.reject_write(NASTY_PEER, "wrong_writer");
-    m.store_bytes.with(["inventory"]).set(65536.0);
-    m.store_bytes.with(["reservations"]).set(1024.0);
-    m.store_history_changes.with(["c1", "agent-c1"]).set(12.0);
+    m.mesh_peer_docs_behind.with([NASTY_PEER]).set(3.0);
+    m.mesh_peers.with(["replica"]).set(2.0);
+    m.reject_writes("unauthorized", 2);
+    m.store_bytes.with(["c1"]).set(65536.0);
+    m.store_bytes.with(["c2"]).set(1024.0);
+    m.store_history_changes.with(["c1"]).set(12.0);
     m.store_documents.set(4.0);
     m.set_reservations(7, 2, 1);
-    m.zero_answer("no_matching_devices");
-    for steps in [1, 3, 3, 40, 2_000_000] {
-        m.observe_allocation_steps(steps);
+    m.reservation_events(ReservationState::Conflicted, 3);
+    m.reservation_events(ReservationState::Live, 5);
+    m.zero_answer("MaxAvailableReplicas", "stale_cluster");
+    for ms in [1, 3, 3, 40, 20_000] {
+        m.observe_alloc_search("EstimateAll", Duration::from_millis(ms));
     }
     m.set_view_data_age("c1", Duration::from_millis(250));
+    m.agent_batches_total.with(["ok"]).inc();
 }
 
 #[test]
@@ -176,40 +184,67 @@ fn every_metric_renders_with_type_labels_and_values() {
         77.0
     );
     assert_eq!(
-        v(
-            names::MESH_REJECTED_WRITES_TOTAL,
-            &[("peer", NASTY_PEER), ("reason", "wrong_writer")]
-        ),
-        2.0,
+        v(names::MESH_PEER_DOCS_BEHIND, &[("peer", NASTY_PEER)]),
+        3.0,
         "escaped label value parses back to the original"
     );
-    assert_eq!(v(names::STORE_BYTES, &[("doc_kind", "inventory")]), 65536.0);
+    assert_eq!(v(names::MESH_PEERS, &[("kind", "replica")]), 2.0);
+    assert_eq!(v(names::MESH_PEERS, &[("kind", "agent")]), 0.0);
     assert_eq!(
         v(
-            names::STORE_HISTORY_CHANGES,
-            &[("cluster", "c1"), ("writer", "agent-c1")]
+            names::MESH_REJECTED_WRITES_TOTAL,
+            &[("reason", "unauthorized")]
         ),
-        12.0
+        2.0
     );
+    assert_eq!(v(names::STORE_BYTES, &[("cluster", "c1")]), 65536.0);
+    assert_eq!(v(names::STORE_HISTORY_CHANGES, &[("cluster", "c1")]), 12.0);
     assert_eq!(v(names::STORE_DOCUMENTS, &[]), 4.0);
     assert_eq!(v(names::RESERVATIONS, &[("state", "live")]), 7.0);
     assert_eq!(v(names::RESERVATIONS, &[("state", "expired")]), 2.0);
     assert_eq!(v(names::RESERVATIONS, &[("state", "conflicted")]), 1.0);
     assert_eq!(
+        v(names::RESERVATION_EVENTS_TOTAL, &[("event", "conflicted")]),
+        3.0
+    );
+    assert_eq!(
+        v(names::RESERVATION_EVENTS_TOTAL, &[("event", "expired")]),
+        0.0
+    );
+    assert!(
+        exp.value(names::RESERVATION_EVENTS_TOTAL, &[("event", "live")])
+            .is_none(),
+        "live is a state, not an event"
+    );
+    assert_eq!(
         v(
-            names::ESTIMATOR_ZERO_ANSWERS_TOTAL,
-            &[("reason", "no_matching_devices")]
+            names::API_ZERO_ANSWERS_TOTAL,
+            &[
+                ("method", "MaxAvailableReplicas"),
+                ("reason", "stale_cluster")
+            ]
         ),
         1.0
     );
-    let steps = names::ALLOCATION_SEARCH_STEPS;
-    assert_eq!(v(&format!("{steps}_count"), &[]), 5.0);
-    assert_eq!(v(&format!("{steps}_sum"), &[]), 2_000_047.0);
-    assert_eq!(v(&format!("{steps}_bucket"), &[("le", "2")]), 1.0);
-    assert_eq!(v(&format!("{steps}_bucket"), &[("le", "5")]), 3.0);
-    assert_eq!(v(&format!("{steps}_bucket"), &[("le", "1000000")]), 4.0);
-    assert_eq!(v(&format!("{steps}_bucket"), &[("le", "+Inf")]), 5.0);
+    assert_eq!(m.zero_answers("MaxAvailableReplicas", "stale_cluster"), 1);
+    let search = names::ALLOC_SEARCH_DURATION_SECONDS;
+    let ea = ("method", "EstimateAll");
+    assert_eq!(v(&format!("{search}_count"), &[ea]), 5.0);
+    assert!((v(&format!("{search}_sum"), &[ea]) - 20.047).abs() < 1e-9);
+    assert_eq!(v(&format!("{search}_bucket"), &[ea, ("le", "0.001")]), 1.0);
+    assert_eq!(v(&format!("{search}_bucket"), &[ea, ("le", "0.005")]), 3.0);
+    assert_eq!(v(&format!("{search}_bucket"), &[ea, ("le", "10")]), 4.0);
+    assert_eq!(v(&format!("{search}_bucket"), &[ea, ("le", "+Inf")]), 5.0);
     assert_eq!(v(names::VIEW_DATA_AGE_SECONDS, &[("cluster", "c1")]), 0.25);
+    assert_eq!(v(names::AGENT_BATCHES_TOTAL, &[("result", "ok")]), 1.0);
+    assert_eq!(
+        m.api_requests("karmada-estimator", "MaxAvailableReplicas", |c| c == "OK"),
+        2
+    );
+    assert_eq!(
+        m.api_requests("karmada-estimator", "MaxAvailableReplicas", |_| true),
+        3
+    );
 
     common::check_histograms(&exp).unwrap_or_else(|e| panic!("{e}\n---\n{text}"));
 
@@ -238,7 +273,7 @@ fn fresh_set_renders_valid_exposition() {
         Some(0.0)
     );
     assert_eq!(
-        exp.value(&format!("{}_count", names::ALLOCATION_SEARCH_STEPS), &[]),
+        exp.value(names::MESH_PEERS, &[("kind", "agent")]),
         Some(0.0)
     );
     common::check_histograms(&exp).unwrap();
@@ -253,7 +288,7 @@ fn forget_peer_removes_only_that_peers_series() {
     let peers: Vec<&str> = [
         names::MESH_SYNC_LAG_SECONDS,
         names::MESH_BYTES_TOTAL,
-        names::MESH_REJECTED_WRITES_TOTAL,
+        names::MESH_PEER_DOCS_BEHIND,
     ]
     .iter()
     .flat_map(|n| exp.family_samples(n))
@@ -272,7 +307,7 @@ fn concurrent_observations_keep_histograms_consistent() {
             std::thread::spawn(move || {
                 for i in 0..2000u64 {
                     m.observe_api_request("a", "m", "OK", Duration::from_micros(i * (t + 1)));
-                    m.observe_allocation_steps(i);
+                    m.observe_alloc_search("Place", Duration::from_micros(i));
                 }
             })
         })
@@ -287,7 +322,10 @@ fn concurrent_observations_keep_histograms_consistent() {
     }
     let exp = common::parse(&m.render()).unwrap();
     assert_eq!(
-        exp.value(&format!("{}_count", names::ALLOCATION_SEARCH_STEPS), &[]),
+        exp.value(
+            &format!("{}_count", names::ALLOC_SEARCH_DURATION_SECONDS),
+            &[("method", "Place")]
+        ),
         Some(4000.0)
     );
     assert_eq!(

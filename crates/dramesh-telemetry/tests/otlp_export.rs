@@ -118,8 +118,9 @@ fn emit_request() {
     let api = api_span("karmada-estimator", "MaxAvailableReplicas");
     let _g = api.enter();
     {
-        let alloc = alloc_span("c1", "node-7");
+        let alloc = alloc_span("MaxAvailableReplicas", "c1");
         let _a = alloc.enter();
+        alloc.record(fields::NODE, "node-7");
         record_count(&alloc, fields::STEPS, 17);
         alloc.record(fields::OUTCOME, "allocated");
     }
@@ -168,6 +169,10 @@ async fn spans_reach_collector_with_attributes_and_resource() {
         .unwrap_or_else(|| panic!("no alloc.search span in {spans:?}"));
     assert_eq!(str_attr(&alloc.attributes, "cluster"), Some("c1"));
     assert_eq!(str_attr(&alloc.attributes, "node"), Some("node-7"));
+    assert_eq!(
+        str_attr(&alloc.attributes, "method"),
+        Some("MaxAvailableReplicas")
+    );
     assert_eq!(str_attr(&alloc.attributes, "outcome"), Some("allocated"));
     assert!(
         matches!(attr(&alloc.attributes, "steps"), Some(Value::IntValue(17))),

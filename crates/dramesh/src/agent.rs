@@ -14,6 +14,11 @@
 //! (written by a previous run) are assigned to a scope by the same rule the kube source uses
 //! (`dramesh_agent::trim`), or all to the cluster scope in folder mode, so a restart followed
 //! by a snapshot removes what disappeared meanwhile.
+//!
+//! Observability: every committed batch is a `mesh.sync` span (`peer = "*"`: it is pushed to
+//! every connected replica) and counts in `dramesh_agent_batches_total`; with
+//! [`AgentConfig::metrics`] set the agent serves `GET /metrics` (mesh peers, bytes, refused
+//! writes, its document's size and history) on that address, its only HTTP listener.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -32,10 +37,14 @@ use dramesh_mesh::store_adapter::MeshStore;
 use dramesh_mesh::{DocRef, PeerIdentity};
 use dramesh_model::{ClusterObject, ObjectChange, ObjectKey};
 use dramesh_store::DocId;
+use dramesh_telemetry::Metrics;
+use dramesh_telemetry::spans::{fields, record_count};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
+use tracing::Instrument as _;
 
 use crate::backend::lock;
+use crate::observe::Observer;
 
 /// Where the agent reads its cluster from.
 #[derive(Clone, Debug)]
@@ -65,6 +74,8 @@ pub struct AgentConfig {
     pub source: AgentSource,
     pub protocol: ProtocolConfig,
     pub coalesce: CoalesceConfig,
+    /// TCP address to serve Prometheus `GET /metrics` on; `None` serves nothing.
+    pub metrics: Option<SocketAddr>,
 }
 
 /// A running agent.
@@ -208,6 +219,29 @@ impl Agent {
         let (stop, stop_rx) = watch::channel(false);
         let (events, batches_rx) = dramesh_agent::spawn_coalescer(config.coalesce);
         let mut tasks = JoinSet::new();
+        let observer = Observer::new(Arc::new(Metrics::new()), mesh.clone(), store.clone());
+        let metrics_addr = match config.metrics {
+            None => None,
+            Some(addr) => {
+                let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
+                    format!("agent {cluster}/{name}: binding the metrics listener on {addr}")
+                })?;
+                let local = listener.local_addr()?;
+                let router = axum::Router::new()
+                    .route(dramesh_telemetry::METRICS_PATH, axum::routing::get(scrape))
+                    .with_state(observer.clone());
+                let shutdown = stopped(stop_rx.clone());
+                tasks.spawn(async move {
+                    if let Err(e) = axum::serve(listener, router)
+                        .with_graceful_shutdown(shutdown)
+                        .await
+                    {
+                        tracing::error!(error = %e, "metrics listener failed");
+                    }
+                });
+                Some(local)
+            }
+        };
         match config.source.clone() {
             AgentSource::Dir { path, poll_every } => {
                 let stop = stopped(stop_rx.clone());
@@ -256,8 +290,9 @@ impl Agent {
             mesh.clone(),
             doc,
             batches.clone(),
+            observer.metrics.clone(),
         ));
-        tracing::info!(%cluster, agent = %name, mesh = %mesh.local_addr(), "agent started");
+        tracing::info!(%cluster, agent = %name, mesh = %mesh.local_addr(), metrics = ?metrics_addr, "agent started");
         Ok(Agent {
             cluster,
             name,
@@ -285,6 +320,20 @@ impl Agent {
     }
 }
 
+/// `GET /metrics` of the agent: refreshed from the mesh and store, then rendered.
+async fn scrape(
+    axum::extract::State(observer): axum::extract::State<Arc<Observer>>,
+) -> impl axum::response::IntoResponse {
+    observer.refresh(Vec::new()).await;
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            dramesh_telemetry::CONTENT_TYPE,
+        )],
+        observer.metrics.render(),
+    )
+}
+
 /// Commits each batch as one change of the agent's document, then has the mesh push it.
 async fn write_batches(
     mut rx: mpsc::Receiver<Batch>,
@@ -293,6 +342,7 @@ async fn write_batches(
     mesh: Arc<MeshHandle>,
     doc: DocId,
     count: Arc<AtomicU64>,
+    metrics: Arc<Metrics>,
 ) {
     let docref = DocRef::new(doc.cluster.clone(), doc.writer.clone());
     let mut term: Option<u64> = None;
@@ -307,7 +357,12 @@ async fn write_batches(
         let n = changes.len();
         let store = store.clone();
         let d = doc.clone();
+        let span = dramesh_telemetry::sync_span("*");
+        span.record(fields::CLUSTER, doc.cluster.as_str());
+        record_count(&span, fields::CHANGES_APPLIED, n as u64);
+        let in_task = span.clone();
         let r = tokio::task::spawn_blocking(move || -> Result<usize, dramesh_store::StoreError> {
+            let _entered = in_task.enter();
             let mut s = lock(&store);
             if let Some(t) = new_term {
                 s.set_lease_term(&d, t)?;
@@ -322,10 +377,16 @@ async fn write_batches(
                     term = Some(t);
                 }
                 count.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(%scope, snapshot, changes = n, visible, "batch committed");
-                mesh.notify_local_change(docref.clone()).await;
+                metrics.agent_batches_total.with(["ok"]).inc();
+                span.record(fields::OTEL_STATUS_CODE, "ok");
+                tracing::debug!(parent: &span, %scope, snapshot, changes = n, visible, "batch committed");
+                mesh.notify_local_change(docref.clone())
+                    .instrument(span)
+                    .await;
             }
             Ok(Err(e)) => {
+                metrics.agent_batches_total.with(["error"]).inc();
+                span.record(fields::OTEL_STATUS_CODE, "error");
                 // The store keeps what it could not persist out of the offered history; the
                 // next snapshot (or change of the same keys) writes it again.
                 tracing::error!(%scope, error = %e, "batch not committed");

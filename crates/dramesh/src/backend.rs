@@ -18,15 +18,21 @@
 //! - `GetUnschedulableReplicas` is answered from a side index of unbound pods
 //!   ([`PendingIndex`], fed with the same changes as the view); see [`crate::pending`] for
 //!   how pods are matched to the Deployment and the wall-clock caveat.
+//! - In-flight reservations (see [`crate::reservations`]) are routed out of the store's change
+//!   stream into their own table; every estimate (Karmada and native, placement and
+//!   preemption included) deducts the reservations that overcommit resolution
+//!   ([`dramesh_estimator::resolve`]) admits, recomputed whenever the reservation set, the
+//!   set of unexpired reservations or a reserved cluster's view changes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use dramesh_api::native::{
     ClusterStatus, EstimateRequest, EstimateResponse, PlaceRequest, PlaceResponse, PreemptRequest,
-    PreemptResponse, ResourceAmount, StatusReport,
+    PreemptResponse, ReservationState, ReservationStatus, ReserveRequest, ResourceAmount,
+    StatusReport, WorkloadRef,
 };
 use dramesh_api::query::{
     self, ComponentSetQuery, ReplicaQuery, ReplicaRequirements, UnschedulableQuery,
@@ -34,8 +40,8 @@ use dramesh_api::query::{
 use dramesh_api::{ApiError, Backend, ReplicaAnswer};
 use dramesh_estimator::resources::ResList;
 use dramesh_estimator::{
-    AssumedWorkload, Component, Estimate, EstimateOptions, Estimator, PlacementResult,
-    PreemptionResult, View, Workload,
+    Admission, AssumedWorkload, Component, Estimate, EstimateOptions, Estimator, PlacementResult,
+    PreemptionResult, Reservation, View, Workload,
 };
 use dramesh_mesh::store_adapter::MeshStore;
 use dramesh_model::k8s;
@@ -43,6 +49,7 @@ use dramesh_model::{Manifest, ObjectChange};
 
 use crate::devstatus::DeviceIndex;
 use crate::pending::PendingIndex;
+use crate::reservations::{self as resv, Record, Table};
 
 /// Locks a mutex, continuing with the data if a panicking thread poisoned it (every
 /// structure here stays consistent between calls).
@@ -73,6 +80,32 @@ pub struct ReplicaState {
     /// Serializes draining the store's queue with applying it, so batches reach the view in
     /// the order the store produced them.
     feed: Mutex<()>,
+    /// Every known reservation (own and merged).
+    reservations: Mutex<Table>,
+    /// The last overcommit resolution and what it was computed from.
+    resolved: Mutex<Option<Arc<Resolved>>>,
+    /// Whether this replica's reservation document could be opened for writing.
+    reservations_writable: bool,
+    /// Signalled after this replica wrote its reservation document (the mesh pushes it).
+    pub reservations_changed: Arc<tokio::sync::Notify>,
+}
+
+/// Inputs a resolution depends on; equal keys give equal resolutions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ResolveKey {
+    version: u64,
+    live: Vec<String>,
+    clusters: Vec<(String, u64)>,
+}
+
+/// One overcommit resolution of the unexpired reservations.
+#[derive(Debug)]
+struct Resolved {
+    key: ResolveKey,
+    admissions: BTreeMap<String, Admission>,
+    remaining: BTreeMap<String, i64>,
+    expired: BTreeSet<String>,
+    assumed: Vec<AssumedWorkload>,
 }
 
 impl ReplicaState {
@@ -83,7 +116,18 @@ impl ReplicaState {
         stale_after: Duration,
         store: Arc<Mutex<MeshStore>>,
     ) -> Arc<ReplicaState> {
+        let writable = match lock(&store).open_writer(&resv::doc_id(replica)) {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::error!(error = %e, "the reservation document cannot be written; reservations are read-only here");
+                false
+            }
+        };
         let state = Arc::new(ReplicaState {
+            reservations: Mutex::new(Table::new(replica)),
+            resolved: Mutex::new(None),
+            reservations_writable: writable,
+            reservations_changed: Arc::new(tokio::sync::Notify::new()),
             replica: replica.to_string(),
             stale_after,
             store,
@@ -132,7 +176,14 @@ impl ReplicaState {
         *lock(&self.devices) = DeviceIndex::default();
         *lock(&self.pending) = PendingIndex::default();
         *lock(&self.estimator) = Estimator::new();
+        *lock(&self.resolved) = None;
+        let keep: BTreeSet<String> = snapshot
+            .iter()
+            .filter(|(c, _)| resv::is_scope(c))
+            .map(|(_, ch)| ch.key().name.clone())
+            .collect();
         self.apply_changes(&snapshot);
+        lock(&self.reservations).retain(&keep);
     }
 
     /// Applies visible object changes to the view; a change that does not decode is logged
@@ -142,9 +193,21 @@ impl ReplicaState {
             return;
         }
         let now = Instant::now();
+        let (ours, changes): (Vec<_>, Vec<_>) =
+            changes.iter().partition(|(c, _)| resv::is_scope(c));
+        if !ours.is_empty() {
+            let decode = |m: &[String]| workload_from_manifests(m).map_err(|e| e.to_string());
+            let mut table = lock(&self.reservations);
+            for (_, change) in ours {
+                table.apply(change, now, &decode);
+            }
+        }
+        if changes.is_empty() {
+            return;
+        }
         {
             let mut view = write(&self.view);
-            for (cluster, change) in changes {
+            for (cluster, change) in &changes {
                 if let Err(e) = view.apply(cluster, change) {
                     tracing::warn!(cluster, key = %change.key(), error = %e, "change not applied to the view");
                 }
@@ -153,7 +216,7 @@ impl ReplicaState {
         let mut devices = lock(&self.devices);
         let mut pending = lock(&self.pending);
         let mut fresh = lock(&self.fresh);
-        for (cluster, change) in changes {
+        for (cluster, change) in &changes {
             devices.apply(cluster, change);
             pending.apply(cluster, change);
             fresh.insert(cluster.clone(), now);
@@ -193,9 +256,11 @@ impl ReplicaState {
         clusters: &[String],
     ) -> Result<Estimate, ApiError> {
         let w = workload_from_manifests(manifests)?;
+        let assumed = self.reserved();
         let view = read(&self.view);
         check_clusters(&view, clusters)?;
         let opts = EstimateOptions {
+            assumed,
             clusters: clusters.to_vec(),
             ..EstimateOptions::default()
         };
@@ -219,9 +284,11 @@ impl ReplicaState {
                     .into(),
             )
         })?;
+        let assumed = self.reserved();
         let view = read(&self.view);
         check_clusters(&view, clusters)?;
         let opts = EstimateOptions {
+            assumed,
             clusters: clusters.to_vec(),
             ..EstimateOptions::default()
         };
@@ -246,9 +313,11 @@ impl ReplicaState {
         if let Some(r) = replicas {
             w.replicas = r;
         }
+        let assumed = self.reserved();
         let view = read(&self.view);
         check_clusters(&view, clusters)?;
         let mut opts = EstimateOptions {
+            assumed,
             clusters: clusters.to_vec(),
             ..EstimateOptions::default()
         };
@@ -287,6 +356,7 @@ impl ReplicaState {
 
     /// The status report: per cluster data age, sizes, capacity and devices by class.
     pub fn status_report(&self) -> StatusReport {
+        let reservations = self.reservation_list(false);
         let view = read(&self.view);
         let devices = lock(&self.devices);
         let mut clusters = Vec::new();
@@ -328,6 +398,314 @@ impl ReplicaState {
             replica: self.replica.clone(),
             ready: false,
             clusters,
+            reservations,
+        }
+    }
+
+    /// The current overcommit resolution (recomputed only when its inputs changed).
+    fn resolution(&self) -> Arc<Resolved> {
+        let now = Instant::now();
+        struct Live {
+            id: String,
+            cluster: String,
+            priority: i32,
+            replicas: i64,
+            bound_at_creation: i64,
+            workload: WorkloadRef,
+            decoded: Result<Arc<Workload>, String>,
+        }
+        let (version, live, expired) = {
+            let table = lock(&self.reservations);
+            let mut live = Vec::new();
+            let mut expired = BTreeSet::new();
+            for (id, e) in table.entries() {
+                if now >= table.expiry(e) {
+                    expired.insert(id.clone());
+                    continue;
+                }
+                live.push(Live {
+                    id: id.clone(),
+                    cluster: e.record.cluster.clone(),
+                    priority: e.record.priority,
+                    replicas: e.record.replicas,
+                    bound_at_creation: e.record.bound_at_creation,
+                    workload: e.record.workload.clone(),
+                    decoded: e.workload.clone(),
+                });
+            }
+            (table.version, live, expired)
+        };
+        let view = read(&self.view);
+        let clusters: BTreeSet<&str> = live.iter().map(|l| l.cluster.as_str()).collect();
+        let key = ResolveKey {
+            version,
+            live: live.iter().map(|l| l.id.clone()).collect(),
+            clusters: clusters
+                .iter()
+                .map(|c| {
+                    let g = view.cluster(c).map_or(0, |v| v.generation());
+                    (c.to_string(), g)
+                })
+                .collect(),
+        };
+        if let Some(r) = lock(&self.resolved).as_ref()
+            && r.key == key
+        {
+            return r.clone();
+        }
+        let mut remaining = BTreeMap::new();
+        let mut admissions = BTreeMap::new();
+        let mut input = Vec::new();
+        for l in &live {
+            let bound = view
+                .cluster(&l.cluster)
+                .map_or(0, |c| resv::bound_pods(c, &l.workload));
+            let left = (l.replicas - (bound - l.bound_at_creation).max(0)).max(0);
+            remaining.insert(l.id.clone(), left);
+            match &l.decoded {
+                Ok(w) => input.push(Reservation {
+                    id: l.id.clone(),
+                    cluster: l.cluster.clone(),
+                    priority: l.priority,
+                    replicas: left,
+                    workload: w.clone(),
+                }),
+                Err(e) => {
+                    admissions.insert(
+                        l.id.clone(),
+                        Admission::Conflicted {
+                            winner: None,
+                            available: 0,
+                            reason: Some(format!("workload manifests: {e}")),
+                        },
+                    );
+                }
+            }
+        }
+        let r = dramesh_estimator::resolve(&view, &mut lock(&self.estimator), &input);
+        admissions.extend(r.admissions);
+        let resolved = Arc::new(Resolved {
+            key,
+            admissions,
+            remaining,
+            expired,
+            assumed: r.assumed,
+        });
+        *lock(&self.resolved) = Some(resolved.clone());
+        resolved
+    }
+
+    /// Deductions of the admitted reservations, for estimates.
+    fn reserved(&self) -> Vec<AssumedWorkload> {
+        self.resolution().assumed.clone()
+    }
+
+    fn status_of(&self, id: &str, res: &Resolved, now: Instant) -> Option<ReservationStatus> {
+        let table = lock(&self.reservations);
+        let Some(e) = table.get(id) else {
+            return table.ended(id).cloned();
+        };
+        let expiry = table.expiry(e);
+        let remaining = res.remaining.get(id).copied().unwrap_or(e.record.replicas);
+        let mut st = resv::base_status(&e.record, ReservationState::Live);
+        st.remaining = remaining;
+        if res.expired.contains(id) || now >= expiry {
+            st.status = ReservationState::Expired;
+            st.remaining = 0;
+            return Some(st);
+        }
+        st.expires_in_seconds = Some(expiry.saturating_duration_since(now).as_secs_f64());
+        match res.admissions.get(id) {
+            Some(Admission::Admitted) if remaining == 0 => {
+                st.status = ReservationState::Satisfied;
+            }
+            Some(Admission::Admitted) => {}
+            Some(Admission::Conflicted { winner, reason, .. }) => {
+                st.status = ReservationState::Conflicted;
+                st.winner = winner.clone();
+                st.reason = reason.clone();
+            }
+            // Seen after the resolution was computed: not yet decided.
+            None => {}
+        }
+        Some(st)
+    }
+
+    /// One reservation's state on this replica.
+    pub fn reservation_status(&self, id: &str) -> Option<ReservationStatus> {
+        let res = self.resolution();
+        self.status_of(id, &res, Instant::now())
+    }
+
+    /// Every known reservation (ended ones included when `with_ended`), ordered by id.
+    pub fn reservation_list(&self, with_ended: bool) -> Vec<ReservationStatus> {
+        let res = self.resolution();
+        let now = Instant::now();
+        let (ids, ended): (Vec<String>, Vec<ReservationStatus>) = {
+            let table = lock(&self.reservations);
+            let ids = table.entries().map(|(id, _)| id.clone()).collect();
+            let ended = if with_ended {
+                table.ended_all().cloned().collect()
+            } else {
+                Vec::new()
+            };
+            (ids, ended)
+        };
+        let mut out: BTreeMap<String, ReservationStatus> =
+            ended.into_iter().map(|s| (s.id.clone(), s)).collect();
+        for id in ids {
+            if let Some(s) = self.status_of(&id, &res, now) {
+                out.insert(id, s);
+            }
+        }
+        out.into_values().collect()
+    }
+
+    /// Writes changes to this replica's reservation document and applies them here.
+    fn write_reservations(&self, changes: Vec<ObjectChange>) -> Result<(), ApiError> {
+        if !self.reservations_writable {
+            return Err(ApiError::Unavailable(
+                "this replica's reservation document could not be opened for writing".into(),
+            ));
+        }
+        let _feed = lock(&self.feed);
+        let outcome = lock(&self.store)
+            .apply(&resv::doc_id(&self.replica), changes)
+            .map_err(|e| ApiError::Internal(format!("writing the reservation document: {e}")))?;
+        self.apply_changes(&outcome.view);
+        self.reservations_changed.notify_one();
+        Ok(())
+    }
+
+    /// Writes a reservation owned by this replica (see [`crate::reservations`]).
+    pub fn reserve(&self, req: &ReserveRequest) -> Result<ReservationStatus, ApiError> {
+        if req.cluster.is_empty() {
+            return Err(ApiError::InvalidRequest(
+                "reservation: field cluster is required".into(),
+            ));
+        }
+        let w = workload_from_manifests(&req.workload.manifests)?;
+        let replicas = req.replicas.unwrap_or(w.replicas);
+        if !(1..=resv::MAX_REPLICAS).contains(&replicas) {
+            return Err(ApiError::InvalidRequest(format!(
+                "reservation: field replicas {replicas} is not in 1..={}",
+                resv::MAX_REPLICAS
+            )));
+        }
+        let ttl_seconds = req.ttl_seconds.unwrap_or(resv::DEFAULT_TTL_SECONDS);
+        if !(1..=resv::MAX_TTL_SECONDS).contains(&ttl_seconds) {
+            return Err(ApiError::InvalidRequest(format!(
+                "reservation: field ttlSeconds {ttl_seconds} is not in 1..={}",
+                resv::MAX_TTL_SECONDS
+            )));
+        }
+        let workload = WorkloadRef {
+            namespace: w.namespace.clone(),
+            kind: w.kind.clone(),
+            name: w.name.clone(),
+        };
+        let bound_at_creation = {
+            let view = read(&self.view);
+            check_clusters(&view, std::slice::from_ref(&req.cluster))?;
+            view.cluster(&req.cluster)
+                .map_or(0, |c| resv::bound_pods(c, &workload))
+        };
+        let id = lock(&self.reservations).next_id();
+        let record = Record {
+            id: id.clone(),
+            owner: self.replica.clone(),
+            cluster: req.cluster.clone(),
+            workload,
+            manifests: req.workload.manifests.clone(),
+            replicas,
+            priority: req.priority.unwrap_or(w.priority),
+            ttl_seconds,
+            bound_at_creation,
+        };
+        let json = serde_json::to_vec(&record)
+            .map_err(|e| ApiError::Internal(format!("encoding reservation {id}: {e}")))?;
+        if json.len() > resv::MAX_RECORD_BYTES {
+            return Err(ApiError::InvalidRequest(format!(
+                "reservation: the workload manifests make a record of {} bytes, more than {}",
+                json.len(),
+                resv::MAX_RECORD_BYTES
+            )));
+        }
+        self.write_reservations(vec![ObjectChange::Upsert {
+            key: resv::record_key(&id),
+            json: Arc::from(json.as_slice()),
+        }])?;
+        tracing::info!(id = %id, cluster = %record.cluster, replicas, "reservation written");
+        self.reservation_status(&id)
+            .ok_or_else(|| ApiError::Internal(format!("reservation {id} vanished after writing")))
+    }
+
+    /// Releases a reservation this replica owns; releasing an ended one returns how it ended.
+    pub fn release(&self, id: &str) -> Result<ReservationStatus, ApiError> {
+        let owner = {
+            let table = lock(&self.reservations);
+            match table.get(id) {
+                Some(e) => e.record.owner.clone(),
+                None => {
+                    return table
+                        .ended(id)
+                        .cloned()
+                        .ok_or_else(|| ApiError::NotFound(format!("reservation {id}")));
+                }
+            }
+        };
+        if owner != self.replica {
+            return Err(ApiError::InvalidRequest(format!(
+                "reservation {id} is owned by replica {owner}; release it there"
+            )));
+        }
+        self.end_own(id, ReservationState::Released)?;
+        self.reservation_status(id)
+            .ok_or_else(|| ApiError::Internal(format!("reservation {id} vanished")))
+    }
+
+    /// Deletes an own reservation, remembering how it ended.
+    fn end_own(&self, id: &str, how: ReservationState) -> Result<(), ApiError> {
+        {
+            let mut table = lock(&self.reservations);
+            let Some(e) = table.get(id) else {
+                return Ok(());
+            };
+            let status = resv::base_status(&e.record, how);
+            table.end(status);
+        }
+        self.write_reservations(vec![ObjectChange::Delete {
+            key: resv::record_key(id),
+        }])?;
+        tracing::info!(id, how = ?how, "reservation ended");
+        Ok(())
+    }
+
+    /// The owner's housekeeping: deletes own reservations whose TTL passed or whose replicas
+    /// are all bound. Called periodically by the replica.
+    pub fn sweep_reservations(&self) {
+        let res = self.resolution();
+        let now = Instant::now();
+        let ended: Vec<(String, ReservationState)> = {
+            let table = lock(&self.reservations);
+            table
+                .entries()
+                .filter(|(_, e)| e.record.owner == self.replica)
+                .filter_map(|(id, e)| {
+                    if now >= table.expiry(e) {
+                        Some((id.clone(), ReservationState::Expired))
+                    } else if res.remaining.get(id) == Some(&0) {
+                        Some((id.clone(), ReservationState::Satisfied))
+                    } else {
+                        None
+                    }
+                })
+                .collect()
+        };
+        for (id, how) in ended {
+            if let Err(e) = self.end_own(&id, how) {
+                tracing::warn!(id, error = %e, "ending a reservation failed; retrying on the next sweep");
+            }
         }
     }
 }
@@ -472,6 +850,11 @@ pub fn workload_of(
 
 /// Karmada assumed workloads as the estimator's deductions for `cluster`. Devices of
 /// in-flight workloads are not deducted (the estimator models them by resources only).
+///
+/// They are implied reservations of the one query that carries them and are not written to
+/// the reservation document: karmada-scheduler resends its whole assumed set with every
+/// query and drops entries once bound, so writing them would double-count them on the next
+/// query and leave no release signal. Written reservations are deducted in addition.
 fn assumed_of(
     cluster: &str,
     assumed: &[query::AssumedWorkload],
@@ -509,6 +892,7 @@ pub struct ReplicaBackend {
 impl Backend for ReplicaBackend {
     fn max_available_replicas(&self, q: &ReplicaQuery) -> ReplicaAnswer {
         let s = &self.state;
+        let reserved = s.reserved();
         let view = read(&s.view);
         if let Err(a) = s.check_karmada(&view, &q.cluster) {
             return a;
@@ -517,10 +901,11 @@ impl Backend for ReplicaBackend {
             Ok(w) => w,
             Err(e) => return ReplicaAnswer::Failed(format!("replicaRequirements: {e}")),
         };
-        let assumed = match assumed_of(&q.cluster, &q.assumed_workloads) {
+        let mut assumed = match assumed_of(&q.cluster, &q.assumed_workloads) {
             Ok(a) => a,
             Err(e) => return ReplicaAnswer::Failed(e),
         };
+        assumed.extend(reserved);
         let opts = EstimateOptions {
             assumed,
             clusters: vec![q.cluster.clone()],
@@ -538,6 +923,7 @@ impl Backend for ReplicaBackend {
 
     fn max_available_component_sets(&self, q: &ComponentSetQuery) -> ReplicaAnswer {
         let s = &self.state;
+        let reserved = s.reserved();
         let view = read(&s.view);
         if let Err(a) = s.check_karmada(&view, &q.cluster) {
             return a;
@@ -558,10 +944,11 @@ impl Backend for ReplicaBackend {
                 Err(e) => return ReplicaAnswer::Failed(format!("component {:?}: {e}", c.name)),
             }
         }
-        let assumed = match assumed_of(&q.cluster, &q.assumed_workloads) {
+        let mut assumed = match assumed_of(&q.cluster, &q.assumed_workloads) {
             Ok(a) => a,
             Err(e) => return ReplicaAnswer::Failed(e),
         };
+        assumed.extend(reserved);
         let opts = EstimateOptions {
             assumed,
             clusters: vec![q.cluster.clone()],
@@ -611,6 +998,24 @@ impl Backend for ReplicaBackend {
 
     fn status(&self) -> StatusReport {
         self.state.status_report()
+    }
+
+    fn reserve(&self, req: &ReserveRequest) -> Result<ReservationStatus, ApiError> {
+        self.state.reserve(req)
+    }
+
+    fn release(&self, id: &str) -> Result<ReservationStatus, ApiError> {
+        self.state.release(id)
+    }
+
+    fn reservation(&self, id: &str) -> Result<ReservationStatus, ApiError> {
+        self.state
+            .reservation_status(id)
+            .ok_or_else(|| ApiError::NotFound(format!("reservation {id}")))
+    }
+
+    fn reservations(&self) -> Result<Vec<ReservationStatus>, ApiError> {
+        Ok(self.state.reservation_list(true))
     }
 }
 

@@ -339,6 +339,7 @@ pub async fn run(serve: bool) -> anyhow::Result<()> {
                 },
                 protocol: ProtocolConfig::default(),
                 coalesce: CoalesceConfig::default(),
+                metrics: None,
             })
             .await?,
         );
@@ -451,7 +452,7 @@ pub async fn run(serve: bool) -> anyhow::Result<()> {
         println!("\nserving (ctrl-c to stop):");
         for r in &replicas {
             println!(
-                "  replica {}: HTTP http://{}  (GET /v1/status, POST /v1/estimate)  gRPC {} (Karmada Estimator + dramesh.v1)  mesh {}",
+                "  replica {}: HTTP http://{}  (status page /, GET /v1/status, POST /v1/estimate, /metrics)  gRPC {} (Karmada Estimator + dramesh.v1)  mesh {}",
                 r.id, r.http_addr, r.grpc_addr, r.mesh_addr
             );
         }

@@ -9,10 +9,13 @@ mod backend;
 mod certs;
 mod demo;
 mod devstatus;
+mod observe;
 mod pending;
 mod plan;
 mod replica;
+mod reservations;
 mod routes;
+mod status_page;
 mod table;
 
 use std::net::SocketAddr;
@@ -146,6 +149,12 @@ enum Command {
         /// Chaos testing only: no immediate push or relay of changes.
         #[arg(long)]
         chaos_disable_push: bool,
+        /// Chaos testing only: no PeerExchange, so agents know only the replicas they dial.
+        #[arg(long, hide = true)]
+        chaos_disable_peer_exchange: bool,
+        /// OTLP/gRPC collector for spans (http://host:4317); default $OTEL_EXPORTER_OTLP_ENDPOINT, else no export.
+        #[arg(long)]
+        otlp_endpoint: Option<String>,
     },
     /// Run a member-cluster agent publishing DRA inventory to the replicas.
     Agent {
@@ -187,12 +196,21 @@ enum Command {
         mesh_key: PathBuf,
         #[arg(long)]
         mesh_ca: PathBuf,
+        /// Serve Prometheus /metrics on this TCP address (the agent has no other HTTP listener).
+        #[arg(long)]
+        metrics: Option<String>,
+        /// OTLP/gRPC collector for spans (http://host:4317); default $OTEL_EXPORTER_OTLP_ENDPOINT, else no export.
+        #[arg(long)]
+        otlp_endpoint: Option<String>,
     },
     /// Simulated fleet, 3 replicas and 3 agents in this process: estimates, placement, preemption.
     Demo {
         /// Keep everything running and print the API addresses.
         #[arg(long)]
         serve: bool,
+        /// OTLP/gRPC collector for spans (http://host:4317); default $OTEL_EXPORTER_OTLP_ENDPOINT, else no export.
+        #[arg(long)]
+        otlp_endpoint: Option<String>,
     },
 }
 
@@ -254,18 +272,27 @@ pub async fn shutdown_signal() {
     }
 }
 
-/// Runs an async command on a multi-threaded runtime with logs to stderr (`RUST_LOG`,
-/// default `default_filter`).
-fn daemon(
+/// Tracing setup of a daemon: logs to stderr filtered by `RUST_LOG` (default
+/// `default_filter`), spans exported over OTLP when `otlp_endpoint` or
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` names a collector.
+fn telemetry(
+    service: &str,
+    instance: String,
     default_filter: &str,
+    otlp_endpoint: Option<String>,
+) -> dramesh_telemetry::TelemetryConfig {
+    let mut cfg = dramesh_telemetry::TelemetryConfig::new(service).with_instance_id(instance);
+    cfg.default_filter = default_filter.to_string();
+    cfg.otlp_endpoint = otlp_endpoint;
+    cfg
+}
+
+/// Runs an async command on a multi-threaded runtime with tracing set up by `telemetry`;
+/// buffered spans are flushed before returning.
+fn daemon(
+    telemetry: dramesh_telemetry::TelemetryConfig,
     fut: impl std::future::Future<Output = anyhow::Result<()>>,
 ) -> Result<(), Failure> {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -273,7 +300,18 @@ fn daemon(
             code: 1,
             message: format!("cannot start the async runtime: {e}"),
         })?;
-    rt.block_on(fut).map_err(|e| Failure {
+    rt.block_on(async {
+        let guard = dramesh_telemetry::init(&telemetry)?;
+        if let Some(ep) = guard.otlp_endpoint() {
+            tracing::info!(endpoint = ep, "exporting spans over OTLP");
+        }
+        let r = fut.await;
+        if let Err(e) = guard.shutdown().await {
+            tracing::warn!(error = %e, "flushing spans at exit failed");
+        }
+        r
+    })
+    .map_err(|e| Failure {
         code: 1,
         message: format!("{e:#}"),
     })
@@ -347,46 +385,58 @@ fn main() -> ExitCode {
             stale_after,
             chaos_disable_anti_entropy,
             chaos_disable_push,
-        } => daemon("info", async move {
-            let identity = dramesh_mesh::certs::load_identity(&mesh_cert, &mesh_key, &mesh_ca)?;
-            let want = dramesh_mesh::PeerIdentity::Replica { id: id.clone() };
-            if identity.identity != want {
-                anyhow::bail!(
-                    "--id {id}: the certificate {} is for {}, not {want}",
-                    mesh_cert.display(),
-                    identity.identity
-                );
-            }
-            let protocol = dramesh_mesh::protocol::ProtocolConfig {
-                anti_entropy: !chaos_disable_anti_entropy,
-                push: !chaos_disable_push,
-                ..Default::default()
-            };
-            if chaos_disable_anti_entropy || chaos_disable_push {
-                tracing::warn!(
-                    anti_entropy = protocol.anti_entropy,
-                    push = protocol.push,
-                    "chaos switches set: replication is deliberately degraded"
-                );
-            }
-            let r = replica::Replica::start(replica::ReplicaConfig {
-                identity,
-                listen_mesh: resolve(&listen_mesh, "--listen-mesh")?,
-                api: resolve(&api, "--api")?,
-                grpc: resolve(&grpc, "--grpc")?,
-                seeds: seeds
-                    .iter()
-                    .map(|s| resolve(s, "--seed"))
-                    .collect::<anyhow::Result<_>>()?,
-                data_dir: Some(data_dir),
-                stale_after: Duration::from_secs(stale_after),
-                protocol,
-            })
-            .await?;
-            shutdown_signal().await;
-            r.shutdown().await;
-            Ok(())
-        }),
+            chaos_disable_peer_exchange,
+            otlp_endpoint,
+        } => daemon(
+            telemetry(
+                dramesh_telemetry::SERVICE_REPLICA,
+                id.clone(),
+                "info",
+                otlp_endpoint,
+            ),
+            async move {
+                let identity = dramesh_mesh::certs::load_identity(&mesh_cert, &mesh_key, &mesh_ca)?;
+                let want = dramesh_mesh::PeerIdentity::Replica { id: id.clone() };
+                if identity.identity != want {
+                    anyhow::bail!(
+                        "--id {id}: the certificate {} is for {}, not {want}",
+                        mesh_cert.display(),
+                        identity.identity
+                    );
+                }
+                let protocol = dramesh_mesh::protocol::ProtocolConfig {
+                    anti_entropy: !chaos_disable_anti_entropy,
+                    push: !chaos_disable_push,
+                    peer_exchange: !chaos_disable_peer_exchange,
+                    ..Default::default()
+                };
+                if chaos_disable_anti_entropy || chaos_disable_push || chaos_disable_peer_exchange {
+                    tracing::warn!(
+                        anti_entropy = protocol.anti_entropy,
+                        push = protocol.push,
+                        peer_exchange = protocol.peer_exchange,
+                        "chaos switches set: replication is deliberately degraded"
+                    );
+                }
+                let r = replica::Replica::start(replica::ReplicaConfig {
+                    identity,
+                    listen_mesh: resolve(&listen_mesh, "--listen-mesh")?,
+                    api: resolve(&api, "--api")?,
+                    grpc: resolve(&grpc, "--grpc")?,
+                    seeds: seeds
+                        .iter()
+                        .map(|s| resolve(s, "--seed"))
+                        .collect::<anyhow::Result<_>>()?,
+                    data_dir: Some(data_dir),
+                    stale_after: Duration::from_secs(stale_after),
+                    protocol,
+                })
+                .await?;
+                shutdown_signal().await;
+                r.shutdown().await;
+                Ok(())
+            },
+        ),
         Command::Agent {
             cluster,
             agent_name,
@@ -402,48 +452,71 @@ fn main() -> ExitCode {
             mesh_cert,
             mesh_key,
             mesh_ca,
-        } => daemon("info", async move {
-            let identity = dramesh_mesh::certs::load_identity(&mesh_cert, &mesh_key, &mesh_ca)?;
-            let want = dramesh_mesh::PeerIdentity::Agent {
-                cluster: cluster.clone(),
-                node: agent_name.clone(),
-            };
-            if identity.identity != want {
-                anyhow::bail!(
-                    "--cluster {cluster} --agent-name {agent_name}: the certificate {} is for {}, not {want}",
-                    mesh_cert.display(),
-                    identity.identity
-                );
-            }
-            let source = match source {
-                SourceKind::Dir => agent::AgentSource::Dir {
-                    path: dir.ok_or_else(|| anyhow::anyhow!("--source dir needs --dir PATH"))?,
-                    poll_every: Duration::from_millis(poll_ms.max(10)),
-                },
-                SourceKind::Kube => agent::AgentSource::Kube {
-                    node_name: node_name.unwrap_or_else(|| agent_name.clone()),
-                    lease_namespace,
-                    watch_device_taint_rules,
-                },
-            };
-            let a = agent::Agent::start(agent::AgentConfig {
-                identity,
-                replicas: replicas
-                    .iter()
-                    .map(|s| resolve(s, "--replica"))
-                    .collect::<anyhow::Result<_>>()?,
-                listen: resolve(&listen, "--listen")?,
-                data_dir: Some(data_dir),
-                source,
-                protocol: dramesh_mesh::protocol::ProtocolConfig::default(),
-                coalesce: dramesh_agent::CoalesceConfig::default(),
-            })
-            .await?;
-            shutdown_signal().await;
-            a.shutdown().await;
-            Ok(())
-        }),
-        Command::Demo { serve } => daemon("warn", demo::run(serve)),
+            metrics,
+            otlp_endpoint,
+        } => daemon(
+            telemetry(
+                dramesh_telemetry::SERVICE_AGENT,
+                format!("{cluster}/{agent_name}"),
+                "info",
+                otlp_endpoint,
+            ),
+            async move {
+                let identity = dramesh_mesh::certs::load_identity(&mesh_cert, &mesh_key, &mesh_ca)?;
+                let want = dramesh_mesh::PeerIdentity::Agent {
+                    cluster: cluster.clone(),
+                    node: agent_name.clone(),
+                };
+                if identity.identity != want {
+                    anyhow::bail!(
+                        "--cluster {cluster} --agent-name {agent_name}: the certificate {} is for {}, not {want}",
+                        mesh_cert.display(),
+                        identity.identity
+                    );
+                }
+                let source = match source {
+                    SourceKind::Dir => agent::AgentSource::Dir {
+                        path: dir
+                            .ok_or_else(|| anyhow::anyhow!("--source dir needs --dir PATH"))?,
+                        poll_every: Duration::from_millis(poll_ms.max(10)),
+                    },
+                    SourceKind::Kube => agent::AgentSource::Kube {
+                        node_name: node_name.unwrap_or_else(|| agent_name.clone()),
+                        lease_namespace,
+                        watch_device_taint_rules,
+                    },
+                };
+                let a = agent::Agent::start(agent::AgentConfig {
+                    identity,
+                    replicas: replicas
+                        .iter()
+                        .map(|s| resolve(s, "--replica"))
+                        .collect::<anyhow::Result<_>>()?,
+                    listen: resolve(&listen, "--listen")?,
+                    data_dir: Some(data_dir),
+                    source,
+                    protocol: dramesh_mesh::protocol::ProtocolConfig::default(),
+                    coalesce: dramesh_agent::CoalesceConfig::default(),
+                    metrics: metrics.map(|m| resolve(&m, "--metrics")).transpose()?,
+                })
+                .await?;
+                shutdown_signal().await;
+                a.shutdown().await;
+                Ok(())
+            },
+        ),
+        Command::Demo {
+            serve,
+            otlp_endpoint,
+        } => daemon(
+            telemetry(
+                dramesh_telemetry::SERVICE_REPLICA,
+                "demo".into(),
+                "warn",
+                otlp_endpoint,
+            ),
+            demo::run(serve),
+        ),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

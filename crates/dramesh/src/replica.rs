@@ -26,10 +26,12 @@ use dramesh_mesh::node::{MeshHandle, NodeConfig};
 use dramesh_mesh::protocol::ProtocolConfig;
 use dramesh_mesh::store_adapter::MeshStore;
 use dramesh_store::{Durability, Store, StoreConfig};
+use dramesh_telemetry::spans::{fields, record_count};
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinSet;
 
 use crate::backend::{ReplicaBackend, ReplicaState, lock};
+use crate::observe::Observer;
 
 /// How a replica is started.
 #[derive(Clone)]
@@ -110,9 +112,11 @@ impl Replica {
         };
         let loaded_nodes: usize = state.view().clusters().map(|c| c.node_count()).sum();
         let non_empty = !lock(&store).store().list_docs().is_empty();
+        let metrics = Arc::new(dramesh_telemetry::Metrics::new());
         let api = ApiState::new(Arc::new(ReplicaBackend {
             state: state.clone(),
-        }));
+        }))
+        .with_metrics(metrics.clone());
         if non_empty {
             api.set_ready(true);
         }
@@ -134,10 +138,11 @@ impl Replica {
             .with_context(|| format!("replica {id}: binding the gRPC API on {}", config.grpc))?;
         let http_addr = http.local_addr()?;
         let grpc_addr = grpc.local_addr()?;
+        let observer = Observer::new(metrics, mesh.clone(), store.clone());
         let (stop, stop_rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
         {
-            let router = crate::routes::router(api.clone(), state.clone());
+            let router = crate::routes::router(api.clone(), state.clone(), observer.clone());
             let shutdown = stopped(stop_rx.clone());
             tasks.spawn(async move {
                 if let Err(e) = axum::serve(http, router)
@@ -159,8 +164,14 @@ impl Replica {
         }
         tasks.spawn(feed(
             mesh.subscribe(),
+            observer,
             state.clone(),
             api.clone(),
+            stop_rx.clone(),
+        ));
+        tasks.spawn(push_reservations(
+            mesh.clone(),
+            state.clone(),
             stop_rx.clone(),
         ));
         tasks.spawn(watch_agents(mesh.clone(), state.clone(), stop_rx));
@@ -208,6 +219,7 @@ impl Replica {
 /// and every 250 ms regardless (a lagging broadcast receiver skips notifications).
 async fn feed(
     mut applied: broadcast::Receiver<dramesh_mesh::node::AppliedChange>,
+    observer: Arc<Observer>,
     state: Arc<ReplicaState>,
     api: ApiState,
     mut stop: watch::Receiver<bool>,
@@ -216,9 +228,14 @@ async fn feed(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         let mut touched = BTreeSet::new();
+        let mut from = BTreeSet::new();
         tokio::select! {
             r = applied.recv() => match r {
-                Ok(a) => { touched.insert(a.doc.cluster); }
+                Ok(a) => {
+                    observer.applied(&a);
+                    from.insert(crate::observe::peer_label(&a.from));
+                    touched.insert(a.doc.cluster);
+                }
                 Err(broadcast::error::RecvError::Lagged(n)) => {
                     tracing::debug!(skipped = n, "applied-change notifications skipped");
                 }
@@ -228,24 +245,44 @@ async fn feed(
             _ = stop.wait_for(|v| *v) => return,
         }
         while let Ok(a) = applied.try_recv() {
+            observer.applied(&a);
+            from.insert(crate::observe::peer_label(&a.from));
             touched.insert(a.doc.cluster);
         }
         if !touched.is_empty() {
             api.set_ready(true);
         }
+        // One `mesh.sync` span per round that brought remote changes into the view.
+        let span = (!touched.is_empty()).then(|| {
+            let span = dramesh_telemetry::sync_span(&join(&from));
+            span.record(fields::CLUSTER, join(&touched).as_str());
+            span
+        });
         let state = state.clone();
         let r = tokio::task::spawn_blocking(move || {
+            let _entered = span.as_ref().map(|s| s.enter());
             let now = Instant::now();
-            state.catch_up();
-            for c in &touched {
-                state.touch(c, now);
+            let applied = state.catch_up();
+            if let Some(s) = &span {
+                record_count(s, fields::CHANGES_APPLIED, applied as u64);
             }
+            for c in &touched {
+                // Reservation documents are not member-cluster data: they never refresh it.
+                if !crate::reservations::is_scope(c) {
+                    state.touch(c, now);
+                }
+            }
+            state.sweep_reservations();
         })
         .await;
         if let Err(e) = r {
             tracing::error!(error = %e, "applying changes to the view panicked");
         }
     }
+}
+
+fn join(set: &BTreeSet<String>) -> String {
+    set.iter().map(String::as_str).collect::<Vec<_>>().join(",")
 }
 
 /// Heartbeats of directly connected agents keep their cluster's data fresh.
@@ -267,5 +304,26 @@ async fn watch_agents(
                 state.touch(cluster, p.last_heard);
             }
         }
+    }
+}
+
+/// Offers this replica's reservation document to every peer as soon as it was written
+/// (anti-entropy would deliver it too, within seconds).
+async fn push_reservations(
+    mesh: Arc<MeshHandle>,
+    state: Arc<ReplicaState>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let doc = dramesh_mesh::DocRef::reservations(state.replica.clone());
+    let changed = state.reservations_changed.clone();
+    loop {
+        let written = tokio::select! {
+            _ = changed.notified() => true,
+            _ = stop.wait_for(|v| *v) => false,
+        };
+        if !written {
+            return;
+        }
+        mesh.notify_local_change(doc.clone()).await;
     }
 }

@@ -4,6 +4,10 @@
 //! |---|---|
 //! | `GET /v1/status` | the API crate's status report plus `"digest"` (hex of the mesh digest root over every document held) and, per cluster, `"digest"` (hex XOR of that cluster's document fingerprints) |
 //! | `GET /v1/debug/objects?cluster=NAME` | `{"cluster", "objects": {"<Kind>/<ns>/<name>" or "<Kind>/<name>": sha256 hex of the object's stored JSON}}` |
+//! | `GET /`, `GET /status` | the status web page ([`crate::status_page`]) |
+//! | `GET /metrics` | the replica's metric set, refreshed from the mesh, store and view first ([`crate::observe`]) |
+//!
+//! Every route here is counted and timed like the API crate's ([`dramesh_api::metrics::track_http`]).
 //!
 //! Every other path falls through to [`dramesh_api::http_router`]. Replicas holding the same
 //! documents at the same heads report equal digests, which is how tests and the chaos suite
@@ -14,7 +18,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
+use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use dramesh_api::ApiState;
 use dramesh_mesh::DocStore;
@@ -22,11 +26,13 @@ use dramesh_model::ObjectChange;
 use sha2::{Digest as _, Sha256};
 
 use crate::backend::{ReplicaState, lock};
+use crate::observe::Observer;
 
 #[derive(Clone)]
 struct Routes {
     api: ApiState,
     state: Arc<ReplicaState>,
+    observer: Arc<Observer>,
 }
 
 /// Lowercase hex.
@@ -35,15 +41,76 @@ pub fn hex(bytes: &[u8]) -> String {
 }
 
 /// The replica's HTTP router: the routes above, then the API crate's.
-pub fn router(api: ApiState, state: Arc<ReplicaState>) -> Router {
+pub fn router(api: ApiState, state: Arc<ReplicaState>, observer: Arc<Observer>) -> Router {
     Router::new()
         .route("/v1/status", get(status))
         .route("/v1/debug/objects", get(objects))
+        .route("/", get(page))
+        .route("/status", get(page))
+        .route("/metrics", get(metrics))
+        .route_layer(axum::middleware::from_fn_with_state(
+            api.metrics.clone(),
+            dramesh_api::metrics::track_http,
+        ))
         .with_state(Routes {
             api: api.clone(),
             state,
+            observer,
         })
         .fallback_service(dramesh_api::http_router(api))
+}
+
+/// Each cluster of the view with its data age.
+fn data_ages(state: &ReplicaState) -> Vec<(String, Option<std::time::Duration>)> {
+    let names: Vec<String> = state.view().clusters().map(|c| c.name.clone()).collect();
+    names
+        .into_iter()
+        .map(|c| {
+            let age = state.data_age(&c);
+            (c, age)
+        })
+        .collect()
+}
+
+async fn page(State(r): State<Routes>) -> Response {
+    let ready = r.api.is_ready();
+    let state = r.state.clone();
+    let peers = r.observer.peers().await;
+    match tokio::task::spawn_blocking(move || status_json(&state, ready)).await {
+        Ok(v) => Html(crate::status_page::render(&v, &peers)).into_response(),
+        Err(e) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("status page failed: {e}"),
+        ),
+    }
+}
+
+async fn metrics(State(r): State<Routes>) -> Response {
+    let state = r.state.clone();
+    let observer = r.observer.clone();
+    let ages = match tokio::task::spawn_blocking(move || {
+        observer.observe_reservations(&state.reservation_list(true));
+        data_ages(&state)
+    })
+    .await
+    {
+        Ok(a) => a,
+        Err(e) => {
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("metrics failed: {e}"),
+            );
+        }
+    };
+    r.observer.refresh(ages).await;
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            dramesh_telemetry::CONTENT_TYPE,
+        )],
+        r.observer.metrics.render(),
+    )
+        .into_response()
 }
 
 fn error(status: StatusCode, message: String) -> Response {

@@ -1,0 +1,280 @@
+//! Overcommit resolution of in-flight reservations.
+//!
+//! Several scheduler replicas may reserve the same free capacity at the same moment; once
+//! their reservations have been merged every replica must decide, on its own and identically,
+//! which of them hold capacity. [`resolve`] is that decision, a pure function of the view and
+//! the set of live reservations:
+//!
+//! 1. Reservations are grouped by cluster and ranked by [`rank`]: higher priority first, then
+//!    the smaller reservation id (ids are unique, so the order is total).
+//! 2. Walking that order, a reservation is **admitted** when the cluster's estimate of its
+//!    workload, with every reservation admitted before it deducted (as Karmada assumed
+//!    workloads: first-fit over nodes in name order), still fits all of its replicas. An
+//!    admitted reservation is deducted from every later check and from estimates.
+//! 3. Every other reservation is **conflicted**: it holds nothing, and names the
+//!    highest-ranked admitted reservation of its cluster as the winner.
+//!
+//! Guarantees: the result does not depend on the order of the input slice, and two replicas
+//! whose views and reservation sets are equal compute equal results (the estimator is
+//! deterministic). A reservation is all or nothing: one that fits only partly is conflicted.
+//! Deductions are by resource requests and pod slots (cpu, memory, extended resources such
+//! as `nvidia.com/gpu`, pods), the same model as Karmada assumed workloads; devices requested
+//! through DRA claims are not deducted.
+
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::estimate::{AssumedWorkload, EstimateOptions, Estimator};
+use crate::view::View;
+use crate::workload::Workload;
+
+/// One live reservation, as resolution needs it.
+#[derive(Debug, Clone)]
+pub struct Reservation {
+    /// Unique id; the tiebreak between equal priorities.
+    pub id: String,
+    pub cluster: String,
+    pub priority: i32,
+    /// Replicas still to be held: the reserved replicas minus those the member cluster
+    /// already reports bound. Zero holds nothing and is always admitted.
+    pub replicas: i64,
+    /// The per-replica requirements.
+    pub workload: Arc<Workload>,
+}
+
+/// The outcome for one reservation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission {
+    /// Holds its replicas: deducted from estimates.
+    Admitted,
+    /// Holds nothing: it did not fit after the higher-ranked admitted reservations.
+    Conflicted {
+        /// The highest-ranked admitted reservation of the same cluster, if any.
+        winner: Option<String>,
+        /// Replicas that were still available to it.
+        available: i64,
+        /// Why it could not be checked at all (unknown cluster, estimator error).
+        reason: Option<String>,
+    },
+}
+
+/// The result of [`resolve`].
+#[derive(Debug, Clone, Default)]
+pub struct Resolution {
+    pub admissions: BTreeMap<String, Admission>,
+    /// The admitted reservations as estimator deductions, in rank order per cluster.
+    pub assumed: Vec<AssumedWorkload>,
+}
+
+impl Resolution {
+    pub fn admission(&self, id: &str) -> Option<&Admission> {
+        self.admissions.get(id)
+    }
+}
+
+/// The resolution order: priority descending, then id ascending.
+pub fn rank(a: &Reservation, b: &Reservation) -> Ordering {
+    b.priority.cmp(&a.priority).then_with(|| a.id.cmp(&b.id))
+}
+
+/// Decides which reservations hold capacity (see the module docs).
+pub fn resolve(view: &View, estimator: &mut Estimator, reservations: &[Reservation]) -> Resolution {
+    let mut by_cluster: BTreeMap<&str, Vec<&Reservation>> = BTreeMap::new();
+    for r in reservations {
+        by_cluster.entry(r.cluster.as_str()).or_default().push(r);
+    }
+    let mut out = Resolution::default();
+    for (cluster, mut list) in by_cluster {
+        list.sort_by(|a, b| rank(a, b));
+        let mut admitted: Vec<AssumedWorkload> = Vec::new();
+        let mut first_winner: Option<String> = None;
+        for r in list {
+            if r.replicas <= 0 {
+                out.admissions.insert(r.id.clone(), Admission::Admitted);
+                continue;
+            }
+            let opts = EstimateOptions {
+                assumed: admitted.clone(),
+                clusters: vec![cluster.to_string()],
+                ..EstimateOptions::default()
+            };
+            let est = estimator.estimate(view, &r.workload, &opts);
+            let (available, reason) = match est.cluster(cluster) {
+                None => (0, Some(format!("cluster {cluster} is not in the view"))),
+                Some(c) => match &c.error {
+                    Some(e) => (0, Some(e.clone())),
+                    None => (c.max_replicas, None),
+                },
+            };
+            if reason.is_none() && available >= r.replicas {
+                admitted.push(AssumedWorkload::from_workload(
+                    cluster,
+                    &r.workload,
+                    r.replicas,
+                ));
+                first_winner.get_or_insert_with(|| r.id.clone());
+                out.admissions.insert(r.id.clone(), Admission::Admitted);
+            } else {
+                out.admissions.insert(
+                    r.id.clone(),
+                    Admission::Conflicted {
+                        winner: first_winner.clone(),
+                        available,
+                        reason,
+                    },
+                );
+            }
+        }
+        out.assumed.extend(admitted);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dramesh_model::load::load_str;
+    use dramesh_model::{Manifest, ObjectChange};
+    use std::path::Path;
+
+    /// One cluster `c` with two nodes of 4 GPUs (extended resource) each.
+    fn view() -> View {
+        let mut v = View::new();
+        for n in ["n1", "n2"] {
+            let yaml = format!(
+                "apiVersion: v1\nkind: Node\nmetadata: {{name: {n}}}\nstatus: {{allocatable: {{cpu: '64', memory: 256Gi, pods: '110', nvidia.com/gpu: '4'}}}}\n"
+            );
+            for l in load_str(Path::new("node.yaml"), &yaml).unwrap() {
+                let Manifest::Object(o) = l.manifest else {
+                    panic!("not an object")
+                };
+                v.apply("c", &ObjectChange::upsert(&o)).unwrap();
+            }
+        }
+        v
+    }
+
+    fn workload(name: &str, gpus: u32) -> Arc<Workload> {
+        let yaml = format!(
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: {name}, namespace: ml}}\nspec:\n  replicas: 1\n  selector: {{matchLabels: {{app: {name}}}}}\n  template:\n    metadata: {{labels: {{app: {name}}}}}\n    spec:\n      containers:\n      - name: c\n        resources: {{requests: {{cpu: '1', nvidia.com/gpu: '{gpus}'}}, limits: {{nvidia.com/gpu: '{gpus}'}}}}\n"
+        );
+        let ms: Vec<Manifest> = load_str(Path::new("w.yaml"), &yaml)
+            .unwrap()
+            .into_iter()
+            .map(|l| l.manifest)
+            .collect();
+        Arc::new(Workload::from_manifests(&ms).unwrap())
+    }
+
+    fn res(id: &str, priority: i32, replicas: i64, w: &Arc<Workload>) -> Reservation {
+        Reservation {
+            id: id.into(),
+            cluster: "c".into(),
+            priority,
+            replicas,
+            workload: w.clone(),
+        }
+    }
+
+    fn gpus_left(v: &View, r: &Resolution) -> i64 {
+        let one = workload("probe", 1);
+        let opts = EstimateOptions {
+            assumed: r.assumed.clone(),
+            ..EstimateOptions::default()
+        };
+        Estimator::new().estimate(v, &one, &opts).total
+    }
+
+    #[test]
+    fn equal_priority_is_decided_by_id_whatever_the_input_order() {
+        let v = view();
+        let w = workload("w", 1);
+        let a = res("r1-1", 0, 8, &w);
+        let b = res("r2-1", 0, 8, &w);
+        for input in [vec![a.clone(), b.clone()], vec![b.clone(), a.clone()]] {
+            let r = resolve(&v, &mut Estimator::new(), &input);
+            assert_eq!(r.admission("r1-1"), Some(&Admission::Admitted));
+            assert_eq!(
+                r.admission("r2-1"),
+                Some(&Admission::Conflicted {
+                    winner: Some("r1-1".into()),
+                    available: 0,
+                    reason: None
+                })
+            );
+            assert_eq!(gpus_left(&v, &r), 0);
+        }
+    }
+
+    #[test]
+    fn priority_beats_id_and_the_loser_is_not_deducted() {
+        let v = view();
+        let w = workload("w", 1);
+        let r = resolve(
+            &v,
+            &mut Estimator::new(),
+            &[res("a", 100, 8, &w), res("b", 200, 6, &w)],
+        );
+        assert_eq!(r.admission("b"), Some(&Admission::Admitted));
+        assert_eq!(
+            r.admission("a"),
+            Some(&Admission::Conflicted {
+                winner: Some("b".into()),
+                available: 2,
+                reason: None
+            })
+        );
+        assert_eq!(gpus_left(&v, &r), 2);
+    }
+
+    #[test]
+    fn partial_fit_is_a_conflict_but_later_smaller_ones_still_fit() {
+        let v = view();
+        let two = workload("two", 2);
+        let one = workload("one", 1);
+        // 8 GPUs: "a" takes 3 × 2 = 6; "b" wants 2 × 2 = 4 (only 2 left): conflicted;
+        // "c" wants 2 × 1 = 2: admitted.
+        let r = resolve(
+            &v,
+            &mut Estimator::new(),
+            &[
+                res("a", 0, 3, &two),
+                res("b", 0, 2, &two),
+                res("c", 0, 2, &one),
+            ],
+        );
+        assert_eq!(r.admission("a"), Some(&Admission::Admitted));
+        assert!(matches!(
+            r.admission("b"),
+            Some(Admission::Conflicted { winner: Some(w), available: 1, .. }) if w == "a"
+        ));
+        assert_eq!(r.admission("c"), Some(&Admission::Admitted));
+        assert_eq!(gpus_left(&v, &r), 0);
+    }
+
+    #[test]
+    fn satisfied_reservations_hold_nothing_and_unknown_clusters_conflict() {
+        let v = view();
+        let w = workload("w", 1);
+        let mut gone = res("x", 0, 0, &w);
+        gone.replicas = 0;
+        let mut elsewhere = res("y", 0, 1, &w);
+        elsewhere.cluster = "nowhere".into();
+        let r = resolve(
+            &v,
+            &mut Estimator::new(),
+            &[gone, elsewhere, res("z", 0, 3, &w)],
+        );
+        assert_eq!(r.admission("x"), Some(&Admission::Admitted));
+        assert_eq!(r.admission("z"), Some(&Admission::Admitted));
+        assert!(matches!(
+            r.admission("y"),
+            Some(Admission::Conflicted {
+                reason: Some(_),
+                ..
+            })
+        ));
+        assert_eq!(gpus_left(&v, &r), 5);
+    }
+}

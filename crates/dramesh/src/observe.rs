@@ -1,0 +1,345 @@
+//! Observability of a running replica or agent: fills the shared metric set
+//! ([`dramesh_telemetry::Metrics`]) from the mesh node and the store, tracks when each peer last
+//! delivered a change of each cluster, and gives the status page its peer rows.
+//!
+//! Gauges are refreshed on every `/metrics` scrape and status page load ([`Observer::refresh`]),
+//! so a scrape never shows values older than the scrape itself. Mesh counters that the node
+//! keeps as running totals (bytes per connection, refused writes) are turned into Prometheus
+//! counters by adding the growth since the previous refresh; a connection that restarted its
+//! totals counts from zero again, so counters never go down.
+//!
+//! Sync lag per peer and cluster is the time since the newest change of that cluster arrived
+//! from that peer, on this process's monotonic clock (wall clocks of different machines are
+//! never compared). It grows while a cluster is quiet; `docs_behind` (what the peer's last
+//! heartbeat reported as differing) is the measure of how far behind a peer is.
+//!
+//! Reservations ([`Observer::observe_reservations`]): `dramesh_reservations{state}` is the
+//! number held in each state at the scrape; `dramesh_reservation_events_total{event}` counts
+//! reservations seen entering `expired` or `conflicted` since the previous scrape (a
+//! reservation that entered and left a state between two scrapes is not counted).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dramesh_api::native::{ReservationState, ReservationStatus};
+use dramesh_mesh::PeerIdentity;
+use dramesh_mesh::node::{AppliedChange, MeshHandle, PeerStatus};
+use dramesh_mesh::store_adapter::MeshStore;
+use dramesh_telemetry::{Direction, Metrics, ReservationState as Counted};
+
+use crate::backend::lock;
+
+/// The `peer` label and the status page's name of a mesh identity (its URI without scheme).
+pub fn peer_label(id: &PeerIdentity) -> String {
+    let uri = id.uri();
+    uri.strip_prefix("dramesh://").unwrap_or(&uri).to_string()
+}
+
+fn peer_kind(id: &PeerIdentity) -> &'static str {
+    match id {
+        PeerIdentity::Replica { .. } => "replica",
+        PeerIdentity::Agent { .. } => "agent",
+    }
+}
+
+/// One live mesh connection as the status page shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PeerRow {
+    pub peer: String,
+    pub kind: &'static str,
+    pub addr: SocketAddr,
+    pub dialed: bool,
+    pub hello_received: bool,
+    pub last_heard: Duration,
+    pub rtt: Duration,
+    pub docs_behind: usize,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    /// Per cluster: time since the newest change of it arrived from this peer.
+    pub sync_lag: BTreeMap<String, Duration>,
+}
+
+#[derive(Default)]
+struct Totals {
+    /// (peer, cluster) -> arrival of the newest change.
+    arrivals: BTreeMap<(String, String), Instant>,
+    /// peer -> (bytes sent, bytes received) as of the last refresh.
+    bytes: HashMap<String, (u64, u64)>,
+    /// reason -> refused-write total as of the last refresh.
+    rejected: HashMap<&'static str, u64>,
+    /// Reservation id -> state at the previous scrape.
+    reservations: HashMap<String, ReservationState>,
+}
+
+/// Metrics and peer state of one replica or agent.
+pub struct Observer {
+    pub metrics: Arc<Metrics>,
+    mesh: Arc<MeshHandle>,
+    store: Arc<Mutex<MeshStore>>,
+    totals: Mutex<Totals>,
+}
+
+impl Observer {
+    pub fn new(
+        metrics: Arc<Metrics>,
+        mesh: Arc<MeshHandle>,
+        store: Arc<Mutex<MeshStore>>,
+    ) -> Arc<Observer> {
+        Arc::new(Observer {
+            metrics,
+            mesh,
+            store,
+            totals: Mutex::new(Totals::default()),
+        })
+    }
+
+    /// Notes that a change of `a.doc.cluster` arrived from `a.from` now.
+    pub fn applied(&self, a: &AppliedChange) {
+        lock(&self.totals)
+            .arrivals
+            .insert((peer_label(&a.from), a.doc.cluster.clone()), Instant::now());
+    }
+
+    /// Live connections with their sync lag per cluster, sorted by peer.
+    pub async fn peers(&self) -> Vec<PeerRow> {
+        let peers = self.mesh.peers().await;
+        self.rows(&peers)
+    }
+
+    fn rows(&self, peers: &[PeerStatus]) -> Vec<PeerRow> {
+        let totals = lock(&self.totals);
+        let mut rows: Vec<PeerRow> = peers
+            .iter()
+            .map(|p| {
+                let peer = peer_label(&p.identity);
+                let sync_lag = totals
+                    .arrivals
+                    .range((peer.clone(), String::new())..)
+                    .take_while(|((pp, _), _)| *pp == peer)
+                    .map(|((_, c), t)| (c.clone(), t.elapsed()))
+                    .collect();
+                PeerRow {
+                    kind: peer_kind(&p.identity),
+                    addr: p.remote_addr,
+                    dialed: p.dialed,
+                    hello_received: p.hello_received,
+                    last_heard: p.last_heard.elapsed(),
+                    rtt: p.rtt,
+                    docs_behind: p.docs_behind,
+                    bytes_sent: p.bytes_sent,
+                    bytes_received: p.bytes_received,
+                    sync_lag,
+                    peer,
+                }
+            })
+            .collect();
+        rows.sort_by(|a, b| a.peer.cmp(&b.peer).then(a.addr.cmp(&b.addr)));
+        rows
+    }
+
+    /// Brings every gauge and mirrored counter up to date; `data_ages` are the view's clusters
+    /// with their data age (empty for an agent). Returns the peer rows it used.
+    pub async fn refresh(&self, data_ages: Vec<(String, Option<Duration>)>) -> Vec<PeerRow> {
+        let peers = self.mesh.peers().await;
+        let rows = self.rows(&peers);
+        self.refresh_mesh(&rows);
+        let m = &self.metrics;
+        m.view_data_age_seconds.retain(|_| false);
+        for (c, age) in data_ages {
+            if let Some(age) = age {
+                m.set_view_data_age(&c, age);
+            }
+        }
+        let store = self.store.clone();
+        let metrics = self.metrics.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || refresh_store(&store, &metrics)).await {
+            tracing::warn!(error = %e, "store statistics for /metrics panicked");
+        }
+        rows
+    }
+
+    /// Sets the reservation gauges from the replica's list (ended ones included) and counts
+    /// reservations that entered `expired` or `conflicted` since the previous call.
+    pub fn observe_reservations(&self, list: &[ReservationStatus]) {
+        let mut totals = lock(&self.totals);
+        totals.reservations = count_reservations(&self.metrics, &totals.reservations, list);
+    }
+
+    fn refresh_mesh(&self, rows: &[PeerRow]) {
+        let m = &self.metrics;
+        let mut totals = lock(&self.totals);
+        let mut kinds: BTreeMap<&str, f64> = BTreeMap::new();
+        let connected: BTreeSet<String> = rows.iter().map(|r| r.peer.clone()).collect();
+        // Gauges describe live connections only; the byte counters of a peer that left stay
+        // (so sums over peers never go down) and continue when it reconnects.
+        m.mesh_peer_docs_behind.retain(|[p]| connected.contains(p));
+        totals.bytes.retain(|p, _| connected.contains(p));
+        m.mesh_sync_lag_seconds.retain(|_| false);
+        for r in rows {
+            *kinds.entry(r.kind).or_default() += 1.0;
+            m.mesh_peer_docs_behind
+                .with([&r.peer])
+                .set(r.docs_behind as f64);
+            for (c, lag) in &r.sync_lag {
+                m.set_sync_lag(&r.peer, c, *lag);
+            }
+            let last = totals.bytes.entry(r.peer.clone()).or_insert((0, 0));
+            m.add_mesh_bytes(&r.peer, Direction::Sent, growth(&mut last.0, r.bytes_sent));
+            m.add_mesh_bytes(
+                &r.peer,
+                Direction::Received,
+                growth(&mut last.1, r.bytes_received),
+            );
+        }
+        for k in ["replica", "agent"] {
+            m.mesh_peers
+                .with([k])
+                .set(kinds.get(k).copied().unwrap_or(0.0));
+        }
+        let c = self.mesh.counters();
+        let t = self.mesh.transport_counters();
+        for (reason, now) in [
+            ("unauthorized", c.rejected_unauthorized),
+            ("refused_by_store", c.rejected_by_store),
+            ("stale_generation", c.stale_generation),
+            ("identity_rejected", t.identity_rejections),
+            ("handshake_failed", t.handshake_failures),
+        ] {
+            let last = totals.rejected.entry(reason).or_insert(0);
+            m.reject_writes(reason, growth(last, now));
+        }
+    }
+}
+
+/// Reservation gauges and entry events (see the module docs); returns the states to compare
+/// the next list with.
+fn count_reservations(
+    m: &Metrics,
+    previous: &HashMap<String, ReservationState>,
+    list: &[ReservationStatus],
+) -> HashMap<String, ReservationState> {
+    let (mut live, mut expired, mut conflicted) = (0, 0, 0);
+    let mut seen = HashMap::with_capacity(list.len());
+    for r in list {
+        let counted = match r.status {
+            ReservationState::Live => {
+                live += 1;
+                None
+            }
+            ReservationState::Expired => {
+                expired += 1;
+                Some(Counted::Expired)
+            }
+            ReservationState::Conflicted => {
+                conflicted += 1;
+                Some(Counted::Conflicted)
+            }
+            ReservationState::Satisfied | ReservationState::Released => None,
+        };
+        if let Some(event) = counted
+            && previous.get(&r.id) != Some(&r.status)
+        {
+            m.reservation_events(event, 1);
+        }
+        seen.insert(r.id.clone(), r.status);
+    }
+    m.set_reservations(live, expired, conflicted);
+    seen
+}
+
+/// How much a running total grew since `last` (all of it when it restarted lower), updating
+/// `last`.
+fn growth(last: &mut u64, now: u64) -> u64 {
+    let d = if now >= *last { now - *last } else { now };
+    *last = now;
+    d
+}
+
+/// Stored bytes and history length per cluster, and the document count.
+fn refresh_store(store: &Mutex<MeshStore>, m: &Metrics) {
+    let mut bytes: BTreeMap<String, u64> = BTreeMap::new();
+    let mut changes: BTreeMap<String, u64> = BTreeMap::new();
+    let docs = {
+        let s = lock(store);
+        let docs = s.store().list_docs();
+        for d in &docs {
+            if let Some(st) = s.store().doc_stats(&d.doc) {
+                *bytes.entry(d.doc.cluster.clone()).or_default() += st.stored_bytes;
+                *changes.entry(d.doc.cluster.clone()).or_default() += st.num_changes;
+            }
+        }
+        docs.len()
+    };
+    m.store_documents.set(docs as f64);
+    m.store_bytes.retain(|[c]| bytes.contains_key(c));
+    m.store_history_changes
+        .retain(|[c]| changes.contains_key(c));
+    for (c, b) in bytes {
+        m.store_bytes.with([&c]).set(b as f64);
+    }
+    for (c, n) in changes {
+        m.store_history_changes.with([&c]).set(n as f64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn growth_never_goes_negative() {
+        let mut last = 0;
+        assert_eq!(growth(&mut last, 10), 10);
+        assert_eq!(growth(&mut last, 15), 5);
+        assert_eq!(
+            growth(&mut last, 3),
+            3,
+            "a restarted total counts from zero"
+        );
+        assert_eq!(growth(&mut last, 3), 0);
+    }
+
+    #[test]
+    fn reservations_are_counted_by_state_and_entries() {
+        let m = Metrics::new();
+        let r = |id: &str, status| ReservationStatus {
+            id: id.into(),
+            status,
+            ..ReservationStatus::default()
+        };
+        let gauges =
+            |m: &Metrics| ["live", "expired", "conflicted"].map(|s| m.reservations.with([s]).get());
+        let events = |m: &Metrics| {
+            ["expired", "conflicted"].map(|e| m.reservation_events_total.with([e]).get())
+        };
+        let first = vec![
+            r("a", ReservationState::Live),
+            r("b", ReservationState::Conflicted),
+            r("c", ReservationState::Released),
+        ];
+        let prev = count_reservations(&m, &HashMap::new(), &first);
+        assert_eq!(gauges(&m), [1.0, 0.0, 1.0]);
+        assert_eq!(events(&m), [0, 1]);
+        let second = vec![
+            r("a", ReservationState::Expired),
+            r("b", ReservationState::Conflicted),
+        ];
+        count_reservations(&m, &prev, &second);
+        assert_eq!(gauges(&m), [0.0, 1.0, 1.0]);
+        assert_eq!(events(&m), [1, 1], "b stayed conflicted: counted once");
+    }
+
+    #[test]
+    fn peer_labels_drop_the_scheme() {
+        let r = PeerIdentity::Replica { id: "r1".into() };
+        assert_eq!(peer_label(&r), "replica/r1");
+        let a = PeerIdentity::Agent {
+            cluster: "c1".into(),
+            node: "n1".into(),
+        };
+        assert_eq!(peer_label(&a), "cluster/c1/agent/n1");
+        assert_eq!(peer_kind(&a), "agent");
+    }
+}

@@ -1,0 +1,418 @@
+//! In-flight reservations as replicated CRDT state.
+//!
+//! Each replica writes its own reservations into its own automerge document,
+//! `DocId { cluster: "_reservations", writer: <replica id> }` ([`doc_id`]). The store's
+//! single-author rule therefore holds unchanged (only `writer_actor` of that document may
+//! author it), the mesh replicates it like any other document, and every replica's merged view
+//! of reservations is the union of all replicas' documents. The reserved scope `_reservations`
+//! is not a valid cluster or agent name, so no member cluster and no agent can collide with it
+//! (see `dramesh_mesh::identity`).
+//!
+//! A reservation is one root-map entry whose value is a [`Record`] as JSON, under the store's
+//! generic cluster-scoped key form (`meta/<id>`, [`record_key`]): the store replicates,
+//! persists and materializes it without knowing what it holds, and the replica routes every
+//! change of the `_reservations` scope to this [`Table`] instead of the estimation view.
+//!
+//! Lifecycle and guarantees:
+//! - **Ids** are `<owner>-<seq>` (seq zero-padded, starting from the wall clock in ms so a
+//!   replica restarted without its disk does not reuse ids); they are unique, and they are the
+//!   tiebreak of overcommit resolution.
+//! - **Expiry never compares wall clocks.** Each replica records when it first saw a
+//!   reservation on its own monotonic clock. The owner deletes its reservation once `ttl`
+//!   has passed since it wrote it; every other replica treats it as expired `ttl + grace`
+//!   after it first saw it, which is never earlier than the owner (it saw it later), so a
+//!   live owner's deletion normally arrives first and a dead owner cannot pin capacity.
+//! - **Satisfied**: the record carries how many of the workload's pods were bound in the
+//!   cluster when it was written; the reservation holds `replicas − (bound now − bound then)`
+//!   (at least 0), and the owner deletes it once that reaches 0.
+//! - **Ended** reservations (released, expired, satisfied) are remembered for a while
+//!   (at most [`MAX_ENDED`]) so an owner can still be told what became of them.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use dramesh_api::native::{ReservationState, ReservationStatus, WorkloadRef};
+use dramesh_estimator::Workload;
+use dramesh_estimator::view::ClusterView;
+use dramesh_mesh::identity::RESERVATION_SCOPE;
+use dramesh_model::{ObjectChange, ObjectKey, ObjectKind};
+use dramesh_store::DocId;
+use serde::{Deserialize, Serialize};
+
+/// Time to live when the request names none.
+pub const DEFAULT_TTL_SECONDS: u64 = 300;
+/// Longest accepted time to live.
+pub const MAX_TTL_SECONDS: u64 = 86_400;
+/// Extra time non-owners wait past the TTL before treating a reservation as expired.
+pub const EXPIRY_GRACE: Duration = Duration::from_secs(10);
+/// Largest accepted record (its workload manifests included).
+pub const MAX_RECORD_BYTES: usize = 256 * 1024;
+/// Largest accepted replica count of one reservation.
+pub const MAX_REPLICAS: i64 = 1_000_000;
+/// How many ended reservations are remembered.
+pub const MAX_ENDED: usize = 4096;
+
+/// The reservation document written by `replica`.
+pub fn doc_id(replica: &str) -> DocId {
+    DocId::new(RESERVATION_SCOPE, replica)
+}
+
+/// Whether `cluster` (as the store reports changes) is the reservation scope.
+pub fn is_scope(cluster: &str) -> bool {
+    cluster == RESERVATION_SCOPE
+}
+
+/// The store key of reservation `id`.
+pub fn record_key(id: &str) -> ObjectKey {
+    ObjectKey::new(ObjectKind::ClusterInfo, None, id)
+}
+
+/// One reservation as replicated.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Record {
+    pub id: String,
+    pub owner: String,
+    pub cluster: String,
+    pub workload: WorkloadRef,
+    /// The per-replica requirements: the workload manifests of the request.
+    pub manifests: Vec<String>,
+    pub replicas: i64,
+    pub priority: i32,
+    pub ttl_seconds: u64,
+    /// Pods of the workload bound in the cluster when the reservation was written.
+    pub bound_at_creation: i64,
+}
+
+impl Record {
+    /// Checks a record read from a document (another replica may run other code).
+    pub fn decode(json: &[u8]) -> Result<Record, String> {
+        if json.len() > MAX_RECORD_BYTES {
+            return Err(format!(
+                "reservation record of {} bytes exceeds {MAX_RECORD_BYTES}",
+                json.len()
+            ));
+        }
+        let r: Record =
+            serde_json::from_slice(json).map_err(|e| format!("reservation record: {e}"))?;
+        if !r.id.starts_with(&format!("{}-", r.owner)) {
+            return Err(format!(
+                "reservation {:?}: id does not start with its owner {:?}",
+                r.id, r.owner
+            ));
+        }
+        if !(1..=MAX_REPLICAS).contains(&r.replicas) {
+            return Err(format!(
+                "reservation {:?}: field replicas {} is not in 1..={MAX_REPLICAS}",
+                r.id, r.replicas
+            ));
+        }
+        if !(1..=MAX_TTL_SECONDS).contains(&r.ttl_seconds) {
+            return Err(format!(
+                "reservation {:?}: field ttlSeconds {} is not in 1..={MAX_TTL_SECONDS}",
+                r.id, r.ttl_seconds
+            ));
+        }
+        Ok(r)
+    }
+}
+
+/// Pods of `w` bound (and active) in `c`.
+pub fn bound_pods(c: &ClusterView, w: &WorkloadRef) -> i64 {
+    c.pods()
+        .filter(|(_, p)| {
+            p.active
+                && p.node.is_some()
+                && p.owner.namespace == w.namespace
+                && p.owner.kind == w.kind
+                && p.owner.name == w.name
+        })
+        .count() as i64
+}
+
+/// A known reservation.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub record: Record,
+    /// The decoded requirements, or why they do not decode.
+    pub workload: Result<Arc<Workload>, String>,
+    /// When this replica first saw it (the owner: when it wrote it).
+    pub seen: Instant,
+}
+
+/// Every reservation this replica knows, and the recently ended ones.
+pub struct Table {
+    owner: String,
+    entries: BTreeMap<String, Entry>,
+    ended: BTreeMap<String, ReservationStatus>,
+    ended_order: VecDeque<String>,
+    next_seq: u64,
+    /// Bumped on every change of `entries`.
+    pub version: u64,
+}
+
+impl Table {
+    pub fn new(owner: &str) -> Table {
+        let ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        Table {
+            owner: owner.to_string(),
+            entries: BTreeMap::new(),
+            ended: BTreeMap::new(),
+            ended_order: VecDeque::new(),
+            next_seq: ms.max(1),
+            version: 0,
+        }
+    }
+
+    /// A fresh id for a reservation of this replica.
+    pub fn next_id(&mut self) -> String {
+        loop {
+            let id = format!("{}-{:016}", self.owner, self.next_seq);
+            self.next_seq += 1;
+            if !self.entries.contains_key(&id) && !self.ended.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
+    pub fn entries(&self) -> impl Iterator<Item = (&String, &Entry)> {
+        self.entries.values().map(|e| (&e.record.id, e))
+    }
+
+    pub fn get(&self, id: &str) -> Option<&Entry> {
+        self.entries.get(id)
+    }
+
+    pub fn ended(&self, id: &str) -> Option<&ReservationStatus> {
+        self.ended.get(id)
+    }
+
+    pub fn ended_all(&self) -> impl Iterator<Item = &ReservationStatus> {
+        self.ended.values()
+    }
+
+    /// When this replica considers `e` expired (see the module docs).
+    pub fn expiry(&self, e: &Entry) -> Instant {
+        let ttl = Duration::from_secs(e.record.ttl_seconds);
+        if e.record.owner == self.owner {
+            e.seen + ttl
+        } else {
+            e.seen + ttl + EXPIRY_GRACE
+        }
+    }
+
+    /// Remembers how a reservation ended (bounded, oldest forgotten first).
+    pub fn end(&mut self, status: ReservationStatus) {
+        if !self.ended.contains_key(&status.id) {
+            self.ended_order.push_back(status.id.clone());
+        }
+        self.ended.insert(status.id.clone(), status);
+        while self.ended_order.len() > MAX_ENDED {
+            if let Some(old) = self.ended_order.pop_front() {
+                self.ended.remove(&old);
+            }
+        }
+    }
+
+    /// Applies one change of the reservation scope, decoding the workload with `decode`.
+    /// A record that does not decode is logged and ignored.
+    pub fn apply(
+        &mut self,
+        change: &ObjectChange,
+        now: Instant,
+        decode: &dyn Fn(&[String]) -> Result<Workload, String>,
+    ) {
+        match change {
+            ObjectChange::Upsert { key, json } => {
+                let record = match Record::decode(json) {
+                    Ok(r) if r.id == key.name => r,
+                    Ok(r) => {
+                        tracing::warn!(key = %key.name, id = %r.id, "reservation stored under another id; ignored");
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(key = %key.name, error = %e, "reservation record ignored");
+                        return;
+                    }
+                };
+                if record.owner == self.owner
+                    && let Some(seq) = record
+                        .id
+                        .rsplit_once('-')
+                        .and_then(|(_, s)| s.parse::<u64>().ok())
+                {
+                    self.next_seq = self.next_seq.max(seq.saturating_add(1));
+                }
+                let seen = self.entries.get(&record.id).map_or(now, |e| e.seen);
+                if self
+                    .entries
+                    .get(&record.id)
+                    .is_some_and(|e| e.record == record)
+                {
+                    return;
+                }
+                let workload = decode(&record.manifests).map(Arc::new);
+                self.entries.insert(
+                    record.id.clone(),
+                    Entry {
+                        record,
+                        workload,
+                        seen,
+                    },
+                );
+                self.version += 1;
+            }
+            ObjectChange::Delete { key } => {
+                if let Some(e) = self.entries.remove(&key.name) {
+                    self.version += 1;
+                    if !self.ended.contains_key(&key.name) {
+                        let state = if now >= self.expiry(&e) {
+                            ReservationState::Expired
+                        } else {
+                            ReservationState::Released
+                        };
+                        let status = base_status(&e.record, state);
+                        self.end(status);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Drops every entry whose id is not in `keep` (after a rebuild from the store).
+    pub fn retain(&mut self, keep: &BTreeSet<String>) {
+        let before = self.entries.len();
+        self.entries.retain(|id, _| keep.contains(id));
+        if self.entries.len() != before {
+            self.version += 1;
+        }
+    }
+}
+
+/// The status of `r` without resolution details.
+pub fn base_status(r: &Record, status: ReservationState) -> ReservationStatus {
+    ReservationStatus {
+        id: r.id.clone(),
+        owner: r.owner.clone(),
+        cluster: r.cluster.clone(),
+        workload: r.workload.clone(),
+        replicas: r.replicas,
+        remaining: if matches!(
+            status,
+            ReservationState::Live | ReservationState::Conflicted
+        ) {
+            r.replicas
+        } else {
+            0
+        },
+        priority: r.priority,
+        ttl_seconds: r.ttl_seconds,
+        status,
+        winner: None,
+        reason: None,
+        expires_in_seconds: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(owner: &str, id: &str, ttl: u64) -> Record {
+        Record {
+            id: id.into(),
+            owner: owner.into(),
+            cluster: "c".into(),
+            workload: WorkloadRef {
+                namespace: "ml".into(),
+                kind: "Deployment".into(),
+                name: "w".into(),
+            },
+            manifests: vec![],
+            replicas: 2,
+            priority: 0,
+            ttl_seconds: ttl,
+            bound_at_creation: 0,
+        }
+    }
+
+    fn upsert(r: &Record) -> ObjectChange {
+        ObjectChange::Upsert {
+            key: record_key(&r.id),
+            json: Arc::from(serde_json::to_vec(r).unwrap().as_slice()),
+        }
+    }
+
+    fn no_workload(_: &[String]) -> Result<Workload, String> {
+        Err("no manifests".into())
+    }
+
+    #[test]
+    fn expiry_is_local_and_later_for_non_owners() {
+        let mut t = Table::new("r1");
+        let t0 = Instant::now();
+        t.apply(&upsert(&record("r1", "r1-1", 60)), t0, &no_workload);
+        t.apply(&upsert(&record("r2", "r2-1", 60)), t0, &no_workload);
+        let own = t.get("r1-1").unwrap();
+        assert_eq!(t.expiry(own), t0 + Duration::from_secs(60));
+        let other = t.get("r2-1").unwrap();
+        assert_eq!(t.expiry(other), t0 + Duration::from_secs(60) + EXPIRY_GRACE);
+        // Seeing the same record again later keeps the first-seen time.
+        let later = t0 + Duration::from_secs(30);
+        t.apply(&upsert(&record("r2", "r2-1", 60)), later, &no_workload);
+        assert_eq!(t.get("r2-1").unwrap().seen, t0);
+        // A deletion after the local expiry is reported as expired, before it as released.
+        t.apply(
+            &ObjectChange::Delete {
+                key: record_key("r2-1"),
+            },
+            t0 + Duration::from_secs(100),
+            &no_workload,
+        );
+        assert_eq!(t.ended("r2-1").unwrap().status, ReservationState::Expired);
+        t.apply(
+            &ObjectChange::Delete {
+                key: record_key("r1-1"),
+            },
+            t0 + Duration::from_secs(1),
+            &no_workload,
+        );
+        assert_eq!(t.ended("r1-1").unwrap().status, ReservationState::Released);
+        assert!(t.get("r1-1").is_none());
+    }
+
+    #[test]
+    fn bad_records_are_refused() {
+        let mut bad = record("r2", "r1-1", 60);
+        assert!(Record::decode(&serde_json::to_vec(&bad).unwrap()).is_err());
+        bad.id = "r2-1".into();
+        bad.replicas = 0;
+        assert!(Record::decode(&serde_json::to_vec(&bad).unwrap()).is_err());
+        bad.replicas = 1;
+        bad.ttl_seconds = MAX_TTL_SECONDS + 1;
+        assert!(Record::decode(&serde_json::to_vec(&bad).unwrap()).is_err());
+        assert!(Record::decode(&vec![b' '; MAX_RECORD_BYTES + 1]).is_err());
+        let mut t = Table::new("r1");
+        t.apply(&upsert(&bad), Instant::now(), &no_workload);
+        assert_eq!(t.entries().count(), 0);
+    }
+
+    #[test]
+    fn ids_are_unique_and_ordered_and_skip_past_own_records() {
+        let mut t = Table::new("r1");
+        let a = t.next_id();
+        let b = t.next_id();
+        assert!(a < b, "{a} {b}");
+        let far = format!("r1-{:016}", 9_000_000_000_000_000u64);
+        t.apply(
+            &upsert(&record("r1", &far, 60)),
+            Instant::now(),
+            &no_workload,
+        );
+        assert!(t.next_id() > far);
+    }
+}

@@ -1,0 +1,398 @@
+//! Acceptance test of replicated in-flight reservations, with separate `dramesh` processes.
+//!
+//! One member cluster `gpu` with exactly 8 free GPUs (`nvidia.com/gpu` on one node), published
+//! by a folder agent. Replicas r1 and r2 start without seeds, so they cannot see each other:
+//! both reserve the last GPUs at the same moment (r1: 8 replicas × 1 GPU at priority 100;
+//! r2: 6 replicas × 1 GPU at priority 200), and each accepts its own reservation as live —
+//! a real overcommit. Then r3 starts with both as seeds and the mesh merges the documents.
+//! Every replica must then report r2's reservation live and r1's conflicted with r2's as the
+//! winner, and every replica's estimate of a 1-GPU workload must be 8 − 6 = 2 (the loser is
+//! not deducted; deducting it too would give 0). Finally the owner r2 releases the winner and
+//! every replica re-admits r1's reservation (estimate 0); r1 cannot release r2's reservation.
+//! Every wait is bounded; processes are killed when the test ends, pass or fail.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_dramesh");
+
+const NODE: &str = r#"apiVersion: v1
+kind: Node
+metadata: {name: gpu-node-1, labels: {kubernetes.io/hostname: gpu-node-1}}
+status:
+  capacity: {cpu: "64", memory: 512Gi, pods: "110", nvidia.com/gpu: "8"}
+  allocatable: {cpu: "64", memory: 512Gi, pods: "110", nvidia.com/gpu: "8"}
+"#;
+
+fn workload(name: &str) -> String {
+    format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: {name}, namespace: ml}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: {name}}}}}
+  template:
+    metadata: {{labels: {{app: {name}}}}}
+    spec:
+      containers:
+      - name: c
+        image: trainer
+        resources:
+          requests: {{cpu: "1", nvidia.com/gpu: "1"}}
+          limits: {{nvidia.com/gpu: "1"}}
+"#
+    )
+}
+
+/// Kills every spawned process when dropped.
+struct Procs(Vec<Child>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn tcp_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free tcp port")
+}
+
+fn udp_addr() -> SocketAddr {
+    UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .expect("free udp port")
+}
+
+/// One HTTP/1.1 request per connection; `None` while the server is not up.
+fn try_http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> Option<(u16, Value)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    let payload = body.map(|b| b.to_string()).unwrap_or_default();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{payload}",
+        payload.len()
+    );
+    s.write_all(req.as_bytes()).ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status: u16 = head.split_whitespace().nth(1)?.parse().ok()?;
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        let mut out = String::new();
+        let mut rest = body;
+        while let Some((len, after)) = rest.split_once("\r\n") {
+            let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
+            if n == 0 || after.len() < n {
+                break;
+            }
+            out.push_str(&after[..n]);
+            rest = after.get(n + 2..).unwrap_or("");
+        }
+        out
+    } else {
+        body.to_string()
+    };
+    let v = serde_json::from_str(&body).unwrap_or(Value::String(body));
+    Some((status, v))
+}
+
+fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+    try_http(addr, method, path, body).unwrap_or_else(|| panic!("{method} {path} on {addr} failed"))
+}
+
+fn run_ok(args: &[String]) {
+    let out = Command::new(BIN).args(args).output().expect("run dramesh");
+    assert!(
+        out.status.success(),
+        "dramesh {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+struct Replica {
+    mesh: SocketAddr,
+    http: SocketAddr,
+}
+
+fn spawn_replica(tmp: &Path, certs: &Path, id: &str, r: &Replica, seeds: &[SocketAddr]) -> Child {
+    let cert = |stem: &str, ext: &str| certs.join(format!("{stem}.{ext}")).display().to_string();
+    let stem = format!("replica-{id}");
+    let mut cmd = Command::new(BIN);
+    cmd.args(["replica", "--id", id])
+        .args(["--listen-mesh", &r.mesh.to_string()])
+        .args(["--api", &r.http.to_string()])
+        .args(["--grpc", &tcp_addr().to_string()])
+        .args(["--data-dir", &tmp.join(id).display().to_string()])
+        .args(["--mesh-cert", &cert(&stem, "crt")])
+        .args(["--mesh-key", &cert(&stem, "key")])
+        .args(["--mesh-ca", &cert("ca", "crt")]);
+    for s in seeds {
+        cmd.args(["--seed", &s.to_string()]);
+    }
+    cmd.env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn replica")
+}
+
+/// Polls `f` every 100 ms until it returns `Some`, for at most `limit`.
+fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let until = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < until, "timed out after {limit:?}: {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn gpu_estimate(addr: SocketAddr) -> Option<i64> {
+    let (code, v) = try_http(
+        addr,
+        "POST",
+        "/v1/estimate",
+        Some(&json!({"workload": {"manifests": [workload("probe")]}, "clusters": ["gpu"]})),
+    )?;
+    (code == 200).then(|| v["clusters"][0]["maxReplicas"].as_i64())?
+}
+
+/// `(status, winner)` of every reservation a replica lists, by id.
+fn listed(addr: SocketAddr) -> Option<Vec<(String, String, Option<String>)>> {
+    let (code, v) = try_http(addr, "GET", "/v1/reservations", None)?;
+    if code != 200 {
+        return None;
+    }
+    Some(
+        v["reservations"]
+            .as_array()?
+            .iter()
+            .map(|r| {
+                (
+                    r["id"].as_str().unwrap_or_default().to_string(),
+                    r["status"].as_str().unwrap_or_default().to_string(),
+                    r["winner"].as_str().map(str::to_string),
+                )
+            })
+            .collect(),
+    )
+}
+
+#[test]
+fn concurrent_reservations_resolve_identically_on_every_replica() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let cluster_dir = tmp.path().join("fleet").join("gpu");
+    std::fs::create_dir_all(&cluster_dir).expect("mkdir");
+    std::fs::write(cluster_dir.join("nodes.yaml"), NODE).expect("node");
+    let certs = tmp.path().join("certs");
+    let mut args: Vec<String> = vec!["certs".into(), "--out".into(), certs.display().to_string()];
+    for r in ["r1", "r2", "r3"] {
+        args.extend(["--replica".into(), r.into()]);
+    }
+    args.extend(["--agent".into(), "gpu/folder".into()]);
+    run_ok(&args);
+
+    let ids = ["r1", "r2", "r3"];
+    let replicas: Vec<Replica> = ids
+        .iter()
+        .map(|_| Replica {
+            mesh: udp_addr(),
+            http: tcp_addr(),
+        })
+        .collect();
+    let mut procs = Procs(Vec::new());
+    // r1 and r2 cannot reach each other until r3 joins.
+    for i in 0..2 {
+        procs
+            .0
+            .push(spawn_replica(tmp.path(), &certs, ids[i], &replicas[i], &[]));
+    }
+    let cert = |stem: &str, ext: &str| certs.join(format!("{stem}.{ext}")).display().to_string();
+    let mut agent = Command::new(BIN);
+    agent
+        .args(["agent", "--cluster", "gpu", "--agent-name", "folder"])
+        .args([
+            "--source",
+            "dir",
+            "--dir",
+            &cluster_dir.display().to_string(),
+        ])
+        .args(["--listen", "127.0.0.1:0"])
+        .args([
+            "--data-dir",
+            &tmp.path().join("agent").display().to_string(),
+        ])
+        .args(["--mesh-cert", &cert("agent-gpu-folder", "crt")])
+        .args(["--mesh-key", &cert("agent-gpu-folder", "key")])
+        .args(["--mesh-ca", &cert("ca", "crt")]);
+    for r in &replicas[..2] {
+        agent.args(["--replica", &r.mesh.to_string()]);
+    }
+    procs.0.push(
+        agent
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn agent"),
+    );
+    for r in &replicas[..2] {
+        let n = wait_for("8 free GPUs on r1 and r2", Duration::from_secs(60), || {
+            gpu_estimate(r.http).filter(|n| *n == 8)
+        });
+        assert_eq!(n, 8);
+    }
+
+    // Both reserve at the same moment, each unaware of the other.
+    let reserve = |addr: SocketAddr, name: &'static str, replicas: i64, priority: i32| {
+        std::thread::spawn(move || {
+            http(
+                addr,
+                "POST",
+                "/v1/reservations",
+                Some(&json!({
+                    "workload": {"manifests": [workload(name)]},
+                    "cluster": "gpu",
+                    "replicas": replicas,
+                    "priority": priority,
+                    "ttlSeconds": 600,
+                })),
+            )
+        })
+    };
+    let a = reserve(replicas[0].http, "train-a", 8, 100);
+    let b = reserve(replicas[1].http, "train-b", 6, 200);
+    let (code_a, ra) = a.join().expect("r1 reserve");
+    let (code_b, rb) = b.join().expect("r2 reserve");
+    assert_eq!((code_a, code_b), (201, 201), "{ra} {rb}");
+    let (id_a, id_b) = (
+        ra["id"].as_str().expect("id").to_string(),
+        rb["id"].as_str().expect("id").to_string(),
+    );
+    assert_eq!(ra["owner"], "r1");
+    assert_eq!(rb["owner"], "r2");
+    // Partitioned: both were admitted locally, so the capacity is overcommitted.
+    assert_eq!(ra["status"], "live", "{ra}");
+    assert_eq!(rb["status"], "live", "{rb}");
+    assert_eq!(gpu_estimate(replicas[0].http), Some(0));
+    assert_eq!(gpu_estimate(replicas[1].http), Some(2));
+
+    // r3 joins with both as seeds; the mesh merges the reservation documents.
+    procs.0.push(spawn_replica(
+        tmp.path(),
+        &certs,
+        "r3",
+        &replicas[2],
+        &[replicas[0].mesh, replicas[1].mesh],
+    ));
+    let t0 = Instant::now();
+    let want = vec![
+        (id_a.clone(), "conflicted".to_string(), Some(id_b.clone())),
+        (id_b.clone(), "live".to_string(), None),
+    ];
+    for (i, r) in replicas.iter().enumerate() {
+        wait_for(
+            &format!("{} reports {id_b} winning over {id_a}", ids[i]),
+            Duration::from_secs(60),
+            || (listed(r.http)? == want).then_some(()),
+        );
+    }
+    eprintln!(
+        "reservations: all three replicas agree {:.2} s after r3 started",
+        t0.elapsed().as_secs_f64()
+    );
+    for r in &replicas {
+        let n = wait_for(
+            "estimate deducts only the winner",
+            Duration::from_secs(30),
+            || gpu_estimate(r.http).filter(|n| *n == 2),
+        );
+        assert_eq!(n, 2);
+        // The status report carries the same reservations.
+        let (code, s) = http(r.http, "GET", "/v1/status", None);
+        assert_eq!(code, 200);
+        let statuses: Vec<(&str, &str)> = s["reservations"]
+            .as_array()
+            .expect("status reservations")
+            .iter()
+            .map(|x| {
+                (
+                    x["id"].as_str().unwrap_or(""),
+                    x["status"].as_str().unwrap_or(""),
+                )
+            })
+            .collect();
+        assert_eq!(
+            statuses,
+            vec![(id_a.as_str(), "conflicted"), (id_b.as_str(), "live")]
+        );
+    }
+    // The loser's owner is told through the API.
+    let (code, mine) = http(
+        replicas[0].http,
+        "GET",
+        &format!("/v1/reservations/{id_a}"),
+        None,
+    );
+    assert_eq!(code, 200);
+    assert_eq!(
+        (
+            mine["status"].as_str(),
+            mine["winner"].as_str(),
+            mine["remaining"].as_i64()
+        ),
+        (Some("conflicted"), Some(id_b.as_str()), Some(8))
+    );
+
+    // Only the owner releases; after r2 releases the winner, r1's reservation fits again.
+    let (code, _) = http(
+        replicas[0].http,
+        "DELETE",
+        &format!("/v1/reservations/{id_b}"),
+        None,
+    );
+    assert_eq!(code, 400, "a non-owner must not release");
+    let (code, released) = http(
+        replicas[1].http,
+        "DELETE",
+        &format!("/v1/reservations/{id_b}"),
+        None,
+    );
+    assert_eq!(
+        (code, released["status"].as_str()),
+        (200, Some("released")),
+        "{released}"
+    );
+    for (i, r) in replicas.iter().enumerate() {
+        wait_for(
+            &format!("{} re-admits {id_a} after the release", ids[i]),
+            Duration::from_secs(30),
+            || {
+                let l = listed(r.http)?;
+                let a = l.iter().find(|(id, _, _)| *id == id_a)?;
+                (a.1 == "live" && gpu_estimate(r.http)? == 0).then_some(())
+            },
+        );
+    }
+}

@@ -1,13 +1,14 @@
 //! The `dramesh` command-line contract: outputs and exit codes.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use common::BIN;
+
 fn dramesh(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_dramesh"))
-        .args(args)
-        .output()
-        .expect("run dramesh")
+    Command::new(BIN).args(args).output().expect("run dramesh")
 }
 
 fn repo() -> PathBuf {
@@ -60,25 +61,35 @@ spec:
     )
 }
 
-#[test]
-fn allocate_json_contract() {
+/// `dramesh allocate --node node-1` on [`INVENTORY`] and claim `c1` with the CEL `selector`,
+/// then `extra` arguments.
+fn allocate_c1(selector: &str, extra: &[&str]) -> Output {
     let dir = tempfile::tempdir().unwrap();
     let inv = write(dir.path(), "inv.yaml", INVENTORY);
-    let c = write(
-        dir.path(),
-        "claim.yaml",
-        &claim("c1", "device.attributes['gpu.example.com'].model == 'h100'"),
-    );
-    let out = dramesh(&[
-        "allocate", "--node", "node-1", "-f", &inv, "-f", &c, "-o", "json",
-    ]);
+    let c = write(dir.path(), "claim.yaml", &claim("c1", selector));
+    let mut args = vec!["allocate", "--node", "node-1", "-f", &inv, "-f", &c];
+    args.extend_from_slice(extra);
+    dramesh(&args)
+}
+
+/// Asserts exit code 0 (showing stderr otherwise) and parses stdout as JSON.
+fn json_exit_0(out: &Output) -> serde_json::Value {
     assert_eq!(
         out.status.code(),
         Some(0),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn allocate_json_contract() {
+    let out = allocate_c1(
+        "device.attributes['gpu.example.com'].model == 'h100'",
+        &["-o", "json"],
+    );
+    let v = json_exit_0(&out);
     assert_eq!(v["node"], "node-1");
     assert_eq!(v["allocated"], true);
     assert_eq!(v["claims"][0]["namespace"], "team-a");
@@ -97,17 +108,11 @@ fn allocate_json_contract() {
 
 #[test]
 fn allocate_reports_pod_errors_with_exit_zero() {
-    let dir = tempfile::tempdir().unwrap();
-    let inv = write(dir.path(), "inv.yaml", INVENTORY);
     // A missing attribute key is a CEL runtime error: it fails the pod, it is not "no fit".
-    let c = write(
-        dir.path(),
-        "claim.yaml",
-        &claim("c1", "device.attributes['gpu.example.com'].memory == 1"),
+    let out = allocate_c1(
+        "device.attributes['gpu.example.com'].memory == 1",
+        &["-o", "json"],
     );
-    let out = dramesh(&[
-        "allocate", "--node", "node-1", "-f", &inv, "-f", &c, "-o", "json",
-    ]);
     assert_eq!(out.status.code(), Some(0));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["allocated"], false);
@@ -116,14 +121,7 @@ fn allocate_reports_pod_errors_with_exit_zero() {
 
 #[test]
 fn allocate_says_why_a_node_does_not_fit() {
-    let dir = tempfile::tempdir().unwrap();
-    let inv = write(dir.path(), "inv.yaml", INVENTORY);
-    let c = write(
-        dir.path(),
-        "claim.yaml",
-        &claim("c1", "device.attributes['gpu.example.com'].model == 'b200'"),
-    );
-    let out = dramesh(&["allocate", "--node", "node-1", "-f", &inv, "-f", &c]);
+    let out = allocate_c1("device.attributes['gpu.example.com'].model == 'b200'", &[]);
     assert_eq!(out.status.code(), Some(0));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.starts_with("node node-1: NOT allocated"), "{text}");
@@ -162,12 +160,6 @@ fn allocate_runs_a_conformance_case_file() {
         "-o",
         "json",
     ]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = json_exit_0(&out);
     assert_eq!(v["allocated"], true);
 }

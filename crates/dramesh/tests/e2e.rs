@@ -10,137 +10,23 @@
 //! its three sections. Every wait is bounded;
 //! processes are killed when the test ends, pass or fail.
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::io::Read;
+use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use dramesh_api::proto::karmada_service::estimator_client::EstimatorClient;
+use common::{
+    BIN, Procs, ReplicaListen, WORKLOAD, http_json, karmada_client, make_certs, run_ok,
+    spawn_folder_agent, spawn_replica, try_http_json, wait_exit, wait_for,
+};
 use dramesh_api::query::{
     ClaimTemplate, DraRequirements, ReplicaQuery, ReplicaRequirements, WireStyle,
 };
 use serde_json::{Value, json};
-
-const BIN: &str = env!("CARGO_BIN_EXE_dramesh");
-
-const WORKLOAD: &str = r#"apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: one-gpu, namespace: demo}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly: {deviceClassName: gpu.nvidia.com}
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: gpu-inference, namespace: demo}
-spec:
-  replicas: 3
-  selector: {matchLabels: {app: gpu-inference}}
-  template:
-    metadata: {labels: {app: gpu-inference}}
-    spec:
-      containers:
-      - name: server
-        image: vllm
-        resources:
-          requests: {cpu: "4", memory: 16Gi}
-          claims: [{name: gpu}]
-      resourceClaims:
-      - {name: gpu, resourceClaimTemplateName: one-gpu}
-"#;
-
-/// Kills every spawned process when dropped.
-struct Procs(Vec<(String, Child)>);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for (_, c) in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn tcp_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free tcp port")
-}
-
-fn udp_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .and_then(|s| s.local_addr())
-        .map(|a| a.port())
-        .expect("free udp port")
-}
-
-fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
-    try_http(addr, method, path, body).unwrap_or_else(|| panic!("{method} {path} on {addr} failed"))
-}
-
-/// A tiny HTTP/1.1 client (one request per connection); `None` when the server is not up.
-fn try_http(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    body: Option<&Value>,
-) -> Option<(u16, Value)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    let payload = body.map(|b| b.to_string()).unwrap_or_default();
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{payload}",
-        payload.len()
-    );
-    s.write_all(req.as_bytes()).ok()?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).ok()?;
-    let text = String::from_utf8_lossy(&raw).to_string();
-    let (head, mut body) = text.split_once("\r\n\r\n")?;
-    let status: u16 = head.split_whitespace().nth(1)?.parse().ok()?;
-    let decoded;
-    if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        let mut out = String::new();
-        let mut rest = body;
-        while let Some((len, after)) = rest.split_once("\r\n") {
-            let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
-            if n == 0 {
-                break;
-            }
-            out.push_str(&after[..n]);
-            rest = &after[n + 2..];
-        }
-        decoded = out;
-        body = &decoded;
-    }
-    let v = serde_json::from_str(body).unwrap_or(Value::String(body.to_string()));
-    Some((status, v))
-}
-
-struct ReplicaAddrs {
-    mesh: SocketAddr,
-    http: SocketAddr,
-    grpc: SocketAddr,
-}
-
-fn run_ok(args: &[&str]) -> String {
-    let out = Command::new(BIN).args(args).output().expect("run dramesh");
-    assert!(
-        out.status.success(),
-        "dramesh {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).to_string()
-}
 
 /// `dramesh estimate --snapshot` per cluster.
 fn cli_estimate(snapshot: &Path, workload: &Path) -> BTreeMap<String, i64> {
@@ -172,7 +58,7 @@ fn per_cluster(v: &Value) -> BTreeMap<String, i64> {
 }
 
 fn http_estimate(addr: SocketAddr) -> BTreeMap<String, i64> {
-    let (status, v) = http(
+    let (status, v) = http_json(
         addr,
         "POST",
         "/v1/estimate",
@@ -217,14 +103,7 @@ fn karmada_query(cluster: &str) -> ReplicaQuery {
 }
 
 async fn karmada_estimate(addr: SocketAddr, clusters: &[String]) -> BTreeMap<String, i64> {
-    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
-        .expect("uri")
-        .connect_timeout(Duration::from_secs(2))
-        .timeout(Duration::from_secs(10))
-        .connect()
-        .await
-        .expect("grpc connect");
-    let mut c = EstimatorClient::new(channel);
+    let mut c = karmada_client(addr).await;
     let mut out = BTreeMap::new();
     for cluster in clusters {
         let r = c
@@ -238,32 +117,26 @@ async fn karmada_estimate(addr: SocketAddr, clusters: &[String]) -> BTreeMap<Str
 
 /// `GetUnschedulableReplicas` for Deployment `demo/<name>` with a 60 s threshold.
 async fn karmada_unschedulable(addr: SocketAddr, cluster: &str, name: &str) -> i32 {
-    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
-        .expect("uri")
-        .connect_timeout(Duration::from_secs(2))
-        .timeout(Duration::from_secs(10))
-        .connect()
+    karmada_client(addr)
         .await
-        .expect("grpc connect");
-    let mut c = EstimatorClient::new(channel);
-    c.get_unschedulable_replicas(dramesh_api::proto::karmada::UnschedulableReplicasRequest {
-        cluster: cluster.into(),
-        resource: Some(dramesh_api::proto::karmada::ObjectReference {
-            api_version: "apps/v1".into(),
-            kind: "Deployment".into(),
-            namespace: "demo".into(),
-            name: name.into(),
-        }),
-        unschedulable_threshold: 60_000_000_000,
-    })
-    .await
-    .expect("karmada answer")
-    .into_inner()
-    .unschedulable_replicas
+        .get_unschedulable_replicas(dramesh_api::proto::karmada::UnschedulableReplicasRequest {
+            cluster: cluster.into(),
+            resource: Some(dramesh_api::proto::karmada::ObjectReference {
+                api_version: "apps/v1".into(),
+                kind: "Deployment".into(),
+                namespace: "demo".into(),
+                name: name.into(),
+            }),
+            unschedulable_threshold: 60_000_000_000,
+        })
+        .await
+        .expect("karmada answer")
+        .into_inner()
+        .unschedulable_replicas
 }
 
 fn status(addr: SocketAddr) -> Option<Value> {
-    let (code, v) = try_http(addr, "GET", "/v1/status", None)?;
+    let (code, v) = try_http_json(addr, "GET", "/v1/status", None)?;
     (code == 200).then_some(v)
 }
 
@@ -281,89 +154,33 @@ async fn replicas_converge_and_answer_like_the_cli() {
     let workload = tmp.path().join("workload.yaml");
     std::fs::write(&workload, WORKLOAD).expect("workload");
     let certs = tmp.path().join("certs");
-    let mut args = vec![
-        "certs".to_string(),
-        "--out".into(),
-        certs.display().to_string(),
-    ];
-    for r in ["r1", "r2", "r3"] {
-        args.extend(["--replica".to_string(), r.to_string()]);
-    }
-    for c in &clusters {
-        args.extend(["--agent".to_string(), format!("{c}/folder")]);
-    }
-    run_ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    let cert = |stem: &str, ext: &str| certs.join(format!("{stem}.{ext}")).display().to_string();
+    let agents: Vec<String> = clusters.iter().map(|c| format!("{c}/folder")).collect();
+    make_certs(&certs, &["r1", "r2", "r3"], &agents);
 
-    let mut procs = Procs(Vec::new());
-    let mut replicas = Vec::new();
+    let mut procs = Procs::default();
+    let mut replicas: Vec<ReplicaListen> = Vec::new();
     for id in ["r1", "r2", "r3"] {
-        let a = ReplicaAddrs {
-            mesh: format!("127.0.0.1:{}", udp_port()).parse().expect("addr"),
-            http: format!("127.0.0.1:{}", tcp_port()).parse().expect("addr"),
-            grpc: format!("127.0.0.1:{}", tcp_port()).parse().expect("addr"),
-        };
-        let stem = format!("replica-{id}");
-        let mut cmd = Command::new(BIN);
-        cmd.args(["replica", "--id", id])
-            .args(["--listen-mesh", &a.mesh.to_string()])
-            .args(["--api", &a.http.to_string()])
-            .args(["--grpc", &a.grpc.to_string()])
-            .args(["--data-dir", &tmp.path().join(id).display().to_string()])
-            .args(["--mesh-cert", &cert(&stem, "crt")])
-            .args(["--mesh-key", &cert(&stem, "key")])
-            .args(["--mesh-ca", &cert("ca", "crt")]);
-        if let Some(first) = replicas.first() {
-            let first: &ReplicaAddrs = first;
-            cmd.args(["--seed", &first.mesh.to_string()]);
-        }
-        let child = cmd
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn replica");
-        procs.0.push((id.to_string(), child));
+        let a = ReplicaListen::free();
+        let seeds: Vec<SocketAddr> = replicas.first().map(|r| r.mesh).into_iter().collect();
+        procs
+            .0
+            .push(spawn_replica(tmp.path(), &certs, id, &a, &seeds));
         replicas.push(a);
     }
+    let meshes: Vec<SocketAddr> = replicas.iter().map(|r| r.mesh).collect();
     for c in &clusters {
-        let stem = format!("agent-{c}-folder");
-        let mut cmd = Command::new(BIN);
-        cmd.args(["agent", "--cluster", c, "--agent-name", "folder"])
-            .args([
-                "--source",
-                "dir",
-                "--dir",
-                &fleet.join(c).display().to_string(),
-            ])
-            .args(["--listen", "127.0.0.1:0"])
-            .args([
-                "--data-dir",
-                &tmp.path().join(format!("agent-{c}")).display().to_string(),
-            ])
-            .args(["--mesh-cert", &cert(&stem, "crt")])
-            .args(["--mesh-key", &cert(&stem, "key")])
-            .args(["--mesh-ca", &cert("ca", "crt")]);
-        for r in &replicas {
-            cmd.args(["--replica", &r.mesh.to_string()]);
-        }
-        let child = cmd
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn agent");
-        procs.0.push((format!("agent {c}"), child));
+        procs.0.push(spawn_folder_agent(
+            c,
+            &fleet.join(c),
+            &tmp.path().join(format!("agent-{c}")),
+            &certs,
+            &meshes,
+        ));
     }
 
     // Convergence: equal digests, every cluster with every object on every replica.
     let start = Instant::now();
-    let deadline = start + Duration::from_secs(60);
-    loop {
-        assert!(
-            Instant::now() < deadline,
-            "replicas did not converge within 60 s"
-        );
+    wait_for("replicas converge", Duration::from_secs(60), || {
         let statuses: Vec<Option<Value>> = replicas.iter().map(|r| status(r.http)).collect();
         let done = statuses.iter().all(Option::is_some) && {
             let s: Vec<&Value> = statuses.iter().flatten().collect();
@@ -375,7 +192,7 @@ async fn replicas_converge_and_answer_like_the_cli() {
                 && all_clusters
                 && replicas.iter().all(|r| {
                     expected_objects.iter().all(|(c, n)| {
-                        let (code, v) = http(
+                        let (code, v) = http_json(
                             r.http,
                             "GET",
                             &format!("/v1/debug/objects?cluster={c}"),
@@ -386,17 +203,14 @@ async fn replicas_converge_and_answer_like_the_cli() {
                 });
             complete && s.iter().all(|v| v["ready"] == true)
         };
-        if done {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        done.then_some(())
+    });
     let converged = start.elapsed();
     eprintln!("e2e: converged in {:.2} s", converged.as_secs_f64());
     let per_obj: Vec<Value> = replicas
         .iter()
         .map(|r| {
-            http(
+            http_json(
                 r.http,
                 "GET",
                 "/v1/debug/objects?cluster=us-east-train",
@@ -430,7 +244,7 @@ async fn replicas_converge_and_answer_like_the_cli() {
     assert_eq!(want.len(), 3);
     assert!(want["us-east-train"] > 0);
     // Per replica, the time from `since` until its HTTP answer equals `want`.
-    let wait_for = |want: &BTreeMap<String, i64>, since: Instant, limit: Duration| {
+    let answer_times = |want: &BTreeMap<String, i64>, since: Instant, limit: Duration| {
         let mut done = vec![None; replicas.len()];
         while done.iter().any(Option::is_none) && since.elapsed() < limit {
             for (i, r) in replicas.iter().enumerate() {
@@ -442,7 +256,7 @@ async fn replicas_converge_and_answer_like_the_cli() {
         }
         done
     };
-    let first = wait_for(&want, Instant::now(), Duration::from_secs(10));
+    let first = answer_times(&want, Instant::now(), Duration::from_secs(10));
     assert!(
         first.iter().all(Option::is_some),
         "HTTP answers differ from the CLI: want {want:?}"
@@ -471,7 +285,7 @@ async fn replicas_converge_and_answer_like_the_cli() {
     let changed_at = Instant::now();
     std::fs::remove_file(east_dir.join("pods.yaml")).expect("rm pods");
     std::fs::remove_file(east_dir.join("resourceclaims.yaml")).expect("rm claims");
-    let times: Vec<Duration> = wait_for(&new_want, changed_at, Duration::from_secs(10))
+    let times: Vec<Duration> = answer_times(&new_want, changed_at, Duration::from_secs(10))
         .into_iter()
         .map(|t| t.expect("a replica never followed the folder change"))
         .collect();
@@ -530,7 +344,7 @@ async fn replicas_converge_and_answer_like_the_cli() {
     }
 
     // Graceful shutdown on SIGTERM.
-    let (_, r1) = &mut procs.0[0];
+    let r1 = &mut procs.0[0];
     let pid = r1.id().to_string();
     assert!(
         Command::new("kill")
@@ -539,17 +353,7 @@ async fn replicas_converge_and_answer_like_the_cli() {
             .expect("kill")
             .success()
     );
-    let t0 = Instant::now();
-    let code = loop {
-        if let Some(s) = r1.try_wait().expect("wait") {
-            break s;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(15),
-            "replica did not stop on SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let code = wait_exit(r1, Duration::from_secs(15)).expect("replica did not stop on SIGTERM");
     assert!(code.success(), "replica exit status {code}");
 }
 
@@ -562,15 +366,9 @@ fn demo_runs_and_prints_its_sections() {
         .spawn()
         .expect("spawn demo");
     let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait") {
-            break s;
-        }
-        if t0.elapsed() > Duration::from_secs(120) {
-            let _ = child.kill();
-            panic!("demo did not finish within 120 s");
-        }
-        std::thread::sleep(Duration::from_millis(100));
+    let Some(status) = wait_exit(&mut child, Duration::from_secs(120)) else {
+        let _ = child.kill();
+        panic!("demo did not finish within 120 s");
     };
     let mut out = String::new();
     let mut err = String::new();

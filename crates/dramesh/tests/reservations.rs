@@ -11,15 +11,16 @@
 //! every replica re-admits r1's reservation (estimate 0); r1 cannot release r2's reservation.
 //! Every wait is bounded; processes are killed when the test ends, pass or fail.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream, UdpSocket};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
-
-const BIN: &str = env!("CARGO_BIN_EXE_dramesh");
+use common::{
+    Procs, ReplicaListen, http_json, make_certs, spawn_folder_agent, spawn_replica, try_http_json,
+    wait_for,
+};
+use serde_json::json;
 
 const NODE: &str = r#"apiVersion: v1
 kind: Node
@@ -50,126 +51,8 @@ spec:
     )
 }
 
-/// Kills every spawned process when dropped.
-struct Procs(Vec<Child>);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn tcp_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free tcp port")
-}
-
-fn udp_addr() -> SocketAddr {
-    UdpSocket::bind("127.0.0.1:0")
-        .and_then(|s| s.local_addr())
-        .expect("free udp port")
-}
-
-/// One HTTP/1.1 request per connection; `None` while the server is not up.
-fn try_http(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    body: Option<&Value>,
-) -> Option<(u16, Value)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    let payload = body.map(|b| b.to_string()).unwrap_or_default();
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{payload}",
-        payload.len()
-    );
-    s.write_all(req.as_bytes()).ok()?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).ok()?;
-    let text = String::from_utf8_lossy(&raw).to_string();
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    let status: u16 = head.split_whitespace().nth(1)?.parse().ok()?;
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        let mut out = String::new();
-        let mut rest = body;
-        while let Some((len, after)) = rest.split_once("\r\n") {
-            let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
-            if n == 0 || after.len() < n {
-                break;
-            }
-            out.push_str(&after[..n]);
-            rest = after.get(n + 2..).unwrap_or("");
-        }
-        out
-    } else {
-        body.to_string()
-    };
-    let v = serde_json::from_str(&body).unwrap_or(Value::String(body));
-    Some((status, v))
-}
-
-fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
-    try_http(addr, method, path, body).unwrap_or_else(|| panic!("{method} {path} on {addr} failed"))
-}
-
-fn run_ok(args: &[String]) {
-    let out = Command::new(BIN).args(args).output().expect("run dramesh");
-    assert!(
-        out.status.success(),
-        "dramesh {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-struct Replica {
-    mesh: SocketAddr,
-    http: SocketAddr,
-}
-
-fn spawn_replica(tmp: &Path, certs: &Path, id: &str, r: &Replica, seeds: &[SocketAddr]) -> Child {
-    let cert = |stem: &str, ext: &str| certs.join(format!("{stem}.{ext}")).display().to_string();
-    let stem = format!("replica-{id}");
-    let mut cmd = Command::new(BIN);
-    cmd.args(["replica", "--id", id])
-        .args(["--listen-mesh", &r.mesh.to_string()])
-        .args(["--api", &r.http.to_string()])
-        .args(["--grpc", &tcp_addr().to_string()])
-        .args(["--data-dir", &tmp.join(id).display().to_string()])
-        .args(["--mesh-cert", &cert(&stem, "crt")])
-        .args(["--mesh-key", &cert(&stem, "key")])
-        .args(["--mesh-ca", &cert("ca", "crt")]);
-    for s in seeds {
-        cmd.args(["--seed", &s.to_string()]);
-    }
-    cmd.env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn replica")
-}
-
-/// Polls `f` every 100 ms until it returns `Some`, for at most `limit`.
-fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let until = Instant::now() + limit;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < until, "timed out after {limit:?}: {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 fn gpu_estimate(addr: SocketAddr) -> Option<i64> {
-    let (code, v) = try_http(
+    let (code, v) = try_http_json(
         addr,
         "POST",
         "/v1/estimate",
@@ -180,7 +63,7 @@ fn gpu_estimate(addr: SocketAddr) -> Option<i64> {
 
 /// `(status, winner)` of every reservation a replica lists, by id.
 fn listed(addr: SocketAddr) -> Option<Vec<(String, String, Option<String>)>> {
-    let (code, v) = try_http(addr, "GET", "/v1/reservations", None)?;
+    let (code, v) = try_http_json(addr, "GET", "/v1/reservations", None)?;
     if code != 200 {
         return None;
     }
@@ -206,57 +89,25 @@ fn concurrent_reservations_resolve_identically_on_every_replica() {
     std::fs::create_dir_all(&cluster_dir).expect("mkdir");
     std::fs::write(cluster_dir.join("nodes.yaml"), NODE).expect("node");
     let certs = tmp.path().join("certs");
-    let mut args: Vec<String> = vec!["certs".into(), "--out".into(), certs.display().to_string()];
-    for r in ["r1", "r2", "r3"] {
-        args.extend(["--replica".into(), r.into()]);
-    }
-    args.extend(["--agent".into(), "gpu/folder".into()]);
-    run_ok(&args);
+    make_certs(&certs, &["r1", "r2", "r3"], &["gpu/folder".to_string()]);
 
     let ids = ["r1", "r2", "r3"];
-    let replicas: Vec<Replica> = ids
-        .iter()
-        .map(|_| Replica {
-            mesh: udp_addr(),
-            http: tcp_addr(),
-        })
-        .collect();
-    let mut procs = Procs(Vec::new());
+    let replicas: Vec<ReplicaListen> = ids.iter().map(|_| ReplicaListen::free()).collect();
+    let mut procs = Procs::default();
     // r1 and r2 cannot reach each other until r3 joins.
     for i in 0..2 {
         procs
             .0
             .push(spawn_replica(tmp.path(), &certs, ids[i], &replicas[i], &[]));
     }
-    let cert = |stem: &str, ext: &str| certs.join(format!("{stem}.{ext}")).display().to_string();
-    let mut agent = Command::new(BIN);
-    agent
-        .args(["agent", "--cluster", "gpu", "--agent-name", "folder"])
-        .args([
-            "--source",
-            "dir",
-            "--dir",
-            &cluster_dir.display().to_string(),
-        ])
-        .args(["--listen", "127.0.0.1:0"])
-        .args([
-            "--data-dir",
-            &tmp.path().join("agent").display().to_string(),
-        ])
-        .args(["--mesh-cert", &cert("agent-gpu-folder", "crt")])
-        .args(["--mesh-key", &cert("agent-gpu-folder", "key")])
-        .args(["--mesh-ca", &cert("ca", "crt")]);
-    for r in &replicas[..2] {
-        agent.args(["--replica", &r.mesh.to_string()]);
-    }
-    procs.0.push(
-        agent
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn agent"),
-    );
+    let first_two: Vec<SocketAddr> = replicas[..2].iter().map(|r| r.mesh).collect();
+    procs.0.push(spawn_folder_agent(
+        "gpu",
+        &cluster_dir,
+        &tmp.path().join("agent"),
+        &certs,
+        &first_two,
+    ));
     for r in &replicas[..2] {
         let n = wait_for("8 free GPUs on r1 and r2", Duration::from_secs(60), || {
             gpu_estimate(r.http).filter(|n| *n == 8)
@@ -267,7 +118,7 @@ fn concurrent_reservations_resolve_identically_on_every_replica() {
     // Both reserve at the same moment, each unaware of the other.
     let reserve = |addr: SocketAddr, name: &'static str, replicas: i64, priority: i32| {
         std::thread::spawn(move || {
-            http(
+            http_json(
                 addr,
                 "POST",
                 "/v1/reservations",
@@ -330,7 +181,7 @@ fn concurrent_reservations_resolve_identically_on_every_replica() {
         );
         assert_eq!(n, 2);
         // The status report carries the same reservations.
-        let (code, s) = http(r.http, "GET", "/v1/status", None);
+        let (code, s) = http_json(r.http, "GET", "/v1/status", None);
         assert_eq!(code, 200);
         let statuses: Vec<(&str, &str)> = s["reservations"]
             .as_array()
@@ -349,7 +200,7 @@ fn concurrent_reservations_resolve_identically_on_every_replica() {
         );
     }
     // The loser's owner is told through the API.
-    let (code, mine) = http(
+    let (code, mine) = http_json(
         replicas[0].http,
         "GET",
         &format!("/v1/reservations/{id_a}"),
@@ -366,14 +217,14 @@ fn concurrent_reservations_resolve_identically_on_every_replica() {
     );
 
     // Only the owner releases; after r2 releases the winner, r1's reservation fits again.
-    let (code, _) = http(
+    let (code, _) = http_json(
         replicas[0].http,
         "DELETE",
         &format!("/v1/reservations/{id_b}"),
         None,
     );
     assert_eq!(code, 400, "a non-owner must not release");
-    let (code, released) = http(
+    let (code, released) = http_json(
         replicas[1].http,
         "DELETE",
         &format!("/v1/reservations/{id_b}"),

@@ -12,9 +12,9 @@ mod common;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{Demo, demo_clusters, http};
+use common::{Demo, demo_clusters, http, wait_exit};
 use serde_json::Value;
 
 fn find_chromium() -> Option<PathBuf> {
@@ -48,20 +48,13 @@ fn dump_dom(chromium: &PathBuf, url: &str) -> String {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("starting {}: {e}", chromium.display()));
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) => break,
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
-            _ => {
-                let _ = child.kill();
-                let out = child.wait_with_output().expect("chromium output");
-                panic!(
-                    "chromium did not finish within 90 s; stderr:\n{}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-        }
+    if wait_exit(&mut child, Duration::from_secs(90)).is_none() {
+        let _ = child.kill();
+        let out = child.wait_with_output().expect("chromium output");
+        panic!(
+            "chromium did not finish within 90 s; stderr:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let out = child.wait_with_output().expect("chromium output");
     let dom = String::from_utf8_lossy(&out.stdout).to_string();

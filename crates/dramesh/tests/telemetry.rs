@@ -13,9 +13,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Demo, demo_clusters, http};
+use common::{Demo, WORKLOAD, demo_clusters, http, karmada_client};
 use dramesh_api::proto::karmada as kpb;
-use dramesh_api::proto::karmada_service::estimator_client::EstimatorClient;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -24,35 +23,6 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use opentelemetry_proto::tonic::trace::v1::Span;
-
-const WORKLOAD: &str = r#"apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: one-gpu, namespace: demo}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly: {deviceClassName: gpu.nvidia.com}
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: gpu-inference, namespace: demo}
-spec:
-  replicas: 3
-  selector: {matchLabels: {app: gpu-inference}}
-  template:
-    metadata: {labels: {app: gpu-inference}}
-    spec:
-      containers:
-      - name: server
-        image: vllm
-        resources:
-          requests: {cpu: "4", memory: 16Gi}
-          claims: [{name: gpu}]
-      resourceClaims:
-      - {name: gpu, resourceClaimTemplateName: one-gpu}
-"#;
 
 #[derive(Clone, Default)]
 struct Collector(Arc<Mutex<Vec<ExportTraceServiceRequest>>>);
@@ -171,12 +141,7 @@ async fn metrics_and_otlp_spans_of_a_running_replica() {
     let r1 = demo.replicas[0].clone();
 
     // A Karmada question over gRPC and a native estimate over HTTP.
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", r1.grpc))
-        .expect("gRPC URI")
-        .connect()
-        .await
-        .expect("gRPC connect");
-    let mut karmada = EstimatorClient::new(channel);
+    let mut karmada = karmada_client(r1.grpc).await;
     let answer = karmada
         .max_available_replicas(kpb::MaxAvailableReplicasRequest {
             cluster: "no-such-cluster".into(),

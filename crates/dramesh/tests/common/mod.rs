@@ -1,14 +1,54 @@
-//! `dramesh demo --serve` as a child process, for tests of what a running replica serves.
+//! Shared helpers of the `dramesh` integration tests: `dramesh demo --serve` as a child process,
+//! spawning replicas and folder agents with their certificates, free loopback ports, a small
+//! HTTP/1.1 client, a Karmada gRPC client and bounded polling. Every wait is bounded, and
+//! spawned processes are killed when their owner ([`Demo`], [`Procs`]) is dropped.
 
 #![allow(dead_code)]
 
+use std::ffi::OsStr;
+use std::fmt::Debug;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use dramesh_api::proto::karmada_service::estimator_client::EstimatorClient;
+use serde_json::Value;
+use tonic::transport::Channel;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_dramesh");
+
+/// A Deployment of 3 replicas with 4 CPU, 16 GiB and one `gpu.nvidia.com` device each.
+pub const WORKLOAD: &str = r#"apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: one-gpu, namespace: demo}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly: {deviceClassName: gpu.nvidia.com}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: gpu-inference, namespace: demo}
+spec:
+  replicas: 3
+  selector: {matchLabels: {app: gpu-inference}}
+  template:
+    metadata: {labels: {app: gpu-inference}}
+    spec:
+      containers:
+      - name: server
+        image: vllm
+        resources:
+          requests: {cpu: "4", memory: 16Gi}
+          claims: [{name: gpu}]
+      resourceClaims:
+      - {name: gpu, resourceClaimTemplateName: one-gpu}
+"#;
 
 /// Addresses a demo replica prints.
 #[derive(Debug, Clone)]
@@ -98,12 +138,8 @@ impl Demo {
     pub fn stop(&mut self) -> bool {
         let pid = self.child.id().to_string();
         let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return status.success();
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        if let Some(status) = wait_exit(&mut self.child, Duration::from_secs(20)) {
+            return status.success();
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -120,46 +156,284 @@ impl Drop for Demo {
     }
 }
 
-/// One HTTP/1.1 request (Connection: close); returns status and body (chunked bodies decoded).
-pub fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-        .unwrap_or_else(|e| panic!("connect {addr}: {e}"));
-    s.set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("read timeout");
-    let payload = body.unwrap_or("");
+/// Connect timeout of the test HTTP client.
+const HTTP_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Read timeout of the test HTTP client: a debug-build replica may take a while to estimate.
+const HTTP_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One HTTP/1.1 request (one connection, `Connection: close`, JSON content type); returns the
+/// status and the body, chunked bodies decoded. `Err` says what failed, e.g. that nothing
+/// listens yet, so pollers can retry.
+pub fn try_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> Result<(u16, String), String> {
+    let mut s = TcpStream::connect_timeout(&addr, HTTP_CONNECT_TIMEOUT)
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    s.set_read_timeout(Some(HTTP_READ_TIMEOUT))
+        .map_err(|e| format!("read timeout on {addr}: {e}"))?;
     let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{payload}",
-        payload.len()
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
     );
-    s.write_all(req.as_bytes()).expect("send request");
+    s.write_all(req.as_bytes())
+        .map_err(|e| format!("send to {addr}: {e}"))?;
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw).expect("read response");
-    let text = String::from_utf8_lossy(&raw).to_string();
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .unwrap_or_else(|| panic!("no header/body separator in {text:?}"));
+    s.read_to_end(&mut raw)
+        .map_err(|e| format!("read from {addr}: {e}"))?;
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| {
+            format!(
+                "no header/body separator in {:?}",
+                String::from_utf8_lossy(&raw)
+            )
+        })?;
+    let head = String::from_utf8_lossy(&raw[..split]);
+    let body = &raw[split + 4..];
     let status: u16 = head
         .split_whitespace()
         .nth(1)
         .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("bad status line in {head:?}"));
-    if !head
+        .ok_or_else(|| format!("bad status line in {head:?}"))?;
+    let chunked = head
         .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        return (status, body.to_string());
-    }
-    let mut out = String::new();
-    let mut rest = body;
-    while let Some((len, after)) = rest.split_once("\r\n") {
-        let n = usize::from_str_radix(len.trim(), 16).expect("chunk length");
+        .contains("transfer-encoding: chunked");
+    let body = if chunked {
+        decode_chunked(body)?
+    } else {
+        body.to_vec()
+    };
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// Decodes a chunked body (RFC 9112 §7.1) up to its last, empty chunk.
+fn decode_chunked(mut rest: &[u8]) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    loop {
+        let eol = rest
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .ok_or("chunked body ends without its last chunk")?;
+        let line = String::from_utf8_lossy(&rest[..eol]);
+        let size = line.split(';').next().unwrap_or("").trim();
+        let n = usize::from_str_radix(size, 16)
+            .map_err(|e| format!("chunk size line {line:?}: {e}"))?;
         if n == 0 {
-            break;
+            return Ok(out);
         }
-        out.push_str(&after[..n]);
-        rest = &after[n + 2..];
+        let data = &rest[eol + 2..];
+        let chunk = data
+            .get(..n)
+            .ok_or_else(|| format!("chunk of {n} bytes cut short"))?;
+        out.extend_from_slice(chunk);
+        rest = data
+            .get(n..)
+            .and_then(|r| r.strip_prefix(b"\r\n"))
+            .ok_or("chunk not followed by CRLF")?;
     }
-    (status, out)
+}
+
+/// [`try_request`] that panics on failure; `body` is sent as is.
+pub fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    try_request(addr, method, path, body.unwrap_or(""))
+        .unwrap_or_else(|e| panic!("{method} {path} on {addr}: {e}"))
+}
+
+/// The body as JSON, or as a JSON string when it is not JSON (error texts).
+fn json_or_string(text: String) -> Value {
+    serde_json::from_str(&text).unwrap_or(Value::String(text))
+}
+
+/// A JSON request; `None` when it failed (e.g. the server is not up yet).
+pub fn try_http_json(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> Option<(u16, Value)> {
+    let payload = body.map(Value::to_string).unwrap_or_default();
+    let (status, text) = try_request(addr, method, path, &payload).ok()?;
+    Some((status, json_or_string(text)))
+}
+
+/// [`try_http_json`] that panics on failure.
+pub fn http_json(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+    let payload = body.map(Value::to_string).unwrap_or_default();
+    let (status, text) = try_request(addr, method, path, &payload)
+        .unwrap_or_else(|e| panic!("{method} {path} on {addr}: {e}"));
+    (status, json_or_string(text))
+}
+
+/// A Karmada estimator gRPC client of a replica (bounded connect and call times).
+pub async fn karmada_client(addr: SocketAddr) -> EstimatorClient<Channel> {
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .expect("gRPC URI")
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("gRPC connect {addr}: {e}"));
+    EstimatorClient::new(channel)
+}
+
+/// Polls `f` every 100 ms until it returns `Some`, for at most `limit`; panics naming `what`
+/// when time runs out.
+pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let until = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < until, "timed out after {limit:?}: {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits (at most `limit`) for `child` to exit; `None` when it is still running (or cannot be
+/// waited for). Does not kill it.
+pub fn wait_exit(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + limit;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            _ => return None,
+        }
+    }
+}
+
+/// Runs `dramesh args`, asserts it succeeded, returns its stdout.
+pub fn run_ok<S: AsRef<OsStr> + Debug>(args: &[S]) -> String {
+    let out = Command::new(BIN).args(args).output().expect("run dramesh");
+    assert!(
+        out.status.success(),
+        "dramesh {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// Kills every process pushed into it when dropped, so a failing test leaves none behind.
+#[derive(Default)]
+pub struct Procs(pub Vec<Child>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A loopback address with a TCP port free at the time of the call.
+pub fn tcp_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free tcp port")
+}
+
+/// A loopback address with a UDP port free at the time of the call (QUIC mesh listeners).
+pub fn udp_addr() -> SocketAddr {
+    UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .expect("free udp port")
+}
+
+/// `dramesh certs --out out` for the replica ids and `cluster/agent` names.
+pub fn make_certs(out: &Path, replicas: &[&str], agents: &[String]) {
+    let mut args = vec![
+        "certs".to_string(),
+        "--out".into(),
+        out.display().to_string(),
+    ];
+    for r in replicas {
+        args.extend(["--replica".to_string(), r.to_string()]);
+    }
+    for a in agents {
+        args.extend(["--agent".to_string(), a.clone()]);
+    }
+    run_ok(&args);
+}
+
+/// Spawns `cmd` with the mesh identity `<certs>/<stem>.{crt,key}` and the CA of
+/// `dramesh certs`, logging warnings to the test's stderr.
+fn spawn_meshed(mut cmd: Command, certs: &Path, stem: &str) -> Child {
+    let cert = |stem: &str, ext: &str| certs.join(format!("{stem}.{ext}")).display().to_string();
+    cmd.args(["--mesh-cert", &cert(stem, "crt")])
+        .args(["--mesh-key", &cert(stem, "key")])
+        .args(["--mesh-ca", &cert("ca", "crt")])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn dramesh {stem}: {e}"))
+}
+
+/// Where a spawned replica listens.
+#[derive(Debug, Clone)]
+pub struct ReplicaListen {
+    pub mesh: SocketAddr,
+    pub http: SocketAddr,
+    pub grpc: SocketAddr,
+}
+
+impl ReplicaListen {
+    /// Free loopback ports.
+    pub fn free() -> ReplicaListen {
+        ReplicaListen {
+            mesh: udp_addr(),
+            http: tcp_addr(),
+            grpc: tcp_addr(),
+        }
+    }
+}
+
+/// `dramesh replica --id id` with the certificates of `make_certs`, its data in `data/<id>`,
+/// joining the mesh through `seeds`.
+pub fn spawn_replica(
+    data: &Path,
+    certs: &Path,
+    id: &str,
+    at: &ReplicaListen,
+    seeds: &[SocketAddr],
+) -> Child {
+    let stem = format!("replica-{id}");
+    let mut cmd = Command::new(BIN);
+    cmd.args(["replica", "--id", id])
+        .args(["--listen-mesh", &at.mesh.to_string()])
+        .args(["--api", &at.http.to_string()])
+        .args(["--grpc", &at.grpc.to_string()])
+        .args(["--data-dir", &data.join(id).display().to_string()]);
+    for s in seeds {
+        cmd.args(["--seed", &s.to_string()]);
+    }
+    spawn_meshed(cmd, certs, &stem)
+}
+
+/// `dramesh agent` named `folder` for `cluster`, publishing the folder `dir` to the replicas'
+/// mesh addresses, its state in `data`.
+pub fn spawn_folder_agent(
+    cluster: &str,
+    dir: &Path,
+    data: &Path,
+    certs: &Path,
+    replicas: &[SocketAddr],
+) -> Child {
+    let stem = format!("agent-{cluster}-folder");
+    let mut cmd = Command::new(BIN);
+    cmd.args(["agent", "--cluster", cluster, "--agent-name", "folder"])
+        .args(["--source", "dir", "--dir", &dir.display().to_string()])
+        .args(["--listen", "127.0.0.1:0"])
+        .args(["--data-dir", &data.display().to_string()]);
+    for r in replicas {
+        cmd.args(["--replica", &r.to_string()]);
+    }
+    spawn_meshed(cmd, certs, &stem)
 }
 
 /// Names of the demo's member clusters.
@@ -177,4 +451,13 @@ fn serving_lines_parse() {
     assert_eq!(r.http.port(), 4000);
     assert_eq!(r.grpc.port(), 4001);
     assert!(parse_serving("converged after 0.5 s").is_none());
+}
+
+#[test]
+fn chunked_bodies_decode_and_cut_ones_fail() {
+    let body = b"4\r\nWiki\r\n6;ext=1\r\npedia \r\n0\r\n\r\n";
+    assert_eq!(decode_chunked(body).as_deref(), Ok(&b"Wikipedia "[..]));
+    assert!(decode_chunked(b"4\r\nWi").is_err(), "short chunk");
+    assert!(decode_chunked(b"4\r\nWiki\r\n").is_err(), "no last chunk");
+    assert!(decode_chunked(b"zz\r\n").is_err(), "bad size");
 }

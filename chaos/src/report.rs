@@ -167,17 +167,31 @@ pub fn write(out: &Path, results: &[ScenarioResult]) -> Result<()> {
     Ok(())
 }
 
-/// Mesh bytes sent according to a replica's `/metrics`: the samples of
-/// `dramesh_mesh_bytes_total{direction="sent"}`, or else of any metric named `*bytes_sent*`.
-pub fn mesh_bytes_sent(text: &str) -> u64 {
+/// Mesh bytes sent according to a replica's `/metrics`: the sum of the samples of
+/// `dramesh_mesh_bytes_total` whose labels include `direction="sent"` (any label order, any
+/// other labels such as `peer`), or else of any metric whose name contains `bytes_sent`;
+/// `None` when neither is present.
+pub fn mesh_bytes_sent(text: &str) -> Option<u64> {
     let labelled: Vec<&str> = text
         .lines()
-        .filter(|l| l.starts_with("dramesh_mesh_bytes_total") && l.contains("direction=\"sent\""))
+        .filter(|l| {
+            let name = l.split(['{', ' ']).next().unwrap_or_default();
+            name == "dramesh_mesh_bytes_total" && l.contains("direction=\"sent\"")
+        })
         .collect();
-    if labelled.is_empty() {
-        return sum_metric(text, "bytes_sent");
+    if !labelled.is_empty() {
+        return Some(sum_metric(&labelled.join("\n"), "dramesh_mesh_bytes_total"));
     }
-    sum_metric(&labelled.join("\n"), "dramesh_mesh_bytes_total")
+    let fallback: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.split(['{', ' '])
+                .next()
+                .is_some_and(|n| n.contains("bytes_sent"))
+        })
+        .collect();
+    (!fallback.is_empty()).then(|| sum_metric(&fallback.join("\n"), "bytes_sent"))
 }
 
 /// Sums Prometheus text samples whose metric name contains `needle`.
@@ -264,10 +278,12 @@ mod tests {
                     dramesh_mesh_bytes_sent_total{peer=\"r3\"} 50\nother_total 7\n";
         assert_eq!(sum_metric(text, "bytes_sent"), 150);
         assert_eq!(sum_metric(text, "nothing"), 0);
-        assert_eq!(mesh_bytes_sent(text), 150, "fallback to *bytes_sent*");
+        assert_eq!(mesh_bytes_sent(text), Some(150), "fallback to *bytes_sent*");
+        assert_eq!(mesh_bytes_sent("other_total 7\n"), None);
         let text = "dramesh_mesh_bytes_total{direction=\"sent\",peer=\"r2\"} 40\n\
                     dramesh_mesh_bytes_total{direction=\"received\",peer=\"r2\"} 99\n\
-                    dramesh_mesh_bytes_total{peer=\"r3\",direction=\"sent\"} 2\n";
-        assert_eq!(mesh_bytes_sent(text), 42);
+                    dramesh_mesh_bytes_total{peer=\"r3\",direction=\"sent\"} 2\n\
+                    dramesh_mesh_bytes_total_created{direction=\"sent\"} 1e9\n";
+        assert_eq!(mesh_bytes_sent(text), Some(42));
     }
 }

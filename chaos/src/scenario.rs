@@ -295,20 +295,43 @@ pub fn observe(addr: SocketAddr, replica: &str, clusters: &[String]) -> ReplicaO
     }
 }
 
-/// Mesh bytes sent by all replicas according to their `/metrics`, if any answers.
-pub fn metrics_bytes(api: &BTreeMap<String, SocketAddr>) -> Option<u64> {
-    let mut total = None;
-    for a in api.values() {
-        let Ok(r) = http::request(*a, "GET", "/metrics", None, Duration::from_secs(3)) else {
+/// Mesh bytes sent by each replica according to its `/metrics` (replicas that do not answer
+/// or expose no such metric are left out).
+pub fn metrics_bytes(api: &BTreeMap<String, SocketAddr>) -> BTreeMap<String, u64> {
+    let mut sent = BTreeMap::new();
+    for (r, a) in api {
+        let Ok(resp) = http::request(*a, "GET", "/metrics", None, Duration::from_secs(3)) else {
             continue;
         };
-        if r.status != 200 {
+        if resp.status != 200 {
             continue;
         }
-        total =
-            Some(total.unwrap_or(0) + report::mesh_bytes_sent(&String::from_utf8_lossy(&r.body)));
+        if let Some(b) = report::mesh_bytes_sent(&String::from_utf8_lossy(&resp.body)) {
+            sent.insert(r.clone(), b);
+        }
     }
-    total
+    sent
+}
+
+/// Bytes sent between two `/metrics` readings, summed over replicas; `None` when no replica
+/// exposed the metric at the end. A counter that went down (the replica restarted, or its
+/// per-peer series was dropped with the connection) counts from zero, so this is a lower bound.
+pub fn metrics_growth(
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+) -> Option<u64> {
+    if after.is_empty() {
+        return None;
+    }
+    Some(
+        after
+            .iter()
+            .map(|(r, a)| match before.get(r) {
+                Some(b) if b <= a => a - b,
+                _ => *a,
+            })
+            .sum(),
+    )
 }
 
 struct Observed {
@@ -445,7 +468,7 @@ pub fn run_scenario(sc: &Scenario, profile: &Profile, opts: &RunOptions) -> Resu
         .ok()
         .map(|b| b.saturating_sub(bytes_before));
     let veth_bytes = lab.veth_bytes().saturating_sub(veth_before);
-    let metrics = metrics_bytes(&fleet.api).map(|b| b.saturating_sub(metrics_before.unwrap_or(0)));
+    let metrics = metrics_growth(&metrics_before, &metrics_bytes(&fleet.api));
 
     let queries = records.lock().map(|v| v.clone()).unwrap_or_default();
     let policy = QueryPolicy {
@@ -486,7 +509,7 @@ type FaultOutcome = (
     Vec<Isolation>,
     u64,
     u64,
-    Option<u64>,
+    BTreeMap<String, u64>,
 );
 
 #[allow(clippy::too_many_arguments)]
@@ -643,6 +666,18 @@ mod tests {
         let budget = q.scenarios.len() as u64 * (q.fault_ms + 20_000);
         assert!(budget <= 180_000, "quick profile budget {budget} ms");
         assert!(Profile::named("slow").is_err());
+    }
+
+    #[test]
+    fn metrics_growth_counts_a_reset_counter_from_zero() {
+        let m = |v: &[(&str, u64)]| -> BTreeMap<String, u64> {
+            v.iter().map(|(k, b)| (k.to_string(), *b)).collect()
+        };
+        let before = m(&[("r1", 100), ("r2", 500)]);
+        // r1 grew by 50; r2 restarted and has sent 30 since; r3 appeared with 7.
+        let after = m(&[("r1", 150), ("r2", 30), ("r3", 7)]);
+        assert_eq!(metrics_growth(&before, &after), Some(87));
+        assert_eq!(metrics_growth(&before, &BTreeMap::new()), None);
     }
 
     #[test]

@@ -230,6 +230,82 @@ impl Dramesh for NativeService {
         })
         .await
     }
+
+    async fn reserve(
+        &self,
+        request: Request<npb::ReserveRequest>,
+    ) -> Result<Response<npb::Reservation>, Status> {
+        let req = crate::native::ReserveRequest::from(request.into_inner());
+        let m = Method::Reserve;
+        let cluster = req.cluster.clone();
+        observed(
+            &self.state,
+            API_NATIVE_GRPC,
+            m,
+            Some(&cluster),
+            async move {
+                let r = self.state.call_native(m, move |b| b.reserve(&req)).await?;
+                Ok(r.into())
+            },
+        )
+        .await
+    }
+
+    async fn release(
+        &self,
+        request: Request<npb::ReleaseRequest>,
+    ) -> Result<Response<npb::Reservation>, Status> {
+        let id = request.into_inner().id;
+        let m = Method::Release;
+        observed(&self.state, API_NATIVE_GRPC, m, None, async move {
+            let id = required_id(m, id)?;
+            let r = self.state.call_native(m, move |b| b.release(&id)).await?;
+            Ok(r.into())
+        })
+        .await
+    }
+
+    async fn get_reservation(
+        &self,
+        request: Request<npb::GetReservationRequest>,
+    ) -> Result<Response<npb::Reservation>, Status> {
+        let id = request.into_inner().id;
+        let m = Method::GetReservation;
+        observed(&self.state, API_NATIVE_GRPC, m, None, async move {
+            let id = required_id(m, id)?;
+            let r = self
+                .state
+                .call_native(m, move |b| b.reservation(&id))
+                .await?;
+            Ok(r.into())
+        })
+        .await
+    }
+
+    async fn list_reservations(
+        &self,
+        _request: Request<npb::ListReservationsRequest>,
+    ) -> Result<Response<npb::ListReservationsResponse>, Status> {
+        let m = Method::ListReservations;
+        observed(&self.state, API_NATIVE_GRPC, m, None, async move {
+            let reservations = self.state.call_native(m, |b| b.reservations()).await?;
+            Ok(crate::native::ReservationList { reservations }.into())
+        })
+        .await
+    }
+}
+
+/// The reservation id of a Release or GetReservation request. Over HTTP it is a path
+/// segment and cannot be empty; over gRPC an empty one is a client mistake, not a lookup.
+fn required_id(m: Method, id: String) -> Result<String, Status> {
+    if id.is_empty() {
+        tracing::warn!(method = m.as_str(), "malformed request: empty id");
+        return Err(Status::invalid_argument(format!(
+            "{} request: field id is required",
+            m.as_str()
+        )));
+    }
+    Ok(id)
 }
 
 /// The Karmada `Estimator` service with the state's size limit applied.

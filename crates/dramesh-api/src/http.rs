@@ -137,41 +137,14 @@ async fn status(State(state): State<ApiState>) -> Response {
     )
 }
 
-/// Runs a reservation call on the blocking pool under `request_timeout`. Not counted in the
-/// per-method metrics, which have no reservation methods yet.
-async fn call_reservations<T, F>(state: &ApiState, what: &str, f: F) -> Result<T, ApiError>
-where
-    T: Send + 'static,
-    F: FnOnce(&dyn crate::backend::Backend) -> Result<T, ApiError> + Send + 'static,
-{
-    let backend = state.backend.clone();
-    let task = tokio::task::spawn_blocking(move || f(backend.as_ref()));
-    let out = match tokio::time::timeout(state.config.request_timeout, task).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(join)) => Err(ApiError::Internal(format!("{what} panicked: {join}"))),
-        Err(_) => Err(ApiError::Unavailable(format!(
-            "{what} did not finish within {:?}",
-            state.config.request_timeout
-        ))),
-    };
-    if let Err(e) = &out {
-        tracing::warn!(method = what, error = %e, "request failed");
-    }
-    out
-}
-
 async fn reserve(State(state): State<ApiState>, body: Bytes) -> Response {
-    let req: ReserveRequest = match serde_json::from_slice(&body) {
+    let req: ReserveRequest = match parse(&state, Method::Reserve, &body) {
         Ok(r) => r,
-        Err(e) => {
-            return ApiError::InvalidRequest(format!(
-                "Reserve request body is not valid JSON of the expected shape: {e}"
-            ))
-            .into_response();
-        }
+        Err(e) => return e.into_response(),
     };
     let span = tracing::info_span!("http", method = "Reserve", cluster = %req.cluster);
-    match call_reservations(&state, "Reserve", move |b| b.reserve(&req))
+    match state
+        .call_native(Method::Reserve, move |b| b.reserve(&req))
         .instrument(span)
         .await
     {
@@ -181,21 +154,36 @@ async fn reserve(State(state): State<ApiState>, body: Bytes) -> Response {
 }
 
 async fn list_reservations(State(state): State<ApiState>) -> Response {
+    let span = tracing::info_span!("http", method = "ListReservations");
     json(
-        call_reservations(&state, "ListReservations", |b| {
-            b.reservations()
-                .map(|reservations| ReservationList { reservations })
-        })
-        .await,
+        state
+            .call_native(Method::ListReservations, |b| {
+                b.reservations()
+                    .map(|reservations| ReservationList { reservations })
+            })
+            .instrument(span)
+            .await,
     )
 }
 
 async fn get_reservation(State(state): State<ApiState>, Path(id): Path<String>) -> Response {
-    json(call_reservations(&state, "GetReservation", move |b| b.reservation(&id)).await)
+    let span = tracing::info_span!("http", method = "GetReservation", id = %id);
+    json(
+        state
+            .call_native(Method::GetReservation, move |b| b.reservation(&id))
+            .instrument(span)
+            .await,
+    )
 }
 
 async fn release_reservation(State(state): State<ApiState>, Path(id): Path<String>) -> Response {
-    json(call_reservations(&state, "ReleaseReservation", move |b| b.release(&id)).await)
+    let span = tracing::info_span!("http", method = "Release", id = %id);
+    json(
+        state
+            .call_native(Method::Release, move |b| b.release(&id))
+            .instrument(span)
+            .await,
+    )
 }
 
 async fn healthz() -> &'static str {

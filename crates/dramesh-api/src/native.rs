@@ -5,7 +5,9 @@
 //! serialise with the same field names as the estimator crate's result types
 //! (`ClusterEstimate`, `PlacementResult`, `PreemptionResult`), so a backend may convert
 //! either field by field or through `serde_json`. Conversions to and from the protobuf
-//! messages are lossless.
+//! messages are lossless. The conversions from protobuf are `From`, except where a message
+//! carries a reservation (`TryFrom`): an unspecified or unknown reservation state has no safe
+//! native reading and is refused with [`UnknownReservationState`].
 
 use std::collections::BTreeMap;
 
@@ -219,7 +221,6 @@ pub struct StatusReport {
     pub ready: bool,
     pub clusters: Vec<ClusterStatus>,
     /// Every reservation this replica knows (its own and merged ones), ordered by id.
-    /// HTTP/JSON only: the `dramesh.v1` protobuf status does not carry it yet.
     #[serde(default)]
     pub reservations: Vec<ReservationStatus>,
 }
@@ -640,18 +641,166 @@ impl From<StatusReport> for pb::StatusResponse {
             replica: s.replica,
             ready: s.ready,
             clusters: s.clusters.into_iter().map(Into::into).collect(),
+            reservations: s.reservations.into_iter().map(Into::into).collect(),
         }
     }
 }
 
-impl From<pb::StatusResponse> for StatusReport {
-    fn from(s: pb::StatusResponse) -> Self {
-        StatusReport {
+/// Fails only on a reservation whose state this version does not know.
+impl TryFrom<pb::StatusResponse> for StatusReport {
+    type Error = UnknownReservationState;
+
+    fn try_from(s: pb::StatusResponse) -> Result<Self, Self::Error> {
+        Ok(StatusReport {
             replica: s.replica,
             ready: s.ready,
             clusters: s.clusters.into_iter().map(Into::into).collect(),
-            reservations: Vec::new(),
+            reservations: reservations_from_pb(s.reservations)?,
+        })
+    }
+}
+
+impl From<pb::ReserveRequest> for ReserveRequest {
+    fn from(r: pb::ReserveRequest) -> Self {
+        ReserveRequest {
+            workload: r.workload.map(Into::into).unwrap_or_default(),
+            cluster: r.cluster,
+            replicas: r.replicas,
+            priority: r.priority,
+            ttl_seconds: r.ttl_seconds,
         }
+    }
+}
+
+impl From<ReserveRequest> for pb::ReserveRequest {
+    fn from(r: ReserveRequest) -> Self {
+        pb::ReserveRequest {
+            workload: Some(r.workload.into()),
+            cluster: r.cluster,
+            replicas: r.replicas,
+            priority: r.priority,
+            ttl_seconds: r.ttl_seconds,
+        }
+    }
+}
+
+impl From<WorkloadRef> for pb::WorkloadRef {
+    fn from(w: WorkloadRef) -> Self {
+        pb::WorkloadRef {
+            namespace: w.namespace,
+            kind: w.kind,
+            name: w.name,
+        }
+    }
+}
+
+impl From<pb::WorkloadRef> for WorkloadRef {
+    fn from(w: pb::WorkloadRef) -> Self {
+        WorkloadRef {
+            namespace: w.namespace,
+            kind: w.kind,
+            name: w.name,
+        }
+    }
+}
+
+impl From<ReservationState> for pb::ReservationState {
+    fn from(s: ReservationState) -> Self {
+        match s {
+            ReservationState::Live => pb::ReservationState::Live,
+            ReservationState::Conflicted => pb::ReservationState::Conflicted,
+            ReservationState::Expired => pb::ReservationState::Expired,
+            ReservationState::Satisfied => pb::ReservationState::Satisfied,
+            ReservationState::Released => pb::ReservationState::Released,
+        }
+    }
+}
+
+/// A protobuf reservation whose `status` is unspecified or a value this version does not
+/// know (e.g. a state added by a newer replica). There is no safe native reading of it: a
+/// live reservation holds capacity and an ended one does not.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("reservation {id:?}: field status has unknown value {value}")]
+pub struct UnknownReservationState {
+    pub id: String,
+    pub value: i32,
+}
+
+impl From<ReservationStatus> for pb::Reservation {
+    fn from(r: ReservationStatus) -> Self {
+        pb::Reservation {
+            id: r.id,
+            owner: r.owner,
+            cluster: r.cluster,
+            workload: Some(r.workload.into()),
+            replicas: r.replicas,
+            remaining: r.remaining,
+            priority: r.priority,
+            ttl_seconds: r.ttl_seconds,
+            status: pb::ReservationState::from(r.status).into(),
+            winner: r.winner,
+            reason: r.reason,
+            expires_in_seconds: r.expires_in_seconds,
+        }
+    }
+}
+
+impl TryFrom<pb::Reservation> for ReservationStatus {
+    type Error = UnknownReservationState;
+
+    fn try_from(r: pb::Reservation) -> Result<Self, Self::Error> {
+        let status = match pb::ReservationState::try_from(r.status) {
+            Ok(pb::ReservationState::Live) => ReservationState::Live,
+            Ok(pb::ReservationState::Conflicted) => ReservationState::Conflicted,
+            Ok(pb::ReservationState::Expired) => ReservationState::Expired,
+            Ok(pb::ReservationState::Satisfied) => ReservationState::Satisfied,
+            Ok(pb::ReservationState::Released) => ReservationState::Released,
+            Ok(pb::ReservationState::Unspecified) | Err(_) => {
+                return Err(UnknownReservationState {
+                    id: r.id,
+                    value: r.status,
+                });
+            }
+        };
+        Ok(ReservationStatus {
+            id: r.id,
+            owner: r.owner,
+            cluster: r.cluster,
+            workload: r.workload.map(Into::into).unwrap_or_default(),
+            replicas: r.replicas,
+            remaining: r.remaining,
+            priority: r.priority,
+            ttl_seconds: r.ttl_seconds,
+            status,
+            winner: r.winner,
+            reason: r.reason,
+            expires_in_seconds: r.expires_in_seconds,
+        })
+    }
+}
+
+/// The one place a list of protobuf reservations becomes native (status and list answers).
+fn reservations_from_pb(
+    rs: Vec<pb::Reservation>,
+) -> Result<Vec<ReservationStatus>, UnknownReservationState> {
+    rs.into_iter().map(TryInto::try_into).collect()
+}
+
+impl From<ReservationList> for pb::ListReservationsResponse {
+    fn from(l: ReservationList) -> Self {
+        pb::ListReservationsResponse {
+            reservations: l.reservations.into_iter().map(Into::into).collect(),
+        }
+    }
+}
+
+impl TryFrom<pb::ListReservationsResponse> for ReservationList {
+    type Error = UnknownReservationState;
+
+    fn try_from(l: pb::ListReservationsResponse) -> Result<Self, Self::Error> {
+        Ok(ReservationList {
+            reservations: reservations_from_pb(l.reservations)?,
+        })
     }
 }
 
@@ -701,7 +850,7 @@ mod tests {
             }],
             reservations: vec![],
         };
-        let back: StatusReport = pb::StatusResponse::from(s.clone()).into();
+        let back = StatusReport::try_from(pb::StatusResponse::from(s.clone())).expect("known");
         assert_eq!(back, s);
         let json = serde_json::to_value(&s).expect("json");
         assert_eq!(json["clusters"][0]["dataAgeSeconds"], 1.5);
@@ -734,6 +883,72 @@ mod tests {
         assert!(v.get("reason").is_none());
         let back: ReservationStatus = serde_json::from_value(v).expect("back");
         assert_eq!(back, s);
+    }
+
+    #[test]
+    fn reservations_roundtrip_through_protobuf() {
+        let states = [
+            ReservationState::Live,
+            ReservationState::Conflicted,
+            ReservationState::Expired,
+            ReservationState::Satisfied,
+            ReservationState::Released,
+        ];
+        let list = ReservationList {
+            reservations: states
+                .iter()
+                .enumerate()
+                .map(|(i, &status)| ReservationStatus {
+                    id: format!("r1-{i}"),
+                    owner: "r1".into(),
+                    cluster: "c1".into(),
+                    workload: WorkloadRef {
+                        namespace: "ml".into(),
+                        kind: "Deployment".into(),
+                        name: "train".into(),
+                    },
+                    replicas: 4,
+                    remaining: 3,
+                    priority: -5,
+                    ttl_seconds: 120,
+                    status,
+                    winner: (status == ReservationState::Conflicted).then(|| "r2-1".into()),
+                    reason: Some("why".into()),
+                    expires_in_seconds: Some(42.5),
+                })
+                .collect(),
+        };
+        let wire = pb::ListReservationsResponse::from(list.clone());
+        let distinct: std::collections::BTreeSet<i32> =
+            wire.reservations.iter().map(|r| r.status).collect();
+        assert_eq!(distinct.len(), states.len());
+        assert!(!distinct.contains(&(pb::ReservationState::Unspecified as i32)));
+        assert_eq!(ReservationList::try_from(wire.clone()), Ok(list));
+
+        let mut unknown = wire;
+        unknown.reservations[1].status = 99;
+        let e = ReservationList::try_from(unknown).expect_err("unknown state");
+        assert_eq!(e.id, "r1-1");
+        assert!(e.to_string().contains("field status"), "{e}");
+        let unspecified = pb::Reservation {
+            id: "x".into(),
+            ..Default::default()
+        };
+        assert!(ReservationStatus::try_from(unspecified).is_err());
+
+        let req = ReserveRequest {
+            workload: Workload {
+                manifests: vec!["kind: Pod\n".into()],
+            },
+            cluster: "c1".into(),
+            replicas: Some(2),
+            priority: None,
+            ttl_seconds: Some(30),
+        };
+        assert_eq!(
+            ReserveRequest::from(pb::ReserveRequest::from(req.clone())),
+            req
+        );
     }
 
     #[test]

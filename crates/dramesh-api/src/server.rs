@@ -19,7 +19,8 @@ use crate::metrics::{Method, Metrics, ZeroReason};
 pub struct ApiConfig {
     /// Largest accepted request message (gRPC) or body (HTTP). Default 4 MiB.
     pub max_request_bytes: usize,
-    /// Time limit of one native API call (EstimateAll, Place, Preempt, Status). Default 10 s.
+    /// Time limit of one native API call (EstimateAll, Place, Preempt, Status and the
+    /// reservation calls). Default 10 s.
     pub request_timeout: Duration,
     /// Time limit of one Karmada estimator call; when it passes the answer is 0. Default
     /// 2.5 s, below karmada-scheduler's default `--scheduler-estimator-timeout` of 3 s, so a

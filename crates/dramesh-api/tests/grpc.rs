@@ -3,13 +3,16 @@
 mod common;
 
 use common::*;
-use dramesh_api::metrics::{API_KARMADA, Method, MethodCounts};
+use std::sync::Arc;
+
+use dramesh_api::metrics::{API_KARMADA, API_NATIVE_GRPC, Method, MethodCounts};
+use dramesh_api::native::{ReservationList, ReservationState, ReservationStatus, StatusReport};
 use dramesh_api::proto::karmada as kpb;
 use dramesh_api::proto::karmada_service::estimator_client::EstimatorClient;
 use dramesh_api::proto::native as npb;
 use dramesh_api::proto::native::dramesh_client::DrameshClient;
 use dramesh_api::query::{ComponentSetQuery, WireStyle};
-use dramesh_api::{ApiConfig, query};
+use dramesh_api::{ApiConfig, ApiState, Backend, query};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -310,5 +313,207 @@ async fn native_service_estimates_all_clusters_and_reports_status() {
     assert!(s.ready);
     assert_eq!(s.clusters.len(), 3);
     assert!(s.clusters.iter().any(|c| c.name == "member-3" && c.stale));
+    srv.stop().await;
+}
+
+fn reserve_request(cluster: &str, priority: Option<i32>) -> npb::ReserveRequest {
+    npb::ReserveRequest {
+        workload: Some(npb::Workload {
+            manifests: vec!["kind: Deployment\nmetadata: {name: train}\n".into()],
+        }),
+        cluster: cluster.into(),
+        replicas: Some(4),
+        priority,
+        ttl_seconds: Some(90),
+    }
+}
+
+fn native(r: npb::Reservation) -> ReservationStatus {
+    ReservationStatus::try_from(r).expect("known reservation state")
+}
+
+#[tokio::test]
+async fn reservations_round_trip_over_the_native_service() {
+    let backend = Arc::new(ReservingBackend::new());
+    let srv = start_grpc(ApiState::new(backend.clone())).await;
+    let mut c = DrameshClient::new(channel(srv.addr).await);
+
+    let first = c
+        .reserve(reserve_request("member-1", Some(-7)))
+        .await
+        .expect("reserve")
+        .into_inner();
+    // The request reached the backend intact (optional fields set and unset).
+    let seen = backend.last_reserve.lock().expect("lock").clone();
+    let seen = seen.expect("backend saw the request");
+    assert_eq!(seen.cluster, "member-1");
+    assert_eq!(
+        (seen.replicas, seen.priority, seen.ttl_seconds),
+        (Some(4), Some(-7), Some(90))
+    );
+    assert_eq!(
+        seen.workload.manifests,
+        vec!["kind: Deployment\nmetadata: {name: train}\n".to_string()]
+    );
+    let first = native(first);
+    assert_eq!(first.id, "fake-estimator-1");
+    assert_eq!(first.owner, "fake-estimator");
+    assert_eq!(
+        (
+            first.workload.namespace.as_str(),
+            first.workload.kind.as_str(),
+            first.workload.name.as_str()
+        ),
+        ("ml", "Deployment", "train")
+    );
+    assert_eq!(
+        (
+            first.replicas,
+            first.remaining,
+            first.priority,
+            first.ttl_seconds
+        ),
+        (4, 3, -7, 90)
+    );
+    assert_eq!(first.status, ReservationState::Live);
+    assert_eq!(first.expires_in_seconds, Some(89.75));
+    assert_eq!(
+        (first.winner.as_deref(), first.reason.as_deref()),
+        (None, None)
+    );
+
+    let mut unset = reserve_request("member-1", None);
+    unset.ttl_seconds = None;
+    let second = native(c.reserve(unset).await.expect("reserve").into_inner());
+    let seen = backend.last_reserve.lock().expect("lock").clone();
+    assert_eq!(
+        seen.map(|r| (r.priority, r.ttl_seconds)),
+        Some((None, None))
+    );
+    assert_eq!(second.status, ReservationState::Conflicted);
+    assert_eq!(second.winner.as_deref(), Some("fake-estimator-1"));
+    assert_eq!(second.ttl_seconds, 300);
+
+    let third = native(
+        c.reserve(reserve_request("nowhere", Some(1)))
+            .await
+            .expect("reserve")
+            .into_inner(),
+    );
+    assert_eq!(third.status, ReservationState::Conflicted);
+    assert_eq!(
+        third.reason.as_deref(),
+        Some("cluster nowhere is not in the view")
+    );
+    assert_eq!(third.winner, None);
+
+    // Get and List answer exactly what the backend holds, field for field.
+    let got = c
+        .get_reservation(npb::GetReservationRequest {
+            id: second.id.clone(),
+        })
+        .await
+        .expect("get")
+        .into_inner();
+    assert_eq!(native(got), second);
+    let list = c
+        .list_reservations(npb::ListReservationsRequest {})
+        .await
+        .expect("list")
+        .into_inner();
+    let list = ReservationList::try_from(list).expect("known states");
+    assert_eq!(
+        list.reservations,
+        vec![first.clone(), second.clone(), third.clone()]
+    );
+    assert_eq!(
+        list.reservations,
+        backend.reservations().expect("backend list")
+    );
+
+    // The status carries the same reservations.
+    let status = c
+        .status(npb::StatusRequest {})
+        .await
+        .expect("status")
+        .into_inner();
+    assert_eq!(status.reservations.len(), 3);
+    let status = StatusReport::try_from(status).expect("known states");
+    assert_eq!(status.reservations, list.reservations);
+    assert_eq!(status.clusters.len(), 3);
+
+    let released = native(
+        c.release(npb::ReleaseRequest {
+            id: first.id.clone(),
+        })
+        .await
+        .expect("release")
+        .into_inner(),
+    );
+    assert_eq!(released.status, ReservationState::Released);
+    assert_eq!(released.expires_in_seconds, None);
+    assert_eq!(released.replicas, first.replicas);
+    let got = c
+        .get_reservation(npb::GetReservationRequest { id: first.id })
+        .await
+        .expect("get")
+        .into_inner();
+    assert_eq!(got.status, npb::ReservationState::Released as i32);
+
+    // Errors map to the codes of the other native RPCs; an empty id never reaches the backend.
+    let e = c
+        .release(npb::ReleaseRequest { id: "nope".into() })
+        .await
+        .expect_err("unknown id");
+    assert_eq!(e.code(), Code::NotFound);
+    assert!(e.message().contains("reservation nope"), "{}", e.message());
+    let e = c
+        .get_reservation(npb::GetReservationRequest { id: String::new() })
+        .await
+        .expect_err("empty id");
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("field id"), "{}", e.message());
+    let mut no_workload = reserve_request("member-1", None);
+    no_workload.workload = None;
+    let e = c.reserve(no_workload).await.expect_err("no manifests");
+    assert_eq!(e.code(), Code::InvalidArgument);
+
+    let counts = |m| MethodCounts::of(&srv.state.metrics, API_NATIVE_GRPC, m);
+    let r = counts(Method::Reserve);
+    assert_eq!((r.requests, r.errors), (4, 1));
+    let r = counts(Method::Release);
+    assert_eq!((r.requests, r.errors), (2, 1));
+    let r = counts(Method::GetReservation);
+    assert_eq!((r.requests, r.errors), (3, 1));
+    let r = counts(Method::ListReservations);
+    assert_eq!((r.requests, r.errors), (1, 0));
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn a_backend_without_reservations_answers_unavailable() {
+    let srv = start_grpc(demo_state()).await;
+    let mut c = DrameshClient::new(channel(srv.addr).await);
+    let e = c
+        .reserve(reserve_request("member-1", None))
+        .await
+        .expect_err("no reservations");
+    assert_eq!(e.code(), Code::Unavailable);
+    let e = c
+        .list_reservations(npb::ListReservationsRequest {})
+        .await
+        .expect_err("no reservations");
+    assert_eq!(e.code(), Code::Unavailable);
+    // The status still answers, with no reservations.
+    let s = c
+        .status(npb::StatusRequest {})
+        .await
+        .expect("status")
+        .into_inner();
+    assert!(s.reservations.is_empty());
+    assert_eq!(
+        MethodCounts::of(&srv.state.metrics, API_NATIVE_GRPC, Method::Reserve).errors,
+        1
+    );
     srv.stop().await;
 }

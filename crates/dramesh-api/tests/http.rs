@@ -152,3 +152,59 @@ async fn oversized_bodies_are_refused() {
     assert_eq!(call(srv.addr, "GET", "/healthz", None).await.0, 200);
     srv.stop().await;
 }
+
+#[tokio::test]
+async fn reservation_routes_create_list_get_and_release() {
+    let srv = start_http(dramesh_api::ApiState::new(std::sync::Arc::new(
+        ReservingBackend::new(),
+    )))
+    .await;
+    let body = serde_json::json!({
+        "workload": {"manifests": ["kind: Deployment\n"]},
+        "cluster": "member-2", "replicas": 2, "priority": 5, "ttlSeconds": 60,
+    })
+    .to_string();
+    let (code, text) = call(srv.addr, "POST", "/v1/reservations", Some(body.as_bytes())).await;
+    assert_eq!(code, 201, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+    assert_eq!(v["id"], "fake-estimator-1");
+    assert_eq!(v["status"], "live");
+    assert_eq!(
+        (v["priority"].as_i64(), v["ttlSeconds"].as_u64()),
+        (Some(5), Some(60))
+    );
+
+    let (code, text) = call(srv.addr, "GET", "/v1/reservations", None).await;
+    assert_eq!(code, 200, "{text}");
+    let list: serde_json::Value = serde_json::from_str(&text).expect("json");
+    assert_eq!(list["reservations"], serde_json::json!([v]));
+    let (code, text) = call(srv.addr, "GET", "/v1/reservations/fake-estimator-1", None).await;
+    assert_eq!(
+        (code, serde_json::from_str::<serde_json::Value>(&text).ok()),
+        (200, Some(v))
+    );
+
+    let (code, text) = call(
+        srv.addr,
+        "DELETE",
+        "/v1/reservations/fake-estimator-1",
+        None,
+    )
+    .await;
+    assert_eq!(code, 200, "{text}");
+    assert!(text.contains("\"status\":\"released\""), "{text}");
+    let (code, text) = call(srv.addr, "GET", "/v1/reservations/nope", None).await;
+    assert_eq!(code, 404, "{text}");
+    let (code, text) = call(srv.addr, "POST", "/v1/reservations", Some(b"{")).await;
+    assert_eq!(code, 400);
+    assert!(text.contains("Reserve request body"), "{text}");
+
+    let (_, metrics) = call(srv.addr, "GET", "/metrics", None).await;
+    assert!(
+        metrics.contains(
+            "dramesh_api_requests_total{api=\"http\",method=\"/v1/reservations/{id}\",code=\"404\"} 1\n"
+        ),
+        "{metrics}"
+    );
+    srv.stop().await;
+}

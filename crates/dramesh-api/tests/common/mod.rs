@@ -4,12 +4,19 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use dramesh_api::ApiState;
-use dramesh_api::query::{
-    ClaimTemplate, DraRequirements, NodeClaim, ReplicaQuery, ReplicaRequirements,
+use dramesh_api::native::{
+    EstimateRequest, EstimateResponse, PlaceRequest, PlaceResponse, PreemptRequest,
+    PreemptResponse, ReservationState, ReservationStatus, ReserveRequest, StatusReport,
+    WorkloadRef,
 };
+use dramesh_api::query::{
+    ClaimTemplate, ComponentSetQuery, DraRequirements, NodeClaim, ReplicaQuery,
+    ReplicaRequirements, UnschedulableQuery,
+};
+use dramesh_api::table::TableBackend;
+use dramesh_api::{ApiError, ApiState, Backend, ReplicaAnswer};
 use k8s_openapi::api::core::v1::{
     NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Toleration,
 };
@@ -130,5 +137,127 @@ pub fn two_gpus() -> DraRequirements {
             .expect("template spec"),
         }],
         shared_claims: vec![],
+    }
+}
+
+/// The demo table plus an in-memory reservation table owned by replica `fake-estimator`,
+/// filling every field of [`ReservationStatus`] so conversions can be checked end to end.
+/// A reservation on a cluster outside the table is conflicted with a reason; a second one
+/// on a cluster that already has a live reservation is conflicted with that one as winner.
+pub struct ReservingBackend {
+    pub table: TableBackend,
+    pub reservations: Mutex<BTreeMap<String, ReservationStatus>>,
+    /// The last request `reserve` received, as the backend saw it.
+    pub last_reserve: Mutex<Option<ReserveRequest>>,
+}
+
+impl ReservingBackend {
+    pub fn new() -> ReservingBackend {
+        ReservingBackend {
+            table: dramesh_api::table::demo_table(),
+            reservations: Mutex::new(BTreeMap::new()),
+            last_reserve: Mutex::new(None),
+        }
+    }
+
+    fn all(&self) -> Vec<ReservationStatus> {
+        self.reservations
+            .lock()
+            .expect("lock")
+            .values()
+            .cloned()
+            .collect()
+    }
+}
+
+impl Backend for ReservingBackend {
+    fn max_available_replicas(&self, q: &ReplicaQuery) -> ReplicaAnswer {
+        self.table.max_available_replicas(q)
+    }
+    fn max_available_component_sets(&self, q: &ComponentSetQuery) -> ReplicaAnswer {
+        self.table.max_available_component_sets(q)
+    }
+    fn unschedulable_replicas(&self, q: &UnschedulableQuery) -> ReplicaAnswer {
+        self.table.unschedulable_replicas(q)
+    }
+    fn estimate_all(&self, req: &EstimateRequest) -> Result<EstimateResponse, ApiError> {
+        self.table.estimate_all(req)
+    }
+    fn place(&self, req: &PlaceRequest) -> Result<PlaceResponse, ApiError> {
+        self.table.place(req)
+    }
+    fn preempt(&self, req: &PreemptRequest) -> Result<PreemptResponse, ApiError> {
+        self.table.preempt(req)
+    }
+    fn status(&self) -> StatusReport {
+        StatusReport {
+            reservations: self.all(),
+            ..self.table.status()
+        }
+    }
+
+    fn reserve(&self, req: &ReserveRequest) -> Result<ReservationStatus, ApiError> {
+        *self.last_reserve.lock().expect("lock") = Some(req.clone());
+        if req.workload.manifests.is_empty() {
+            return Err(ApiError::InvalidRequest(
+                "reservation: field workload.manifests is empty".into(),
+            ));
+        }
+        let mut table = self.reservations.lock().expect("lock");
+        let id = format!("{}-{}", self.table.replica, table.len() + 1);
+        let known = self.table.clusters.iter().any(|c| c.name == req.cluster);
+        let winner = table
+            .values()
+            .find(|r| r.cluster == req.cluster && r.status == ReservationState::Live)
+            .map(|r| r.id.clone());
+        let replicas = req.replicas.unwrap_or(1);
+        let ttl_seconds = req.ttl_seconds.unwrap_or(300);
+        let status = ReservationStatus {
+            id: id.clone(),
+            owner: self.table.replica.clone(),
+            cluster: req.cluster.clone(),
+            workload: WorkloadRef {
+                namespace: "ml".into(),
+                kind: "Deployment".into(),
+                name: "train".into(),
+            },
+            replicas,
+            remaining: replicas - 1,
+            priority: req.priority.unwrap_or(0),
+            ttl_seconds,
+            status: if known && winner.is_none() {
+                ReservationState::Live
+            } else {
+                ReservationState::Conflicted
+            },
+            reason: (!known).then(|| format!("cluster {} is not in the view", req.cluster)),
+            winner: if known { winner } else { None },
+            expires_in_seconds: Some(ttl_seconds as f64 - 0.25),
+        };
+        table.insert(id, status.clone());
+        Ok(status)
+    }
+
+    fn release(&self, id: &str) -> Result<ReservationStatus, ApiError> {
+        let mut table = self.reservations.lock().expect("lock");
+        let r = table
+            .get_mut(id)
+            .ok_or_else(|| ApiError::NotFound(format!("reservation {id}")))?;
+        r.status = ReservationState::Released;
+        r.expires_in_seconds = None;
+        Ok(r.clone())
+    }
+
+    fn reservation(&self, id: &str) -> Result<ReservationStatus, ApiError> {
+        self.reservations
+            .lock()
+            .expect("lock")
+            .get(id)
+            .cloned()
+            .ok_or_else(|| ApiError::NotFound(format!("reservation {id}")))
+    }
+
+    fn reservations(&self) -> Result<Vec<ReservationStatus>, ApiError> {
+        Ok(self.all())
     }
 }

@@ -20,7 +20,9 @@
 //! has consumed a shared device yet. Nodes whose local slices and local allocations are
 //! identical up to node and pool names ("same shape") share one answer when the cluster has
 //! no node-less slices and no taint rules, since then nothing else can influence a node's
-//! allocation.
+//! allocation. A pool's allocations enter the shape as a multiset hash that is a sum of
+//! per-device terms (computed once per claim), so a what-if that gives allocations back
+//! (preemption) gets its shape by subtraction and shares cache entries with real states.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, VecDeque};
@@ -45,7 +47,7 @@ pub(crate) use crate::fasthash::{FastMap, FastSet};
 pub(crate) struct SliceMeta {
     pub node: Option<Arc<str>>,
     /// (driver, pool), in the form `pool_alloc` is keyed by, so lookups need no copies.
-    pub pool_key: (String, String),
+    pub pool_key: PoolKey,
     /// Hash of the slice content without its name, node name and pool name.
     pub shape: u64,
     /// counter name -> largest consumption any device of the slice declares (nano-units).
@@ -62,25 +64,23 @@ pub(crate) struct NodeSlices {
     pub shape: u64,
 }
 
+/// (driver, pool) with interned names: lookups clone two `Arc`s, never a string.
+pub(crate) type PoolKey = (Arc<str>, Arc<str>);
+
 /// The allocated devices of one pool, as a multiset of markers (see [`marker_of`]).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct PoolAlloc {
     pub markers: BTreeMap<String, u32>,
-    /// `markers_hash` of `markers`, kept current so node shapes need not walk the markers.
+    /// Multiset hash of `markers`: the wrapping sum of `marker_hash` over every allocated
+    /// marker, counted with multiplicity. Being a sum, it is kept current in O(1) per
+    /// change, is the same however the multiset was reached, and a what-if that gives back
+    /// some allocations (a subset of the multiset) gets its hash by subtraction.
     pub hash: u64,
 }
 
-/// Hash of a marker multiset (entries with a zero count are skipped, so a multiset has one
-/// hash however it was reached).
-fn markers_hash<'m>(markers: impl IntoIterator<Item = (&'m String, u32)>) -> u64 {
-    let mut h = DefaultHasher::new();
-    for (marker, k) in markers {
-        if k > 0 {
-            marker.hash(&mut h);
-            k.hash(&mut h);
-        }
-    }
-    h.finish()
+/// The per-marker term of [`PoolAlloc::hash`].
+fn marker_hash(marker: &str) -> u64 {
+    hash_of(&marker)
 }
 
 /// One device result of an allocation, with driver and pool names interned.
@@ -94,6 +94,9 @@ pub(crate) struct CompactResult {
     admin_access: Option<bool>,
     share_id: Option<Box<str>>,
     consumed: Option<BTreeMap<String, dramesh_model::k8s::K8sQuantity>>,
+    /// `marker_hash` of this result's marker, computed once when the claim is stored so a
+    /// what-if that releases the claim never formats a marker.
+    marker: u64,
 }
 
 impl CompactResult {
@@ -121,12 +124,37 @@ fn expand(results: &[CompactResult]) -> AllocationResult {
     }
 }
 
+/// A claim's current allocation, shared between the claim's entry and every pod that names
+/// the claim, so preemption reads a pod's devices without looking its claims up by name.
+/// It is updated in place when the claim changes (or goes away, or arrives after its pods);
+/// the lock is never contended, since the view changes only through `&mut`.
+#[derive(Debug, Default)]
+pub(crate) struct ClaimHandle(std::sync::RwLock<Option<Arc<[CompactResult]>>>);
+
+impl ClaimHandle {
+    pub(crate) fn get(&self) -> Option<Arc<[CompactResult]>> {
+        match self.0.read() {
+            Ok(g) => g.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn set(&self, allocation: Option<Arc<[CompactResult]>>) {
+        match self.0.write() {
+            Ok(mut g) => *g = allocation,
+            Err(poisoned) => *poisoned.into_inner() = allocation,
+        }
+    }
+}
+
 /// What the view remembers of a claim.
 #[derive(Debug, Clone)]
 pub(crate) struct ClaimMeta {
     /// The allocation's device results in compact form (node selector and config are not
     /// needed for device state).
-    pub allocation: Option<Box<[CompactResult]>>,
+    pub allocation: Option<Arc<[CompactResult]>>,
+    /// Shared with the view's pods that name this claim, while any does.
+    pub handle: Option<Arc<ClaimHandle>>,
     /// The allocation's node selector when it is not the usual single-node pin.
     pub node_selector: Option<dramesh_model::k8s::NodeSelector>,
     /// The node the allocation is pinned to (`matchFields metadata.name In [node]`).
@@ -147,18 +175,26 @@ pub struct ClusterDevices {
     pub(crate) shared_slices: usize,
     pub(crate) classes: BTreeMap<String, Arc<DeviceClass>>,
     pub(crate) taint_rules: usize,
-    pub(crate) claims: FastMap<(String, String), ClaimMeta>,
+    /// namespace -> claim name -> claim, so lookups by borrowed names allocate nothing.
+    claims: FastMap<String, FastMap<String, ClaimMeta>>,
+    /// Handles of claims that pods name but the view does not have (yet).
+    pending_handles: FastMap<(String, String), Arc<ClaimHandle>>,
     /// (driver, pool) -> node the pool's slices are local to.
-    pub(crate) pool_node: FastMap<(String, String), Arc<str>>,
-    /// node -> local slice names.
+    pub(crate) pool_node: FastMap<PoolKey, Arc<str>>,
     /// node -> local slices and the node's current shape.
     pub(crate) node_slices: FastMap<Arc<str>, NodeSlices>,
     /// (driver, pool) -> nodes with a local slice of that pool (once per slice), so a change
     /// of the pool's allocations refreshes the shape of exactly the nodes that depend on it.
-    pool_nodes: FastMap<(String, String), Vec<Arc<str>>>,
+    pool_nodes: FastMap<PoolKey, Vec<Arc<str>>>,
+    /// Addresses of the interned (driver, pool) names -> the node the pool is local to, for
+    /// pools local to exactly one node (see [`ClusterDevices::single_node_of_pool`]). Names
+    /// are interned for the life of the cluster, so an address identifies one name; keying
+    /// by address makes this a small table a what-if can probe per claim without reading
+    /// any string.
+    pool_home: FastMap<(usize, usize), Arc<str>>,
     /// (driver, pool) -> multiset of allocated devices (device name and consumed capacity),
     /// kept per pool so it does not depend on whether claims or slices arrived first.
-    pub(crate) pool_alloc: FastMap<(String, String), PoolAlloc>,
+    pub(crate) pool_alloc: FastMap<PoolKey, PoolAlloc>,
     pub(crate) node_gen: FastMap<Arc<str>, u64>,
     pub(crate) shared_gen: u64,
     counter: u64,
@@ -274,7 +310,7 @@ impl ClusterDevices {
     }
 
     pub fn claim_count(&self) -> usize {
-        self.claims.len()
+        self.claims.values().map(|m| m.len()).sum()
     }
 
     pub fn class(&self, name: &str) -> Option<&Arc<DeviceClass>> {
@@ -299,7 +335,7 @@ impl ClusterDevices {
     pub fn max_counter(&self, driver: &str, counter: &str) -> i128 {
         self.slices
             .values()
-            .filter(|s| s.pool_key.0 == driver)
+            .filter(|s| &*s.pool_key.0 == driver)
             .filter_map(|s| s.max_counters.get(counter))
             .copied()
             .max()
@@ -317,22 +353,23 @@ impl ClusterDevices {
             .and_then(|d| d.results.clone())
             .unwrap_or_default();
         for r in &results {
-            let pool = (r.driver.clone(), r.pool.clone());
+            let pool = (self.name(&r.driver), self.name(&r.pool));
             let marker = Self::alloc_marker(r);
+            let term = marker_hash(&marker);
             let entry = self.pool_alloc.entry(pool.clone()).or_default();
             let set = &mut entry.markers;
             if add {
                 *set.entry(marker).or_default() += 1;
+                entry.hash = entry.hash.wrapping_add(term);
             } else if let Some(n) = set.get_mut(&marker) {
                 *n -= 1;
                 if *n == 0 {
                     set.remove(&marker);
                 }
+                entry.hash = entry.hash.wrapping_sub(term);
             }
             if set.is_empty() {
                 self.pool_alloc.remove(&pool);
-            } else {
-                entry.hash = markers_hash(entry.markers.iter().map(|(m, k)| (m, *k)));
             }
             let nodes = self.pool_nodes.get(&pool).cloned().unwrap_or_default();
             for n in &nodes {
@@ -376,9 +413,10 @@ impl ClusterDevices {
                 }
             }
         }
+        let pool_key = (self.name(&spec.driver), self.name(&spec.pool.name));
         let meta = Arc::new(SliceMeta {
             node: node.clone(),
-            pool_key: (spec.driver.clone(), spec.pool.name.clone()),
+            pool_key,
             shape,
             max_counters,
         });
@@ -394,8 +432,8 @@ impl ClusterDevices {
                     .or_default()
                     .push(n.clone());
                 self.refresh_shape(n);
-                self.pool_node
-                    .insert((spec.driver.clone(), spec.pool.name.clone()), n.clone());
+                self.pool_node.insert(meta.pool_key.clone(), n.clone());
+                self.refresh_pool_home(&meta.pool_key);
                 self.bump_node(n);
             }
             None => {
@@ -417,7 +455,6 @@ impl ClusterDevices {
                     v.slices.retain(|s| s.0 != name);
                     if v.slices.is_empty() {
                         self.node_slices.remove(n);
-                        self.pool_node.remove(&old.pool_key);
                     } else {
                         self.refresh_shape(n);
                     }
@@ -426,11 +463,21 @@ impl ClusterDevices {
                     if let Some(i) = v.iter().position(|x| x == n) {
                         v.swap_remove(i);
                     }
-                    if v.is_empty() {
-                        self.pool_nodes.remove(&old.pool_key);
+                    // The pool stays local to a node that still has one of its slices.
+                    match v.last().cloned() {
+                        Some(rest) => {
+                            if !v.contains(n) {
+                                self.pool_node.insert(old.pool_key.clone(), rest);
+                            }
+                        }
+                        None => {
+                            self.pool_nodes.remove(&old.pool_key);
+                            self.pool_node.remove(&old.pool_key);
+                        }
                     }
                 }
                 let n = n.clone();
+                self.refresh_pool_home(&old.pool_key);
                 self.bump_node(&n);
             }
             None => {
@@ -496,6 +543,10 @@ impl ClusterDevices {
 
     pub(crate) fn upsert_claim(&mut self, namespace: &str, name: &str, claim: Arc<ResourceClaim>) {
         self.remove_claim(namespace, name);
+        // Pods that name the claim keep their handle (it was parked by `remove_claim`).
+        let handle = self
+            .pending_handles
+            .remove(&(namespace.to_string(), name.to_string()));
         let allocation = claim.status.as_ref().and_then(|s| s.allocation.as_ref());
         let mut compact = None;
         let mut node_selector = None;
@@ -512,9 +563,10 @@ impl ClusterDevices {
                     admin_access: r.admin_access,
                     share_id: r.share_id.as_deref().map(Into::into),
                     consumed: r.consumed_capacity.clone(),
+                    marker: marker_hash(&Self::alloc_marker(r)),
                 });
             }
-            compact = Some(v.into_boxed_slice());
+            compact = Some(Arc::from(v));
             if let Some(sel) = &a.node_selector {
                 match single_node(sel) {
                     Some(n) => pinned_node = Some(self.key_for(n)),
@@ -525,60 +577,173 @@ impl ClusterDevices {
             self.bump_shared();
         }
         let unallocated = compact.is_none().then_some(claim);
-        self.claims.insert(
-            (namespace.to_string(), name.to_string()),
-            ClaimMeta {
-                allocation: compact,
-                node_selector,
-                pinned_node,
-                unallocated,
-            },
-        );
+        if let Some(h) = &handle {
+            h.set(compact.clone());
+        }
+        self.claims
+            .entry(namespace.to_string())
+            .or_default()
+            .insert(
+                name.to_string(),
+                ClaimMeta {
+                    allocation: compact,
+                    handle,
+                    node_selector,
+                    pinned_node,
+                    unallocated,
+                },
+            );
+    }
+
+    /// The handle of a claim a pod names (created when the first pod names it). Each call
+    /// must be matched by [`Self::release_handle`] once the pod drops the handle.
+    pub(crate) fn claim_handle(&mut self, namespace: &str, name: &str) -> Arc<ClaimHandle> {
+        if let Some(meta) = self.claims.get_mut(namespace).and_then(|m| m.get_mut(name)) {
+            let allocation = meta.allocation.clone();
+            return meta
+                .handle
+                .get_or_insert_with(|| Arc::new(ClaimHandle(allocation.into())))
+                .clone();
+        }
+        self.pending_handles
+            .entry((namespace.to_string(), name.to_string()))
+            .or_default()
+            .clone()
+    }
+
+    /// Forgets a claim's handle when no pod holds it any more.
+    pub(crate) fn release_handle(&mut self, namespace: &str, name: &str) {
+        if let Some(meta) = self.claims.get_mut(namespace).and_then(|m| m.get_mut(name)) {
+            if meta
+                .handle
+                .as_ref()
+                .is_some_and(|h| Arc::strong_count(h) == 1)
+            {
+                meta.handle = None;
+            }
+            return;
+        }
+        let key = (namespace.to_string(), name.to_string());
+        if self
+            .pending_handles
+            .get(&key)
+            .is_some_and(|h| Arc::strong_count(h) == 1)
+        {
+            self.pending_handles.remove(&key);
+        }
     }
 
     pub(crate) fn remove_claim(&mut self, namespace: &str, name: &str) {
-        if let Some(old) = self
-            .claims
-            .remove(&(namespace.to_string(), name.to_string()))
-            && let Some(a) = &old.allocation
-        {
+        let Some(in_ns) = self.claims.get_mut(namespace) else {
+            return;
+        };
+        let old = in_ns.remove(name);
+        if in_ns.is_empty() {
+            self.claims.remove(namespace);
+        }
+        let Some(old) = old else {
+            return;
+        };
+        if let Some(h) = old.handle {
+            // Pods still name it: they now see no allocation, and keep the handle.
+            h.set(None);
+            self.pending_handles
+                .insert((namespace.to_string(), name.to_string()), h);
+        }
+        if let Some(a) = &old.allocation {
             self.account(&expand(a), false);
         }
     }
 
     pub fn has_claim(&self, namespace: &str, name: &str) -> bool {
-        self.claims
-            .contains_key(&(namespace.to_string(), name.to_string()))
+        self.claim(namespace, name).is_some()
+    }
+
+    pub(crate) fn claim(&self, namespace: &str, name: &str) -> Option<&ClaimMeta> {
+        self.claims.get(namespace)?.get(name)
     }
 
     /// Shape hash of one node's local devices and their allocations, optionally with some
     /// allocations (per pool) taken away.
-    fn node_shape(&self, node: &Arc<str>, removed: Option<&PoolMarkers>) -> u64 {
+    fn node_shape(&self, node: &Arc<str>, removed: Option<&PoolReleased>) -> u64 {
         match (removed, self.node_slices.get(node)) {
             (None, Some(n)) => n.shape,
             _ => self.compute_shape(node, removed),
         }
     }
 
-    fn compute_shape(&self, node: &str, removed: Option<&PoolMarkers>) -> u64 {
+    fn compute_shape(&self, node: &str, removed: Option<&PoolReleased>) -> u64 {
+        self.shape_with(node, |pool| {
+            removed.and_then(|r| r.get(pool)).copied().unwrap_or(0)
+        })
+    }
+
+    /// The node's shape with the allocations of `released` (claims whose devices are all in
+    /// pools of this node) given back.
+    fn shape_released(&self, node: &str, released: &[&[CompactResult]]) -> u64 {
+        self.shape_with(node, |(driver, pool)| {
+            released
+                .iter()
+                .flat_map(|a| a.iter())
+                .filter(|r| r.driver == *driver && r.pool == *pool)
+                .fold(0u64, |s, r| s.wrapping_add(r.marker))
+        })
+    }
+
+    /// Shape hash with `released(pool)` (a sum of marker terms of allocations that are part
+    /// of the pool's multiset) subtracted from each pool's multiset hash. Taking away a
+    /// sub-multiset this way gives exactly the hash the remaining multiset has when reached
+    /// by changes, which is what lets what-if shapes share cache entries with real ones.
+    fn shape_with(&self, node: &str, released: impl Fn(&PoolKey) -> u64) -> u64 {
         let mut h = DefaultHasher::new();
         for (_, m) in self.node_slices.get(node).iter().flat_map(|n| &n.slices) {
             m.shape.hash(&mut h);
             let pool = &m.pool_key;
-            let alloc = self.pool_alloc.get(pool);
-            let pool_hash = match (removed.and_then(|r| r.get(pool)), alloc) {
-                (_, None) => markers_hash(std::iter::empty()),
-                (None, Some(a)) => a.hash,
-                (Some(gone), Some(a)) => markers_hash(a.markers.iter().map(|(marker, k)| {
-                    (
-                        marker,
-                        k.saturating_sub(gone.get(marker).copied().unwrap_or(0)),
-                    )
-                })),
-            };
-            pool_hash.hash(&mut h);
+            let held = self.pool_alloc.get(pool).map_or(0, |a| a.hash);
+            held.wrapping_sub(released(pool)).hash(&mut h);
         }
         h.finish()
+    }
+
+    /// The node a pool's slices are local to, by plain names.
+    fn pool_node_named(&self, driver: &str, pool: &str) -> Option<&Arc<str>> {
+        // Pool keys are made of interned names, so an unknown name has no pool.
+        let key = (
+            self.names.get(driver)?.clone(),
+            self.names.get(pool)?.clone(),
+        );
+        self.pool_node.get(&key)
+    }
+
+    /// The node a pool's slices are local to, when they are all local to that one node.
+    pub(crate) fn single_node_of_pool(
+        &self,
+        driver: &Arc<str>,
+        pool: &Arc<str>,
+    ) -> Option<&Arc<str>> {
+        let key = (driver.clone(), pool.clone());
+        let node = self.pool_node.get(&key)?;
+        let all = self.pool_nodes.get(&key)?;
+        all.iter().all(|n| n == node).then_some(node)
+    }
+
+    /// Recomputes `pool_home` of a pool after its slices changed.
+    fn refresh_pool_home(&mut self, pool: &PoolKey) {
+        let key = name_addrs(&pool.0, &pool.1);
+        match self.single_node_of_pool(&pool.0, &pool.1).cloned() {
+            Some(n) => {
+                self.pool_home.insert(key, n);
+            }
+            None => {
+                self.pool_home.remove(&key);
+            }
+        }
+    }
+
+    /// [`ClusterDevices::single_node_of_pool`] for the names of an allocation result, by
+    /// address (they are interned by this cluster).
+    pub(crate) fn home_of(&self, r: &CompactResult) -> Option<&Arc<str>> {
+        self.pool_home.get(&name_addrs(&r.driver, &r.pool))
     }
 
     fn refresh_shape(&mut self, node: &str) {
@@ -590,6 +755,13 @@ impl ClusterDevices {
             n.shape = shape;
         }
     }
+}
+
+fn name_addrs(driver: &Arc<str>, pool: &Arc<str>) -> (usize, usize) {
+    (
+        Arc::as_ptr(driver) as *const u8 as usize,
+        Arc::as_ptr(pool) as *const u8 as usize,
+    )
 }
 
 /// Identity of one allocated device use within its pool: device name and consumed capacity.
@@ -628,8 +800,8 @@ fn single_node(sel: &dramesh_model::k8s::NodeSelector) -> Option<&str> {
     }
 }
 
-/// Allocated-device markers per pool.
-type PoolMarkers = FastMap<(String, String), BTreeMap<String, u32>>;
+/// Per pool, the sum of the marker terms of allocations a what-if gives back.
+type PoolReleased = FastMap<PoolKey, u64>;
 
 /// Upper bound of entries per cache map before it is cleared.
 const MAX_CACHE_ENTRIES: usize = 1 << 20;
@@ -693,10 +865,14 @@ pub(crate) struct DeviceQuery<'a> {
     dirty: bool,
     overlay_nodes: FastSet<Arc<str>>,
     /// Markers of the allocations an overlay released, per pool.
-    overlay_released: PoolMarkers,
+    overlay_released: PoolReleased,
     /// Allocations the overlay releases, applied to `state` only when the engine is
     /// actually called (cache hits never need them).
     to_release: Vec<&'a [CompactResult]>,
+    /// Per-node what-if mode (see [`DeviceQuery::release_per_node`]): `node_release` then
+    /// replaces the overlay for the next node asked.
+    per_node_release: bool,
+    node_release: Vec<&'a [CompactResult]>,
     cache: Option<&'a mut DeviceCache>,
     shape_ok: bool,
 }
@@ -741,7 +917,7 @@ impl<'a> DeviceQuery<'a> {
         for claim in &w.shared_claims {
             let key = (w.namespace.clone(), claim.clone());
             let removed = overlay.is_some_and(|o| o.removed_claims.contains(&key));
-            match devices.claims.get(&key) {
+            match devices.claim(&key.0, &key.1) {
                 None => {
                     return Err(format!(
                         "ResourceClaim {}/{claim} not found in cluster {}",
@@ -793,24 +969,21 @@ impl<'a> DeviceQuery<'a> {
         }
         let mut to_release: Vec<&'a [CompactResult]> = Vec::new();
         let mut overlay_nodes = FastSet::default();
-        let mut overlay_released: PoolMarkers = FastMap::default();
+        let mut overlay_released: PoolReleased = FastMap::default();
         let mut shared_released = false;
         if let Some(o) = overlay {
             for key in &o.removed_claims {
-                if let Some(m) = devices.claims.get(key)
+                if let Some(m) = devices.claim(&key.0, &key.1)
                     && let Some(a) = &m.allocation
                 {
                     to_release.push(&**a);
                     for r in a.iter() {
-                        let pool = (r.driver.to_string(), r.pool.to_string());
+                        let pool = (r.driver.clone(), r.pool.clone());
                         match devices.pool_node.get(&pool) {
                             Some(n) => {
                                 overlay_nodes.insert(n.clone());
-                                *overlay_released
-                                    .entry(pool)
-                                    .or_default()
-                                    .entry(marker_of(&r.device, &r.consumed))
-                                    .or_default() += 1;
+                                let e = overlay_released.entry(pool).or_default();
+                                *e = e.wrapping_add(r.marker);
                             }
                             None => shared_released = true,
                         }
@@ -849,6 +1022,8 @@ impl<'a> DeviceQuery<'a> {
             overlay_nodes,
             overlay_released,
             to_release,
+            per_node_release: false,
+            node_release: Vec::new(),
             cache,
             shape_ok,
         }))
@@ -922,7 +1097,12 @@ impl<'a> DeviceQuery<'a> {
         let variant = u64::from(ext_claim.is_some());
         let key_fp = self.fingerprint ^ variant.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         let cacheable = !self.dirty && self.pending_shared.is_empty();
-        let in_overlay = self.overlay_nodes.contains(&node.name);
+        let per_node = self.per_node_release;
+        let in_overlay = if per_node {
+            !self.node_release.is_empty()
+        } else {
+            self.overlay_nodes.contains(&node.name)
+        };
         // `devices` is not changed by this query, so the generation can be read when needed
         // (a same-shape hit never needs it).
         let node_gen = || self.devices.node_gen.get(&node.name).copied().unwrap_or(0);
@@ -932,11 +1112,12 @@ impl<'a> DeviceQuery<'a> {
             if self.shape_ok {
                 // Same-shape answers cover every node; the shape is cheap to hash, so it is
                 // recomputed rather than looked up.
-                let shape = if in_overlay {
-                    self.devices
-                        .node_shape(&node.name, Some(&self.overlay_released))
-                } else {
-                    self.devices.node_shape(&node.name, None)
+                let shape = match (per_node, in_overlay) {
+                    (true, true) => self.devices.shape_released(&node.name, &self.node_release),
+                    (false, true) => self
+                        .devices
+                        .node_shape(&node.name, Some(&self.overlay_released)),
+                    (_, false) => self.devices.node_shape(&node.name, None),
                 };
                 let k = (key_fp, shape, shared_gen);
                 if let Some(&(cap_used, fit)) = cache.per_shape.get(&k)
@@ -955,7 +1136,14 @@ impl<'a> DeviceQuery<'a> {
                 return Ok(v);
             }
         }
-        let fit = self.fit_uncached(node, cap, ext_claim.as_ref())?;
+        let fit = if per_node && in_overlay {
+            let released = std::mem::take(&mut self.node_release);
+            let fit = self.fit_released(node, cap, ext_claim.as_ref(), &released);
+            self.node_release = released;
+            fit?
+        } else {
+            self.fit_uncached(node, cap, ext_claim.as_ref())?
+        };
         // An answer that consumed shared devices cannot be replayed from a cache: the
         // consumption is a side effect later nodes must see.
         if cacheable
@@ -980,6 +1168,37 @@ impl<'a> DeviceQuery<'a> {
             }
         }
         Ok(fit)
+    }
+
+    /// Switches to per-node what-ifs: from now on each [`DeviceQuery::fit`] answers for its
+    /// node as if the allocations in [`DeviceQuery::node_release_mut`] were given back
+    /// (instead of the overlay the query was prepared with). The caller fills that list
+    /// before each node and guarantees every listed allocation uses only pools local to the
+    /// node, so the answer is the one a whole-cluster release would give on that node.
+    pub(crate) fn release_per_node(&mut self) {
+        self.per_node_release = true;
+    }
+
+    pub(crate) fn node_release_mut(&mut self) -> &mut Vec<&'a [CompactResult]> {
+        &mut self.node_release
+    }
+
+    /// [`Self::fit_uncached`] with some allocations given back around the call: the device
+    /// state is left as it was found, since release and commit are exact inverses.
+    fn fit_released(
+        &mut self,
+        node: &NodeEntry,
+        cap: i64,
+        ext_claim: Option<&ResourceClaim>,
+        released: &[&[CompactResult]],
+    ) -> Result<i64, String> {
+        let devices = self.devices;
+        let use_scratch = self.use_scratch;
+        let expanded: Vec<AllocationResult> = released.iter().map(|a| expand(a)).collect();
+        state_mut(&mut self.cache, &mut self.owned, devices, use_scratch).release(&expanded);
+        let out = self.fit_uncached(node, cap, ext_claim);
+        state_mut(&mut self.cache, &mut self.owned, devices, use_scratch).commit(&expanded);
+        out
     }
 
     /// The naive path: replica by replica through the engine.
@@ -1035,8 +1254,7 @@ impl<'a> DeviceQuery<'a> {
                             .flat_map(|d| d.results.iter().flatten())
                             .all(|r| {
                                 devices
-                                    .pool_node
-                                    .get(&(r.driver.clone(), r.pool.clone()))
+                                    .pool_node_named(&r.driver, &r.pool)
                                     .is_some_and(|p| **p == *node.name)
                             })
                     });
@@ -1097,7 +1315,7 @@ fn state_mut<'s>(
 
 #[cfg(test)]
 mod tests {
-    use super::{ClusterDevices, reuse};
+    use super::{ClaimHandle, ClusterDevices, reuse};
     use crate::synth;
     use std::sync::Arc;
 
@@ -1135,6 +1353,94 @@ mod tests {
             check_cached(&d, "n2"),
             d.compute_shape("no-such-node", None)
         );
+    }
+
+    #[test]
+    fn pool_homes_follow_slice_changes() {
+        let mut d = ClusterDevices::default();
+        d.upsert_slice("n1-s", &synth::gpu_slice("n1", 2, "A100"))
+            .expect("slice");
+        d.upsert_claim(
+            "default",
+            "c1",
+            Arc::new(synth::allocated_claim("default", "c1", "n1", 0)),
+        );
+        let home = |d: &ClusterDevices| {
+            let results = d
+                .claim("default", "c1")
+                .and_then(|m| m.allocation.clone())
+                .expect("allocated");
+            d.home_of(&results[0]).map(|n| n.to_string())
+        };
+        assert_eq!(home(&d), Some("n1".to_string()));
+        // A slice of the same pool on another node: the pool is no longer node-local.
+        let mut other = synth::gpu_slice("n2", 2, "A100");
+        other.spec.pool.name = "n1".into();
+        d.upsert_slice("n2-s", &other).expect("slice");
+        assert_eq!(home(&d), None);
+        d.remove_slice("n2-s");
+        assert_eq!(home(&d), Some("n1".to_string()));
+        d.remove_slice("n1-s");
+        assert_eq!(home(&d), None);
+    }
+
+    #[test]
+    fn released_shape_equals_shape_after_removal() {
+        let mut d = ClusterDevices::default();
+        for n in ["n1", "n2"] {
+            d.upsert_slice(&format!("{n}-s"), &synth::gpu_slice(n, 4, "A100"))
+                .expect("slice");
+        }
+        for (name, node, dev) in [("a", "n1", 0), ("b", "n1", 1), ("c", "n2", 1)] {
+            d.upsert_claim(
+                "default",
+                name,
+                Arc::new(synth::allocated_claim("default", name, node, dev)),
+            );
+        }
+        let released = d
+            .claim("default", "a")
+            .and_then(|m| m.allocation.clone())
+            .expect("allocated");
+        let what_if = d.shape_released("n1", &[&released[..]]);
+        d.remove_claim("default", "a");
+        assert_eq!(what_if, check_cached(&d, "n1"));
+        // n1 now holds gpu-1 as n2 does: same shape.
+        assert_eq!(what_if, check_cached(&d, "n2"));
+    }
+
+    #[test]
+    fn claim_handles_follow_the_claim() {
+        let mut d = ClusterDevices::default();
+        d.upsert_slice("n1-s", &synth::gpu_slice("n1", 4, "A100"))
+            .expect("slice");
+        let device = |h: &ClaimHandle| h.get().map(|a| a[0].device.to_string());
+        // A pod names the claim before it arrives.
+        let h = d.claim_handle("default", "c");
+        assert_eq!(device(&h), None);
+        let claim = |dev| Arc::new(synth::allocated_claim("default", "c", "n1", dev));
+        d.upsert_claim("default", "c", claim(1));
+        assert_eq!(device(&h), Some("gpu-1".to_string()));
+        d.upsert_claim("default", "c", claim(2));
+        assert_eq!(device(&h), Some("gpu-2".to_string()));
+        d.remove_claim("default", "c");
+        assert_eq!(device(&h), None);
+        d.upsert_claim("default", "c", claim(3));
+        assert_eq!(device(&h), Some("gpu-3".to_string()));
+        // A second pod shares the handle; the entry keeps it while any pod holds it.
+        let h2 = d.claim_handle("default", "c");
+        assert!(Arc::ptr_eq(&h, &h2));
+        drop(h2);
+        d.release_handle("default", "c");
+        assert!(d.claim("default", "c").is_some_and(|m| m.handle.is_some()));
+        drop(h);
+        d.release_handle("default", "c");
+        assert!(d.claim("default", "c").is_some_and(|m| m.handle.is_none()));
+        // Handles of claims that never arrive are forgotten with their last pod.
+        let orphan = d.claim_handle("default", "missing");
+        drop(orphan);
+        d.release_handle("default", "missing");
+        assert!(d.pending_handles.is_empty());
     }
 
     #[test]

@@ -97,7 +97,11 @@ pub(crate) struct Overlay {
 
 impl Overlay {
     /// Puts pods removed earlier back.
-    pub fn restore_pods(&mut self, c: &ClusterView, keys: &[(String, String)]) {
+    pub fn restore_pods<'k>(
+        &mut self,
+        c: &ClusterView,
+        keys: impl IntoIterator<Item = &'k (String, String)>,
+    ) {
         for k in keys {
             if !self.removed_pods.remove(k) {
                 continue;
@@ -120,7 +124,11 @@ impl Overlay {
         }
     }
 
-    pub fn remove_pods(&mut self, c: &ClusterView, keys: &[(String, String)]) {
+    pub fn remove_pods<'k>(
+        &mut self,
+        c: &ClusterView,
+        keys: impl IntoIterator<Item = &'k (String, String)>,
+    ) {
         for k in keys {
             if !self.removed_pods.insert(k.clone()) {
                 continue;
@@ -397,7 +405,12 @@ fn error_estimate(c: &ClusterView, e: String) -> ClusterEstimate {
 }
 
 /// Sets `limited_by` from the sums and applies the quota cap.
-fn finish(out: &mut ClusterEstimate, c: &ClusterView, w: &Workload, opts: &EstimateOptions) {
+pub(crate) fn finish(
+    out: &mut ClusterEstimate,
+    c: &ClusterView,
+    w: &Workload,
+    opts: &EstimateOptions,
+) {
     out.limited_by = if c.nodes.is_empty() {
         "no nodes".into()
     } else if out.nodes_considered == 0 {
@@ -502,12 +515,13 @@ pub(crate) enum NodeOutcome {
     },
 }
 
-/// Replicas of `w` that fit on one node.
+/// Replicas of `w` that fit on one node; `freed` is what a what-if gives back on it
+/// (requests and pod slots of removed pods).
 pub(crate) fn node_fit(
     c: &ClusterView,
     w: &Workload,
     node: &NodeEntry,
-    overlay: Option<&Overlay>,
+    freed: Option<&(ResList, u32)>,
     assumed: Option<&FastMap<Arc<str>, (ResList, i64)>>,
     devq: Option<&mut DeviceQuery<'_>>,
 ) -> Result<NodeOutcome, String> {
@@ -520,7 +534,6 @@ pub(crate) fn node_fit(
         return Ok(NodeOutcome::Excluded("resourceClaimAllocation"));
     }
     let usage = c.usage.get(&node.name);
-    let freed = overlay.and_then(|o| o.freed.get(&node.name));
     let taken = assumed.and_then(|a| a.get(&node.name));
     let free_of = |r: &ResName| -> i64 {
         let mut f = node.allocatable.get(r);
@@ -590,16 +603,7 @@ pub(crate) fn estimate_cluster(
     overlay: Option<&Overlay>,
     cache: Option<&mut DeviceCache>,
 ) -> ClusterEstimate {
-    let mut out = ClusterEstimate {
-        name: c.name.clone(),
-        max_replicas: 0,
-        limited_by: String::new(),
-        excluded_nodes: BTreeMap::new(),
-        nodes_considered: 0,
-        limits: BTreeMap::new(),
-        kubernetes_version: c.info.kubernetes_version.clone(),
-        error: None,
-    };
+    let mut out = blank_estimate(c);
     if c.nodes.is_empty() {
         out.limited_by = "no nodes".into();
         return out;
@@ -617,30 +621,53 @@ pub(crate) fn estimate_cluster(
             return out;
         }
     };
-    let mut total: i64 = 0;
     for node in c.nodes.values() {
-        match node_fit(c, w, node, overlay, assumed.as_ref(), devq.as_mut()) {
-            Ok(NodeOutcome::Excluded(reason)) => {
-                *out.excluded_nodes.entry(reason.to_string()).or_default() += 1;
-            }
-            Ok(NodeOutcome::Fit { replicas, factor }) => {
-                out.nodes_considered += 1;
-                if let Some(f) = factor {
-                    *out.limits.entry(f.label()).or_default() += 1;
-                }
-                total = total.saturating_add(replicas);
-            }
-            Err(e) => {
-                out.error = Some(e.clone());
-                out.limited_by = e;
-                out.max_replicas = 0;
-                return out;
-            }
+        let freed = overlay.and_then(|o| o.freed.get(&node.name));
+        let o = node_fit(c, w, node, freed, assumed.as_ref(), devq.as_mut());
+        if !tally(&mut out, &o) {
+            return out;
         }
     }
-    out.max_replicas = total;
     finish(&mut out, c, w, opts);
     out
+}
+
+/// An estimate of `c` with nothing counted yet.
+pub(crate) fn blank_estimate(c: &ClusterView) -> ClusterEstimate {
+    ClusterEstimate {
+        name: c.name.clone(),
+        max_replicas: 0,
+        limited_by: String::new(),
+        excluded_nodes: BTreeMap::new(),
+        nodes_considered: 0,
+        limits: BTreeMap::new(),
+        kubernetes_version: c.info.kubernetes_version.clone(),
+        error: None,
+    }
+}
+
+/// Counts one node's outcome (nodes in name order) into `out`; on an error the estimate
+/// becomes that error with no replicas, and false says to stop. [`finish`] completes it.
+pub(crate) fn tally(out: &mut ClusterEstimate, o: &Result<NodeOutcome, String>) -> bool {
+    match o {
+        Ok(NodeOutcome::Excluded(reason)) => {
+            *out.excluded_nodes.entry(reason.to_string()).or_default() += 1;
+        }
+        Ok(NodeOutcome::Fit { replicas, factor }) => {
+            out.nodes_considered += 1;
+            if let Some(f) = factor {
+                *out.limits.entry(f.label()).or_default() += 1;
+            }
+            out.max_replicas = out.max_replicas.saturating_add(*replicas);
+        }
+        Err(e) => {
+            out.error = Some(e.clone());
+            out.limited_by = e.clone();
+            out.max_replicas = 0;
+            return false;
+        }
+    }
+    true
 }
 
 /// One component of a multi-template workload (Karmada `Component`).

@@ -5,8 +5,9 @@
 //! replication stream can keep it current: a node, pod, slice or claim change touches only
 //! the indexes of that object (the node's usage, the node's device shape) and bumps the
 //! generation of what it touched, which is what result caches key on. Pods are kept in a
-//! compact form (requests, priority, owner, claim names); terminal pods and pods not bound
-//! to a node do not count against capacity, as in Karmada's estimator.
+//! compact form (requests, priority, owner, claim names, and handles through which the
+//! current allocations of those claims are read); terminal pods and pods not bound to a node
+//! do not count against capacity, as in Karmada's estimator.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -14,7 +15,7 @@ use std::sync::Arc;
 use dramesh_model::k8s::{Node, Pod, Taint};
 use dramesh_model::{ClusterInfo, ClusterObject, ObjectChange, ObjectKey, ObjectKind};
 
-use crate::devices::{ClusterDevices, FastMap};
+use crate::devices::{ClaimHandle, ClusterDevices, FastMap};
 use crate::filter::NodeFacts;
 use crate::resources::{ResList, ResName, pod_requests};
 
@@ -54,8 +55,35 @@ pub struct PodEntry {
     pub owner: Arc<Owner>,
     /// Names of the ResourceClaims the pod uses (named claims and generated ones from status).
     pub claims: Vec<String>,
+    /// Handles of `claims`, index for index, through which preemption reads a pod's
+    /// current claim allocations without looking the claims up by name.
+    pub(crate) claim_handles: ClaimHandles,
     /// Counted against its node: bound and not Succeeded/Failed.
     pub active: bool,
+}
+
+/// One handle per claim of a pod. The first is kept inline: most pods use one claim, and
+/// preemption reads this for every candidate pod.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ClaimHandles {
+    first: Option<Arc<ClaimHandle>>,
+    rest: Vec<Arc<ClaimHandle>>,
+}
+
+impl ClaimHandles {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Arc<ClaimHandle>> {
+        self.first.iter().chain(&self.rest)
+    }
+}
+
+impl FromIterator<Arc<ClaimHandle>> for ClaimHandles {
+    fn from_iter<I: IntoIterator<Item = Arc<ClaimHandle>>>(iter: I) -> Self {
+        let mut it = iter.into_iter();
+        ClaimHandles {
+            first: it.next(),
+            rest: it.collect(),
+        }
+    }
 }
 
 /// A node's static facts.
@@ -198,8 +226,15 @@ impl ClusterView {
     }
 
     fn remove_pod(&mut self, key: &(String, String)) {
-        if let Some(old) = self.pods.remove(key)
-            && old.active
+        let Some(mut old) = self.pods.remove(key) else {
+            return;
+        };
+        // Drop the pod's handles before asking whether anyone else holds them.
+        drop(std::mem::take(&mut old.claim_handles));
+        for claim in &old.claims {
+            self.devices.release_handle(&key.0, claim);
+        }
+        if old.active
             && let Some(node) = &old.node
         {
             if let Some(u) = self.usage.get_mut(node) {
@@ -213,7 +248,12 @@ impl ClusterView {
 
     fn upsert_pod(&mut self, key: (String, String), entry: PodEntry) {
         self.remove_pod(&key);
-        let entry = self.intern(entry);
+        let mut entry = self.intern(entry);
+        entry.claim_handles = entry
+            .claims
+            .iter()
+            .map(|claim| self.devices.claim_handle(&key.0, claim))
+            .collect();
         if entry.active
             && let Some(node) = &entry.node
         {
@@ -327,11 +367,8 @@ impl View {
             }
             ClusterObject::ResourceClaim(rc) => {
                 c.generation += 1;
-                c.devices.upsert_claim(
-                    key.namespace.as_deref().unwrap_or("default"),
-                    &key.name,
-                    rc,
-                );
+                let namespace = key.namespace.as_deref().unwrap_or("default");
+                c.devices.upsert_claim(namespace, &key.name, rc);
             }
             ClusterObject::DeviceTaintRule(r) => {
                 c.generation += 1;
@@ -371,8 +408,8 @@ impl View {
             }
             ObjectKind::ResourceClaim => {
                 c.generation += 1;
-                c.devices
-                    .remove_claim(key.namespace.as_deref().unwrap_or("default"), &key.name);
+                let namespace = key.namespace.as_deref().unwrap_or("default");
+                c.devices.remove_claim(namespace, &key.name);
             }
             ObjectKind::DeviceTaintRule => {
                 c.generation += 1;
@@ -498,5 +535,6 @@ fn pod_entry(p: &Pod) -> Result<PodEntry, String> {
         priority: spec.and_then(|s| s.priority).unwrap_or(0),
         owner: Arc::new(pod_owner(p)),
         claims,
+        claim_handles: ClaimHandles::default(),
     })
 }

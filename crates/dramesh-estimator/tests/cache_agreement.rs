@@ -234,3 +234,89 @@ fn preemption_with_caches_equals_naive() {
             .all(|v| v.priority < 1000 && v.kind == "Deployment")
     );
 }
+
+fn low_priority_pod(
+    name: &str,
+    node: &str,
+    owner: &str,
+    priority: i32,
+    claim: &str,
+) -> ClusterObject {
+    let pod: dramesh_model::k8s::Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default",
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet",
+                                 "name": owner, "uid": "u", "controller": true}]},
+        "spec": {"nodeName": node, "priority": priority,
+                 "containers": [{"name": "c", "resources": {"requests": {"cpu": "16"}}}],
+                 "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}]},
+        "status": {"phase": "Running",
+                   "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": claim}]}
+    }))
+    .unwrap();
+    ClusterObject::Pod(Arc::new(pod))
+}
+
+#[test]
+fn preemption_with_caches_equals_naive_on_random_fleets() {
+    // The cached path simulates evictions incrementally (node by node); the naive path
+    // re-estimates whole clusters without caches. Both must choose the same victims.
+    let mut rng = Lcg(23);
+    let mut chosen = 0;
+    for round in 0..8 {
+        let nodes = 4 + rng.next(12) as usize;
+        let spec = FleetSpec {
+            clusters: 3,
+            nodes_per_cluster: nodes,
+            gpus_per_node: 2 + rng.next(6) as usize,
+            owners_per_cluster: 1 + rng.next(4) as usize,
+            kubernetes_version: "1.36".into(),
+        };
+        let salt = rng.next(1000) as usize;
+        let gpus = spec.gpus_per_node;
+        let alloc = move |n: usize| (n * 5 + salt) % (gpus + 1);
+        let mut view = synth::fleet(&spec, &alloc).unwrap();
+        // A second workload shares one claim with a synthetic one, on some clusters.
+        for c in 0..3 {
+            let node = format!("c{c}-n{}", rng.next(nodes as u64));
+            let claim = format!("{node}-gpu-0");
+            if alloc(node.rsplit('n').next().unwrap().parse().unwrap()) > 0 {
+                let pod = low_priority_pod("sharer", &node, "sharer", rng.next(400) as i32, &claim);
+                view.apply_object(&format!("c{c}"), pod).unwrap();
+            }
+        }
+        if round % 3 == 0 {
+            view.apply_object("c2", shared_slice(2)).unwrap();
+        }
+        let mut est = Estimator::new();
+        for probe in 0..3 {
+            let mut w = gpu_workload(1 + rng.next(2) as i64, ["1", "30"][rng.next(2) as usize]);
+            w.priority = 50 + rng.next(400) as i32;
+            let fit = est.estimate(&view, &w, &EstimateOptions::default());
+            let most = fit.clusters.iter().map(|c| c.max_replicas).max().unwrap();
+            w.replicas = most + 1 + rng.next(2 * nodes as u64) as i64;
+            let cached =
+                dramesh_estimator::preempt(&view, &w, &mut est, &EstimateOptions::default());
+            let again =
+                dramesh_estimator::preempt(&view, &w, &mut est, &EstimateOptions::default());
+            let naive = dramesh_estimator::preempt(
+                &view,
+                &w,
+                &mut Estimator::new(),
+                &EstimateOptions {
+                    disable_cache: true,
+                    ..Default::default()
+                },
+            );
+            assert_eq!(cached, naive, "round {round} probe {probe}");
+            assert_eq!(again, naive, "round {round} probe {probe} (warm caches)");
+            if naive.chosen.is_some() {
+                chosen += 1;
+            }
+        }
+    }
+    assert!(
+        chosen > 3,
+        "preemption should succeed in some rounds ({chosen})"
+    );
+}

@@ -3,7 +3,9 @@
 //! - `one_cluster_5000x8`: one cluster, 5,000 nodes x 8 GPUs, 0-4 GPUs per node in use;
 //!   a workload needing 1 GPU per replica. `cold` builds the caches (fresh estimator),
 //!   `warm` repeats the query, `after_one_node_change` applies one claim change on one node
-//!   and re-estimates (the change is undone in the next iteration).
+//!   and re-estimates (the change is undone in the next iteration); `warm_with_assumed_dra`
+//!   repeats the query with 100 one-GPU replicas in flight (assumed workload with claims),
+//!   `warm_with_assumed_no_claims` with the same replicas holding no devices.
 //! - `fleet_100x1000x8`: 100 clusters of 1,000 nodes x 8 GPUs, same workload; plus
 //!   placement (dynamic weight) and preemption of a workload that fits nowhere.
 
@@ -13,7 +15,9 @@ use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use dramesh_estimator::synth::{self, FleetSpec};
-use dramesh_estimator::{EstimateOptions, Estimator, Policy, View, Workload, place, preempt};
+use dramesh_estimator::{
+    AssumedWorkload, EstimateOptions, Estimator, Policy, View, Workload, place, preempt,
+};
 use dramesh_model::{ClusterObject, ObjectChange, ObjectKey, ObjectKind};
 use serde_json::json;
 
@@ -80,6 +84,21 @@ fn one_cluster(c: &mut Criterion) {
     est.estimate(&view, &w, &opts);
     g.bench_function("warm", |b| {
         b.iter(|| black_box(est.estimate(&view, &w, &opts).total))
+    });
+    // 100 one-GPU replicas in flight (Karmada assumed workload or admitted reservations):
+    // first-fit through the engine, then the estimate with those nodes uncached.
+    let assumed = EstimateOptions {
+        assumed: vec![AssumedWorkload::from_workload("c0", &gpu_workload(1), 100)],
+        ..EstimateOptions::default()
+    };
+    g.bench_function("warm_with_assumed_dra", |b| {
+        b.iter(|| black_box(est.estimate(&view, &w, &assumed).total))
+    });
+    // The same replicas holding requests and pod slots only (no claims), for comparison.
+    let mut no_claims = assumed.clone();
+    no_claims.assumed[0].claims = None;
+    g.bench_function("warm_with_assumed_no_claims", |b| {
+        b.iter(|| black_box(est.estimate(&view, &w, &no_claims).total))
     });
     let mut on = false;
     g.bench_function("after_one_node_change", |b| {

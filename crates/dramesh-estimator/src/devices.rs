@@ -23,6 +23,12 @@
 //! allocation. A pool's allocations enter the shape as a multiset hash that is a sum of
 //! per-device terms (computed once per claim), so a what-if that gives allocations back
 //! (preemption) gets its shape by subtraction and shares cache entries with real states.
+//!
+//! Assumed (in-flight) replicas with claims are allocated by the same replica-by-replica
+//! count (`DeviceQuery::place`) but keep their allocations, in an `AssumedDevices` state
+//! the estimate's query then starts from. Node answers of nodes holding assumed allocations
+//! bypass the caches; once an assumed replica holds a device that is not local to its node,
+//! the whole query does.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, VecDeque};
@@ -843,6 +849,63 @@ fn reuse(cap_used: i64, fit: i64, cap: i64) -> Option<i64> {
     }
 }
 
+/// The device state of one cluster with the allocations of assumed (in-flight) replicas
+/// committed, built by first-fit before the estimate (see `estimate::assumed_deductions`).
+///
+/// Queries prepared with it count against this state, and never read or write a cache
+/// entry for a node whose local devices hold assumed allocations; once an assumed replica
+/// holds a device not local to one node, no cache applies at all (as when a query itself
+/// consumes a shared device).
+#[derive(Debug, Clone)]
+pub(crate) struct AssumedDevices {
+    /// The view's allocations, minus those a what-if overlay gives back, plus those of the
+    /// assumed replicas placed so far.
+    state: AllocatedState,
+    /// Nodes whose local pools hold devices of assumed replicas.
+    nodes: FastSet<Arc<str>>,
+    /// An assumed replica holds a device that is not local to its node.
+    shared: bool,
+    /// Shared claims (namespace, name) allocated by assumed replicas (once, by the first
+    /// that needed them), with the allocation's node selector.
+    claims: FastMap<(String, String), Option<dramesh_model::k8s::NodeSelector>>,
+}
+
+impl AssumedDevices {
+    /// The cluster's device state under `overlay`, nothing assumed yet.
+    pub(crate) fn start(c: &ClusterView, overlay: Option<&Overlay>) -> AssumedDevices {
+        let devices = &c.devices;
+        let mut state = devices.allocated.clone();
+        if let Some(o) = overlay {
+            for key in &o.removed_claims {
+                if let Some(m) = devices.claim(&key.0, &key.1)
+                    && let Some(a) = &m.allocation
+                {
+                    state.release(std::slice::from_ref(&expand(a)));
+                }
+            }
+        }
+        AssumedDevices {
+            state,
+            nodes: FastSet::default(),
+            shared: false,
+            claims: FastMap::default(),
+        }
+    }
+
+    /// True once any assumed replica holds a device.
+    pub(crate) fn holds_devices(&self) -> bool {
+        self.shared || !self.nodes.is_empty() || !self.claims.is_empty()
+    }
+
+    fn hold(&mut self, node: &NodeEntry, local: bool) {
+        if local {
+            self.nodes.insert(node.name.clone());
+        } else {
+            self.shared = true;
+        }
+    }
+}
+
 /// A prepared device question for one workload on one cluster.
 pub(crate) struct DeviceQuery<'a> {
     devices: &'a ClusterDevices,
@@ -875,6 +938,10 @@ pub(crate) struct DeviceQuery<'a> {
     node_release: Vec<&'a [CompactResult]>,
     cache: Option<&'a mut DeviceCache>,
     shape_ok: bool,
+    /// The workload's namespace (its shared claims live there).
+    namespace: String,
+    /// Assumed replicas' devices: `owned` then starts as their state.
+    assumed: Option<AssumedDevices>,
 }
 
 fn claim_from(namespace: &str, name: &str, spec: ResourceClaimSpec) -> ResourceClaim {
@@ -892,11 +959,16 @@ fn claim_from(namespace: &str, name: &str, spec: ResourceClaimSpec) -> ResourceC
 impl<'a> DeviceQuery<'a> {
     /// `Ok(None)` when the workload needs no devices in this cluster; `Err` when it cannot
     /// be scheduled in this cluster at all (a shared claim is missing).
+    ///
+    /// With `assumed` (built under the same `overlay`), the query counts against the state
+    /// of the assumed replicas and takes it (it is left in place when the query returns
+    /// `Ok(None)` or `Err`); [`DeviceQuery::into_assumed`] gives it back.
     pub(crate) fn prepare(
         c: &'a ClusterView,
         w: &Workload,
         overlay: Option<&Overlay>,
         cache: Option<&'a mut DeviceCache>,
+        assumed: &mut Option<AssumedDevices>,
     ) -> Result<Option<DeviceQuery<'a>>, String> {
         let devices = &c.devices;
         let mut dra_extended = Vec::new();
@@ -917,6 +989,13 @@ impl<'a> DeviceQuery<'a> {
         for claim in &w.shared_claims {
             let key = (w.namespace.clone(), claim.clone());
             let removed = overlay.is_some_and(|o| o.removed_claims.contains(&key));
+            if let Some(held) = assumed.as_ref().and_then(|a| a.claims.get(&key)) {
+                // An assumed replica allocated it: allocated from now on.
+                if devices.claim(&key.0, &key.1).is_some() {
+                    shared_selectors.extend(held.iter().cloned());
+                    continue;
+                }
+            }
             match devices.claim(&key.0, &key.1) {
                 None => {
                     return Err(format!(
@@ -996,9 +1075,17 @@ impl<'a> DeviceQuery<'a> {
         dra_extended.hash(&mut fp);
         let fingerprint = fp.finish();
         let shape_ok = devices.shared_slices == 0 && devices.taint_rules == 0;
-        // Removing claims that used shared devices changes what every node sees.
-        let dirty = shared_released;
-        let use_scratch = cache.is_some() && to_release.is_empty();
+        // Removing claims that used shared devices changes what every node sees, and so do
+        // assumed replicas holding shared devices.
+        let mut assumed = assumed.take();
+        let dirty = shared_released || assumed.as_ref().is_some_and(|a| a.shared);
+        let mut owned = None;
+        if let Some(a) = &mut assumed {
+            // The overlay is already given back in the assumed state.
+            to_release.clear();
+            owned = Some(std::mem::take(&mut a.state));
+        }
+        let use_scratch = cache.is_some() && to_release.is_empty() && assumed.is_none();
         let mut cache = cache;
         if use_scratch
             && let Some(c) = cache.as_deref_mut()
@@ -1010,7 +1097,7 @@ impl<'a> DeviceQuery<'a> {
         }
         Ok(Some(DeviceQuery {
             devices,
-            owned: None,
+            owned,
             use_scratch,
             opts: Options::for_version(devices.version),
             template_claims,
@@ -1026,6 +1113,8 @@ impl<'a> DeviceQuery<'a> {
             node_release: Vec::new(),
             cache,
             shape_ok,
+            namespace: w.namespace.clone(),
+            assumed,
         }))
     }
 
@@ -1065,10 +1154,11 @@ impl<'a> DeviceQuery<'a> {
             .any(|(n, _, _)| n == r && node.allocatable.get(n) <= 0)
     }
 
-    /// How many replicas (at most `cap`) each get their own devices on this node.
-    pub(crate) fn fit(&mut self, node: &NodeEntry, cap: i64) -> Result<i64, String> {
+    /// The claim that asks devices for the DRA-backed extended resources of one replica on
+    /// this node, if any.
+    fn ext_claim(&self, node: &NodeEntry) -> Option<ResourceClaim> {
         let ext = self.ext_on_node(node);
-        let ext_claim = (!ext.is_empty()).then(|| {
+        (!ext.is_empty()).then(|| {
             let requests = ext
                 .iter()
                 .enumerate()
@@ -1093,7 +1183,20 @@ impl<'a> DeviceQuery<'a> {
                     }),
                 },
             )
-        });
+        })
+    }
+
+    /// How many replicas (at most `cap`) each get their own devices on this node.
+    pub(crate) fn fit(&mut self, node: &NodeEntry, cap: i64) -> Result<i64, String> {
+        let ext_claim = self.ext_claim(node);
+        // Nodes holding devices of assumed replicas differ from the view the caches describe.
+        if self
+            .assumed
+            .as_ref()
+            .is_some_and(|a| a.nodes.contains(&node.name))
+        {
+            return self.fit_uncached(node, cap, ext_claim.as_ref());
+        }
         let variant = u64::from(ext_claim.is_some());
         let key_fp = self.fingerprint ^ variant.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         let cacheable = !self.dirty && self.pending_shared.is_empty();
@@ -1208,6 +1311,38 @@ impl<'a> DeviceQuery<'a> {
         cap: i64,
         ext_claim: Option<&ResourceClaim>,
     ) -> Result<i64, String> {
+        self.allocate_replicas(node, cap, ext_claim, false)
+    }
+
+    /// Places up to `cap` replicas of an assumed workload on this node: each gets its own
+    /// allocation, exactly as [`DeviceQuery::fit`] counts them, and the allocations stay in
+    /// the query's device state (see [`DeviceQuery::into_assumed`]). Needs a query prepared
+    /// with an [`AssumedDevices`].
+    pub(crate) fn place(&mut self, node: &NodeEntry, cap: i64) -> Result<i64, String> {
+        if self.assumed.is_none() {
+            return Err("internal: assumed replicas placed without assumed device state".into());
+        }
+        let ext_claim = self.ext_claim(node);
+        self.allocate_replicas(node, cap, ext_claim.as_ref(), true)
+    }
+
+    /// The device state with this query's placed replicas, for the next query; `None`
+    /// when the query was not prepared with one.
+    pub(crate) fn into_assumed(self) -> Option<AssumedDevices> {
+        let mut a = self.assumed?;
+        a.state = self.owned.unwrap_or_else(|| self.devices.allocated.clone());
+        Some(a)
+    }
+
+    /// Replica after replica through the engine, at most `cap`. Allocations local to the
+    /// node are rolled back afterwards unless `keep` (assumed replicas hold them).
+    fn allocate_replicas(
+        &mut self,
+        node: &NodeEntry,
+        cap: i64,
+        ext_claim: Option<&ResourceClaim>,
+        keep: bool,
+    ) -> Result<i64, String> {
         let devices = self.devices;
         if !self.to_release.is_empty() {
             let release = std::mem::take(&mut self.to_release);
@@ -1239,16 +1374,7 @@ impl<'a> DeviceQuery<'a> {
             match dramesh_engine::allocate(&devices.inventory, st, &info, &claims, &self.opts) {
                 Outcome::Allocated(results) => {
                     let (shared_part, rest) = results.split_at(pending.len().min(results.len()));
-                    for a in shared_part {
-                        st.commit(std::slice::from_ref(a));
-                        if let Some(sel) = &a.node_selector {
-                            self.shared_selectors.push(sel.clone());
-                        }
-                        self.dirty = true;
-                    }
-                    let rest = rest.to_vec();
-                    st.commit(&rest);
-                    let local_only = rest.iter().all(|a| {
+                    let is_local = |a: &AllocationResult| {
                         a.devices
                             .iter()
                             .flat_map(|d| d.results.iter().flatten())
@@ -1257,8 +1383,35 @@ impl<'a> DeviceQuery<'a> {
                                     .pool_node_named(&r.driver, &r.pool)
                                     .is_some_and(|p| **p == *node.name)
                             })
-                    });
-                    if local_only {
+                    };
+                    for (a, claim) in shared_part.iter().zip(&pending) {
+                        st.commit(std::slice::from_ref(a));
+                        if let Some(sel) = &a.node_selector {
+                            self.shared_selectors.push(sel.clone());
+                        }
+                        self.dirty = true;
+                        if keep && let Some(held) = self.assumed.as_mut() {
+                            held.hold(node, is_local(a));
+                            held.claims.insert(
+                                (
+                                    self.namespace.clone(),
+                                    claim.metadata.name.clone().unwrap_or_default(),
+                                ),
+                                a.node_selector.clone(),
+                            );
+                        }
+                    }
+                    let rest = rest.to_vec();
+                    st.commit(&rest);
+                    let local_only = rest.iter().all(is_local);
+                    if keep {
+                        if let Some(held) = self.assumed.as_mut() {
+                            held.hold(node, local_only);
+                        }
+                        if !local_only {
+                            self.dirty = true;
+                        }
+                    } else if local_only {
                         local.push(rest);
                     } else {
                         self.dirty = true;

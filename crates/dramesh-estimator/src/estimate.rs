@@ -8,11 +8,18 @@
 //! node - assumed workloads (first-fit, as Karmada deducts them). Device-fit is the number
 //! of replicas that each get a fresh allocation, one after another, from the engine (see
 //! [`crate::devices`]). The cluster answer is the sum, further capped by an optional quota.
+//!
+//! Assumed workloads that carry device claims are placed first-fit replica by replica with
+//! the same device count (requests and an engine allocation must both fit on the node); the
+//! allocations they get are part of the device state the estimate counts against. Assumed
+//! workloads without claims are deducted by requests and pod slots only. Results computed
+//! with assumed workloads are never memoized, and per-node device answers are neither read
+//! nor stored for nodes whose devices assumed replicas hold.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::devices::{DeviceCache, DeviceQuery};
+use crate::devices::{AssumedDevices, DeviceCache, DeviceQuery};
 use crate::fasthash::{FastMap, FastSet};
 use crate::filter::{Exclusion, NodeClaim};
 use crate::quota::QuotaSet;
@@ -27,15 +34,22 @@ pub struct AssumedWorkload {
     pub requests: ResList,
     pub node_claim: NodeClaim,
     pub replicas: i64,
+    /// The workload whose device claims every replica carries, when it has any
+    /// (ResourceClaimTemplates: a fresh allocation per replica; `resourceClaimName` claims:
+    /// allocated once, by the first replica, when not allocated already). `None`: the
+    /// replicas hold no devices and are deducted by requests and pod slots only.
+    pub claims: Option<Arc<Workload>>,
 }
 
 impl AssumedWorkload {
+    /// `replicas` of `w` in flight to `cluster`, carrying `w`'s device claims.
     pub fn from_workload(cluster: &str, w: &Workload, replicas: i64) -> AssumedWorkload {
         AssumedWorkload {
             cluster: cluster.to_string(),
             requests: w.requests.clone(),
             node_claim: w.node_claim.clone(),
             replicas,
+            claims: w.needs_devices().then(|| Arc::new(w.clone())),
         }
     }
 }
@@ -70,6 +84,14 @@ pub struct ClusterEstimate {
     pub kubernetes_version: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Replicas of assumed workloads that fit on no node (by requests, pod slots or
+    /// devices) and so were not deducted, as Karmada drops them.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub assumed_unplaced: i64,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
 }
 
 /// The estimate over the selected clusters.
@@ -237,6 +259,7 @@ impl ClusterMemo {
             limits: self.limits.clone(),
             kubernetes_version: c.info.kubernetes_version.clone(),
             error: None,
+            assumed_unplaced: 0,
         };
         finish(&mut out, c, w, opts);
         out
@@ -320,7 +343,7 @@ impl Estimator {
                 self.memos.insert(key, m);
                 return out;
             }
-            let mut devq = match DeviceQuery::prepare(c, w, None, Some(cache)) {
+            let mut devq = match DeviceQuery::prepare(c, w, None, Some(cache), &mut None) {
                 Ok(q) => q,
                 Err(e) => return error_estimate(c, e),
             };
@@ -362,7 +385,7 @@ impl Estimator {
             shared_gen,
             ..Default::default()
         };
-        let mut devq = match DeviceQuery::prepare(c, w, None, Some(cache)) {
+        let mut devq = match DeviceQuery::prepare(c, w, None, Some(cache), &mut None) {
             Ok(q) => q,
             Err(e) => return error_estimate(c, e),
         };
@@ -401,6 +424,7 @@ fn error_estimate(c: &ClusterView, e: String) -> ClusterEstimate {
         limits: BTreeMap::new(),
         kubernetes_version: c.info.kubernetes_version.clone(),
         error: Some(e),
+        assumed_unplaced: 0,
     }
 }
 
@@ -473,16 +497,46 @@ pub(crate) fn node_free(
     }
 }
 
+/// What the assumed workloads of one cluster take.
+pub(crate) struct Deductions {
+    /// node -> requests and pod slots held.
+    pub res: FastMap<Arc<str>, (ResList, i64)>,
+    /// The device state with the assumed replicas' allocations; `None` when no assumed
+    /// replica holds a device.
+    pub devices: Option<AssumedDevices>,
+    /// Replicas that fit nowhere (not deducted).
+    pub unplaced: i64,
+}
+
 /// Karmada's first-fit deduction of assumed workloads: node by node in order, each takes
-/// as many replicas as fit.
+/// as many replicas as fit. A replica of a workload with device claims fits a node when its
+/// requests fit and the engine allocates its claims there against the state holding every
+/// replica placed before it (on any node), the same count [`DeviceQuery::fit`] makes for
+/// the workload estimated; its allocation then stays for later replicas and the estimate.
+/// Without claims, replicas are deducted by requests and pod slots only. A workload whose
+/// devices cannot be evaluated in the cluster (a shared claim is missing, the cluster's
+/// version is invalid, the engine rejects the claims) places nothing.
 pub(crate) fn assumed_deductions(
     c: &ClusterView,
     assumed: &[AssumedWorkload],
     overlay: Option<&Overlay>,
-) -> FastMap<Arc<str>, (ResList, i64)> {
+) -> Deductions {
     let mut used: FastMap<Arc<str>, (ResList, i64)> = FastMap::default();
+    let mut held: Option<AssumedDevices> = None;
+    let mut unplaced = 0i64;
     for a in assumed.iter().filter(|a| a.cluster == c.name) {
-        let mut remaining = a.replicas;
+        let mut remaining = a.replicas.max(0);
+        let mut devq = None;
+        if let Some(dw) = a.claims.as_deref() {
+            held.get_or_insert_with(|| AssumedDevices::start(c, overlay));
+            match DeviceQuery::prepare(c, dw, overlay, None, &mut held) {
+                Ok(q) => devq = q,
+                Err(_) => {
+                    unplaced = unplaced.saturating_add(remaining);
+                    continue;
+                }
+            }
+        }
         for node in c.nodes.values() {
             if remaining <= 0 {
                 break;
@@ -491,18 +545,53 @@ pub(crate) fn assumed_deductions(
                 continue;
             }
             let free = node_free(c, node, overlay, Some(&used));
-            let (fit, _) = free.res.max_divided(&a.requests);
-            let take = remaining.min(fit).min(free.pods);
+            let fit = match &devq {
+                None => free.res.max_divided(&a.requests).0,
+                Some(q) => {
+                    if !q.node_allowed(node) {
+                        continue;
+                    }
+                    // Extended resources this node serves through devices are counted by
+                    // the allocation, as for the estimated workload.
+                    a.requests
+                        .iter()
+                        .filter(|(r, req)| {
+                            *req > 0 && r.is_divisible() && !q.served_by_devices(node, r)
+                        })
+                        .map(|(r, req)| free.res.get(r).max(0) / req)
+                        .min()
+                        .unwrap_or(i64::MAX)
+                }
+            };
+            let mut take = remaining.min(fit).min(free.pods);
             if take <= 0 {
                 continue;
+            }
+            if let Some(q) = devq.as_mut() {
+                match q.place(node, take) {
+                    Ok(n) => take = n,
+                    // The claims cannot be allocated anywhere: no further node either.
+                    Err(_) => break,
+                }
+                if take <= 0 {
+                    continue;
+                }
             }
             let e = used.entry(node.name.clone()).or_default();
             e.0.add_all(&a.requests.scaled(take));
             e.1 += take;
             remaining -= take;
         }
+        if let Some(q) = devq {
+            held = q.into_assumed();
+        }
+        unplaced = unplaced.saturating_add(remaining);
     }
-    used
+    Deductions {
+        res: used,
+        devices: held.filter(AssumedDevices::holds_devices),
+        unplaced,
+    }
 }
 
 /// What one node contributes.
@@ -608,12 +697,14 @@ pub(crate) fn estimate_cluster(
         out.limited_by = "no nodes".into();
         return out;
     }
-    let assumed = if opts.assumed.iter().any(|a| a.cluster == c.name) {
-        Some(assumed_deductions(c, &opts.assumed, overlay))
+    let (assumed, mut held) = if opts.assumed.iter().any(|a| a.cluster == c.name) {
+        let d = assumed_deductions(c, &opts.assumed, overlay);
+        out.assumed_unplaced = d.unplaced;
+        (Some(d.res), d.devices)
     } else {
-        None
+        (None, None)
     };
-    let mut devq = match DeviceQuery::prepare(c, w, overlay, cache) {
+    let mut devq = match DeviceQuery::prepare(c, w, overlay, cache, &mut held) {
         Ok(q) => q,
         Err(e) => {
             out.limited_by = e.clone();
@@ -643,6 +734,7 @@ pub(crate) fn blank_estimate(c: &ClusterView) -> ClusterEstimate {
         limits: BTreeMap::new(),
         kubernetes_version: c.info.kubernetes_version.clone(),
         error: None,
+        assumed_unplaced: 0,
     }
 }
 
@@ -692,7 +784,8 @@ pub fn estimate_component_sets(
         if !opts.clusters.is_empty() && !opts.clusters.contains(&c.name) {
             continue;
         }
-        let assumed = assumed_deductions(c, &opts.assumed, None);
+        let deductions = assumed_deductions(c, &opts.assumed, None);
+        let assumed = deductions.res;
         let mut free: Vec<(&NodeEntry, NodeFree)> = c
             .nodes
             .values()
@@ -743,6 +836,7 @@ pub fn estimate_component_sets(
             limits: BTreeMap::new(),
             kubernetes_version: c.info.kubernetes_version.clone(),
             error: None,
+            assumed_unplaced: deductions.unplaced,
         });
     }
     let total = clusters.iter().map(|c| c.max_replicas).sum();

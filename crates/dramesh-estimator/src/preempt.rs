@@ -570,7 +570,7 @@ fn simulate_incremental(
             fill[n as usize] += 1;
         }
     }
-    let mut devq = DeviceQuery::prepare(c, w, None, Some(cache)).ok()?;
+    let mut devq = DeviceQuery::prepare(c, w, None, Some(cache), &mut None).ok()?;
     if let Some(q) = devq.as_mut() {
         if q.order_dependent() {
             return None;

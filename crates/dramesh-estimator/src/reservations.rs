@@ -18,8 +18,10 @@
 //! whose views and reservation sets are equal compute equal results (the estimator is
 //! deterministic). A reservation is all or nothing: one that fits only partly is conflicted.
 //! Deductions are by resource requests and pod slots (cpu, memory, extended resources such
-//! as `nvidia.com/gpu`, pods), the same model as Karmada assumed workloads; devices requested
-//! through DRA claims are not deducted.
+//! as `nvidia.com/gpu`, pods), the same model as Karmada assumed workloads, and by DRA
+//! devices: each reserved replica of a workload with claims holds its own allocation of the
+//! workload's ResourceClaimTemplates (and its shared claims once), placed first-fit as the
+//! estimator counts device fit (see [`crate::estimate::AssumedWorkload`]).
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
@@ -184,6 +186,115 @@ mod tests {
             ..EstimateOptions::default()
         };
         Estimator::new().estimate(v, &one, &opts).total
+    }
+
+    /// One cluster `c` with two nodes of 4 DRA GPUs each (no `nvidia.com/gpu`).
+    fn dra_view() -> View {
+        let spec = crate::synth::FleetSpec {
+            clusters: 1,
+            nodes_per_cluster: 2,
+            gpus_per_node: 4,
+            owners_per_cluster: 1,
+            kubernetes_version: "1.36".into(),
+        };
+        let mut v = View::new();
+        crate::synth::cluster_objects(&spec, 0, &|_| 0, |o| {
+            v.apply_object("c", o).unwrap();
+        });
+        v
+    }
+
+    /// A workload whose replicas each claim `gpus` DRA GPUs through a ResourceClaimTemplate.
+    fn dra_workload(name: &str, gpus: i64) -> Arc<Workload> {
+        let tpl: dramesh_model::k8s::ResourceClaimTemplate =
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": "gpu", "namespace": "ml"},
+                "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                    "deviceClassName": crate::synth::CLASS, "count": gpus}}]}}}
+            }))
+            .unwrap();
+        let templates = std::collections::HashMap::from([(
+            ("ml".to_string(), "gpu".to_string()),
+            Arc::new(tpl),
+        )]);
+        let spec = serde_json::json!({
+            "containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu"}]
+        });
+        Arc::new(
+            Workload::from_pod_spec(
+                "Deployment",
+                "ml",
+                name,
+                1,
+                serde_json::from_value(spec).unwrap(),
+                &templates,
+            )
+            .unwrap(),
+        )
+    }
+
+    fn dra_gpus_left(v: &View, r: &Resolution) -> i64 {
+        let opts = EstimateOptions {
+            assumed: r.assumed.clone(),
+            ..EstimateOptions::default()
+        };
+        Estimator::new()
+            .estimate(v, &dra_workload("probe", 1), &opts)
+            .total
+    }
+
+    #[test]
+    fn dra_reservations_hold_devices_and_priority_decides() {
+        let v = dra_view();
+        let w = dra_workload("w", 1);
+        // Both want the last 8 GPUs; the higher priority one wins whatever the ids.
+        let input = [res("a", 100, 8, &w), res("b", 200, 8, &w)];
+        for order in [input.to_vec(), input.iter().rev().cloned().collect()] {
+            let r = resolve(&v, &mut Estimator::new(), &order);
+            assert_eq!(r.admission("b"), Some(&Admission::Admitted));
+            assert_eq!(
+                r.admission("a"),
+                Some(&Admission::Conflicted {
+                    winner: Some("b".into()),
+                    available: 0,
+                    reason: None
+                })
+            );
+            assert!(r.assumed.iter().all(|a| a.claims.is_some()));
+            assert_eq!(dra_gpus_left(&v, &r), 0);
+        }
+        // 8 against 6: the 6 win by priority, the 8 see the 2 left.
+        let r = resolve(
+            &v,
+            &mut Estimator::new(),
+            &[res("big", 100, 8, &w), res("small", 200, 6, &w)],
+        );
+        assert_eq!(r.admission("small"), Some(&Admission::Admitted));
+        assert_eq!(
+            r.admission("big"),
+            Some(&Admission::Conflicted {
+                winner: Some("small".into()),
+                available: 2,
+                reason: None
+            })
+        );
+        assert_eq!(dra_gpus_left(&v, &r), 2);
+        // Devices per replica count: 3 x 2 GPUs leave 2, so 2 x 1 GPU still fit.
+        let two = dra_workload("two", 2);
+        let r = resolve(
+            &v,
+            &mut Estimator::new(),
+            &[res("x", 0, 3, &two), res("y", 0, 3, &w), res("z", 0, 2, &w)],
+        );
+        assert_eq!(r.admission("x"), Some(&Admission::Admitted));
+        assert!(matches!(
+            r.admission("y"),
+            Some(Admission::Conflicted { winner: Some(win), available: 2, .. }) if win == "x"
+        ));
+        assert_eq!(r.admission("z"), Some(&Admission::Admitted));
+        assert_eq!(dra_gpus_left(&v, &r), 0);
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use dramesh_estimator::synth::{self, FleetSpec};
-use dramesh_estimator::{EstimateOptions, Estimator, View, Workload};
+use dramesh_estimator::{AssumedWorkload, EstimateOptions, Estimator, View, Workload};
 use dramesh_model::{ClusterObject, ObjectChange, ObjectKey, ObjectKind};
 use serde_json::json;
 
@@ -79,6 +79,94 @@ fn compare(view: &View, est: &mut Estimator, w: &Workload, label: &str) {
         again, naive,
         "{label}: second cached run differs from naive"
     );
+}
+
+/// In-flight workloads with GPU claims on every cluster of `view` (c0, c1, ...).
+fn random_assumed(rng: &mut Lcg, clusters: usize, nodes: usize) -> Vec<AssumedWorkload> {
+    let mut out = Vec::new();
+    for c in 0..clusters {
+        for _ in 0..=rng.next(2) {
+            let w = gpu_workload(1 + rng.next(2) as i64, ["1", "30"][rng.next(2) as usize]);
+            let replicas = 1 + rng.next(2 * nodes as u64) as i64;
+            out.push(AssumedWorkload::from_workload(
+                &format!("c{c}"),
+                &w,
+                replicas,
+            ));
+        }
+    }
+    out
+}
+
+/// `compare` with assumed workloads; the caches must not keep anything computed with them
+/// (a plain estimate afterwards equals a naive one). Returns by how many replicas the
+/// assumed workloads lowered the total.
+fn compare_assumed(
+    view: &View,
+    est: &mut Estimator,
+    w: &Workload,
+    assumed: &[AssumedWorkload],
+    label: &str,
+) -> i64 {
+    let with = EstimateOptions {
+        assumed: assumed.to_vec(),
+        ..Default::default()
+    };
+    let naive = est.estimate(
+        view,
+        w,
+        &EstimateOptions {
+            disable_cache: true,
+            ..with.clone()
+        },
+    );
+    let cached = est.estimate(view, w, &with);
+    let again = est.estimate(view, w, &with);
+    assert_eq!(
+        cached, naive,
+        "{label}: cached differs from naive (assumed)"
+    );
+    assert_eq!(again, naive, "{label}: second cached run differs (assumed)");
+    let plain = est.estimate(view, w, &EstimateOptions::default());
+    compare(view, est, w, &format!("{label} after assumed"));
+    plain.total - naive.total
+}
+
+#[test]
+fn cached_equals_naive_with_assumed_device_workloads() {
+    let mut rng = Lcg(31);
+    let mut deducted = 0;
+    for round in 0..8 {
+        let nodes = 3 + rng.next(10) as usize;
+        let spec = FleetSpec {
+            clusters: 3,
+            nodes_per_cluster: nodes,
+            gpus_per_node: 1 + rng.next(6) as usize,
+            owners_per_cluster: 2,
+            kubernetes_version: "1.36".into(),
+        };
+        let salt = rng.next(1000) as usize;
+        let alloc = move |n: usize| (n * 3 + salt) % 4;
+        let mut view = synth::fleet(&spec, &alloc).unwrap();
+        // c2 also has network-attached GPUs, which assumed replicas may hold.
+        view.apply_object("c2", shared_slice(1 + rng.next(4) as usize))
+            .unwrap();
+        let mut est = Estimator::new();
+        for probe in 0..3 {
+            let w = gpu_workload(1 + rng.next(2) as i64, ["1", "64"][rng.next(2) as usize]);
+            // Warm the caches without assumed workloads first.
+            compare(&view, &mut est, &w, &format!("round {round} probe {probe}"));
+            let assumed = random_assumed(&mut rng, 3, nodes);
+            deducted += compare_assumed(
+                &view,
+                &mut est,
+                &w,
+                &assumed,
+                &format!("round {round} probe {probe}"),
+            );
+        }
+    }
+    assert!(deducted > 0, "assumed devices should lower some estimates");
 }
 
 #[test]
@@ -295,17 +383,24 @@ fn preemption_with_caches_equals_naive_on_random_fleets() {
             let fit = est.estimate(&view, &w, &EstimateOptions::default());
             let most = fit.clusters.iter().map(|c| c.max_replicas).max().unwrap();
             w.replicas = most + 1 + rng.next(2 * nodes as u64) as i64;
-            let cached =
-                dramesh_estimator::preempt(&view, &w, &mut est, &EstimateOptions::default());
-            let again =
-                dramesh_estimator::preempt(&view, &w, &mut est, &EstimateOptions::default());
+            // Every other probe also has workloads in flight (the reference path).
+            let with = EstimateOptions {
+                assumed: if probe % 2 == 1 {
+                    random_assumed(&mut rng, 3, nodes)
+                } else {
+                    Vec::new()
+                },
+                ..Default::default()
+            };
+            let cached = dramesh_estimator::preempt(&view, &w, &mut est, &with);
+            let again = dramesh_estimator::preempt(&view, &w, &mut est, &with);
             let naive = dramesh_estimator::preempt(
                 &view,
                 &w,
                 &mut Estimator::new(),
                 &EstimateOptions {
                     disable_cache: true,
-                    ..Default::default()
+                    ..with.clone()
                 },
             );
             assert_eq!(cached, naive, "round {round} probe {probe}");

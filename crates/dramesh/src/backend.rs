@@ -848,8 +848,9 @@ pub fn workload_of(
         .map_err(|e| e.to_string())
 }
 
-/// Karmada assumed workloads as the estimator's deductions for `cluster`. Devices of
-/// in-flight workloads are not deducted (the estimator models them by resources only).
+/// Karmada assumed workloads as the estimator's deductions for `cluster`, with the DRA
+/// claims of their requirements: each in-flight replica holds its own device allocation
+/// (shared claims once), placed first-fit like its requests.
 ///
 /// They are implied reservations of the one query that carries them and are not written to
 /// the reservation document: karmada-scheduler resends its whole assumed set with every
@@ -866,7 +867,7 @@ fn assumed_of(
             if req.namespace.is_empty() {
                 req.namespace = a.namespace.clone();
             }
-            let w = workload_of(&c.name, &req, i64::from(c.replicas), false)
+            let w = workload_of(&c.name, &req, i64::from(c.replicas), true)
                 .map_err(|e| format!("assumedWorkloads[{i}] component {:?}: {e}", c.name))?;
             out.push(AssumedWorkload::from_workload(
                 cluster,
@@ -1123,6 +1124,22 @@ mod tests {
         assert_eq!(
             backend.max_available_replicas(&assumed),
             ReplicaAnswer::Count(n - 1)
+        );
+        // An assumed workload with the DRA requirement also holds its devices: one in-flight
+        // replica leaves gpu-west devices for one more.
+        let mut dra_assumed = q.clone();
+        dra_assumed.cluster = "gpu-west".into();
+        dra_assumed.assumed_workloads = vec![query::AssumedWorkload {
+            namespace: "ml".into(),
+            components: vec![query::Component {
+                name: "inflight".into(),
+                replicas: 1,
+                requirements: q.requirements.clone(),
+            }],
+        }];
+        assert_eq!(
+            backend.max_available_replicas(&dra_assumed),
+            ReplicaAnswer::Count(1)
         );
         q.cluster = "nowhere".into();
         assert_eq!(

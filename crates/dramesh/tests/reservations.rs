@@ -1,7 +1,9 @@
 //! Acceptance test of replicated in-flight reservations, with separate `dramesh` processes.
 //!
-//! One member cluster `gpu` with exactly 8 free GPUs (`nvidia.com/gpu` on one node), published
-//! by a folder agent. Replicas r1 and r2 start without seeds, so they cannot see each other:
+//! One member cluster `gpu` with exactly 8 free GPUs, published by a folder agent as DRA
+//! devices: one node and a ResourceSlice of 8 devices of DeviceClass `gpu.nvidia.com`; every
+//! workload asks one GPU per replica through a ResourceClaimTemplate, so reservations hold
+//! devices, not an extended resource. Replicas r1 and r2 start without seeds, so they cannot see each other:
 //! both reserve the last GPUs at the same moment (r1: 8 replicas × 1 GPU at priority 100;
 //! r2: 6 replicas × 1 GPU at priority 200), and each accepts its own reservation as live —
 //! a real overcommit. Then r3 starts with both as seeds and the mesh merges the documents.
@@ -26,13 +28,49 @@ const NODE: &str = r#"apiVersion: v1
 kind: Node
 metadata: {name: gpu-node-1, labels: {kubernetes.io/hostname: gpu-node-1}}
 status:
-  capacity: {cpu: "64", memory: 512Gi, pods: "110", nvidia.com/gpu: "8"}
-  allocatable: {cpu: "64", memory: 512Gi, pods: "110", nvidia.com/gpu: "8"}
+  capacity: {cpu: "64", memory: 512Gi, pods: "110"}
+  allocatable: {cpu: "64", memory: 512Gi, pods: "110"}
 "#;
 
+/// The DeviceClass and the node's 8 GPUs.
+fn devices() -> String {
+    let gpus: String = (0..8)
+        .map(|i| format!("  - {{name: gpu-{i}, attributes: {{model: {{string: h100}}}}}}\n"))
+        .collect();
+    format!(
+        r#"apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {{name: gpu.nvidia.com}}
+spec:
+  selectors:
+  - cel: {{expression: "device.driver == 'gpu.nvidia.com'"}}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata: {{name: gpu-node-1-gpus}}
+spec:
+  driver: gpu.nvidia.com
+  nodeName: gpu-node-1
+  pool: {{name: gpu-node-1, generation: 1, resourceSliceCount: 1}}
+  devices:
+{gpus}"#
+    )
+}
+
+/// A Deployment whose replicas each claim one GPU through a ResourceClaimTemplate.
 fn workload(name: &str) -> String {
     format!(
-        r#"apiVersion: apps/v1
+        r#"apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {{name: one-gpu, namespace: ml}}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly: {{deviceClassName: gpu.nvidia.com}}
+---
+apiVersion: apps/v1
 kind: Deployment
 metadata: {{name: {name}, namespace: ml}}
 spec:
@@ -45,8 +83,10 @@ spec:
       - name: c
         image: trainer
         resources:
-          requests: {{cpu: "1", nvidia.com/gpu: "1"}}
-          limits: {{nvidia.com/gpu: "1"}}
+          requests: {{cpu: "1"}}
+          claims: [{{name: gpu}}]
+      resourceClaims:
+      - {{name: gpu, resourceClaimTemplateName: one-gpu}}
 "#
     )
 }
@@ -88,6 +128,7 @@ fn concurrent_reservations_resolve_identically_on_every_replica() {
     let cluster_dir = tmp.path().join("fleet").join("gpu");
     std::fs::create_dir_all(&cluster_dir).expect("mkdir");
     std::fs::write(cluster_dir.join("nodes.yaml"), NODE).expect("node");
+    std::fs::write(cluster_dir.join("devices.yaml"), devices()).expect("devices");
     let certs = tmp.path().join("certs");
     make_certs(&certs, &["r1", "r2", "r3"], &["gpu/folder".to_string()]);
 

@@ -9,7 +9,15 @@
 //!   take long for big documents) never blocks the tokio reactor. Connection readers hand
 //!   frames to it through a bounded queue: when the thread falls behind, readers stop reading
 //!   and QUIC flow control pushes back on the senders.
-//! - Each connection has an outbound byte budget. The protocol thread never waits on a slow
+//! - Group commit: the thread handles every queued event (up to a cap) as one batch, then
+//!   generates the batch's coalesced pushes once per (connection, document), fsyncs what the
+//!   batch received ([`DocStore::flush`]), and only then sends the batch's frames. A busy node
+//!   thus pays one fsync per touched document and one sync message per peer and document per
+//!   batch, instead of one each per received message, and still acknowledges nothing before
+//!   it is durable.
+//! - Each connection has an outbound byte budget, and all connections together a node-wide
+//!   one ([`TransportConfig::outbound_total_bytes`]), so a replica with many slow agents
+//!   cannot buffer many times the per-peer budget. The protocol thread never waits on a slow
 //!   peer: a frame that does not fit is dropped and the protocol is told
 //!   ([`Protocol::on_backpressure`]); anti-entropy repairs the gap later.
 //! - Dialing: seeds always, plus replicas learned via peer exchange (agents dial every known
@@ -26,7 +34,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
-use tokio::sync::{Semaphore, broadcast, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, mpsc, oneshot};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
@@ -118,6 +126,9 @@ pub struct TransportCounters {
     pub duplicate_connections: u64,
     /// Streams closed because of an invalid or oversized frame.
     pub bad_frames: u64,
+    /// Frame bytes written to / read from every mesh stream, closed connections included.
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
 }
 
 #[derive(Default)]
@@ -128,6 +139,8 @@ struct AtomicTransportCounters {
     frames_dropped: AtomicU64,
     duplicate_connections: AtomicU64,
     bad_frames: AtomicU64,
+    bytes_sent: AtomicU64,
+    bytes_received: AtomicU64,
 }
 
 impl AtomicTransportCounters {
@@ -140,6 +153,8 @@ impl AtomicTransportCounters {
             frames_dropped: l(&self.frames_dropped),
             duplicate_connections: l(&self.duplicate_connections),
             bad_frames: l(&self.bad_frames),
+            bytes_sent: l(&self.bytes_sent),
+            bytes_received: l(&self.bytes_received),
         }
     }
 }
@@ -162,10 +177,17 @@ struct Shared {
     view: Mutex<View>,
     transport: AtomicTransportCounters,
     closing: AtomicBool,
+    /// Node-wide outbound byte budget ([`TransportConfig::outbound_total_bytes`]).
+    outbound_total: Arc<Semaphore>,
+    outbound_total_max: u32,
 }
 
+/// A queued frame, its per-connection permits, and its share of the node-wide budget (given
+/// back when the frame is written or dropped, even if the connection dies first).
+type QueuedFrame = (Vec<u8>, u32, OwnedSemaphorePermit);
+
 struct Outbound {
-    tx: mpsc::UnboundedSender<(Vec<u8>, u32)>,
+    tx: mpsc::UnboundedSender<QueuedFrame>,
     budget: Arc<Semaphore>,
     max_permits: u32,
 }
@@ -223,12 +245,22 @@ impl MeshHandle {
         }
         let (events_tx, events_rx) = mpsc::channel(config.transport.inbound_queue_frames.max(16));
         let (applied_tx, _) = broadcast::channel(4096);
+        let total_max = u32::try_from(
+            config
+                .transport
+                .outbound_total_bytes
+                .max(wire::MAX_FRAME_SIZE),
+        )
+        .unwrap_or(u32::MAX);
         let shared = Arc::new(Shared {
             view: Mutex::new(View::default()),
             transport: AtomicTransportCounters::default(),
             closing: AtomicBool::new(false),
+            outbound_total: Arc::new(Semaphore::new(total_max as usize)),
+            outbound_total_max: total_max,
         });
-        let protocol = Protocol::new(identity.clone(), pconfig);
+        let mut protocol = Protocol::new(identity.clone(), pconfig);
+        protocol.set_coalesce_pushes(true);
         let driver = {
             let shared = shared.clone();
             let applied = applied_tx.clone();
@@ -359,7 +391,18 @@ struct ConnEntry {
     stats: Arc<ConnStats>,
 }
 
+/// Most events the protocol thread handles before it commits and releases their outputs.
+const MAX_BATCH_EVENTS: usize = 256;
+
 /// The protocol thread: owns the [`Protocol`], locks the store per event.
+///
+/// Group commit: the thread takes every event already queued (up to [`MAX_BATCH_EVENTS`]),
+/// handles them, asks the store to make what they changed durable ([`DocStore::flush`], one
+/// fsync per touched document instead of one per message), and only then sends the frames
+/// and announces the applied changes they produced. No reply, relay, digest or heads that
+/// reflects a received change leaves the node before that change is durable. If the flush
+/// fails the batch's frames are dropped and the affected sessions' sync states reset, so
+/// nothing undurable is acknowledged and anti-entropy retries later.
 fn drive<S: DocStore>(
     mut protocol: Protocol,
     store: Arc<Mutex<S>>,
@@ -369,109 +412,146 @@ fn drive<S: DocStore>(
 ) {
     let mut conns: HashMap<ConnId, ConnEntry> = HashMap::new();
     let local_uri = protocol.local().uri();
-    while let Some(event) = events.blocking_recv() {
-        let now = Instant::now();
-        let outputs = match event {
-            Event::Shutdown => break,
-            Event::Connected {
-                conn,
-                identity,
-                dialed,
-                connection,
-                outbound,
-                stats,
-            } => {
-                let mut outs = Vec::new();
-                let existing = conns
-                    .iter()
-                    .find(|(_, e)| e.identity == identity)
-                    .map(|(c, e)| (*c, e.dialed));
-                let keep_new = match existing {
-                    None => true,
-                    Some((_, old_dialed)) if old_dialed == dialed => true,
-                    Some(_) => {
-                        // Keep the connection dialed by the smaller identity URI.
-                        let we_are_smaller = local_uri < identity.uri();
-                        dialed == we_are_smaller
-                    }
-                };
-                if keep_new {
-                    if let Some((old, _)) = existing
-                        && let Some(e) = conns.remove(&old)
-                    {
+    let mut batch: Vec<Event> = Vec::with_capacity(MAX_BATCH_EVENTS);
+    let mut held: Vec<Output> = Vec::new();
+    let mut pushed: HashSet<DocRef> = HashSet::new();
+    let mut stop = false;
+    while !stop {
+        let Some(first) = events.blocking_recv() else {
+            break;
+        };
+        batch.push(first);
+        while batch.len() < MAX_BATCH_EVENTS {
+            match events.try_recv() {
+                Ok(e) => batch.push(e),
+                Err(_) => break,
+            }
+        }
+        pushed.clear();
+        for event in batch.drain(..) {
+            let now = Instant::now();
+            let outputs = match event {
+                Event::Shutdown => {
+                    stop = true;
+                    break;
+                }
+                Event::Connected {
+                    conn,
+                    identity,
+                    dialed,
+                    connection,
+                    outbound,
+                    stats,
+                } => {
+                    let mut outs = Vec::new();
+                    let existing = conns
+                        .iter()
+                        .find(|(_, e)| e.identity == identity)
+                        .map(|(c, e)| (*c, e.dialed));
+                    let keep_new = match existing {
+                        None => true,
+                        Some((_, old_dialed)) if old_dialed == dialed => true,
+                        Some(_) => {
+                            // Keep the connection dialed by the smaller identity URI.
+                            let we_are_smaller = local_uri < identity.uri();
+                            dialed == we_are_smaller
+                        }
+                    };
+                    if keep_new {
+                        if let Some((old, _)) = existing
+                            && let Some(e) = conns.remove(&old)
+                        {
+                            shared
+                                .transport
+                                .duplicate_connections
+                                .fetch_add(1, Ordering::Relaxed);
+                            e.connection.close(2u32.into(), b"duplicate connection");
+                            protocol.on_disconnected(old);
+                        }
+                        conns.insert(
+                            conn,
+                            ConnEntry {
+                                identity: identity.clone(),
+                                dialed,
+                                connection,
+                                outbound,
+                                stats,
+                            },
+                        );
+                        outs.extend(protocol.on_connected(conn, identity, now));
+                    } else {
                         shared
                             .transport
                             .duplicate_connections
                             .fetch_add(1, Ordering::Relaxed);
-                        e.connection.close(2u32.into(), b"duplicate connection");
-                        protocol.on_disconnected(old);
+                        connection.close(2u32.into(), b"duplicate connection");
                     }
-                    conns.insert(
-                        conn,
-                        ConnEntry {
-                            identity: identity.clone(),
-                            dialed,
-                            connection,
-                            outbound,
-                            stats,
-                        },
-                    );
-                    outs.extend(protocol.on_connected(conn, identity, now));
-                } else {
-                    shared
-                        .transport
-                        .duplicate_connections
-                        .fetch_add(1, Ordering::Relaxed);
-                    connection.close(2u32.into(), b"duplicate connection");
+                    outs
                 }
-                outs
-            }
-            Event::Disconnected(conn) => {
-                if conns.remove(&conn).is_some() {
-                    protocol.on_disconnected(conn);
-                }
-                vec![]
-            }
-            Event::Frame(conn, env) => {
-                if conns.contains_key(&conn) {
-                    let mut s = lock(&store);
-                    protocol.handle_frame(&mut *s, conn, env, now)
-                } else {
+                Event::Disconnected(conn) => {
+                    if conns.remove(&conn).is_some() {
+                        protocol.on_disconnected(conn);
+                    }
                     vec![]
                 }
+                Event::Frame(conn, env) => {
+                    if conns.contains_key(&conn) {
+                        let mut s = lock(&store);
+                        protocol.handle_frame(&mut *s, conn, env, now)
+                    } else {
+                        vec![]
+                    }
+                }
+                Event::LocalChange(doc) => {
+                    // The application wrote before it notified, so the first push of a batch
+                    // already carries every write whose notification is queued behind it.
+                    if pushed.insert(doc.clone()) {
+                        let mut s = lock(&store);
+                        protocol.on_local_change(&mut *s, &doc)
+                    } else {
+                        vec![]
+                    }
+                }
+                Event::Tick => {
+                    let mut s = lock(&store);
+                    protocol.on_tick(&mut *s, now)
+                }
+                Event::Peers(reply) => {
+                    let _ = reply.send(peer_statuses(&protocol, &conns));
+                    vec![]
+                }
+            };
+            for out in outputs {
+                match out {
+                    // Closing acknowledges nothing: do it at once so later frames of the batch
+                    // from that connection are ignored.
+                    Output::Close { conn, reason } => {
+                        if let Some(e) = conns.remove(&conn) {
+                            e.connection.close(1u32.into(), reason.as_bytes());
+                            protocol.on_disconnected(conn);
+                        }
+                    }
+                    other => held.push(other),
+                }
             }
-            Event::LocalChange(doc) => {
-                let mut s = lock(&store);
-                protocol.on_local_change(&mut *s, &doc)
+        }
+        if protocol.has_deferred_pushes() {
+            let mut s = lock(&store);
+            held.extend(protocol.flush_pushes(&mut *s));
+        }
+        let flushed = lock(&store).flush();
+        if let Err(e) = flushed {
+            warn!(error = %e, frames = held.len(), "store flush failed; outputs of the batch dropped");
+            let mut reset: HashSet<ConnId> = HashSet::new();
+            for out in held.drain(..) {
+                if let Output::Send { conn, .. } = out
+                    && reset.insert(conn)
+                {
+                    protocol.on_backpressure(conn);
+                }
             }
-            Event::Tick => {
-                let mut s = lock(&store);
-                protocol.on_tick(&mut *s, now)
-            }
-            Event::Peers(reply) => {
-                let sessions = protocol.sessions();
-                let statuses = sessions
-                    .into_iter()
-                    .filter_map(|s| {
-                        let e = conns.get(&s.conn)?;
-                        Some(PeerStatus {
-                            identity: s.identity,
-                            remote_addr: e.connection.remote_address(),
-                            dialed: e.dialed,
-                            hello_received: s.hello_received,
-                            last_heard: s.last_heard,
-                            bytes_sent: e.stats.bytes_sent.load(Ordering::Relaxed),
-                            bytes_received: e.stats.bytes_received.load(Ordering::Relaxed),
-                            rtt: e.connection.rtt(),
-                            docs_behind: s.docs_behind,
-                        })
-                    })
-                    .collect();
-                let _ = reply.send(statuses);
-                vec![]
-            }
-        };
-        for out in outputs {
+        }
+        for out in held.drain(..) {
             match out {
                 Output::Send { conn, envelope } => {
                     let Some(entry) = conns.get(&conn) else {
@@ -484,15 +564,19 @@ fn drive<S: DocStore>(
                             continue;
                         }
                     };
-                    let permits = u32::try_from(frame.len())
-                        .unwrap_or(u32::MAX)
-                        .min(entry.outbound.max_permits);
-                    match entry.outbound.budget.try_acquire_many(permits) {
-                        Ok(p) => {
+                    let len = u32::try_from(frame.len()).unwrap_or(u32::MAX);
+                    let permits = len.min(entry.outbound.max_permits);
+                    let total = shared
+                        .outbound_total
+                        .clone()
+                        .try_acquire_many_owned(len.min(shared.outbound_total_max));
+                    let own = entry.outbound.budget.try_acquire_many(permits);
+                    match (own, total) {
+                        (Ok(p), Ok(total)) => {
                             p.forget();
-                            let _ = entry.outbound.tx.send((frame, permits));
+                            let _ = entry.outbound.tx.send((frame, permits, total));
                         }
-                        Err(_) => {
+                        _ => {
                             shared
                                 .transport
                                 .frames_dropped
@@ -531,6 +615,27 @@ fn drive<S: DocStore>(
     for (_, e) in conns {
         e.connection.close(0u32.into(), b"shutdown");
     }
+}
+
+fn peer_statuses(protocol: &Protocol, conns: &HashMap<ConnId, ConnEntry>) -> Vec<PeerStatus> {
+    protocol
+        .sessions()
+        .into_iter()
+        .filter_map(|s| {
+            let e = conns.get(&s.conn)?;
+            Some(PeerStatus {
+                identity: s.identity,
+                remote_addr: e.connection.remote_address(),
+                dialed: e.dialed,
+                hello_received: s.hello_received,
+                last_heard: s.last_heard,
+                bytes_sent: e.stats.bytes_sent.load(Ordering::Relaxed),
+                bytes_received: e.stats.bytes_received.load(Ordering::Relaxed),
+                rtt: e.connection.rtt(),
+                docs_behind: s.docs_behind,
+            })
+        })
+        .collect()
 }
 
 #[derive(Clone)]
@@ -647,7 +752,7 @@ async fn run_connection(
         .max(wire::MAX_FRAME_SIZE);
     let max_permits = u32::try_from(budget_bytes).unwrap_or(u32::MAX);
     let budget = Arc::new(Semaphore::new(max_permits as usize));
-    let (tx, mut rx) = mpsc::unbounded_channel::<(Vec<u8>, u32)>();
+    let (tx, mut rx) = mpsc::unbounded_channel::<QueuedFrame>();
     let outbound = Outbound {
         tx,
         budget: budget.clone(),
@@ -670,14 +775,20 @@ async fn run_connection(
     }
     debug!(local = %ctx.local, %identity, conn = conn.0, dialed, "mesh connection up");
     let writer_stats = stats.clone();
+    let writer_shared = ctx.shared.clone();
     let writer = async move {
-        while let Some((frame, permits)) = rx.recv().await {
+        while let Some((frame, permits, total)) = rx.recv().await {
             let res = send.write_all(&frame).await;
             budget.add_permits(permits as usize);
+            drop(total);
             if res.is_err() {
                 break;
             }
             writer_stats
+                .bytes_sent
+                .fetch_add(frame.len() as u64, Ordering::Relaxed);
+            writer_shared
+                .transport
                 .bytes_sent
                 .fetch_add(frame.len() as u64, Ordering::Relaxed);
         }
@@ -688,6 +799,10 @@ async fn run_connection(
             match wire::read_frame(&mut recv).await {
                 Ok(Some((env, len))) => {
                     stats
+                        .bytes_received
+                        .fetch_add(len as u64, Ordering::Relaxed);
+                    ctx.shared
+                        .transport
                         .bytes_received
                         .fetch_add(len as u64, Ordering::Relaxed);
                     if ctx.events.send(Event::Frame(conn, env)).await.is_err() {

@@ -181,6 +181,8 @@ pub enum RejectReason {
 ///   not author) and must leave the document untouched when it refuses. A message that
 ///   brings no changes for an unknown document need not create it: the protocol answers
 ///   such messages itself on behalf of an empty document.
+/// - [`flush`](DocStore::flush) makes received changes durable; until it returns `Ok` the
+///   protocol's outputs derived from them are held back by the node.
 pub trait DocStore {
     /// Digest over every held document.
     fn digest(&self) -> Digest;
@@ -199,6 +201,13 @@ pub trait DocStore {
         state: &mut sync::State,
         msg: &[u8],
     ) -> Result<(), RejectReason>;
+    /// Makes every change received since the last call durable. The node calls it after each
+    /// batch of events and sends nothing the batch produced (replies, relays, digests) before
+    /// it returned `Ok`, so a store may defer fsyncs of received changes until here (group
+    /// commit). Stores that persist synchronously, or not at all, keep the default.
+    fn flush(&mut self) -> Result<(), RejectReason> {
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -14,6 +14,8 @@
 //!   [`RejectReason::StaleGeneration`], so the protocol offers the newer one back.
 //! - Documents whose (cluster, writer) are not valid mesh identity segments are never
 //!   advertised (they cannot be named on the wire).
+//! - Received changes are group-committed: durable once [`DocStore::flush`] returns `Ok`,
+//!   which the node calls before releasing any output that reflects them.
 //! - The changes queue is bounded ([`MAX_QUEUED_CHANGES`]); on overflow it is cleared and
 //!   [`MeshStore::take_overflowed`] reports it, so the consumer rebuilds from
 //!   [`Store::snapshot`] instead of silently missing updates.
@@ -59,7 +61,14 @@ impl MeshStore {
     /// Wraps `store`. With `track_changes` the view changes of received sync messages are
     /// queued for [`MeshStore::drain_changes`] (replicas); without, they are dropped (agents,
     /// which hold only their own document).
-    pub fn new(store: Store, track_changes: bool) -> MeshStore {
+    ///
+    /// Received changes are group-committed ([`Store::set_group_commit`]): they become durable
+    /// at [`DocStore::flush`], which the mesh node calls before it sends anything that reflects
+    /// them. Code that drives a [`Protocol`](crate::protocol::Protocol) itself must call
+    /// `flush` before sending the protocol's outputs.
+    pub fn new(mut store: Store, track_changes: bool) -> MeshStore {
+        // Turning group commit on cannot fail (only turning it off syncs).
+        let _ = store.set_group_commit(true);
         let mut s = MeshStore {
             store,
             entries: BTreeMap::new(),
@@ -257,6 +266,10 @@ impl DocStore for MeshStore {
                 Err(reject(e))
             }
         }
+    }
+
+    fn flush(&mut self) -> Result<(), RejectReason> {
+        self.store.sync_pending().map(|_| ()).map_err(reject)
     }
 }
 
@@ -459,6 +472,57 @@ mod tests {
                 .count();
             assert_eq!(probes, usize::from(anti_entropy), "tick, push={push}");
         }
+    }
+
+    #[test]
+    fn coalesced_pushes_send_one_message_per_peer_and_document() {
+        let agent_id = PeerIdentity::Agent {
+            cluster: "east".into(),
+            node: "a".into(),
+        };
+        let replica_id = PeerIdentity::Replica { id: "r1".into() };
+        let doc = DocId::new("east", "a");
+        let docref = DocRef::new("east", "a");
+        let mut store = MeshStore::new(mem(), false);
+        store.open_writer(&doc).unwrap();
+        let now = Instant::now();
+        let mut p = Protocol::new(
+            agent_id,
+            ProtocolConfig {
+                jitter_seed: 1,
+                anti_entropy: false,
+                ..ProtocolConfig::default()
+            },
+        );
+        p.set_coalesce_pushes(true);
+        p.on_connected(ConnId(1), replica_id.clone(), now);
+        let hello = crate::wire::envelope(crate::wire::pb::envelope::Body::Hello(
+            crate::wire::pb::Hello {
+                protocol_version: crate::protocol::PROTOCOL_VERSION,
+                role: crate::wire::pb::Role::Replica as i32,
+                identity: replica_id.uri(),
+                advertise_addr: String::new(),
+            },
+        ));
+        p.handle_frame(&mut store, ConnId(1), hello, now);
+        for i in 0..3 {
+            store
+                .apply(&doc, vec![node(&format!("n{i}"), "a")])
+                .unwrap();
+            assert!(p.on_local_change(&mut store, &docref).is_empty());
+        }
+        assert!(p.has_deferred_pushes());
+        let sends = p.flush_pushes(&mut store);
+        assert_eq!(sends.len(), 1, "{sends:?}");
+        assert!(matches!(
+            &sends[0],
+            Output::Send {
+                conn: ConnId(1),
+                ..
+            }
+        ));
+        assert!(!p.has_deferred_pushes());
+        assert!(p.flush_pushes(&mut store).is_empty());
     }
 
     #[test]

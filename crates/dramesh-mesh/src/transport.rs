@@ -37,6 +37,10 @@ pub struct TransportConfig {
     /// Bytes of encoded frames that may wait for one peer; beyond it frames are dropped
     /// (and the protocol told) instead of buffered.
     pub outbound_budget_bytes: usize,
+    /// Bytes of encoded frames that may wait for all peers together. The per-peer budget
+    /// alone would let a node with many slow peers (a replica serving a hundred agents)
+    /// buffer a hundred times it; beyond this total, frames are dropped the same way.
+    pub outbound_total_bytes: usize,
     /// Frames received from all peers that may wait for the protocol thread.
     pub inbound_queue_frames: usize,
 }
@@ -50,6 +54,7 @@ impl Default for TransportConfig {
             backoff_min: Duration::from_millis(200),
             backoff_max: Duration::from_secs(10),
             outbound_budget_bytes: 32 * 1024 * 1024,
+            outbound_total_bytes: 256 * 1024 * 1024,
             inbound_queue_frames: 1024,
         }
     }

@@ -11,7 +11,9 @@
 //!
 //! A valid file is `MAGIC header snapshot changes*`. Guarantees and rules:
 //! - A write is acknowledged only after its record is appended and (with
-//!   [`Durability::Fsync`]) fsynced, so an acknowledged write is never lost by a crash.
+//!   [`Durability::Fsync`]) fsynced, so an acknowledged write is never lost by a crash. Under
+//!   group commit several appends (of several files) are fsynced together before any of them
+//!   is acknowledged.
 //! - A record cut short by the end of the file, or a tail of zero bytes (a file extended by the
 //!   filesystem but never written), is a torn write that was never acknowledged: it is truncated
 //!   away and reported.
@@ -152,6 +154,15 @@ pub(crate) fn append_changes(
         f.sync_data().map_err(io_err(path))?;
     }
     Ok(buf.len() as u64)
+}
+
+/// Fsyncs the data of a file appended to without fsync (group commit).
+pub(crate) fn sync_file(path: &Path) -> Result<(), crate::StoreError> {
+    OpenOptions::new()
+        .append(true)
+        .open(path)
+        .and_then(|f| f.sync_data())
+        .map_err(io_err(path))
 }
 
 pub(crate) fn truncate(

@@ -396,6 +396,64 @@ fn restart_from_disk_keeps_acknowledged_writes() {
     assert_eq!(r.view, snapshot_view(&a.store));
 }
 
+#[test]
+fn group_commit_defers_fsync_until_sync_pending_and_keeps_changes() {
+    let rdir = tempfile::tempdir().unwrap();
+    let d = DocId::new("c1", "agent/n1");
+    let config = StoreConfig {
+        durability: Durability::Fsync,
+        ..StoreConfig::default()
+    };
+    let mut a = agent(&d, test_config());
+    let (rs, _) = Store::open(rdir.path(), config.clone()).unwrap();
+    let mut r = Peer::replica(rs);
+    full_sync(&mut a, &mut r);
+    assert!(!r.store.group_commit());
+    assert!(
+        !r.store.has_unsynced(),
+        "synchronous mode leaves nothing pending"
+    );
+
+    r.store.set_group_commit(true).unwrap();
+    assert!(r.store.group_commit());
+    let len_before = std::fs::metadata(doc_file(rdir.path())).unwrap().len();
+    for i in 0..5 {
+        a.store
+            .apply(&d, vec![upsert(node(&format!("g{i}")), &i.to_string())])
+            .unwrap();
+        full_sync(&mut a, &mut r);
+    }
+    // The records are appended at once (so the page cache holds them across a process
+    // crash); only their fsync waits for the group commit.
+    assert!(r.store.has_unsynced());
+    assert!(std::fs::metadata(doc_file(rdir.path())).unwrap().len() > len_before);
+    assert_eq!(
+        r.store.sync_pending().unwrap(),
+        1,
+        "one fsync for one touched file"
+    );
+    assert!(!r.store.has_unsynced());
+    assert_eq!(r.store.sync_pending().unwrap(), 0);
+
+    // Turning group commit off syncs what is pending.
+    a.store.apply(&d, vec![upsert(node("last"), "x")]).unwrap();
+    full_sync(&mut a, &mut r);
+    assert!(r.store.has_unsynced());
+    r.store.set_group_commit(false).unwrap();
+    assert!(!r.store.has_unsynced());
+    let digest = r.store.digest();
+    drop(r);
+
+    let (reopened, report) = Store::open(rdir.path(), config).unwrap();
+    assert!(report.corrupt.is_empty() && report.truncated.is_empty());
+    assert_eq!(reopened.digest(), digest);
+    assert_eq!(reopened.get("c1", &node("g4")).as_deref(), Some(&b"4"[..]));
+    assert_eq!(
+        reopened.get("c1", &node("last")).as_deref(),
+        Some(&b"x"[..])
+    );
+}
+
 fn doc_file(dir: &std::path::Path) -> std::path::PathBuf {
     std::fs::read_dir(dir)
         .unwrap()

@@ -70,6 +70,14 @@ pub struct ClusterEstimate {
     pub kubernetes_version: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Replicas of assumed (in-flight) workloads that fit on no node and so were not
+    /// deducted from `maxReplicas`; omitted when 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub assumed_unplaced: i64,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -392,6 +400,7 @@ impl From<ClusterEstimate> for pb::ClusterEstimate {
             limits: c.limits.into_iter().collect(),
             kubernetes_version: c.kubernetes_version,
             error: c.error,
+            assumed_unplaced: c.assumed_unplaced,
         }
     }
 }
@@ -407,6 +416,7 @@ impl From<pb::ClusterEstimate> for ClusterEstimate {
             limits: c.limits.into_iter().collect(),
             kubernetes_version: c.kubernetes_version,
             error: c.error,
+            assumed_unplaced: c.assumed_unplaced,
         }
     }
 }
@@ -949,6 +959,42 @@ mod tests {
             ReserveRequest::from(pb::ReserveRequest::from(req.clone())),
             req
         );
+    }
+
+    #[test]
+    fn estimate_roundtrips_through_protobuf_and_json() {
+        let r = EstimateResponse {
+            clusters: vec![
+                ClusterEstimate {
+                    name: "c1".into(),
+                    max_replicas: 5,
+                    limited_by: "devices".into(),
+                    excluded_nodes: BTreeMap::from([("taints".to_string(), 2)]),
+                    nodes_considered: 3,
+                    limits: BTreeMap::from([("devices".to_string(), 3)]),
+                    kubernetes_version: Some("1.36.0".into()),
+                    error: None,
+                    assumed_unplaced: 2,
+                },
+                ClusterEstimate {
+                    name: "c2".into(),
+                    max_replicas: 0,
+                    limited_by: "error".into(),
+                    error: Some("no DeviceClass gpu".into()),
+                    ..ClusterEstimate::default()
+                },
+            ],
+            total: 5,
+        };
+        let wire = pb::EstimateResponse::from(r.clone());
+        assert_eq!(wire.clusters[0].assumed_unplaced, 2);
+        assert_eq!(EstimateResponse::from(wire), r);
+
+        let json = serde_json::to_value(&r).expect("json");
+        assert_eq!(json["clusters"][0]["assumedUnplaced"], 2);
+        assert!(json["clusters"][1].get("assumedUnplaced").is_none());
+        let back: EstimateResponse = serde_json::from_value(json).expect("back");
+        assert_eq!(back, r);
     }
 
     #[test]

@@ -9,23 +9,26 @@
 //! - `fleet_100x1000x8`: 100 clusters of 1,000 nodes x 8 GPUs, same workload; plus
 //!   placement (dynamic weight) and preemption of a workload that fits nowhere.
 
+#[path = "../tests/common/fleet.rs"]
+mod fleet;
+
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use dramesh_estimator::synth::{self, FleetSpec};
 use dramesh_estimator::{
     AssumedWorkload, EstimateOptions, Estimator, Policy, View, Workload, place, preempt,
 };
 use dramesh_model::{ClusterObject, ObjectChange, ObjectKey, ObjectKind};
+use dramesh_sim::typed::{self, FleetSpec};
 use serde_json::json;
 
 fn gpu_workload(replicas: i64) -> Workload {
     let tpl: dramesh_model::k8s::ResourceClaimTemplate = serde_json::from_value(json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
         "metadata": {"name": "gpu", "namespace": "default"},
-        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": synth::CLASS}}]}}}
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": typed::CLASS}}]}}}
     }))
     .expect("template");
     let mut templates = HashMap::new();
@@ -55,13 +58,13 @@ fn fleet(clusters: usize, nodes: usize) -> View {
         owners_per_cluster: 4,
         kubernetes_version: "1.36".into(),
     };
-    synth::fleet(&spec, &|n| n % 5).expect("fleet")
+    fleet::fleet(&spec, &|n| n % 5).expect("fleet")
 }
 
 fn toggle_claim(view: &mut View, cluster: &str, node: &str, on: bool) {
     let change = if on {
         ObjectChange::upsert(&ClusterObject::ResourceClaim(Arc::new(
-            synth::allocated_claim("default", "bench-toggle", node, 7),
+            typed::allocated_claim("default", "bench-toggle", node, 7),
         )))
     } else {
         ObjectChange::Delete {

@@ -2,7 +2,11 @@
 //! allocated claim per GPU (800,000 of each), read from /proc/self/status (Linux).
 //! Run: `cargo bench -p dramesh-estimator --bench fleet_memory`.
 
-use dramesh_estimator::synth::{self, FleetSpec};
+#[path = "../tests/common/fleet.rs"]
+mod fleet;
+
+use dramesh_sim::typed::FleetSpec;
+use fleet::fleet;
 
 fn rss_kib() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -31,7 +35,7 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(8);
-    let view = match synth::fleet(&spec, &|_| per_node) {
+    let view = match fleet(&spec, &|_| per_node) {
         Ok(v) => v,
         Err(e) => {
             eprintln!("fleet generation failed: {e}");

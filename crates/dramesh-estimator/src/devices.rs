@@ -1469,7 +1469,7 @@ fn state_mut<'s>(
 #[cfg(test)]
 mod tests {
     use super::{ClaimHandle, ClusterDevices, reuse};
-    use crate::synth;
+    use dramesh_sim::typed;
     use std::sync::Arc;
 
     fn check_cached(d: &ClusterDevices, node: &str) -> u64 {
@@ -1483,22 +1483,22 @@ mod tests {
     fn cached_node_shapes_follow_slice_and_claim_changes() {
         let mut d = ClusterDevices::default();
         for n in ["n1", "n2"] {
-            d.upsert_slice(&format!("{n}-s"), &synth::gpu_slice(n, 4, "A100"))
+            d.upsert_slice(&format!("{n}-s"), &typed::gpu_slice(n, 4, "A100"))
                 .expect("slice");
         }
         assert_eq!(check_cached(&d, "n1"), check_cached(&d, "n2"));
-        let claim = Arc::new(synth::allocated_claim("default", "c1", "n1", 2));
+        let claim = Arc::new(typed::allocated_claim("default", "c1", "n1", 2));
         d.upsert_claim("default", "c1", claim);
         assert_ne!(check_cached(&d, "n1"), check_cached(&d, "n2"));
         // A claim that arrives before its slice is counted once the slice appears.
-        let early = Arc::new(synth::allocated_claim("default", "c3", "n3", 2));
+        let early = Arc::new(typed::allocated_claim("default", "c3", "n3", 2));
         d.upsert_claim("default", "c3", early);
-        d.upsert_slice("n3-s", &synth::gpu_slice("n3", 4, "A100"))
+        d.upsert_slice("n3-s", &typed::gpu_slice("n3", 4, "A100"))
             .expect("slice");
         assert_eq!(check_cached(&d, "n3"), check_cached(&d, "n1"));
         d.remove_claim("default", "c1");
         assert_eq!(check_cached(&d, "n1"), check_cached(&d, "n2"));
-        d.upsert_slice("n2-s", &synth::gpu_slice("n2", 4, "H100"))
+        d.upsert_slice("n2-s", &typed::gpu_slice("n2", 4, "H100"))
             .expect("slice");
         assert_ne!(check_cached(&d, "n1"), check_cached(&d, "n2"));
         d.remove_slice("n2-s");
@@ -1511,12 +1511,12 @@ mod tests {
     #[test]
     fn pool_homes_follow_slice_changes() {
         let mut d = ClusterDevices::default();
-        d.upsert_slice("n1-s", &synth::gpu_slice("n1", 2, "A100"))
+        d.upsert_slice("n1-s", &typed::gpu_slice("n1", 2, "A100"))
             .expect("slice");
         d.upsert_claim(
             "default",
             "c1",
-            Arc::new(synth::allocated_claim("default", "c1", "n1", 0)),
+            Arc::new(typed::allocated_claim("default", "c1", "n1", 0)),
         );
         let home = |d: &ClusterDevices| {
             let results = d
@@ -1527,7 +1527,7 @@ mod tests {
         };
         assert_eq!(home(&d), Some("n1".to_string()));
         // A slice of the same pool on another node: the pool is no longer node-local.
-        let mut other = synth::gpu_slice("n2", 2, "A100");
+        let mut other = typed::gpu_slice("n2", 2, "A100");
         other.spec.pool.name = "n1".into();
         d.upsert_slice("n2-s", &other).expect("slice");
         assert_eq!(home(&d), None);
@@ -1541,14 +1541,14 @@ mod tests {
     fn released_shape_equals_shape_after_removal() {
         let mut d = ClusterDevices::default();
         for n in ["n1", "n2"] {
-            d.upsert_slice(&format!("{n}-s"), &synth::gpu_slice(n, 4, "A100"))
+            d.upsert_slice(&format!("{n}-s"), &typed::gpu_slice(n, 4, "A100"))
                 .expect("slice");
         }
         for (name, node, dev) in [("a", "n1", 0), ("b", "n1", 1), ("c", "n2", 1)] {
             d.upsert_claim(
                 "default",
                 name,
-                Arc::new(synth::allocated_claim("default", name, node, dev)),
+                Arc::new(typed::allocated_claim("default", name, node, dev)),
             );
         }
         let released = d
@@ -1565,13 +1565,13 @@ mod tests {
     #[test]
     fn claim_handles_follow_the_claim() {
         let mut d = ClusterDevices::default();
-        d.upsert_slice("n1-s", &synth::gpu_slice("n1", 4, "A100"))
+        d.upsert_slice("n1-s", &typed::gpu_slice("n1", 4, "A100"))
             .expect("slice");
         let device = |h: &ClaimHandle| h.get().map(|a| a[0].device.to_string());
         // A pod names the claim before it arrives.
         let h = d.claim_handle("default", "c");
         assert_eq!(device(&h), None);
-        let claim = |dev| Arc::new(synth::allocated_claim("default", "c", "n1", dev));
+        let claim = |dev| Arc::new(typed::allocated_claim("default", "c", "n1", dev));
         d.upsert_claim("default", "c", claim(1));
         assert_eq!(device(&h), Some("gpu-1".to_string()));
         d.upsert_claim("default", "c", claim(2));

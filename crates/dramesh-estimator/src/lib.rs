@@ -12,9 +12,16 @@ pub mod quota;
 pub mod reservations;
 pub mod resources;
 pub mod snapshot;
-pub mod synth;
 pub mod view;
 pub mod workload;
+
+// Lets the fleet helper shared with tests/ and benches/ name this crate the same way there
+// and in unit tests.
+#[cfg(test)]
+extern crate self as dramesh_estimator;
+#[cfg(test)]
+#[path = "../tests/common/fleet.rs"]
+mod test_fleet;
 
 pub use estimate::{
     AssumedWorkload, ClusterEstimate, Component, Estimate, EstimateOptions, Estimator, estimate,

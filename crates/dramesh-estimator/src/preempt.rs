@@ -755,7 +755,8 @@ mod tests {
 
     use super::*;
     use crate::quota::{ClusterQuota, QuotaSet};
-    use crate::synth::{self, FleetSpec};
+    use crate::test_fleet::fleet;
+    use dramesh_sim::typed::{self, FleetSpec};
 
     struct Lcg(u64);
     impl Lcg {
@@ -773,7 +774,7 @@ mod tests {
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
             "metadata": {"name": "gpu", "namespace": "default"},
             "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": synth::CLASS, "count": gpus}}]}}}
+                "deviceClassName": typed::CLASS, "count": gpus}}]}}}
         }))
         .expect("template");
         let mut templates = HashMap::new();
@@ -833,9 +834,9 @@ mod tests {
                 "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                 "metadata": {"name": name, "namespace": "default"},
                 "spec": {"devices": {"requests": [{"name": "gpu",
-                    "exactly": {"deviceClassName": synth::CLASS}}]}},
+                    "exactly": {"deviceClassName": typed::CLASS}}]}},
                 "status": {"allocation": {"devices": {"results": [{
-                    "request": "gpu", "driver": synth::DRIVER, "pool": "shared",
+                    "request": "gpu", "driver": typed::DRIVER, "pool": "shared",
                     "device": format!("net-gpu-{device}")}]}}}
             }))
             .expect("claim"),
@@ -850,7 +851,7 @@ mod tests {
             serde_json::from_value(json!({
                 "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
                 "metadata": {"name": "shared-gpus"},
-                "spec": {"driver": synth::DRIVER, "allNodes": true,
+                "spec": {"driver": typed::DRIVER, "allNodes": true,
                          "pool": {"name": "shared", "generation": 1, "resourceSliceCount": 1},
                          "devices": devs}
             }))
@@ -896,8 +897,7 @@ mod tests {
             };
             let salt = rng.next(100) as usize;
             let gpus = spec.gpus_per_node;
-            let mut view =
-                synth::fleet(&spec, &move |n| (n * 3 + salt) % (gpus + 1)).expect("fleet");
+            let mut view = fleet(&spec, &move |n| (n * 3 + salt) % (gpus + 1)).expect("fleet");
             for ci in 0..3 {
                 let c = format!("c{ci}");
                 // A claim shared by pods of two workloads, a finished pod, a pod with no
@@ -928,7 +928,7 @@ mod tests {
                     .cluster(&c)
                     .is_some_and(|v| v.devices().has_claim("default", &moved))
                 {
-                    let again = synth::allocated_claim("default", &moved, &last, gpus - 1);
+                    let again = typed::allocated_claim("default", &moved, &last, gpus - 1);
                     view.apply_object(&c, ClusterObject::ResourceClaim(Arc::new(again)))
                         .expect("claim");
                 }
@@ -953,7 +953,7 @@ mod tests {
                 );
                 view.apply_object(&c, ClusterObject::Pod(Arc::new(late)))
                     .expect("pod");
-                let claim = synth::allocated_claim("default", "late-claim", &n1, gpus - 1);
+                let claim = typed::allocated_claim("default", "late-claim", &n1, gpus - 1);
                 view.apply_object(&c, ClusterObject::ResourceClaim(Arc::new(claim)))
                     .expect("claim");
                 let done = pod("done", &n1, "done", 0, &[], "Succeeded");
@@ -962,7 +962,7 @@ mod tests {
                 let hog = pod("hog", &n1, "hog", rng.next(400) as i32, &[], "Running");
                 view.apply_object(&c, ClusterObject::Pod(Arc::new(hog)))
                     .expect("pod");
-                let plain = synth::node(
+                let plain = typed::node(
                     &format!("{c}-plain"),
                     [("gpu".to_string(), "none".to_string())]
                         .into_iter()
@@ -1033,7 +1033,7 @@ mod tests {
             owners_per_cluster: 1,
             kubernetes_version: "1.36".into(),
         };
-        let mut view = synth::fleet(&spec, &|_| 2).expect("fleet");
+        let mut view = fleet(&spec, &|_| 2).expect("fleet");
         view.apply_object("c0", shared_slice(1)).expect("slice");
         view.apply_object("c0", shared_pool_claim("net-0", 0))
             .expect("claim");

@@ -190,7 +190,7 @@ mod tests {
 
     /// One cluster `c` with two nodes of 4 DRA GPUs each (no `nvidia.com/gpu`).
     fn dra_view() -> View {
-        let spec = crate::synth::FleetSpec {
+        let spec = dramesh_sim::typed::FleetSpec {
             clusters: 1,
             nodes_per_cluster: 2,
             gpus_per_node: 4,
@@ -198,7 +198,7 @@ mod tests {
             kubernetes_version: "1.36".into(),
         };
         let mut v = View::new();
-        crate::synth::cluster_objects(&spec, 0, &|_| 0, |o| {
+        dramesh_sim::typed::cluster_objects(&spec, 0, &|_| 0, |o| {
             v.apply_object("c", o).unwrap();
         });
         v
@@ -211,7 +211,7 @@ mod tests {
                 "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
                 "metadata": {"name": "gpu", "namespace": "ml"},
                 "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                    "deviceClassName": crate::synth::CLASS, "count": gpus}}]}}}
+                    "deviceClassName": dramesh_sim::typed::CLASS, "count": gpus}}]}}}
             }))
             .unwrap();
         let templates = std::collections::HashMap::from([(

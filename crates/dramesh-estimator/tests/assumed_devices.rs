@@ -2,14 +2,18 @@
 //! with a device allocation each, and the estimate counts against the devices they hold.
 //! Every estimate is checked on the cached path and on the naive (`disable_cache`) path.
 
+#[path = "common/fleet.rs"]
+mod fleet;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use dramesh_estimator::synth::{self, FleetSpec};
 use dramesh_estimator::{
     AssumedWorkload, ClusterEstimate, EstimateOptions, Estimator, View, Workload, preempt,
 };
 use dramesh_model::ClusterObject;
+use dramesh_sim::typed::{self, FleetSpec};
+use fleet::fleet;
 use serde_json::{Value, json};
 
 /// A workload with `templates` (pod claim name -> GPUs per replica, optional CEL selector)
@@ -23,7 +27,7 @@ fn workload(
     let mut tpls = HashMap::new();
     let mut refs: Vec<Value> = Vec::new();
     for (claim, count, cel) in templates {
-        let mut exactly = json!({"deviceClassName": synth::CLASS, "count": count});
+        let mut exactly = json!({"deviceClassName": typed::CLASS, "count": count});
         if let Some(cel) = cel {
             exactly["selectors"] = json!([{"cel": {"expression": cel}}]);
         }
@@ -70,7 +74,7 @@ fn cluster(nodes: usize, gpus: usize) -> View {
         owners_per_cluster: 1,
         kubernetes_version: "1.36".into(),
     };
-    synth::fleet(&spec, &|_| 0).unwrap()
+    fleet(&spec, &|_| 0).unwrap()
 }
 
 fn unallocated_claim(name: &str, gpus: i64) -> ClusterObject {
@@ -79,7 +83,7 @@ fn unallocated_claim(name: &str, gpus: i64) -> ClusterObject {
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": name, "namespace": "default"},
             "spec": {"devices": {"requests": [{"name": "gpu",
-                "exactly": {"deviceClassName": synth::CLASS, "count": gpus}}]}}
+                "exactly": {"deviceClassName": typed::CLASS, "count": gpus}}]}}
         }))
         .unwrap(),
     ))
@@ -93,7 +97,7 @@ fn network_slice(devices: usize) -> ClusterObject {
         serde_json::from_value(json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
             "metadata": {"name": "network-gpus"},
-            "spec": {"driver": synth::DRIVER, "allNodes": true,
+            "spec": {"driver": typed::DRIVER, "allNodes": true,
                      "pool": {"name": "network", "generation": 1, "resourceSliceCount": 1},
                      "devices": devs}
         }))
@@ -248,7 +252,7 @@ fn preemption_counts_assumed_devices() {
         owners_per_cluster: 1,
         kubernetes_version: "1.36".into(),
     };
-    let view = synth::fleet(&spec, &|_| 4).unwrap();
+    let view = fleet(&spec, &|_| 4).unwrap();
     let mut w = gpu1("preemptor");
     w.priority = 1000;
     w.replicas = 5;

@@ -1,12 +1,16 @@
 //! The cached estimate (per-node and same-shape caches) must equal the naive replica-by-
 //! replica allocation on random fleets, before and after incremental changes.
 
+#[path = "common/fleet.rs"]
+mod fleet;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use dramesh_estimator::synth::{self, FleetSpec};
 use dramesh_estimator::{AssumedWorkload, EstimateOptions, Estimator, View, Workload};
 use dramesh_model::{ClusterObject, ObjectChange, ObjectKey, ObjectKind};
+use dramesh_sim::typed::{self, FleetSpec};
+use fleet::fleet;
 use serde_json::json;
 
 struct Lcg(u64);
@@ -25,7 +29,7 @@ fn gpu_workload(count: i64, cpu: &str) -> Workload {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
         "metadata": {"name": "gpu", "namespace": "default"},
         "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": synth::CLASS, "count": count,
+            "deviceClassName": typed::CLASS, "count": count,
             "selectors": [{"cel": {"expression": "device.capacity[\"gpu.example.com\"].memory.compareTo(quantity(\"40Gi\")) >= 0"}}]
         }}]}}}
     }))
@@ -55,7 +59,7 @@ fn shared_slice(devices: usize) -> ClusterObject {
         serde_json::from_value(json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
             "metadata": {"name": "shared-gpus"},
-            "spec": {"driver": synth::DRIVER, "allNodes": true,
+            "spec": {"driver": typed::DRIVER, "allNodes": true,
                      "pool": {"name": "shared", "generation": 1, "resourceSliceCount": 1},
                      "devices": devs}
         }))
@@ -147,7 +151,7 @@ fn cached_equals_naive_with_assumed_device_workloads() {
         };
         let salt = rng.next(1000) as usize;
         let alloc = move |n: usize| (n * 3 + salt) % 4;
-        let mut view = synth::fleet(&spec, &alloc).unwrap();
+        let mut view = fleet(&spec, &alloc).unwrap();
         // c2 also has network-attached GPUs, which assumed replicas may hold.
         view.apply_object("c2", shared_slice(1 + rng.next(4) as usize))
             .unwrap();
@@ -184,7 +188,7 @@ fn cached_equals_naive_on_random_fleets() {
         };
         let salt = rng.next(1000) as usize;
         let alloc = move |n: usize| (n * 7 + salt) % 5;
-        let mut view = synth::fleet(&spec, &alloc).unwrap();
+        let mut view = fleet(&spec, &alloc).unwrap();
         // Cluster c2 also has a network-attached pool visible from every node.
         view.apply_object("c2", shared_slice(1 + rng.next(6) as usize))
             .unwrap();
@@ -210,7 +214,7 @@ fn cached_equals_naive_on_random_fleets() {
             },
         )
         .unwrap();
-        let extra = synth::allocated_claim("default", "extra", &node, spec.gpus_per_node - 1);
+        let extra = typed::allocated_claim("default", "extra", &node, spec.gpus_per_node - 1);
         view.apply(
             &c,
             &ObjectChange::upsert(&ClusterObject::ResourceClaim(Arc::new(extra))),
@@ -261,9 +265,9 @@ fn arrival_order_does_not_change_results() {
         kubernetes_version: "1.36".into(),
     };
     let alloc = |n: usize| n % 3;
-    let forward = synth::fleet(&spec, &alloc).unwrap();
+    let forward = fleet(&spec, &alloc).unwrap();
     let mut objs = Vec::new();
-    synth::cluster_objects(&spec, 0, &alloc, |o| objs.push(o));
+    typed::cluster_objects(&spec, 0, &alloc, |o| objs.push(o));
     objs.reverse();
     let mut backward = View::new();
     for o in objs {
@@ -289,7 +293,7 @@ fn preemption_with_caches_equals_naive() {
         owners_per_cluster: 3,
         kubernetes_version: "1.36".into(),
     };
-    let view = synth::fleet(&spec, &|n| 2 + n % 3).unwrap();
+    let view = fleet(&spec, &|n| 2 + n % 3).unwrap();
     let mut w = gpu_workload(1, "1");
     w.priority = 1000;
     // More than any cluster has free (each has 10*4 - (2+3+4+...) allocated).
@@ -363,7 +367,7 @@ fn preemption_with_caches_equals_naive_on_random_fleets() {
         let salt = rng.next(1000) as usize;
         let gpus = spec.gpus_per_node;
         let alloc = move |n: usize| (n * 5 + salt) % (gpus + 1);
-        let mut view = synth::fleet(&spec, &alloc).unwrap();
+        let mut view = fleet(&spec, &alloc).unwrap();
         // A second workload shares one claim with a synthetic one, on some clusters.
         for c in 0..3 {
             let node = format!("c{c}-n{}", rng.next(nodes as u64));

@@ -6,6 +6,12 @@
 //! (KEP-4815), an L4 node whose GPUs are shared by consumable memory (KEP-5075), and a plain
 //! T4 node. Generation is deterministic: the same [`ClusterSpec`] always yields the same
 //! objects, so benchmarks, the demo and the chaos suite agree on what a fleet is.
+//!
+//! [`typed`] builds a second, deliberately uniform kind of fleet (one anonymous GPU model,
+//! typed structs, no JSON decode) for estimator benchmarks and randomized tests, where load
+//! speed and exact control over which device each claim holds matter more than realism.
+
+pub mod typed;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -353,7 +359,7 @@ fn gpu_pod(
         "status": {
             "allocation": {
                 "devices": {"results": results},
-                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}
+                "nodeSelector": typed::pinned_to_node(node)
             },
             "reservedFor": [{"resource": "pods", "name": pod_name, "uid": format!("{cluster}-{pod_name}")}]
         }

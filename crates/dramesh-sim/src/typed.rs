@@ -1,10 +1,12 @@
-//! Synthetic GPU fleets for benchmarks and randomized tests: typed objects built directly
-//! (no YAML), so a 100-cluster fleet loads in seconds.
+//! Typed synthetic GPU fleets for estimator benchmarks and randomized tests: objects are
+//! built directly as k8s-openapi structs (no YAML or JSON round trip), so a 100-cluster fleet
+//! loads in seconds.
 //!
-//! Each node gets one ResourceSlice of `gpus_per_node` devices (driver `gpu.example.com`,
-//! pool = node name); `allocated(cluster, node)` of them are held by one pod and one
-//! allocated ResourceClaim each. Pods belong to `owners_per_cluster` Deployments with
-//! priorities 0, 100, 200, ... so preemption has candidates.
+//! Unlike the realistic shapes of the crate root, these clusters are deliberately uniform:
+//! each node gets one ResourceSlice of `gpus_per_node` identical devices (driver
+//! [`DRIVER`], pool = node name), and `allocated(node index)` of them are held by one pod and
+//! one allocated ResourceClaim each. Pods belong to `owners_per_cluster` Deployments with
+//! priorities 0, 100, 200, ... so preemption has candidates. Output is deterministic.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -17,9 +19,9 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
-use crate::view::View;
-
+/// Driver of every synthetic device.
 pub const DRIVER: &str = "gpu.example.com";
+/// Name of the one DeviceClass every synthetic cluster has (selects [`DRIVER`]).
 pub const CLASS: &str = "gpu.example.com";
 
 fn q(s: &str) -> K8sQuantity {
@@ -44,6 +46,7 @@ pub fn gpu_class() -> DeviceClass {
     }
 }
 
+/// A node with 128 CPUs, 1Ti of memory and room for 110 pods.
 pub fn node(name: &str, labels: BTreeMap<String, String>) -> Node {
     let alloc: BTreeMap<String, K8sQuantity> = [
         ("cpu", "128"),
@@ -117,6 +120,21 @@ pub fn gpu_slice(node: &str, gpus: usize, model: &str) -> ResourceSlice {
     }
 }
 
+/// The node selector an allocation of node-local devices carries: exactly the node `node`,
+/// matched by name as the scheduler writes it.
+pub fn pinned_to_node(node: &str) -> NodeSelector {
+    NodeSelector {
+        node_selector_terms: vec![NodeSelectorTerm {
+            match_fields: Some(vec![NodeSelectorRequirement {
+                key: "metadata.name".into(),
+                operator: "In".into(),
+                values: Some(vec![node.into()]),
+            }]),
+            ..Default::default()
+        }],
+    }
+}
+
 /// A claim holding `gpu-<device>` of `node`'s pool.
 pub fn allocated_claim(ns: &str, name: &str, node: &str, device: usize) -> ResourceClaim {
     ResourceClaim {
@@ -150,16 +168,7 @@ pub fn allocated_claim(ns: &str, name: &str, node: &str, device: usize) -> Resou
                     }]),
                     ..Default::default()
                 }),
-                node_selector: Some(NodeSelector {
-                    node_selector_terms: vec![NodeSelectorTerm {
-                        match_fields: Some(vec![NodeSelectorRequirement {
-                            key: "metadata.name".into(),
-                            operator: "In".into(),
-                            values: Some(vec![node.into()]),
-                        }]),
-                        ..Default::default()
-                    }],
-                }),
+                node_selector: Some(pinned_to_node(node)),
                 ..Default::default()
             }),
             ..Default::default()
@@ -285,25 +294,58 @@ pub fn cluster_objects(
     }
 }
 
-/// Builds a whole fleet view (`c0`, `c1`, ...).
-pub fn fleet(
-    spec: &FleetSpec,
-    allocated: &dyn Fn(usize) -> usize,
-) -> Result<View, crate::view::ApplyError> {
-    let mut view = View::new();
-    for c in 0..spec.clusters {
-        let name = format!("c{c}");
-        let mut first_error = None;
-        cluster_objects(spec, c, allocated, |o| {
-            if first_error.is_none()
-                && let Err(e) = view.apply_object(&name, o)
-            {
-                first_error = Some(e);
-            }
-        });
-        if let Some(e) = first_error {
-            return Err(e);
-        }
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dramesh_model::ObjectKind;
+
+    #[test]
+    fn cluster_objects_holds_allocated_devices_with_pods_and_claims() {
+        let spec = FleetSpec {
+            clusters: 1,
+            nodes_per_cluster: 3,
+            gpus_per_node: 4,
+            owners_per_cluster: 2,
+            kubernetes_version: "1.36".into(),
+        };
+        let mut objs = Vec::new();
+        // Node 2 asks for more than it has: clamped to gpus_per_node.
+        cluster_objects(&spec, 0, &|n| [1, 0, 9][n], |o| objs.push(o));
+        let count = |k| objs.iter().filter(|o| o.kind() == k).count();
+        assert_eq!(count(ObjectKind::Node), 3);
+        assert_eq!(count(ObjectKind::ResourceSlice), 3);
+        assert_eq!(count(ObjectKind::DeviceClass), 1);
+        assert_eq!(count(ObjectKind::Pod), 1 + 4);
+        assert_eq!(count(ObjectKind::ResourceClaim), 1 + 4);
+        let prios: std::collections::BTreeSet<_> = objs
+            .iter()
+            .filter_map(|o| match o {
+                ClusterObject::Pod(p) => p.spec.as_ref().and_then(|s| s.priority),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(prios.into_iter().collect::<Vec<_>>(), vec![0, 100]);
+        let held: Vec<_> = objs
+            .iter()
+            .filter_map(|o| match o {
+                ClusterObject::ResourceClaim(c) => c.status.as_ref()?.allocation.as_ref(),
+                _ => None,
+            })
+            .map(|a| {
+                let r = &a.devices.as_ref().and_then(|d| d.results.clone()).unwrap()[0];
+                (r.pool.clone(), r.device.clone())
+            })
+            .collect();
+        assert_eq!(held[0], ("c0-n0".to_string(), "gpu-0".to_string()));
+        assert_eq!(held[4], ("c0-n2".to_string(), "gpu-3".to_string()));
     }
-    Ok(view)
+
+    #[test]
+    fn pinned_to_node_serializes_as_the_scheduler_writes_it() {
+        assert_eq!(
+            serde_json::to_value(pinned_to_node("n1")).unwrap(),
+            serde_json::json!({"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]})
+        );
+    }
 }

@@ -15,8 +15,13 @@
 //! - **Anti-entropy**: every `anti_entropy_interval` (jittered) each session sends a root-only
 //!   digest probe (a few dozen bytes whatever the number of documents); only on mismatch are
 //!   the bucket hashes, then the entries of differing buckets, then automerge sync messages of
-//!   differing documents exchanged. A mismatch resets that document's in-flight sync state, so a
-//!   dropped message can delay convergence by at most one round.
+//!   differing documents exchanged. A mismatch while that document's sync is progressing (a
+//!   sync message sent or received for it on the session, or its heads moved, since the last
+//!   mismatch) lets the exchange continue: resetting restarts automerge sync from scratch, which
+//!   under a steady update stream costs far more than waiting. Only a mismatch that persists
+//!   across two probes (at least 3/4 of `anti_entropy_interval` apart) without such progress
+//!   resets the in-flight sync state, so a dropped message delays convergence by at most about
+//!   two rounds.
 //! - **Authorization**: an agent may only exchange its own (cluster, writer) document; frames
 //!   about other documents are refused, counted in [`Counters::rejected_unauthorized`] and
 //!   logged. Agents never talk to agents. Replicas may relay any document; the store
@@ -153,6 +158,19 @@ pub struct SessionStatus {
 struct DocSync {
     generation: u64,
     state: sync::State,
+    /// Sync messages sent or received for the document on this session.
+    progress: u64,
+    /// The last anti-entropy mismatch not yet resolved (see [`Protocol::repair_doc`]).
+    suspect: Option<Suspect>,
+}
+
+/// An anti-entropy mismatch of one document on one session, as first seen.
+struct Suspect {
+    /// [`DocSync::progress`] after the mismatch was handled.
+    progress: u64,
+    /// Our entry when the mismatch was seen; a change means our heads moved.
+    entry: Option<DocEntry>,
+    since: Instant,
 }
 
 struct Session {
@@ -411,11 +429,17 @@ impl Protocol {
                 }
                 _ => sync::State::new(),
             };
-            DocSync { generation, state }
+            DocSync {
+                generation,
+                state,
+                progress: 0,
+                suspect: None,
+            }
         });
         if ds.generation != generation {
             ds.generation = generation;
             ds.state = sync::State::new();
+            ds.suspect = None;
         }
         &mut ds.state
     }
@@ -462,6 +486,9 @@ impl Protocol {
             self.counters.sync_resets += 1;
         }
         if let Some(payload) = store.generate_sync_message(doc, state) {
+            if let Some(ds) = session.docs.get_mut(doc) {
+                ds.progress += 1;
+            }
             self.send(
                 out,
                 conn,
@@ -626,7 +653,7 @@ impl Protocol {
                     .iter()
                     .flat_map(|b| self.scoped_bucket_entries(store, &peer, *b))
                     .collect();
-                self.push_differences(store, conn, &mine, &theirs, &mut out);
+                self.push_differences(store, conn, &mine, &theirs, now, &mut out);
                 self.send_entries(&mut out, conn, &buckets, &mine, false);
             }
             Body::BucketEntries(e) => {
@@ -638,7 +665,7 @@ impl Protocol {
                     .iter()
                     .flat_map(|b| self.scoped_bucket_entries(store, &peer, *b))
                     .collect();
-                self.push_differences(store, conn, &mine, &theirs, &mut out);
+                self.push_differences(store, conn, &mine, &theirs, now, &mut out);
             }
             Body::Sync(s) => self.on_sync(store, conn, &peer, s, &mut out),
             Body::Ephemeral(e) => self.on_ephemeral(store, conn, &peer, e),
@@ -865,14 +892,70 @@ impl Protocol {
         conn: ConnId,
         mine: &[DocEntry],
         theirs: &[DocEntry],
+        now: Instant,
         out: &mut Vec<Output>,
     ) {
         let theirs: HashMap<&DocRef, &DocEntry> = theirs.iter().map(|e| (&e.doc, e)).collect();
         for entry in mine {
             if entry.should_push_to(theirs.get(&entry.doc).copied()) {
-                self.push_doc(store, conn, &entry.doc, true, out);
+                self.repair_doc(store, conn, &entry.doc, now, out);
             }
         }
+    }
+
+    /// Anti-entropy found `doc` differing on `conn`: continue its sync at once, and reset the
+    /// sync state only when the difference persisted since an earlier mismatch at least 3/4 of
+    /// an anti-entropy interval ago with no sync progress and no change of our heads since.
+    ///
+    /// Under a steady stream of updates digests differ while sync is merely in flight; a reset
+    /// then makes automerge renegotiate from the shared heads (bloom filters, resent changes),
+    /// which costs more bytes and time than the message it replaces.
+    fn repair_doc<S: DocStore>(
+        &mut self,
+        store: &mut S,
+        conn: ConnId,
+        doc: &DocRef,
+        now: Instant,
+        out: &mut Vec<Output>,
+    ) {
+        let current = store.entry(doc);
+        let min_age = self.config.anti_entropy_interval.mul_f64(0.75);
+        let Some(session) = self.sessions.get_mut(&conn) else {
+            return;
+        };
+        // (reset, the mismatch continues an earlier one)
+        let (reset, continuing) = match session.docs.get(doc) {
+            // Nothing exchanged yet on this session: the state is fresh anyway.
+            None => (false, false),
+            Some(ds) => match &ds.suspect {
+                Some(s) if s.progress == ds.progress && s.entry == current => {
+                    (now.saturating_duration_since(s.since) >= min_age, true)
+                }
+                _ => (false, false),
+            },
+        };
+        self.push_doc_now(store, conn, doc, reset, out);
+        let Some(ds) = self
+            .sessions
+            .get_mut(&conn)
+            .and_then(|s| s.docs.get_mut(doc))
+        else {
+            return;
+        };
+        if reset {
+            ds.suspect = None;
+            return;
+        }
+        // Our own repair message is not progress: only an answer to it is.
+        let since = match (&ds.suspect, continuing) {
+            (Some(s), true) => s.since,
+            _ => now,
+        };
+        ds.suspect = Some(Suspect {
+            progress: ds.progress,
+            entry: current,
+            since,
+        });
     }
 
     fn on_sync<S: DocStore>(
@@ -897,7 +980,11 @@ impl Protocol {
             return;
         };
         let state = Self::doc_state(&mut self.saved_states, session, &doc, s.generation);
-        match store.receive_sync_message(peer, &doc, s.generation, state, &s.payload) {
+        let received = store.receive_sync_message(peer, &doc, s.generation, state, &s.payload);
+        if let Some(ds) = session.docs.get_mut(&doc) {
+            ds.progress += 1;
+        }
+        match received {
             Ok(()) => {}
             Err(RejectReason::StaleGeneration { have, got }) => {
                 self.counters.stale_generation += 1;

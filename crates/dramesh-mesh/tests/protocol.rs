@@ -33,6 +33,9 @@ struct Sim {
     frames: std::collections::BTreeMap<&'static str, usize>,
     /// When set, the next Sync frame sent by this node is dropped.
     drop_next_sync_from: Option<usize>,
+    /// When set, Sync frames sent by this node are held back until [`Sim::release_held`].
+    hold_sync_from: Option<usize>,
+    held: Vec<(usize, ConnId, pb::Envelope)>,
 }
 
 fn replica(id: &str) -> PeerIdentity {
@@ -88,6 +91,8 @@ impl Sim {
             bytes: Default::default(),
             frames: Default::default(),
             drop_next_sync_from: None,
+            hold_sync_from: None,
+            held: Vec::new(),
         }
     }
 
@@ -149,7 +154,13 @@ impl Sim {
                         let len = wire::encode_frame(&envelope).unwrap().len();
                         *self.bytes.entry(kind(&envelope)).or_default() += len;
                         *self.frames.entry(kind(&envelope)).or_default() += 1;
-                        self.queue.push_back((to, to_conn, envelope));
+                        if matches!(envelope.body, Some(Body::Sync(_)))
+                            && self.hold_sync_from == Some(from)
+                        {
+                            self.held.push((to, to_conn, envelope));
+                        } else {
+                            self.queue.push_back((to, to_conn, envelope));
+                        }
                     }
                 }
                 Output::Close { conn, .. } => {
@@ -173,6 +184,12 @@ impl Sim {
                 .handle_frame(&mut node.store, conn, env, self.now);
             self.route(to, out);
         }
+    }
+
+    /// Delivers the held Sync frames (late, but in order).
+    fn release_held(&mut self) {
+        self.queue.extend(self.held.drain(..));
+        self.run();
     }
 
     fn tick(&mut self, dt: Duration) {
@@ -321,6 +338,84 @@ fn lost_sync_message_is_repaired_by_anti_entropy() {
     }
     assert_eq!(sim.nodes[0].store.get(&doc, "k").as_deref(), Some("v1"));
     assert!(sim.nodes[1].proto.counters().sync_resets >= 1);
+}
+
+#[test]
+fn mismatch_while_sync_progresses_does_not_reset() {
+    let mut sim = Sim::new(vec![replica("r0"), agent("c1", "n1")]);
+    sim.connect(1, 0);
+    sim.run();
+    let doc = DocRef::new("c1", "n1");
+    // The agent keeps writing; each of its sync messages arrives late, after the probes of
+    // that second have already seen the replica behind.
+    sim.hold_sync_from = Some(1);
+    for i in 0..12 {
+        sim.write(1, &doc, "k", &format!("v{i}"));
+        sim.tick(Duration::from_secs(1));
+        sim.release_held();
+    }
+    let mismatches: u64 = (0..2)
+        .map(|n| sim.nodes[n].proto.counters().digest_mismatches)
+        .sum();
+    assert!(
+        mismatches >= 2,
+        "probes must have seen the lag: {mismatches}"
+    );
+    for n in 0..2 {
+        assert_eq!(
+            sim.nodes[n].proto.counters().sync_resets,
+            0,
+            "node {n} reset a progressing sync"
+        );
+    }
+    assert_eq!(sim.nodes[0].store.get(&doc, "k").as_deref(), Some("v11"));
+    assert_eq!(sim.entries(0), sim.entries(1));
+}
+
+#[test]
+fn mismatch_without_progress_resets_after_a_second_probe_and_converges() {
+    let mut sim = Sim::new(vec![replica("r0"), agent("c1", "n1")]);
+    sim.connect(1, 0);
+    sim.run();
+    let doc = DocRef::new("c1", "n1");
+    sim.drop_next_sync_from = Some(1);
+    sim.write(1, &doc, "k", "v1");
+    assert!(sim.nodes[0].store.get(&doc, "k").is_none());
+    let resets = |sim: &Sim| -> u64 {
+        (0..2)
+            .map(|n| sim.nodes[n].proto.counters().sync_resets)
+            .sum()
+    };
+    let mismatches = |sim: &Sim| -> u64 {
+        (0..2)
+            .map(|n| sim.nodes[n].proto.counters().digest_mismatches)
+            .sum()
+    };
+    let mut first_mismatch = None;
+    let mut first_reset = None;
+    let mut t = Duration::ZERO;
+    for _ in 0..40 {
+        sim.tick(Duration::from_millis(250));
+        t += Duration::from_millis(250);
+        if first_mismatch.is_none() && mismatches(&sim) > 0 {
+            first_mismatch = Some(t);
+            // The first mismatch only continues the stuck exchange.
+            assert_eq!(resets(&sim), 0, "reset on the first mismatch");
+        }
+        if first_reset.is_none() && resets(&sim) > 0 {
+            first_reset = Some(t);
+        }
+    }
+    let (Some(m), Some(r)) = (first_mismatch, first_reset) else {
+        panic!("mismatch at {first_mismatch:?}, reset at {first_reset:?}");
+    };
+    // A reset needs the mismatch to persist for 3/4 of the 2 s probe interval.
+    assert!(
+        r >= m + Duration::from_millis(1500),
+        "mismatch {m:?}, reset {r:?}"
+    );
+    assert_eq!(sim.nodes[0].store.get(&doc, "k").as_deref(), Some("v1"));
+    assert_eq!(sim.entries(0), sim.entries(1));
 }
 
 #[test]

@@ -98,14 +98,8 @@ proptest! {
                 Peer { store, view: ViewModel::new(), agent_of: Some(d.clone()) }
             })
             .collect();
-        // Replica 0 always rebuilds on receive, replica 1 never does, replica 2 uses defaults.
-        for (min_changes, min_ops) in [(1, 0), (usize::MAX, u64::MAX), (4, 2048)] {
-            let config = StoreConfig {
-                rebuild_min_changes: min_changes,
-                rebuild_min_ops: min_ops,
-                ..test_config()
-            };
-            peers.push(Peer::replica(Store::in_memory(config)));
+        for _ in 0..3 {
+            peers.push(Peer::replica(Store::in_memory(test_config())));
         }
         let mut values: Vec<BTreeMap<usize, Arc<[u8]>>> = vec![BTreeMap::new(); 3];
         let mut terms = [0u64; 3];

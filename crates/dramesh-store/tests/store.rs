@@ -591,7 +591,7 @@ fn digest_buckets_locate_differences() {
 }
 
 #[test]
-fn large_batches_on_large_documents_apply_by_rebuild() {
+fn large_batches_on_large_documents_report_exactly_the_changed_keys() {
     let d = DocId::new("c1", "agent/dir");
     let mut a = agent(&d, test_config());
     let mut r = Peer::replica(Store::in_memory(test_config()));
@@ -601,7 +601,8 @@ fn large_batches_on_large_documents_apply_by_rebuild() {
     a.store.apply(&d, fill).unwrap();
     full_sync(&mut a, &mut r);
     assert_eq!(r.view.len(), 2100);
-    // Five commits reach the replica in one message: the rebuild path (default thresholds).
+    // Five upserts and a delete reach the replica in one message; the changed keys come from
+    // the changes' operations.
     for i in 0..5 {
         a.store
             .apply(&d, vec![upsert(node(&format!("n{i}")), "changed")])
@@ -685,4 +686,72 @@ fn store_can_move_to_a_blocking_thread() {
             .len()
     });
     assert_eq!(handle.join().unwrap(), 1);
+}
+
+/// A change whose dependency arrives only in a later message waits in automerge's queue and is
+/// applied together with the later message: its keys are not in that message, so the store
+/// must find them another way (it diffs) and still report every changed key.
+#[test]
+fn changes_queued_for_a_missing_dependency_are_reported_when_applied() {
+    use automerge::sync::{Message, MessageVersion};
+    let d = DocId::new("c1", "agent/n1");
+    let mut a = agent(&d, test_config());
+    let mut r = Peer::replica(Store::in_memory(test_config()));
+    a.store
+        .apply(&d, vec![upsert(node("base"), "{\"v\":0}")])
+        .unwrap();
+    full_sync(&mut a, &mut r);
+    assert_eq!(r.view.len(), 1);
+    let g = a.store.doc_summary(&d).unwrap().generation;
+    // Two further commits by the writer's actor, the second depending on the first.
+    let mut fork = a.store.automerge_doc(&d).unwrap().clone();
+    let start = fork.get_heads();
+    for (name, json) in [("first", "{\"v\":1}"), ("second", "{\"v\":2}")] {
+        let k = dramesh_store::keys::doc_key(&node(name)).unwrap();
+        let mut tx = fork.transaction();
+        tx.put(ROOT, k.as_str(), json).unwrap();
+        tx.commit();
+    }
+    let changes = fork.get_changes(&start);
+    assert_eq!(changes.len(), 2);
+    let message = |change: &automerge::Change| {
+        Message {
+            heads: fork.get_heads(),
+            need: vec![],
+            have: vec![],
+            changes: vec![change.raw_bytes().to_vec()].into(),
+            flags: None,
+            version: MessageVersion::V1,
+        }
+        .encode()
+    };
+    let (first, second) = if changes[0].deps().contains(&changes[1].hash()) {
+        (&changes[1], &changes[0])
+    } else {
+        (&changes[0], &changes[1])
+    };
+    let mut state = SyncState::new();
+    let out = r
+        .store
+        .receive_sync_message(&d, g, &mut state, &message(second), &|_| true)
+        .unwrap();
+    assert!(
+        out.is_empty(),
+        "nothing applies before its dependency: {out:?}"
+    );
+    let out = r
+        .store
+        .receive_sync_message(&d, g, &mut state, &message(first), &|_| true)
+        .unwrap();
+    let mut names: Vec<String> = out
+        .iter()
+        .map(|(_, c)| match c {
+            ObjectChange::Upsert { key, .. } => key.name.clone(),
+            ObjectChange::Delete { key } => format!("deleted {}", key.name),
+        })
+        .collect();
+    names.sort();
+    assert_eq!(names, vec!["first".to_string(), "second".to_string()]);
+    apply_view(&mut r.view, out);
+    assert_eq!(r.view, snapshot_view(&r.store));
 }

@@ -44,6 +44,7 @@ use tokio::task::JoinSet;
 use tracing::Instrument as _;
 
 use crate::backend::lock;
+use crate::daemon::stopped;
 use crate::observe::Observer;
 
 /// Where the agent reads its cluster from.
@@ -165,10 +166,6 @@ impl ScopeTracker {
         }
         out
     }
-}
-
-async fn stopped(mut rx: watch::Receiver<bool>) {
-    let _ = rx.wait_for(|v| *v).await;
 }
 
 impl Agent {
@@ -304,18 +301,7 @@ impl Agent {
 
     /// Stops the source (the writer flushes what the coalescer holds) and the mesh node.
     pub async fn shutdown(mut self) {
-        let _ = self.stop.send(true);
-        let drain = async { while self.tasks.join_next().await.is_some() {} };
-        if tokio::time::timeout(Duration::from_secs(5), drain)
-            .await
-            .is_err()
-        {
-            self.tasks.abort_all();
-        }
-        match Arc::try_unwrap(self.mesh) {
-            Ok(m) => m.shutdown().await,
-            Err(m) => drop(m),
-        }
+        crate::daemon::shutdown(&self.stop, &mut self.tasks, self.mesh).await;
         tracing::info!(cluster = %self.cluster, agent = %self.name, "agent stopped");
     }
 }

@@ -7,6 +7,7 @@ mod agent;
 mod allocate;
 mod backend;
 mod certs;
+mod daemon;
 mod demo;
 mod devstatus;
 mod observe;

@@ -31,6 +31,7 @@ use tokio::sync::{broadcast, watch};
 use tokio::task::JoinSet;
 
 use crate::backend::{ReplicaBackend, ReplicaState, lock};
+use crate::daemon::stopped;
 use crate::observe::Observer;
 
 /// How a replica is started.
@@ -57,10 +58,6 @@ pub struct Replica {
     mesh: Arc<MeshHandle>,
     stop: watch::Sender<bool>,
     tasks: JoinSet<()>,
-}
-
-async fn stopped(mut rx: watch::Receiver<bool>) {
-    let _ = rx.wait_for(|v| *v).await;
 }
 
 /// Opens the store directory (or an in-memory store), logging what was dropped.
@@ -199,18 +196,7 @@ impl Replica {
 
     /// Stops the APIs, the feeder and the mesh node.
     pub async fn shutdown(mut self) {
-        let _ = self.stop.send(true);
-        let drain = async { while self.tasks.join_next().await.is_some() {} };
-        if tokio::time::timeout(Duration::from_secs(5), drain)
-            .await
-            .is_err()
-        {
-            self.tasks.abort_all();
-        }
-        match Arc::try_unwrap(self.mesh) {
-            Ok(m) => m.shutdown().await,
-            Err(m) => drop(m),
-        }
+        crate::daemon::shutdown(&self.stop, &mut self.tasks, self.mesh).await;
         tracing::info!(replica = %self.id, "replica stopped");
     }
 }

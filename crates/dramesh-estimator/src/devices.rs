@@ -763,11 +763,13 @@ impl ClusterDevices {
     }
 }
 
+/// Address of an interned name: identifies the name for as long as the interner keeps it.
+pub(crate) fn name_addr(name: &Arc<str>) -> usize {
+    Arc::as_ptr(name) as *const u8 as usize
+}
+
 fn name_addrs(driver: &Arc<str>, pool: &Arc<str>) -> (usize, usize) {
-    (
-        Arc::as_ptr(driver) as *const u8 as usize,
-        Arc::as_ptr(pool) as *const u8 as usize,
-    )
+    (name_addr(driver), name_addr(pool))
 }
 
 /// Identity of one allocated device use within its pool: device name and consumed capacity.

@@ -251,15 +251,11 @@ impl ClusterMemo {
         opts: &EstimateOptions,
     ) -> ClusterEstimate {
         let mut out = ClusterEstimate {
-            name: c.name.clone(),
             max_replicas: self.total,
-            limited_by: String::new(),
             excluded_nodes: self.excluded.clone(),
             nodes_considered: self.considered,
             limits: self.limits.clone(),
-            kubernetes_version: c.info.kubernetes_version.clone(),
-            error: None,
-            assumed_unplaced: 0,
+            ..blank_estimate(c)
         };
         finish(&mut out, c, w, opts);
         out
@@ -416,15 +412,9 @@ impl Estimator {
 
 fn error_estimate(c: &ClusterView, e: String) -> ClusterEstimate {
     ClusterEstimate {
-        name: c.name.clone(),
-        max_replicas: 0,
         limited_by: e.clone(),
-        excluded_nodes: BTreeMap::new(),
-        nodes_considered: 0,
-        limits: BTreeMap::new(),
-        kubernetes_version: c.info.kubernetes_version.clone(),
         error: Some(e),
-        assumed_unplaced: 0,
+        ..blank_estimate(c)
     }
 }
 
@@ -824,19 +814,15 @@ pub fn estimate_component_sets(
             sets += 1;
         }
         clusters.push(ClusterEstimate {
-            name: c.name.clone(),
             max_replicas: sets,
             limited_by: if c.nodes.is_empty() {
                 "no nodes".into()
             } else {
                 "first-fit".into()
             },
-            excluded_nodes: BTreeMap::new(),
             nodes_considered: c.nodes.len() as u32,
-            limits: BTreeMap::new(),
-            kubernetes_version: c.info.kubernetes_version.clone(),
-            error: None,
             assumed_unplaced: deductions.unplaced,
+            ..blank_estimate(c)
         });
     }
     let total = clusters.iter().map(|c| c.max_replicas).sum();

@@ -25,7 +25,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::devices::{CompactResult, DeviceCache, DeviceQuery, FastMap};
+use crate::devices::{CompactResult, DeviceCache, DeviceQuery, FastMap, name_addr};
 use crate::estimate::{
     EstimateOptions, Estimator, NodeOutcome, Overlay, blank_estimate, estimate_cluster, finish,
     node_fit, tally,
@@ -136,10 +136,6 @@ fn candidates(c: &ClusterView, below: i32) -> Vec<Candidate<'_>> {
             .then_with(|| a.owner.cmp(&b.owner))
     });
     v
-}
-
-fn name_addr(name: &Arc<str>) -> usize {
-    Arc::as_ptr(name) as *const u8 as usize
 }
 
 fn pod_keys<'k>(cand: &Candidate<'k>) -> impl Iterator<Item = &'k (String, String)> {
@@ -488,6 +484,8 @@ fn simulate_incremental(
     let mut slots: Vec<ClaimSlot> = Vec::new();
     let mut allocations: Vec<Arc<[CompactResult]>> = Vec::new();
     let mut claim_nodes: Vec<u32> = Vec::new();
+    // Scratch: the nodes of one claim's devices.
+    let mut homes: Vec<u32> = Vec::new();
     let mut freed: Vec<(ResList, u32)> = vec![(ResList::new(), 0); nodes.len()];
     let mut footprints = Vec::with_capacity(cands.len());
     for cand in cands {
@@ -514,28 +512,22 @@ fn simulate_incremental(
                     continue;
                 }
                 let k = slots.len() as u32;
-                let start = claim_nodes.len();
+                homes.clear();
                 for r in allocation.iter() {
                     // Devices of a shared pool (or of a pool spread over nodes) change what
                     // several nodes see: not for the incremental simulation.
                     let home = devices.home_of(r)?;
                     if let Some(n) = index_of(home) {
-                        claim_nodes.push(n);
+                        homes.push(n);
                     }
                 }
-                claim_nodes[start..].sort_unstable();
-                let mut len = 0;
-                for j in start..claim_nodes.len() {
-                    if len == 0 || claim_nodes[start + len - 1] != claim_nodes[j] {
-                        claim_nodes[start + len] = claim_nodes[j];
-                        len += 1;
-                    }
-                }
-                claim_nodes.truncate(start + len);
+                homes.sort_unstable();
+                homes.dedup();
                 slots.push(ClaimSlot {
                     removed: true,
-                    nodes: (start as u32, len as u32),
+                    nodes: (claim_nodes.len() as u32, homes.len() as u32),
                 });
+                claim_nodes.extend_from_slice(&homes);
                 slot_of.insert(allocation.as_ptr(), k);
                 allocations.push(allocation);
                 fp.claims.push(k);
@@ -651,8 +643,7 @@ fn simulate_incremental(
         // before this step but is now (the overlay's set semantics): its nodes changed.
         for (&k, &before) in fp.claims.iter().zip(&was) {
             if !before {
-                let (start, len) = sim.slots[k as usize].nodes;
-                for &n in &sim.claim_nodes[start as usize..(start + len) as usize] {
+                for &n in sim.nodes_of(k) {
                     touched.add(n);
                 }
             }
@@ -755,19 +746,8 @@ mod tests {
 
     use super::*;
     use crate::quota::{ClusterQuota, QuotaSet};
-    use crate::test_fleet::fleet;
+    use crate::test_fleet::{Lcg, fleet, random_spec};
     use dramesh_sim::typed::{self, FleetSpec};
-
-    struct Lcg(u64);
-    impl Lcg {
-        fn next(&mut self, n: u64) -> u64 {
-            self.0 = self
-                .0
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (self.0 >> 33) % n.max(1)
-        }
-    }
 
     fn workload(gpus: i64, cpu: &str, selector: bool, priority: i32) -> Workload {
         let tpl: ResourceClaimTemplate = serde_json::from_value(json!({
@@ -887,14 +867,8 @@ mod tests {
         let mut incremental = 0;
         let mut fits = 0;
         for round in 0..12 {
-            let nodes = 3 + rng.next(10) as usize;
-            let spec = FleetSpec {
-                clusters: 3,
-                nodes_per_cluster: nodes,
-                gpus_per_node: 1 + rng.next(6) as usize,
-                owners_per_cluster: 1 + rng.next(4) as usize,
-                kubernetes_version: "1.36".into(),
-            };
+            let spec = random_spec(&mut rng, (3, 10), (1, 6), None);
+            let nodes = spec.nodes_per_cluster;
             let salt = rng.next(100) as usize;
             let gpus = spec.gpus_per_node;
             let mut view = fleet(&spec, &move |n| (n * 3 + salt) % (gpus + 1)).expect("fleet");

@@ -10,19 +10,8 @@ use std::sync::Arc;
 use dramesh_estimator::{AssumedWorkload, EstimateOptions, Estimator, View, Workload};
 use dramesh_model::{ClusterObject, ObjectChange, ObjectKey, ObjectKind};
 use dramesh_sim::typed::{self, FleetSpec};
-use fleet::fleet;
+use fleet::{Lcg, fleet, random_spec};
 use serde_json::json;
-
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) % n.max(1)
-    }
-}
 
 fn gpu_workload(count: i64, cpu: &str) -> Workload {
     let tpl: dramesh_model::k8s::ResourceClaimTemplate = serde_json::from_value(json!({
@@ -141,14 +130,8 @@ fn cached_equals_naive_with_assumed_device_workloads() {
     let mut rng = Lcg(31);
     let mut deducted = 0;
     for round in 0..8 {
-        let nodes = 3 + rng.next(10) as usize;
-        let spec = FleetSpec {
-            clusters: 3,
-            nodes_per_cluster: nodes,
-            gpus_per_node: 1 + rng.next(6) as usize,
-            owners_per_cluster: 2,
-            kubernetes_version: "1.36".into(),
-        };
+        let spec = random_spec(&mut rng, (3, 10), (1, 6), Some(2));
+        let nodes = spec.nodes_per_cluster;
         let salt = rng.next(1000) as usize;
         let alloc = move |n: usize| (n * 3 + salt) % 4;
         let mut view = fleet(&spec, &alloc).unwrap();
@@ -178,14 +161,8 @@ fn cached_equals_naive_on_random_fleets() {
     let mut rng = Lcg(7);
     let mut nonzero = 0;
     for round in 0..8 {
-        let nodes = 4 + rng.next(20) as usize;
-        let spec = FleetSpec {
-            clusters: 3,
-            nodes_per_cluster: nodes,
-            gpus_per_node: 1 + rng.next(8) as usize,
-            owners_per_cluster: 3,
-            kubernetes_version: "1.36".into(),
-        };
+        let spec = random_spec(&mut rng, (4, 20), (1, 8), Some(3));
+        let nodes = spec.nodes_per_cluster;
         let salt = rng.next(1000) as usize;
         let alloc = move |n: usize| (n * 7 + salt) % 5;
         let mut view = fleet(&spec, &alloc).unwrap();
@@ -356,14 +333,8 @@ fn preemption_with_caches_equals_naive_on_random_fleets() {
     let mut rng = Lcg(23);
     let mut chosen = 0;
     for round in 0..8 {
-        let nodes = 4 + rng.next(12) as usize;
-        let spec = FleetSpec {
-            clusters: 3,
-            nodes_per_cluster: nodes,
-            gpus_per_node: 2 + rng.next(6) as usize,
-            owners_per_cluster: 1 + rng.next(4) as usize,
-            kubernetes_version: "1.36".into(),
-        };
+        let spec = random_spec(&mut rng, (4, 12), (2, 6), None);
+        let nodes = spec.nodes_per_cluster;
         let salt = rng.next(1000) as usize;
         let gpus = spec.gpus_per_node;
         let alloc = move |n: usize| (n * 5 + salt) % (gpus + 1);

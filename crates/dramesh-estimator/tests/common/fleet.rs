@@ -1,4 +1,5 @@
-//! Loads a [`dramesh_sim::typed`] fleet into a [`View`] (clusters `c0`, `c1`, ...).
+//! Loads a [`dramesh_sim::typed`] fleet into a [`View`] (clusters `c0`, `c1`, ...), and
+//! draws random fleet shapes from a seeded generator for the agreement tests.
 //!
 //! One file shared by the integration tests, the benches (`#[path]` includes) and the unit
 //! tests of the library (through `extern crate self as dramesh_estimator`), so the
@@ -27,4 +28,39 @@ pub fn fleet(spec: &FleetSpec, allocated: &dyn Fn(usize) -> usize) -> Result<Vie
         }
     }
     Ok(view)
+}
+
+/// Deterministic generator for the randomised tests: a seed always yields the same fleets.
+pub struct Lcg(pub u64);
+
+impl Lcg {
+    /// Next value in `0..n` (`0` when `n` is 0).
+    pub fn next(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n.max(1)
+    }
+}
+
+/// A random three-cluster fleet shape: `nodes.0 + rng(nodes.1)` nodes per cluster, then
+/// `gpus.0 + rng(gpus.1)` GPUs per node, then the owners per cluster (`None`: `1 + rng(4)`),
+/// drawn in that order so that a seed keeps naming the same fleets.
+pub fn random_spec(
+    rng: &mut Lcg,
+    nodes: (usize, u64),
+    gpus: (usize, u64),
+    owners: Option<usize>,
+) -> FleetSpec {
+    let nodes_per_cluster = nodes.0 + rng.next(nodes.1) as usize;
+    let gpus_per_node = gpus.0 + rng.next(gpus.1) as usize;
+    let owners_per_cluster = owners.unwrap_or_else(|| 1 + rng.next(4) as usize);
+    FleetSpec {
+        clusters: 3,
+        nodes_per_cluster,
+        gpus_per_node,
+        owners_per_cluster,
+        kubernetes_version: "1.36".into(),
+    }
 }

@@ -79,7 +79,8 @@ pub fn heads_hash(heads: &[ChangeHash]) -> [u8; 32] {
     h.finalize().into()
 }
 
-pub(crate) fn hex(bytes: &[u8]) -> String {
+/// Lowercase hex of `bytes` (file stems, digests in logs and APIs).
+pub fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(bytes.len() * 2);
     for b in bytes {

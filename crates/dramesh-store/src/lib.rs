@@ -22,7 +22,7 @@ mod view;
 
 pub use automerge::ChangeHash;
 pub use automerge::sync::State as SyncState;
-pub use docid::{DocId, heads_hash, writer_actor};
+pub use docid::{DocId, heads_hash, hex, writer_actor};
 pub use error::StoreError;
 pub use object::{ObjectChange, ObjectKey, ObjectKind};
 pub use persist::Durability;

@@ -23,6 +23,7 @@ use axum::routing::get;
 use dramesh_api::ApiState;
 use dramesh_mesh::DocStore;
 use dramesh_model::ObjectChange;
+use dramesh_store::hex;
 use sha2::{Digest as _, Sha256};
 
 use crate::backend::{ReplicaState, lock};
@@ -33,11 +34,6 @@ struct Routes {
     api: ApiState,
     state: Arc<ReplicaState>,
     observer: Arc<Observer>,
-}
-
-/// Lowercase hex.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The replica's HTTP router: the routes above, then the API crate's.

@@ -17,7 +17,7 @@ use tracing::Instrument;
 
 use dramesh_telemetry::spans::fields;
 
-use crate::backend::ApiError;
+use crate::backend::{ApiError, Backend};
 use crate::metrics::{API_KARMADA, API_NATIVE_GRPC, Method};
 use crate::proto::karmada as kpb;
 use crate::proto::karmada_service::estimator_server::{Estimator, EstimatorServer};
@@ -29,7 +29,8 @@ use crate::server::{ApiState, ServeError, bind};
 /// Karmada's default scheduler-estimator port (`--server-port`, `--scheduler-estimator-port`).
 pub const KARMADA_ESTIMATOR_PORT: u16 = 10352;
 
-/// The value of the `object` metadata Karmada attaches (`kind=Deployment, name=ns/name`), for logs.
+/// The value of the `object` metadata Karmada attaches (`kind=Deployment, name=ns/name`), for
+/// logs. Call it inside the log macro: tracing evaluates it only when the event is enabled.
 fn object_of<T>(r: &Request<T>) -> String {
     r.metadata()
         .get("object")
@@ -53,11 +54,11 @@ async fn observed<T>(
     let timer = state.metrics.start_api_request(api, method.as_str());
     let r = fut.instrument(span.clone()).await;
     // "OK", else tonic's name of the code ("InvalidArgument", "Unavailable").
-    let code = match &r {
-        Ok(_) => "OK".to_owned(),
-        Err(s) => format!("{:?}", s.code()),
+    let code: std::borrow::Cow<'static, str> = match &r {
+        Ok(_) => "OK".into(),
+        Err(s) => format!("{:?}", s.code()).into(),
     };
-    span.record(fields::CODE, code.as_str());
+    span.record(fields::CODE, &*code);
     span.record(
         fields::OTEL_STATUS_CODE,
         if r.is_ok() { "ok" } else { "error" },
@@ -90,10 +91,14 @@ impl Estimator for KarmadaEstimator {
         request: Request<kpb::MaxAvailableReplicasRequest>,
     ) -> Result<Response<kpb::MaxAvailableReplicasResponse>, Status> {
         let m = Method::MaxAvailableReplicas;
-        let object = object_of(&request);
+        tracing::debug!(
+            method = m.as_str(),
+            cluster = %request.get_ref().cluster,
+            object = %object_of(&request),
+            "request"
+        );
         let req = request.into_inner();
         let cluster = req.cluster.clone();
-        tracing::debug!(method = m.as_str(), cluster = %cluster, object = %object, "request");
         observed(&self.state, API_KARMADA, m, Some(&cluster), async move {
             let q = ReplicaQuery::from_proto(req).map_err(|e| self.invalid(m, e))?;
             let cluster = q.cluster.clone();
@@ -111,10 +116,14 @@ impl Estimator for KarmadaEstimator {
         request: Request<kpb::MaxAvailableComponentSetsRequest>,
     ) -> Result<Response<kpb::MaxAvailableComponentSetsResponse>, Status> {
         let m = Method::MaxAvailableComponentSets;
-        let object = object_of(&request);
+        tracing::debug!(
+            method = m.as_str(),
+            cluster = %request.get_ref().cluster,
+            object = %object_of(&request),
+            "request"
+        );
         let req = request.into_inner();
         let cluster = req.cluster.clone();
-        tracing::debug!(method = m.as_str(), cluster = %cluster, object = %object, "request");
         observed(&self.state, API_KARMADA, m, Some(&cluster), async move {
             let q = ComponentSetQuery::from_proto(req).map_err(|e| self.invalid(m, e))?;
             let cluster = q.cluster.clone();
@@ -132,10 +141,14 @@ impl Estimator for KarmadaEstimator {
         request: Request<kpb::UnschedulableReplicasRequest>,
     ) -> Result<Response<kpb::UnschedulableReplicasResponse>, Status> {
         let m = Method::GetUnschedulableReplicas;
-        let object = object_of(&request);
+        tracing::debug!(
+            method = m.as_str(),
+            cluster = %request.get_ref().cluster,
+            object = %object_of(&request),
+            "request"
+        );
         let req = request.into_inner();
         let cluster = req.cluster.clone();
-        tracing::debug!(method = m.as_str(), cluster = %cluster, object = %object, "request");
         observed(&self.state, API_KARMADA, m, Some(&cluster), async move {
             let q = UnschedulableQuery::from_proto(req);
             let cluster = q.cluster.clone();
@@ -172,6 +185,24 @@ impl NativeService {
     pub fn new(state: ApiState) -> Self {
         NativeService { state }
     }
+
+    /// Serves an RPC that is exactly one backend call: observed, run under the native call
+    /// limits, and its answer converted to the wire message.
+    async fn call<T, W, F>(
+        &self,
+        m: Method,
+        cluster: Option<&str>,
+        f: F,
+    ) -> Result<Response<W>, Status>
+    where
+        T: Into<W> + Send + 'static,
+        F: FnOnce(&dyn Backend) -> Result<T, ApiError> + Send + 'static,
+    {
+        observed(&self.state, API_NATIVE_GRPC, m, cluster, async move {
+            Ok(self.state.call_native(m, f).await?.into())
+        })
+        .await
+    }
 }
 
 #[tonic::async_trait]
@@ -181,15 +212,8 @@ impl Dramesh for NativeService {
         request: Request<npb::EstimateRequest>,
     ) -> Result<Response<npb::EstimateResponse>, Status> {
         let req = crate::native::EstimateRequest::from(request.into_inner());
-        let m = Method::EstimateAll;
-        observed(&self.state, API_NATIVE_GRPC, m, None, async move {
-            let r = self
-                .state
-                .call_native(m, move |b| b.estimate_all(&req))
-                .await?;
-            Ok(r.into())
-        })
-        .await
+        self.call(Method::EstimateAll, None, move |b| b.estimate_all(&req))
+            .await
     }
 
     async fn place(
@@ -197,12 +221,7 @@ impl Dramesh for NativeService {
         request: Request<npb::PlaceRequest>,
     ) -> Result<Response<npb::PlaceResponse>, Status> {
         let req = crate::native::PlaceRequest::from(request.into_inner());
-        let m = Method::Place;
-        observed(&self.state, API_NATIVE_GRPC, m, None, async move {
-            let r = self.state.call_native(m, move |b| b.place(&req)).await?;
-            Ok(r.into())
-        })
-        .await
+        self.call(Method::Place, None, move |b| b.place(&req)).await
     }
 
     async fn preempt(
@@ -210,12 +229,8 @@ impl Dramesh for NativeService {
         request: Request<npb::PreemptRequest>,
     ) -> Result<Response<npb::PreemptResponse>, Status> {
         let req = crate::native::PreemptRequest::from(request.into_inner());
-        let m = Method::Preempt;
-        observed(&self.state, API_NATIVE_GRPC, m, None, async move {
-            let r = self.state.call_native(m, move |b| b.preempt(&req)).await?;
-            Ok(r.into())
-        })
-        .await
+        self.call(Method::Preempt, None, move |b| b.preempt(&req))
+            .await
     }
 
     async fn status(
@@ -236,19 +251,9 @@ impl Dramesh for NativeService {
         request: Request<npb::ReserveRequest>,
     ) -> Result<Response<npb::Reservation>, Status> {
         let req = crate::native::ReserveRequest::from(request.into_inner());
-        let m = Method::Reserve;
         let cluster = req.cluster.clone();
-        observed(
-            &self.state,
-            API_NATIVE_GRPC,
-            m,
-            Some(&cluster),
-            async move {
-                let r = self.state.call_native(m, move |b| b.reserve(&req)).await?;
-                Ok(r.into())
-            },
-        )
-        .await
+        self.call(Method::Reserve, Some(&cluster), move |b| b.reserve(&req))
+            .await
     }
 
     async fn release(

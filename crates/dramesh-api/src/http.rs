@@ -55,11 +55,7 @@ impl IntoResponse for ApiError {
     }
 }
 
-fn parse<T: DeserializeOwned>(
-    _state: &ApiState,
-    method: Method,
-    body: &[u8],
-) -> Result<T, ApiError> {
+fn parse<T: DeserializeOwned>(method: Method, body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| {
         tracing::warn!(method = method.as_str(), error = %e, "malformed JSON body");
         ApiError::InvalidRequest(format!(
@@ -77,7 +73,7 @@ fn json<T: Serialize>(r: Result<T, ApiError>) -> Response {
 }
 
 async fn estimate(State(state): State<ApiState>, body: Bytes) -> Response {
-    let req: EstimateRequest = match parse(&state, Method::EstimateAll, &body) {
+    let req: EstimateRequest = match parse(Method::EstimateAll, &body) {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
@@ -95,7 +91,7 @@ async fn estimate(State(state): State<ApiState>, body: Bytes) -> Response {
 }
 
 async fn place(State(state): State<ApiState>, body: Bytes) -> Response {
-    let req: PlaceRequest = match parse(&state, Method::Place, &body) {
+    let req: PlaceRequest = match parse(Method::Place, &body) {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
@@ -109,7 +105,7 @@ async fn place(State(state): State<ApiState>, body: Bytes) -> Response {
 }
 
 async fn preempt(State(state): State<ApiState>, body: Bytes) -> Response {
-    let req: PreemptRequest = match parse(&state, Method::Preempt, &body) {
+    let req: PreemptRequest = match parse(Method::Preempt, &body) {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
@@ -138,7 +134,7 @@ async fn status(State(state): State<ApiState>) -> Response {
 }
 
 async fn reserve(State(state): State<ApiState>, body: Bytes) -> Response {
-    let req: ReserveRequest = match parse(&state, Method::Reserve, &body) {
+    let req: ReserveRequest = match parse(Method::Reserve, &body) {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };

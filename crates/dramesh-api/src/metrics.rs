@@ -103,13 +103,6 @@ pub enum ZeroReason {
 }
 
 impl ZeroReason {
-    pub const ALL: [ZeroReason; 4] = [
-        ZeroReason::UnknownCluster,
-        ZeroReason::StaleCluster,
-        ZeroReason::BackendFailure,
-        ZeroReason::Timeout,
-    ];
-
     /// The `reason` label.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -166,12 +159,9 @@ pub async fn track_http(
     req: Request,
     next: Next,
 ) -> Response {
-    let route = matched
-        .as_ref()
-        .map_or("unmatched", |m| m.as_str())
-        .to_owned();
-    let span = dramesh_telemetry::api_span(API_HTTP, &route);
-    let timer = metrics.start_api_request(API_HTTP, &route);
+    let route = matched.as_ref().map_or("unmatched", |m| m.as_str());
+    let span = dramesh_telemetry::api_span(API_HTTP, route);
+    let timer = metrics.start_api_request(API_HTTP, route);
     let resp = next.run(req).instrument(span.clone()).await;
     let status = resp.status();
     span.record(fields::CODE, status.as_str());

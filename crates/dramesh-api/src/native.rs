@@ -315,335 +315,93 @@ pub struct ReservationList {
 // ---------------------------------------------------------------------------------------
 // protobuf <-> native
 
-impl From<pb::Workload> for Workload {
-    fn from(w: pb::Workload) -> Self {
-        Workload {
-            manifests: w.manifests,
+/// `From` both ways between a native type and its protobuf message, field by field; the
+/// struct literals name every field, so a field added on one side only fails to compile.
+/// `plain` fields move as they are; `each` fields are collections converted element by
+/// element (`Vec<A>` to `Vec<B>`, `BTreeMap` to `HashMap`); `required` fields are message
+/// fields that protobuf makes optional and the native type always has (absent reads as the
+/// default).
+macro_rules! mirror {
+    ($native:ident <=> $wire:ident {
+        plain: [$($plain:ident),* $(,)?]
+        $(, each: [$($each:ident),* $(,)?])?
+        $(, required: [$($req:ident),* $(,)?])?
+        $(,)?
+    }) => {
+        impl From<pb::$wire> for $native {
+            fn from(w: pb::$wire) -> Self {
+                $native {
+                    $($plain: w.$plain,)*
+                    $($($each: w.$each.into_iter().map(Into::into).collect(),)*)?
+                    $($($req: w.$req.map(Into::into).unwrap_or_default(),)*)?
+                }
+            }
         }
-    }
+
+        impl From<$native> for pb::$wire {
+            fn from(n: $native) -> Self {
+                pb::$wire {
+                    $($plain: n.$plain,)*
+                    $($($each: n.$each.into_iter().map(Into::into).collect(),)*)?
+                    $($($req: Some(n.$req.into()),)*)?
+                }
+            }
+        }
+    };
 }
 
-impl From<Workload> for pb::Workload {
-    fn from(w: Workload) -> Self {
-        pb::Workload {
-            manifests: w.manifests,
-        }
-    }
-}
-
-impl From<pb::EstimateRequest> for EstimateRequest {
-    fn from(r: pb::EstimateRequest) -> Self {
-        EstimateRequest {
-            workload: r.workload.map(Into::into).unwrap_or_default(),
-            clusters: r.clusters,
-        }
-    }
-}
-
-impl From<EstimateRequest> for pb::EstimateRequest {
-    fn from(r: EstimateRequest) -> Self {
-        pb::EstimateRequest {
-            workload: Some(r.workload.into()),
-            clusters: r.clusters,
-        }
-    }
-}
-
-impl From<pb::PlaceRequest> for PlaceRequest {
-    fn from(r: pb::PlaceRequest) -> Self {
-        PlaceRequest {
-            workload: r.workload.map(Into::into).unwrap_or_default(),
-            clusters: r.clusters,
-            replicas: r.replicas,
-        }
-    }
-}
-
-impl From<PlaceRequest> for pb::PlaceRequest {
-    fn from(r: PlaceRequest) -> Self {
-        pb::PlaceRequest {
-            workload: Some(r.workload.into()),
-            clusters: r.clusters,
-            replicas: r.replicas,
-        }
-    }
-}
-
-impl From<pb::PreemptRequest> for PreemptRequest {
-    fn from(r: pb::PreemptRequest) -> Self {
-        PreemptRequest {
-            workload: r.workload.map(Into::into).unwrap_or_default(),
-            clusters: r.clusters,
-            replicas: r.replicas,
-        }
-    }
-}
-
-impl From<PreemptRequest> for pb::PreemptRequest {
-    fn from(r: PreemptRequest) -> Self {
-        pb::PreemptRequest {
-            workload: Some(r.workload.into()),
-            clusters: r.clusters,
-            replicas: r.replicas,
-        }
-    }
-}
-
-impl From<ClusterEstimate> for pb::ClusterEstimate {
-    fn from(c: ClusterEstimate) -> Self {
-        pb::ClusterEstimate {
-            name: c.name,
-            max_replicas: c.max_replicas,
-            limited_by: c.limited_by,
-            excluded_nodes: c.excluded_nodes.into_iter().collect(),
-            nodes_considered: c.nodes_considered,
-            limits: c.limits.into_iter().collect(),
-            kubernetes_version: c.kubernetes_version,
-            error: c.error,
-            assumed_unplaced: c.assumed_unplaced,
-        }
-    }
-}
-
-impl From<pb::ClusterEstimate> for ClusterEstimate {
-    fn from(c: pb::ClusterEstimate) -> Self {
-        ClusterEstimate {
-            name: c.name,
-            max_replicas: c.max_replicas,
-            limited_by: c.limited_by,
-            excluded_nodes: c.excluded_nodes.into_iter().collect(),
-            nodes_considered: c.nodes_considered,
-            limits: c.limits.into_iter().collect(),
-            kubernetes_version: c.kubernetes_version,
-            error: c.error,
-            assumed_unplaced: c.assumed_unplaced,
-        }
-    }
-}
-
-impl From<EstimateResponse> for pb::EstimateResponse {
-    fn from(r: EstimateResponse) -> Self {
-        pb::EstimateResponse {
-            clusters: r.clusters.into_iter().map(Into::into).collect(),
-            total: r.total,
-        }
-    }
-}
-
-impl From<pb::EstimateResponse> for EstimateResponse {
-    fn from(r: pb::EstimateResponse) -> Self {
-        EstimateResponse {
-            clusters: r.clusters.into_iter().map(Into::into).collect(),
-            total: r.total,
-        }
-    }
-}
-
-impl From<PlaceResponse> for pb::PlaceResponse {
-    fn from(r: PlaceResponse) -> Self {
-        pb::PlaceResponse {
-            policy: r.policy,
-            strategy: r.strategy,
-            replicas: r.replicas,
-            clusters: r
-                .clusters
-                .into_iter()
-                .map(|t| pb::TargetCluster {
-                    name: t.name,
-                    replicas: t.replicas,
-                })
-                .collect(),
-            available: r.available.into_iter().collect(),
-            filtered_out: r.filtered_out,
-            unschedulable: r.unschedulable,
-        }
-    }
-}
-
-impl From<pb::PlaceResponse> for PlaceResponse {
-    fn from(r: pb::PlaceResponse) -> Self {
-        PlaceResponse {
-            policy: r.policy,
-            strategy: r.strategy,
-            replicas: r.replicas,
-            clusters: r
-                .clusters
-                .into_iter()
-                .map(|t| TargetCluster {
-                    name: t.name,
-                    replicas: t.replicas,
-                })
-                .collect(),
-            available: r.available.into_iter().collect(),
-            filtered_out: r.filtered_out,
-            unschedulable: r.unschedulable,
-        }
-    }
-}
-
-impl From<Victim> for pb::Victim {
-    fn from(v: Victim) -> Self {
-        pb::Victim {
-            namespace: v.namespace,
-            kind: v.kind,
-            name: v.name,
-            priority: v.priority,
-            pods: v.pods,
-            freed: v.freed.into_iter().collect(),
-        }
-    }
-}
-
-impl From<pb::Victim> for Victim {
-    fn from(v: pb::Victim) -> Self {
-        Victim {
-            namespace: v.namespace,
-            kind: v.kind,
-            name: v.name,
-            priority: v.priority,
-            pods: v.pods,
-            freed: v.freed.into_iter().collect(),
-        }
-    }
-}
-
-impl From<ClusterPreemption> for pb::ClusterPreemption {
-    fn from(c: ClusterPreemption) -> Self {
-        pb::ClusterPreemption {
-            name: c.name,
-            feasible: c.feasible,
-            replicas_before: c.replicas_before,
-            replicas_after: c.replicas_after,
-            victims: c.victims.into_iter().map(Into::into).collect(),
-            freed: c.freed.into_iter().collect(),
-            evicted_pods: c.evicted_pods,
-            highest_victim_priority: c.highest_victim_priority,
-            reason: c.reason,
-        }
-    }
-}
-
-impl From<pb::ClusterPreemption> for ClusterPreemption {
-    fn from(c: pb::ClusterPreemption) -> Self {
-        ClusterPreemption {
-            name: c.name,
-            feasible: c.feasible,
-            replicas_before: c.replicas_before,
-            replicas_after: c.replicas_after,
-            victims: c.victims.into_iter().map(Into::into).collect(),
-            freed: c.freed.into_iter().collect(),
-            evicted_pods: c.evicted_pods,
-            highest_victim_priority: c.highest_victim_priority,
-            reason: c.reason,
-        }
-    }
-}
-
-impl From<PreemptResponse> for pb::PreemptResponse {
-    fn from(r: PreemptResponse) -> Self {
-        pb::PreemptResponse {
-            preemptor: r.preemptor,
-            priority: r.priority,
-            replicas: r.replicas,
-            fits_without_preemption: r.fits_without_preemption,
-            chosen: r.chosen,
-            clusters: r.clusters.into_iter().map(Into::into).collect(),
-            reason: r.reason,
-        }
-    }
-}
-
-impl From<pb::PreemptResponse> for PreemptResponse {
-    fn from(r: pb::PreemptResponse) -> Self {
-        PreemptResponse {
-            preemptor: r.preemptor,
-            priority: r.priority,
-            replicas: r.replicas,
-            fits_without_preemption: r.fits_without_preemption,
-            chosen: r.chosen,
-            clusters: r.clusters.into_iter().map(Into::into).collect(),
-            reason: r.reason,
-        }
-    }
-}
-
-impl From<ResourceAmount> for pb::ResourceAmount {
-    fn from(a: ResourceAmount) -> Self {
-        pb::ResourceAmount {
-            name: a.name,
-            allocatable: a.allocatable,
-            consumed: a.consumed,
-            free: a.free,
-        }
-    }
-}
-
-impl From<pb::ResourceAmount> for ResourceAmount {
-    fn from(a: pb::ResourceAmount) -> Self {
-        ResourceAmount {
-            name: a.name,
-            allocatable: a.allocatable,
-            consumed: a.consumed,
-            free: a.free,
-        }
-    }
-}
-
-impl From<DeviceClassStatus> for pb::DeviceClassStatus {
-    fn from(d: DeviceClassStatus) -> Self {
-        pb::DeviceClassStatus {
-            class: d.class,
-            devices: d.devices,
-            allocated: d.allocated,
-            free: d.free,
-            capacity: d.capacity.into_iter().map(Into::into).collect(),
-        }
-    }
-}
-
-impl From<pb::DeviceClassStatus> for DeviceClassStatus {
-    fn from(d: pb::DeviceClassStatus) -> Self {
-        DeviceClassStatus {
-            class: d.class,
-            devices: d.devices,
-            allocated: d.allocated,
-            free: d.free,
-            capacity: d.capacity.into_iter().map(Into::into).collect(),
-        }
-    }
-}
-
-impl From<ClusterStatus> for pb::ClusterStatus {
-    fn from(c: ClusterStatus) -> Self {
-        pb::ClusterStatus {
-            name: c.name,
-            kubernetes_version: c.kubernetes_version,
-            generation: c.generation,
-            data_age_seconds: c.data_age_seconds,
-            stale: c.stale,
-            nodes: c.nodes,
-            pods: c.pods,
-            resources: c.resources.into_iter().map(Into::into).collect(),
-            devices: c.devices.into_iter().map(Into::into).collect(),
-        }
-    }
-}
-
-impl From<pb::ClusterStatus> for ClusterStatus {
-    fn from(c: pb::ClusterStatus) -> Self {
-        ClusterStatus {
-            name: c.name,
-            kubernetes_version: c.kubernetes_version,
-            generation: c.generation,
-            data_age_seconds: c.data_age_seconds,
-            stale: c.stale,
-            nodes: c.nodes,
-            pods: c.pods,
-            resources: c.resources.into_iter().map(Into::into).collect(),
-            devices: c.devices.into_iter().map(Into::into).collect(),
-        }
-    }
-}
+mirror!(Workload <=> Workload { plain: [manifests] });
+mirror!(EstimateRequest <=> EstimateRequest {
+    plain: [clusters],
+    required: [workload],
+});
+mirror!(PlaceRequest <=> PlaceRequest {
+    plain: [clusters, replicas],
+    required: [workload],
+});
+mirror!(PreemptRequest <=> PreemptRequest {
+    plain: [clusters, replicas],
+    required: [workload],
+});
+mirror!(ReserveRequest <=> ReserveRequest {
+    plain: [cluster, replicas, priority, ttl_seconds],
+    required: [workload],
+});
+mirror!(ClusterEstimate <=> ClusterEstimate {
+    plain: [name, max_replicas, limited_by, nodes_considered, kubernetes_version, error, assumed_unplaced],
+    each: [excluded_nodes, limits],
+});
+mirror!(EstimateResponse <=> EstimateResponse {
+    plain: [total],
+    each: [clusters],
+});
+mirror!(TargetCluster <=> TargetCluster { plain: [name, replicas] });
+mirror!(PlaceResponse <=> PlaceResponse {
+    plain: [policy, strategy, replicas, filtered_out, unschedulable],
+    each: [clusters, available],
+});
+mirror!(Victim <=> Victim {
+    plain: [namespace, kind, name, priority, pods],
+    each: [freed],
+});
+mirror!(ClusterPreemption <=> ClusterPreemption {
+    plain: [name, feasible, replicas_before, replicas_after, evicted_pods, highest_victim_priority, reason],
+    each: [victims, freed],
+});
+mirror!(PreemptResponse <=> PreemptResponse {
+    plain: [preemptor, priority, replicas, fits_without_preemption, chosen, reason],
+    each: [clusters],
+});
+mirror!(ResourceAmount <=> ResourceAmount { plain: [name, allocatable, consumed, free] });
+mirror!(DeviceClassStatus <=> DeviceClassStatus {
+    plain: [class, devices, allocated, free],
+    each: [capacity],
+});
+mirror!(ClusterStatus <=> ClusterStatus {
+    plain: [name, kubernetes_version, generation, data_age_seconds, stale, nodes, pods],
+    each: [resources, devices],
+});
+mirror!(WorkloadRef <=> WorkloadRef { plain: [namespace, kind, name] });
 
 impl From<StatusReport> for pb::StatusResponse {
     fn from(s: StatusReport) -> Self {
@@ -667,50 +425,6 @@ impl TryFrom<pb::StatusResponse> for StatusReport {
             clusters: s.clusters.into_iter().map(Into::into).collect(),
             reservations: reservations_from_pb(s.reservations)?,
         })
-    }
-}
-
-impl From<pb::ReserveRequest> for ReserveRequest {
-    fn from(r: pb::ReserveRequest) -> Self {
-        ReserveRequest {
-            workload: r.workload.map(Into::into).unwrap_or_default(),
-            cluster: r.cluster,
-            replicas: r.replicas,
-            priority: r.priority,
-            ttl_seconds: r.ttl_seconds,
-        }
-    }
-}
-
-impl From<ReserveRequest> for pb::ReserveRequest {
-    fn from(r: ReserveRequest) -> Self {
-        pb::ReserveRequest {
-            workload: Some(r.workload.into()),
-            cluster: r.cluster,
-            replicas: r.replicas,
-            priority: r.priority,
-            ttl_seconds: r.ttl_seconds,
-        }
-    }
-}
-
-impl From<WorkloadRef> for pb::WorkloadRef {
-    fn from(w: WorkloadRef) -> Self {
-        pb::WorkloadRef {
-            namespace: w.namespace,
-            kind: w.kind,
-            name: w.name,
-        }
-    }
-}
-
-impl From<pb::WorkloadRef> for WorkloadRef {
-    fn from(w: pb::WorkloadRef) -> Self {
-        WorkloadRef {
-            namespace: w.namespace,
-            kind: w.kind,
-            name: w.name,
-        }
     }
 }
 
@@ -995,6 +709,39 @@ mod tests {
         assert!(json["clusters"][1].get("assumedUnplaced").is_none());
         let back: EstimateResponse = serde_json::from_value(json).expect("back");
         assert_eq!(back, r);
+    }
+
+    #[test]
+    fn placement_and_requests_roundtrip_through_protobuf() {
+        let r = PlaceResponse {
+            policy: "Divided".into(),
+            strategy: "Weighted".into(),
+            replicas: 6,
+            clusters: vec![TargetCluster {
+                name: "c1".into(),
+                replicas: 6,
+            }],
+            available: BTreeMap::from([("c1".to_string(), 9), ("c2".to_string(), 0)]),
+            filtered_out: vec!["c3".into()],
+            unschedulable: Some("c2: no devices".into()),
+        };
+        assert_eq!(PlaceResponse::from(pb::PlaceResponse::from(r.clone())), r);
+        let req = PlaceRequest {
+            workload: Workload {
+                manifests: vec!["kind: Job\n".into()],
+            },
+            clusters: vec!["c1".into()],
+            replicas: Some(3),
+        };
+        let wire = pb::PlaceRequest::from(req.clone());
+        assert!(wire.workload.is_some());
+        assert_eq!(PlaceRequest::from(wire), req);
+        let bare = EstimateRequest::from(pb::EstimateRequest::default());
+        assert_eq!(
+            bare,
+            EstimateRequest::default(),
+            "absent workload reads as empty"
+        );
     }
 
     #[test]

@@ -234,17 +234,12 @@ impl<M: Metric, const N: usize> Family<M, N> {
     /// hot paths may keep the returned handle. Past the series bound the shared overflow cell is
     /// returned, which is never rendered.
     pub fn with(&self, values: [&str; N]) -> Arc<M> {
-        let key: [String; N] = values.map(|v| truncate(v, MAX_LABEL_VALUE_BYTES).to_owned());
-        if let Some(m) = self
-            .series
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-        {
-            return m.clone();
+        let key = values.map(|v| truncate(v, MAX_LABEL_VALUE_BYTES));
+        if let Some(m) = self.get_truncated(&key) {
+            return m;
         }
         let mut w = self.series.write().unwrap_or_else(|e| e.into_inner());
-        if let Some(m) = w.get(&key) {
+        if let Some(m) = w.get(&key as &dyn LabelKey) {
             return m.clone();
         }
         if w.len() >= self.max_series {
@@ -252,17 +247,22 @@ impl<M: Metric, const N: usize> Family<M, N> {
             return self.overflow.clone();
         }
         let m = Arc::new(M::new(&self.config));
-        w.insert(key, m.clone());
+        w.insert(key.map(str::to_owned), m.clone());
         m
     }
 
     /// The series for these label values if it exists (never creates one).
     pub fn get(&self, values: [&str; N]) -> Option<Arc<M>> {
-        let key: [String; N] = values.map(|v| truncate(v, MAX_LABEL_VALUE_BYTES).to_owned());
+        self.get_truncated(&values.map(|v| truncate(v, MAX_LABEL_VALUE_BYTES)))
+    }
+
+    /// Looks a series up by borrowed label values, so recording into an existing series
+    /// (every hot-path call after the first) allocates nothing.
+    fn get_truncated(&self, key: &[&str; N]) -> Option<Arc<M>> {
         self.series
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
+            .get(key as &dyn LabelKey)
             .cloned()
     }
 
@@ -275,11 +275,11 @@ impl<M: Metric, const N: usize> Family<M, N> {
 
     /// Forgets one series (a peer that left, a cluster that was removed). Returns whether it existed.
     pub fn remove(&self, values: [&str; N]) -> bool {
-        let key: [String; N] = values.map(|v| truncate(v, MAX_LABEL_VALUE_BYTES).to_owned());
+        let key = values.map(|v| truncate(v, MAX_LABEL_VALUE_BYTES));
         self.series
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&key)
+            .remove(&key as &dyn LabelKey)
             .is_some()
     }
 
@@ -592,6 +592,59 @@ fn escape_help(v: &str) -> String {
     s
 }
 
+/// Label values as a series key: owned (`[String; N]`, stored in the map) or borrowed
+/// (`[&str; N]`, looked up). Both compare value by value as `[String; N]` does, which is what
+/// lets the map find a stored key from borrowed values without allocating.
+trait LabelKey {
+    fn arity(&self) -> usize;
+    fn value(&self, i: usize) -> &str;
+}
+
+impl<const N: usize> LabelKey for [String; N] {
+    fn arity(&self) -> usize {
+        N
+    }
+    fn value(&self, i: usize) -> &str {
+        &self[i]
+    }
+}
+
+impl<const N: usize> LabelKey for [&str; N] {
+    fn arity(&self) -> usize {
+        N
+    }
+    fn value(&self, i: usize) -> &str {
+        self[i]
+    }
+}
+
+impl Ord for dyn LabelKey + '_ {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        let a = (0..self.arity()).map(|i| self.value(i));
+        a.cmp((0..other.arity()).map(|i| other.value(i)))
+    }
+}
+
+impl PartialOrd for dyn LabelKey + '_ {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for dyn LabelKey + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other).is_eq()
+    }
+}
+
+impl Eq for dyn LabelKey + '_ {}
+
+impl<'a, const N: usize> std::borrow::Borrow<dyn LabelKey + 'a> for [String; N] {
+    fn borrow(&self) -> &(dyn LabelKey + 'a) {
+        self
+    }
+}
+
 fn truncate(v: &str, max: usize) -> &str {
     if v.len() <= max {
         return v;
@@ -718,6 +771,33 @@ mod tests {
             .unwrap();
         assert_eq!(value.len(), MAX_LABEL_VALUE_BYTES);
         assert!(value.chars().all(|c| c == 'é'));
+    }
+
+    #[test]
+    fn borrowed_lookups_find_stored_series() {
+        let r = Registry::new();
+        let c = r.counter_vec("c", "h", ["a", "b"]).unwrap();
+        // Keys that differ only past the first value, and a prefix key, must stay distinct.
+        for (a, b) in [("x", "2"), ("x", "10"), ("xy", ""), ("", "x")] {
+            c.with([a, b]).inc();
+        }
+        assert!(Arc::ptr_eq(&c.with(["x", "2"]), &c.with(["x", "2"])));
+        assert_eq!(c.len(), 4);
+        assert_eq!(c.get(["x", "10"]).map(|m| m.get()), Some(1));
+        assert!(c.get(["x", "3"]).is_none());
+        let long = "v".repeat(MAX_LABEL_VALUE_BYTES + 9);
+        c.with([&long, "b"]).inc_by(2);
+        assert_eq!(
+            c.get([&long[..MAX_LABEL_VALUE_BYTES], "b"])
+                .map(|m| m.get()),
+            Some(2)
+        );
+        assert!(c.remove(["xy", ""]) && !c.remove(["xy", ""]));
+        let mut order = Vec::new();
+        c.for_each(|k, _| order.push(k.clone()));
+        let mut sorted = order.clone();
+        sorted.sort();
+        assert_eq!(order, sorted, "stored order is the owned keys' order");
     }
 
     #[test]

@@ -214,6 +214,7 @@ pub struct MeshHandle {
     identity: PeerIdentity,
     local_addr: SocketAddr,
     endpoint: quinn::Endpoint,
+    socket: Option<transport::SocketWatch>,
     events: mpsc::Sender<Event>,
     applied: broadcast::Sender<AppliedChange>,
     shared: Arc<Shared>,
@@ -235,8 +236,8 @@ impl MeshHandle {
         store: Arc<Mutex<S>>,
     ) -> Result<MeshHandle, NodeError> {
         let identity = config.identity.identity.clone();
-        let endpoint =
-            transport::make_endpoint(config.listen, &config.identity, &config.transport)?;
+        let (endpoint, socket) =
+            transport::make_watched_endpoint(config.listen, &config.identity, &config.transport)?;
         let local_addr = endpoint.local_addr().map_err(NodeError::LocalAddr)?;
         let advertise = config.advertise.unwrap_or(local_addr);
         let mut pconfig = config.protocol.clone();
@@ -299,6 +300,7 @@ impl MeshHandle {
             identity,
             local_addr,
             endpoint,
+            socket: Some(socket),
             events: events_tx,
             applied: applied_tx,
             shared,
@@ -361,6 +363,10 @@ impl MeshHandle {
     }
 
     /// Closes every connection and stops all tasks and the protocol thread.
+    ///
+    /// Returns once the UDP socket is closed, so a node restarted in the same process can
+    /// bind the same address, unless that takes longer than [`SOCKET_RELEASE_LIMIT`]
+    /// (logged as a warning).
     pub async fn shutdown(mut self) {
         self.shared.closing.store(true, Ordering::Relaxed);
         self.endpoint.close(0u32.into(), b"shutdown");
@@ -370,9 +376,24 @@ impl MeshHandle {
         if let Some(driver) = self.driver.take() {
             let _ = tokio::task::spawn_blocking(move || driver.join()).await;
         }
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await;
+        let deadline = tokio::time::Instant::now() + SOCKET_RELEASE_LIMIT;
+        let _ = tokio::time::timeout_at(deadline, self.endpoint.wait_idle()).await;
+        // Connections draining on the runtime hold the socket, not this handle.
+        let socket = self.socket.take();
+        let local_addr = self.local_addr;
+        drop(self);
+        while socket.as_ref().is_some_and(|s| !s.is_released()) {
+            if tokio::time::Instant::now() >= deadline {
+                warn!(%local_addr, "UDP socket still open {SOCKET_RELEASE_LIMIT:?} after shutdown");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 }
+
+/// Longest [`MeshHandle::shutdown`] waits for draining connections to release the socket.
+pub const SOCKET_RELEASE_LIMIT: Duration = Duration::from_secs(10);
 
 impl Drop for MeshHandle {
     fn drop(&mut self) {

@@ -10,7 +10,7 @@
 //! detected within about the idle timeout.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use rustls::pki_types::CertificateDer;
@@ -160,15 +160,47 @@ pub fn make_endpoint(
     id: &TlsIdentity,
     cfg: &TransportConfig,
 ) -> Result<quinn::Endpoint, TransportError> {
-    let mut endpoint =
-        quinn::Endpoint::server(server_config(id, cfg)?, listen).map_err(|source| {
-            TransportError::Bind {
-                addr: listen,
-                source,
-            }
-        })?;
+    make_watched_endpoint(listen, id, cfg).map(|(endpoint, _)| endpoint)
+}
+
+/// Tells when an endpoint's UDP socket is closed.
+///
+/// quinn keeps the socket open while any connection it carried is still draining (about
+/// three probe timeouts after close, longer on a loaded machine), even after every
+/// `Endpoint` handle is gone. A node that restarts on the same port must wait for that.
+pub struct SocketWatch(Weak<dyn quinn::AsyncUdpSocket>);
+
+impl SocketWatch {
+    /// True once nothing holds the socket any more.
+    pub fn is_released(&self) -> bool {
+        self.0.strong_count() == 0
+    }
+}
+
+/// [`make_endpoint`], plus a watch on its socket.
+pub fn make_watched_endpoint(
+    listen: SocketAddr,
+    id: &TlsIdentity,
+    cfg: &TransportConfig,
+) -> Result<(quinn::Endpoint, SocketWatch), TransportError> {
+    let bind_error = |source| TransportError::Bind {
+        addr: listen,
+        source,
+    };
+    let runtime = quinn::default_runtime()
+        .ok_or_else(|| bind_error(std::io::Error::other("no async runtime found")))?;
+    let socket = std::net::UdpSocket::bind(listen).map_err(bind_error)?;
+    let socket = runtime.wrap_udp_socket(socket).map_err(bind_error)?;
+    let watch = SocketWatch(Arc::downgrade(&socket));
+    let mut endpoint = quinn::Endpoint::new_with_abstract_socket(
+        quinn::EndpointConfig::default(),
+        Some(server_config(id, cfg)?),
+        socket,
+        runtime,
+    )
+    .map_err(bind_error)?;
     endpoint.set_default_client_config(client_config(id, cfg)?);
-    Ok(endpoint)
+    Ok((endpoint, watch))
 }
 
 /// The verified identity of the peer of an established connection.

@@ -391,3 +391,32 @@ async fn partitioned_replica_catches_up_after_heal() {
     .await
     .expect("test timed out");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_returns_after_the_socket_is_closed() {
+    init_tracing();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let ca = certs::generate_ca("test CA", 1).unwrap();
+        let id = |p: &PeerIdentity| certs::issue_identity(&ca, p, 1).unwrap();
+        let r0 = start(fast_config(id(&replica_id("r0")), vec![])).await;
+        let addr = r0.handle.local_addr();
+        let agent = start(fast_config(id(&agent_id("east", "n0")), vec![addr])).await;
+        agent.write("gpus", "8").await;
+        let doc = own_doc(agent.handle.identity());
+        wait_until("replica has the write", Duration::from_secs(20), || {
+            r0.get(&doc, "gpus").as_deref() == Some("8")
+        })
+        .await;
+        // Live connections drain after close and hold the socket meanwhile; shutdown must
+        // wait for them, or a node restarted in this process cannot bind the address.
+        r0.handle.shutdown().await;
+        let rebound = std::net::UdpSocket::bind(addr);
+        assert!(
+            rebound.is_ok(),
+            "{addr} still bound after shutdown: {rebound:?}"
+        );
+        agent.handle.shutdown().await;
+    })
+    .await
+    .expect("test timed out");
+}

@@ -346,9 +346,27 @@ async fn three_replicas_and_ten_agents_of_three_clusters_converge() {
     .expect("test timed out");
 }
 
+/// A free loopback UDP address below the kernel's ephemeral range, so no socket bound to
+/// port 0 elsewhere on the machine (other tests run in parallel) can take it while a node
+/// that owns it is restarting.
 fn free_udp_addr() -> SocketAddr {
-    let probe = std::net::UdpSocket::bind(LOCAL).unwrap();
-    probe.local_addr().unwrap()
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let span = u32::from(low.saturating_sub(10_000).max(1));
+    // Successive calls must not return the same (still unbound) port.
+    let start =
+        std::process::id() * 97 + 11 * CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    for i in 0..span {
+        let port = 10_000 + ((start + i) % span) as u16;
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        if std::net::UdpSocket::bind(addr).is_ok() {
+            return addr;
+        }
+    }
+    panic!("no free UDP port between 10000 and {low}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -745,19 +763,10 @@ async fn restarted_replica_catches_up_with_only_the_missing_changes() {
         let (store2, loaded) = disk_store(dir2.path());
         assert_eq!(loaded, 3, "r2 reloads its three documents");
         let store = Arc::new(Mutex::new(MeshStore::new(store2, true)));
-        let mut attempts = 0;
-        let handle = loop {
-            // The old endpoint's socket may take a moment to be released.
-            match MeshHandle::start(cfg2.clone(), store.clone()).await {
-                Ok(h) => break h,
-                Err(e) if attempts < 20 => {
-                    attempts += 1;
-                    println!("rebinding r2: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                Err(e) => panic!("restart failed: {e}"),
-            }
-        };
+        // shutdown() returned only after the old socket closed, so the address is free.
+        let handle = MeshHandle::start(cfg2.clone(), store.clone())
+            .await
+            .expect("restart on the same address");
         let r2 = TestNode { handle, store };
         assert_ne!(
             r2.store.lock().unwrap().entry(&stale.doc).unwrap().heads_hash,

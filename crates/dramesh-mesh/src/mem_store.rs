@@ -88,8 +88,7 @@ impl MemStore {
             .doc
             .map_range(ROOT, ..)
             .filter_map(|item| {
-                let value = automerge::Value::from(item.value);
-                let s = value.as_str()?.to_owned();
+                let s = item.value.to_str()?.to_owned();
                 Some((item.key.to_string(), s))
             })
             .collect();
@@ -115,7 +114,7 @@ impl MemStore {
     pub fn get(&self, doc: &DocRef, key: &str) -> Option<String> {
         let held = self.docs.get(doc)?;
         let (value, _) = held.doc.get(ROOT, key).ok()??;
-        value.as_str().map(str::to_owned)
+        value.to_str().map(str::to_owned)
     }
 
     /// Every held entry, sorted by document.

@@ -8,7 +8,9 @@
 //! Guarantees:
 //! - **Push**: a local change is offered to every connected peer that may hold the document
 //!   at once ([`Protocol::on_local_change`]); a replica that applies a remote change re-offers
-//!   it to its other peers (relay), so reaching one replica reaches all. With
+//!   it to its other peers (relay), so reaching one replica reaches all. Relays to replicas of
+//!   changes that came straight from their writer wait [`ProtocolConfig::relay_delay`] (the
+//!   writer has usually reached those replicas itself) and are sent by [`Protocol::on_tick`]. With
 //!   [`Protocol::set_coalesce_pushes`] (the node's mode) these offers, relays and sync replies
 //!   are generated once per (connection, document) when the driver calls
 //!   [`Protocol::flush_pushes`], however many changes asked for them in between.
@@ -74,6 +76,11 @@ pub struct ProtocolConfig {
     /// Offering local changes to peers at once, and relaying applied ones. Turned off only by
     /// chaos tests, to show that anti-entropy alone converges.
     pub push: bool,
+    /// How long a replica waits before relaying to other replicas a change it received
+    /// straight from the document's writer (zero: at once). The writer has usually reached
+    /// them directly; waiting lets one exchange carry the window's changes instead of one per
+    /// change. Changes relayed by another replica are passed on at once.
+    pub relay_delay: Duration,
     /// Sending `PeerExchange` (replicas) and learning replicas from received ones. Turned off
     /// only by chaos tests, so that an agent knows no replica but its seeds and the break of
     /// replica-to-replica replication cannot be bypassed by agents reaching every replica.
@@ -91,6 +98,7 @@ impl Default for ProtocolConfig {
             jitter_seed: rand::rng().random(),
             anti_entropy: true,
             push: true,
+            relay_delay: Duration::from_millis(500),
             peer_exchange: true,
         }
     }
@@ -200,6 +208,8 @@ pub struct Protocol {
     coalesce: bool,
     /// Pushes waiting for [`Protocol::flush_pushes`], one per (connection, document).
     deferred: BTreeSet<(ConnId, DocRef)>,
+    /// Relays to replicas waiting for their time (see [`ProtocolConfig::relay_delay`]).
+    relays: BTreeMap<(ConnId, DocRef), Instant>,
 }
 
 /// Whether `local` may exchange `doc` with `remote` at all.
@@ -245,6 +255,7 @@ impl Protocol {
             rng,
             coalesce: false,
             deferred: BTreeSet::new(),
+            relays: BTreeMap::new(),
         }
     }
 
@@ -368,6 +379,7 @@ impl Protocol {
 
     /// The connection is gone; its sync states are remembered for a reconnect.
     pub fn on_disconnected(&mut self, conn: ConnId) {
+        self.relays.retain(|(c, _), _| *c != conn);
         let Some(session) = self.sessions.remove(&conn) else {
             return;
         };
@@ -514,9 +526,19 @@ impl Protocol {
         out
     }
 
-    /// Periodic work: digest probes, heartbeats, peer exchange.
+    /// Periodic work: due relays, digest probes, heartbeats, peer exchange.
     pub fn on_tick<S: DocStore>(&mut self, store: &mut S, now: Instant) -> Vec<Output> {
         let mut out = Vec::new();
+        let due: Vec<(ConnId, DocRef)> = self
+            .relays
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for (conn, doc) in due {
+            self.relays.remove(&(conn, doc.clone()));
+            self.push_doc(store, conn, &doc, false, &mut out);
+        }
         let conns: Vec<ConnId> = self.sessions.keys().copied().collect();
         for conn in conns {
             let (identity, due_ae, due_hb, due_pex) = match self.sessions.get(&conn) {
@@ -667,7 +689,7 @@ impl Protocol {
                     .collect();
                 self.push_differences(store, conn, &mine, &theirs, now, &mut out);
             }
-            Body::Sync(s) => self.on_sync(store, conn, &peer, s, &mut out),
+            Body::Sync(s) => self.on_sync(store, conn, &peer, s, now, &mut out),
             Body::Ephemeral(e) => self.on_ephemeral(store, conn, &peer, e),
             Body::PeerExchange(p) => {
                 if !peer.is_replica() {
@@ -964,6 +986,7 @@ impl Protocol {
         conn: ConnId,
         peer: &PeerIdentity,
         s: pb::Sync,
+        now: Instant,
         out: &mut Vec<Output>,
     ) {
         self.counters.sync_in += 1;
@@ -1023,6 +1046,11 @@ impl Protocol {
             self.reply_without_doc(conn, &doc, s.generation, out);
         }
         if changed && self.local.is_replica() && self.config.push {
+            // Agents dial every replica they know, so a change that came straight from its
+            // writer has most likely reached the other replicas too: their relay waits
+            // `relay_delay` and then carries every change of that window in one exchange.
+            // A change relayed to us is passed on at once (its writer may reach only us).
+            let from_writer = peer.owns(&doc);
             let others: Vec<ConnId> = self
                 .sessions
                 .keys()
@@ -1030,7 +1058,17 @@ impl Protocol {
                 .filter(|c| *c != conn)
                 .collect();
             for other in others {
-                self.push_doc(store, other, &doc, false, out);
+                let to_replica = self
+                    .sessions
+                    .get(&other)
+                    .is_some_and(|o| o.identity.is_replica());
+                if from_writer && to_replica && !self.config.relay_delay.is_zero() {
+                    self.relays
+                        .entry((other, doc.clone()))
+                        .or_insert(now + self.config.relay_delay);
+                } else {
+                    self.push_doc(store, other, &doc, false, out);
+                }
             }
         }
     }

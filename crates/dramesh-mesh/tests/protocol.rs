@@ -64,6 +64,10 @@ fn kind(env: &pb::Envelope) -> &'static str {
 
 impl Sim {
     fn new(ids: Vec<PeerIdentity>) -> Self {
+        Self::with_relay_delay(ids, Duration::ZERO)
+    }
+
+    fn with_relay_delay(ids: Vec<PeerIdentity>, relay_delay: Duration) -> Self {
         let config = ProtocolConfig {
             anti_entropy_interval: Duration::from_secs(2),
             heartbeat_interval: Duration::from_secs(1),
@@ -73,6 +77,7 @@ impl Sim {
             jitter_seed: 7,
             anti_entropy: true,
             push: true,
+            relay_delay,
             peer_exchange: true,
         };
         Sim {
@@ -244,6 +249,62 @@ fn push_and_relay_reach_every_replica() {
     assert_eq!(sim.nodes[2].store.get(&doc, "gpu").as_deref(), Some("6"));
     assert_eq!(sim.entries(0), sim.entries(2));
     assert_eq!(sim.entries(3), sim.entries(1));
+}
+
+#[test]
+fn relays_of_writer_changes_wait_and_carry_the_whole_window() {
+    // r0 - r1; agent a0 reaches only r0. With a relay delay, r1 hears nothing of the writer's
+    // changes until the delay has passed, then gets all of them in one exchange.
+    let delay = Duration::from_millis(500);
+    let mut sim =
+        Sim::with_relay_delay(vec![replica("r0"), replica("r1"), agent("c1", "n1")], delay);
+    sim.connect(0, 1);
+    sim.connect(2, 0);
+    sim.run();
+    let doc = DocRef::new("c1", "n1");
+    let r1_sync_in = sim.nodes[1].proto.counters().sync_in;
+    for v in 0..5 {
+        sim.write(2, &doc, "gpu", &v.to_string());
+    }
+    assert_eq!(sim.nodes[0].store.get(&doc, "gpu").as_deref(), Some("4"));
+    assert_eq!(
+        sim.nodes[1].store.get(&doc, "gpu"),
+        None,
+        "relayed before the delay"
+    );
+    assert_eq!(sim.nodes[1].proto.counters().sync_in, r1_sync_in);
+    sim.tick(delay / 2);
+    assert_eq!(
+        sim.nodes[1].store.get(&doc, "gpu"),
+        None,
+        "relayed before the delay"
+    );
+    sim.tick(delay / 2);
+    assert_eq!(sim.nodes[1].store.get(&doc, "gpu").as_deref(), Some("4"));
+    let exchanged = sim.nodes[1].proto.counters().sync_in - r1_sync_in;
+    assert!(
+        exchanged <= 3,
+        "{exchanged} sync messages for one relay window"
+    );
+    assert_eq!(sim.entries(0), sim.entries(1));
+    // A change relayed by a replica is passed on at once: r2 behind r1 gets it in the same
+    // exchange that brings it to r1.
+    let mut sim = Sim::with_relay_delay(
+        vec![
+            replica("r0"),
+            replica("r1"),
+            replica("r2"),
+            agent("c1", "n1"),
+        ],
+        delay,
+    );
+    sim.connect(0, 1);
+    sim.connect(1, 2);
+    sim.connect(3, 0);
+    sim.run();
+    sim.write(3, &doc, "gpu", "8");
+    sim.tick(delay);
+    assert_eq!(sim.nodes[2].store.get(&doc, "gpu").as_deref(), Some("8"));
 }
 
 #[test]

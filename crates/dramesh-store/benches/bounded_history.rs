@@ -305,7 +305,7 @@ fn main() {
         let t = Instant::now();
         let mut replay = automerge::Automerge::new();
         replay
-            .apply_changes(changes.iter().cloned())
+            .apply_changes(changes.iter().map(|c| (*c).clone()))
             .expect("replay");
         let replay_ms = t.elapsed().as_secs_f64() * 1000.0;
         if changes.len() > 20 {
@@ -325,7 +325,7 @@ fn main() {
             let t = Instant::now();
             let mut c2 = automerge::Automerge::load(&base).expect("load base");
             for c in &changes[cut..] {
-                c2.apply_changes(std::iter::once(c.clone()))
+                c2.apply_changes(std::iter::once((*c).clone()))
                     .expect("apply one");
             }
             let l3 = t.elapsed().as_secs_f64() * 1000.0 - l1;
@@ -337,11 +337,15 @@ fn main() {
             let t = Instant::now();
             let mut rebuilt = automerge::Automerge::new();
             rebuilt
-                .apply_changes(changes.iter().cloned())
+                .apply_changes(changes.iter().map(|c| (*c).clone()))
                 .expect("rebuild");
             let l5 = t.elapsed().as_secs_f64() * 1000.0;
             let t = Instant::now();
-            let patches = rebuilt.diff(&at, &rebuilt.get_heads());
+            let patches = rebuilt.diff(
+                &at,
+                &rebuilt.get_heads(),
+                automerge::patches::TextRepresentation::String(automerge::TextEncoding::default()),
+            );
             let l6 = t.elapsed().as_secs_f64() * 1000.0;
             println!(
                 "replay all {} changes into an empty doc {l5:.0} ms; diff over the last 20: {} patches in {l6:.1} ms",

@@ -6,6 +6,12 @@
 //! writes, the message generation and the replica's acknowledgement round trip run outside
 //! the measurement.
 //!
+//! The history is kept as long as the default [`RolloverPolicy`] lets it grow on a 5,000-key
+//! document (a writer rolls over once operations exceed twice the keys, i.e. after ~5,000
+//! single-key updates): the pair is rebuilt, outside the measurement, once it holds
+//! [`HISTORY_MAX`] updates, so iterations sample histories from 1 to 5,000 changes. Receiving
+//! a sync message costs more the longer the history (automerge walks the change graph).
+//!
 //! Run: `cargo bench -p dramesh-store --bench sync_apply`
 
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -18,6 +24,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const KEYS: u64 = 5_000;
+/// Updates after which a writer under the default rollover policy starts a new generation.
+const HISTORY_MAX: u64 = KEYS;
 
 fn node_json(i: u64, rev: u64) -> Arc<[u8]> {
     let s = format!(
@@ -170,6 +178,9 @@ fn bench(c: &mut Criterion) {
             b.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
+                    if pair.rev > HISTORY_MAX {
+                        pair = Pair::new();
+                    }
                     let msg = pair.next_batch(batch);
                     let start = Instant::now();
                     let view = pair

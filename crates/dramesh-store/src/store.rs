@@ -27,7 +27,7 @@ use automerge::sync::{self, Message, SyncDoc};
 use automerge::transaction::Transactable;
 use automerge::{
     Automerge, ChangeHash, LoadOptions, OnPartialLoad, PatchAction, Prop, ROOT, ReadDoc,
-    ScalarValue, Value, VerificationMode,
+    ScalarValue, Value, VerificationMode, patches::TextRepresentation,
 };
 use sha2::{Digest as _, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
@@ -374,19 +374,14 @@ fn build_fresh(doc_id: &DocId, old: &Automerge, generation: u64) -> Result<Autom
     Ok(fresh)
 }
 
-/// Loads a document file's snapshot followed by its change records.
-///
-/// automerge applies changes to an already populated document far more slowly than it builds
-/// one from changes (measured: ~10 ms per change on a 5,000-key document), so the snapshot's
-/// changes and the appended ones are replayed together into an empty document.
+/// Loads a document file's snapshot followed by its change records; every record must be a
+/// readable change, and none may depend on a change missing from the file.
 fn load_file_doc(bytes: &[u8], snapshot_len: usize) -> Result<Automerge, String> {
     let (snapshot, tail) = bytes.split_at(snapshot_len.min(bytes.len()));
-    let base = Automerge::load_with_options(snapshot, load_options())
+    let mut doc = Automerge::load_with_options(snapshot, load_options())
         .map_err(|e| format!("automerge snapshot does not load: {e}"))?;
-    let doc = if tail.is_empty() {
-        base
-    } else {
-        let mut changes = base.get_changes(&[]);
+    if !tail.is_empty() {
+        let mut changes = Vec::new();
         for (_, chunk) in
             crate::auth::split_chunks(tail).map_err(|e| format!("change records: {e}"))?
         {
@@ -395,11 +390,9 @@ fn load_file_doc(bytes: &[u8], snapshot_len: usize) -> Result<Automerge, String>
                     .map_err(|e| format!("unreadable change record: {e}"))?,
             );
         }
-        let mut doc = Automerge::new();
         doc.apply_changes(changes)
             .map_err(|e| format!("change records do not apply: {e}"))?;
-        doc
-    };
+    }
     let missing = doc.get_missing_deps(&[]);
     if !missing.is_empty() {
         return Err(format!(
@@ -410,20 +403,32 @@ fn load_file_doc(bytes: &[u8], snapshot_len: usize) -> Result<Automerge, String>
     Ok(doc)
 }
 
-/// Makes automerge send a peer that already holds part of this generation the changes it
-/// lacks rather than the whole document.
+/// Change bytes in one sync message from which its changes are sent compressed.
+const COMPRESS_MESSAGE_BYTES: usize = 16 * 1024;
+
+/// Encodes a sync message, compressing its changes when it carries many.
 ///
-/// automerge 0.12 replaces a change list by a full `save()` of the document when the changes
-/// to send exceed a third of its history and the peer speaks V2 messages. Early in a
-/// generation (a base change plus a few updates) that means every small burst ships and
-/// compresses the whole document: measured on 7,000-key cluster documents, ~300 KB and
-/// ~140 ms per message instead of ~1 KB and well under a millisecond. The whole-document form
-/// stays for a peer without the document (empty heads), where it is the compact choice.
-fn prefer_changes(state: &mut sync::State) {
-    let peer_holds_doc = state.their_heads.as_ref().is_some_and(|h| !h.is_empty());
-    if peer_holds_doc && let Some(caps) = state.their_capabilities.as_mut() {
-        caps.retain(|c| *c != sync::Capability::MessageV2);
+/// automerge 0.6 puts changes into sync messages as raw bytes; the compressed chunk form
+/// (DEFLATE above automerge's size threshold) is equally valid for the receiver. For the
+/// steady stream of single-object updates compressing costs more than it saves: in the
+/// full-scale mesh bench it pushed p99 propagation from 124 ms to 1.7–3 s on two cores. Bulk
+/// messages (a catch-up after a partition or restart) are compressed.
+fn encode_message(mut msg: Message) -> Vec<u8> {
+    let total: usize = msg.changes.iter().map(<[u8]>::len).sum();
+    if total >= COMPRESS_MESSAGE_BYTES {
+        let chunks: Vec<Vec<u8>> = msg
+            .changes
+            .iter()
+            .map(
+                |chunk| match automerge::Change::from_bytes(chunk.to_vec()) {
+                    Ok(mut change) => change.bytes().into_owned(),
+                    Err(_) => chunk.to_vec(),
+                },
+            )
+            .collect();
+        msg.changes = chunks.into();
     }
+    msg.encode()
 }
 
 /// Root-map keys written or deleted by `changes`, read from their operations.
@@ -431,15 +436,17 @@ fn prefer_changes(state: &mut sync::State) {
 /// Documents are flat root maps with one scalar per key, so this is exactly the set of keys
 /// whose value may have changed. Returns `None` when an operation touches anything else (a
 /// nested object or a sequence), which the writer never produces; the caller then diffs.
+/// automerge 0.6 keeps the decoded operation types private, so they are read through their
+/// serde form (`obj`, `key`).
 fn changed_root_keys<'a>(
     changes: impl IntoIterator<Item = &'a automerge::Change>,
 ) -> Option<BTreeSet<String>> {
-    use automerge::legacy::{Key, ObjectId};
     let mut out = BTreeSet::new();
     for change in changes {
         for op in change.decode().operations {
-            match (&op.obj, &op.key) {
-                (ObjectId::Root, Key::Map(key)) => {
+            let op = serde_json::to_value(&op).ok()?;
+            match (op.get("obj")?.as_str()?, op.get("key")?.as_str()) {
+                ("_root", Some(key)) => {
                     out.insert(key.to_string());
                 }
                 _ => return None,
@@ -447,6 +454,13 @@ fn changed_root_keys<'a>(
         }
     }
     Some(out)
+}
+
+/// Changes and operations in a document's history (automerge 0.6 keeps no running count).
+fn history(doc: &Automerge) -> (u64, u64) {
+    doc.get_changes(&[])
+        .iter()
+        .fold((0, 0), |(c, o), ch| (c + 1, o + ch.len() as u64))
 }
 
 fn framed_len(payload: usize) -> u64 {
@@ -565,7 +579,7 @@ impl Store {
             let heads = doc.get_heads();
             let hh = heads_hash(&heads);
             let part = digest_part(&id, generation, &hh);
-            let changes = doc.stats().num_changes;
+            let (changes, _) = history(&doc);
             let entry = DocEntry {
                 generation,
                 term: read_term(&doc),
@@ -658,11 +672,11 @@ impl Store {
             e.not_durable = false;
             return Ok(());
         }
-        // Each change as its own chunk, DEFLATE-compressed when automerge finds it worthwhile
-        // (large changes such as bursts of similar objects shrink several-fold on disk).
+        // Each change as its own chunk, uncompressed: compressing every ~600-byte object update
+        // costs more CPU than the disk it saves (compaction snapshots are compressed).
         let mut bytes = Vec::new();
-        for mut c in e.doc.get_changes(&e.saved_heads) {
-            bytes.extend_from_slice(&c.bytes());
+        for c in e.doc.get_changes(&e.saved_heads) {
+            bytes.extend_from_slice(c.raw_bytes());
         }
         let appended = match path {
             Some(p) => match persist::append_changes(&p, &bytes, durability) {
@@ -899,7 +913,7 @@ impl Store {
             return Ok(false);
         };
         if e.owned {
-            let num_ops = e.doc.stats().num_ops;
+            let (_, num_ops) = history(&e.doc);
             let ops = num_ops as f64;
             let (counted, at_ops) = e.keys_counted;
             let min_keys = counted.saturating_sub(num_ops.saturating_sub(at_ops));
@@ -1025,7 +1039,7 @@ impl Store {
 
     pub fn doc_stats(&self, doc: &DocId) -> Option<DocStats> {
         self.docs.get(doc).map(|e| {
-            let s = e.doc.stats();
+            let (num_changes, num_ops) = history(&e.doc);
             DocStats {
                 generation: e.generation,
                 owned: e.owned,
@@ -1033,8 +1047,8 @@ impl Store {
                 base_bytes: e.base_bytes,
                 fresh_bytes: e.fresh_bytes,
                 commits_since_base: e.commits_since_base,
-                num_changes: s.num_changes,
-                num_ops: s.num_ops,
+                num_changes,
+                num_ops,
                 keys: e.doc.length(ROOT),
             }
         })
@@ -1072,14 +1086,10 @@ impl Store {
                 return Ok(None);
             }
             if generation == e.generation {
-                if e.owned {
-                    if e.not_durable {
-                        return Ok(None);
-                    }
-                    state.read_only = true;
+                if e.owned && e.not_durable {
+                    return Ok(None);
                 }
-                prefer_changes(state);
-                return Ok(e.doc.generate_sync_message(state).map(Message::encode));
+                return Ok(e.doc.generate_sync_message(state).map(encode_message));
             }
             if e.owned {
                 // A peer holds a newer generation of our own document (we lost our disk and the
@@ -1178,7 +1188,7 @@ impl Store {
             doc: doc.clone(),
             reason: e.to_string(),
         })?;
-        let incoming = check_authors(doc, generation, &msg)?;
+        check_authors(doc, generation, &msg)?;
         let am = |source: automerge::AutomergeError| StoreError::Automerge {
             doc: doc.clone(),
             source: Box::new(source),
@@ -1188,12 +1198,16 @@ impl Store {
                 if generation > g {
                     self.rollover_to(doc, generation.saturating_add(1))?;
                 } else if let Some(e) = self.docs.get_mut(doc) {
-                    state.read_only = true;
+                    // The writer never takes changes to its own document from peers: only its
+                    // own history is authoritative (a peer can only echo it, or hold changes
+                    // of a previous life whose sequence numbers this life reuses).
+                    let mut msg = msg;
+                    msg.changes = Vec::<Vec<u8>>::new().into();
                     e.doc.receive_sync_message(state, msg).map_err(am)?;
                 }
                 Ok(std::mem::take(&mut self.undelivered))
             }
-            Some((g, false)) if g == generation => self.receive_current(doc, state, msg, incoming),
+            Some((g, false)) if g == generation => self.receive_current(doc, state, msg),
             _ => {
                 let Some(p) = self.pending_for(doc, generation)? else {
                     return Ok(Vec::new());
@@ -1215,7 +1229,6 @@ impl Store {
         doc: &DocId,
         state: &mut sync::State,
         msg: Message,
-        incoming: Vec<automerge::Change>,
     ) -> Result<Vec<(String, ObjectChange)>, StoreError> {
         let am = |source: automerge::AutomergeError| StoreError::Automerge {
             doc: doc.clone(),
@@ -1225,38 +1238,22 @@ impl Store {
             return Err(StoreError::UnknownDoc { doc: doc.clone() });
         };
         let before = e.doc.get_heads();
-        let changes_before = e.doc.stats().num_changes;
-        let mut seen = BTreeSet::new();
-        let new: Vec<automerge::Change> = incoming
-            .into_iter()
-            .filter(|c| seen.insert(c.hash()) && e.doc.get_change_meta_by_hash(&c.hash()).is_none())
-            .collect();
-        // Applied without patch logging: automerge 0.12 applies a few changes onto a large
-        // document quickly this way, while logging patches costs ~10-20 ms per change on a
-        // 5,000-key document. The changed keys are read from the applied changes instead.
         e.doc.receive_sync_message(state, msg).map_err(am)?;
         let after = e.doc.get_heads();
         if after == before {
             return Ok(std::mem::take(&mut self.undelivered));
         }
-        let applied: Vec<&automerge::Change> = new
-            .iter()
-            .filter(|c| e.doc.get_change_meta_by_hash(&c.hash()).is_some())
-            .collect();
-        let applied_total = e.doc.stats().num_changes.saturating_sub(changes_before);
-        // Changes queued by an earlier message (their dependencies arrived only now) are
-        // applied too but are not in this message; a diff covers them, as it covers
-        // operations outside the root map.
-        let direct = if applied.len() as u64 == applied_total {
-            changed_root_keys(applied.iter().copied())
-        } else {
-            None
-        };
-        let changed = match direct {
+        // Every change applied by this message, including ones queued by an earlier message
+        // until their dependencies arrived: their operations name the changed keys.
+        let changed = match changed_root_keys(e.doc.get_changes(&before)) {
             Some(keys) => keys,
             None => {
-                tracing::debug!(doc = %doc, "changed keys not readable from the message; diffing");
-                patched_keys(&e.doc.diff(&before, &after))
+                tracing::debug!(doc = %doc, "changed keys not readable from the changes; diffing");
+                patched_keys(&e.doc.diff(
+                    &before,
+                    &after,
+                    TextRepresentation::String(automerge::TextEncoding::default()),
+                ))
             }
         };
         e.term = read_term(&e.doc);
@@ -1454,5 +1451,63 @@ impl Store {
     /// caused them failed to persist; they are also prepended to the next successful result.
     pub fn take_undelivered(&mut self) -> Vec<(String, ObjectChange)> {
         std::mem::take(&mut self.undelivered)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message_with(values: usize, value_len: usize) -> (Message, Vec<u8>) {
+        let mut doc = Automerge::new();
+        for i in 0..values {
+            let mut tx = doc.transaction();
+            tx.put(ROOT, format!("node/n{i}"), "x".repeat(value_len))
+                .unwrap();
+            tx.commit();
+        }
+        let raw: Vec<Vec<u8>> = doc
+            .get_changes(&[])
+            .iter()
+            .map(|c| c.raw_bytes().to_vec())
+            .collect();
+        let total = raw.iter().map(Vec::len).sum::<usize>();
+        let msg = Message {
+            heads: doc.get_heads(),
+            need: vec![],
+            have: vec![],
+            changes: raw.into(),
+            supported_capabilities: None,
+            version: sync::MessageVersion::V1,
+        };
+        (msg, vec![0; total])
+    }
+
+    #[test]
+    fn bulk_messages_are_compressed_and_still_apply() {
+        let (msg, raw) = message_with(40, 1_000);
+        assert!(raw.len() >= COMPRESS_MESSAGE_BYTES);
+        let heads = msg.heads.clone();
+        let bytes = encode_message(msg);
+        assert!(
+            bytes.len() < raw.len() / 4,
+            "{} of {}",
+            bytes.len(),
+            raw.len()
+        );
+        let mut replica = Automerge::new();
+        let mut state = sync::State::new();
+        replica
+            .receive_sync_message(&mut state, Message::decode(&bytes).unwrap())
+            .unwrap();
+        assert_eq!(replica.get_heads(), heads);
+    }
+
+    #[test]
+    fn small_messages_go_out_as_they_are() {
+        let (msg, raw) = message_with(2, 600);
+        assert!(raw.len() < COMPRESS_MESSAGE_BYTES);
+        let plain = msg.clone().encode();
+        assert_eq!(encode_message(msg), plain);
     }
 }

@@ -720,7 +720,7 @@ fn changes_queued_for_a_missing_dependency_are_reported_when_applied() {
             need: vec![],
             have: vec![],
             changes: vec![change.raw_bytes().to_vec()].into(),
-            flags: None,
+            supported_capabilities: None,
             version: MessageVersion::V1,
         }
         .encode()

@@ -411,7 +411,7 @@ const COMPRESS_MESSAGE_BYTES: usize = 16 * 1024;
 /// automerge 0.6 puts changes into sync messages as raw bytes; the compressed chunk form
 /// (DEFLATE above automerge's size threshold) is equally valid for the receiver. For the
 /// steady stream of single-object updates compressing costs more than it saves: in the
-/// full-scale mesh bench it pushed p99 propagation from 124 ms to 1.7–3 s on two cores. Bulk
+/// full-scale mesh bench it pushed p99 propagation from ~120 ms to 1.0–3.0 s on two cores. Bulk
 /// messages (a catch-up after a partition or restart) are compressed.
 fn encode_message(mut msg: Message) -> Vec<u8> {
     let total: usize = msg.changes.iter().map(<[u8]>::len).sum();

@@ -209,6 +209,9 @@ struct DocEntry {
     /// Snapshot size when the generation started (or was first loaded here).
     fresh_bytes: u64,
     commits_since_base: u64,
+    /// Operations in the history (automerge 0.6 keeps no running count; walking the history
+    /// on every commit would cost the writer O(changes) per write).
+    num_ops: u64,
     /// Set when the last append failed: in-memory changes are not durable and must not be
     /// offered to peers until a later append succeeds.
     not_durable: bool,
@@ -436,21 +439,22 @@ fn encode_message(mut msg: Message) -> Vec<u8> {
 /// Documents are flat root maps with one scalar per key, so this is exactly the set of keys
 /// whose value may have changed. Returns `None` when an operation touches anything else (a
 /// nested object or a sequence), which the writer never produces; the caller then diffs.
-/// automerge 0.6 keeps the decoded operation types private, so they are read through their
-/// serde form (`obj`, `key`).
+/// automerge 0.6 keeps the decoded operation's object and key types private, so those two
+/// fields are read through their serde form (the value is not serialized).
 fn changed_root_keys<'a>(
     changes: impl IntoIterator<Item = &'a automerge::Change>,
 ) -> Option<BTreeSet<String>> {
     let mut out = BTreeSet::new();
     for change in changes {
         for op in change.decode().operations {
-            let op = serde_json::to_value(&op).ok()?;
-            match (op.get("obj")?.as_str()?, op.get("key")?.as_str()) {
-                ("_root", Some(key)) => {
-                    out.insert(key.to_string());
-                }
-                _ => return None,
+            let on_root = serde_json::to_value(&op.obj).ok()?.as_str() == Some("_root");
+            if !on_root || !op.key.is_map_key() {
+                return None;
             }
+            let serde_json::Value::String(key) = serde_json::to_value(&op.key).ok()? else {
+                return None;
+            };
+            out.insert(key);
         }
     }
     Some(out)
@@ -579,7 +583,7 @@ impl Store {
             let heads = doc.get_heads();
             let hh = heads_hash(&heads);
             let part = digest_part(&id, generation, &hh);
-            let (changes, _) = history(&doc);
+            let (changes, num_ops) = history(&doc);
             let entry = DocEntry {
                 generation,
                 term: read_term(&doc),
@@ -595,6 +599,7 @@ impl Store {
                     framed_len(file.snapshot_len as usize)
                 },
                 commits_since_base: changes.saturating_sub(1),
+                num_ops,
                 not_durable: false,
                 keys_counted: (0, 0),
                 doc,
@@ -788,6 +793,7 @@ impl Store {
             base_bytes: base,
             fresh_bytes: base,
             commits_since_base: 0,
+            num_ops: history(&fresh).1,
             not_durable: false,
             keys_counted: (0, 0),
             doc: fresh,
@@ -882,6 +888,7 @@ impl Store {
         }
         tx.commit();
         e.commits_since_base += 1;
+        e.num_ops += e.doc.get_last_local_change().map_or(0, |c| c.len() as u64);
         e.term = read_term(&e.doc);
         let persisted = self.persist_incremental(doc, false);
         self.set_digest(doc);
@@ -913,7 +920,8 @@ impl Store {
             return Ok(false);
         };
         if e.owned {
-            let (_, num_ops) = history(&e.doc);
+            let num_ops = e.num_ops;
+            debug_assert_eq!(num_ops, history(&e.doc).1, "running op count drifted");
             let ops = num_ops as f64;
             let (counted, at_ops) = e.keys_counted;
             let min_keys = counted.saturating_sub(num_ops.saturating_sub(at_ops));
@@ -980,8 +988,10 @@ impl Store {
         let fresh = build_fresh(doc, &e.doc, generation)?;
         let (stored, base) = self.write_snapshot(doc, generation, true, &fresh.save(), None)?;
         let heads = fresh.get_heads();
+        let num_ops = history(&fresh).1;
         if let Some(e) = self.docs.get_mut(doc) {
             e.generation = generation;
+            e.num_ops = num_ops;
             e.doc = fresh;
             e.saved_heads = heads;
             e.stored_bytes = stored;
@@ -1295,6 +1305,7 @@ impl Store {
             base_bytes: base,
             fresh_bytes: base,
             commits_since_base: 0,
+            num_ops: history(&p.doc).1,
             not_durable: false,
             keys_counted: (0, 0),
             doc: p.doc,
@@ -1501,6 +1512,31 @@ mod tests {
             .receive_sync_message(&mut state, Message::decode(&bytes).unwrap())
             .unwrap();
         assert_eq!(replica.get_heads(), heads);
+    }
+
+    #[test]
+    fn changed_keys_are_read_from_root_operations() {
+        let mut doc = Automerge::new();
+        let mut tx = doc.transaction();
+        tx.put(ROOT, "node/a", "x").unwrap();
+        tx.put(ROOT, "node/b", "y").unwrap();
+        tx.commit();
+        let base = doc.get_heads();
+        let mut tx = doc.transaction();
+        tx.delete(ROOT, "node/a").unwrap();
+        tx.put(ROOT, "node/c", "z").unwrap();
+        tx.commit();
+        let keys = changed_root_keys(doc.get_changes(&base)).expect("root map ops only");
+        assert_eq!(keys.into_iter().collect::<Vec<_>>(), ["node/a", "node/c"]);
+        // Anything but a scalar in the root map falls back to diffing.
+        let mut tx = doc.transaction();
+        let list = tx.put_object(ROOT, "l", automerge::ObjType::List).unwrap();
+        tx.insert(&list, 0, "v").unwrap();
+        tx.commit();
+        assert_eq!(
+            changed_root_keys(doc.get_changes(&[]).into_iter().last()),
+            None
+        );
     }
 
     #[test]

@@ -167,9 +167,13 @@ fn replica_main(args: &[String]) {
             match cmd.trim() {
                 "status" => {
                     let peers = handle.peers().await;
-                    let (root, docs) = {
+                    let (root, docs, (compactions, deferred)) = {
                         let s = store.lock().expect("store lock");
-                        (s.digest().root(), s.entries().count())
+                        (
+                            s.digest().root(),
+                            s.entries().count(),
+                            s.store().compaction_counts(),
+                        )
                     };
                     let c = handle.counters();
                     let t = handle.transport_counters();
@@ -190,6 +194,12 @@ fn replica_main(args: &[String]) {
                         "backpressure": c.backpressure_events,
                         "sync_resets": c.sync_resets,
                         "digest_mismatches": c.digest_mismatches,
+                        "peer_rx": peers
+                            .iter()
+                            .map(|p| (p.identity.uri(), p.bytes_received))
+                            .collect::<HashMap<String, u64>>(),
+                        "compactions": compactions,
+                        "compactions_deferred": deferred,
                     });
                     let mut o = out.lock().expect("stdout lock");
                     let _ = writeln!(o, "STATUS {line}");
@@ -431,19 +441,89 @@ fn expected_root(agents: &[AgentNode]) -> u64 {
     dramesh_mesh::Digest::from_entries(entries.iter()).root()
 }
 
-fn wait_converged(reps: &mut [&mut ReplicaProc], root: u64, limit: Duration) -> Option<Duration> {
+/// Waits until every replica's digest root is `root`, tracing the replicas' counters under
+/// `phase` once a second.
+fn wait_converged(
+    phase: &str,
+    reps: &mut [&mut ReplicaProc],
+    root: u64,
+    limit: Duration,
+) -> Option<Duration> {
     let started = Instant::now();
     let want = root.to_string();
+    let mut traces: Vec<Timeline> = reps.iter().map(|_| Timeline::default()).collect();
     while started.elapsed() < limit {
-        if reps
-            .iter_mut()
-            .all(|r| r.status()["root"].as_str() == Some(want.as_str()))
-        {
+        let mut all = true;
+        for (r, t) in reps.iter_mut().zip(&mut traces) {
+            let s = r.status();
+            t.record(&format!("{phase} {}", r.name), started.elapsed(), &s);
+            all &= s["root"].as_str() == Some(want.as_str());
+        }
+        if all {
             return Some(started.elapsed());
         }
         std::thread::sleep(Duration::from_millis(100));
     }
     None
+}
+
+/// Once-a-second progress lines of a replica's counters on stderr while a phase waits for
+/// convergence, so a slow heal or join shows where its time goes.
+#[derive(Default)]
+struct Timeline {
+    last: Option<Duration>,
+    peer_rx: HashMap<String, u64>,
+}
+
+impl Timeline {
+    fn record(&mut self, phase: &str, at: Duration, s: &Value) {
+        if self.last.is_some_and(|l| at < l + Duration::from_secs(1)) {
+            return;
+        }
+        self.last = Some(at);
+        // The peers that sent the most since the last line.
+        let mut top: Vec<(u64, String)> = Vec::new();
+        if let Some(rx) = s["peer_rx"].as_object() {
+            for (peer, bytes) in rx {
+                let bytes = bytes.as_u64().unwrap_or(0);
+                let before = self.peer_rx.insert(peer.clone(), bytes).unwrap_or(0);
+                top.push((bytes.saturating_sub(before), peer.clone()));
+            }
+        }
+        top.sort_unstable_by(|a, b| b.cmp(a));
+        let top: Vec<String> = top
+            .iter()
+            .take(3)
+            .map(|(b, p)| {
+                format!(
+                    "{} {:.1} MB",
+                    p.rsplit('/').take(3).collect::<Vec<_>>().join("/"),
+                    *b as f64 / 1e6
+                )
+            })
+            .collect();
+        eprintln!(
+            "{phase} {:5.1}s: top senders {}",
+            at.as_secs_f64(),
+            top.join(", ")
+        );
+        eprintln!(
+            "{phase} {:5.1}s: peers {} docs {} applied {} sync in/out {}/{} rx {:.1} MB tx {:.1} MB dropped {} resets {} mismatches {} compactions {} (+{} deferred)",
+            at.as_secs_f64(),
+            u(s, "peers"),
+            u(s, "docs"),
+            u(s, "applied"),
+            u(s, "sync_in"),
+            u(s, "sync_out"),
+            u(s, "rx_total") as f64 / 1e6,
+            u(s, "tx_total") as f64 / 1e6,
+            u(s, "frames_dropped"),
+            u(s, "sync_resets"),
+            u(s, "digest_mismatches"),
+            u(s, "compactions"),
+            u(s, "compactions_deferred"),
+        );
+    }
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -470,6 +550,16 @@ async fn agent_bytes_sent(agents: &[AgentNode]) -> u64 {
 
 /// Drives node updates at `rate`/s from a dedicated thread until `stop`; returns
 /// (seq, send time ns, payload bytes) per update.
+/// One update the driver wrote: its sequence number, when the write started (unix ns), the
+/// Node JSON size, and how long the agent's write and notification took (the driver is one
+/// thread for every agent, so a slow write delays the updates behind it).
+struct Sent {
+    seq: u64,
+    at: u64,
+    payload: usize,
+    write_ns: u64,
+}
+
 fn drive_updates(
     agents: Arc<Vec<AgentNode>>,
     rt: tokio::runtime::Handle,
@@ -477,7 +567,7 @@ fn drive_updates(
     first_seq: u64,
     stop: Arc<AtomicBool>,
     limit: Duration,
-) -> std::thread::JoinHandle<Vec<(u64, u64, usize)>> {
+) -> std::thread::JoinHandle<Vec<Sent>> {
     std::thread::spawn(move || {
         let mut sent = Vec::new();
         let started = Instant::now();
@@ -520,7 +610,12 @@ fn drive_updates(
             }
             let doc = DocRef::new(a.doc.cluster.clone(), a.doc.writer.clone());
             rt.block_on(a.handle.notify_local_change(doc));
-            sent.push((seq, t, payload));
+            sent.push(Sent {
+                seq,
+                at: t,
+                payload,
+                write_ns: unix_nanos().saturating_sub(t),
+            });
             seq += 1;
         }
         sent
@@ -664,6 +759,7 @@ fn run(rt: &tokio::runtime::Runtime) {
     let root = expected_root(&agents);
     let t_load = Instant::now();
     let load = wait_converged(
+        "load",
         &mut [&mut r0, &mut r1, &mut r2],
         root,
         Duration::from_secs(1800),
@@ -706,16 +802,21 @@ fn run(rt: &tokio::runtime::Runtime) {
         })
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
-    let steady_sent = drive_updates(
+    eprintln!("steady: start");
+    let driver = drive_updates(
         agents.clone(),
         rt.handle().clone(),
         rate,
         0,
         stop.clone(),
         steady,
-    )
-    .join()
-    .expect("driver");
+    );
+    let (t_steady, mut steady_trace) = (Instant::now(), Timeline::default());
+    while !driver.is_finished() {
+        steady_trace.record("steady r0", t_steady.elapsed(), &r0.status());
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let steady_sent = driver.join().expect("driver");
     // Let the last updates land before reading byte counters.
     std::thread::sleep(Duration::from_secs(2));
     let sent_after = rt.block_on(agent_bytes_sent(&agents));
@@ -729,7 +830,7 @@ fn run(rt: &tokio::runtime::Runtime) {
     let n_updates = steady_sent.len();
     let achieved_rate = n_updates as f64 / steady.as_secs_f64();
     let payload_avg =
-        steady_sent.iter().map(|s| s.2).sum::<usize>() as f64 / n_updates.max(1) as f64;
+        steady_sent.iter().map(|s| s.payload).sum::<usize>() as f64 / n_updates.max(1) as f64;
     let agent_bytes = sent_after.saturating_sub(sent_before);
     let replica_sent: u64 = rep_before
         .iter()
@@ -751,7 +852,9 @@ fn run(rt: &tokio::runtime::Runtime) {
     let mut all3 = Vec::new();
     let mut per_replica: Vec<Vec<f64>> = vec![Vec::new(); 3];
     let mut unseen = 0;
-    for (seq, t, _) in &steady_sent {
+    let steady_start = steady_sent.first().map_or(0, |s| s.at);
+    let mut by_second: Vec<Vec<f64>> = Vec::new();
+    for Sent { seq, at: t, .. } in &steady_sent {
         let mut worst: Option<f64> = Some(0.0);
         for (i, s) in seen.iter().enumerate() {
             match s.get(seq) {
@@ -767,6 +870,21 @@ fn run(rt: &tokio::runtime::Runtime) {
             Some(w) => all3.push(w),
             None => unseen += 1,
         }
+        let second = (t.saturating_sub(steady_start) / 1_000_000_000) as usize;
+        if by_second.len() <= second {
+            by_second.resize_with(second + 1, Vec::new);
+        }
+        by_second[second].push(worst.unwrap_or(f64::INFINITY));
+    }
+    // Whether the tail is steady or a backlog that grows over the window.
+    for (i, v) in by_second.iter_mut().enumerate() {
+        v.sort_by(f64::total_cmp);
+        eprintln!(
+            "steady second {i:2}: {} updates, all-3 p50 {:.1} ms max {:.1} ms",
+            v.len(),
+            percentile(v, 0.5),
+            v.last().copied().unwrap_or(f64::NAN)
+        );
     }
     // An update some replica never showed counts as slower than any observed one.
     all3.extend(std::iter::repeat_n(f64::INFINITY, unseen));
@@ -781,6 +899,17 @@ fn run(rt: &tokio::runtime::Runtime) {
     );
     println!(
         "steady: {n_updates} updates ({achieved_rate:.0}/s), all-3 latency p50 {p50:.1} ms p99 {p99:.1} ms max {pmax:.1} ms, {unseen} not observed on all replicas"
+    );
+    let mut writes: Vec<f64> = steady_sent
+        .iter()
+        .map(|s| s.write_ns as f64 / 1e6)
+        .collect();
+    writes.sort_by(f64::total_cmp);
+    println!(
+        "agent writes (store apply + notify) p50 {:.2} ms p99 {:.2} ms max {:.2} ms",
+        percentile(&writes, 0.5),
+        percentile(&writes, 0.99),
+        writes.last().copied().unwrap_or(f64::NAN)
     );
 
     // Partition r2 while updates continue, then stop updates and heal.
@@ -798,17 +927,25 @@ fn run(rt: &tokio::runtime::Runtime) {
     let partition_secs = partition.as_secs_f64();
     let left_root = expected_root(&agents);
     // The left side must have everything before we time the heal.
-    let left_ok = wait_converged(&mut [&mut r0, &mut r1], left_root, Duration::from_secs(300));
+    let left_ok = wait_converged(
+        "left",
+        &mut [&mut r0, &mut r1],
+        left_root,
+        Duration::from_secs(300),
+    );
     let left_root_s = left_root.to_string();
     let r2_behind = r2.status()["root"].as_str() != Some(left_root_s.as_str());
     blocked.store(false, Ordering::Relaxed);
     let healed = Instant::now();
+    let (mut trace, mut trace0) = (Timeline::default(), Timeline::default());
     let mut reconnect = None;
     let heal = loop {
         if healed.elapsed() > Duration::from_secs(600) {
             break None;
         }
         let s = r2.status();
+        trace.record("heal r2", healed.elapsed(), &s);
+        trace0.record("heal r0", healed.elapsed(), &r0.status());
         if reconnect.is_none() && u(&s, "peers") > 0 {
             reconnect = Some(healed.elapsed());
         }
@@ -829,7 +966,7 @@ fn run(rt: &tokio::runtime::Runtime) {
     let listen3 = free_udp_addr();
     let mut r3 = ReplicaProc::spawn("r3", &dir(3), listen3, None, &[listen[0]], &certdir);
     let joined = Instant::now();
-    let new_replica = wait_converged(&mut [&mut r3], left_root, Duration::from_secs(1800));
+    let new_replica = wait_converged("join", &mut [&mut r3], left_root, Duration::from_secs(1800));
     let s3 = r3.status();
     let new_bytes = u(&s3, "rx_total");
     println!(

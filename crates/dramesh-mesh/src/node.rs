@@ -11,7 +11,8 @@
 //!   and QUIC flow control pushes back on the senders.
 //! - Group commit: the thread handles every queued event (up to a cap) as one batch, then
 //!   generates the batch's coalesced pushes once per (connection, document), fsyncs what the
-//!   batch received ([`DocStore::flush`]), and only then sends the batch's frames. A busy node
+//!   batch received ([`DocStore::flush`]), and only then sends the batch's frames (deferred
+//!   store upkeep, [`DocStore::maintain`], runs after they are sent). A busy node
 //!   thus pays one fsync per touched document and one sync message per peer and document per
 //!   batch, instead of one each per received message, and still acknowledges nothing before
 //!   it is durable.
@@ -626,6 +627,7 @@ fn drive<S: DocStore>(
                 }
             }
         }
+        lock(&store).maintain();
         let mut view = lock(&shared.view);
         if view.known_replicas != *protocol.known_replicas() {
             view.known_replicas = protocol.known_replicas().clone();

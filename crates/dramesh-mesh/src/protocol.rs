@@ -8,9 +8,11 @@
 //! Guarantees:
 //! - **Push**: a local change is offered to every connected peer that may hold the document
 //!   at once ([`Protocol::on_local_change`]); a replica that applies a remote change re-offers
-//!   it to its other peers (relay), so reaching one replica reaches all. Relays to replicas of
-//!   changes that came straight from their writer wait [`ProtocolConfig::relay_delay`] (the
-//!   writer has usually reached those replicas itself) and are sent by [`Protocol::on_tick`]. With
+//!   it to its other peers (relay), so reaching one replica reaches all. A change that came
+//!   straight from its writer is not relayed to replicas the writer reported reaching in its
+//!   last heartbeat, and to other replicas only after [`ProtocolConfig::relay_delay`]; the
+//!   replica's answer to the writer waits [`ProtocolConfig::ack_delay`]. Both are sent by
+//!   [`Protocol::on_tick`]. With
 //!   [`Protocol::set_coalesce_pushes`] (the node's mode) these offers, relays and sync replies
 //!   are generated once per (connection, document) when the driver calls
 //!   [`Protocol::flush_pushes`], however many changes asked for them in between.
@@ -23,7 +25,10 @@
 //!   under a steady update stream costs far more than waiting. Only a mismatch that persists
 //!   across two probes (at least 3/4 of `anti_entropy_interval` apart) without such progress
 //!   resets the in-flight sync state, so a dropped message delays convergence by at most about
-//!   two rounds.
+//!   two rounds. Between two replicas, a document whose writer has a session with this replica
+//!   and reports reaching the other one is left to that writer (its own anti-entropy with each
+//!   replica repairs it): under a steady update stream replicas' digests always differ by the
+//!   changes in flight, and repairing them replica-to-replica resent them all every round.
 //! - **Authorization**: an agent may only exchange its own (cluster, writer) document; frames
 //!   about other documents are refused, counted in [`Counters::rejected_unauthorized`] and
 //!   logged. Agents never talk to agents. Replicas may relay any document; the store
@@ -81,6 +86,11 @@ pub struct ProtocolConfig {
     /// them directly; waiting lets one exchange carry the window's changes instead of one per
     /// change. Changes relayed by another replica are passed on at once.
     pub relay_delay: Duration,
+    /// How long a replica waits before answering a sync message that brought its writer's
+    /// changes (zero: at once). The answer only tells the writer what the replica now holds;
+    /// at a steady update rate one answer per window replaces one per change. Answers that
+    /// carry anything else (a request for missing changes, a first exchange) are not delayed.
+    pub ack_delay: Duration,
     /// Sending `PeerExchange` (replicas) and learning replicas from received ones. Turned off
     /// only by chaos tests, so that an agent knows no replica but its seeds and the break of
     /// replica-to-replica replication cannot be bypassed by agents reaching every replica.
@@ -99,6 +109,7 @@ impl Default for ProtocolConfig {
             anti_entropy: true,
             push: true,
             relay_delay: Duration::from_millis(500),
+            ack_delay: Duration::from_millis(500),
             peer_exchange: true,
         }
     }
@@ -145,6 +156,9 @@ pub struct Counters {
     pub buckets_requested: u64,
     /// Sync states reset because anti-entropy found a difference.
     pub sync_resets: u64,
+    /// Documents anti-entropy found differing on a replica-to-replica session but left to
+    /// their writer, which reaches both replicas itself.
+    pub repairs_left_to_writers: u64,
     /// Sessions whose outbound queue overflowed (frames dropped by the driver).
     pub backpressure_events: u64,
 }
@@ -193,6 +207,8 @@ struct Session {
     last_heard: Instant,
     docs_behind: usize,
     advertise_addr: Option<String>,
+    /// Replicas the peer (an agent) reported a live session with in its last heartbeat.
+    reached: BTreeSet<PeerIdentity>,
 }
 
 /// The replication state machine of one node (see the module docs).
@@ -208,8 +224,9 @@ pub struct Protocol {
     coalesce: bool,
     /// Pushes waiting for [`Protocol::flush_pushes`], one per (connection, document).
     deferred: BTreeSet<(ConnId, DocRef)>,
-    /// Relays to replicas waiting for their time (see [`ProtocolConfig::relay_delay`]).
-    relays: BTreeMap<(ConnId, DocRef), Instant>,
+    /// Relays to replicas and answers to writers waiting for their time (see
+    /// [`ProtocolConfig::relay_delay`] and [`ProtocolConfig::ack_delay`]).
+    delayed: BTreeMap<(ConnId, DocRef), Instant>,
 }
 
 /// Whether `local` may exchange `doc` with `remote` at all.
@@ -255,7 +272,7 @@ impl Protocol {
             rng,
             coalesce: false,
             deferred: BTreeSet::new(),
-            relays: BTreeMap::new(),
+            delayed: BTreeMap::new(),
         }
     }
 
@@ -365,6 +382,7 @@ impl Protocol {
                 last_heard: now,
                 docs_behind: 0,
                 advertise_addr: None,
+                reached: BTreeSet::new(),
             },
         );
         let hello = pb::Hello {
@@ -379,7 +397,7 @@ impl Protocol {
 
     /// The connection is gone; its sync states are remembered for a reconnect.
     pub fn on_disconnected(&mut self, conn: ConnId) {
-        self.relays.retain(|(c, _), _| *c != conn);
+        self.delayed.retain(|(c, _), _| *c != conn);
         let Some(session) = self.sessions.remove(&conn) else {
             return;
         };
@@ -526,17 +544,17 @@ impl Protocol {
         out
     }
 
-    /// Periodic work: due relays, digest probes, heartbeats, peer exchange.
+    /// Periodic work: due relays and answers, digest probes, heartbeats, peer exchange.
     pub fn on_tick<S: DocStore>(&mut self, store: &mut S, now: Instant) -> Vec<Output> {
         let mut out = Vec::new();
         let due: Vec<(ConnId, DocRef)> = self
-            .relays
+            .delayed
             .iter()
             .filter(|(_, at)| **at <= now)
             .map(|(k, _)| k.clone())
             .collect();
         for (conn, doc) in due {
-            self.relays.remove(&(conn, doc.clone()));
+            self.delayed.remove(&(conn, doc.clone()));
             self.push_doc(store, conn, &doc, false, &mut out);
         }
         let conns: Vec<ConnId> = self.sessions.keys().copied().collect();
@@ -583,10 +601,21 @@ impl Protocol {
                     }
                     None => continue,
                 };
+                let reached_replicas = if self.local.is_replica() {
+                    vec![]
+                } else {
+                    self.sessions
+                        .values()
+                        .filter(|s| s.hello_received && s.identity.is_replica())
+                        .map(|s| s.identity.uri())
+                        .take(MAX_PEER_EXCHANGE)
+                        .collect()
+                };
                 let body = Body::Ephemeral(pb::Ephemeral {
                     sender: self.local.uri(),
                     sequence,
                     own_docs,
+                    reached_replicas,
                 });
                 self.send(&mut out, conn, body);
             }
@@ -918,11 +947,42 @@ impl Protocol {
         out: &mut Vec<Output>,
     ) {
         let theirs: HashMap<&DocRef, &DocEntry> = theirs.iter().map(|e| (&e.doc, e)).collect();
+        let writers_reaching = self.writers_reaching(conn);
         for entry in mine {
-            if entry.should_push_to(theirs.get(&entry.doc).copied()) {
-                self.repair_doc(store, conn, &entry.doc, now, out);
+            if !entry.should_push_to(theirs.get(&entry.doc).copied()) {
+                continue;
             }
+            if writers_reaching.contains(&entry.doc) {
+                self.counters.repairs_left_to_writers += 1;
+                continue;
+            }
+            self.repair_doc(store, conn, &entry.doc, now, out);
         }
+    }
+
+    /// Documents whose writer has a session with us and reported reaching the replica on
+    /// `conn` too. Between two replicas such a document differs mostly because the writer's
+    /// latest changes are still on their way to one of them, and the writer's own sync and
+    /// anti-entropy with each replica repair anything lost; repairing it replica-to-replica as
+    /// well would resend, under a steady update stream, every change of every such document on
+    /// each anti-entropy round.
+    fn writers_reaching(&self, conn: ConnId) -> BTreeSet<DocRef> {
+        let Some(peer) = self.sessions.get(&conn).map(|s| &s.identity) else {
+            return BTreeSet::new();
+        };
+        if !self.local.is_replica() || !peer.is_replica() {
+            return BTreeSet::new();
+        }
+        self.sessions
+            .values()
+            .filter(|s| s.hello_received && s.reached.contains(peer))
+            .filter_map(|s| match &s.identity {
+                PeerIdentity::Agent { cluster, node } => {
+                    Some(DocRef::new(cluster.clone(), node.clone()))
+                }
+                PeerIdentity::Replica { .. } => None,
+            })
+            .collect()
     }
 
     /// Anti-entropy found `doc` differing on `conn`: continue its sync at once, and reset the
@@ -1008,7 +1068,22 @@ impl Protocol {
             ds.progress += 1;
         }
         match received {
-            Ok(()) => {}
+            Ok(()) => {
+                // automerge never sends a change twice on one sync state, even when the peer
+                // then asks for it by hash because the message carrying it was lost or
+                // refused; both ends would then exchange messages forever. Asked for is
+                // resent.
+                if let Some(ds) = self
+                    .sessions
+                    .get_mut(&conn)
+                    .and_then(|s| s.docs.get_mut(&doc))
+                    && let Some(need) = &ds.state.their_need
+                {
+                    for hash in need {
+                        ds.state.sent_hashes.remove(hash);
+                    }
+                }
+            }
             Err(RejectReason::StaleGeneration { have, got }) => {
                 self.counters.stale_generation += 1;
                 debug!(%peer, %doc, have, got, "stale generation; offering ours");
@@ -1039,38 +1114,51 @@ impl Protocol {
                 from: peer.clone(),
             });
         }
+        let from_writer = peer.owns(&doc);
         // Continue the automerge sync exchange with the sender.
         if after.as_ref().is_some_and(|e| e.generation == s.generation) {
-            self.push_doc(store, conn, &doc, false, out);
+            if changed && from_writer && self.local.is_replica() && !self.config.ack_delay.is_zero()
+            {
+                self.delay_push(conn, &doc, now + self.config.ack_delay);
+            } else {
+                self.push_doc(store, conn, &doc, false, out);
+            }
         } else {
             self.reply_without_doc(conn, &doc, s.generation, out);
         }
         if changed && self.local.is_replica() && self.config.push {
-            // Agents dial every replica they know, so a change that came straight from its
-            // writer has most likely reached the other replicas too: their relay waits
-            // `relay_delay` and then carries every change of that window in one exchange.
-            // A change relayed to us is passed on at once (its writer may reach only us).
-            let from_writer = peer.owns(&doc);
-            let others: Vec<ConnId> = self
+            // Agents dial every replica they know and report in their heartbeats which ones
+            // they reach: a writer's change is not relayed to those (anti-entropy repairs a
+            // lost message), and to the others only after `relay_delay`, so one exchange
+            // carries every change of that window. A change relayed to us is passed on at
+            // once (its writer may reach only us).
+            let reached = match self.sessions.get(&conn) {
+                Some(s) if from_writer => s.reached.clone(),
+                _ => BTreeSet::new(),
+            };
+            let others: Vec<(ConnId, bool, bool)> = self
                 .sessions
-                .keys()
-                .copied()
-                .filter(|c| *c != conn)
+                .iter()
+                .filter(|(c, _)| **c != conn)
+                .map(|(c, o)| (*c, o.identity.is_replica(), reached.contains(&o.identity)))
                 .collect();
-            for other in others {
-                let to_replica = self
-                    .sessions
-                    .get(&other)
-                    .is_some_and(|o| o.identity.is_replica());
+            for (other, to_replica, writer_reaches) in others {
+                if from_writer && to_replica && writer_reaches {
+                    continue;
+                }
                 if from_writer && to_replica && !self.config.relay_delay.is_zero() {
-                    self.relays
-                        .entry((other, doc.clone()))
-                        .or_insert(now + self.config.relay_delay);
+                    self.delay_push(other, &doc, now + self.config.relay_delay);
                 } else {
                     self.push_doc(store, other, &doc, false, out);
                 }
             }
         }
+    }
+
+    /// Schedules a push of `doc` on `conn` for `at` (or keeps an earlier one), sent by
+    /// [`Protocol::on_tick`].
+    fn delay_push(&mut self, conn: ConnId, doc: &DocRef, at: Instant) {
+        self.delayed.entry((conn, doc.clone())).or_insert(at);
     }
 
     /// Answers a sync message for a document we do not hold yet (its first message carries
@@ -1125,6 +1213,17 @@ impl Protocol {
                 behind += 1;
             }
         }
+        let mut reached = BTreeSet::new();
+        if !peer.is_replica() {
+            for uri in e.reached_replicas.iter().take(MAX_PEER_EXCHANGE) {
+                match PeerIdentity::parse_uri(uri) {
+                    Ok(id) if id.is_replica() => {
+                        reached.insert(id);
+                    }
+                    _ => self.counters.protocol_errors += 1,
+                }
+            }
+        }
         if let Some(s) = self.sessions.get_mut(&conn) {
             if e.sequence <= s.heartbeat_in {
                 // Stale or replayed heartbeat.
@@ -1132,6 +1231,7 @@ impl Protocol {
             }
             s.heartbeat_in = e.sequence;
             s.docs_behind = behind;
+            s.reached = reached;
         }
     }
 }

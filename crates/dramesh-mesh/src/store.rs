@@ -208,6 +208,9 @@ pub trait DocStore {
     fn flush(&mut self) -> Result<(), RejectReason> {
         Ok(())
     }
+    /// Background upkeep (deferred compactions) the node runs after each batch's frames are
+    /// sent, so it never delays them. Errors are the store's to log.
+    fn maintain(&mut self) {}
 }
 
 #[cfg(test)]

@@ -271,6 +271,13 @@ impl DocStore for MeshStore {
     fn flush(&mut self) -> Result<(), RejectReason> {
         self.store.sync_pending().map(|_| ()).map_err(reject)
     }
+
+    fn maintain(&mut self) {
+        if let Err(e) = self.store.maintain_deferred() {
+            // The copy stays as it is (valid, just larger); its next change queues it again.
+            tracing::warn!(error = %e, "deferred compaction failed");
+        }
+    }
 }
 
 #[cfg(test)]

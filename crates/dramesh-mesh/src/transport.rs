@@ -31,8 +31,11 @@ pub struct TransportConfig {
     pub keep_alive: Duration,
     /// Limit on handshake plus stream setup when dialing.
     pub connect_timeout: Duration,
-    /// First reconnect delay; doubles per failure up to `backoff_max`, with jitter.
+    /// First reconnect delay; doubles per failure up to `backoff_max`, with jitter (×0.5–1.5).
     pub backoff_min: Duration,
+    /// Longest reconnect delay. After a partition heals, peers wait for their next dial
+    /// attempt (up to `connect_timeout` plus 1.5 × this), so this bounds the heal time; a failed
+    /// attempt costs a few Initial packets.
     pub backoff_max: Duration,
     /// Bytes of encoded frames that may wait for one peer; beyond it frames are dropped
     /// (and the protocol told) instead of buffered.
@@ -50,9 +53,9 @@ impl Default for TransportConfig {
         Self {
             idle_timeout: Duration::from_secs(5),
             keep_alive: Duration::from_secs(1),
-            connect_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(3),
             backoff_min: Duration::from_millis(200),
-            backoff_max: Duration::from_secs(10),
+            backoff_max: Duration::from_secs(2),
             outbound_budget_bytes: 32 * 1024 * 1024,
             outbound_total_bytes: 256 * 1024 * 1024,
             inbound_queue_frames: 1024,

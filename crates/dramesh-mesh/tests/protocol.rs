@@ -64,10 +64,14 @@ fn kind(env: &pb::Envelope) -> &'static str {
 
 impl Sim {
     fn new(ids: Vec<PeerIdentity>) -> Self {
-        Self::with_relay_delay(ids, Duration::ZERO)
+        Self::with_delays(ids, Duration::ZERO, Duration::ZERO)
     }
 
     fn with_relay_delay(ids: Vec<PeerIdentity>, relay_delay: Duration) -> Self {
+        Self::with_delays(ids, relay_delay, Duration::ZERO)
+    }
+
+    fn with_delays(ids: Vec<PeerIdentity>, relay_delay: Duration, ack_delay: Duration) -> Self {
         let config = ProtocolConfig {
             anti_entropy_interval: Duration::from_secs(2),
             heartbeat_interval: Duration::from_secs(1),
@@ -78,6 +82,7 @@ impl Sim {
             anti_entropy: true,
             push: true,
             relay_delay,
+            ack_delay,
             peer_exchange: true,
         };
         Sim {
@@ -220,15 +225,23 @@ impl Sim {
     }
 }
 
+/// Replicas r0, r1, r2 (nodes 0-2) and the agent of document c1/n1 (node 3), unconnected.
+fn three_replicas_and_agent(relay_delay: Duration) -> Sim {
+    Sim::with_relay_delay(
+        vec![
+            replica("r0"),
+            replica("r1"),
+            replica("r2"),
+            agent("c1", "n1"),
+        ],
+        relay_delay,
+    )
+}
+
 #[test]
 fn push_and_relay_reach_every_replica() {
     // r0 - r1 - r2 in a chain; agent a0 only reaches r0.
-    let mut sim = Sim::new(vec![
-        replica("r0"),
-        replica("r1"),
-        replica("r2"),
-        agent("c1", "n1"),
-    ]);
+    let mut sim = three_replicas_and_agent(Duration::ZERO);
     sim.connect(0, 1);
     sim.connect(1, 2);
     sim.connect(3, 0);
@@ -289,15 +302,7 @@ fn relays_of_writer_changes_wait_and_carry_the_whole_window() {
     assert_eq!(sim.entries(0), sim.entries(1));
     // A change relayed by a replica is passed on at once: r2 behind r1 gets it in the same
     // exchange that brings it to r1.
-    let mut sim = Sim::with_relay_delay(
-        vec![
-            replica("r0"),
-            replica("r1"),
-            replica("r2"),
-            agent("c1", "n1"),
-        ],
-        delay,
-    );
+    let mut sim = three_replicas_and_agent(delay);
     sim.connect(0, 1);
     sim.connect(1, 2);
     sim.connect(3, 0);
@@ -305,6 +310,119 @@ fn relays_of_writer_changes_wait_and_carry_the_whole_window() {
     sim.write(3, &doc, "gpu", "8");
     sim.tick(delay);
     assert_eq!(sim.nodes[2].store.get(&doc, "gpu").as_deref(), Some("8"));
+}
+
+#[test]
+fn replicas_a_writer_reaches_itself_get_no_relay() {
+    // r1 - r0 - r2; the agent reaches r0 and r1 but not r2.
+    let delay = Duration::from_millis(500);
+    let mut sim = three_replicas_and_agent(delay);
+    sim.connect(0, 1);
+    sim.connect(0, 2);
+    sim.connect(3, 0);
+    sim.connect(3, 1);
+    sim.run();
+    // One heartbeat round tells the replicas whom the agent reaches; a first write sets up
+    // the document's exchanges.
+    sim.tick(Duration::from_secs(1));
+    let doc = DocRef::new("c1", "n1");
+    sim.write(3, &doc, "gpu", "0");
+    sim.tick(delay);
+    let r1_in = sim.nodes[1].proto.counters().sync_in;
+    sim.write(3, &doc, "gpu", "8");
+    sim.tick(delay);
+    assert_eq!(sim.nodes[1].store.get(&doc, "gpu").as_deref(), Some("8"));
+    assert_eq!(sim.nodes[2].store.get(&doc, "gpu").as_deref(), Some("8"));
+    // r1 heard only from the agent (its change, and nothing relayed by r0): one message.
+    assert_eq!(
+        sim.nodes[1].proto.counters().sync_in - r1_in,
+        1,
+        "r1 got relays although the writer reaches it"
+    );
+    // Once the agent loses r1, the next heartbeat makes r0 relay to it again.
+    let agent_r1 = sim.links.iter().position(|l| l.a == 3 && l.b == 1).unwrap();
+    sim.disconnect(agent_r1);
+    sim.tick(Duration::from_secs(1));
+    sim.write(3, &doc, "gpu", "6");
+    sim.tick(delay);
+    assert_eq!(sim.nodes[1].store.get(&doc, "gpu").as_deref(), Some("6"));
+}
+
+#[test]
+fn replicas_leave_a_document_to_its_writer_when_it_reaches_both() {
+    let delay = Duration::from_millis(500);
+    let mut sim =
+        Sim::with_relay_delay(vec![replica("r0"), replica("r1"), agent("c1", "n1")], delay);
+    sim.connect(0, 1);
+    sim.connect(2, 0);
+    sim.connect(2, 1);
+    sim.run();
+    sim.tick(Duration::from_secs(1));
+    let doc = DocRef::new("c1", "n1");
+    sim.write(2, &doc, "gpu", "0");
+    sim.tick(delay);
+    // The writer's change reaches only one replica.
+    sim.drop_next_sync_from = Some(2);
+    sim.write(2, &doc, "gpu", "1");
+    let have: Vec<bool> = (0..2)
+        .map(|r| sim.nodes[r].store.get(&doc, "gpu").as_deref() == Some("1"))
+        .collect();
+    assert_eq!(have.iter().filter(|h| **h).count(), 1, "{have:?}");
+    // Anti-entropy rounds: the replicas leave the document to the writer, whose own round with
+    // the replica that missed the change repairs it. (automerge alone would not resend the lost
+    // change even when asked for it by hash: the two would exchange messages forever.)
+    for _ in 0..4 {
+        sim.tick(Duration::from_secs(1));
+    }
+    for r in 0..2 {
+        assert_eq!(sim.nodes[r].store.get(&doc, "gpu").as_deref(), Some("1"));
+    }
+    let left: u64 = (0..2)
+        .map(|r| sim.nodes[r].proto.counters().repairs_left_to_writers)
+        .sum();
+    assert!(
+        left > 0,
+        "replicas repaired the writer's document themselves"
+    );
+    assert_eq!(sim.entries(0), sim.entries(1));
+}
+
+#[test]
+fn answers_to_a_writer_wait_and_cover_the_window() {
+    let delay = Duration::from_millis(500);
+    let mut sim = Sim::with_delays(
+        vec![replica("r0"), agent("c1", "n1")],
+        Duration::ZERO,
+        delay,
+    );
+    sim.connect(1, 0);
+    sim.run();
+    let doc = DocRef::new("c1", "n1");
+    // The first exchange (the replica does not hold the document yet) is answered at once.
+    sim.write(1, &doc, "gpu", "first");
+    assert_eq!(
+        sim.nodes[0].store.get(&doc, "gpu").as_deref(),
+        Some("first")
+    );
+    sim.tick(delay);
+    let agent_in = sim.nodes[1].proto.counters().sync_in;
+    for v in 0..5 {
+        sim.write(1, &doc, "gpu", &v.to_string());
+    }
+    assert_eq!(sim.nodes[0].store.get(&doc, "gpu").as_deref(), Some("4"));
+    assert_eq!(
+        sim.nodes[1].proto.counters().sync_in,
+        agent_in,
+        "answered before the delay"
+    );
+    sim.tick(delay);
+    let answers = sim.nodes[1].proto.counters().sync_in - agent_in;
+    assert_eq!(answers, 1, "one answer per window");
+    // The answer leaves both in sync: nothing more is exchanged.
+    let before = sim.nodes[0].proto.counters().sync_in;
+    sim.tick(delay);
+    assert_eq!(sim.nodes[0].proto.counters().sync_in, before);
+    assert_eq!(sim.entries(0), sim.entries(1));
 }
 
 #[test]

@@ -65,6 +65,7 @@ fn config() -> StoreConfig {
             max_ops_ratio: f64::MAX,
             min_stored_bytes: u64::MAX,
             max_changes: u64::MAX,
+            ..RolloverPolicy::default()
         },
         ..StoreConfig::default()
     }

@@ -191,6 +191,103 @@ fn automatic_rollover_bounds_history() {
 }
 
 #[test]
+fn replica_compactions_beyond_the_budget_wait_and_stay_bounded() {
+    let d = DocId::new("c1", "agent/n1");
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = agent(
+        &d,
+        StoreConfig {
+            rollover: RolloverPolicy {
+                max_stored_ratio: f64::MAX,
+                max_changes: u64::MAX,
+                max_ops_ratio: f64::MAX,
+                ..RolloverPolicy::default()
+            },
+            ..test_config()
+        },
+    );
+    // A budget so small that after one compaction the next waits far longer than the writes.
+    let config = StoreConfig {
+        durability: Durability::Fsync,
+        rollover: RolloverPolicy {
+            min_stored_bytes: 0,
+            compaction_duty: 0.001,
+            ..RolloverPolicy::default()
+        },
+        ..StoreConfig::default()
+    };
+    let (rs, _) = Store::open(dir.path(), config).unwrap();
+    let mut r = Peer::replica(rs);
+    let (mut compactions, mut deferred_seen, mut max_ratio) = (0, false, 0.0f64);
+    let mut last_stored = 0;
+    for i in 0..600 {
+        a.store
+            .apply(
+                &d,
+                vec![upsert(
+                    node(&format!("n{}", i % 20)),
+                    &format!("{{\"v\":{i}}}"),
+                )],
+            )
+            .unwrap();
+        full_sync(&mut a, &mut r);
+        let s = r.store.doc_stats(&d).unwrap();
+        if s.stored_bytes < last_stored {
+            compactions += 1;
+        }
+        last_stored = s.stored_bytes;
+        deferred_seen |= r.store.has_deferred_compactions();
+        let reference = s.fresh_bytes.max(s.base_bytes) as f64;
+        max_ratio = max_ratio.max(s.stored_bytes as f64 / reference);
+    }
+    assert!(deferred_seen, "no compaction was ever deferred");
+    assert!(compactions >= 2, "expected compactions, saw {compactions}");
+    // Deferred copies grow past `max_stored_ratio` (2) but are compacted at once at 3, give or
+    // take the one change that crossed it.
+    assert!(
+        max_ratio > 2.0,
+        "deferral never let a copy pass the soft limit: {max_ratio}"
+    );
+    assert!(max_ratio < 3.2, "copy grew to {max_ratio} x its reference");
+    assert_eq!(r.view, snapshot_view(&a.store));
+
+    // A deferred compaction runs once the budget has rested.
+    for i in 600..1200 {
+        if r.store.has_deferred_compactions() {
+            break;
+        }
+        a.store
+            .apply(&d, vec![upsert(node("n0"), &format!("{{\"v\":{i}}}"))])
+            .unwrap();
+        full_sync(&mut a, &mut r);
+        last_stored = r.store.doc_stats(&d).unwrap().stored_bytes;
+    }
+    assert!(r.store.has_deferred_compactions());
+    {
+        let t = std::time::Instant::now();
+        let compacted = loop {
+            if let Some(doc) = r.store.maintain_deferred().unwrap() {
+                break doc;
+            }
+            assert!(
+                t.elapsed() < std::time::Duration::from_secs(60),
+                "never rested"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        assert_eq!(compacted, d);
+        assert!(!r.store.has_deferred_compactions());
+        let s = r.store.doc_stats(&d).unwrap();
+        assert!(s.stored_bytes < last_stored, "{s:?} vs {last_stored}");
+    }
+    // The compacted file reopens to the same state.
+    drop(r);
+    let (reopened, report) = Store::open(dir.path(), StoreConfig::default()).unwrap();
+    assert!(report.corrupt.is_empty(), "{:?}", report.corrupt);
+    assert_eq!(snapshot_view(&reopened), snapshot_view(&a.store));
+}
+
+#[test]
 fn foreign_author_is_refused_and_state_unchanged() {
     let d = DocId::new("c1", "agent/n1");
     let mut a = agent(&d, test_config());

@@ -497,7 +497,7 @@ impl Timeline {
             .map(|(b, p)| {
                 format!(
                     "{} {:.1} MB",
-                    p.rsplit('/').take(3).collect::<Vec<_>>().join("/"),
+                    p.trim_start_matches("dramesh://"),
                     *b as f64 / 1e6
                 )
             })

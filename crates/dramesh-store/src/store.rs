@@ -1044,7 +1044,8 @@ impl Store {
         let Some(doc) = self.compaction_due.pop_first() else {
             return Ok(None);
         };
-        if !self.docs.contains_key(&doc) {
+        // Removed since, or taken over by this store's writer (which compacts inline).
+        if self.docs.get(&doc).is_none_or(|e| e.owned) {
             return Ok(None);
         }
         self.compact(&doc)?;
@@ -1419,6 +1420,8 @@ impl Store {
             None => Old::Absent,
         };
         self.set_digest(doc);
+        // The new generation's file is a fresh snapshot: an older copy's queued compaction is moot.
+        self.compaction_due.remove(doc);
         tracing::debug!(doc = %doc, generation = p.generation, "adopted generation");
         let view = self.reconcile(doc, keys.into_iter().collect(), old);
         let mut out = std::mem::take(&mut self.undelivered);

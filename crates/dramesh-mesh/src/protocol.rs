@@ -976,12 +976,7 @@ impl Protocol {
         self.sessions
             .values()
             .filter(|s| s.hello_received && s.reached.contains(peer))
-            .filter_map(|s| match &s.identity {
-                PeerIdentity::Agent { cluster, node } => {
-                    Some(DocRef::new(cluster.clone(), node.clone()))
-                }
-                PeerIdentity::Replica { .. } => None,
-            })
+            .filter_map(|s| agent_scope(&self.local, &s.identity))
             .collect()
     }
 
@@ -1132,15 +1127,19 @@ impl Protocol {
             // lost message), and to the others only after `relay_delay`, so one exchange
             // carries every change of that window. A change relayed to us is passed on at
             // once (its writer may reach only us).
-            let reached = match self.sessions.get(&conn) {
-                Some(s) if from_writer => s.reached.clone(),
-                _ => BTreeSet::new(),
-            };
+            let reached = self
+                .sessions
+                .get(&conn)
+                .filter(|_| from_writer)
+                .map(|s| &s.reached);
             let others: Vec<(ConnId, bool, bool)> = self
                 .sessions
                 .iter()
                 .filter(|(c, _)| **c != conn)
-                .map(|(c, o)| (*c, o.identity.is_replica(), reached.contains(&o.identity)))
+                .map(|(c, o)| {
+                    let writer_reaches = reached.is_some_and(|r| r.contains(&o.identity));
+                    (*c, o.identity.is_replica(), writer_reaches)
+                })
                 .collect();
             for (other, to_replica, writer_reaches) in others {
                 if from_writer && to_replica && writer_reaches {

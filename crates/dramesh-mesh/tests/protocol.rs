@@ -220,6 +220,14 @@ impl Sim {
         self.run();
     }
 
+    /// One heartbeat round (replicas learn whom the agent reaches), then a first write by the
+    /// agent at `node` that sets up its document's exchanges, settled for `delay`.
+    fn settle_writer(&mut self, node: usize, doc: &DocRef, delay: Duration) {
+        self.tick(Duration::from_secs(1));
+        self.write(node, doc, "gpu", "0");
+        self.tick(delay);
+    }
+
     fn entries(&self, node: usize) -> Vec<dramesh_mesh::DocEntry> {
         self.nodes[node].store.entries()
     }
@@ -322,12 +330,8 @@ fn replicas_a_writer_reaches_itself_get_no_relay() {
     sim.connect(3, 0);
     sim.connect(3, 1);
     sim.run();
-    // One heartbeat round tells the replicas whom the agent reaches; a first write sets up
-    // the document's exchanges.
-    sim.tick(Duration::from_secs(1));
     let doc = DocRef::new("c1", "n1");
-    sim.write(3, &doc, "gpu", "0");
-    sim.tick(delay);
+    sim.settle_writer(3, &doc, delay);
     let r1_in = sim.nodes[1].proto.counters().sync_in;
     sim.write(3, &doc, "gpu", "8");
     sim.tick(delay);
@@ -357,10 +361,8 @@ fn replicas_leave_a_document_to_its_writer_when_it_reaches_both() {
     sim.connect(2, 0);
     sim.connect(2, 1);
     sim.run();
-    sim.tick(Duration::from_secs(1));
     let doc = DocRef::new("c1", "n1");
-    sim.write(2, &doc, "gpu", "0");
-    sim.tick(delay);
+    sim.settle_writer(2, &doc, delay);
     // The writer's change reaches only one replica.
     sim.drop_next_sync_from = Some(2);
     sim.write(2, &doc, "gpu", "1");

@@ -122,10 +122,6 @@ mod tests {
         d
     }
 
-    fn check(id: &DocId, generation: u64, msg: &Message) -> Result<usize, StoreError> {
-        check_authors(id, generation, msg)
-    }
-
     fn msg_with(chunks: Vec<Vec<u8>>) -> Message {
         let mut m = Message::decode(&Automerge::new().generate_sync_message_bytes()).unwrap();
         m.changes = chunks.into();
@@ -155,9 +151,12 @@ mod tests {
             .iter()
             .map(|c| c.raw_bytes().to_vec())
             .collect();
-        assert_eq!(check(&id, 3, &msg_with(vec![concatenated])).unwrap(), 3);
-        assert_eq!(check(&id, 3, &msg_with(vec![whole])).unwrap(), 3);
-        assert_eq!(check(&id, 3, &msg_with(single)).unwrap(), 3);
+        assert_eq!(
+            check_authors(&id, 3, &msg_with(vec![concatenated])).unwrap(),
+            3
+        );
+        assert_eq!(check_authors(&id, 3, &msg_with(vec![whole])).unwrap(), 3);
+        assert_eq!(check_authors(&id, 3, &msg_with(single)).unwrap(), 3);
     }
 
     #[test]
@@ -170,16 +169,16 @@ mod tests {
         tx.commit();
         d.merge(&mut intruder).unwrap();
         for blob in [d.save_after(&[]), d.save()] {
-            let err = check(&id, 3, &msg_with(vec![blob])).unwrap_err();
+            let err = check_authors(&id, 3, &msg_with(vec![blob])).unwrap_err();
             assert!(matches!(err, StoreError::ForeignAuthor { .. }), "{err}");
         }
         let honest = doc_by(writer_actor(&id, 3), 1).save();
         assert!(matches!(
-            check(&id, 4, &msg_with(vec![honest])),
+            check_authors(&id, 4, &msg_with(vec![honest])),
             Err(StoreError::ForeignAuthor { .. })
         ));
         assert!(matches!(
-            check(&id, 3, &msg_with(vec![b"garbage".to_vec()])),
+            check_authors(&id, 3, &msg_with(vec![b"garbage".to_vec()])),
             Err(StoreError::MalformedMessage { .. })
         ));
     }

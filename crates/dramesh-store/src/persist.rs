@@ -208,7 +208,7 @@ pub(crate) fn sync_file(path: &Path) -> Result<(), crate::StoreError> {
 
 /// Files appended to without fsync from which [`sync_many`] makes the whole filesystem durable
 /// with one call instead of one fsync per file.
-pub(crate) const SYNCFS_MIN_FILES: usize = 4;
+const SYNCFS_MIN_FILES: usize = 4;
 
 /// Makes every file in `dir` appended to since its last fsync durable (group commit of many
 /// documents).

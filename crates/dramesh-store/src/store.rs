@@ -214,8 +214,10 @@ struct DocEntry {
     /// Snapshot size when the generation started (or was first loaded here).
     fresh_bytes: u64,
     commits_since_base: u64,
-    /// Operations in the history (automerge 0.6 keeps no running count; walking the history
-    /// on every commit would cost the writer O(changes) per write).
+    /// Operations in the history, kept for the writer's own documents (automerge 0.6 keeps no
+    /// running count; walking the history on every commit would cost O(changes) per write).
+    /// Not maintained for replica copies (0 or their count when loaded): taking one over rolls
+    /// it over, which recounts.
     num_ops: u64,
     /// Set when the last append failed: in-memory changes are not durable and must not be
     /// offered to peers until a later append succeeds.
@@ -1405,7 +1407,7 @@ impl Store {
             base_bytes: base,
             fresh_bytes: base,
             commits_since_base: 0,
-            num_ops: history(&p.doc).1,
+            num_ops: 0,
             not_durable: false,
             keys_counted: (0, 0),
             doc: p.doc,

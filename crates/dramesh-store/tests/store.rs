@@ -190,6 +190,29 @@ fn automatic_rollover_bounds_history() {
     assert_eq!(r.view.len(), 20);
 }
 
+/// Writes `node` on the writer `a` and syncs the replica `r` until `r` defers a compaction
+/// (at most 600 writes); returns the replica's stored bytes after the last write.
+fn write_until_compaction_deferred(a: &mut Peer, r: &mut Peer, d: &DocId, node_name: &str) -> u64 {
+    let mut stored = r.store.doc_stats(d).map_or(0, |s| s.stored_bytes);
+    for i in 0..600 {
+        if r.store.has_deferred_compactions() {
+            break;
+        }
+        a.store
+            .apply(
+                d,
+                vec![upsert(
+                    node(node_name),
+                    &format!("{{\"v\":\"{node_name}-{i}\"}}"),
+                )],
+            )
+            .unwrap();
+        full_sync(a, r);
+        stored = r.store.doc_stats(d).map_or(0, |s| s.stored_bytes);
+    }
+    stored
+}
+
 #[test]
 fn replica_compactions_beyond_the_budget_wait_and_stay_bounded() {
     let d = DocId::new("c1", "agent/n1");
@@ -252,34 +275,23 @@ fn replica_compactions_beyond_the_budget_wait_and_stay_bounded() {
     assert_eq!(r.view, snapshot_view(&a.store));
 
     // A deferred compaction runs once the budget has rested.
-    for i in 600..1200 {
-        if r.store.has_deferred_compactions() {
-            break;
-        }
-        a.store
-            .apply(&d, vec![upsert(node("n0"), &format!("{{\"v\":{i}}}"))])
-            .unwrap();
-        full_sync(&mut a, &mut r);
-        last_stored = r.store.doc_stats(&d).unwrap().stored_bytes;
-    }
+    let last_stored = write_until_compaction_deferred(&mut a, &mut r, &d, "n0");
     assert!(r.store.has_deferred_compactions());
-    {
-        let t = std::time::Instant::now();
-        let compacted = loop {
-            if let Some(doc) = r.store.maintain_deferred().unwrap() {
-                break doc;
-            }
-            assert!(
-                t.elapsed() < std::time::Duration::from_secs(60),
-                "never rested"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        };
-        assert_eq!(compacted, d);
-        assert!(!r.store.has_deferred_compactions());
-        let s = r.store.doc_stats(&d).unwrap();
-        assert!(s.stored_bytes < last_stored, "{s:?} vs {last_stored}");
-    }
+    let t = std::time::Instant::now();
+    let compacted = loop {
+        if let Some(doc) = r.store.maintain_deferred().unwrap() {
+            break doc;
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(60),
+            "never rested"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    assert_eq!(compacted, d);
+    assert!(!r.store.has_deferred_compactions());
+    let s = r.store.doc_stats(&d).unwrap();
+    assert!(s.stored_bytes < last_stored, "{s:?} vs {last_stored}");
     // The compacted file reopens to the same state.
     drop(r);
     let (reopened, report) = Store::open(dir.path(), config.clone()).unwrap();
@@ -289,15 +301,7 @@ fn replica_compactions_beyond_the_budget_wait_and_stay_bounded() {
     // A copy queued for compaction and then taken over by this store's writer is left to the
     // writer (whose compactions decide rollovers inline).
     let mut r = Peer::replica(reopened);
-    for i in 2000..2600 {
-        if r.store.has_deferred_compactions() {
-            break;
-        }
-        a.store
-            .apply(&d, vec![upsert(node("n1"), &format!("{{\"v\":{i}}}"))])
-            .unwrap();
-        full_sync(&mut a, &mut r);
-    }
+    write_until_compaction_deferred(&mut a, &mut r, &d, "n1");
     assert!(r.store.has_deferred_compactions());
     let generation = r.store.open_writer(&d).unwrap();
     std::thread::sleep(std::time::Duration::from_millis(50));

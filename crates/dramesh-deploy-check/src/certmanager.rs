@@ -11,14 +11,20 @@ use serde::{Deserialize, Serialize};
 
 use dramesh_model::load::FieldError;
 
+/// The `apiVersion` of every cert-manager object here.
 pub const API_VERSION: &str = "cert-manager.io/v1";
 
+/// A namespaced cert-manager `Issuer`.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Issuer {
+    /// Must be [`API_VERSION`].
     pub api_version: String,
+    /// Must be `Issuer`.
     pub kind: String,
+    /// Standard object metadata.
     pub metadata: ObjectMeta,
+    /// The issuer type.
     pub spec: IssuerSpec,
 }
 
@@ -26,76 +32,107 @@ pub struct Issuer {
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct IssuerSpec {
+    /// Issues self-signed certificates.
     #[serde(default)]
     pub self_signed: Option<SelfSignedIssuer>,
+    /// Issues certificates signed by the CA in a Secret.
     #[serde(default)]
     pub ca: Option<CaIssuer>,
 }
 
+/// `spec.selfSigned`.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct SelfSignedIssuer {
+    /// CRL distribution points written into issued certificates.
     #[serde(default)]
     pub crl_distribution_points: Option<Vec<String>>,
 }
 
+/// `spec.ca`.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct CaIssuer {
+    /// The Secret holding the CA key pair.
     pub secret_name: String,
 }
 
+/// A cert-manager `Certificate`.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Certificate {
+    /// Must be [`API_VERSION`].
     pub api_version: String,
+    /// Must be `Certificate`.
     pub kind: String,
+    /// Standard object metadata.
     pub metadata: ObjectMeta,
+    /// What to issue and where to store it.
     pub spec: CertificateSpec,
 }
 
+/// `Certificate.spec`.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct CertificateSpec {
+    /// The Secret the issued key pair is stored in.
     pub secret_name: String,
+    /// The issuer that signs it.
     pub issuer_ref: IssuerRef,
+    /// Subject common name.
     #[serde(default)]
     pub common_name: Option<String>,
+    /// Whether the certificate is a CA.
     #[serde(default, rename = "isCA")]
     pub is_ca: Option<bool>,
+    /// DNS subject alternative names.
     #[serde(default)]
     pub dns_names: Option<Vec<String>>,
+    /// URI subject alternative names (the dramesh identities).
     #[serde(default)]
     pub uris: Option<Vec<String>>,
+    /// Validity, a Go duration (see [`valid_duration`]).
     #[serde(default)]
     pub duration: Option<String>,
+    /// How long before expiry to renew, a Go duration.
     #[serde(default)]
     pub renew_before: Option<String>,
+    /// Key usages, each one of [`KEY_USAGES`].
     #[serde(default)]
     pub usages: Option<Vec<String>>,
+    /// Private key parameters.
     #[serde(default)]
     pub private_key: Option<PrivateKey>,
 }
 
+/// `spec.privateKey`.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct PrivateKey {
+    /// `RSA`, `ECDSA` or `Ed25519`.
     #[serde(default)]
     pub algorithm: Option<String>,
+    /// Key size in bits.
     #[serde(default)]
     pub size: Option<u32>,
+    /// `Never` or `Always`.
     #[serde(default)]
     pub rotation_policy: Option<String>,
+    /// `PKCS1` or `PKCS8`.
     #[serde(default)]
     pub encoding: Option<String>,
 }
 
+/// `spec.issuerRef`.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct IssuerRef {
+    /// Issuer name.
     pub name: String,
+    /// `Issuer` or `ClusterIssuer`.
     #[serde(default)]
     pub kind: Option<String>,
+    /// `cert-manager.io` when set.
     #[serde(default)]
     pub group: Option<String>,
 }

@@ -1,4 +1,4 @@
-//! Decoding composed objects into typed values, strictly.
+//! Decoding rendered objects into typed values, strictly.
 //!
 //! Each `(apiVersion, kind)` the manifests use maps to one `k8s-openapi` type (or a
 //! [`crate::certmanager`] type); decoding goes through
@@ -15,32 +15,49 @@ use dramesh_model::load::{FieldError, decode_value};
 use dramesh_model::{LoadError, Source};
 
 use crate::certmanager;
-use crate::kustomize::Resource;
+use crate::render::Resource;
 
-/// A composed object decoded into its type.
+/// A rendered object decoded into its type (one variant per entry of [`KNOWN_KINDS`]).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Typed {
+    /// A `Namespace`.
     Namespace(Box<Namespace>),
+    /// A `ServiceAccount`.
     ServiceAccount(Box<ServiceAccount>),
+    /// A `Service`.
     Service(Box<Service>),
+    /// A `Secret`.
     Secret(Box<Secret>),
+    /// A `ConfigMap`.
     ConfigMap(Box<ConfigMap>),
+    /// A `DaemonSet`.
     DaemonSet(Box<DaemonSet>),
+    /// A `StatefulSet`.
     StatefulSet(Box<StatefulSet>),
+    /// A `Deployment`.
     Deployment(Box<Deployment>),
+    /// A `ClusterRole`.
     ClusterRole(Box<ClusterRole>),
+    /// A `ClusterRoleBinding`.
     ClusterRoleBinding(Box<ClusterRoleBinding>),
+    /// A `Role`.
     Role(Box<Role>),
+    /// A `RoleBinding`.
     RoleBinding(Box<RoleBinding>),
+    /// A `PodDisruptionBudget`.
     PodDisruptionBudget(Box<PodDisruptionBudget>),
+    /// A `certmanager::Issuer`.
     Issuer(Box<certmanager::Issuer>),
+    /// A `certmanager::Certificate`.
     Certificate(Box<certmanager::Certificate>),
 }
 
 /// A decoded object and where it came from.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Checked {
+    /// The manifest file the object came from.
     pub source: Source,
+    /// The decoded object.
     pub object: Typed,
 }
 
@@ -71,7 +88,7 @@ where
     decode_value::<T>(r.value.clone()).map(|o| wrap(Box::new(o)))
 }
 
-/// Decodes one composed object strictly.
+/// Decodes one rendered object strictly.
 pub fn decode(r: &Resource) -> Result<Checked, LoadError> {
     let decoded = match (r.api_version(), r.kind()) {
         ("v1", "Namespace") => typed(r, Typed::Namespace),

@@ -1,11 +1,11 @@
-//! The manifests under `deploy/`: every kustomization composes and every object decodes
-//! strictly, and the properties the deployment relies on hold after composition.
+//! The manifests under `deploy/`: every kustomization renders and every object decodes
+//! strictly, and the properties the deployment relies on hold in the rendered objects.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use dramesh_deploy_check::certmanager::{Certificate, Issuer};
-use dramesh_deploy_check::{Checked, Typed, check, compose, kustomization_dirs};
+use dramesh_deploy_check::{Checked, Typed, check, kustomization_dirs, render};
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
 use k8s_openapi::api::core::v1::{Container, PodSpec, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -111,7 +111,7 @@ fn valid_identity(uri: &str) -> bool {
 }
 
 #[test]
-fn every_kustomization_composes_and_decodes() {
+fn every_kustomization_renders_and_decodes() {
     let root = deploy_root();
     let dirs = kustomization_dirs(&root).unwrap();
     let rel: BTreeSet<String> = dirs
@@ -134,7 +134,7 @@ fn every_kustomization_composes_and_decodes() {
     }
     for dir in &dirs {
         let objs = check(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-        assert!(!objs.is_empty(), "{} composes to nothing", dir.display());
+        assert!(!objs.is_empty(), "{} renders to nothing", dir.display());
     }
 }
 
@@ -143,7 +143,7 @@ fn every_manifest_file_is_reached_by_some_kustomization() {
     let root = deploy_root();
     let mut used = BTreeSet::new();
     for dir in kustomization_dirs(&root).unwrap() {
-        for r in compose(&dir).unwrap() {
+        for r in render(&dir).unwrap() {
             used.insert(r.source.file.canonicalize().unwrap());
         }
     }

@@ -10,7 +10,8 @@
 //! * [`query`]: plain Rust forms of the Karmada requests, converted from either wire generation.
 //! * [`native`]: request and response types of the native API.
 //! * [`metrics`]: how requests are recorded into the shared [`dramesh_telemetry::Metrics`].
-//! * [`table`]: a backend answering from a fixed table, for interop tests and demos.
+//! * `table` (feature `test-util`): a test double answering from a fixed table, for this
+//!   crate's tests, the interop test and `examples/fake_estimator`.
 //! * [`proto`]: generated protobuf code (schema in `proto/karmada` and `proto/dramesh/v1`).
 
 pub mod backend;
@@ -21,6 +22,7 @@ pub mod native;
 pub mod proto;
 pub mod query;
 pub mod server;
+#[cfg(feature = "test-util")]
 pub mod table;
 
 pub use backend::{ApiError, Backend, ReplicaAnswer};

@@ -5,8 +5,10 @@
 //!   has one GPU in use, so the search backtracks to the second root.
 //! - `partitionable_64`: one partition of >= 20Gi on a node with 64 partitionable devices
 //!   (8 physical GPUs x 8 partitions, shared counters), half of the GPUs partly in use.
-//! - `no_solution_budget`: a claim that cannot fit and whose proof is exponential, stopped by
-//!   the default step budget.
+//! - `worst_case/no_solution_numa_21_of_40`: 21 GPUs with `matchAttribute` on NUMA over 40 GPUs
+//!   in two NUMA groups of 20; pruning proves "does not fit".
+//! - `worst_case/unpruned_budget_1M_steps`: the same without pruning, stopped by the default
+//!   step budget (the exponential proof Kubernetes' allocator also faces).
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use dramesh_engine::{AllocatedState, Inventory, NodeInfo, Options, Outcome, allocate};
@@ -173,11 +175,34 @@ fn benches(c: &mut Criterion) {
     );
     let node = NodeInfo::named("node-1");
     let o = allocate(&minv, &AllocatedState::new(), &node, &[&hopeless], &opts);
+    assert!(matches!(o, Outcome::Unsatisfiable { .. }), "{o:?}");
+    let unpruned = Options {
+        prune: false,
+        ..Options::default()
+    };
+    let o = allocate(
+        &minv,
+        &AllocatedState::new(),
+        &node,
+        &[&hopeless],
+        &unpruned,
+    );
     assert!(matches!(o, Outcome::BudgetExhausted { .. }), "{o:?}");
     let mut g = c.benchmark_group("worst_case");
-    g.sample_size(10);
-    g.bench_function("no_solution_budget_1M_steps", |b| {
+    g.bench_function("no_solution_numa_21_of_40", |b| {
         b.iter(|| allocate(&minv, &AllocatedState::new(), &node, &[&hopeless], &opts))
+    });
+    g.sample_size(10);
+    g.bench_function("unpruned_budget_1M_steps", |b| {
+        b.iter(|| {
+            allocate(
+                &minv,
+                &AllocatedState::new(),
+                &node,
+                &[&hopeless],
+                &unpruned,
+            )
+        })
     });
     g.finish();
 }

@@ -12,8 +12,8 @@
 //! match allocate(&inv, &state, &NodeInfo::from_node(&node), &[&claim], &Options::default()) {
 //!     Outcome::Allocated(results) => state.commit(&results),              // next replica sees it
 //!     Outcome::Unsatisfiable { reason } => ...,                           // this node cannot
-//!     Outcome::Error { message } => ...,                                  // fails the pod everywhere
-//!     Outcome::BudgetExhausted { steps } => ...,                          // gave up (node unschedulable)
+//!     Outcome::Error(e) => ...,                                           // fails the pod everywhere
+//!     Outcome::BudgetExhausted { steps } => ...,                          // gave up: unknown
 //! }
 //! ```
 //!
@@ -59,6 +59,7 @@
 
 mod capacity;
 mod celx;
+mod error;
 mod inventory;
 mod manifests;
 mod nodesel;
@@ -73,6 +74,7 @@ use std::time::Duration;
 
 use dramesh_model::k8s;
 
+pub use error::{AllocError, AllocErrorKind};
 pub use inventory::{Inventory, InventoryError};
 pub use manifests::{AllocateReport, ClaimReport, InputError, allocate_manifests};
 pub use nodesel::{NodeInfo, node_selector_matches};
@@ -193,6 +195,9 @@ pub struct Options {
     pub max_steps: u64,
     /// Optional wall-clock limit per [`allocate`] call (non-deterministic; off by default).
     pub deadline: Option<Duration>,
+    /// Cut search branches that provably hold no solution (on by default). Answers are the
+    /// same either way; off, the step count equals Kubernetes' `NumAllocateOneInvocations`.
+    pub prune: bool,
 }
 
 impl Default for Options {
@@ -208,6 +213,7 @@ impl Options {
             features: None,
             max_steps: DEFAULT_MAX_STEPS,
             deadline: None,
+            prune: true,
         }
     }
 
@@ -226,8 +232,9 @@ pub enum Outcome {
     /// These claims do not fit on this node (the pod may fit elsewhere).
     Unsatisfiable { reason: String },
     /// The pod cannot be scheduled anywhere as it is (Kubernetes' Filter `Error`).
-    Error { message: String },
-    /// The search budget ran out before an answer was found.
+    Error(AllocError),
+    /// The search budget ran out before an answer was found: whether the claims fit is
+    /// unknown (never to be reported as "does not fit").
     BudgetExhausted { steps: u64 },
 }
 

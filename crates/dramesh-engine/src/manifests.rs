@@ -161,7 +161,7 @@ pub fn allocate_manifests(
                 .collect();
         }
         Outcome::Unsatisfiable { reason } => report.reason = Some(reason),
-        Outcome::Error { message } => report.error = Some(message),
+        Outcome::Error(e) => report.error = Some(e.to_string()),
         Outcome::BudgetExhausted { steps } => {
             report.reason = Some(format!(
                 "search budget exhausted after {steps} steps without finding an allocation"

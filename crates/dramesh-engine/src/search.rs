@@ -22,10 +22,13 @@ use dramesh_model::{QualifiedName, Quantity};
 
 use crate::capacity;
 use crate::celx;
+use crate::error::{AllocError, AllocErrorKind as Kind};
 use crate::inventory::{Attr, Class, CounterSet, Device, Inventory, Slice, Taint};
 use crate::nodesel::{NodeInfo, node_matches};
 use crate::state::{AllocatedState, DevUse};
 use crate::{Features, KubeVersion, Options, Outcome};
+
+mod prune;
 
 /// Kubernetes' `AllocationResultsMaxSize`.
 pub const MAX_DEVICES_PER_CLAIM: usize = 32;
@@ -35,7 +38,7 @@ enum Stop {
     /// The 32-device limit would be exceeded (backtrack more aggressively).
     MaxSize,
     /// Fails the pod.
-    Fatal(String),
+    Fatal(AllocError),
     Budget,
 }
 
@@ -95,9 +98,13 @@ enum ConsKind<'a> {
     Match {
         reference: Option<&'a Attr>,
         n: usize,
+        /// The device that set `reference`.
+        ref_dev: usize,
     },
     Distinct {
         seen: Vec<&'a Attr>,
+        /// The devices of `seen`, in the same order.
+        seen_devs: Vec<usize>,
     },
 }
 
@@ -171,6 +178,7 @@ pub(crate) struct Run<'a> {
     steps: u64,
     max_steps: u64,
     deadline: Option<Instant>,
+    prune: prune::Pruner,
 }
 
 fn claim_ref(c: &k8s::ResourceClaim) -> String {
@@ -210,19 +218,20 @@ pub(crate) fn run(
         steps: 0,
         max_steps: opts.max_steps,
         deadline: opts.deadline.map(|d| Instant::now() + d),
+        prune: prune::Pruner::new(opts.prune),
     };
     if let Err(e) = run.gather(opts.version) {
-        return (Outcome::Error { message: e }, 0);
+        return (Outcome::Error(e), 0);
     }
     if let Err(e) = run.prepare() {
-        return (Outcome::Error { message: e }, 0);
+        return (Outcome::Error(e), 0);
     }
     let res = run.one(0, 0, 0, 0, false, 0);
     let steps = run.steps;
     let outcome = match res {
         Ok(true) => match run.build_results() {
             Ok(r) => Outcome::Allocated(r),
-            Err(e) => Outcome::Error { message: e },
+            Err(e) => Outcome::Error(e),
         },
         Ok(false) => {
             if let Some(p) = run.pools.iter().find(|p| p.invalid.is_some()) {
@@ -244,12 +253,11 @@ pub(crate) fn run(
             }
         }
         Err(Stop::Budget) => Outcome::BudgetExhausted { steps },
-        Err(Stop::Fatal(message)) => Outcome::Error { message },
-        Err(Stop::MaxSize) => Outcome::Error {
-            message: format!(
-                "allocation exceeds the limit of {MAX_DEVICES_PER_CLAIM} devices per claim"
-            ),
-        },
+        Err(Stop::Fatal(e)) => Outcome::Error(e),
+        Err(Stop::MaxSize) => Outcome::Error(AllocError::new(
+            Kind::TooManyDevices,
+            format!("allocation exceeds the limit of {MAX_DEVICES_PER_CLAIM} devices per claim"),
+        )),
     };
     (outcome, steps)
 }
@@ -257,7 +265,7 @@ pub(crate) fn run(
 impl<'a> Run<'a> {
     // ---------------------------------------------------------------- pool gathering
 
-    fn gather(&mut self, version: KubeVersion) -> Result<(), String> {
+    fn gather(&mut self, version: KubeVersion) -> Result<(), AllocError> {
         let inv = self.inv;
         let separate_counters = version >= KubeVersion::V1_35;
         let mut pools: BTreeMap<(&'a str, &'a str), Vec<&'a Slice>> = BTreeMap::new();
@@ -283,10 +291,10 @@ impl<'a> Run<'a> {
                     self.node,
                 )
                 .map_err(|e| {
-                    format!(
+                    AllocError::new(Kind::NodeSelection, format!(
                         "gather pool information: failed to perform node selection for slice {}: {e}",
                         slice.name
-                    )
+                    ))
                 })?
             } else if slice.per_device_node_selection == Some(true) {
                 let mut any = false;
@@ -298,10 +306,10 @@ impl<'a> Run<'a> {
                         self.node,
                     )
                     .map_err(|e| {
-                        format!(
+                        AllocError::new(Kind::NodeSelection, format!(
                             "gather pool information: failed to perform node selection for device {} in slice {}: {e}",
                             d.name, slice.name
-                        )
+                        ))
                     })?;
                     if m {
                         any = true;
@@ -513,7 +521,7 @@ impl<'a> Run<'a> {
 
     // ---------------------------------------------------------------- request preparation
 
-    fn prepare(&mut self) -> Result<(), String> {
+    fn prepare(&mut self) -> Result<(), AllocError> {
         let claims: &'a [&'a k8s::ResourceClaim] = self.claims;
         for claim in claims {
             let claim: &'a k8s::ResourceClaim = claim;
@@ -529,9 +537,12 @@ impl<'a> Run<'a> {
                 let subs = request.first_available.as_deref().unwrap_or_default();
                 let has_sub = !subs.is_empty();
                 if has_sub && !self.feats.prioritized_list {
-                    return Err(format!(
-                        "claim {cref}, request {}: has subrequests, but the DRAPrioritizedList feature is disabled",
-                        request.name
+                    return Err(AllocError::new(
+                        Kind::FeatureDisabled,
+                        format!(
+                            "claim {cref}, request {}: has subrequests, but the DRAPrioritizedList feature is disabled",
+                            request.name
+                        ),
                     ));
                 }
                 if !self.feats.consumable_capacity {
@@ -540,15 +551,21 @@ impl<'a> Run<'a> {
                         .as_ref()
                         .is_some_and(|e| e.capacity.is_some())
                     {
-                        return Err(format!(
-                            "claim {cref}, request {}: has capacity requests, but the DRAConsumableCapacity feature is disabled",
-                            request.name
+                        return Err(AllocError::new(
+                            Kind::FeatureDisabled,
+                            format!(
+                                "claim {cref}, request {}: has capacity requests, but the DRAConsumableCapacity feature is disabled",
+                                request.name
+                            ),
                         ));
                     }
                     if let Some(s) = subs.iter().find(|s| s.capacity.is_some()) {
-                        return Err(format!(
-                            "claim {cref}, subrequest {}: has capacity requests, but the DRAConsumableCapacity feature is disabled",
-                            s.name
+                        return Err(AllocError::new(
+                            Kind::FeatureDisabled,
+                            format!(
+                                "claim {cref}, subrequest {}: has capacity requests, but the DRAConsumableCapacity feature is disabled",
+                                s.name
+                            ),
                         ));
                     }
                 }
@@ -576,9 +593,12 @@ impl<'a> Run<'a> {
                     min_devices = min_devices.saturating_add(min);
                 } else {
                     let Some(ex) = &request.exactly else {
-                        return Err(format!(
-                            "claim {cref}, request {}: neither exactly nor firstAvailable is set (unsupported request type?)",
-                            request.name
+                        return Err(AllocError::new(
+                            Kind::UnsupportedClaim,
+                            format!(
+                                "claim {cref}, request {}: neither exactly nor firstAvailable is set (unsupported request type?)",
+                                request.name
+                            ),
                         ));
                     };
                     let alt = self.prepare_alt(
@@ -601,8 +621,11 @@ impl<'a> Run<'a> {
                 reqs.push(Req { alts, has_sub });
             }
             if min_devices > MAX_DEVICES_PER_CLAIM {
-                return Err(format!(
-                    "claim {cref}: number of requested devices {min_devices} exceeds the claim limit of {MAX_DEVICES_PER_CLAIM}"
+                return Err(AllocError::new(
+                    Kind::TooManyDevices,
+                    format!(
+                        "claim {cref}: number of requested devices {min_devices} exceeds the claim limit of {MAX_DEVICES_PER_CLAIM}"
+                    ),
                 ));
             }
             let mut cons = Vec::new();
@@ -620,12 +643,22 @@ impl<'a> Run<'a> {
                         ConsKind::Match {
                             reference: None,
                             n: 0,
+                            ref_dev: 0,
                         },
                     ),
-                    (None, Some(a)) => (a.as_str(), ConsKind::Distinct { seen: Vec::new() }),
+                    (None, Some(a)) => (
+                        a.as_str(),
+                        ConsKind::Distinct {
+                            seen: Vec::new(),
+                            seen_devs: Vec::new(),
+                        },
+                    ),
                     (None, None) => {
-                        return Err(format!(
-                            "claim {cref}, constraint #{i}: empty constraint (unsupported constraint type?)"
+                        return Err(AllocError::new(
+                            Kind::UnsupportedClaim,
+                            format!(
+                                "claim {cref}, constraint #{i}: empty constraint (unsupported constraint type?)"
+                            ),
                         ));
                     }
                 };
@@ -642,7 +675,7 @@ impl<'a> Run<'a> {
         Ok(())
     }
 
-    fn prepare_alt(&mut self, cref: &str, src: AltSource<'a>) -> Result<Alt<'a>, String> {
+    fn prepare_alt(&mut self, cref: &str, src: AltSource<'a>) -> Result<Alt<'a>, AllocError> {
         let display = match src.sub {
             Some(s) => s.to_string(),
             None => src.base.to_string(),
@@ -652,33 +685,48 @@ impl<'a> Run<'a> {
             match &s.cel {
                 Some(c) => selectors.push(self.inv.compile_cached(&c.expression)),
                 None => {
-                    return Err(format!(
-                        "claim {cref}, request {display}, selector #{i}: CEL expression empty (unsupported selector type?)"
+                    return Err(AllocError::new(
+                        Kind::UnsupportedClaim,
+                        format!(
+                            "claim {cref}, request {display}, selector #{i}: CEL expression empty (unsupported selector type?)"
+                        ),
                     ));
                 }
             }
         }
         if src.admin.is_some() && !self.feats.admin_access {
-            return Err(format!(
-                "claim {cref}, request {display}: admin access is requested, but the feature is disabled"
+            return Err(AllocError::new(
+                Kind::FeatureDisabled,
+                format!(
+                    "claim {cref}, request {display}: admin access is requested, but the feature is disabled"
+                ),
             ));
         }
         if src.class.is_empty() {
-            return Err(format!(
-                "claim {cref}, request {display}: missing device class name (unsupported request type?)"
+            return Err(AllocError::new(
+                Kind::UnsupportedClaim,
+                format!(
+                    "claim {cref}, request {display}: missing device class name (unsupported request type?)"
+                ),
             ));
         }
         let Some(class) = self.inv.classes.get(src.class).cloned() else {
-            return Err(format!(
-                "claim {cref}, request {display}: could not retrieve device class {}: deviceclass.resource.k8s.io \"{}\" not found",
-                src.class, src.class
+            return Err(AllocError::new(
+                Kind::UnknownClass,
+                format!(
+                    "claim {cref}, request {display}: could not retrieve device class {}: deviceclass.resource.k8s.io \"{}\" not found",
+                    src.class, src.class
+                ),
             ));
         };
         let mut cap_requests = Vec::new();
         if let Some(c) = src.capacity {
             for (name, q) in c.requests.iter().flatten() {
                 let parsed = Quantity::parse(&q.0).map_err(|e| {
-                    format!("claim {cref}, request {display}: capacity request {name}: {e}")
+                    AllocError::new(
+                        Kind::UnsupportedClaim,
+                        format!("claim {cref}, request {display}: capacity request {name}: {e}"),
+                    )
                 })?;
                 cap_requests.push((name.clone(), parsed));
             }
@@ -687,8 +735,9 @@ impl<'a> Run<'a> {
             "" | "ExactCount" => false,
             "All" => true,
             other => {
-                return Err(format!(
-                    "claim {cref}, request {display}: unsupported count mode {other}"
+                return Err(AllocError::new(
+                    Kind::UnsupportedClaim,
+                    format!("claim {cref}, request {display}: unsupported count mode {other}"),
                 ));
             }
         };
@@ -713,15 +762,21 @@ impl<'a> Run<'a> {
         }
         for p in &self.pools {
             if p.incomplete {
-                return Err(format!(
-                    "claim {cref}, request {display}: asks for all devices, but resource pool {}/{} is currently being updated",
-                    p.driver, p.name
+                return Err(AllocError::new(
+                    Kind::PoolNotReady,
+                    format!(
+                        "claim {cref}, request {display}: asks for all devices, but resource pool {}/{} is currently being updated",
+                        p.driver, p.name
+                    ),
                 ));
             }
             if p.invalid.is_some() {
-                return Err(format!(
-                    "claim {cref}, request {display}: asks for all devices, but resource pool {}/{} is currently invalid",
-                    p.driver, p.name
+                return Err(AllocError::new(
+                    Kind::PoolNotReady,
+                    format!(
+                        "claim {cref}, request {display}: asks for all devices, but resource pool {}/{} is currently invalid",
+                        p.driver, p.name
+                    ),
                 ));
             }
         }
@@ -748,7 +803,7 @@ impl<'a> Run<'a> {
         format!("{}/{}/{}", p.driver, p.name, f.dev.name)
     }
 
-    fn selectable(&mut self, d: usize, alt: &Alt<'a>, cref: &str) -> Result<bool, String> {
+    fn selectable(&mut self, d: usize, alt: &Alt<'a>, cref: &str) -> Result<bool, AllocError> {
         let f = &self.devs[d];
         if !self.feats.device_binding_and_status && f.dev.binding_conditions.is_some() {
             return Ok(false);
@@ -763,35 +818,38 @@ impl<'a> Run<'a> {
         Ok(ok)
     }
 
-    fn selectable_uncached(&self, d: usize, alt: &Alt<'a>, cref: &str) -> Result<bool, String> {
+    fn selectable_uncached(&self, d: usize, alt: &Alt<'a>, cref: &str) -> Result<bool, AllocError> {
         let f = &self.devs[d];
+        let cel = |m: String| AllocError::new(Kind::Cel, m);
         for (i, sel) in alt.class.selectors.iter().enumerate() {
             let sel = sel.as_ref().map_err(|e| {
-                format!(
+                cel(format!(
                     "class {}: selector #{i}: CEL compile error: {e}",
                     alt.class.name
-                )
+                ))
             })?;
             let ok = self.eval(sel, d).map_err(|e| {
-                format!(
+                cel(format!(
                     "class {}: selector #{i} on device {}: CEL runtime error: {e}",
                     alt.class.name,
                     self.device_id(d)
-                )
+                ))
             })?;
             if !ok {
                 return Ok(false);
             }
         }
         for (i, sel) in alt.selectors.iter().enumerate() {
-            let sel = sel
-                .as_ref()
-                .map_err(|e| format!("claim {cref}: selector #{i}: CEL compile error: {e}"))?;
+            let sel = sel.as_ref().map_err(|e| {
+                cel(format!(
+                    "claim {cref}: selector #{i}: CEL compile error: {e}"
+                ))
+            })?;
             let ok = self.eval(sel, d).map_err(|e| {
-                format!(
+                cel(format!(
                     "claim {cref}: selector #{i} on device {}: CEL runtime error: {e}",
                     self.device_id(d)
-                )
+                ))
             })?;
             if !ok {
                 return Ok(false);
@@ -804,7 +862,12 @@ impl<'a> Run<'a> {
                 f.dev.node_selector.as_ref(),
                 self.node,
             )
-            .map_err(|e| format!("device {}: node selection: {e}", self.device_id(d)));
+            .map_err(|e| {
+                AllocError::new(
+                    Kind::NodeSelection,
+                    format!("device {}: node selection: {e}", self.device_id(d)),
+                )
+            });
         }
         Ok(true)
     }
@@ -999,6 +1062,9 @@ impl<'a> Run<'a> {
             }
             return res;
         }
+        if !self.may_fit(c, r, s, k, start) {
+            return Ok(false);
+        }
         let cref = claim_ref(self.claims[c]);
         for d in start..self.devs.len() {
             if !self.devs[d].pickable {
@@ -1084,9 +1150,17 @@ impl<'a> Run<'a> {
             let cand = dev.lookup_attr(cons.attr, driver);
             let ok = match (&mut cons.kind, cand) {
                 (_, None) => false,
-                (ConsKind::Match { reference, n }, Some(a)) => {
+                (
+                    ConsKind::Match {
+                        reference,
+                        n,
+                        ref_dev,
+                    },
+                    Some(a),
+                ) => {
                     if *n == 0 {
                         *reference = Some(a);
+                        *ref_dev = d;
                         *n = 1;
                         true
                     } else if reference.is_some_and(|r| attr_equal_for_match(r, a)) {
@@ -1096,9 +1170,10 @@ impl<'a> Run<'a> {
                         false
                     }
                 }
-                (ConsKind::Distinct { seen }, Some(a)) => {
+                (ConsKind::Distinct { seen, seen_devs }, Some(a)) => {
                     if a.value.is_some() && !seen.iter().any(|x| x.value == a.value) {
                         seen.push(a);
+                        seen_devs.push(d);
                         true
                     } else {
                         false
@@ -1116,8 +1191,11 @@ impl<'a> Run<'a> {
                 let name = self.reqs[c][r].alts[s].full_name();
                 let cref = claim_ref(self.claims[c]);
                 let id = self.device_id(d);
-                return Err(Stop::Fatal(format!(
-                    "claim {cref}, request {name}: cannot add device {id} because a claim constraint would not be satisfied"
+                return Err(Stop::Fatal(AllocError::new(
+                    Kind::ConstraintViolated,
+                    format!(
+                        "claim {cref}, request {name}: cannot add device {id} because a claim constraint would not be satisfied"
+                    ),
                 )));
             }
             self.remove_constraints(c, added, base, sub);
@@ -1177,8 +1255,9 @@ impl<'a> Run<'a> {
             }
             match &mut cons.kind {
                 ConsKind::Match { n, .. } => *n = n.saturating_sub(1),
-                ConsKind::Distinct { seen } => {
+                ConsKind::Distinct { seen, seen_devs } => {
                     seen.pop();
+                    seen_devs.pop();
                 }
             }
         }
@@ -1250,7 +1329,7 @@ impl<'a> Run<'a> {
 
     // ---------------------------------------------------------------- results
 
-    fn build_results(&self) -> Result<Vec<k8s::AllocationResult>, String> {
+    fn build_results(&self) -> Result<Vec<k8s::AllocationResult>, AllocError> {
         let mut out = Vec::with_capacity(self.claims.len());
         for (ci, claim) in self.claims.iter().enumerate() {
             let mut results = Vec::with_capacity(self.results[ci].len());
@@ -1296,9 +1375,12 @@ impl<'a> Run<'a> {
                     config: (!config.is_empty()).then_some(config),
                 }),
                 node_selector: self.node_selector(ci).map_err(|e| {
-                    format!(
-                        "create NodeSelector for claim {}: {e}",
-                        claim.metadata.name.as_deref().unwrap_or_default()
+                    AllocError::new(
+                        Kind::NodeSelection,
+                        format!(
+                            "create NodeSelector for claim {}: {e}",
+                            claim.metadata.name.as_deref().unwrap_or_default()
+                        ),
                     )
                 })?,
                 allocation_timestamp: None,

@@ -70,6 +70,14 @@ fn devices(o: &Outcome) -> Vec<Vec<String>> {
     }
 }
 
+/// The search exactly as Kubernetes runs it, so step counts are comparable.
+fn unpruned() -> Options {
+    Options {
+        prune: false,
+        ..Options::default()
+    }
+}
+
 #[test]
 fn combinations_not_permutations() {
     // Kubernetes: "check-combinations-within-single-request" takes 16 allocateOne calls.
@@ -80,7 +88,7 @@ fn combinations_not_permutations() {
         &AllocatedState::new(),
         &NodeInfo::named("node-1"),
         &[&c],
-        &Options::default(),
+        &unpruned(),
     );
     assert!(matches!(o, Outcome::Unsatisfiable { .. }), "{o:?}");
     assert_eq!(steps, 16);
@@ -100,7 +108,7 @@ fn backtracking_step_count_matches_kubernetes() {
         &AllocatedState::new(),
         &NodeInfo::named("node-1"),
         &[&c],
-        &Options::default(),
+        &unpruned(),
     );
     assert_eq!(
         devices(&o),
@@ -120,7 +128,7 @@ fn budget_bounds_a_hopeless_search() {
     );
     let opts = Options {
         max_steps: 5_000,
-        ..Options::default()
+        ..unpruned()
     };
     let o = allocate(
         &inv,
@@ -130,6 +138,20 @@ fn budget_bounds_a_hopeless_search() {
         &opts,
     );
     assert_eq!(o, Outcome::BudgetExhausted { steps: 5_001 });
+    // Pruning proves it quickly: no numa value has 16 candidates.
+    let pruned = Options {
+        max_steps: 5_000,
+        ..Options::default()
+    };
+    let (o, steps) = allocate_with_steps(
+        &inv,
+        &AllocatedState::new(),
+        &NodeInfo::named("node-1"),
+        &[&c],
+        &pruned,
+    );
+    assert!(matches!(o, Outcome::Unsatisfiable { .. }), "{o:?}");
+    assert!(steps < 200, "{steps} steps");
     let unbounded = Options {
         max_steps: u64::MAX,
         ..Options::default()
@@ -207,7 +229,8 @@ fn inventory_updates_incrementally() {
     );
     assert!(inv.remove_class("class-a"));
     assert!(
-        matches!(run(&inv), Outcome::Error { message } if message.contains("could not retrieve device class"))
+        matches!(run(&inv), Outcome::Error(e) if e.kind() == AllocErrorKind::UnknownClass
+            && e.message().contains("could not retrieve device class"))
     );
 }
 
@@ -357,7 +380,9 @@ fn cel_runtime_error_fails_the_pod() {
         &Options::default(),
     );
     match o {
-        Outcome::Error { message } => {
+        Outcome::Error(e) => {
+            assert_eq!(e.kind(), AllocErrorKind::Cel);
+            let message = e.to_string();
             assert!(message.contains("CEL runtime error"), "{message}");
             assert!(message.contains("driver-a/pool-1/device-1"), "{message}");
         }

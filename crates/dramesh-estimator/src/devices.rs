@@ -1424,9 +1424,9 @@ impl<'a> DeviceQuery<'a> {
                     self.pending_shared = pending;
                     break;
                 }
-                Outcome::Error { message } => {
+                Outcome::Error(e) => {
                     self.pending_shared = pending;
-                    failure = Some(format!("device allocation fails the workload: {message}"));
+                    failure = Some(format!("device allocation fails the workload: {e}"));
                     break;
                 }
             }

@@ -1,0 +1,738 @@
+//! Exact pruning for the search: cheap necessary conditions for "the pod's claims can still be
+//! completed from this node of the search", checked at every device-loop entry.
+//!
+//! A branch is cut only when one of these conditions fails, i.e. when it provably holds no
+//! solution. Every device the search could still pick passes the per-device filter below
+//! (the same checks the search applies, evaluated at the current state), and every filter
+//! only gets stricter deeper in a branch (devices get used, counters and capacity consumed,
+//! match references fixed, distinct values seen). So first-fit answers, and the devices they
+//! choose, are the ones the unpruned search returns; only the step count differs.
+//!
+//! Conditions, per claim still to fill (current claim from the current request on, later
+//! claims from their start, every request with each `firstAvailable` alternative):
+//! * each request has enough candidate devices (after selectors, taints, devices in use,
+//!   counters and capacity left, and the claim's constraint state);
+//! * the requests of one claim, and the non-admin requests of all remaining claims, have at
+//!   least as many distinct candidates together as they ask for;
+//! * `matchAttribute` without a reference yet: some single value has enough candidates for
+//!   every request it constrains, alone and together;
+//! * `distinctAttribute`: enough distinct unused values, per request and together;
+//! * shared counters: the cheapest choice of each request's devices fits what is left.
+//!
+//! Exactness also needs the search's other exits to be unaffected. Pruning stays off for a
+//! run where it could change them: a CEL error on a device the search might evaluate (the
+//! unpruned search would fail the pod when it reaches it), a constraint on a mode-`All`
+//! request (a violation fails the pod), negative amounts (filters would not be monotone); and
+//! it never cuts inside a claim whose `firstAvailable` choices can exceed the 32-device limit
+//! (the search reports that limit from where it hits it).
+
+use std::sync::Arc;
+
+use super::{Alt, ConsKind, MAX_DEVICES_PER_CLAIM, Run, attr_equal_for_match, claim_ref};
+
+/// Steps taken before pruning starts: searches that find their answer right away (nearly
+/// all) never pay for the tables.
+const ENGAGE_AFTER: u64 = 32;
+
+/// No value: the device lacks the attribute (not a candidate for the constraint).
+const NONE: u32 = u32::MAX;
+
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+pub(super) enum Mode {
+    /// Never prune (asked for, or a condition for exactness does not hold).
+    #[default]
+    Off,
+    /// Prune once [`ENGAGE_AFTER`] steps are taken.
+    Pending,
+    /// Tables built; pruning.
+    On,
+}
+
+/// One (sub)request still to be filled at the node being checked.
+struct ItemAlt {
+    /// Index of the request among the node's items (alternatives share it).
+    item: usize,
+    claim: usize,
+    gi: usize,
+    need: usize,
+    admin: bool,
+    /// Candidate range in `Pruner::buf`.
+    lo: usize,
+    hi: usize,
+    /// Only alternative of its request.
+    fixed: bool,
+}
+
+impl ItemAlt {
+    fn count(&self) -> usize {
+        self.hi - self.lo
+    }
+}
+
+#[derive(Default)]
+pub(super) struct Pruner {
+    pub(super) mode: Mode,
+    /// Per alternative (`Alt::gi`): devices passing the checks that do not change during the
+    /// search, ascending.
+    cands: Vec<Vec<u32>>,
+    /// Per alternative: indices of its claim's constraints that apply to it.
+    applies: Vec<Vec<usize>>,
+    /// Per claim, per constraint: interned attribute value per device (`NONE` = missing).
+    vals: Vec<Vec<Vec<u32>>>,
+    /// Per claim, per constraint: number of interned values.
+    nvals: Vec<Vec<usize>>,
+    /// Per claim: its device count can never exceed the claim limit, so pruning is exact.
+    claim_ok: Vec<bool>,
+    /// Per device: multi-allocatable (may serve several requests).
+    multi: Vec<bool>,
+    /// Counter keys (pool, counter set, counter); empty when no device consumes counters.
+    keys: Vec<(usize, Arc<str>, Arc<str>)>,
+    /// Per pool: its keys.
+    pool_keys: Vec<Vec<usize>>,
+    /// Per device: (key, amount in nano-units) it consumes.
+    dev_use: Vec<Vec<(usize, i128)>>,
+    // Scratch, reused across nodes.
+    rem: Vec<i128>,
+    pool_over: Vec<bool>,
+    items: Vec<ItemAlt>,
+    buf: Vec<u32>,
+    mark: Vec<u32>,
+    epoch: u32,
+    hist: Vec<u32>,
+    lb: Vec<i128>,
+    lb_alt: Vec<i128>,
+    hits: Vec<usize>,
+    amounts: Vec<i128>,
+}
+
+impl Pruner {
+    pub(super) fn new(on: bool) -> Pruner {
+        Pruner {
+            mode: if on { Mode::Pending } else { Mode::Off },
+            ..Pruner::default()
+        }
+    }
+
+    fn next_epoch(&mut self) -> u32 {
+        self.epoch = self.epoch.wrapping_add(1);
+        if self.epoch == 0 {
+            self.mark.iter_mut().for_each(|m| *m = 0);
+            self.epoch = 1;
+        }
+        self.epoch
+    }
+
+    fn amount(&self, d: usize, key: usize) -> i128 {
+        if self.multi[d] {
+            // Charged once however many requests share it: no lower bound per request.
+            return 0;
+        }
+        self.dev_use[d]
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map_or(0, |(_, a)| *a)
+    }
+}
+
+impl<'a> Run<'a> {
+    /// False when the search from this node (claim `c`, request `r`, alternative `s`, `k`
+    /// devices of it chosen, next device index `start`) provably finds no solution.
+    pub(super) fn may_fit(&mut self, c: usize, r: usize, s: usize, k: usize, start: usize) -> bool {
+        match self.prune.mode {
+            Mode::Off => return true,
+            Mode::Pending => {
+                if self.steps < ENGAGE_AFTER {
+                    return true;
+                }
+                self.engage();
+                if self.prune.mode != Mode::On {
+                    return true;
+                }
+            }
+            Mode::On => {}
+        }
+        if !self.prune.claim_ok[c] {
+            return true;
+        }
+        let mut p = std::mem::take(&mut self.prune);
+        let fit = self.check(&mut p, c, r, s, k, start);
+        self.prune = p;
+        fit
+    }
+
+    fn engage(&mut self) {
+        let mut p = std::mem::take(&mut self.prune);
+        p.mode = if self.build_tables(&mut p) {
+            Mode::On
+        } else {
+            Mode::Off
+        };
+        self.prune = p;
+    }
+
+    /// The static tables; false when pruning would not be exact for this run.
+    fn build_tables(&mut self, p: &mut Pruner) -> bool {
+        let n = self.devs.len();
+        let cc = self.feats.consumable_capacity;
+        p.multi = self
+            .devs
+            .iter()
+            .map(|f| cc && f.dev.allow_multiple)
+            .collect();
+        if self.devs.iter().any(|f| {
+            f.dev
+                .consumes
+                .iter()
+                .any(|c| c.counters.iter().any(|(_, q)| q.nanos() < 0))
+        }) {
+            return false;
+        }
+        // Interned constraint values.
+        p.vals.clear();
+        p.nvals.clear();
+        for cons in &self.cons {
+            let mut per_claim = Vec::with_capacity(cons.len());
+            let mut counts = Vec::with_capacity(cons.len());
+            for con in cons {
+                let distinct = matches!(con.kind, ConsKind::Distinct { .. });
+                let mut reps: Vec<&crate::inventory::Attr> = Vec::new();
+                let mut ids = Vec::with_capacity(n);
+                let mut unique = 0usize;
+                for f in &self.devs {
+                    let driver = self.pools[f.pool].driver;
+                    let Some(a) = f.dev.lookup_attr(con.attr, driver) else {
+                        ids.push(NONE);
+                        continue;
+                    };
+                    let id = if distinct {
+                        if a.value.is_none() {
+                            NONE
+                        } else if let Some(i) = reps.iter().position(|x| x.value == a.value) {
+                            i as u32
+                        } else {
+                            reps.push(a);
+                            (reps.len() - 1) as u32
+                        }
+                    } else if a.value.is_none() {
+                        // Equal to nothing, not even itself: a value of its own. Numbered
+                        // from the top so it never collides with shared values.
+                        unique += 1;
+                        (n + unique) as u32
+                    } else if let Some(i) = reps.iter().position(|x| attr_equal_for_match(x, a)) {
+                        i as u32
+                    } else {
+                        reps.push(a);
+                        (reps.len() - 1) as u32
+                    };
+                    ids.push(id);
+                }
+                // Compact the ids of valueless attributes to follow the shared ones.
+                let shared = reps.len();
+                if unique > 0 {
+                    for id in ids.iter_mut() {
+                        if *id != NONE && *id as usize > n {
+                            *id = (shared + (*id as usize - n - 1)) as u32;
+                        }
+                    }
+                }
+                per_claim.push(ids);
+                counts.push(shared + unique);
+            }
+            p.vals.push(per_claim);
+            p.nvals.push(counts);
+        }
+        // Claim limits, constraints on mode All, negative capacity requests.
+        p.claim_ok.clear();
+        for (ci, reqs) in self.reqs.iter().enumerate() {
+            let mut total = 0usize;
+            for req in reqs {
+                let mut most = 0usize;
+                for alt in &req.alts {
+                    if alt.all && self.cons[ci].iter().any(|k| k.applies(alt.base, alt.sub)) {
+                        return false;
+                    }
+                    if alt.cap_requests.iter().any(|(_, q)| q.nanos() < 0) {
+                        return false;
+                    }
+                    most = most.max(alt.num_devices);
+                }
+                total = total.saturating_add(most);
+            }
+            p.claim_ok.push(total <= MAX_DEVICES_PER_CLAIM);
+        }
+        // Static candidates per alternative.
+        p.cands = vec![Vec::new(); self.memo.len()];
+        p.applies = vec![Vec::new(); self.memo.len()];
+        let reqs = std::mem::take(&mut self.reqs);
+        let ok = self.static_candidates(p, &reqs);
+        self.reqs = reqs;
+        if !ok {
+            return false;
+        }
+        // Counters.
+        p.keys.clear();
+        p.pool_keys = vec![Vec::new(); self.pools.len()];
+        p.dev_use = vec![Vec::new(); n];
+        if self.devs.iter().any(|f| !f.dev.consumes.is_empty()) {
+            for pi in 0..self.pools.len() {
+                if self.pools[pi].counter_sets.is_empty() {
+                    continue;
+                }
+                self.pool_available(pi);
+                for cs in &self.pools[pi].counter_sets {
+                    for (name, _) in &cs.counters {
+                        p.pool_keys[pi].push(p.keys.len());
+                        p.keys.push((pi, cs.name.clone(), name.clone()));
+                    }
+                }
+            }
+            for (d, f) in self.devs.iter().enumerate() {
+                for c in &f.dev.consumes {
+                    for (name, q) in &c.counters {
+                        let key = p.pool_keys[f.pool]
+                            .iter()
+                            .copied()
+                            .find(|&k| p.keys[k].1 == c.set && p.keys[k].2 == *name);
+                        if let Some(k) = key {
+                            match p.dev_use[d].iter_mut().find(|(x, _)| *x == k) {
+                                Some((_, a)) => *a += q.nanos(),
+                                None => p.dev_use[d].push((k, q.nanos())),
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        p.rem = vec![0; p.keys.len()];
+        p.pool_over = vec![false; self.pools.len()];
+        p.mark = vec![0; n];
+        true
+    }
+
+    fn static_candidates(&mut self, p: &mut Pruner, reqs: &[Vec<super::Req<'a>>]) -> bool {
+        let cc = self.feats.consumable_capacity;
+        for (ci, claim_reqs) in reqs.iter().enumerate() {
+            let cref = claim_ref(self.claims[ci]);
+            for req in claim_reqs {
+                for alt in &req.alts {
+                    let applies: Vec<usize> = self.cons[ci]
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, k)| k.applies(alt.base, alt.sub))
+                        .map(|(i, _)| i)
+                        .collect();
+                    let mut cands = Vec::new();
+                    let list: Vec<usize> = if alt.all {
+                        alt.all_devices.clone()
+                    } else {
+                        (0..self.devs.len()).collect()
+                    };
+                    for d in list {
+                        let f = &self.devs[d];
+                        if !f.pickable {
+                            continue;
+                        }
+                        // Devices of allocated claims are never looked at by a non-admin
+                        // request, so their selectors are not evaluated here either.
+                        let taken = f
+                            .used
+                            .is_some_and(|u| u.dedicated > 0 || (!cc && u.shares > 0));
+                        if taken && !alt.admin {
+                            continue;
+                        }
+                        match self.selectable(d, alt, &cref) {
+                            Err(_) => return false,
+                            Ok(false) => continue,
+                            Ok(true) => {}
+                        }
+                        let f = &self.devs[d];
+                        if !self.feats.partitionable_devices && !f.dev.consumes.is_empty() {
+                            continue;
+                        }
+                        if self.feats.device_taints && self.taint_blocks(d, alt) {
+                            continue;
+                        }
+                        if cc && !p.multi[d] && self.capacity_fit(d, alt).is_none() {
+                            continue;
+                        }
+                        if applies.iter().any(|&ki| p.vals[ci][ki][d] == NONE) {
+                            continue;
+                        }
+                        cands.push(d as u32);
+                    }
+                    p.cands[alt.gi] = cands;
+                    p.applies[alt.gi] = applies;
+                }
+            }
+        }
+        true
+    }
+
+    /// Can device `d` still be chosen for `alt` of claim `ci` in this branch?
+    fn usable(&self, p: &Pruner, d: usize, ci: usize, alt: &Alt<'a>) -> bool {
+        if alt.admin {
+            if self.allocating_for_claim(d, ci) {
+                return false;
+            }
+        } else if self.in_use(d) {
+            return false;
+        }
+        let f = &self.devs[d];
+        if !f.dev.consumes.is_empty()
+            && (!p.multi[d] || !self.capacity_in_use(d))
+            && (p.pool_over[f.pool] || p.dev_use[d].iter().any(|(k, a)| p.rem[*k] < *a))
+        {
+            return false;
+        }
+        if p.multi[d] && self.capacity_fit(d, alt).is_none() {
+            return false;
+        }
+        for &ki in &p.applies[alt.gi] {
+            let vals = &p.vals[ci][ki];
+            match &self.cons[ci][ki].kind {
+                ConsKind::Match { n, ref_dev, .. } => {
+                    if *n > 0 && vals[d] != vals[*ref_dev] {
+                        return false;
+                    }
+                }
+                ConsKind::Distinct { seen_devs, .. } => {
+                    if seen_devs.iter().any(|&x| vals[x] == vals[d]) {
+                        return false;
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    fn push_alt(
+        &self,
+        p: &mut Pruner,
+        item: usize,
+        (ci, ri, si): (usize, usize, usize),
+        need: Option<usize>,
+        start: usize,
+    ) {
+        let req = &self.reqs[ci][ri];
+        let alt = &req.alts[si];
+        let lo = p.buf.len();
+        let cands = std::mem::take(&mut p.cands[alt.gi]);
+        for &d in &cands {
+            if (d as usize) >= start && self.usable(p, d as usize, ci, alt) {
+                p.buf.push(d);
+            }
+        }
+        p.cands[alt.gi] = cands;
+        let need = need.unwrap_or(if alt.all {
+            // Mode All takes every matching device and fails when there are none.
+            alt.all_devices.len().max(1)
+        } else {
+            alt.num_devices
+        });
+        p.items.push(ItemAlt {
+            item,
+            claim: ci,
+            gi: alt.gi,
+            need,
+            admin: alt.admin,
+            lo,
+            hi: p.buf.len(),
+            fixed: false,
+        });
+    }
+
+    fn check(&self, p: &mut Pruner, c: usize, r: usize, s: usize, k: usize, start: usize) -> bool {
+        // Counters left per key, at this node.
+        if !p.keys.is_empty() {
+            p.pool_over.iter_mut().for_each(|o| *o = false);
+            for (i, (pi, set, name)) in p.keys.iter().enumerate() {
+                let key = (set.clone(), name.clone());
+                let avail = self.available[*pi]
+                    .as_ref()
+                    .and_then(|a| a.get(&key))
+                    .copied()
+                    .unwrap_or(0);
+                let used = self.consumed_counters[*pi].get(&key).copied().unwrap_or(0);
+                p.rem[i] = avail - used;
+                if p.rem[i] < 0 {
+                    p.pool_over[*pi] = true;
+                }
+            }
+        }
+        p.items.clear();
+        p.buf.clear();
+        let num = self.reqs[c][r].alts[s].num_devices;
+        self.push_alt(p, 0, (c, r, s), Some(num - k), start);
+        let mut item = 1;
+        for ci in c..self.claims.len() {
+            let r0 = if ci == c { r + 1 } else { 0 };
+            for ri in r0..self.reqs[ci].len() {
+                let req = &self.reqs[ci][ri];
+                let alts = if req.has_sub { req.alts.len() } else { 1 };
+                for si in 0..alts {
+                    self.push_alt(p, item, (ci, ri, si), None, 0);
+                }
+                item += 1;
+            }
+        }
+        let mut i = 0;
+        while i < p.items.len() {
+            let mut j = i;
+            while j < p.items.len() && p.items[j].item == p.items[i].item {
+                j += 1;
+            }
+            let single = j - i == 1;
+            let mut any = false;
+            for it in &mut p.items[i..j] {
+                it.fixed = single;
+                any |= it.count() >= it.need;
+            }
+            if !any {
+                return false;
+            }
+            i = j;
+        }
+        // Distinct devices: per claim, and the non-admin requests of all claims together.
+        for ci in c..self.claims.len() {
+            if !self.union_covers(p, |it| it.claim == ci) {
+                return false;
+            }
+        }
+        if self.claims.len() > c + 1 && !self.union_covers(p, |it| !it.admin) {
+            return false;
+        }
+        for ci in c..self.claims.len() {
+            for ki in 0..self.cons[ci].len() {
+                let ok = match &self.cons[ci][ki].kind {
+                    ConsKind::Match { n, .. } => *n > 0 || self.some_value_fits(p, ci, ki),
+                    ConsKind::Distinct { .. } => self.enough_distinct(p, ci, ki),
+                };
+                if !ok {
+                    return false;
+                }
+            }
+        }
+        p.keys.is_empty() || counters_cover(p)
+    }
+
+    /// The fixed requests selected by `pick` have enough distinct candidates together.
+    fn union_covers(&self, p: &mut Pruner, pick: impl Fn(&ItemAlt) -> bool) -> bool {
+        let epoch = p.next_epoch();
+        let fixed = p.items.iter().filter(|it| it.fixed && pick(it)).count();
+        let (mut single, mut shared, mut need) = (0usize, 0usize, 0usize);
+        for it in p.items.iter().filter(|it| it.fixed && pick(it)) {
+            need += it.need;
+            for &d in &p.buf[it.lo..it.hi] {
+                let d = d as usize;
+                if p.mark[d] != epoch {
+                    p.mark[d] = epoch;
+                    if p.multi[d] {
+                        shared += 1;
+                    } else {
+                        single += 1;
+                    }
+                }
+            }
+        }
+        single + shared.saturating_mul(fixed) >= need
+    }
+
+    /// `matchAttribute` `ki` of claim `ci`, no reference yet: some value has enough
+    /// candidates for each request it constrains, and for its fixed requests together.
+    fn some_value_fits(&self, p: &mut Pruner, ci: usize, ki: usize) -> bool {
+        let vals = std::mem::take(&mut p.vals[ci][ki]);
+        let fits = self.value_fits(p, ci, ki, &vals);
+        p.vals[ci][ki] = vals;
+        fits
+    }
+
+    fn value_fits(&self, p: &mut Pruner, ci: usize, ki: usize, vals: &[u32]) -> bool {
+        // With no value at all, only requests that need no device can be served.
+        let nv = p.nvals[ci][ki].max(1);
+        let constrained: Vec<usize> = (0..p.items.len())
+            .filter(|&i| p.items[i].claim == ci && p.applies[p.items[i].gi].contains(&ki))
+            .collect();
+        if constrained.is_empty() {
+            return true;
+        }
+        // hist[j * nv + v]: candidates of constrained alternative j with value v; the last
+        // row counts the fixed ones' union.
+        let rows = constrained.len() + 1;
+        p.hist.clear();
+        p.hist.resize(rows * nv, 0);
+        let fixed_n = constrained.iter().filter(|&&i| p.items[i].fixed).count();
+        let mut union_need = 0usize;
+        let epoch = p.next_epoch();
+        for (j, &i) in constrained.iter().enumerate() {
+            let it = &p.items[i];
+            if it.fixed {
+                union_need += it.need;
+            }
+            for &d in &p.buf[it.lo..it.hi] {
+                let v = vals[d as usize] as usize;
+                p.hist[j * nv + v] += 1;
+                if it.fixed && p.mark[d as usize] != epoch {
+                    p.mark[d as usize] = epoch;
+                    let w = if p.multi[d as usize] { fixed_n } else { 1 };
+                    p.hist[(rows - 1) * nv + v] += w as u32;
+                }
+            }
+        }
+        'value: for v in 0..nv {
+            if (p.hist[(rows - 1) * nv + v] as usize) < union_need {
+                continue;
+            }
+            // Every request of the claim with a constrained alternative can be served by one
+            // of its alternatives under this value.
+            let mut i = 0;
+            while i < p.items.len() {
+                let item = p.items[i].item;
+                let mut j = i;
+                let mut touched = false;
+                let mut served = false;
+                while j < p.items.len() && p.items[j].item == item {
+                    let it = &p.items[j];
+                    if it.claim == ci {
+                        match constrained.iter().position(|&x| x == j) {
+                            Some(row) => {
+                                touched = true;
+                                served |= p.hist[row * nv + v] as usize >= it.need;
+                            }
+                            None => served |= it.count() >= it.need,
+                        }
+                    }
+                    j += 1;
+                }
+                if touched && !served {
+                    continue 'value;
+                }
+                i = j;
+            }
+            return true;
+        }
+        false
+    }
+
+    /// `distinctAttribute` `ki` of claim `ci`: enough distinct unused values for each request
+    /// it constrains, and for its fixed requests together.
+    fn enough_distinct(&self, p: &mut Pruner, ci: usize, ki: usize) -> bool {
+        let vals = std::mem::take(&mut p.vals[ci][ki]);
+        let enough = self.distinct_values(p, ci, ki, &vals);
+        p.vals[ci][ki] = vals;
+        enough
+    }
+
+    fn distinct_values(&self, p: &mut Pruner, ci: usize, ki: usize, vals: &[u32]) -> bool {
+        let nv = p.nvals[ci][ki];
+        p.hist.clear();
+        p.hist.resize(nv, 0);
+        let mut stamp = 0u32;
+        let distinct = |p: &mut Pruner, ranges: &[(usize, usize)], stamp: u32| -> usize {
+            let mut n = 0;
+            for &(lo, hi) in ranges {
+                for x in lo..hi {
+                    let v = vals[p.buf[x] as usize] as usize;
+                    if p.hist[v] != stamp {
+                        p.hist[v] = stamp;
+                        n += 1;
+                    }
+                }
+            }
+            n
+        };
+        let mut fixed_ranges = Vec::new();
+        let mut fixed_need = 0usize;
+        let mut i = 0;
+        while i < p.items.len() {
+            let item = p.items[i].item;
+            let mut j = i;
+            let mut touched = false;
+            let mut served = false;
+            while j < p.items.len() && p.items[j].item == item {
+                let (claim, gi, lo, hi, need, fixed) = {
+                    let it = &p.items[j];
+                    (it.claim, it.gi, it.lo, it.hi, it.need, it.fixed)
+                };
+                if claim == ci {
+                    if p.applies[gi].contains(&ki) {
+                        touched = true;
+                        stamp += 1;
+                        served |= distinct(p, &[(lo, hi)], stamp) >= need;
+                        if fixed {
+                            fixed_ranges.push((lo, hi));
+                            fixed_need += need;
+                        }
+                    } else {
+                        served |= hi - lo >= need;
+                    }
+                }
+                j += 1;
+            }
+            if touched && !served {
+                return false;
+            }
+            i = j;
+        }
+        stamp += 1;
+        fixed_ranges.len() < 2 || distinct(p, &fixed_ranges, stamp) >= fixed_need
+    }
+}
+
+/// Each request's cheapest devices, summed over the requests, fit the counters left.
+fn counters_cover(p: &mut Pruner) -> bool {
+    let nk = p.keys.len();
+    p.lb.clear();
+    p.lb.resize(nk, 0);
+    let mut i = 0;
+    while i < p.items.len() {
+        let item = p.items[i].item;
+        let mut j = i;
+        // Minimum over the request's alternatives of each alternative's lower bound.
+        p.lb_alt.clear();
+        p.lb_alt.resize(nk, i128::MAX);
+        while j < p.items.len() && p.items[j].item == item {
+            let (lo, hi, need) = (p.items[j].lo, p.items[j].hi, p.items[j].need);
+            j += 1;
+            if hi - lo < need {
+                continue;
+            }
+            // Candidates drawing on each key; the others cost nothing there.
+            p.hits.clear();
+            p.hits.resize(nk, 0);
+            for x in lo..hi {
+                let d = p.buf[x] as usize;
+                if !p.multi[d] {
+                    for (k, a) in &p.dev_use[d] {
+                        if *a > 0 {
+                            p.hits[*k] += 1;
+                        }
+                    }
+                }
+            }
+            for key in 0..nk {
+                let free = (hi - lo) - p.hits[key];
+                let bound = if free >= need {
+                    0
+                } else {
+                    p.amounts.clear();
+                    for x in lo..hi {
+                        let a = p.amount(p.buf[x] as usize, key);
+                        if a > 0 {
+                            p.amounts.push(a);
+                        }
+                    }
+                    p.amounts.sort_unstable();
+                    p.amounts.iter().take(need - free).sum()
+                };
+                p.lb_alt[key] = p.lb_alt[key].min(bound);
+            }
+        }
+        for key in 0..nk {
+            if p.lb_alt[key] != i128::MAX {
+                p.lb[key] += p.lb_alt[key];
+            }
+        }
+        i = j;
+    }
+    (0..nk).all(|key| p.lb[key] <= p.rem[key])
+}

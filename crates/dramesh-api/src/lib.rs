@@ -6,14 +6,17 @@
 //!   Kubernetes messages) and v1.18+ (`*Bytes` fields), answering for any cluster of the view;
 //!   plus the native `dramesh.v1.Dramesh` service on the same port.
 //! * [`http`]: the native API as HTTP/JSON, with `/healthz`, `/readyz` and `/metrics`.
-//! * [`backend`]: the [`Backend`] trait the caller implements; this crate does no estimation.
+//! * [`backend`]: the [`Backend`] trait the caller implements; this crate does no estimation
+//!   (it depends on the estimator only for its result types).
 //! * [`query`]: plain Rust forms of the Karmada requests, converted from either wire generation.
-//! * [`native`]: request and response types of the native API.
+//! * [`native`]: request and response types of the native API, converted from the estimator's
+//!   results by compile-checked `From` impls.
 //! * [`metrics`]: how requests are recorded into the shared [`dramesh_telemetry::Metrics`].
 //! * [`table`]: a backend answering from a fixed table, for interop tests and demos.
 //! * [`proto`]: generated protobuf code (schema in `proto/karmada` and `proto/dramesh/v1`).
 
 pub mod backend;
+mod convert;
 pub mod grpc;
 pub mod http;
 pub mod metrics;

@@ -43,7 +43,7 @@ use crate::trim::{self, Owner, Record};
 
 /// Settings of the kube source.
 #[derive(Debug, Clone)]
-pub struct AgentConfig {
+pub struct KubeSourceConfig {
     /// The node this agent runs on (DaemonSet mode).
     pub node_name: String,
     /// Lease election for cluster-scoped records; `None` makes this agent publish them
@@ -60,11 +60,11 @@ pub struct AgentConfig {
     pub version_refresh: Duration,
 }
 
-impl AgentConfig {
-    /// Defaults for a node agent: no election (set [`AgentConfig::lease`] for DaemonSets),
+impl KubeSourceConfig {
+    /// Defaults for a node agent: no election (set [`KubeSourceConfig::lease`] for DaemonSets),
     /// no DeviceTaintRules, pages of 500, version re-read every 10 minutes.
-    pub fn new(node_name: &str) -> AgentConfig {
-        AgentConfig {
+    pub fn new(node_name: &str) -> KubeSourceConfig {
+        KubeSourceConfig {
             node_name: node_name.to_string(),
             lease: None,
             watch_device_taint_rules: false,
@@ -128,7 +128,7 @@ struct State {
 }
 
 impl State {
-    fn new(cfg: &AgentConfig) -> State {
+    fn new(cfg: &KubeSourceConfig) -> State {
         let mut mirrors: Vec<Mirror> = (0..8)
             .map(|_| Mirror::new(Some(cfg.node_name.clone())))
             .collect();
@@ -230,7 +230,7 @@ impl State {
     }
 }
 
-fn check(cfg: &AgentConfig) -> Result<(), AgentError> {
+fn check(cfg: &KubeSourceConfig) -> Result<(), AgentError> {
     if cfg.node_name.is_empty() {
         return Err(AgentError::Config(
             "node_name is empty (set NODE_NAME from the downward API spec.nodeName)".into(),
@@ -257,7 +257,7 @@ fn check(cfg: &AgentConfig) -> Result<(), AgentError> {
 /// Lease if held and returns.
 pub async fn run_kube_source(
     client: Client,
-    cfg: AgentConfig,
+    cfg: KubeSourceConfig,
     tx: mpsc::Sender<SourceEvent>,
 ) -> Result<(), AgentError> {
     check(&cfg)?;
@@ -511,7 +511,7 @@ mod tests {
 
     #[test]
     fn node_snapshot_waits_for_every_node_watch() {
-        let mut s = State::new(&AgentConfig::new("n1"));
+        let mut s = State::new(&KubeSourceConfig::new("n1"));
         s.handle(Internal::Watch(WatchId::Node, MirrorEvent::Init));
         s.handle(Internal::Watch(
             WatchId::Node,
@@ -541,7 +541,7 @@ mod tests {
 
     #[test]
     fn cluster_records_only_flow_while_leading() {
-        let mut s = State::new(&AgentConfig::new("n1"));
+        let mut s = State::new(&KubeSourceConfig::new("n1"));
         sync_all(&mut s, &NODE_WATCHES);
         sync_all(&mut s, &CLUSTER_WATCHES);
         s.handle(Internal::Version(Some("1.36".into())));
@@ -577,8 +577,8 @@ mod tests {
 
     #[test]
     fn config_is_checked() {
-        assert!(check(&AgentConfig::new("")).is_err());
-        let mut c = AgentConfig::new("n1");
+        assert!(check(&KubeSourceConfig::new("")).is_err());
+        let mut c = KubeSourceConfig::new("n1");
         let mut l = LeaseConfig::new("ns", "l", "me");
         l.renew_deadline = l.duration;
         c.lease = Some(l);

@@ -1,4 +1,6 @@
-//! The dramesh member-cluster agent's sources, as a library the `dramesh agent` command runs.
+//! The dramesh member-cluster agent, as a library the `dramesh agent` command runs: its
+//! sources, and its publishing side ([`publish`]: the running agent writing its own document
+//! and handing it to the mesh).
 //!
 //! Two sources feed a [`coalesce`] stage that turns bursts of changes into scoped
 //! [`Batch`]es for the CRDT store:
@@ -15,10 +17,12 @@ pub mod dir_source;
 pub mod kube_source;
 pub mod lease;
 pub mod mirror;
+pub mod publish;
 pub mod trim;
 
 pub use batch::{Batch, Scope, SourceEvent};
 pub use coalesce::{CoalesceConfig, Coalescer, run_coalescer, spawn_coalescer};
 pub use dir_source::{DirConfig, run_dir_source};
-pub use kube_source::{AgentConfig, AgentError, run_kube_source};
+pub use kube_source::{AgentError, KubeSourceConfig, run_kube_source};
 pub use lease::{Leadership, LeaseConfig};
+pub use publish::{Agent, AgentConfig, AgentSource};

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::FakeApi;
 use dramesh_agent::{
-    AgentConfig, Batch, CoalesceConfig, LeaseConfig, Scope, run_kube_source, spawn_coalescer,
+    Batch, CoalesceConfig, KubeSourceConfig, LeaseConfig, Scope, run_kube_source, spawn_coalescer,
 };
 use dramesh_model::{ClusterObject, ObjectChange, ObjectKey, ObjectKind};
 use dramesh_sim::{ClusterSpec, NodeGroup, NodeShape};
@@ -132,7 +132,7 @@ impl Agent {
             max_delay: Duration::from_millis(50),
             max_pending: 1000,
         });
-        let mut cfg = AgentConfig::new(node);
+        let mut cfg = KubeSourceConfig::new(node);
         cfg.page_size = Some(2); // several pages per list: exercises `continue`
         cfg.lease = lease;
         cfg.watch_device_taint_rules = true;

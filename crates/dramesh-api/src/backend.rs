@@ -22,7 +22,10 @@ pub enum ReplicaAnswer {
     /// The cluster is not in the view. Answered as 0, logged and counted.
     UnknownCluster,
     /// The cluster's data is older than the staleness limit. Answered as 0, logged and counted.
-    Stale { age: Duration },
+    Stale {
+        /// Time since the cluster's writers were last heard from.
+        age: Duration,
+    },
     /// The computation failed for this cluster (e.g. a claim template the engine cannot
     /// evaluate). Answered as 0, logged and counted: karmada-scheduler drops every cluster's
     /// accurate answer when one estimator errors, so an error would hurt all clusters.

@@ -74,6 +74,7 @@ pub struct KarmadaEstimator {
 }
 
 impl KarmadaEstimator {
+    /// The service answering from `state`.
     pub fn new(state: ApiState) -> Self {
         KarmadaEstimator { state }
     }
@@ -182,6 +183,7 @@ pub struct NativeService {
 }
 
 impl NativeService {
+    /// The service answering from `state`.
     pub fn new(state: ApiState) -> Self {
         NativeService { state }
     }

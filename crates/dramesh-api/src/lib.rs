@@ -6,15 +6,18 @@
 //!   Kubernetes messages) and v1.18+ (`*Bytes` fields), answering for any cluster of the view;
 //!   plus the native `dramesh.v1.Dramesh` service on the same port.
 //! * [`http`]: the native API as HTTP/JSON, with `/healthz`, `/readyz` and `/metrics`.
-//! * [`backend`]: the [`Backend`] trait the caller implements; this crate does no estimation.
+//! * [`backend`]: the [`Backend`] trait the caller implements; this crate does no estimation
+//!   (it depends on the estimator only for its result types).
 //! * [`query`]: plain Rust forms of the Karmada requests, converted from either wire generation.
-//! * [`native`]: request and response types of the native API.
+//! * [`native`]: request and response types of the native API, converted from the estimator's
+//!   results by compile-checked `From` impls.
 //! * [`metrics`]: how requests are recorded into the shared [`dramesh_telemetry::Metrics`].
 //! * `table` (feature `test-util`): a test double answering from a fixed table, for this
 //!   crate's tests, the interop test and `examples/fake_estimator`.
 //! * [`proto`]: generated protobuf code (schema in `proto/karmada` and `proto/dramesh/v1`).
 
 pub mod backend;
+mod convert;
 pub mod grpc;
 pub mod http;
 pub mod metrics;

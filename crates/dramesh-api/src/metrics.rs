@@ -34,20 +34,32 @@ pub const API_HTTP: &str = "http";
 /// The API methods (gRPC names; the HTTP routes map onto the same calls).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Method {
+    /// Karmada `MaxAvailableReplicas`.
     MaxAvailableReplicas,
+    /// Karmada `MaxAvailableComponentSets`.
     MaxAvailableComponentSets,
+    /// Karmada `GetUnschedulableReplicas`.
     GetUnschedulableReplicas,
+    /// Native estimate over all (or the named) clusters.
     EstimateAll,
+    /// Native placement.
     Place,
+    /// Native preemption.
     Preempt,
+    /// Native status report.
     Status,
+    /// Native reservation write.
     Reserve,
+    /// Native reservation release.
     Release,
+    /// Native read of one reservation.
     GetReservation,
+    /// Native list of reservations.
     ListReservations,
 }
 
 impl Method {
+    /// Every method, in declaration order.
     pub const ALL: [Method; 11] = [
         Method::MaxAvailableReplicas,
         Method::MaxAvailableComponentSets,
@@ -62,6 +74,7 @@ impl Method {
         Method::ListReservations,
     ];
 
+    /// The `method` label (the gRPC method name).
     pub fn as_str(self) -> &'static str {
         match self {
             Method::MaxAvailableReplicas => "MaxAvailableReplicas",
@@ -96,9 +109,13 @@ impl Method {
 /// Why a Karmada question was answered with 0 instead of a computed number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ZeroReason {
+    /// The cluster is not in the view.
     UnknownCluster,
+    /// The cluster's data is older than the staleness limit.
     StaleCluster,
+    /// The computation failed for the cluster.
     BackendFailure,
+    /// The answer missed its deadline.
     Timeout,
 }
 
@@ -117,13 +134,19 @@ impl ZeroReason {
 /// Counts of one method on one API, read back from the registry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MethodCounts {
+    /// The method.
     pub method: Method,
+    /// Requests received.
     pub requests: u64,
     /// Requests answered with a code other than `OK` / a 2xx status.
     pub errors: u64,
+    /// Karmada answers of 0 for an unknown cluster.
     pub zero_unknown_cluster: u64,
+    /// Karmada answers of 0 for a stale cluster.
     pub zero_stale_cluster: u64,
+    /// Karmada answers of 0 after a backend failure.
     pub zero_backend_failure: u64,
+    /// Karmada answers of 0 after a timeout.
     pub zero_timeout: u64,
 }
 

@@ -2,9 +2,9 @@
 //! service and the HTTP/JSON endpoints.
 //!
 //! JSON uses camelCase names; optional fields are omitted when unset. The response types
-//! serialise with the same field names as the estimator crate's result types
-//! (`ClusterEstimate`, `PlacementResult`, `PreemptionResult`), so a backend may convert
-//! either field by field or through `serde_json`. Conversions to and from the protobuf
+//! serialise exactly like the estimator crate's result types (`Estimate`,
+//! `PlacementResult`, `PreemptionResult`) and are converted from them by `From` impls that
+//! name every field, so a field changed on one side only fails to compile. Conversions to and from the protobuf
 //! messages are lossless. The conversions from protobuf are `From`, except where a message
 //! carries a reservation (`TryFrom`): an unspecified or unknown reservation state has no safe
 //! native reading and is refused with [`UnknownReservationState`].
@@ -22,6 +22,7 @@ use crate::proto::native as pb;
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Workload {
+    /// The manifest texts.
     #[serde(deserialize_with = "manifests_de")]
     pub manifests: Vec<String>,
 }
@@ -43,31 +44,41 @@ fn manifests_de<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error
         .collect())
 }
 
+/// Body of `POST /v1/estimate`: the workload and, optionally, the clusters to estimate for.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct EstimateRequest {
+    /// The workload to estimate.
     pub workload: Workload,
     /// Restrict to these clusters; all clusters of the view when empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub clusters: Vec<String>,
 }
 
+/// The estimate of one cluster (the estimator's `ClusterEstimate` on the wire).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterEstimate {
+    /// Cluster name.
     pub name: String,
+    /// How many replicas of the workload fit.
     pub max_replicas: i64,
     /// What limited the answer: a resource name, `pods`, `devices`, `quota:<name>`, ...
     #[serde(default)]
     pub limited_by: String,
+    /// Excluded node counts by reason (`nodeSelector`, `nodeAffinity`, `taints`, `unschedulable`).
     #[serde(default)]
     pub excluded_nodes: BTreeMap<String, u32>,
+    /// Nodes that passed the filters.
     #[serde(default)]
     pub nodes_considered: u32,
+    /// How many considered nodes limit on each factor.
     #[serde(default)]
     pub limits: BTreeMap<String, u32>,
+    /// The cluster's Kubernetes version, when its agent reported it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes_version: Option<String>,
+    /// Why the cluster could not be estimated (e.g. a missing DeviceClass).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// Replicas of assumed (in-flight) workloads that fit on no node and so were not
@@ -80,17 +91,23 @@ fn is_zero(n: &i64) -> bool {
     *n == 0
 }
 
+/// Answer to `POST /v1/estimate`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct EstimateResponse {
+    /// One estimate per cluster.
     pub clusters: Vec<ClusterEstimate>,
+    /// Sum of `maxReplicas` over the clusters.
     pub total: i64,
 }
 
+/// Body of `POST /v1/place`: the workload with its PropagationPolicy among the manifests.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PlaceRequest {
+    /// The workload and its policy.
     pub workload: Workload,
+    /// Restrict to these clusters; all clusters of the view when empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub clusters: Vec<String>,
     /// Overrides the workload's replica count.
@@ -98,81 +115,121 @@ pub struct PlaceRequest {
     pub replicas: Option<i64>,
 }
 
+/// Replicas assigned to one cluster.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TargetCluster {
+    /// Cluster name.
     pub name: String,
+    /// Replicas assigned.
     pub replicas: i64,
 }
 
+/// Answer to `POST /v1/place` (the estimator's `PlacementResult` on the wire).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PlaceResponse {
+    /// The policy applied.
     pub policy: String,
+    /// Its replica scheduling strategy.
     pub strategy: String,
+    /// Replicas placed in all.
     pub replicas: i64,
+    /// The assignment.
     pub clusters: Vec<TargetCluster>,
+    /// Available replicas of each candidate cluster (from the estimate).
     #[serde(default)]
     pub available: BTreeMap<String, i64>,
+    /// Clusters the policy's affinity excluded.
     #[serde(default)]
     pub filtered_out: Vec<String>,
+    /// Why the replicas could not all be placed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unschedulable: Option<String>,
 }
 
+/// Body of `POST /v1/preempt`: the preemptor workload.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PreemptRequest {
+    /// The preemptor and optionally a policy restricting the clusters.
     pub workload: Workload,
+    /// Restrict to these clusters; all clusters of the view when empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub clusters: Vec<String>,
+    /// Overrides the workload's replica count.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<i64>,
 }
 
+/// One evicted workload.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Victim {
+    /// Its namespace.
     pub namespace: String,
+    /// Its kind.
     pub kind: String,
+    /// Its name.
     pub name: String,
+    /// Its priority.
     pub priority: i32,
+    /// Pods evicted.
     pub pods: u32,
+    /// Requests given back by its pods.
     #[serde(default)]
     pub freed: BTreeMap<String, String>,
 }
 
+/// Preemption outcome on one cluster.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterPreemption {
+    /// Cluster name.
     pub name: String,
+    /// Whether evicting the victims makes the preemptor fit.
     pub feasible: bool,
+    /// Replicas of the preemptor that fit before eviction.
     pub replicas_before: i64,
+    /// Replicas that fit after evicting the victims.
     pub replicas_after: i64,
+    /// The workloads to evict.
     #[serde(default)]
     pub victims: Vec<Victim>,
+    /// Requests freed by all victims.
     #[serde(default)]
     pub freed: BTreeMap<String, String>,
+    /// Pods evicted in all.
     #[serde(default)]
     pub evicted_pods: u32,
+    /// The highest priority among the victims.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub highest_victim_priority: Option<i32>,
+    /// Why preemption is not feasible here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }
 
+/// Answer to `POST /v1/preempt` (the estimator's `PreemptionResult` on the wire).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PreemptResponse {
+    /// The preemptor workload.
     pub preemptor: String,
+    /// Its priority.
     pub priority: i32,
+    /// Replicas it needs.
     pub replicas: i64,
+    /// A cluster that already fits the workload: no preemption is needed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fits_without_preemption: Option<String>,
+    /// The cluster chosen for preemption.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chosen: Option<String>,
+    /// The outcome per candidate cluster.
     #[serde(default)]
     pub clusters: Vec<ClusterPreemption>,
+    /// Why no cluster was chosen.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }
@@ -181,9 +238,13 @@ pub struct PreemptResponse {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ResourceAmount {
+    /// Resource name.
     pub name: String,
+    /// Allocatable amount.
     pub allocatable: String,
+    /// Requested by bound pods.
     pub consumed: String,
+    /// Allocatable minus consumed.
     pub free: String,
 }
 
@@ -191,31 +252,43 @@ pub struct ResourceAmount {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DeviceClassStatus {
+    /// DeviceClass name.
     pub class: String,
+    /// Devices matching the class.
     pub devices: u32,
+    /// Of those, allocated.
     pub allocated: u32,
+    /// Of those, not allocated.
     pub free: u32,
     /// Consumable device capacity summed over the class's devices.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub capacity: Vec<ResourceAmount>,
 }
 
+/// One cluster of the replica's view.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterStatus {
+    /// Cluster name.
     pub name: String,
+    /// The Kubernetes version its agent reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes_version: Option<String>,
+    /// The view's change counter for the cluster.
     pub generation: u64,
     /// Seconds since the cluster's agent last published, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_age_seconds: Option<f64>,
     /// Older than the replica's staleness limit: Karmada estimates answer 0.
     pub stale: bool,
+    /// Nodes in the view.
     pub nodes: u32,
+    /// Pods in the view.
     pub pods: u32,
+    /// Allocatable, consumed and free amounts per resource.
     #[serde(default)]
     pub resources: Vec<ResourceAmount>,
+    /// Devices per DeviceClass.
     #[serde(default)]
     pub devices: Vec<DeviceClassStatus>,
 }
@@ -224,9 +297,12 @@ pub struct ClusterStatus {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StatusReport {
+    /// The answering replica's id.
     pub replica: String,
+    /// Whether the replica is ready (see `/readyz`).
     #[serde(default)]
     pub ready: bool,
+    /// Every cluster of the view.
     pub clusters: Vec<ClusterStatus>,
     /// Every reservation this replica knows (its own and merged ones), ordered by id.
     #[serde(default)]
@@ -241,6 +317,7 @@ pub struct StatusReport {
 pub struct ReserveRequest {
     /// The per-replica requirements, as for an estimate.
     pub workload: Workload,
+    /// The member cluster to reserve on.
     pub cluster: String,
     /// Defaults to the workload's own replica count.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -257,8 +334,11 @@ pub struct ReserveRequest {
 #[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkloadRef {
+    /// Namespace.
     pub namespace: String,
+    /// Kind (Deployment, StatefulSet, Job, Pod).
     pub kind: String,
+    /// Name.
     pub name: String,
 }
 
@@ -283,16 +363,23 @@ pub enum ReservationState {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ReservationStatus {
+    /// Reservation id (`<owner>-<seq>`).
     pub id: String,
     /// The replica that wrote it (the only one that can release it).
     pub owner: String,
+    /// The member cluster it holds capacity on.
     pub cluster: String,
+    /// The workload it is for.
     pub workload: WorkloadRef,
+    /// Replicas reserved.
     pub replicas: i64,
     /// Replicas still held: `replicas` minus those bound since the reservation was made.
     pub remaining: i64,
+    /// Rank in overcommit resolution (higher first).
     pub priority: i32,
+    /// Time to live from creation.
     pub ttl_seconds: u64,
+    /// Its state on this replica.
     pub status: ReservationState,
     /// For a conflicted reservation: the highest-ranked live reservation of its cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -309,6 +396,7 @@ pub struct ReservationStatus {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ReservationList {
+    /// The reservations, ordered by id.
     pub reservations: Vec<ReservationStatus>,
 }
 
@@ -446,7 +534,9 @@ impl From<ReservationState> for pb::ReservationState {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("reservation {id:?}: field status has unknown value {value}")]
 pub struct UnknownReservationState {
+    /// The reservation's id.
     pub id: String,
+    /// The protobuf enum value found.
     pub value: i32,
 }
 

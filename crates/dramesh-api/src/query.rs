@@ -30,6 +30,7 @@ use crate::proto::{k8s_core, k8s_resource, karmada as pb};
 pub struct ConvertError {
     /// Path of the field in the request, e.g. `replicaRequirements.resourceRequestBytes[cpu]`.
     pub field: String,
+    /// What is wrong with it.
     pub message: String,
 }
 
@@ -47,6 +48,7 @@ pub struct NodeClaim {
     pub node_selector: BTreeMap<String, String>,
     /// Required node affinity (`requiredDuringSchedulingIgnoredDuringExecution`).
     pub node_affinity: Option<NodeSelector>,
+    /// Tolerations of the pod template.
     pub tolerations: Vec<Toleration>,
 }
 
@@ -55,18 +57,21 @@ pub struct NodeClaim {
 pub struct ClaimTemplate {
     /// `spec.resourceClaims[].name` in the pod template.
     pub pod_claim_name: String,
+    /// The template's spec.
     pub spec: ResourceClaimTemplateSpec,
 }
 
 /// DRA devices each replica needs (dramesh extension, field 100).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DraRequirements {
+    /// Claim templates: every replica gets its own claims.
     pub claim_templates: Vec<ClaimTemplate>,
     /// Existing ResourceClaims in the workload's namespace that all replicas share.
     pub shared_claims: Vec<String>,
 }
 
 impl DraRequirements {
+    /// No claim templates and no shared claims.
     pub fn is_empty(&self) -> bool {
         self.claim_templates.is_empty() && self.shared_claims.is_empty()
     }
@@ -75,6 +80,7 @@ impl DraRequirements {
 /// Per-replica requirements.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ReplicaRequirements {
+    /// Node selection and tolerations.
     pub node_claim: NodeClaim,
     /// Requests by resource name (`cpu`, `memory`, `ephemeral-storage`, extended resources,
     /// `hugepages-*`), as Karmada sends them: already summed over containers, init containers
@@ -83,16 +89,20 @@ pub struct ReplicaRequirements {
     /// Namespace of the workload (may be empty for component requirements, whose namespace
     /// is on the request).
     pub namespace: String,
+    /// PriorityClass of the pod template.
     pub priority_class_name: String,
+    /// DRA devices per replica.
     pub dra: DraRequirements,
 }
 
 /// One component of a multi-template workload.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Component {
+    /// Component name.
     pub name: String,
     /// Replicas of this component in one complete set.
     pub replicas: i32,
+    /// Requirements of one replica of it.
     pub requirements: ReplicaRequirements,
 }
 
@@ -100,40 +110,55 @@ pub struct Component {
 /// footprint must be deducted before estimating.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct AssumedWorkload {
+    /// Its namespace (for components without one).
     pub namespace: String,
+    /// Its components and their in-flight replicas.
     pub components: Vec<Component>,
 }
 
 /// `MaxAvailableReplicas`: how many replicas of one template fit on `cluster`.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ReplicaQuery {
+    /// Member cluster asked about.
     pub cluster: String,
+    /// Requirements of one replica.
     pub requirements: ReplicaRequirements,
+    /// In-flight workloads to deduct first.
     pub assumed_workloads: Vec<AssumedWorkload>,
 }
 
 /// `MaxAvailableComponentSets`: how many complete sets of all components fit on `cluster`.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ComponentSetQuery {
+    /// Member cluster asked about.
     pub cluster: String,
+    /// Namespace of the workload.
     pub namespace: String,
+    /// The components of one set.
     pub components: Vec<Component>,
+    /// In-flight workloads to deduct first.
     pub assumed_workloads: Vec<AssumedWorkload>,
 }
 
 /// A workload in a member cluster (`GetUnschedulableReplicas`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ObjectRef {
+    /// API version (e.g. `apps/v1`).
     pub api_version: String,
+    /// Kind (e.g. `Deployment`).
     pub kind: String,
+    /// Namespace.
     pub namespace: String,
+    /// Name.
     pub name: String,
 }
 
 /// `GetUnschedulableReplicas`: pods of `workload` unschedulable for longer than `threshold`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UnschedulableQuery {
+    /// Member cluster asked about.
     pub cluster: String,
+    /// The workload whose pods are counted.
     pub workload: ObjectRef,
     /// Go `time.Duration` on the wire (nanoseconds); negative values are treated as zero.
     pub threshold: std::time::Duration,

@@ -9,11 +9,16 @@
 //! - [`node`]: the async node the daemons run ([`node::MeshHandle`]).
 //! - [`mem_store`]: in-memory automerge store for tests and examples.
 //! - [`store_adapter`]: the persistent `dramesh-store` as a [`DocStore`](store::DocStore).
+//! - [`daemon`]: what the agent and replica daemons share around a node (store opening, stop
+//!   signal, shutdown order).
+//! - [`observe`]: copies a node's and its store's state into the daemon's metric set.
 
 pub mod certs;
+pub mod daemon;
 pub mod identity;
 pub mod mem_store;
 pub mod node;
+pub mod observe;
 pub mod protocol;
 pub mod store;
 pub mod store_adapter;
@@ -21,4 +26,5 @@ pub mod transport;
 pub mod wire;
 
 pub use identity::{DocRef, PeerIdentity};
+pub use node::lock;
 pub use store::{Digest, DocEntry, DocStore, RejectReason};

@@ -223,8 +223,10 @@ pub struct MeshHandle {
     driver: Option<std::thread::JoinHandle<()>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A panic while holding the lock leaves plain data behind; keep going with it.
+/// Locks a mutex, continuing with the data if a panicking thread poisoned it. Every mutex of
+/// the mesh and of the daemons around it (the shared store among them) guards plain data that
+/// stays consistent between calls.
+pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 

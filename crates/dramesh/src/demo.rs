@@ -20,9 +20,8 @@ use dramesh_mesh::protocol::ProtocolConfig;
 use dramesh_mesh::store::DocStore;
 use dramesh_model::ObjectChange;
 
-use crate::agent::{Agent, AgentConfig, AgentSource};
-use crate::backend::lock;
-use crate::replica::{Replica, ReplicaConfig};
+use dramesh_agent::{Agent, AgentConfig, AgentSource};
+use dramesh_replica::{Replica, ReplicaConfig};
 
 const LOCAL: &str = "127.0.0.1:0";
 
@@ -248,10 +247,9 @@ struct Progress {
 }
 
 fn progress(r: &Replica, expected: &BTreeMap<String, usize>) -> (Progress, bool) {
-    let (snapshot, digest) = {
-        let store = lock(&r.state.store);
-        (store.store().snapshot(), store.digest().root())
-    };
+    let (snapshot, digest) = r
+        .state
+        .with_store(|store| (store.store().snapshot(), store.digest().root()));
     let mut per: BTreeMap<String, usize> = BTreeMap::new();
     for (c, ch) in &snapshot {
         if matches!(ch, ObjectChange::Upsert { .. }) {

@@ -3,20 +3,10 @@
 //! Exit codes: 0 when the inputs were valid (whatever the answer), 2 when an input cannot be
 //! read or is not valid, 1 for any other failure.
 
-mod agent;
 mod allocate;
-mod backend;
 mod certs;
-mod daemon;
 mod demo;
-mod devstatus;
-mod observe;
-mod pending;
 mod plan;
-mod replica;
-mod reservations;
-mod routes;
-mod status_page;
 mod table;
 
 use std::net::SocketAddr;
@@ -419,7 +409,7 @@ fn main() -> ExitCode {
                         "chaos switches set: replication is deliberately degraded"
                     );
                 }
-                let r = replica::Replica::start(replica::ReplicaConfig {
+                let r = dramesh_replica::Replica::start(dramesh_replica::ReplicaConfig {
                     identity,
                     listen_mesh: resolve(&listen_mesh, "--listen-mesh")?,
                     api: resolve(&api, "--api")?,
@@ -476,18 +466,18 @@ fn main() -> ExitCode {
                     );
                 }
                 let source = match source {
-                    SourceKind::Dir => agent::AgentSource::Dir {
+                    SourceKind::Dir => dramesh_agent::AgentSource::Dir {
                         path: dir
                             .ok_or_else(|| anyhow::anyhow!("--source dir needs --dir PATH"))?,
                         poll_every: Duration::from_millis(poll_ms.max(10)),
                     },
-                    SourceKind::Kube => agent::AgentSource::Kube {
+                    SourceKind::Kube => dramesh_agent::AgentSource::Kube {
                         node_name: node_name.unwrap_or_else(|| agent_name.clone()),
                         lease_namespace,
                         watch_device_taint_rules,
                     },
                 };
-                let a = agent::Agent::start(agent::AgentConfig {
+                let a = dramesh_agent::Agent::start(dramesh_agent::AgentConfig {
                     identity,
                     replicas: replicas
                         .iter()

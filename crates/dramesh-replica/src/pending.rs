@@ -34,24 +34,24 @@ const DEFAULT_NAMESPACE: &str = "default";
 
 /// What is kept of one unbound pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PendingPod {
-    pub namespace: String,
+pub(crate) struct PendingPod {
+    pub(crate) namespace: String,
     /// The Deployment the pod belongs to (via its ReplicaSet), if any.
-    pub deployment: Option<String>,
+    pub(crate) deployment: Option<String>,
     /// When the pod became unschedulable: set only while `PodScheduled` is `False` with
     /// reason `Unschedulable` and the condition carries a transition time.
-    pub unschedulable_since: Option<Timestamp>,
+    pub(crate) unschedulable_since: Option<Timestamp>,
 }
 
 /// Unbound pods of every cluster, keyed by cluster, then (namespace, name).
 #[derive(Debug, Default)]
-pub struct PendingIndex {
+pub(crate) struct PendingIndex {
     clusters: HashMap<String, BTreeMap<(String, String), PendingPod>>,
 }
 
 /// The Deployment a pod was created for: its controller is a ReplicaSet whose name is the
 /// Deployment's name plus `-<pod-template-hash>`.
-pub fn deployment_of(pod: &k8s::Pod) -> Option<String> {
+pub(crate) fn deployment_of(pod: &k8s::Pod) -> Option<String> {
     let owner = pod
         .metadata
         .owner_references
@@ -67,7 +67,7 @@ pub fn deployment_of(pod: &k8s::Pod) -> Option<String> {
 }
 
 /// When the pod's `PodScheduled` condition turned `False` for reason `Unschedulable`.
-pub fn unschedulable_since(pod: &k8s::Pod) -> Option<Timestamp> {
+pub(crate) fn unschedulable_since(pod: &k8s::Pod) -> Option<Timestamp> {
     let c = pod
         .status
         .as_ref()?
@@ -97,7 +97,7 @@ fn is_pending(pod: &k8s::Pod) -> bool {
 impl PendingIndex {
     /// Applies one visible change of `cluster`; anything but a pod is ignored, and a pod that
     /// is bound, finished, deleted or does not decode leaves the index.
-    pub fn apply(&mut self, cluster: &str, change: &ObjectChange) {
+    pub(crate) fn apply(&mut self, cluster: &str, change: &ObjectChange) {
         let key = change.key();
         if key.kind != ObjectKind::Pod {
             return;
@@ -141,13 +141,13 @@ impl PendingIndex {
 
     /// Number of unbound pods held for `cluster`.
     #[cfg(test)]
-    pub fn len(&self, cluster: &str) -> usize {
+    pub(crate) fn len(&self, cluster: &str) -> usize {
         self.clusters.get(cluster).map_or(0, BTreeMap::len)
     }
 
     /// Pods of `workload` in `cluster` unschedulable for longer than `threshold` at `now`.
     /// Errors for workload kinds other than `Deployment`.
-    pub fn unschedulable(
+    pub(crate) fn unschedulable(
         &self,
         cluster: &str,
         workload: &ObjectRef,

@@ -4,8 +4,8 @@
 //! |---|---|
 //! | `GET /v1/status` | the API crate's status report plus `"digest"` (hex of the mesh digest root over every document held) and, per cluster, `"digest"` (hex XOR of that cluster's document fingerprints) |
 //! | `GET /v1/debug/objects?cluster=NAME` | `{"cluster", "objects": {"<Kind>/<ns>/<name>" or "<Kind>/<name>": sha256 hex of the object's stored JSON}}` |
-//! | `GET /`, `GET /status` | the status web page ([`crate::status_page`]) |
-//! | `GET /metrics` | the replica's metric set, refreshed from the mesh, store and view first ([`crate::observe`]) |
+//! | `GET /`, `GET /status` | the status web page (`status_page`) |
+//! | `GET /metrics` | the replica's metric set, refreshed from the mesh, store and view first ([`dramesh_mesh::observe`], reservations by `observe`) |
 //!
 //! Every route here is counted and timed like the API crate's ([`dramesh_api::metrics::track_http`]).
 //!
@@ -26,18 +26,21 @@ use dramesh_model::ObjectChange;
 use dramesh_store::hex;
 use sha2::{Digest as _, Sha256};
 
-use crate::backend::{ReplicaState, lock};
-use crate::observe::Observer;
+use dramesh_mesh::observe::Observer;
+
+use crate::observe::ReservationCounter;
+use crate::state::ReplicaState;
 
 #[derive(Clone)]
 struct Routes {
     api: ApiState,
     state: Arc<ReplicaState>,
     observer: Arc<Observer>,
+    reservations: Arc<ReservationCounter>,
 }
 
 /// The replica's HTTP router: the routes above, then the API crate's.
-pub fn router(api: ApiState, state: Arc<ReplicaState>, observer: Arc<Observer>) -> Router {
+pub(crate) fn router(api: ApiState, state: Arc<ReplicaState>, observer: Arc<Observer>) -> Router {
     Router::new()
         .route("/v1/status", get(status))
         .route("/v1/debug/objects", get(objects))
@@ -52,13 +55,14 @@ pub fn router(api: ApiState, state: Arc<ReplicaState>, observer: Arc<Observer>) 
             api: api.clone(),
             state,
             observer,
+            reservations: Arc::new(ReservationCounter::default()),
         })
         .fallback_service(dramesh_api::http_router(api))
 }
 
 /// Each cluster of the view with its data age.
 fn data_ages(state: &ReplicaState) -> Vec<(String, Option<std::time::Duration>)> {
-    let names: Vec<String> = state.view().clusters().map(|c| c.name.clone()).collect();
+    let names: Vec<String> = state.with_view(|v| v.clusters().map(|c| c.name.clone()).collect());
     names
         .into_iter()
         .map(|c| {
@@ -84,8 +88,9 @@ async fn page(State(r): State<Routes>) -> Response {
 async fn metrics(State(r): State<Routes>) -> Response {
     let state = r.state.clone();
     let observer = r.observer.clone();
+    let counter = r.reservations.clone();
     let ages = match tokio::task::spawn_blocking(move || {
-        observer.observe_reservations(&state.reservation_list(true));
+        counter.observe(&observer.metrics, &state.reservation_list(true));
         data_ages(&state)
     })
     .await
@@ -114,18 +119,17 @@ fn error(status: StatusCode, message: String) -> Response {
 }
 
 /// The status JSON with digests (see the module docs).
-pub fn status_json(state: &ReplicaState, ready: bool) -> serde_json::Value {
+pub(crate) fn status_json(state: &ReplicaState, ready: bool) -> serde_json::Value {
     let mut report = state.status_report();
     report.ready = ready;
-    let (root, per_cluster): (u64, Vec<(String, u64)>) = {
-        let store = lock(&state.store);
+    let (root, per_cluster): (u64, Vec<(String, u64)>) = state.with_store(|store| {
         let per = report
             .clusters
             .iter()
             .map(|c| (c.name.clone(), store.cluster_fingerprint(&c.name)))
             .collect();
         (store.digest().root(), per)
-    };
+    });
     let mut v = serde_json::to_value(&report).unwrap_or_default();
     v["digest"] = format!("{root:016x}").into();
     if let Some(clusters) = v["clusters"].as_array_mut() {
@@ -156,11 +160,11 @@ fn query_param(uri: &Uri, name: &str) -> Option<String> {
 }
 
 /// `"<Kind>/<ns>/<name>"` or `"<Kind>/<name>"` -> sha256 hex of the stored JSON.
-pub fn object_hashes(
+pub(crate) fn object_hashes(
     state: &ReplicaState,
     cluster: &str,
 ) -> serde_json::Map<String, serde_json::Value> {
-    let snapshot = lock(&state.store).store().snapshot();
+    let snapshot = state.with_store(|s| s.store().snapshot());
     let mut out = serde_json::Map::new();
     for (c, change) in snapshot {
         if c != cluster {

@@ -1,5 +1,5 @@
-//! `dramesh agent`: a member-cluster agent as a running process (or in-process, for the
-//! demo): source (folder or Kubernetes watches) -> coalescer -> the agent's own document in
+//! The agent's publishing side: a member-cluster agent as a running process (`dramesh agent`,
+//! or in-process for the demo): source (folder or Kubernetes watches) -> coalescer -> the agent's own document in
 //! the store -> the mesh.
 //!
 //! The agent writes exactly one document, `(cluster, agent name)`, which is the document its
@@ -12,7 +12,7 @@
 //! Lease). A snapshot batch replaces its scope's records: every key previously written under
 //! that scope and absent from the snapshot is deleted. Keys found in the document at start
 //! (written by a previous run) are assigned to a scope by the same rule the kube source uses
-//! (`dramesh_agent::trim`), or all to the cluster scope in folder mode, so a restart followed
+//! ([`crate::trim`]), or all to the cluster scope in folder mode, so a restart followed
 //! by a snapshot removes what disappeared meanwhile.
 //!
 //! Observability: every committed batch is a `mesh.sync` span (`peer = "*"`: it is pushed to
@@ -28,13 +28,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use dramesh_agent::trim::{self, Owner};
-use dramesh_agent::{Batch, CoalesceConfig, DirConfig, Scope};
 use dramesh_mesh::certs::TlsIdentity;
+use dramesh_mesh::daemon::{open_store, stopped};
 use dramesh_mesh::node::{MeshHandle, NodeConfig};
+use dramesh_mesh::observe::Observer;
 use dramesh_mesh::protocol::ProtocolConfig;
 use dramesh_mesh::store_adapter::MeshStore;
-use dramesh_mesh::{DocRef, PeerIdentity};
+use dramesh_mesh::{DocRef, PeerIdentity, lock};
 use dramesh_model::{ClusterObject, ObjectChange, ObjectKey};
 use dramesh_store::DocId;
 use dramesh_telemetry::Metrics;
@@ -43,21 +43,27 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tracing::Instrument as _;
 
-use crate::backend::lock;
-use crate::daemon::stopped;
-use crate::observe::Observer;
+use crate::trim::{self, Owner};
+use crate::{Batch, CoalesceConfig, DirConfig, Scope};
 
 /// Where the agent reads its cluster from.
 #[derive(Clone, Debug)]
 pub enum AgentSource {
     /// A folder of manifests standing for the whole cluster.
-    Dir { path: PathBuf, poll_every: Duration },
+    Dir {
+        /// The folder.
+        path: PathBuf,
+        /// How often it is re-read.
+        poll_every: Duration,
+    },
     /// The Kubernetes API (in-cluster or kubeconfig), DaemonSet mode.
     Kube {
+        /// The node this agent runs on.
         node_name: String,
         /// Namespace of the Lease electing the cluster-scoped publisher; `None` publishes
         /// cluster-scoped records unconditionally (single agent).
         lease_namespace: Option<String>,
+        /// Also watch `resource.k8s.io/v1beta2` DeviceTaintRules.
         watch_device_taint_rules: bool,
     },
 }
@@ -65,6 +71,7 @@ pub enum AgentSource {
 /// How an agent is started.
 #[derive(Clone)]
 pub struct AgentConfig {
+    /// Mesh certificate; its identity must be `dramesh://cluster/<cluster>/agent/<name>`.
     pub identity: TlsIdentity,
     /// Replica mesh addresses to dial (more are learned through peer exchange).
     pub replicas: Vec<SocketAddr>,
@@ -72,8 +79,11 @@ pub struct AgentConfig {
     pub listen: SocketAddr,
     /// Store directory; `None` keeps the document in memory only (demo).
     pub data_dir: Option<PathBuf>,
+    /// Where the cluster's objects come from.
     pub source: AgentSource,
+    /// Replication switches and limits of the mesh node.
     pub protocol: ProtocolConfig,
+    /// How bursts of changes become batches.
     pub coalesce: CoalesceConfig,
     /// TCP address to serve Prometheus `GET /metrics` on; `None` serves nothing.
     pub metrics: Option<SocketAddr>,
@@ -81,7 +91,9 @@ pub struct AgentConfig {
 
 /// A running agent.
 pub struct Agent {
+    /// Member cluster name (from the certificate).
     pub cluster: String,
+    /// Agent (writer) name (from the certificate).
     pub name: String,
     mesh: Arc<MeshHandle>,
     stop: watch::Sender<bool>,
@@ -182,7 +194,10 @@ impl Agent {
         let (store, existing) = {
             let doc = doc.clone();
             tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
-                let store = crate::replica::open_store(dir.as_ref(), &what)?;
+                let store = open_store(dir.as_deref(), &what).with_context(|| match &dir {
+                    Some(d) => format!("{what}: opening the store in {}", d.display()),
+                    None => format!("{what}: opening the store"),
+                })?;
                 let mut store = MeshStore::new(store, false);
                 store
                     .open_writer(&doc)
@@ -214,7 +229,7 @@ impl Agent {
                 .with_context(|| format!("agent {cluster}/{name}: starting the mesh"))?,
         );
         let (stop, stop_rx) = watch::channel(false);
-        let (events, batches_rx) = dramesh_agent::spawn_coalescer(config.coalesce);
+        let (events, batches_rx) = crate::spawn_coalescer(config.coalesce);
         let mut tasks = JoinSet::new();
         let observer = Observer::new(Arc::new(Metrics::new()), mesh.clone(), store.clone());
         let metrics_addr = match config.metrics {
@@ -248,7 +263,7 @@ impl Agent {
                         term: 0,
                     };
                     tokio::select! {
-                        () = dramesh_agent::run_dir_source(path, cfg, events) => {}
+                        () = crate::run_dir_source(path, cfg, events) => {}
                         () = stop => {}
                     }
                 });
@@ -261,15 +276,15 @@ impl Agent {
                 let client = kube::Client::try_default()
                     .await
                     .context("building the Kubernetes client (in-cluster config or kubeconfig)")?;
-                let mut cfg = dramesh_agent::AgentConfig::new(&node_name);
+                let mut cfg = crate::KubeSourceConfig::new(&node_name);
                 cfg.watch_device_taint_rules = watch_device_taint_rules;
                 cfg.lease = lease_namespace.map(|ns| {
-                    dramesh_agent::LeaseConfig::new(&ns, &format!("dramesh-agent-{cluster}"), &name)
+                    crate::LeaseConfig::new(&ns, &format!("dramesh-agent-{cluster}"), &name)
                 });
                 let stop = stopped(stop_rx.clone());
                 tasks.spawn(async move {
                     tokio::select! {
-                        r = dramesh_agent::run_kube_source(client, cfg, events) => {
+                        r = crate::run_kube_source(client, cfg, events) => {
                             if let Err(e) = r {
                                 tracing::error!(error = %e, "kube source stopped");
                             }
@@ -301,7 +316,7 @@ impl Agent {
 
     /// Stops the source (the writer flushes what the coalescer holds) and the mesh node.
     pub async fn shutdown(mut self) {
-        crate::daemon::shutdown(&self.stop, &mut self.tasks, self.mesh).await;
+        dramesh_mesh::daemon::shutdown(&self.stop, &mut self.tasks, self.mesh).await;
         tracing::info!(cluster = %self.cluster, agent = %self.name, "agent stopped");
     }
 }

@@ -41,53 +41,53 @@ use dramesh_store::DocId;
 use serde::{Deserialize, Serialize};
 
 /// Time to live when the request names none.
-pub const DEFAULT_TTL_SECONDS: u64 = 300;
+pub(crate) const DEFAULT_TTL_SECONDS: u64 = 300;
 /// Longest accepted time to live.
-pub const MAX_TTL_SECONDS: u64 = 86_400;
+pub(crate) const MAX_TTL_SECONDS: u64 = 86_400;
 /// Extra time non-owners wait past the TTL before treating a reservation as expired.
-pub const EXPIRY_GRACE: Duration = Duration::from_secs(10);
+pub(crate) const EXPIRY_GRACE: Duration = Duration::from_secs(10);
 /// Largest accepted record (its workload manifests included).
-pub const MAX_RECORD_BYTES: usize = 256 * 1024;
+pub(crate) const MAX_RECORD_BYTES: usize = 256 * 1024;
 /// Largest accepted replica count of one reservation.
-pub const MAX_REPLICAS: i64 = 1_000_000;
+pub(crate) const MAX_REPLICAS: i64 = 1_000_000;
 /// How many ended reservations are remembered.
-pub const MAX_ENDED: usize = 4096;
+pub(crate) const MAX_ENDED: usize = 4096;
 
 /// The reservation document written by `replica`.
-pub fn doc_id(replica: &str) -> DocId {
+pub(crate) fn doc_id(replica: &str) -> DocId {
     DocId::new(RESERVATION_SCOPE, replica)
 }
 
 /// Whether `cluster` (as the store reports changes) is the reservation scope.
-pub fn is_scope(cluster: &str) -> bool {
+pub(crate) fn is_scope(cluster: &str) -> bool {
     cluster == RESERVATION_SCOPE
 }
 
 /// The store key of reservation `id`.
-pub fn record_key(id: &str) -> ObjectKey {
+pub(crate) fn record_key(id: &str) -> ObjectKey {
     ObjectKey::new(ObjectKind::ClusterInfo, None, id)
 }
 
 /// One reservation as replicated.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Record {
-    pub id: String,
-    pub owner: String,
-    pub cluster: String,
-    pub workload: WorkloadRef,
+pub(crate) struct Record {
+    pub(crate) id: String,
+    pub(crate) owner: String,
+    pub(crate) cluster: String,
+    pub(crate) workload: WorkloadRef,
     /// The per-replica requirements: the workload manifests of the request.
-    pub manifests: Vec<String>,
-    pub replicas: i64,
-    pub priority: i32,
-    pub ttl_seconds: u64,
+    pub(crate) manifests: Vec<String>,
+    pub(crate) replicas: i64,
+    pub(crate) priority: i32,
+    pub(crate) ttl_seconds: u64,
     /// Pods of the workload bound in the cluster when the reservation was written.
-    pub bound_at_creation: i64,
+    pub(crate) bound_at_creation: i64,
 }
 
 impl Record {
     /// Checks a record read from a document (another replica may run other code).
-    pub fn decode(json: &[u8]) -> Result<Record, String> {
+    pub(crate) fn decode(json: &[u8]) -> Result<Record, String> {
         if json.len() > MAX_RECORD_BYTES {
             return Err(format!(
                 "reservation record of {} bytes exceeds {MAX_RECORD_BYTES}",
@@ -119,7 +119,7 @@ impl Record {
 }
 
 /// Pods of `w` bound (and active) in `c`.
-pub fn bound_pods(c: &ClusterView, w: &WorkloadRef) -> i64 {
+pub(crate) fn bound_pods(c: &ClusterView, w: &WorkloadRef) -> i64 {
     c.pods()
         .filter(|(_, p)| {
             p.active
@@ -133,27 +133,27 @@ pub fn bound_pods(c: &ClusterView, w: &WorkloadRef) -> i64 {
 
 /// A known reservation.
 #[derive(Debug, Clone)]
-pub struct Entry {
-    pub record: Record,
+pub(crate) struct Entry {
+    pub(crate) record: Record,
     /// The decoded requirements, or why they do not decode.
-    pub workload: Result<Arc<Workload>, String>,
+    pub(crate) workload: Result<Arc<Workload>, String>,
     /// When this replica first saw it (the owner: when it wrote it).
-    pub seen: Instant,
+    pub(crate) seen: Instant,
 }
 
 /// Every reservation this replica knows, and the recently ended ones.
-pub struct Table {
+pub(crate) struct Table {
     owner: String,
     entries: BTreeMap<String, Entry>,
     ended: BTreeMap<String, ReservationStatus>,
     ended_order: VecDeque<String>,
     next_seq: u64,
     /// Bumped on every change of `entries`.
-    pub version: u64,
+    pub(crate) version: u64,
 }
 
 impl Table {
-    pub fn new(owner: &str) -> Table {
+    pub(crate) fn new(owner: &str) -> Table {
         let ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
@@ -169,7 +169,7 @@ impl Table {
     }
 
     /// A fresh id for a reservation of this replica.
-    pub fn next_id(&mut self) -> String {
+    pub(crate) fn next_id(&mut self) -> String {
         loop {
             let id = format!("{}-{:016}", self.owner, self.next_seq);
             self.next_seq += 1;
@@ -179,24 +179,24 @@ impl Table {
         }
     }
 
-    pub fn entries(&self) -> impl Iterator<Item = (&String, &Entry)> {
+    pub(crate) fn entries(&self) -> impl Iterator<Item = (&String, &Entry)> {
         self.entries.values().map(|e| (&e.record.id, e))
     }
 
-    pub fn get(&self, id: &str) -> Option<&Entry> {
+    pub(crate) fn get(&self, id: &str) -> Option<&Entry> {
         self.entries.get(id)
     }
 
-    pub fn ended(&self, id: &str) -> Option<&ReservationStatus> {
+    pub(crate) fn ended(&self, id: &str) -> Option<&ReservationStatus> {
         self.ended.get(id)
     }
 
-    pub fn ended_all(&self) -> impl Iterator<Item = &ReservationStatus> {
+    pub(crate) fn ended_all(&self) -> impl Iterator<Item = &ReservationStatus> {
         self.ended.values()
     }
 
     /// When this replica considers `e` expired (see the module docs).
-    pub fn expiry(&self, e: &Entry) -> Instant {
+    pub(crate) fn expiry(&self, e: &Entry) -> Instant {
         let ttl = Duration::from_secs(e.record.ttl_seconds);
         if e.record.owner == self.owner {
             e.seen + ttl
@@ -206,7 +206,7 @@ impl Table {
     }
 
     /// Remembers how a reservation ended (bounded, oldest forgotten first).
-    pub fn end(&mut self, status: ReservationStatus) {
+    pub(crate) fn end(&mut self, status: ReservationStatus) {
         if !self.ended.contains_key(&status.id) {
             self.ended_order.push_back(status.id.clone());
         }
@@ -220,7 +220,7 @@ impl Table {
 
     /// Applies one change of the reservation scope, decoding the workload with `decode`.
     /// A record that does not decode is logged and ignored.
-    pub fn apply(
+    pub(crate) fn apply(
         &mut self,
         change: &ObjectChange,
         now: Instant,
@@ -284,7 +284,7 @@ impl Table {
     }
 
     /// Drops every entry whose id is not in `keep` (after a rebuild from the store).
-    pub fn retain(&mut self, keep: &BTreeSet<String>) {
+    pub(crate) fn retain(&mut self, keep: &BTreeSet<String>) {
         let before = self.entries.len();
         self.entries.retain(|id, _| keep.contains(id));
         if self.entries.len() != before {
@@ -294,7 +294,7 @@ impl Table {
 }
 
 /// The status of `r` without resolution details.
-pub fn base_status(r: &Record, status: ReservationState) -> ReservationStatus {
+pub(crate) fn base_status(r: &Record, status: ReservationState) -> ReservationStatus {
     ReservationStatus {
         id: r.id.clone(),
         owner: r.owner.clone(),

@@ -39,7 +39,7 @@ struct ClusterIndex {
 }
 
 /// See the module docs.
-pub struct DeviceIndex {
+pub(crate) struct DeviceIndex {
     env: CelEnv,
     clusters: HashMap<String, ClusterIndex>,
 }
@@ -78,7 +78,7 @@ fn device_input(driver: &str, d: &dramesh_model::k8s::Device) -> Option<Arc<Devi
 
 impl DeviceIndex {
     /// Applies one visible object change (only classes, slices and claims matter here).
-    pub fn apply(&mut self, cluster: &str, change: &ObjectChange) {
+    pub(crate) fn apply(&mut self, cluster: &str, change: &ObjectChange) {
         let key = change.key();
         if !matches!(
             key.kind,
@@ -156,7 +156,7 @@ impl DeviceIndex {
     }
 
     /// Devices, allocated and free per DeviceClass of `cluster`.
-    pub fn by_class(&self, cluster: &str) -> Vec<DeviceClassStatus> {
+    pub(crate) fn by_class(&self, cluster: &str) -> Vec<DeviceClassStatus> {
         let Some(c) = self.clusters.get(cluster) else {
             return Vec::new();
         };

@@ -21,10 +21,10 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::observe::PeerRow;
+use dramesh_mesh::observe::PeerRow;
 
 /// Seconds between automatic reloads of the page.
-pub const REFRESH_SECONDS: u32 = 5;
+pub(crate) const REFRESH_SECONDS: u32 = 5;
 /// Longest reservation table rendered; the rest are counted.
 const MAX_RESERVATION_ROWS: usize = 500;
 /// Most columns a reservation table gets from its objects' fields.
@@ -33,7 +33,7 @@ const MAX_RESERVATION_COLUMNS: usize = 12;
 const MAX_CELL_CHARS: usize = 200;
 
 /// Escapes text for HTML element content and quoted attribute values.
-pub fn escape(s: &str) -> String {
+pub(crate) fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
@@ -49,7 +49,7 @@ pub fn escape(s: &str) -> String {
 }
 
 /// `0.4 s`, `12 s`, `3 min 5 s`, `2 h 7 min`.
-pub fn fmt_age(d: Duration) -> String {
+pub(crate) fn fmt_age(d: Duration) -> String {
     let s = d.as_secs_f64();
     if s < 10.0 {
         format!("{s:.1} s")
@@ -108,7 +108,7 @@ rect.used{fill:#d9822b} rect.free{fill:#2f7fc1} .legend span{display:inline-bloc
 ";
 
 /// The whole page. `status` is the `/v1/status` JSON; `peers` the live mesh connections.
-pub fn render(status: &Value, peers: &[PeerRow]) -> String {
+pub(crate) fn render(status: &Value, peers: &[PeerRow]) -> String {
     let replica = status["replica"].as_str().unwrap_or("");
     let mut h = String::with_capacity(16 * 1024);
     let _ = write!(

@@ -1,4 +1,4 @@
-//! Observability of a running replica or agent: fills the shared metric set
+//! Observability of a running replica or agent: fills the daemon's metric set
 //! ([`dramesh_telemetry::Metrics`]) from the mesh node and the store, tracks when each peer last
 //! delivered a change of each cluster, and gives the status page its peer rows.
 //!
@@ -12,24 +12,17 @@
 //! from that peer, on this process's monotonic clock (wall clocks of different machines are
 //! never compared). It grows while a cluster is quiet; `docs_behind` (what the peer's last
 //! heartbeat reported as differing) is the measure of how far behind a peer is.
-//!
-//! Reservations ([`Observer::observe_reservations`]): `dramesh_reservations{state}` is the
-//! number held in each state at the scrape; `dramesh_reservation_events_total{event}` counts
-//! reservations seen entering `expired` or `conflicted` since the previous scrape (a
-//! reservation that entered and left a state between two scrapes is not counted).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dramesh_api::native::{ReservationState, ReservationStatus};
-use dramesh_mesh::PeerIdentity;
-use dramesh_mesh::node::{AppliedChange, MeshHandle, PeerStatus};
-use dramesh_mesh::store_adapter::MeshStore;
-use dramesh_telemetry::{Direction, Metrics, ReservationState as Counted};
+use dramesh_telemetry::{Direction, Metrics};
 
-use crate::backend::lock;
+use crate::PeerIdentity;
+use crate::node::{AppliedChange, MeshHandle, PeerStatus, lock};
+use crate::store_adapter::MeshStore;
 
 /// The `peer` label and the status page's name of a mesh identity (its URI without scheme).
 pub fn peer_label(id: &PeerIdentity) -> String {
@@ -47,15 +40,25 @@ fn peer_kind(id: &PeerIdentity) -> &'static str {
 /// One live mesh connection as the status page shows it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PeerRow {
+    /// [`peer_label`] of the peer's identity.
     pub peer: String,
+    /// `replica` or `agent`.
     pub kind: &'static str,
+    /// The peer's UDP address.
     pub addr: SocketAddr,
+    /// Whether this side dialed the connection.
     pub dialed: bool,
+    /// Whether the peer's hello arrived.
     pub hello_received: bool,
+    /// Time since anything arrived from the peer.
     pub last_heard: Duration,
+    /// QUIC's round-trip estimate.
     pub rtt: Duration,
+    /// Documents the peer's last heartbeat reported as differing.
     pub docs_behind: usize,
+    /// Bytes sent on this connection.
     pub bytes_sent: u64,
+    /// Bytes received on this connection.
     pub bytes_received: u64,
     /// Per cluster: time since the newest change of it arrived from this peer.
     pub sync_lag: BTreeMap<String, Duration>,
@@ -69,12 +72,11 @@ struct Totals {
     bytes: HashMap<String, (u64, u64)>,
     /// reason -> refused-write total as of the last refresh.
     rejected: HashMap<&'static str, u64>,
-    /// Reservation id -> state at the previous scrape.
-    reservations: HashMap<String, ReservationState>,
 }
 
 /// Metrics and peer state of one replica or agent.
 pub struct Observer {
+    /// The daemon's metric set, rendered by its `/metrics` handler.
     pub metrics: Arc<Metrics>,
     mesh: Arc<MeshHandle>,
     store: Arc<Mutex<MeshStore>>,
@@ -82,6 +84,7 @@ pub struct Observer {
 }
 
 impl Observer {
+    /// An observer filling `metrics` from `mesh` and the store it replicates.
     pub fn new(
         metrics: Arc<Metrics>,
         mesh: Arc<MeshHandle>,
@@ -160,13 +163,6 @@ impl Observer {
         rows
     }
 
-    /// Sets the reservation gauges from the replica's list (ended ones included) and counts
-    /// reservations that entered `expired` or `conflicted` since the previous call.
-    pub fn observe_reservations(&self, list: &[ReservationStatus]) {
-        let mut totals = lock(&self.totals);
-        totals.reservations = count_reservations(&self.metrics, &totals.reservations, list);
-    }
-
     fn refresh_mesh(&self, rows: &[PeerRow]) {
         let m = &self.metrics;
         let mut totals = lock(&self.totals);
@@ -211,42 +207,6 @@ impl Observer {
             m.reject_writes(reason, growth(last, now));
         }
     }
-}
-
-/// Reservation gauges and entry events (see the module docs); returns the states to compare
-/// the next list with.
-fn count_reservations(
-    m: &Metrics,
-    previous: &HashMap<String, ReservationState>,
-    list: &[ReservationStatus],
-) -> HashMap<String, ReservationState> {
-    let (mut live, mut expired, mut conflicted) = (0, 0, 0);
-    let mut seen = HashMap::with_capacity(list.len());
-    for r in list {
-        let counted = match r.status {
-            ReservationState::Live => {
-                live += 1;
-                None
-            }
-            ReservationState::Expired => {
-                expired += 1;
-                Some(Counted::Expired)
-            }
-            ReservationState::Conflicted => {
-                conflicted += 1;
-                Some(Counted::Conflicted)
-            }
-            ReservationState::Satisfied | ReservationState::Released => None,
-        };
-        if let Some(event) = counted
-            && previous.get(&r.id) != Some(&r.status)
-        {
-            m.reservation_events(event, 1);
-        }
-        seen.insert(r.id.clone(), r.status);
-    }
-    m.set_reservations(live, expired, conflicted);
-    seen
 }
 
 /// How much a running total grew since `last` (all of it when it restarted lower), updating
@@ -299,36 +259,6 @@ mod tests {
             "a restarted total counts from zero"
         );
         assert_eq!(growth(&mut last, 3), 0);
-    }
-
-    #[test]
-    fn reservations_are_counted_by_state_and_entries() {
-        let m = Metrics::new();
-        let r = |id: &str, status| ReservationStatus {
-            id: id.into(),
-            status,
-            ..ReservationStatus::default()
-        };
-        let gauges =
-            |m: &Metrics| ["live", "expired", "conflicted"].map(|s| m.reservations.with([s]).get());
-        let events = |m: &Metrics| {
-            ["expired", "conflicted"].map(|e| m.reservation_events_total.with([e]).get())
-        };
-        let first = vec![
-            r("a", ReservationState::Live),
-            r("b", ReservationState::Conflicted),
-            r("c", ReservationState::Released),
-        ];
-        let prev = count_reservations(&m, &HashMap::new(), &first);
-        assert_eq!(gauges(&m), [1.0, 0.0, 1.0]);
-        assert_eq!(events(&m), [0, 1]);
-        let second = vec![
-            r("a", ReservationState::Expired),
-            r("b", ReservationState::Conflicted),
-        ];
-        count_reservations(&m, &prev, &second);
-        assert_eq!(gauges(&m), [0.0, 1.0, 1.0]);
-        assert_eq!(events(&m), [1, 1], "b stayed conflicted: counted once");
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! `dramesh replica`: a control-plane replica as a running process (or in-process, for the
+//! A control-plane replica as a running process (`dramesh replica`, or in-process for the
 //! demo): the persistent store, the QUIC mesh node, the estimation view fed from the mesh,
 //! and the Karmada gRPC, native gRPC and HTTP APIs.
 //!
@@ -20,70 +20,56 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use dramesh_api::ApiState;
-use dramesh_mesh::PeerIdentity;
 use dramesh_mesh::certs::TlsIdentity;
+use dramesh_mesh::daemon::{open_store, stopped};
 use dramesh_mesh::node::{MeshHandle, NodeConfig};
+use dramesh_mesh::observe::{Observer, peer_label};
 use dramesh_mesh::protocol::ProtocolConfig;
 use dramesh_mesh::store_adapter::MeshStore;
-use dramesh_store::{Durability, Store, StoreConfig};
+use dramesh_mesh::{PeerIdentity, lock};
 use dramesh_telemetry::spans::{fields, record_count};
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinSet;
 
-use crate::backend::{ReplicaBackend, ReplicaState, lock};
-use crate::daemon::stopped;
-use crate::observe::Observer;
+use crate::backend::ReplicaBackend;
+use crate::state::ReplicaState;
 
 /// How a replica is started.
 #[derive(Clone)]
 pub struct ReplicaConfig {
+    /// Mesh certificate; its identity must be `dramesh://replica/<id>`.
     pub identity: TlsIdentity,
+    /// UDP address of the mesh endpoint.
     pub listen_mesh: SocketAddr,
+    /// TCP address of the HTTP API (native JSON, status page, health, metrics).
     pub api: SocketAddr,
+    /// TCP address of the gRPC API (Karmada estimator and `dramesh.v1`).
     pub grpc: SocketAddr,
+    /// Mesh addresses of other replicas to dial.
     pub seeds: Vec<SocketAddr>,
     /// Store directory; `None` keeps documents in memory only (demo).
     pub data_dir: Option<PathBuf>,
+    /// Karmada answers for a cluster not heard from for this long are 0.
     pub stale_after: Duration,
+    /// Replication switches and limits of the mesh node.
     pub protocol: ProtocolConfig,
 }
 
 /// A running replica.
 pub struct Replica {
+    /// The replica id from the certificate.
     pub id: String,
+    /// What the APIs answer from.
     pub state: Arc<ReplicaState>,
+    /// Bound mesh address.
     pub mesh_addr: SocketAddr,
+    /// Bound HTTP API address.
     pub http_addr: SocketAddr,
+    /// Bound gRPC API address.
     pub grpc_addr: SocketAddr,
     mesh: Arc<MeshHandle>,
     stop: watch::Sender<bool>,
     tasks: JoinSet<()>,
-}
-
-/// Opens the store directory (or an in-memory store), logging what was dropped.
-pub fn open_store(dir: Option<&PathBuf>, what: &str) -> anyhow::Result<Store> {
-    let Some(dir) = dir else {
-        return Ok(Store::in_memory(StoreConfig {
-            durability: Durability::None,
-            ..StoreConfig::default()
-        }));
-    };
-    let (store, report) = Store::open(dir, StoreConfig::default())
-        .with_context(|| format!("{what}: opening the store in {}", dir.display()))?;
-    for c in &report.corrupt {
-        tracing::warn!(
-            path = %c.path.display(),
-            moved_to = %c.moved_to.display(),
-            doc = ?c.doc,
-            reason = %c.reason,
-            "corrupt document file dropped; it will be resynced from peers"
-        );
-    }
-    for t in &report.truncated {
-        tracing::warn!(doc = %t.doc, bytes = t.bytes, "torn tail of an interrupted write truncated");
-    }
-    tracing::info!(dir = %dir.display(), loaded = report.loaded, corrupt = report.corrupt.len(), "store opened");
-    Ok(store)
 }
 
 impl Replica {
@@ -95,9 +81,14 @@ impl Replica {
         };
         let dir = config.data_dir.clone();
         let what = format!("replica {id}");
-        let store = tokio::task::spawn_blocking(move || open_store(dir.as_ref(), &what))
-            .await
-            .context("store loader panicked")??;
+        let store = tokio::task::spawn_blocking(move || {
+            open_store(dir.as_deref(), &what).with_context(|| match &dir {
+                Some(d) => format!("{what}: opening the store in {}", d.display()),
+                None => format!("{what}: opening the store"),
+            })
+        })
+        .await
+        .context("store loader panicked")??;
         let store = Arc::new(Mutex::new(MeshStore::new(store, true)));
         let state = {
             let store = store.clone();
@@ -107,7 +98,10 @@ impl Replica {
                 .await
                 .context("view builder panicked")?
         };
-        let loaded_nodes: usize = state.view().clusters().map(|c| c.node_count()).sum();
+        let (loaded_nodes, loaded_clusters) = state.with_view(|v| {
+            let nodes: usize = v.clusters().map(|c| c.node_count()).sum();
+            (nodes, v.clusters().count())
+        });
         let non_empty = !lock(&store).store().list_docs().is_empty();
         let metrics = Arc::new(dramesh_telemetry::Metrics::new());
         let api = ApiState::new(Arc::new(ReplicaBackend {
@@ -177,7 +171,7 @@ impl Replica {
             mesh = %mesh.local_addr(),
             http = %http_addr,
             grpc = %grpc_addr,
-            clusters = state.view().clusters().count(),
+            clusters = loaded_clusters,
             nodes = loaded_nodes,
             ready = api.is_ready(),
             "replica started"
@@ -196,7 +190,7 @@ impl Replica {
 
     /// Stops the APIs, the feeder and the mesh node.
     pub async fn shutdown(mut self) {
-        crate::daemon::shutdown(&self.stop, &mut self.tasks, self.mesh).await;
+        dramesh_mesh::daemon::shutdown(&self.stop, &mut self.tasks, self.mesh).await;
         tracing::info!(replica = %self.id, "replica stopped");
     }
 }
@@ -219,7 +213,7 @@ async fn feed(
             r = applied.recv() => match r {
                 Ok(a) => {
                     observer.applied(&a);
-                    from.insert(crate::observe::peer_label(&a.from));
+                    from.insert(peer_label(&a.from));
                     touched.insert(a.doc.cluster);
                 }
                 Err(broadcast::error::RecvError::Lagged(n)) => {
@@ -232,7 +226,7 @@ async fn feed(
         }
         while let Ok(a) = applied.try_recv() {
             observer.applied(&a);
-            from.insert(crate::observe::peer_label(&a.from));
+            from.insert(peer_label(&a.from));
             touched.insert(a.doc.cluster);
         }
         if !touched.is_empty() {

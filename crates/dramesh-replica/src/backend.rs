@@ -1,0 +1,446 @@
+//! The API crate's [`Backend`] over a [`ReplicaState`]: Karmada questions answered for one
+//! known, fresh cluster with in-flight reservations and Karmada's assumed workloads deducted;
+//! native answers are the estimator's results converted by the API crate's `From` impls;
+//! `GetUnschedulableReplicas` is answered from the pending-pod index (see [`crate::pending`]
+//! for how pods are matched to the Deployment and the wall-clock caveat).
+
+use std::sync::Arc;
+
+use dramesh_api::native::{
+    EstimateRequest, EstimateResponse, PlaceRequest, PlaceResponse, PreemptRequest,
+    PreemptResponse, ReservationStatus, ReserveRequest, StatusReport,
+};
+use dramesh_api::query::{ComponentSetQuery, ReplicaQuery, UnschedulableQuery};
+use dramesh_api::{ApiError, Backend, ReplicaAnswer};
+use dramesh_estimator::{Component, EstimateOptions};
+
+use crate::requests::{assumed_of, workload_of};
+use crate::state::ReplicaState;
+
+/// [`Backend`] over a [`ReplicaState`].
+pub struct ReplicaBackend {
+    /// The state answers come from.
+    pub state: Arc<ReplicaState>,
+}
+
+impl Backend for ReplicaBackend {
+    fn max_available_replicas(&self, q: &ReplicaQuery) -> ReplicaAnswer {
+        let s = &self.state;
+        let reserved = s.reserved();
+        let indexes = s.indexes();
+        let view = &indexes.view;
+        if let Err(a) = s.check_karmada(view, &q.cluster) {
+            return a;
+        }
+        let w = match workload_of("karmada-replica", &q.requirements, 1, true) {
+            Ok(w) => w,
+            Err(e) => return ReplicaAnswer::Failed(format!("replicaRequirements: {e}")),
+        };
+        let mut assumed = match assumed_of(&q.cluster, &q.assumed_workloads) {
+            Ok(a) => a,
+            Err(e) => return ReplicaAnswer::Failed(e),
+        };
+        assumed.extend(reserved);
+        let opts = EstimateOptions {
+            assumed,
+            clusters: vec![q.cluster.clone()],
+            ..EstimateOptions::default()
+        };
+        let est = s.compute(&indexes).estimator.estimate(view, &w, &opts);
+        match est.cluster(&q.cluster) {
+            Some(c) => match &c.error {
+                Some(e) => ReplicaAnswer::Failed(e.clone()),
+                None => ReplicaAnswer::Count(c.max_replicas),
+            },
+            None => ReplicaAnswer::UnknownCluster,
+        }
+    }
+
+    fn max_available_component_sets(&self, q: &ComponentSetQuery) -> ReplicaAnswer {
+        let s = &self.state;
+        let reserved = s.reserved();
+        let indexes = s.indexes();
+        let view = &indexes.view;
+        if let Err(a) = s.check_karmada(view, &q.cluster) {
+            return a;
+        }
+        let mut comps = Vec::new();
+        for c in &q.components {
+            let mut req = c.requirements.clone();
+            if req.namespace.is_empty() {
+                req.namespace = q.namespace.clone();
+            }
+            match workload_of(&c.name, &req, i64::from(c.replicas), false) {
+                Ok(w) => comps.push(Component {
+                    name: c.name.clone(),
+                    replicas: i64::from(c.replicas),
+                    requests: w.requests.clone(),
+                    node_claim: w.node_claim.clone(),
+                }),
+                Err(e) => return ReplicaAnswer::Failed(format!("component {:?}: {e}", c.name)),
+            }
+        }
+        let mut assumed = match assumed_of(&q.cluster, &q.assumed_workloads) {
+            Ok(a) => a,
+            Err(e) => return ReplicaAnswer::Failed(e),
+        };
+        assumed.extend(reserved);
+        let opts = EstimateOptions {
+            assumed,
+            clusters: vec![q.cluster.clone()],
+            ..EstimateOptions::default()
+        };
+        let est = dramesh_estimator::estimate_component_sets(view, &comps, &opts);
+        match est.cluster(&q.cluster) {
+            Some(c) => ReplicaAnswer::Count(c.max_replicas),
+            None => ReplicaAnswer::UnknownCluster,
+        }
+    }
+
+    fn unschedulable_replicas(&self, q: &UnschedulableQuery) -> ReplicaAnswer {
+        let s = &self.state;
+        let indexes = s.indexes();
+        if let Err(a) = s.check_karmada(&indexes.view, &q.cluster) {
+            return a;
+        }
+        let now = jiff::Timestamp::now();
+        match indexes
+            .pending
+            .unschedulable(&q.cluster, &q.workload, q.threshold, now)
+        {
+            Ok(n) => ReplicaAnswer::Count(i64::try_from(n).unwrap_or(i64::MAX)),
+            Err(e) => ReplicaAnswer::Failed(e),
+        }
+    }
+
+    fn estimate_all(&self, req: &EstimateRequest) -> Result<EstimateResponse, ApiError> {
+        let est = self
+            .state
+            .estimate_manifests(&req.workload.manifests, &req.clusters)?;
+        Ok(EstimateResponse::from(&est))
+    }
+
+    fn place(&self, req: &PlaceRequest) -> Result<PlaceResponse, ApiError> {
+        let p = self
+            .state
+            .place_manifests(&req.workload.manifests, &req.clusters, req.replicas)?;
+        Ok(PlaceResponse::from(&p))
+    }
+
+    fn preempt(&self, req: &PreemptRequest) -> Result<PreemptResponse, ApiError> {
+        let p =
+            self.state
+                .preempt_manifests(&req.workload.manifests, &req.clusters, req.replicas)?;
+        Ok(PreemptResponse::from(&p))
+    }
+
+    fn status(&self) -> StatusReport {
+        self.state.status_report()
+    }
+
+    fn reserve(&self, req: &ReserveRequest) -> Result<ReservationStatus, ApiError> {
+        self.state.reserve(req)
+    }
+
+    fn release(&self, id: &str) -> Result<ReservationStatus, ApiError> {
+        self.state.release(id)
+    }
+
+    fn reservation(&self, id: &str) -> Result<ReservationStatus, ApiError> {
+        self.state
+            .reservation_status(id)
+            .ok_or_else(|| ApiError::NotFound(format!("reservation {id}")))
+    }
+
+    fn reservations(&self) -> Result<Vec<ReservationStatus>, ApiError> {
+        Ok(self.state.reservation_list(true))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+    use std::path::Path;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use dramesh_api::query::{
+        self, ClaimTemplate, DraRequirements, NodeClaim, ReplicaRequirements,
+    };
+    use dramesh_mesh::store_adapter::MeshStore;
+    use dramesh_model::{Manifest, ObjectChange, k8s};
+    use dramesh_store::{Durability, Store, StoreConfig};
+
+    use crate::requests::workload_from_manifests;
+
+    const TRAINER: &str = include_str!("../../../tests/estimator/workload/trainer.yaml");
+
+    fn state_with_fleet() -> Arc<ReplicaState> {
+        let store = Store::in_memory(StoreConfig {
+            durability: Durability::None,
+            ..StoreConfig::default()
+        });
+        let store = Arc::new(Mutex::new(MeshStore::new(store, true)));
+        let state = ReplicaState::new("t", Duration::from_secs(120), store);
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/estimator/fleet");
+        let mut changes = Vec::new();
+        for cluster in ["gpu-east", "gpu-west", "cpu-only"] {
+            for l in dramesh_model::load::load_path(&dir.join(cluster)).unwrap() {
+                if let Manifest::Object(o) = l.manifest {
+                    changes.push((cluster.to_string(), ObjectChange::upsert(&o)));
+                }
+            }
+        }
+        state.apply_changes(&changes);
+        state
+    }
+
+    #[test]
+    fn karmada_query_matches_manifest_estimate() {
+        let state = state_with_fleet();
+        let backend = ReplicaBackend {
+            state: state.clone(),
+        };
+        let est = state
+            .estimate_manifests(&[TRAINER.to_string()], &[])
+            .unwrap();
+        assert_eq!(est.cluster("gpu-east").unwrap().max_replicas, 6);
+        assert_eq!(est.cluster("gpu-west").unwrap().max_replicas, 2);
+
+        let w = workload_from_manifests(&[TRAINER.to_string()]).unwrap();
+        let spec = w.templates[0].template.spec.clone();
+        let mut q = ReplicaQuery {
+            cluster: "gpu-east".into(),
+            requirements: ReplicaRequirements {
+                node_claim: NodeClaim {
+                    tolerations: w.node_claim.tolerations.clone(),
+                    ..NodeClaim::default()
+                },
+                resource_request: [
+                    ("cpu".to_string(), k8s::K8sQuantity("8".into())),
+                    ("memory".to_string(), k8s::K8sQuantity("64Gi".into())),
+                ]
+                .into_iter()
+                .collect(),
+                namespace: "ml".into(),
+                priority_class_name: String::new(),
+                dra: DraRequirements {
+                    claim_templates: vec![ClaimTemplate {
+                        pod_claim_name: "gpu".into(),
+                        spec,
+                    }],
+                    shared_claims: vec![],
+                },
+            },
+            assumed_workloads: vec![],
+        };
+        for (cluster, want) in [("gpu-east", 6), ("gpu-west", 2)] {
+            q.cluster = cluster.into();
+            assert_eq!(
+                backend.max_available_replicas(&q),
+                ReplicaAnswer::Count(want),
+                "{cluster}"
+            );
+        }
+        // A cluster without the DeviceClass is an estimator error there (0 on the wire).
+        q.cluster = "cpu-only".into();
+        match backend.max_available_replicas(&q) {
+            ReplicaAnswer::Failed(e) => assert!(e.contains("gpu.nvidia.com"), "{e}"),
+            other => panic!("cpu-only: {other:?}"),
+        }
+        // Without the DRA requirement only cpu/memory limit the answer.
+        let mut plain = q.clone();
+        plain.cluster = "gpu-west".into();
+        plain.requirements.dra = DraRequirements::default();
+        let ReplicaAnswer::Count(n) = backend.max_available_replicas(&plain) else {
+            panic!("no count");
+        };
+        assert!(n > 2, "{n}");
+        // An assumed workload of the same shape takes its share first.
+        let mut assumed = q.clone();
+        assumed.cluster = "gpu-west".into();
+        assumed.requirements.dra = DraRequirements::default();
+        assumed.assumed_workloads = vec![query::AssumedWorkload {
+            namespace: "ml".into(),
+            components: vec![query::Component {
+                name: "inflight".into(),
+                replicas: 1,
+                requirements: assumed.requirements.clone(),
+            }],
+        }];
+        assert_eq!(
+            backend.max_available_replicas(&assumed),
+            ReplicaAnswer::Count(n - 1)
+        );
+        // An assumed workload with the DRA requirement also holds its devices: one in-flight
+        // replica leaves gpu-west devices for one more.
+        let mut dra_assumed = q.clone();
+        dra_assumed.cluster = "gpu-west".into();
+        dra_assumed.assumed_workloads = vec![query::AssumedWorkload {
+            namespace: "ml".into(),
+            components: vec![query::Component {
+                name: "inflight".into(),
+                replicas: 1,
+                requirements: q.requirements.clone(),
+            }],
+        }];
+        assert_eq!(
+            backend.max_available_replicas(&dra_assumed),
+            ReplicaAnswer::Count(1)
+        );
+        q.cluster = "nowhere".into();
+        assert_eq!(
+            backend.max_available_replicas(&q),
+            ReplicaAnswer::UnknownCluster
+        );
+    }
+
+    #[test]
+    fn stale_clusters_answer_stale() {
+        let store = Store::in_memory(StoreConfig {
+            durability: Durability::None,
+            ..StoreConfig::default()
+        });
+        let store = Arc::new(Mutex::new(MeshStore::new(store, true)));
+        let state = ReplicaState::new("t", Duration::from_millis(0), store);
+        let node = dramesh_model::load::load_str(
+            Path::new("n"),
+            "apiVersion: v1\nkind: Node\nmetadata: {name: n1}\nstatus: {allocatable: {cpu: '4', pods: '10'}}\n",
+        )
+        .unwrap();
+        let Manifest::Object(o) = &node[0].manifest else {
+            panic!("not an object");
+        };
+        state.apply_changes(&[("c".to_string(), ObjectChange::upsert(o))]);
+        std::thread::sleep(Duration::from_millis(5));
+        let backend = ReplicaBackend { state };
+        let q = ReplicaQuery {
+            cluster: "c".into(),
+            ..ReplicaQuery::default()
+        };
+        assert!(matches!(
+            backend.max_available_replicas(&q),
+            ReplicaAnswer::Stale { .. }
+        ));
+        let status = backend.status();
+        assert!(status.clusters[0].stale);
+        assert_eq!(status.clusters[0].nodes, 1);
+    }
+
+    #[test]
+    fn unschedulable_replicas_count_pending_deployment_pods() {
+        let state = state_with_fleet();
+        let ago = |mins: i64| {
+            let t = jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_mins(mins);
+            t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+        };
+        let pod = |name: &str, since: &str| {
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: ml\n  labels: {{pod-template-hash: 6b7d}}\n  ownerReferences: [{{apiVersion: apps/v1, kind: ReplicaSet, name: trainer-6b7d, uid: u1, controller: true}}]\nspec:\n  containers: [{{name: c}}]\nstatus:\n  phase: Pending\n  conditions: [{{type: PodScheduled, status: 'False', reason: Unschedulable, lastTransitionTime: '{since}'}}]\n"
+            )
+        };
+        let mut changes = Vec::new();
+        for (name, since) in [("old", ago(10)), ("new", ago(0))] {
+            for l in dramesh_model::load::load_str(Path::new("p"), &pod(name, &since)).unwrap() {
+                if let Manifest::Object(o) = l.manifest {
+                    changes.push(("gpu-east".to_string(), ObjectChange::upsert(&o)));
+                }
+            }
+        }
+        assert_eq!(changes.len(), 2);
+        state.apply_changes(&changes);
+        let backend = ReplicaBackend { state };
+        let q = |cluster: &str, kind: &str, name: &str| UnschedulableQuery {
+            cluster: cluster.into(),
+            workload: query::ObjectRef {
+                api_version: "apps/v1".into(),
+                kind: kind.into(),
+                namespace: "ml".into(),
+                name: name.into(),
+            },
+            threshold: Duration::from_secs(60),
+        };
+        assert_eq!(
+            backend.unschedulable_replicas(&q("gpu-east", "Deployment", "trainer")),
+            ReplicaAnswer::Count(1)
+        );
+        assert_eq!(
+            backend.unschedulable_replicas(&q("gpu-east", "Deployment", "web")),
+            ReplicaAnswer::Count(0)
+        );
+        assert_eq!(
+            backend.unschedulable_replicas(&q("gpu-west", "Deployment", "trainer")),
+            ReplicaAnswer::Count(0)
+        );
+        assert_eq!(
+            backend.unschedulable_replicas(&q("nowhere", "Deployment", "trainer")),
+            ReplicaAnswer::UnknownCluster
+        );
+        assert!(matches!(
+            backend.unschedulable_replicas(&q("gpu-east", "StatefulSet", "trainer")),
+            ReplicaAnswer::Failed(_)
+        ));
+    }
+
+    #[test]
+    fn native_place_and_preempt_convert() {
+        let state = state_with_fleet();
+        let backend = ReplicaBackend { state };
+        let workload = dramesh_api::native::Workload {
+            manifests: vec![TRAINER.to_string()],
+        };
+        let p = backend
+            .place(&PlaceRequest {
+                workload: workload.clone(),
+                clusters: vec![],
+                replicas: None,
+            })
+            .unwrap();
+        let placed: BTreeMap<String, i64> = p
+            .clusters
+            .iter()
+            .map(|c| (c.name.clone(), c.replicas))
+            .collect();
+        assert_eq!(placed.get("gpu-east"), Some(&4));
+        assert_eq!(placed.get("gpu-west"), Some(&2));
+        let e = backend
+            .estimate_all(&EstimateRequest {
+                workload,
+                clusters: vec!["missing".into()],
+            })
+            .unwrap_err();
+        assert!(matches!(e, ApiError::NotFound(_)), "{e}");
+        let bad = backend
+            .estimate_all(&EstimateRequest {
+                workload: dramesh_api::native::Workload {
+                    manifests: vec!["kind: [".into()],
+                },
+                clusters: vec![],
+            })
+            .unwrap_err();
+        assert!(matches!(bad, ApiError::InvalidRequest(_)), "{bad}");
+    }
+
+    /// The native answers are the estimator's results on the wire, byte for byte (what the
+    /// JSON round trip they replace guaranteed), victims included.
+    #[test]
+    fn native_answers_serialize_like_the_estimator_results() {
+        let state = state_with_fleet();
+        let m = [TRAINER.to_string()];
+        let est = state.estimate_manifests(&m, &[]).unwrap();
+        assert_eq!(json(&EstimateResponse::from(&est)), json(&est));
+        let p = state.place_manifests(&m, &[], None).unwrap();
+        assert_eq!(json(&PlaceResponse::from(&p)), json(&p));
+        let pre = state.preempt_manifests(&m, &[], Some(40)).unwrap();
+        assert!(
+            pre.clusters.iter().any(|c| !c.victims.is_empty()),
+            "the fleet should offer victims: {pre:?}"
+        );
+        assert_eq!(json(&PreemptResponse::from(&pre)), json(&pre));
+    }
+
+    fn json<T: serde::Serialize>(v: &T) -> String {
+        serde_json::to_string(v).unwrap()
+    }
+}

@@ -1,0 +1,32 @@
+//! dramesh-replica: a control-plane replica as a library.
+//!
+//! Start one with [`Replica::start`] from a [`ReplicaConfig`]; it opens the store, builds the
+//! estimation view from it, starts the mesh node and serves the Karmada, native and HTTP APIs
+//! from a [`ReplicaState`] (the handle everything answers from, see its lock order).
+//!
+//! - [`runner`]: the running replica (start/stop, the change feed, readiness, data age).
+//! - [`state`]: [`ReplicaState`]: the view and its side indexes, estimates, status, freshness.
+//! - `reserve`, `reservations`: in-flight reservations (resolution, writing; the record and
+//!   its table).
+//! - `requests`: API requests (manifests, Karmada requirements) as estimator workloads.
+//! - `backend`: [`ReplicaBackend`], the API crate's `Backend` over the state.
+//! - `pending`: unbound pods for `GetUnschedulableReplicas`; `devstatus`: device counts by
+//!   class for the status report.
+//! - `routes`, `status_page`, `observe`: the replica's own HTTP routes, the status page and the
+//!   reservation metrics.
+
+mod backend;
+mod devstatus;
+mod observe;
+mod pending;
+mod requests;
+mod reservations;
+mod reserve;
+mod routes;
+pub mod runner;
+pub mod state;
+mod status_page;
+
+pub use backend::ReplicaBackend;
+pub use runner::{Replica, ReplicaConfig};
+pub use state::ReplicaState;

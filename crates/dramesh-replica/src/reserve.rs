@@ -1,0 +1,348 @@
+//! This replica's side of reservations: overcommit resolution over the reservation table and
+//! the view (cached until its inputs change), reservation status, and writing, releasing and
+//! sweeping this replica's own reservations (see [`crate::reservations`] for the record and
+//! its lifecycle).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use dramesh_api::ApiError;
+use dramesh_api::native::{ReservationState, ReservationStatus, ReserveRequest, WorkloadRef};
+use dramesh_estimator::{Admission, AssumedWorkload, Reservation, Workload};
+use dramesh_model::ObjectChange;
+
+use crate::requests::workload_from_manifests;
+use crate::reservations::{self as resv, Record, Table};
+use crate::state::{ReplicaState, check_clusters};
+
+/// Inputs a resolution depends on; equal keys give equal resolutions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ResolveKey {
+    version: u64,
+    live: Vec<String>,
+    clusters: Vec<(String, u64)>,
+}
+
+/// One overcommit resolution of the unexpired reservations.
+#[derive(Debug)]
+pub(crate) struct Resolved {
+    key: ResolveKey,
+    admissions: BTreeMap<String, Admission>,
+    remaining: BTreeMap<String, i64>,
+    expired: BTreeSet<String>,
+    assumed: Vec<AssumedWorkload>,
+}
+
+impl ReplicaState {
+    /// The current overcommit resolution (recomputed only when its inputs changed).
+    fn resolution(&self) -> Arc<Resolved> {
+        let now = Instant::now();
+        struct Live {
+            id: String,
+            cluster: String,
+            priority: i32,
+            replicas: i64,
+            bound_at_creation: i64,
+            workload: WorkloadRef,
+            decoded: Result<Arc<Workload>, String>,
+        }
+        let (version, live, expired) = {
+            self.with_table(|table| {
+                let mut live = Vec::new();
+                let mut expired = BTreeSet::new();
+                for (id, e) in table.entries() {
+                    if now >= table.expiry(e) {
+                        expired.insert(id.clone());
+                        continue;
+                    }
+                    live.push(Live {
+                        id: id.clone(),
+                        cluster: e.record.cluster.clone(),
+                        priority: e.record.priority,
+                        replicas: e.record.replicas,
+                        bound_at_creation: e.record.bound_at_creation,
+                        workload: e.record.workload.clone(),
+                        decoded: e.workload.clone(),
+                    });
+                }
+                (table.version, live, expired)
+            })
+        };
+        let indexes = self.indexes();
+        let view = &indexes.view;
+        let mut compute = self.compute(&indexes);
+        let clusters: BTreeSet<&str> = live.iter().map(|l| l.cluster.as_str()).collect();
+        let key = ResolveKey {
+            version,
+            live: live.iter().map(|l| l.id.clone()).collect(),
+            clusters: clusters
+                .iter()
+                .map(|c| {
+                    let g = view.cluster(c).map_or(0, |v| v.generation());
+                    (c.to_string(), g)
+                })
+                .collect(),
+        };
+        if let Some(r) = compute.resolved.as_ref()
+            && r.key == key
+        {
+            return r.clone();
+        }
+        let mut remaining = BTreeMap::new();
+        let mut admissions = BTreeMap::new();
+        let mut input = Vec::new();
+        for l in &live {
+            let bound = view
+                .cluster(&l.cluster)
+                .map_or(0, |c| resv::bound_pods(c, &l.workload));
+            let left = (l.replicas - (bound - l.bound_at_creation).max(0)).max(0);
+            remaining.insert(l.id.clone(), left);
+            match &l.decoded {
+                Ok(w) => input.push(Reservation {
+                    id: l.id.clone(),
+                    cluster: l.cluster.clone(),
+                    priority: l.priority,
+                    replicas: left,
+                    workload: w.clone(),
+                }),
+                Err(e) => {
+                    admissions.insert(
+                        l.id.clone(),
+                        Admission::Conflicted {
+                            winner: None,
+                            available: 0,
+                            reason: Some(format!("workload manifests: {e}")),
+                        },
+                    );
+                }
+            }
+        }
+        let r = dramesh_estimator::resolve(view, &mut compute.estimator, &input);
+        admissions.extend(r.admissions);
+        let resolved = Arc::new(Resolved {
+            key,
+            admissions,
+            remaining,
+            expired,
+            assumed: r.assumed,
+        });
+        compute.resolved = Some(resolved.clone());
+        resolved
+    }
+
+    /// Deductions of the admitted reservations, for estimates.
+    pub(crate) fn reserved(&self) -> Vec<AssumedWorkload> {
+        self.resolution().assumed.clone()
+    }
+
+    fn status_of(&self, id: &str, res: &Resolved, now: Instant) -> Option<ReservationStatus> {
+        self.with_table(|table| {
+            let Some(e) = table.get(id) else {
+                return table.ended(id).cloned();
+            };
+            let expiry = table.expiry(e);
+            let remaining = res.remaining.get(id).copied().unwrap_or(e.record.replicas);
+            let mut st = resv::base_status(&e.record, ReservationState::Live);
+            st.remaining = remaining;
+            if res.expired.contains(id) || now >= expiry {
+                st.status = ReservationState::Expired;
+                st.remaining = 0;
+                return Some(st);
+            }
+            st.expires_in_seconds = Some(expiry.saturating_duration_since(now).as_secs_f64());
+            match res.admissions.get(id) {
+                Some(Admission::Admitted) if remaining == 0 => {
+                    st.status = ReservationState::Satisfied;
+                }
+                Some(Admission::Admitted) => {}
+                Some(Admission::Conflicted { winner, reason, .. }) => {
+                    st.status = ReservationState::Conflicted;
+                    st.winner = winner.clone();
+                    st.reason = reason.clone();
+                }
+                // Seen after the resolution was computed: not yet decided.
+                None => {}
+            }
+            Some(st)
+        })
+    }
+
+    /// One reservation's state on this replica.
+    pub fn reservation_status(&self, id: &str) -> Option<ReservationStatus> {
+        let res = self.resolution();
+        self.status_of(id, &res, Instant::now())
+    }
+
+    /// Every known reservation (ended ones included when `with_ended`), ordered by id.
+    pub fn reservation_list(&self, with_ended: bool) -> Vec<ReservationStatus> {
+        let res = self.resolution();
+        let now = Instant::now();
+        let (ids, ended): (Vec<String>, Vec<ReservationStatus>) = self.with_table(|table| {
+            let ids = table.entries().map(|(id, _)| id.clone()).collect();
+            let ended = if with_ended {
+                table.ended_all().cloned().collect()
+            } else {
+                Vec::new()
+            };
+            (ids, ended)
+        });
+        let mut out: BTreeMap<String, ReservationStatus> =
+            ended.into_iter().map(|s| (s.id.clone(), s)).collect();
+        for id in ids {
+            if let Some(s) = self.status_of(&id, &res, now) {
+                out.insert(id, s);
+            }
+        }
+        out.into_values().collect()
+    }
+
+    /// Writes changes to this replica's reservation document and applies them here.
+    fn write_reservations(&self, changes: Vec<ObjectChange>) -> Result<(), ApiError> {
+        if !self.reservations_writable {
+            return Err(ApiError::Unavailable(
+                "this replica's reservation document could not be opened for writing".into(),
+            ));
+        }
+        self.with_feed(|| {
+            let outcome = self
+                .with_store(|s| s.apply(&resv::doc_id(&self.replica), changes))
+                .map_err(|e| {
+                    ApiError::Internal(format!("writing the reservation document: {e}"))
+                })?;
+            self.apply_changes(&outcome.view);
+            self.reservations_changed.notify_one();
+            Ok(())
+        })
+    }
+
+    /// Writes a reservation owned by this replica (see [`crate::reservations`]).
+    pub fn reserve(&self, req: &ReserveRequest) -> Result<ReservationStatus, ApiError> {
+        if req.cluster.is_empty() {
+            return Err(ApiError::InvalidRequest(
+                "reservation: field cluster is required".into(),
+            ));
+        }
+        let w = workload_from_manifests(&req.workload.manifests)?;
+        let replicas = req.replicas.unwrap_or(w.replicas);
+        if !(1..=resv::MAX_REPLICAS).contains(&replicas) {
+            return Err(ApiError::InvalidRequest(format!(
+                "reservation: field replicas {replicas} is not in 1..={}",
+                resv::MAX_REPLICAS
+            )));
+        }
+        let ttl_seconds = req.ttl_seconds.unwrap_or(resv::DEFAULT_TTL_SECONDS);
+        if !(1..=resv::MAX_TTL_SECONDS).contains(&ttl_seconds) {
+            return Err(ApiError::InvalidRequest(format!(
+                "reservation: field ttlSeconds {ttl_seconds} is not in 1..={}",
+                resv::MAX_TTL_SECONDS
+            )));
+        }
+        let workload = WorkloadRef {
+            namespace: w.namespace.clone(),
+            kind: w.kind.clone(),
+            name: w.name.clone(),
+        };
+        let bound_at_creation = {
+            let indexes = self.indexes();
+            let view = &indexes.view;
+            check_clusters(view, std::slice::from_ref(&req.cluster))?;
+            view.cluster(&req.cluster)
+                .map_or(0, |c| resv::bound_pods(c, &workload))
+        };
+        let id = self.with_table(Table::next_id);
+        let record = Record {
+            id: id.clone(),
+            owner: self.replica.clone(),
+            cluster: req.cluster.clone(),
+            workload,
+            manifests: req.workload.manifests.clone(),
+            replicas,
+            priority: req.priority.unwrap_or(w.priority),
+            ttl_seconds,
+            bound_at_creation,
+        };
+        let json = serde_json::to_vec(&record)
+            .map_err(|e| ApiError::Internal(format!("encoding reservation {id}: {e}")))?;
+        if json.len() > resv::MAX_RECORD_BYTES {
+            return Err(ApiError::InvalidRequest(format!(
+                "reservation: the workload manifests make a record of {} bytes, more than {}",
+                json.len(),
+                resv::MAX_RECORD_BYTES
+            )));
+        }
+        self.write_reservations(vec![ObjectChange::Upsert {
+            key: resv::record_key(&id),
+            json: Arc::from(json.as_slice()),
+        }])?;
+        tracing::info!(id = %id, cluster = %record.cluster, replicas, "reservation written");
+        self.reservation_status(&id)
+            .ok_or_else(|| ApiError::Internal(format!("reservation {id} vanished after writing")))
+    }
+
+    /// Releases a reservation this replica owns; releasing an ended one returns how it ended.
+    pub fn release(&self, id: &str) -> Result<ReservationStatus, ApiError> {
+        let (owner, ended) = self.with_table(|table| match table.get(id) {
+            Some(e) => (Some(e.record.owner.clone()), None),
+            None => (None, table.ended(id).cloned()),
+        });
+        let Some(owner) = owner else {
+            return ended.ok_or_else(|| ApiError::NotFound(format!("reservation {id}")));
+        };
+        if owner != self.replica {
+            return Err(ApiError::InvalidRequest(format!(
+                "reservation {id} is owned by replica {owner}; release it there"
+            )));
+        }
+        self.end_own(id, ReservationState::Released)?;
+        self.reservation_status(id)
+            .ok_or_else(|| ApiError::Internal(format!("reservation {id} vanished")))
+    }
+
+    /// Deletes an own reservation, remembering how it ended.
+    fn end_own(&self, id: &str, how: ReservationState) -> Result<(), ApiError> {
+        let known = self.with_table(|table| {
+            let Some(e) = table.get(id) else {
+                return false;
+            };
+            let status = resv::base_status(&e.record, how);
+            table.end(status);
+            true
+        });
+        if !known {
+            return Ok(());
+        }
+        self.write_reservations(vec![ObjectChange::Delete {
+            key: resv::record_key(id),
+        }])?;
+        tracing::info!(id, how = ?how, "reservation ended");
+        Ok(())
+    }
+
+    /// The owner's housekeeping: deletes own reservations whose TTL passed or whose replicas
+    /// are all bound. Called periodically by the replica.
+    pub fn sweep_reservations(&self) {
+        let res = self.resolution();
+        let now = Instant::now();
+        let ended: Vec<(String, ReservationState)> = self.with_table(|table| {
+            table
+                .entries()
+                .filter(|(_, e)| e.record.owner == self.replica)
+                .filter_map(|(id, e)| {
+                    if now >= table.expiry(e) {
+                        Some((id.clone(), ReservationState::Expired))
+                    } else if res.remaining.get(id) == Some(&0) {
+                        Some((id.clone(), ReservationState::Satisfied))
+                    } else {
+                        None
+                    }
+                })
+                .collect()
+        });
+        for (id, how) in ended {
+            if let Err(e) = self.end_own(&id, how) {
+                tracing::warn!(id, error = %e, "ending a reservation failed; retrying on the next sweep");
+            }
+        }
+    }
+}

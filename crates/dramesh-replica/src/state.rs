@@ -1,0 +1,455 @@
+//! What a replica answers from: [`ReplicaState`], the estimation view fed with the visible
+//! object changes the store reports, the side indexes fed from the same stream (device status,
+//! unbound pods), one [`Estimator`] whose caches survive between calls, a monotonic freshness
+//! clock per cluster, the reservation table, and the replicated store (for digests and the
+//! debug endpoint).
+//!
+//! Guarantees:
+//! - Karmada questions are answered for exactly one cluster: a cluster not in the view is
+//!   [`ReplicaAnswer::UnknownCluster`]; one whose writers have not been heard from for longer
+//!   than `stale_after` (measured with [`Instant`], so wall-clock jumps cannot make data look
+//!   fresh or stale) is [`ReplicaAnswer::Stale`].
+//! - The view, the device index and the pending-pod index change together, under one lock, so
+//!   a reader never sees one of them ahead of the others.
+//! - In-flight reservations (see [`crate::reservations`]) are routed out of the store's change
+//!   stream into their own table; every estimate (Karmada and native, placement and
+//!   preemption included) deducts the reservations that overcommit resolution
+//!   ([`dramesh_estimator::resolve`]) admits, recomputed whenever the reservation set, the
+//!   set of unexpired reservations or a reserved cluster's view changes.
+//!
+//! # Lock order
+//!
+//! Six locks, always taken in this order, and each only inside a small method of this module:
+//!
+//! 1. `feed`: serializes draining the store's queue with applying it (and writing this
+//!    replica's reservation document), so batches reach the view in the order the store
+//!    produced them. Taken only by [`ReplicaState::catch_up`],
+//!    [`ReplicaState::rebuild_from_store`] and the reservation writer, never with another lock
+//!    held.
+//! 2. `store`, 3. `reservations` (the table): leaves. Each is held only for the duration of one
+//!    closure ([`ReplicaState::with_store`], `with_table`) that takes no other lock.
+//! 4. `indexes` (RwLock: view, devices, pending) then 5. `compute` (the estimator and the
+//!    cached resolution): `compute` can only be taken by handing in the held indexes
+//!    (`ReplicaState::compute(&Indexes)`), so it is never taken first.
+//! 6. `fresh` (data age per cluster): a leaf, taken only inside `touch`, `data_age` and the
+//!    change feed, possibly while the indexes are held.
+//!
+//! The mesh holds `store` too (the same mutex) and takes no lock of this state.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
+
+use dramesh_api::native::{ClusterStatus, ResourceAmount, StatusReport};
+use dramesh_api::{ApiError, ReplicaAnswer};
+use dramesh_estimator::resources::ResList;
+use dramesh_estimator::{
+    Estimate, EstimateOptions, Estimator, PlacementResult, PreemptionResult, View,
+};
+use dramesh_mesh::lock;
+use dramesh_mesh::store_adapter::MeshStore;
+use dramesh_model::ObjectChange;
+
+use crate::devstatus::DeviceIndex;
+use crate::pending::PendingIndex;
+use crate::requests::workload_from_manifests;
+use crate::reservations::{self as resv, Table};
+use crate::reserve::Resolved;
+
+fn read<T>(m: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write<T>(m: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    m.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The indexes fed from the store's change stream; always updated together.
+#[derive(Default)]
+pub(crate) struct Indexes {
+    /// The estimation view.
+    pub(crate) view: View,
+    /// Devices per cluster and class, for the status report.
+    pub(crate) devices: DeviceIndex,
+    /// Unbound pods per cluster, for `GetUnschedulableReplicas`.
+    pub(crate) pending: PendingIndex,
+}
+
+/// The estimator and the overcommit resolution last computed with it.
+pub(crate) struct Compute {
+    pub(crate) estimator: Estimator,
+    pub(crate) resolved: Option<Arc<Resolved>>,
+}
+
+impl Default for Compute {
+    fn default() -> Compute {
+        Compute {
+            estimator: Estimator::new(),
+            resolved: None,
+        }
+    }
+}
+
+/// Everything a replica answers from. Shared by the API servers and the mesh feeder; see the
+/// module docs for the lock order.
+pub struct ReplicaState {
+    /// This replica's id.
+    pub replica: String,
+    /// Karmada answers for a cluster older than this are [`ReplicaAnswer::Stale`].
+    pub stale_after: Duration,
+    store: Arc<Mutex<MeshStore>>,
+    feed: Mutex<()>,
+    /// Every known reservation (own and merged).
+    reservations: Mutex<Table>,
+    indexes: RwLock<Indexes>,
+    compute: Mutex<Compute>,
+    /// Last time each cluster's writers were heard from (a change or a heartbeat).
+    fresh: Mutex<HashMap<String, Instant>>,
+    /// Whether this replica's reservation document could be opened for writing.
+    pub(crate) reservations_writable: bool,
+    /// Signalled after this replica wrote its reservation document (the mesh pushes it).
+    pub(crate) reservations_changed: Arc<tokio::sync::Notify>,
+}
+
+impl ReplicaState {
+    /// A state whose view holds the store's current contents; every cluster in it counts as
+    /// heard from now (the replica just started).
+    pub fn new(
+        replica: &str,
+        stale_after: Duration,
+        store: Arc<Mutex<MeshStore>>,
+    ) -> Arc<ReplicaState> {
+        let writable = match lock(&store).open_writer(&resv::doc_id(replica)) {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::error!(error = %e, "the reservation document cannot be written; reservations are read-only here");
+                false
+            }
+        };
+        let state = Arc::new(ReplicaState {
+            reservations: Mutex::new(Table::new(replica)),
+            reservations_writable: writable,
+            reservations_changed: Arc::new(tokio::sync::Notify::new()),
+            replica: replica.to_string(),
+            stale_after,
+            store,
+            feed: Mutex::new(()),
+            indexes: RwLock::new(Indexes::default()),
+            compute: Mutex::new(Compute::default()),
+            fresh: Mutex::new(HashMap::new()),
+        });
+        state.rebuild_from_store();
+        state
+    }
+
+    /// Runs `f` on the replicated store. `f` must not call back into this state.
+    pub fn with_store<R>(&self, f: impl FnOnce(&mut MeshStore) -> R) -> R {
+        f(&mut lock(&self.store))
+    }
+
+    /// Runs `f` on the reservation table (a leaf lock: `f` takes no other).
+    pub(crate) fn with_table<R>(&self, f: impl FnOnce(&mut Table) -> R) -> R {
+        f(&mut lock(&self.reservations))
+    }
+
+    /// Read access to the view and its side indexes.
+    pub(crate) fn indexes(&self) -> RwLockReadGuard<'_, Indexes> {
+        read(&self.indexes)
+    }
+
+    /// The estimator and resolution cache; taking it requires holding the indexes, which
+    /// fixes the order indexes → compute.
+    pub(crate) fn compute(&self, _held: &Indexes) -> MutexGuard<'_, Compute> {
+        lock(&self.compute)
+    }
+
+    /// Runs `f` on the view (under the indexes' read lock).
+    pub fn with_view<R>(&self, f: impl FnOnce(&View) -> R) -> R {
+        f(&self.indexes().view)
+    }
+
+    /// Runs `f` with the feed serialized (lock 1); used by the reservation writer.
+    pub(crate) fn with_feed<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _feed = lock(&self.feed);
+        f()
+    }
+
+    /// Moves the view changes queued by the store (received sync messages) into the view;
+    /// returns how many were applied.
+    pub fn catch_up(&self) -> usize {
+        let _feed = lock(&self.feed);
+        let (changes, overflowed) = {
+            let mut store = lock(&self.store);
+            (store.drain_changes(), store.take_overflowed())
+        };
+        if overflowed {
+            tracing::warn!("view change queue overflowed; rebuilding the view from the store");
+            self.rebuild_locked();
+            return 0;
+        }
+        self.apply_changes(&changes);
+        changes.len()
+    }
+
+    /// Replaces the view with the store's current contents.
+    pub fn rebuild_from_store(&self) {
+        let _feed = lock(&self.feed);
+        self.rebuild_locked();
+    }
+
+    fn rebuild_locked(&self) {
+        let snapshot = {
+            let mut store = lock(&self.store);
+            // The snapshot already holds whatever is queued.
+            store.drain_changes();
+            store.store().snapshot()
+        };
+        {
+            let mut indexes = write(&self.indexes);
+            *indexes = Indexes::default();
+            *self.compute(&indexes) = Compute::default();
+        }
+        let keep: BTreeSet<String> = snapshot
+            .iter()
+            .filter(|(c, _)| resv::is_scope(c))
+            .map(|(_, ch)| ch.key().name.clone())
+            .collect();
+        self.apply_changes(&snapshot);
+        self.with_table(|t| t.retain(&keep));
+    }
+
+    /// Applies visible object changes to the view; a change that does not decode is logged
+    /// and skipped (the object keeps its previous value).
+    pub fn apply_changes(&self, changes: &[(String, ObjectChange)]) {
+        if changes.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let (ours, changes): (Vec<_>, Vec<_>) =
+            changes.iter().partition(|(c, _)| resv::is_scope(c));
+        if !ours.is_empty() {
+            let decode = |m: &[String]| workload_from_manifests(m).map_err(|e| e.to_string());
+            self.with_table(|table| {
+                for (_, change) in ours {
+                    table.apply(change, now, &decode);
+                }
+            });
+        }
+        if changes.is_empty() {
+            return;
+        }
+        {
+            let mut indexes = write(&self.indexes);
+            let Indexes {
+                view,
+                devices,
+                pending,
+            } = &mut *indexes;
+            for (cluster, change) in &changes {
+                if let Err(e) = view.apply(cluster, change) {
+                    tracing::warn!(cluster, key = %change.key(), error = %e, "change not applied to the view");
+                }
+                devices.apply(cluster, change);
+                pending.apply(cluster, change);
+            }
+        }
+        let mut fresh = lock(&self.fresh);
+        for (cluster, _) in &changes {
+            fresh.insert(cluster.clone(), now);
+        }
+    }
+
+    /// Records that `cluster`'s writers were heard from at `at`.
+    pub fn touch(&self, cluster: &str, at: Instant) {
+        let mut fresh = lock(&self.fresh);
+        let e = fresh.entry(cluster.to_string()).or_insert(at);
+        if *e < at {
+            *e = at;
+        }
+    }
+
+    /// Time since `cluster`'s writers were last heard from.
+    pub fn data_age(&self, cluster: &str) -> Option<Duration> {
+        lock(&self.fresh).get(cluster).map(|t| t.elapsed())
+    }
+
+    pub(crate) fn stale(&self, cluster: &str) -> Option<Duration> {
+        match self.data_age(cluster) {
+            Some(age) if age > self.stale_after => Some(age),
+            _ => None,
+        }
+    }
+
+    /// Estimate of a workload given as manifests.
+    pub fn estimate_manifests(
+        &self,
+        manifests: &[String],
+        clusters: &[String],
+    ) -> Result<Estimate, ApiError> {
+        let w = workload_from_manifests(manifests)?;
+        let assumed = self.reserved();
+        let indexes = self.indexes();
+        check_clusters(&indexes.view, clusters)?;
+        let opts = EstimateOptions {
+            assumed,
+            clusters: clusters.to_vec(),
+            ..EstimateOptions::default()
+        };
+        Ok(self
+            .compute(&indexes)
+            .estimator
+            .estimate(&indexes.view, &w, &opts))
+    }
+
+    /// Placement of a workload given as manifests (its PropagationPolicy among them).
+    pub fn place_manifests(
+        &self,
+        manifests: &[String],
+        clusters: &[String],
+        replicas: Option<i64>,
+    ) -> Result<PlacementResult, ApiError> {
+        let mut w = workload_from_manifests(manifests)?;
+        if let Some(r) = replicas {
+            w.replicas = r;
+        }
+        let policy = w.policy.clone().ok_or_else(|| {
+            ApiError::InvalidRequest(
+                "the workload has no PropagationPolicy or ClusterPropagationPolicy among its manifests"
+                    .into(),
+            )
+        })?;
+        let assumed = self.reserved();
+        let indexes = self.indexes();
+        check_clusters(&indexes.view, clusters)?;
+        let opts = EstimateOptions {
+            assumed,
+            clusters: clusters.to_vec(),
+            ..EstimateOptions::default()
+        };
+        Ok(dramesh_estimator::place(
+            &indexes.view,
+            &w,
+            &policy,
+            &mut self.compute(&indexes).estimator,
+            &opts,
+        ))
+    }
+
+    /// Preemption for a workload given as manifests; a PropagationPolicy among them restricts
+    /// the candidate clusters to its cluster affinity.
+    pub fn preempt_manifests(
+        &self,
+        manifests: &[String],
+        clusters: &[String],
+        replicas: Option<i64>,
+    ) -> Result<PreemptionResult, ApiError> {
+        let mut w = workload_from_manifests(manifests)?;
+        if let Some(r) = replicas {
+            w.replicas = r;
+        }
+        let assumed = self.reserved();
+        let indexes = self.indexes();
+        let view = &indexes.view;
+        check_clusters(view, clusters)?;
+        let mut opts = EstimateOptions {
+            assumed,
+            clusters: clusters.to_vec(),
+            ..EstimateOptions::default()
+        };
+        if opts.clusters.is_empty()
+            && let Some(a) = w.policy.as_ref().and_then(|p| p.affinity.as_ref())
+        {
+            opts.clusters = view
+                .clusters()
+                .filter(|c| a.matches(&c.name, &c.info))
+                .map(|c| c.name.clone())
+                .collect();
+            if opts.clusters.is_empty() {
+                return Err(ApiError::InvalidRequest(
+                    "no cluster matches the policy's cluster affinity".into(),
+                ));
+            }
+        }
+        Ok(dramesh_estimator::preempt(
+            view,
+            &w,
+            &mut self.compute(&indexes).estimator,
+            &opts,
+        ))
+    }
+
+    /// Known, fresh cluster, or the Karmada answer explaining why not.
+    pub(crate) fn check_karmada(&self, view: &View, cluster: &str) -> Result<(), ReplicaAnswer> {
+        if view.cluster(cluster).is_none() {
+            return Err(ReplicaAnswer::UnknownCluster);
+        }
+        if let Some(age) = self.stale(cluster) {
+            return Err(ReplicaAnswer::Stale { age });
+        }
+        Ok(())
+    }
+
+    /// The status report: per cluster data age, sizes, capacity and devices by class.
+    pub fn status_report(&self) -> StatusReport {
+        let reservations = self.reservation_list(false);
+        let indexes = self.indexes();
+        let mut clusters = Vec::new();
+        for c in indexes.view.clusters() {
+            let age = self.data_age(&c.name);
+            let mut alloc = ResList::new();
+            let mut used = ResList::new();
+            for n in c.nodes() {
+                alloc.add_all(&n.allocatable);
+                if let Some(u) = c.usage(&n.name) {
+                    used.add_all(&u.requested);
+                }
+            }
+            let mut free = alloc.clone();
+            free.sub_all(&used);
+            let (alloc, used, free) = (alloc.to_map(), used.to_map(), free.to_map());
+            let resources = alloc
+                .iter()
+                .map(|(name, a)| ResourceAmount {
+                    name: name.clone(),
+                    allocatable: a.clone(),
+                    consumed: used.get(name).cloned().unwrap_or_else(|| "0".into()),
+                    free: free.get(name).cloned().unwrap_or_else(|| a.clone()),
+                })
+                .collect();
+            clusters.push(ClusterStatus {
+                name: c.name.clone(),
+                kubernetes_version: c.kubernetes_version().map(str::to_string),
+                generation: c.generation(),
+                data_age_seconds: age.map(|a| a.as_secs_f64()),
+                stale: age.is_some_and(|a| a > self.stale_after),
+                nodes: u32::try_from(c.node_count()).unwrap_or(u32::MAX),
+                pods: u32::try_from(c.pod_count()).unwrap_or(u32::MAX),
+                resources,
+                devices: indexes.devices.by_class(&c.name),
+            });
+        }
+        StatusReport {
+            replica: self.replica.clone(),
+            ready: false,
+            clusters,
+            reservations,
+        }
+    }
+}
+
+/// `Ok` when every named cluster is in the view, else `NotFound` naming the missing ones.
+pub(crate) fn check_clusters(view: &View, clusters: &[String]) -> Result<(), ApiError> {
+    let unknown: Vec<&str> = clusters
+        .iter()
+        .filter(|c| view.cluster(c).is_none())
+        .map(String::as_str)
+        .collect();
+    if unknown.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::NotFound(format!(
+            "cluster(s) not in this replica's view: {}",
+            unknown.join(", ")
+        )))
+    }
+}

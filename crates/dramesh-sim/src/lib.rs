@@ -34,6 +34,7 @@ pub enum NodeShape {
 }
 
 impl NodeShape {
+    /// GPUs per node of this shape.
     pub fn gpus(self) -> usize {
         match self {
             NodeShape::A100Efa | NodeShape::H100Mig => 8,
@@ -63,7 +64,9 @@ impl NodeShape {
 /// One group of identical nodes.
 #[derive(Debug, Clone)]
 pub struct NodeGroup {
+    /// The node type.
     pub shape: NodeShape,
+    /// Number of nodes.
     pub count: usize,
     /// Fraction (0..=1) of each node's GPUs already taken by running pods.
     pub used_fraction: f64,
@@ -72,16 +75,22 @@ pub struct NodeGroup {
 /// One member cluster to generate.
 #[derive(Debug, Clone)]
 pub struct ClusterSpec {
+    /// Member cluster name.
     pub name: String,
+    /// Kubernetes minor version, e.g. `1.36`.
     pub kubernetes_version: String,
+    /// Region label value of its nodes.
     pub region: String,
+    /// Its nodes.
     pub groups: Vec<NodeGroup>,
 }
 
 /// A generated cluster.
 #[derive(Debug, Clone)]
 pub struct Cluster {
+    /// Member cluster name.
     pub name: String,
+    /// Every object the cluster's agent would publish.
     pub objects: Vec<ClusterObject>,
 }
 

@@ -235,11 +235,15 @@ pub fn gpu_pod(ns: &str, name: &str, node: &str, owner: &str, priority: i32, cla
 /// Shape of a generated fleet.
 #[derive(Debug, Clone)]
 pub struct FleetSpec {
+    /// Member clusters.
     pub clusters: usize,
+    /// Nodes in each cluster.
     pub nodes_per_cluster: usize,
+    /// GPUs on each node.
     pub gpus_per_node: usize,
     /// Deployments per cluster the pods are spread over (priorities 0, 100, ...).
     pub owners_per_cluster: usize,
+    /// Kubernetes minor version of every cluster, e.g. `1.36`.
     pub kubernetes_version: String,
 }
 

@@ -61,6 +61,7 @@ pub struct TelemetryConfig {
 }
 
 impl TelemetryConfig {
+    /// Logs at `info`, no OTLP export unless the environment names an endpoint.
     pub fn new(service_name: impl Into<String>) -> Self {
         Self {
             service_name: service_name.into(),
@@ -73,19 +74,23 @@ impl TelemetryConfig {
         }
     }
 
+    /// [`Self::new`] for the replica's service name.
     pub fn replica() -> Self {
         Self::new(SERVICE_REPLICA)
     }
 
+    /// [`Self::new`] for the agent's service name.
     pub fn agent() -> Self {
         Self::new(SERVICE_AGENT)
     }
 
+    /// Exports spans to this OTLP/gRPC endpoint.
     pub fn with_otlp_endpoint(mut self, endpoint: impl Into<String>) -> Self {
         self.otlp_endpoint = Some(endpoint.into());
         self
     }
 
+    /// Sets the `service.instance.id` resource attribute.
     pub fn with_instance_id(mut self, id: impl Into<String>) -> Self {
         self.instance_id = Some(id.into());
         self
@@ -108,22 +113,42 @@ impl TelemetryConfig {
 /// Why tracing could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum TelemetryError {
+    /// The log filter does not parse.
     #[error("log filter from {source_name} is invalid: {message}")]
     Filter {
         /// `RUST_LOG` or `TelemetryConfig.default_filter`.
         source_name: &'static str,
+        /// The parser's message.
         message: String,
     },
+    /// The OTLP endpoint is not a usable URL.
     #[error("OTLP endpoint {endpoint:?}: {message}")]
-    Endpoint { endpoint: String, message: String },
+    Endpoint {
+        /// The endpoint as given.
+        endpoint: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// Export was asked for outside a Tokio runtime.
     #[error(
         "OTLP export to {endpoint:?} needs a Tokio runtime: call telemetry init from inside the runtime"
     )]
-    NoRuntime { endpoint: String },
+    NoRuntime {
+        /// The configured endpoint.
+        endpoint: String,
+    },
+    /// The OTLP exporter could not be built.
     #[error("OTLP exporter for {endpoint:?} could not be built: {message}")]
-    Exporter { endpoint: String, message: String },
+    Exporter {
+        /// The configured endpoint.
+        endpoint: String,
+        /// The exporter's message.
+        message: String,
+    },
+    /// Another global subscriber was installed first.
     #[error("a global tracing subscriber is already installed: {0}")]
     AlreadyInitialized(String),
+    /// The final span flush failed.
     #[error("flushing spans failed: {0}")]
     Flush(String),
 }
@@ -200,6 +225,7 @@ impl Drop for TelemetryGuard {
 pub struct ScopedTelemetry {
     // Field order matters: the subscriber is uninstalled before the exporter is flushed.
     _default: tracing::subscriber::DefaultGuard,
+    /// Flushes the exporter when dropped.
     pub guard: TelemetryGuard,
 }
 

@@ -12,21 +12,37 @@ use crate::registry::{CounterVec, Gauge, GaugeVec, HistogramVec, Registry};
 
 /// Exported metric names.
 pub mod names {
+    /// `dramesh_api_requests_total`.
     pub const API_REQUESTS_TOTAL: &str = "dramesh_api_requests_total";
+    /// `dramesh_api_request_duration_seconds`.
     pub const API_REQUEST_DURATION_SECONDS: &str = "dramesh_api_request_duration_seconds";
+    /// `dramesh_api_zero_answers_total`.
     pub const API_ZERO_ANSWERS_TOTAL: &str = "dramesh_api_zero_answers_total";
+    /// `dramesh_alloc_search_duration_seconds`.
     pub const ALLOC_SEARCH_DURATION_SECONDS: &str = "dramesh_alloc_search_duration_seconds";
+    /// `dramesh_mesh_sync_lag_seconds`.
     pub const MESH_SYNC_LAG_SECONDS: &str = "dramesh_mesh_sync_lag_seconds";
+    /// `dramesh_mesh_peer_docs_behind`.
     pub const MESH_PEER_DOCS_BEHIND: &str = "dramesh_mesh_peer_docs_behind";
+    /// `dramesh_mesh_peers`.
     pub const MESH_PEERS: &str = "dramesh_mesh_peers";
+    /// `dramesh_mesh_bytes_total`.
     pub const MESH_BYTES_TOTAL: &str = "dramesh_mesh_bytes_total";
+    /// `dramesh_mesh_rejected_writes_total`.
     pub const MESH_REJECTED_WRITES_TOTAL: &str = "dramesh_mesh_rejected_writes_total";
+    /// `dramesh_store_bytes`.
     pub const STORE_BYTES: &str = "dramesh_store_bytes";
+    /// `dramesh_store_history_changes`.
     pub const STORE_HISTORY_CHANGES: &str = "dramesh_store_history_changes";
+    /// `dramesh_store_documents`.
     pub const STORE_DOCUMENTS: &str = "dramesh_store_documents";
+    /// `dramesh_reservations`.
     pub const RESERVATIONS: &str = "dramesh_reservations";
+    /// `dramesh_reservation_events_total`.
     pub const RESERVATION_EVENTS_TOTAL: &str = "dramesh_reservation_events_total";
+    /// `dramesh_view_data_age_seconds`.
     pub const VIEW_DATA_AGE_SECONDS: &str = "dramesh_view_data_age_seconds";
+    /// `dramesh_agent_batches_total`.
     pub const AGENT_BATCHES_TOTAL: &str = "dramesh_agent_batches_total";
 
     /// Every name above, in registration order.
@@ -60,11 +76,14 @@ pub const API_LATENCY_BUCKETS: &[f64] = &[
 /// Direction of mesh traffic, the `direction` label of `mesh_bytes_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
+    /// Bytes this process sent to the peer.
     Sent,
+    /// Bytes this process received from the peer.
     Received,
 }
 
 impl Direction {
+    /// The label value.
     pub fn as_str(self) -> &'static str {
         match self {
             Direction::Sent => "sent",
@@ -76,14 +95,19 @@ impl Direction {
 /// The `state` label of `reservations`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReservationState {
+    /// Deducted from estimates.
     Live,
+    /// Ended by its TTL.
     Expired,
+    /// Lost an overcommit to another reservation.
     Conflicted,
 }
 
 impl ReservationState {
+    /// Every state, in label order.
     pub const ALL: [ReservationState; 3] = [Self::Live, Self::Expired, Self::Conflicted];
 
+    /// The label value.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Live => "live",
@@ -145,6 +169,7 @@ impl std::fmt::Debug for Metrics {
 }
 
 impl Metrics {
+    /// Every family registered, with no series yet.
     pub fn new() -> Self {
         Self::with_registry(Registry::new())
     }
@@ -322,18 +347,21 @@ impl Metrics {
         }
     }
 
+    /// Sets `mesh_sync_lag_seconds{peer, cluster}`.
     pub fn set_sync_lag(&self, peer: &str, cluster: &str, lag: Duration) {
         self.mesh_sync_lag_seconds
             .with([peer, cluster])
             .set(lag.as_secs_f64());
     }
 
+    /// Adds to `mesh_bytes_total{peer, direction}`.
     pub fn add_mesh_bytes(&self, peer: &str, direction: Direction, bytes: u64) {
         self.mesh_bytes_total
             .with([peer, direction.as_str()])
             .inc_by(bytes);
     }
 
+    /// Adds `n` to `mesh_rejected_writes_total{reason}`.
     pub fn reject_writes(&self, reason: &str, n: u64) {
         self.mesh_rejected_writes_total.with([reason]).inc_by(n);
     }
@@ -395,6 +423,7 @@ impl Metrics {
             .map_or(0, |c| c.get())
     }
 
+    /// Sets `view_data_age_seconds{cluster}`.
     pub fn set_view_data_age(&self, cluster: &str, age: Duration) {
         self.view_data_age_seconds
             .with([cluster])

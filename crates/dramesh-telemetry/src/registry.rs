@@ -32,19 +32,45 @@ const DROPPED_NAME: &str = "dramesh_telemetry_series_dropped_total";
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum MetricsError {
     #[error("metric name {name:?} is invalid: must match [a-zA-Z_:][a-zA-Z0-9_:]*")]
-    InvalidMetricName { name: String },
+    /// The family name is not a Prometheus metric name.
+    InvalidMetricName {
+        /// The name given.
+        name: String,
+    },
     #[error(
         "metric {metric:?}: label name {label:?} is invalid: must match [a-zA-Z_][a-zA-Z0-9_]*, not start with \"__\", and not be \"le\" on a histogram"
     )]
-    InvalidLabelName { metric: String, label: String },
+    /// A label name is not a Prometheus label name.
+    InvalidLabelName {
+        /// The family.
+        metric: String,
+        /// The label name given.
+        label: String,
+    },
     #[error("metric {metric:?}: label name {label:?} is declared twice")]
-    DuplicateLabel { metric: String, label: String },
+    /// A label name appears twice.
+    DuplicateLabel {
+        /// The family.
+        metric: String,
+        /// The repeated label name.
+        label: String,
+    },
     #[error("metric {name:?} is already registered")]
-    AlreadyRegistered { name: String },
+    /// A family of this name exists.
+    AlreadyRegistered {
+        /// The name given.
+        name: String,
+    },
     #[error(
         "histogram {metric:?}: buckets must be non-empty, finite and strictly increasing (got {buckets:?})"
     )]
-    InvalidBuckets { metric: String, buckets: Vec<f64> },
+    /// Histogram buckets are empty, not finite or not increasing.
+    InvalidBuckets {
+        /// The family.
+        metric: String,
+        /// The buckets given.
+        buckets: Vec<f64>,
+    },
 }
 
 /// One kind of metric value: counter, gauge or histogram.
@@ -65,12 +91,15 @@ pub trait Metric: Send + Sync + 'static {
 pub struct Counter(AtomicU64);
 
 impl Counter {
+    /// Adds one.
     pub fn inc(&self) {
         self.0.fetch_add(1, Ordering::Relaxed);
     }
+    /// Adds `n`.
     pub fn inc_by(&self, n: u64) {
         self.0.fetch_add(n, Ordering::Relaxed);
     }
+    /// The current total.
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
@@ -92,9 +121,11 @@ impl Metric for Counter {
 pub struct Gauge(AtomicU64);
 
 impl Gauge {
+    /// Sets the value.
     pub fn set(&self, v: f64) {
         self.0.store(v.to_bits(), Ordering::Relaxed);
     }
+    /// Adds `delta` (negative to subtract).
     pub fn add(&self, delta: f64) {
         // fetch_update retries on contention; the closure never returns None.
         let _ = self
@@ -103,12 +134,15 @@ impl Gauge {
                 Some((f64::from_bits(bits) + delta).to_bits())
             });
     }
+    /// Adds one.
     pub fn inc(&self) {
         self.add(1.0);
     }
+    /// Subtracts one.
     pub fn dec(&self) {
         self.add(-1.0);
     }
+    /// The current value.
     pub fn get(&self) -> f64 {
         f64::from_bits(self.0.load(Ordering::Relaxed))
     }
@@ -144,7 +178,9 @@ struct HistogramState {
 pub struct HistogramSnapshot {
     /// `(upper bound, cumulative count)`, ending with `(+Inf, count)`.
     pub buckets: Vec<(f64, u64)>,
+    /// Sum of all observations.
     pub sum: f64,
+    /// Number of observations.
     pub count: u64,
 }
 
@@ -160,6 +196,7 @@ impl Histogram {
         s.sum += v;
     }
 
+    /// The current state, taken under one lock.
     pub fn snapshot(&self) -> HistogramSnapshot {
         let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let mut cum = 0u64;
@@ -217,15 +254,20 @@ pub struct Family<M: Metric, const N: usize> {
     dropped: AtomicU64,
 }
 
+/// A counter family with `N` labels.
 pub type CounterVec<const N: usize> = Family<Counter, N>;
+/// A gauge family with `N` labels.
 pub type GaugeVec<const N: usize> = Family<Gauge, N>;
+/// A histogram family with `N` labels.
 pub type HistogramVec<const N: usize> = Family<Histogram, N>;
 
 impl<M: Metric, const N: usize> Family<M, N> {
+    /// The family name.
     pub fn name(&self) -> &str {
         &self.name
     }
 
+    /// The label names, in series-key order.
     pub fn label_names(&self) -> &[&'static str; N] {
         &self.label_names
     }
@@ -296,6 +338,7 @@ impl<M: Metric, const N: usize> Family<M, N> {
         self.series.read().unwrap_or_else(|e| e.into_inner()).len()
     }
 
+    /// Whether the family has no series yet.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -366,6 +409,7 @@ impl std::fmt::Debug for Registry {
 }
 
 impl Registry {
+    /// A registry keeping at most `DEFAULT_MAX_SERIES` series per family.
     pub fn new() -> Self {
         Self::with_max_series(DEFAULT_MAX_SERIES)
     }
@@ -378,6 +422,7 @@ impl Registry {
         }
     }
 
+    /// Registers a counter family.
     pub fn counter_vec<const N: usize>(
         &self,
         name: &str,
@@ -387,6 +432,7 @@ impl Registry {
         self.register(name, help, labels, ())
     }
 
+    /// Registers a gauge family.
     pub fn gauge_vec<const N: usize>(
         &self,
         name: &str,

@@ -17,8 +17,11 @@ use tracing::field::Empty;
 
 /// Span names.
 pub mod names {
+    /// One API request, any of the three APIs.
     pub const API: &str = "api.request";
+    /// One mesh sync exchange with a peer.
     pub const SYNC: &str = "mesh.sync";
+    /// One allocation search.
     pub const ALLOC: &str = "alloc.search";
 }
 
@@ -36,9 +39,13 @@ pub mod fields {
     pub const CLUSTER: &str = "cluster";
     /// Node the allocation search ran against.
     pub const NODE: &str = "node";
+    /// Bytes sent to the peer in the exchange.
     pub const BYTES_SENT: &str = "bytes_sent";
+    /// Bytes received from the peer in the exchange.
     pub const BYTES_RECEIVED: &str = "bytes_received";
+    /// Changes applied to the local store.
     pub const CHANGES_APPLIED: &str = "changes_applied";
+    /// Changes refused (unauthorized or stale).
     pub const REJECTED: &str = "rejected";
     /// Allocator search steps taken.
     pub const STEPS: &str = "steps";

@@ -6,23 +6,23 @@
 use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct Sample {
-    pub name: String,
-    pub labels: BTreeMap<String, String>,
-    pub value: f64,
+pub(crate) struct Sample {
+    pub(crate) name: String,
+    pub(crate) labels: BTreeMap<String, String>,
+    pub(crate) value: f64,
 }
 
 #[derive(Debug, Default)]
-pub struct Exposition {
+pub(crate) struct Exposition {
     /// family name -> TYPE keyword
-    pub types: BTreeMap<String, String>,
+    pub(crate) types: BTreeMap<String, String>,
     /// family name -> HELP text (unescaped)
-    pub help: BTreeMap<String, String>,
-    pub samples: Vec<Sample>,
+    pub(crate) help: BTreeMap<String, String>,
+    pub(crate) samples: Vec<Sample>,
 }
 
 impl Exposition {
-    pub fn family_samples(&self, family: &str) -> Vec<&Sample> {
+    pub(crate) fn family_samples(&self, family: &str) -> Vec<&Sample> {
         let suffixes: &[&str] = match self.types.get(family).map(String::as_str) {
             Some("histogram") => &["_bucket", "_sum", "_count"],
             _ => &[""],
@@ -37,7 +37,7 @@ impl Exposition {
             .collect()
     }
 
-    pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    pub(crate) fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         let want: BTreeMap<String, String> = labels
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -128,7 +128,7 @@ fn parse_labels(mut s: &str) -> Result<(BTreeMap<String, String>, &str), String>
 
 /// Parses a whole exposition, checking that every sample follows its family's TYPE line and that
 /// a family's samples are contiguous.
-pub fn parse(text: &str) -> Result<Exposition, String> {
+pub(crate) fn parse(text: &str) -> Result<Exposition, String> {
     let mut exp = Exposition::default();
     let mut current: Option<String> = None;
     let mut closed: Vec<String> = Vec::new();
@@ -218,7 +218,7 @@ type SeriesKey = Vec<(String, String)>;
 
 /// Checks every histogram: per series, `le` strictly increasing and ending in +Inf, counts
 /// cumulative, `_count` equal to the +Inf bucket, and a `_sum` present.
-pub fn check_histograms(exp: &Exposition) -> Result<(), String> {
+pub(crate) fn check_histograms(exp: &Exposition) -> Result<(), String> {
     for (family, ty) in &exp.types {
         if ty != "histogram" {
             continue;

@@ -65,7 +65,7 @@ pub(crate) struct DeviceBounds {
 
 impl DeviceBounds {
     /// Kubernetes validation limits for a ResourceSlice device.
-    pub const KUBERNETES: DeviceBounds = DeviceBounds {
+    pub(crate) const KUBERNETES: DeviceBounds = DeviceBounds {
         entries: 32,
         driver_len: 63,
         domain_len: 63,

@@ -51,6 +51,7 @@ fn put(h: &mut Sha256, bytes: &[u8]) {
 }
 
 impl DeviceInput {
+    /// Builds the CEL input of one device.
     pub fn new(
         driver: &str,
         attributes: impl IntoIterator<Item = (QualifiedName, AttrValue)>,
@@ -111,6 +112,7 @@ impl DeviceInput {
         self.hash
     }
 
+    /// The device's driver.
     pub fn driver(&self) -> &str {
         &self.driver
     }

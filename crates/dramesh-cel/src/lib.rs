@@ -67,26 +67,53 @@ impl Default for Limits {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CompileError {
     #[error("expression is {len} bytes long, over the limit of {limit} bytes")]
-    TooLong { len: usize, limit: usize },
+    /// The expression is longer than the size limit.
+    TooLong {
+        /// Length in bytes.
+        len: usize,
+        /// Maximum length in bytes.
+        limit: usize,
+    },
     #[error("syntax error: {message}")]
-    Syntax { message: String },
+    /// The expression does not parse.
+    Syntax {
+        /// The parser's message.
+        message: String,
+    },
     #[error("{}{}", .message, position_suffix(*.line, *.column))]
+    /// The expression parses but is not valid in the DRA environment.
     Invalid {
+        /// What is invalid.
         message: String,
         /// 1-based position of the offending sub-expression, when known (0 otherwise).
         line: u32,
+        /// 1-based column, 0 when unknown.
         column: u32,
     },
     #[error(
         "expression is nested more than {limit} levels deep (comprehensions count as three levels)"
     )]
-    TooDeep { limit: u32 },
+    /// The expression nests too deeply.
+    TooDeep {
+        /// Maximum nesting depth.
+        limit: u32,
+    },
     #[error(
         "estimated worst-case cost {estimated} exceeds the limit of {limit} (the expression could run too long on some device)"
     )]
-    TooCostly { estimated: u64, limit: u64 },
+    /// The estimated worst-case cost exceeds the limit.
+    TooCostly {
+        /// Estimated worst-case cost.
+        estimated: u64,
+        /// Maximum cost.
+        limit: u64,
+    },
     #[error("internal error in the CEL parser: {message}")]
-    Internal { message: String },
+    /// The parser failed internally.
+    Internal {
+        /// The parser's message.
+        message: String,
+    },
 }
 
 fn position_suffix(line: u32, column: u32) -> String {
@@ -101,6 +128,7 @@ fn position_suffix(line: u32, column: u32) -> String {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct EvalError {
+    /// What went wrong.
     pub message: String,
 }
 
@@ -117,11 +145,15 @@ impl EvalError {
 pub struct CacheStats {
     /// Expressions currently in the compile cache (successful or not).
     pub compiled: usize,
+    /// Compiled-expression cache hits.
     pub compile_hits: u64,
+    /// Compiled-expression cache misses.
     pub compile_misses: u64,
     /// Entries currently in the result cache.
     pub result_entries: usize,
+    /// Result cache hits.
     pub result_hits: u64,
+    /// Result cache misses.
     pub result_misses: u64,
 }
 
@@ -146,6 +178,7 @@ impl Selector {
         self.0.id
     }
 
+    /// The expression as written.
     pub fn expression(&self) -> &str {
         &self.0.expression
     }
@@ -293,6 +326,7 @@ fn eval_message(e: &ExecutionError) -> String {
 }
 
 impl CelEnv {
+    /// An environment with these limits.
     pub fn new(limits: Limits) -> CelEnv {
         CelEnv::with_result_capacity(limits, DEFAULT_RESULT_CAPACITY)
     }
@@ -318,6 +352,7 @@ impl CelEnv {
         }
     }
 
+    /// The limits in effect.
     pub fn limits(&self) -> Limits {
         self.limits
     }
@@ -503,6 +538,7 @@ impl CelEnv {
         }
     }
 
+    /// Cache counters so far.
     pub fn stats(&self) -> CacheStats {
         let compiled = self
             .programs

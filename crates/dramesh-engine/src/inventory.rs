@@ -29,7 +29,9 @@ use crate::celx::{self, CelEnv, DeviceInput, Limits, Selector};
 pub struct InventoryError {
     /// `Kind name`.
     pub object: String,
+    /// Field path of the offending value.
     pub field: String,
+    /// What is wrong with it.
     pub message: String,
 }
 
@@ -336,6 +338,7 @@ impl Inventory {
         Inventory::with_cel_limits(Limits::default())
     }
 
+    /// An empty inventory whose CEL environment uses these limits.
     pub fn with_cel_limits(limits: Limits) -> Inventory {
         Inventory {
             cel: CelEnv::new(limits),
@@ -493,6 +496,7 @@ impl Inventory {
         Ok(())
     }
 
+    /// Removes a DeviceClass; false when it was not present.
     pub fn remove_class(&mut self, name: &str) -> bool {
         self.classes.remove(name).is_some()
     }
@@ -523,6 +527,7 @@ impl Inventory {
         Ok(())
     }
 
+    /// Removes a DeviceTaintRule; false when it was not present.
     pub fn remove_taint_rule(&mut self, name: &str) -> bool {
         self.taint_rules.remove(name).is_some()
     }

@@ -84,15 +84,20 @@ pub use state::AllocatedState;
 /// Kubernetes minor version whose allocator semantics and default gates apply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub enum KubeVersion {
+    /// Kubernetes 1.34.
     V1_34,
+    /// Kubernetes 1.35.
     V1_35,
     #[default]
+    /// Kubernetes 1.36 (the default).
     V1_36,
 }
 
 impl KubeVersion {
+    /// Every supported version, oldest first.
     pub const ALL: [KubeVersion; 3] = [KubeVersion::V1_34, KubeVersion::V1_35, KubeVersion::V1_36];
 
+    /// `1.34`, `1.35` or `1.36`.
     pub fn as_str(self) -> &'static str {
         match self {
             KubeVersion::V1_34 => "1.34",
@@ -188,6 +193,7 @@ pub const DEFAULT_MAX_STEPS: u64 = 1_000_000;
 /// How to allocate.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
+    /// Kubernetes version whose semantics apply.
     pub version: KubeVersion,
     /// Gate overrides; `None` = the defaults of `version`.
     pub features: Option<Features>,
@@ -207,6 +213,7 @@ impl Default for Options {
 }
 
 impl Options {
+    /// Defaults for one Kubernetes version.
     pub fn for_version(version: KubeVersion) -> Options {
         Options {
             version,
@@ -230,15 +237,22 @@ pub enum Outcome {
     /// One result per claim, in the order given, exactly as `status.allocation` would be.
     Allocated(Vec<k8s::AllocationResult>),
     /// These claims do not fit on this node (the pod may fit elsewhere).
-    Unsatisfiable { reason: String },
+    Unsatisfiable {
+        /// Kubernetes' wording of why.
+        reason: String,
+    },
     /// The pod cannot be scheduled anywhere as it is (Kubernetes' Filter `Error`).
     Error(AllocError),
     /// The search budget ran out before an answer was found: whether the claims fit is
     /// unknown (never to be reported as "does not fit").
-    BudgetExhausted { steps: u64 },
+    BudgetExhausted {
+        /// Steps taken.
+        steps: u64,
+    },
 }
 
 impl Outcome {
+    /// True for [`Outcome::Allocated`].
     pub fn is_allocated(&self) -> bool {
         matches!(self, Outcome::Allocated(_))
     }

@@ -37,6 +37,7 @@ pub struct InputError {
     pub object: String,
     /// Field path, e.g. `spec.devices.requests[0].exactly.count`.
     pub field: String,
+    /// What is wrong.
     pub message: String,
 }
 
@@ -54,20 +55,31 @@ impl std::error::Error for InputError {}
 /// One allocated claim of the report.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct ClaimReport {
+    /// Claim namespace.
     pub namespace: String,
+    /// Claim name.
     pub name: String,
+    /// The claim's `status.allocation`.
     pub allocation: k8s::AllocationResult,
 }
 
 /// The `dramesh allocate` result.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct AllocateReport {
+    /// The node allocated on.
     pub node: String,
+    /// True when every claim was allocated.
     pub allocated: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
+    /// Why the pod does not fit on this node.
     pub reason: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    /// Why the pod cannot be scheduled anywhere as it is.
     pub error: Option<String>,
+    /// The search gave up at its budget: whether the pod fits is unknown (not "no fit").
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub unknown: bool,
+    /// The allocated claims, in input order.
     pub claims: Vec<ClaimReport>,
 }
 
@@ -141,6 +153,7 @@ pub fn allocate_manifests(
         allocated: false,
         reason: None,
         error: None,
+        unknown: false,
         claims: Vec::new(),
     };
     match outcome {
@@ -163,6 +176,7 @@ pub fn allocate_manifests(
         Outcome::Unsatisfiable { reason } => report.reason = Some(reason),
         Outcome::Error(e) => report.error = Some(e.to_string()),
         Outcome::BudgetExhausted { steps } => {
+            report.unknown = true;
             report.reason = Some(format!(
                 "search budget exhausted after {steps} steps without finding an allocation"
             ))

@@ -12,7 +12,9 @@ use dramesh_model::k8s;
 /// The node an allocation is attempted on: its name and labels.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeInfo {
+    /// Node name.
     pub name: String,
+    /// Node labels.
     pub labels: BTreeMap<String, String>,
 }
 

@@ -46,6 +46,7 @@ pub struct AllocatedState {
 }
 
 impl AllocatedState {
+    /// No device in use.
     pub fn new() -> AllocatedState {
         AllocatedState::default()
     }

@@ -38,6 +38,8 @@ fn render(report: &serde_json::Value) -> String {
         s(&report["node"]),
         if report["allocated"].as_bool() == Some(true) {
             "allocated"
+        } else if report["unknown"].as_bool() == Some(true) {
+            "UNKNOWN (search gave up)"
         } else {
             "NOT allocated"
         }

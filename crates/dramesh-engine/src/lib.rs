@@ -61,7 +61,6 @@ mod capacity;
 mod celx;
 mod inventory;
 mod manifests;
-mod nodesel;
 mod search;
 mod state;
 #[cfg(test)]
@@ -73,9 +72,9 @@ use std::time::Duration;
 
 use dramesh_model::k8s;
 
+pub use dramesh_model::nodesel::NodeInfo;
 pub use inventory::{Inventory, InventoryError};
 pub use manifests::{AllocateReport, ClaimReport, InputError, allocate_manifests};
-pub use nodesel::{NodeInfo, node_selector_matches};
 pub use search::MAX_DEVICES_PER_CLAIM;
 pub use state::AllocatedState;
 

@@ -23,9 +23,9 @@ use dramesh_model::{QualifiedName, Quantity};
 use crate::capacity;
 use crate::celx;
 use crate::inventory::{Attr, Class, CounterSet, Device, Inventory, Slice, Taint};
-use crate::nodesel::{NodeInfo, node_matches};
 use crate::state::{AllocatedState, DevUse};
 use crate::{Features, KubeVersion, Options, Outcome};
+use dramesh_model::nodesel::{NodeInfo, node_matches};
 
 /// Kubernetes' `AllocationResultsMaxSize`.
 pub const MAX_DEVICES_PER_CLAIM: usize = 32;

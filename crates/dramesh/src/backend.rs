@@ -38,7 +38,7 @@ use dramesh_api::query::{
     self, ComponentSetQuery, ReplicaQuery, ReplicaRequirements, UnschedulableQuery,
 };
 use dramesh_api::{ApiError, Backend, ReplicaAnswer};
-use dramesh_estimator::resources::ResList;
+use dramesh_estimator::ResList;
 use dramesh_estimator::{
     Admission, AssumedWorkload, Component, Estimate, EstimateOptions, Estimator, PlacementResult,
     PreemptionResult, Reservation, View, Workload,

@@ -11,7 +11,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{NodeSelectorRequirement, PodSpec};
+use dramesh_model::nodesel;
+use k8s_openapi::api::core::v1::PodSpec;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::backend::{ApiError, Backend, ReplicaAnswer};
@@ -90,32 +91,19 @@ pub fn parse_milli(q: &str) -> Option<i128> {
     })
 }
 
-fn requirement_matches(r: &NodeSelectorRequirement, labels: &BTreeMap<String, String>) -> bool {
-    let values = r.values.as_deref().unwrap_or(&[]);
-    match r.operator.as_str() {
-        "In" => labels.get(&r.key).is_some_and(|v| values.contains(v)),
-        "NotIn" => labels.get(&r.key).is_none_or(|v| !values.contains(v)),
-        "Exists" => labels.contains_key(&r.key),
-        "DoesNotExist" => !labels.contains_key(&r.key),
-        _ => false,
-    }
-}
-
 fn claim_admits(c: &NodeClaim, cl: &TableCluster) -> bool {
-    if c.node_selector
-        .iter()
-        .any(|(k, v)| cl.labels.get(k) != Some(v))
-    {
+    if !nodesel::map_matches(&c.node_selector, &cl.labels) {
         return false;
     }
-    if let Some(a) = &c.node_affinity {
-        let any = a.node_selector_terms.iter().any(|t| {
-            let exprs = t.match_expressions.as_deref().unwrap_or(&[]);
-            !exprs.is_empty() && exprs.iter().all(|r| requirement_matches(r, &cl.labels))
-        });
-        if !any {
-            return false;
-        }
+    // The cluster is one node named after it; a malformed term never matches.
+    let node = nodesel::NodeRef {
+        name: &cl.name,
+        labels: &cl.labels,
+    };
+    if let Some(a) = &c.node_affinity
+        && nodesel::matches_lazy(a, node) != Ok(true)
+    {
+        return false;
     }
     cl.taints.iter().all(|taint| {
         c.tolerations.iter().any(|t| {

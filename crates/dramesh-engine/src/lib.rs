@@ -62,7 +62,6 @@ mod celx;
 mod error;
 mod inventory;
 mod manifests;
-mod nodesel;
 mod search;
 mod state;
 #[cfg(test)]
@@ -74,10 +73,10 @@ use std::time::Duration;
 
 use dramesh_model::k8s;
 
+pub use dramesh_model::nodesel::NodeInfo;
 pub use error::{AllocError, AllocErrorKind};
 pub use inventory::{Inventory, InventoryError};
 pub use manifests::{AllocateReport, ClaimReport, InputError, allocate_manifests};
-pub use nodesel::{NodeInfo, node_selector_matches};
 pub use search::MAX_DEVICES_PER_CLAIM;
 pub use state::AllocatedState;
 

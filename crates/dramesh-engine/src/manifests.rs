@@ -24,9 +24,9 @@ use dramesh_model::k8s;
 use dramesh_model::{ClusterObject, Loaded, Manifest, Quantity};
 
 use crate::inventory::{Inventory, InventoryError};
-use crate::nodesel::NodeInfo;
 use crate::state::AllocatedState;
 use crate::{Options, Outcome, allocate};
+use dramesh_model::nodesel::NodeInfo;
 
 /// Input that Kubernetes' API validation would reject.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -24,9 +24,9 @@ use crate::capacity;
 use crate::celx;
 use crate::error::{AllocError, AllocErrorKind as Kind};
 use crate::inventory::{Attr, Class, CounterSet, Device, Inventory, Slice, Taint};
-use crate::nodesel::{NodeInfo, node_matches};
 use crate::state::{AllocatedState, DevUse};
 use crate::{Features, KubeVersion, Options, Outcome};
+use dramesh_model::nodesel::{NodeInfo, node_matches};
 
 mod prune;
 

@@ -7,7 +7,7 @@
 //! device-fit)` replicas, where free = allocatable - requests of active pods bound to the
 //! node - assumed workloads (first-fit, as Karmada deducts them). Device-fit is the number
 //! of replicas that each get a fresh allocation, one after another, from the engine (see
-//! [`crate::devices`]). The cluster answer is the sum, further capped by an optional quota.
+//! [`crate::fit`]). The cluster answer is the sum, further capped by an optional quota.
 //!
 //! Assumed workloads that carry device claims are placed first-fit replica by replica with
 //! the same device count (requests and an engine allocation must both fit on the node); the
@@ -19,45 +19,22 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::devices::{AssumedDevices, DeviceCache, DeviceQuery};
-use crate::fasthash::{FastMap, FastSet};
-use crate::filter::{Exclusion, NodeClaim};
+use crate::assumed::{AssumedWorkload, NodeFree, assumed_deductions, node_free};
+use crate::filter::NodeClaim;
+use crate::fit::{DeviceCache, DeviceQuery};
+use crate::hash::{FastMap, FastSet};
+use crate::overlay::Overlay;
 use crate::quota::QuotaSet;
 use crate::resources::{ResList, ResName};
 use crate::view::{ClusterView, NodeEntry, View};
 use crate::workload::Workload;
 
-/// An in-flight workload already assigned to a cluster but not yet bound to nodes.
-#[derive(Debug, Clone)]
-pub struct AssumedWorkload {
-    pub cluster: String,
-    pub requests: ResList,
-    pub node_claim: NodeClaim,
-    pub replicas: i64,
-    /// The workload whose device claims every replica carries, when it has any
-    /// (ResourceClaimTemplates: a fresh allocation per replica; `resourceClaimName` claims:
-    /// allocated once, by the first replica, when not allocated already). `None`: the
-    /// replicas hold no devices and are deducted by requests and pod slots only.
-    pub claims: Option<Arc<Workload>>,
-}
-
-impl AssumedWorkload {
-    /// `replicas` of `w` in flight to `cluster`, carrying `w`'s device claims.
-    pub fn from_workload(cluster: &str, w: &Workload, replicas: i64) -> AssumedWorkload {
-        AssumedWorkload {
-            cluster: cluster.to_string(),
-            requests: w.requests.clone(),
-            node_claim: w.node_claim.clone(),
-            replicas,
-            claims: w.needs_devices().then(|| Arc::new(w.clone())),
-        }
-    }
-}
-
 /// Options of one estimate.
 #[derive(Debug, Clone, Default)]
 pub struct EstimateOptions {
+    /// In-flight workloads deducted first (Karmada's assumed workloads).
     pub assumed: Vec<AssumedWorkload>,
+    /// Quota caps, when any.
     pub quotas: Option<QuotaSet>,
     /// Restrict to these clusters (all when empty).
     pub clusters: Vec<String>,
@@ -70,7 +47,9 @@ pub struct EstimateOptions {
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterEstimate {
+    /// Cluster name.
     pub name: String,
+    /// Replicas of the workload that fit.
     pub max_replicas: i64,
     /// What limited the answer: a resource name, `pods`, `devices`, `quota:<name>`,
     /// `no nodes`, `no node passes filters`, or an error text.
@@ -79,9 +58,12 @@ pub struct ClusterEstimate {
     pub excluded_nodes: BTreeMap<String, u32>,
     /// Nodes that passed the filters, and how many of them limit on each factor.
     pub nodes_considered: u32,
+    /// How many considered nodes limit on each factor.
     pub limits: BTreeMap<String, u32>,
+    /// The cluster's Kubernetes version, when it reported one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kubernetes_version: Option<String>,
+    /// Why the cluster could not be estimated, when it could not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// Replicas of assumed workloads that fit on no node (by requests, pod slots or
@@ -97,77 +79,16 @@ fn is_zero(n: &i64) -> bool {
 /// The estimate over the selected clusters.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Estimate {
+    /// Per-cluster answers, in cluster name order.
     pub clusters: Vec<ClusterEstimate>,
+    /// Sum of `max_replicas`.
     pub total: i64,
 }
 
 impl Estimate {
+    /// The answer of one cluster.
     pub fn cluster(&self, name: &str) -> Option<&ClusterEstimate> {
         self.clusters.iter().find(|c| c.name == name)
-    }
-}
-
-/// Pods removed from a cluster for a what-if (preemption).
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Overlay {
-    pub removed_pods: FastSet<(String, String)>,
-    /// node -> requests and pod slots given back.
-    pub freed: FastMap<Arc<str>, (ResList, u32)>,
-    /// Claims whose devices are given back.
-    pub removed_claims: FastSet<(String, String)>,
-}
-
-impl Overlay {
-    /// Puts pods removed earlier back.
-    pub fn restore_pods<'k>(
-        &mut self,
-        c: &ClusterView,
-        keys: impl IntoIterator<Item = &'k (String, String)>,
-    ) {
-        for k in keys {
-            if !self.removed_pods.remove(k) {
-                continue;
-            }
-            if let Some(p) = c.pods.get(k) {
-                if p.active
-                    && let Some(n) = &p.node
-                    && let Some(e) = self.freed.get_mut(n)
-                {
-                    e.0.sub_all(&p.requests);
-                    e.1 = e.1.saturating_sub(1);
-                    if e.1 == 0 {
-                        self.freed.remove(n);
-                    }
-                }
-                for claim in &p.claims {
-                    self.removed_claims.remove(&(k.0.clone(), claim.clone()));
-                }
-            }
-        }
-    }
-
-    pub fn remove_pods<'k>(
-        &mut self,
-        c: &ClusterView,
-        keys: impl IntoIterator<Item = &'k (String, String)>,
-    ) {
-        for k in keys {
-            if !self.removed_pods.insert(k.clone()) {
-                continue;
-            }
-            if let Some(p) = c.pods.get(k) {
-                if p.active
-                    && let Some(n) = &p.node
-                {
-                    let e = self.freed.entry(n.clone()).or_default();
-                    e.0.add_all(&p.requests);
-                    e.1 += 1;
-                }
-                for claim in &p.claims {
-                    self.removed_claims.insert((k.0.clone(), claim.clone()));
-                }
-            }
-        }
     }
 }
 
@@ -286,6 +207,7 @@ fn changed_nodes(c: &ClusterView, view_gen: u64, dev_counter: u64) -> Option<Vec
 }
 
 impl Estimator {
+    /// An estimator with empty caches.
     pub fn new() -> Estimator {
         Estimator::default()
     }
@@ -448,140 +370,6 @@ pub(crate) fn finish(
 /// One-off estimate without a persistent cache.
 pub fn estimate(view: &View, w: &Workload, opts: &EstimateOptions) -> Estimate {
     Estimator::new().estimate(view, w, opts)
-}
-
-/// Free capacity of one node after usage, overlay and assumed deductions.
-pub(crate) struct NodeFree {
-    pub res: ResList,
-    pub pods: i64,
-}
-
-pub(crate) fn node_free(
-    c: &ClusterView,
-    node: &NodeEntry,
-    overlay: Option<&Overlay>,
-    assumed: Option<&FastMap<Arc<str>, (ResList, i64)>>,
-) -> NodeFree {
-    let mut res = node.allocatable.clone();
-    let mut pods = node.allocatable.get(&ResName::Pods);
-    res.remove(&ResName::Pods);
-    if let Some(u) = c.usage.get(&node.name) {
-        res.sub_all(&u.requested);
-        pods -= i64::from(u.pods);
-    }
-    if let Some(o) = overlay
-        && let Some((r, n)) = o.freed.get(&node.name)
-    {
-        res.add_all(r);
-        pods += i64::from(*n);
-    }
-    if let Some(a) = assumed
-        && let Some((r, n)) = a.get(&node.name)
-    {
-        res.sub_all(r);
-        pods -= n;
-    }
-    NodeFree {
-        res,
-        pods: pods.max(0),
-    }
-}
-
-/// What the assumed workloads of one cluster take.
-pub(crate) struct Deductions {
-    /// node -> requests and pod slots held.
-    pub res: FastMap<Arc<str>, (ResList, i64)>,
-    /// The device state with the assumed replicas' allocations; `None` when no assumed
-    /// replica holds a device.
-    pub devices: Option<AssumedDevices>,
-    /// Replicas that fit nowhere (not deducted).
-    pub unplaced: i64,
-}
-
-/// Karmada's first-fit deduction of assumed workloads: node by node in order, each takes
-/// as many replicas as fit. A replica of a workload with device claims fits a node when its
-/// requests fit and the engine allocates its claims there against the state holding every
-/// replica placed before it (on any node), the same count [`DeviceQuery::fit`] makes for
-/// the workload estimated; its allocation then stays for later replicas and the estimate.
-/// Without claims, replicas are deducted by requests and pod slots only. A workload whose
-/// devices cannot be evaluated in the cluster (a shared claim is missing, the cluster's
-/// version is invalid, the engine rejects the claims) places nothing.
-pub(crate) fn assumed_deductions(
-    c: &ClusterView,
-    assumed: &[AssumedWorkload],
-    overlay: Option<&Overlay>,
-) -> Deductions {
-    let mut used: FastMap<Arc<str>, (ResList, i64)> = FastMap::default();
-    let mut held: Option<AssumedDevices> = None;
-    let mut unplaced = 0i64;
-    for a in assumed.iter().filter(|a| a.cluster == c.name) {
-        let mut remaining = a.replicas.max(0);
-        let mut devq = None;
-        if let Some(dw) = a.claims.as_deref() {
-            held.get_or_insert_with(|| AssumedDevices::start(c, overlay));
-            match DeviceQuery::prepare(c, dw, overlay, None, &mut held) {
-                Ok(q) => devq = q,
-                Err(_) => {
-                    unplaced = unplaced.saturating_add(remaining);
-                    continue;
-                }
-            }
-        }
-        for node in c.nodes.values() {
-            if remaining <= 0 {
-                break;
-            }
-            if a.node_claim.check(&node.facts()).is_err() {
-                continue;
-            }
-            let free = node_free(c, node, overlay, Some(&used));
-            let fit = match &devq {
-                None => free.res.max_divided(&a.requests).0,
-                Some(q) => {
-                    if !q.node_allowed(node) {
-                        continue;
-                    }
-                    // Extended resources this node serves through devices are counted by
-                    // the allocation, as for the estimated workload.
-                    a.requests
-                        .iter()
-                        .filter(|(r, req)| {
-                            *req > 0 && r.is_divisible() && !q.served_by_devices(node, r)
-                        })
-                        .map(|(r, req)| free.res.get(r).max(0) / req)
-                        .min()
-                        .unwrap_or(i64::MAX)
-                }
-            };
-            let mut take = remaining.min(fit).min(free.pods);
-            if take <= 0 {
-                continue;
-            }
-            if let Some(q) = devq.as_mut() {
-                match q.place(node, take) {
-                    Ok(n) => take = n,
-                    // The claims cannot be allocated anywhere: no further node either.
-                    Err(_) => break,
-                }
-                if take <= 0 {
-                    continue;
-                }
-            }
-            let e = used.entry(node.name.clone()).or_default();
-            e.0.add_all(&a.requests.scaled(take));
-            e.1 += take;
-            remaining -= take;
-        }
-        if let Some(q) = devq {
-            held = q.into_assumed();
-        }
-        unplaced = unplaced.saturating_add(remaining);
-    }
-    Deductions {
-        res: used,
-        devices: held.filter(AssumedDevices::holds_devices),
-        unplaced,
-    }
 }
 
 /// What one node contributes.
@@ -755,9 +543,13 @@ pub(crate) fn tally(out: &mut ClusterEstimate, o: &Result<NodeOutcome, String>) 
 /// One component of a multi-template workload (Karmada `Component`).
 #[derive(Debug, Clone)]
 pub struct Component {
+    /// Component name.
     pub name: String,
+    /// Replicas of the component in one set.
     pub replicas: i64,
+    /// Requests of one replica.
     pub requests: ResList,
+    /// What one replica requires of a node.
     pub node_claim: NodeClaim,
 }
 
@@ -827,14 +619,4 @@ pub fn estimate_component_sets(
     }
     let total = clusters.iter().map(|c| c.max_replicas).sum();
     Estimate { clusters, total }
-}
-
-/// Reasons are reported with these names.
-pub fn exclusion_names() -> [&'static str; 4] {
-    [
-        Exclusion::NodeSelector.as_str(),
-        Exclusion::NodeAffinity.as_str(),
-        Exclusion::Taint.as_str(),
-        Exclusion::Unschedulable.as_str(),
-    ]
 }

@@ -1,4 +1,5 @@
-//! Node filtering as Karmada's estimator does it: nodeSelector, required node affinity,
+//! Node filtering as Karmada's estimator does it: nodeSelector, required node affinity
+//! (both matched by `dramesh_model::nodesel`, the one implementation of node selection),
 //! and NoSchedule/NoExecute taints against tolerations (an unschedulable node needs a
 //! toleration of `node.kubernetes.io/unschedulable:NoSchedule`).
 //!
@@ -7,26 +8,35 @@
 
 use std::collections::BTreeMap;
 
-use dramesh_model::k8s::{NodeSelector, NodeSelectorRequirement, Taint, Toleration};
+use dramesh_model::k8s::{NodeSelector, Taint, Toleration};
+use dramesh_model::nodesel;
 
 /// What a replica requires of a node.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct NodeClaim {
+    /// `spec.nodeSelector`: labels the node must have.
     pub node_selector: BTreeMap<String, String>,
+    /// Required node affinity (`requiredDuringSchedulingIgnoredDuringExecution`).
     pub affinity: Option<NodeSelector>,
+    /// `spec.tolerations`.
     pub tolerations: Vec<Toleration>,
 }
 
 /// Why a node was excluded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Exclusion {
+    /// `nodeSelector` does not match the node's labels.
     NodeSelector,
+    /// Required node affinity does not select the node.
     NodeAffinity,
+    /// A NoSchedule or NoExecute taint is not tolerated.
     Taint,
+    /// The node is cordoned and the replica does not tolerate that.
     Unschedulable,
 }
 
 impl Exclusion {
+    /// The name explanations count this reason under.
     pub fn as_str(self) -> &'static str {
         match self {
             Exclusion::NodeSelector => "nodeSelector",
@@ -39,21 +49,29 @@ impl Exclusion {
 
 /// The node facts filtering reads.
 pub struct NodeFacts<'a> {
+    /// Node name.
     pub name: &'a str,
+    /// Node labels.
     pub labels: &'a BTreeMap<String, String>,
+    /// Node taints.
     pub taints: &'a [Taint],
+    /// `spec.unschedulable`.
     pub unschedulable: bool,
 }
 
 impl NodeClaim {
+    /// Ok when the node passes every check, else the first check that failed.
     pub fn check(&self, node: &NodeFacts<'_>) -> Result<(), Exclusion> {
-        for (k, v) in &self.node_selector {
-            if node.labels.get(k) != Some(v) {
-                return Err(Exclusion::NodeSelector);
-            }
+        if !nodesel::map_matches(&self.node_selector, node.labels) {
+            return Err(Exclusion::NodeSelector);
         }
+        let at = nodesel::NodeRef {
+            name: node.name,
+            labels: node.labels,
+        };
+        // As the scheduler: a malformed term never matches, another term still may.
         if let Some(aff) = &self.affinity
-            && !node_selector_matches(aff, node.name, node.labels)
+            && nodesel::matches_lazy(aff, at) != Ok(true)
         {
             return Err(Exclusion::NodeAffinity);
         }
@@ -80,7 +98,7 @@ impl NodeClaim {
 }
 
 /// Kubernetes toleration matching (Equal / Exists; empty key with Exists matches all).
-pub fn tolerates(tol: &Toleration, taint: &Taint) -> bool {
+pub(crate) fn tolerates(tol: &Toleration, taint: &Taint) -> bool {
     if let Some(e) = tol.effect.as_deref()
         && !e.is_empty()
         && e != taint.effect
@@ -98,54 +116,6 @@ pub fn tolerates(tol: &Toleration, taint: &Taint) -> bool {
     match op {
         "Exists" => true,
         "Equal" | "" => tol.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or(""),
-        _ => false,
-    }
-}
-
-/// ORed terms, ANDed requirements; an empty term list matches nothing.
-pub fn node_selector_matches(
-    sel: &NodeSelector,
-    name: &str,
-    labels: &BTreeMap<String, String>,
-) -> bool {
-    sel.node_selector_terms.iter().any(|term| {
-        let exprs = term.match_expressions.as_deref().unwrap_or(&[]);
-        let fields = term.match_fields.as_deref().unwrap_or(&[]);
-        if exprs.is_empty() && fields.is_empty() {
-            return false;
-        }
-        exprs
-            .iter()
-            .all(|r| requirement_matches(r, labels.get(&r.key).map(String::as_str)))
-            && fields.iter().all(|r| {
-                let v = (r.key == "metadata.name").then_some(name);
-                requirement_matches(r, v)
-            })
-    })
-}
-
-fn requirement_matches(r: &NodeSelectorRequirement, value: Option<&str>) -> bool {
-    let values = r.values.as_deref().unwrap_or(&[]);
-    match r.operator.as_str() {
-        "In" => value.is_some_and(|v| values.iter().any(|x| x == v)),
-        "NotIn" => value.is_none_or(|v| !values.iter().any(|x| x == v)),
-        "Exists" => value.is_some(),
-        "DoesNotExist" => value.is_none(),
-        "Gt" | "Lt" => {
-            let (Some(v), Some(bound)) = (value, values.first()) else {
-                return false;
-            };
-            match (v.parse::<i64>(), bound.parse::<i64>()) {
-                (Ok(v), Ok(b)) => {
-                    if r.operator == "Gt" {
-                        v > b
-                    } else {
-                        v < b
-                    }
-                }
-                _ => false,
-            }
-        }
         _ => false,
     }
 }
@@ -184,5 +154,53 @@ mod tests {
             ..eq
         };
         assert!(!tolerates(&other_effect, &taint));
+    }
+
+    fn affinity(key: &str, op: &str, values: Option<Vec<String>>) -> NodeClaim {
+        NodeClaim {
+            affinity: Some(NodeSelector {
+                node_selector_terms: vec![dramesh_model::k8s::NodeSelectorTerm {
+                    match_expressions: Some(vec![dramesh_model::k8s::NodeSelectorRequirement {
+                        key: key.into(),
+                        operator: op.into(),
+                        values,
+                    }]),
+                    match_fields: None,
+                }],
+            }),
+            ..NodeClaim::default()
+        }
+    }
+
+    /// `NotIn` without values is an invalid requirement in Kubernetes, so the term matches
+    /// no node (the estimator used to treat it as "not in the empty set" and match all).
+    #[test]
+    fn not_in_without_values_excludes_the_node() {
+        let labels = BTreeMap::from([("zone".to_string(), "a".to_string())]);
+        let node = NodeFacts {
+            name: "n1",
+            labels: &labels,
+            taints: &[],
+            unschedulable: false,
+        };
+        for values in [None, Some(vec![])] {
+            assert_eq!(
+                affinity("zone", "NotIn", values.clone()).check(&node),
+                Err(Exclusion::NodeAffinity),
+                "{values:?}"
+            );
+            assert_eq!(
+                affinity("gpu", "NotIn", values).check(&node),
+                Err(Exclusion::NodeAffinity)
+            );
+        }
+        assert_eq!(
+            affinity("zone", "NotIn", Some(vec!["b".into()])).check(&node),
+            Ok(())
+        );
+        assert_eq!(
+            affinity("zone", "Gt", Some(vec!["x".into()])).check(&node),
+            Err(Exclusion::NodeAffinity)
+        );
     }
 }

@@ -1,36 +1,64 @@
 //! dramesh-estimator: the multi-cluster view, device-aware replica estimation, Karmada
 //! placement, preemption and quota caps. Pure: no async runtime, no network, and no file
 //! access except [`load_snapshot`] and [`load_workload`].
+//!
+//! Modules are private and layered; a module only uses modules of lower layers (checked by
+//! the `layering` test, drawn in ARCHITECTURE.md):
+//!
+//! 1. `hash`, `resources`, `filter`, `policy`: vocabulary with no estimator dependencies.
+//! 2. `workload`: what one replica needs. `cluster_devices`: incremental device state.
+//! 3. `view`: the clusters, fed one object at a time. `snapshot` loads one from files.
+//! 4. `overlay`: what-if removals. `quota`: caps.
+//! 5. `fit`: per-query device fit and its caches.
+//! 6. `assumed`: in-flight workloads deducted before an estimate.
+//! 7. `estimate`: per-cluster max replicas.
+//! 8. `placement`, `preempt`, `reservations`: built on estimates.
 
-pub mod devices;
-pub mod estimate;
-pub mod fasthash;
-pub mod filter;
-pub mod placement;
-pub mod preempt;
-pub mod quota;
-pub mod reservations;
-pub mod resources;
-pub mod snapshot;
-pub mod view;
-pub mod workload;
+mod assumed;
+mod cluster_devices;
+mod estimate;
+mod filter;
+mod fit;
+mod hash;
+mod overlay;
+mod placement;
+mod policy;
+mod preempt;
+mod quota;
+mod reservations;
+mod resources;
+mod snapshot;
+mod view;
+mod workload;
+
+#[cfg(test)]
+mod layering;
 
 // Lets the fleet helper shared with tests/ and benches/ name this crate the same way there
 // and in unit tests.
 #[cfg(test)]
 extern crate self as dramesh_estimator;
+// Its items are `pub` for the integration tests, which include it as a module of their own.
 #[cfg(test)]
+#[allow(unreachable_pub)]
 #[path = "../tests/common/fleet.rs"]
 mod test_fleet;
 
+pub use assumed::AssumedWorkload;
+pub use cluster_devices::ClusterDevices;
 pub use estimate::{
-    AssumedWorkload, ClusterEstimate, Component, Estimate, EstimateOptions, Estimator, estimate,
+    ClusterEstimate, Component, Estimate, EstimateOptions, Estimator, estimate,
     estimate_component_sets,
 };
-pub use placement::{PlacementResult, Policy, PolicyError, Strategy, TargetCluster, place};
+pub use filter::{Exclusion, NodeClaim, NodeFacts};
+pub use placement::{PlacementResult, TargetCluster, assign, place, select_by_cluster, webster};
+pub use policy::{
+    ClusterAffinity, LabelRequirement, Policy, PolicyError, SpreadConstraint, Strategy,
+};
 pub use preempt::{ClusterPreemption, PreemptionResult, Victim, preempt};
-pub use quota::{ClusterQuota, DeviceClassMapping, QuotaSet};
+pub use quota::{ClusterQuota, DeviceClassMapping, MappingSource, QuotaError, QuotaSet};
 pub use reservations::{Admission, Reservation, Resolution, resolve};
+pub use resources::{ResList, ResName};
 pub use snapshot::{SnapshotError, load_snapshot};
-pub use view::{ApplyError, ClusterView, View};
-pub use workload::{Workload, WorkloadError, load_workload};
+pub use view::{ApplyError, ClusterView, NodeEntry, NodeUsage, Owner, PodEntry, View};
+pub use workload::{TemplateRef, Workload, WorkloadError, load_workload};

@@ -14,336 +14,18 @@ use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap};
 
 use dramesh_model::ClusterInfo;
-use serde_json::Value;
 
 use crate::estimate::{EstimateOptions, Estimator};
+use crate::policy::{Policy, SpreadConstraint, Strategy};
 use crate::view::View;
 use crate::workload::Workload;
-
-#[derive(Debug, thiserror::Error)]
-#[error("PropagationPolicy {policy}: field {field}: {message}")]
-pub struct PolicyError {
-    pub policy: String,
-    pub field: String,
-    pub message: String,
-}
-
-/// A label selector requirement (`matchExpressions` item).
-#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
-pub struct LabelRequirement {
-    pub key: String,
-    pub operator: String,
-    #[serde(default)]
-    pub values: Vec<String>,
-}
-
-/// Which clusters a rule selects (Karmada `ClusterAffinity`).
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
-pub struct ClusterAffinity {
-    pub match_labels: BTreeMap<String, String>,
-    pub match_expressions: Vec<LabelRequirement>,
-    /// `fieldSelector.matchExpressions` on provider / region / zone.
-    pub field_expressions: Vec<LabelRequirement>,
-    pub cluster_names: Vec<String>,
-    pub exclude: Vec<String>,
-    pub has_label_selector: bool,
-}
-
-impl ClusterAffinity {
-    fn from_value(v: &Value, field: &str, policy: &str) -> Result<ClusterAffinity, PolicyError> {
-        let err = |f: &str, m: String| PolicyError {
-            policy: policy.to_string(),
-            field: format!("{field}.{f}"),
-            message: m,
-        };
-        let strings = |key: &str| -> Result<Vec<String>, PolicyError> {
-            match v.get(key) {
-                None | Some(Value::Null) => Ok(Vec::new()),
-                Some(x) => serde_json::from_value(x.clone()).map_err(|e| err(key, e.to_string())),
-            }
-        };
-        let mut a = ClusterAffinity {
-            cluster_names: strings("clusterNames")?,
-            exclude: strings("exclude")?,
-            ..Default::default()
-        };
-        if let Some(ls) = v.get("labelSelector").filter(|x| !x.is_null()) {
-            a.has_label_selector = true;
-            if let Some(ml) = ls.get("matchLabels").filter(|x| !x.is_null()) {
-                a.match_labels = serde_json::from_value(ml.clone())
-                    .map_err(|e| err("labelSelector.matchLabels", e.to_string()))?;
-            }
-            if let Some(me) = ls.get("matchExpressions").filter(|x| !x.is_null()) {
-                a.match_expressions = serde_json::from_value(me.clone())
-                    .map_err(|e| err("labelSelector.matchExpressions", e.to_string()))?;
-            }
-        }
-        if let Some(me) = v
-            .get("fieldSelector")
-            .and_then(|f| f.get("matchExpressions"))
-            .filter(|x| !x.is_null())
-        {
-            a.field_expressions = serde_json::from_value(me.clone())
-                .map_err(|e| err("fieldSelector.matchExpressions", e.to_string()))?;
-        }
-        for r in a.match_expressions.iter().chain(&a.field_expressions) {
-            if !matches!(
-                r.operator.as_str(),
-                "In" | "NotIn" | "Exists" | "DoesNotExist"
-            ) {
-                return Err(err(
-                    "matchExpressions",
-                    format!("unknown operator {:?} for key {:?}", r.operator, r.key),
-                ));
-            }
-        }
-        Ok(a)
-    }
-
-    /// Karmada `ClusterMatches`.
-    pub fn matches(&self, name: &str, info: &ClusterInfo) -> bool {
-        if self.exclude.iter().any(|e| e == name) {
-            return false;
-        }
-        for (k, v) in &self.match_labels {
-            if info.labels.get(k) != Some(v) {
-                return false;
-            }
-        }
-        if !self
-            .match_expressions
-            .iter()
-            .all(|r| requirement(r, info.labels.get(&r.key).map(String::as_str)))
-        {
-            return false;
-        }
-        for r in &self.field_expressions {
-            let v = match r.key.as_str() {
-                "provider" => info.provider.as_deref(),
-                "region" => info.region.as_deref(),
-                "zone" => info.zone.as_deref(),
-                _ => None,
-            };
-            if !requirement(r, v) {
-                return false;
-            }
-        }
-        if !self.cluster_names.is_empty() && !self.cluster_names.iter().any(|c| c == name) {
-            return false;
-        }
-        true
-    }
-}
-
-fn requirement(r: &LabelRequirement, v: Option<&str>) -> bool {
-    match r.operator.as_str() {
-        "In" => v.is_some_and(|v| r.values.iter().any(|x| x == v)),
-        "NotIn" => v.is_none_or(|v| !r.values.iter().any(|x| x == v)),
-        "Exists" => v.is_some(),
-        "DoesNotExist" => v.is_none(),
-        _ => false,
-    }
-}
-
-/// How replicas are assigned.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub enum Strategy {
-    Duplicated,
-    Aggregated,
-    StaticWeight(Vec<(ClusterAffinity, i64)>),
-    DynamicWeight,
-}
-
-impl Strategy {
-    pub fn name(&self) -> &'static str {
-        match self {
-            Strategy::Duplicated => "Duplicated",
-            Strategy::Aggregated => "Aggregated",
-            Strategy::StaticWeight(_) => "StaticWeight",
-            Strategy::DynamicWeight => "DynamicWeight",
-        }
-    }
-}
-
-/// A spread constraint.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct SpreadConstraint {
-    pub spread_by_field: Option<String>,
-    pub spread_by_label: Option<String>,
-    pub max_groups: usize,
-    pub min_groups: usize,
-}
-
-/// The parts of a (Cluster)PropagationPolicy placement dramesh acts on.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct Policy {
-    pub name: String,
-    pub affinity: Option<ClusterAffinity>,
-    pub strategy: Strategy,
-    pub spread: Vec<SpreadConstraint>,
-}
-
-impl Policy {
-    /// Reads a PropagationPolicy or ClusterPropagationPolicy as users write it.
-    pub fn from_value(v: &Value) -> Result<Policy, PolicyError> {
-        let name = v
-            .pointer("/metadata/name")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string();
-        let err = |f: &str, m: String| PolicyError {
-            policy: name.clone(),
-            field: f.to_string(),
-            message: m,
-        };
-        let placement = v.pointer("/spec/placement").cloned().unwrap_or(Value::Null);
-        let affinity = match placement.get("clusterAffinity").filter(|x| !x.is_null()) {
-            Some(a) => Some(ClusterAffinity::from_value(
-                a,
-                "spec.placement.clusterAffinity",
-                &name,
-            )?),
-            None => None,
-        };
-        let rs = placement.get("replicaScheduling").filter(|x| !x.is_null());
-        let strategy = match rs {
-            None => Strategy::Duplicated,
-            Some(rs) => {
-                let ty = rs
-                    .get("replicaSchedulingType")
-                    .and_then(Value::as_str)
-                    .unwrap_or("Divided");
-                match ty {
-                    "Duplicated" => Strategy::Duplicated,
-                    "Divided" => {
-                        let pref = rs
-                            .get("replicaDivisionPreference")
-                            .and_then(Value::as_str)
-                            .unwrap_or("");
-                        let wp = rs.get("weightPreference").filter(|x| !x.is_null());
-                        match pref {
-                            "Aggregated" => Strategy::Aggregated,
-                            "Weighted" | "" => {
-                                let dynamic = wp
-                                    .and_then(|w| w.get("dynamicWeight"))
-                                    .and_then(Value::as_str)
-                                    .unwrap_or("");
-                                if !dynamic.is_empty() {
-                                    if dynamic != "AvailableReplicas" {
-                                        return Err(err(
-                                            "spec.placement.replicaScheduling.weightPreference.dynamicWeight",
-                                            format!(
-                                                "unsupported value {dynamic:?} (only AvailableReplicas)"
-                                            ),
-                                        ));
-                                    }
-                                    Strategy::DynamicWeight
-                                } else {
-                                    let mut list = Vec::new();
-                                    let items = wp
-                                        .and_then(|w| w.get("staticWeightList"))
-                                        .and_then(Value::as_array)
-                                        .cloned()
-                                        .unwrap_or_default();
-                                    for (i, item) in items.iter().enumerate() {
-                                        let f = format!(
-                                            "spec.placement.replicaScheduling.weightPreference.staticWeightList[{i}]"
-                                        );
-                                        let target = item
-                                            .get("targetCluster")
-                                            .cloned()
-                                            .unwrap_or(Value::Null);
-                                        let a = ClusterAffinity::from_value(
-                                            &target,
-                                            &format!("{f}.targetCluster"),
-                                            &name,
-                                        )?;
-                                        let weight = item
-                                            .get("weight")
-                                            .and_then(Value::as_i64)
-                                            .ok_or_else(|| {
-                                                err(
-                                                    &format!("{f}.weight"),
-                                                    "missing or not an integer".into(),
-                                                )
-                                            })?;
-                                        if weight < 1 {
-                                            return Err(err(
-                                                &format!("{f}.weight"),
-                                                "must be at least 1".into(),
-                                            ));
-                                        }
-                                        list.push((a, weight));
-                                    }
-                                    Strategy::StaticWeight(list)
-                                }
-                            }
-                            other => {
-                                return Err(err(
-                                    "spec.placement.replicaScheduling.replicaDivisionPreference",
-                                    format!("unknown value {other:?}"),
-                                ));
-                            }
-                        }
-                    }
-                    other => {
-                        return Err(err(
-                            "spec.placement.replicaScheduling.replicaSchedulingType",
-                            format!("unknown value {other:?}"),
-                        ));
-                    }
-                }
-            }
-        };
-        let mut spread = Vec::new();
-        for (i, s) in placement
-            .get("spreadConstraints")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default()
-            .iter()
-            .enumerate()
-        {
-            let f = format!("spec.placement.spreadConstraints[{i}]");
-            let by_field = s
-                .get("spreadByField")
-                .and_then(Value::as_str)
-                .map(str::to_string);
-            let by_label = s
-                .get("spreadByLabel")
-                .and_then(Value::as_str)
-                .map(str::to_string);
-            if by_field.is_some() == by_label.is_some() {
-                return Err(err(
-                    &f,
-                    "exactly one of spreadByField and spreadByLabel must be set".into(),
-                ));
-            }
-            let min = s.get("minGroups").and_then(Value::as_u64).unwrap_or(1) as usize;
-            let max = s.get("maxGroups").and_then(Value::as_u64).unwrap_or(0) as usize;
-            if max != 0 && min > max {
-                return Err(err(&f, format!("minGroups {min} exceeds maxGroups {max}")));
-            }
-            spread.push(SpreadConstraint {
-                spread_by_field: by_field,
-                spread_by_label: by_label,
-                max_groups: max,
-                min_groups: min,
-            });
-        }
-        Ok(Policy {
-            name,
-            affinity,
-            strategy,
-            spread,
-        })
-    }
-}
 
 /// Replicas assigned to one cluster.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct TargetCluster {
+    /// Cluster name.
     pub name: String,
+    /// Replicas assigned to it.
     pub replicas: i64,
 }
 
@@ -351,20 +33,25 @@ pub struct TargetCluster {
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PlacementResult {
+    /// Name of the PropagationPolicy applied.
     pub policy: String,
+    /// The replica assignment strategy applied.
     pub strategy: String,
+    /// Replicas placed in all.
     pub replicas: i64,
+    /// Clusters with replicas, by name.
     pub clusters: Vec<TargetCluster>,
     /// Available replicas of each candidate cluster (from the estimate).
     pub available: BTreeMap<String, i64>,
     /// Clusters that the affinity excluded.
     pub filtered_out: Vec<String>,
+    /// Why the workload could not be placed, when it could not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unschedulable: Option<String>,
 }
 
 /// FNV-1a, 32 bit.
-pub fn fnv32a(data: &[u8]) -> u32 {
+pub(crate) fn fnv32a(data: &[u8]) -> u32 {
     let mut h: u32 = 0x811c_9dc5;
     for b in data {
         h ^= u32::from(*b);
@@ -445,7 +132,7 @@ pub fn webster(seats: i64, parties: &[(String, i64, i64)], ascending: bool) -> V
 }
 
 /// The name order of ties for this workload (see the module docs).
-pub fn tie_ascending(w: &Workload) -> bool {
+pub(crate) fn tie_ascending(w: &Workload) -> bool {
     let id = w
         .uid
         .clone()

@@ -25,11 +25,14 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::devices::{CompactResult, DeviceCache, DeviceQuery, FastMap, name_addr};
+use crate::cluster_devices::{CompactResult, name_addr};
 use crate::estimate::{
-    EstimateOptions, Estimator, NodeOutcome, Overlay, blank_estimate, estimate_cluster, finish,
-    node_fit, tally,
+    EstimateOptions, Estimator, NodeOutcome, blank_estimate, estimate_cluster, finish, node_fit,
+    tally,
 };
+use crate::fit::{DeviceCache, DeviceQuery};
+use crate::hash::FastMap;
+use crate::overlay::Overlay;
 use crate::resources::{ResList, ResName};
 use crate::view::{ClusterView, NodeEntry, Owner, PodEntry, View};
 use crate::workload::Workload;
@@ -38,10 +41,15 @@ use crate::workload::Workload;
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Victim {
+    /// Namespace of the workload.
     pub namespace: String,
+    /// Kind of the workload (`Deployment`, `Pod`, ...).
     pub kind: String,
+    /// Name of the workload.
     pub name: String,
+    /// Priority of its pods.
     pub priority: i32,
+    /// Pods evicted.
     pub pods: u32,
     /// Requests given back by its pods.
     pub freed: BTreeMap<String, String>,
@@ -51,18 +59,24 @@ pub struct Victim {
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterPreemption {
+    /// Cluster name.
     pub name: String,
+    /// True when evicting the victims lets every replica of the preemptor fit.
     pub feasible: bool,
     /// Replicas of the preemptor that fit before eviction.
     pub replicas_before: i64,
     /// Replicas of the preemptor that fit after evicting the victims.
     pub replicas_after: i64,
+    /// Workloads to evict, highest priority first.
     pub victims: Vec<Victim>,
     /// Requests freed by all victims.
     pub freed: BTreeMap<String, String>,
+    /// Pods evicted in all.
     pub evicted_pods: u32,
+    /// Priority of the highest-priority victim.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub highest_victim_priority: Option<i32>,
+    /// Why preemption cannot help on this cluster, when it cannot.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }
@@ -71,8 +85,11 @@ pub struct ClusterPreemption {
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PreemptionResult {
+    /// `Kind namespace/name` of the preemptor.
     pub preemptor: String,
+    /// Priority of the preemptor.
     pub priority: i32,
+    /// Replicas the preemptor needs.
     pub replicas: i64,
     /// Set when some cluster already fits the workload: no preemption is needed.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -80,7 +97,9 @@ pub struct PreemptionResult {
     /// The cluster chosen for preemption.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub chosen: Option<String>,
+    /// Per-cluster outcomes, in cluster name order.
     pub clusters: Vec<ClusterPreemption>,
+    /// Why no cluster was chosen, when none was.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }
@@ -153,7 +172,12 @@ enum Sim {
 }
 
 /// Victim selection on one cluster (without a persistent cache).
-pub fn preempt_cluster(c: &ClusterView, w: &Workload, opts: &EstimateOptions) -> ClusterPreemption {
+#[cfg(test)]
+pub(crate) fn preempt_cluster(
+    c: &ClusterView,
+    w: &Workload,
+    opts: &EstimateOptions,
+) -> ClusterPreemption {
     let before = estimate_cluster(c, w, opts, None, None).max_replicas;
     preempt_cluster_with(c, w, opts, before, None)
 }

@@ -25,17 +25,28 @@ pub enum MappingSource {
     /// One unit per device (Kueue's default).
     Count,
     /// The amount a request asks for of this capacity name (`capacity.requests`).
-    Capacity { name: String },
+    Capacity {
+        /// Capacity name.
+        name: String,
+    },
     /// The consumption of this shared counter by a device of `driver`.
-    Counter { name: String, driver: String },
+    Counter {
+        /// Counter name.
+        name: String,
+        /// Driver whose devices declare the counter.
+        driver: String,
+    },
 }
 
 /// One Kueue-style device class mapping.
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DeviceClassMapping {
+    /// Name of the mapped resource quotas charge.
     pub name: String,
+    /// DeviceClasses this mapping covers.
     pub device_class_names: Vec<String>,
+    /// How a device charges the resource (see [`MappingSource`]), as written.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sources: Vec<serde_json::Value>,
 }
@@ -70,7 +81,9 @@ impl DeviceClassMapping {
 #[derive(Debug, Clone, Default, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterQuota {
+    /// Quota per resource name, as Kubernetes quantities.
     pub nominal: BTreeMap<String, String>,
+    /// Usage per resource name, as Kubernetes quantities.
     #[serde(default)]
     pub used: BTreeMap<String, String>,
 }
@@ -79,16 +92,21 @@ pub struct ClusterQuota {
 #[derive(Debug, Clone, Default, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct QuotaSet {
+    /// How devices of each DeviceClass are charged.
     #[serde(default)]
     pub device_class_mappings: Vec<DeviceClassMapping>,
+    /// Quota per cluster name.
     #[serde(default)]
     pub clusters: BTreeMap<String, ClusterQuota>,
 }
 
+/// A quota file that cannot be read: the field and what is wrong.
 #[derive(Debug, thiserror::Error)]
 #[error("quota {field}: {message}")]
 pub struct QuotaError {
+    /// Path of the field at fault.
     pub field: String,
+    /// What is wrong.
     pub message: String,
 }
 

@@ -27,7 +27,8 @@ use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::estimate::{AssumedWorkload, EstimateOptions, Estimator};
+use crate::assumed::AssumedWorkload;
+use crate::estimate::{EstimateOptions, Estimator};
 use crate::view::View;
 use crate::workload::Workload;
 
@@ -36,7 +37,9 @@ use crate::workload::Workload;
 pub struct Reservation {
     /// Unique id; the tiebreak between equal priorities.
     pub id: String,
+    /// Member cluster the capacity is reserved in.
     pub cluster: String,
+    /// Priority of the reserved workload.
     pub priority: i32,
     /// Replicas still to be held: the reserved replicas minus those the member cluster
     /// already reports bound. Zero holds nothing and is always admitted.
@@ -64,19 +67,21 @@ pub enum Admission {
 /// The result of [`resolve`].
 #[derive(Debug, Clone, Default)]
 pub struct Resolution {
+    /// The outcome of every live reservation, by id.
     pub admissions: BTreeMap<String, Admission>,
     /// The admitted reservations as estimator deductions, in rank order per cluster.
     pub assumed: Vec<AssumedWorkload>,
 }
 
 impl Resolution {
+    /// The outcome of one reservation.
     pub fn admission(&self, id: &str) -> Option<&Admission> {
         self.admissions.get(id)
     }
 }
 
 /// The resolution order: priority descending, then id ascending.
-pub fn rank(a: &Reservation, b: &Reservation) -> Ordering {
+pub(crate) fn rank(a: &Reservation, b: &Reservation) -> Ordering {
     b.priority.cmp(&a.priority).then_with(|| a.id.cmp(&b.id))
 }
 

@@ -18,14 +18,20 @@ use k8s_openapi::api::core::v1::Container;
 /// Well-known resources get their own variant so the hot path compares integers.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ResName {
+    /// `cpu`.
     Cpu,
+    /// `memory`.
     Memory,
+    /// `ephemeral-storage`.
     EphemeralStorage,
+    /// `pods` (slots).
     Pods,
+    /// Any other (extended, hugepages, ...) resource.
     Other(Arc<str>),
 }
 
 impl ResName {
+    /// Reads a resource name (`cpu`, `memory`, `ephemeral-storage`, `pods`, or any other).
     pub fn parse(name: &str) -> ResName {
         match name {
             "cpu" => ResName::Cpu,
@@ -36,6 +42,7 @@ impl ResName {
         }
     }
 
+    /// The resource name as Kubernetes spells it.
     pub fn as_str(&self) -> &str {
         match self {
             ResName::Cpu => "cpu",
@@ -74,7 +81,7 @@ impl fmt::Display for ResName {
 
 /// Extended resources (domain-qualified, not `kubernetes.io/`), hugepages and attachable
 /// volume limits: the "scalar" resources of the kube-scheduler.
-pub fn is_scalar_resource(name: &str) -> bool {
+pub(crate) fn is_scalar_resource(name: &str) -> bool {
     if name.starts_with("hugepages-") || name.starts_with("attachable-volumes-") {
         return true;
     }
@@ -82,7 +89,7 @@ pub fn is_scalar_resource(name: &str) -> bool {
 }
 
 /// A domain-qualified name outside `kubernetes.io/` and `requests.` prefixes.
-pub fn is_extended_resource(name: &str) -> bool {
+pub(crate) fn is_extended_resource(name: &str) -> bool {
     match name.split_once('/') {
         Some((domain, _)) => {
             !(domain == "kubernetes.io"
@@ -98,10 +105,12 @@ pub fn is_extended_resource(name: &str) -> bool {
 pub struct ResList(Vec<(ResName, i64)>);
 
 impl ResList {
+    /// An empty list.
     pub fn new() -> ResList {
         ResList(Vec::new())
     }
 
+    /// The amount of `name` (0 when absent).
     pub fn get(&self, name: &ResName) -> i64 {
         match self.0.binary_search_by(|(n, _)| n.cmp(name)) {
             Ok(i) => self.0[i].1,
@@ -109,10 +118,12 @@ impl ResList {
         }
     }
 
+    /// True when `name` is listed.
     pub fn contains(&self, name: &ResName) -> bool {
         self.0.binary_search_by(|(n, _)| n.cmp(name)).is_ok()
     }
 
+    /// Sets the amount of `name`.
     pub fn set(&mut self, name: ResName, v: i64) {
         match self.0.binary_search_by(|(n, _)| n.cmp(&name)) {
             Ok(i) => self.0[i].1 = v,
@@ -120,6 +131,7 @@ impl ResList {
         }
     }
 
+    /// Adds `v` to the amount of `name`.
     pub fn add(&mut self, name: &ResName, v: i64) {
         match self.0.binary_search_by(|(n, _)| n.cmp(name)) {
             Ok(i) => self.0[i].1 = self.0[i].1.saturating_add(v),
@@ -127,12 +139,14 @@ impl ResList {
         }
     }
 
+    /// Adds every amount of `other`.
     pub fn add_all(&mut self, other: &ResList) {
         for (n, v) in &other.0 {
             self.add(n, *v);
         }
     }
 
+    /// Subtracts every amount of `other`.
     pub fn sub_all(&mut self, other: &ResList) {
         for (n, v) in &other.0 {
             self.add(n, v.saturating_neg());
@@ -148,6 +162,7 @@ impl ResList {
         }
     }
 
+    /// Every amount multiplied by `k`.
     pub fn scaled(&self, k: i64) -> ResList {
         ResList(
             self.0
@@ -157,14 +172,17 @@ impl ResList {
         )
     }
 
+    /// (name, amount) pairs in name order.
     pub fn iter(&self) -> impl Iterator<Item = (&ResName, i64)> {
         self.0.iter().map(|(n, v)| (n, *v))
     }
 
+    /// True when nothing is listed.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 
+    /// Removes `name`.
     pub fn remove(&mut self, name: &ResName) {
         if let Ok(i) = self.0.binary_search_by(|(n, _)| n.cmp(name)) {
             self.0.remove(i);
@@ -240,7 +258,7 @@ fn container_requests(c: &Container) -> Result<ResList, String> {
 }
 
 /// The resources one pod with this spec requests, as the kube-scheduler counts them.
-pub fn pod_requests(spec: &PodSpec) -> Result<ResList, String> {
+pub(crate) fn pod_requests(spec: &PodSpec) -> Result<ResList, String> {
     let mut containers = ResList::new();
     for c in &spec.containers {
         let r = container_requests(c).map_err(|e| format!("container {}: {e}", c.name))?;

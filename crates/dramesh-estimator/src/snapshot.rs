@@ -12,17 +12,34 @@ use dramesh_model::{Manifest, load};
 
 use crate::view::{ApplyError, View};
 
+/// Why a snapshot could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
+    /// The directory cannot be listed.
     #[error("cannot read snapshot directory {dir}: {message}")]
-    Dir { dir: PathBuf, message: String },
+    Dir {
+        /// The directory.
+        dir: PathBuf,
+        /// The I/O error.
+        message: String,
+    },
+    /// A manifest cannot be read.
     #[error(transparent)]
     Load(Box<load::LoadError>),
+    /// A file holds a kind that is not cluster state.
     #[error("{file}: kind {kind} does not belong in a cluster snapshot")]
-    UnexpectedKind { file: PathBuf, kind: String },
+    UnexpectedKind {
+        /// The file.
+        file: PathBuf,
+        /// The kind found.
+        kind: String,
+    },
+    /// An object cannot be applied to the view.
     #[error("{file}: {source}")]
     Apply {
+        /// The file.
         file: PathBuf,
+        /// Why.
         #[source]
         source: Box<ApplyError>,
     },

@@ -15,23 +15,32 @@ use std::sync::Arc;
 use dramesh_model::k8s::{Node, Pod, Taint};
 use dramesh_model::{ClusterInfo, ClusterObject, ObjectChange, ObjectKey, ObjectKind};
 
-use crate::devices::{ClaimHandle, ClusterDevices, FastMap};
+use crate::cluster_devices::{CHANGE_LOG, ClaimHandle, ClusterDevices};
 use crate::filter::NodeFacts;
+use crate::hash::FastMap;
 use crate::resources::{ResList, ResName, pod_requests};
 
 /// Why a change could not be applied. The view is unchanged when this is returned.
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
+    /// The change's JSON is not a valid object of its kind.
     #[error("cluster {cluster}: cannot decode {key}: {message}")]
     Decode {
+        /// Cluster of the change.
         cluster: String,
+        /// Key of the change.
         key: ObjectKey,
+        /// What is wrong.
         message: String,
     },
+    /// The object decodes but cannot be used (wrong key, bad quantity, ...).
     #[error("cluster {cluster}: {key}: {message}")]
     Invalid {
+        /// Cluster of the change.
         cluster: String,
+        /// Key of the change.
         key: ObjectKey,
+        /// What is wrong.
         message: String,
     },
 }
@@ -40,18 +49,24 @@ pub enum ApplyError {
 /// into the Deployment (by the `pod-template-hash` suffix), or the pod itself.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 pub struct Owner {
+    /// Namespace of the workload.
     pub namespace: String,
+    /// Controller kind (`Deployment`, `StatefulSet`, ..., or `Pod`).
     pub kind: String,
+    /// Controller name.
     pub name: String,
 }
 
 /// A pod as the view keeps it.
 #[derive(Debug, Clone)]
 pub struct PodEntry {
+    /// The node the pod is bound to, if any.
     pub node: Option<Arc<str>>,
     /// Shared between pods with equal requests (most pods of a workload).
     pub requests: Arc<ResList>,
+    /// `spec.priority`.
     pub priority: i32,
+    /// The workload the pod belongs to.
     pub owner: Arc<Owner>,
     /// Names of the ResourceClaims the pod uses (named claims and generated ones from status).
     pub claims: Vec<String>,
@@ -89,14 +104,20 @@ impl FromIterator<Arc<ClaimHandle>> for ClaimHandles {
 /// A node's static facts.
 #[derive(Debug, Clone)]
 pub struct NodeEntry {
+    /// Node name.
     pub name: Arc<str>,
+    /// Node labels.
     pub labels: BTreeMap<String, String>,
+    /// Node taints.
     pub taints: Vec<Taint>,
+    /// `spec.unschedulable`.
     pub unschedulable: bool,
+    /// `status.allocatable` (or capacity).
     pub allocatable: ResList,
 }
 
 impl NodeEntry {
+    /// The facts node filtering reads.
     pub fn facts(&self) -> NodeFacts<'_> {
         NodeFacts {
             name: &self.name,
@@ -110,14 +131,18 @@ impl NodeEntry {
 /// Requests of the active pods bound to one node name (kept even before the node exists).
 #[derive(Debug, Clone, Default)]
 pub struct NodeUsage {
+    /// Sum of the requests of the active pods on the node.
     pub requested: ResList,
+    /// Number of active pods on the node.
     pub pods: u32,
 }
 
 /// One member cluster.
 #[derive(Debug, Default)]
 pub struct ClusterView {
+    /// Cluster name.
     pub name: String,
+    /// What the cluster reported about itself.
     pub info: ClusterInfo,
     pub(crate) nodes: BTreeMap<Arc<str>, NodeEntry>,
     pub(crate) usage: FastMap<Arc<str>, NodeUsage>,
@@ -136,9 +161,6 @@ pub struct ClusterView {
     request_lists: HashSet<Arc<ResList>>,
 }
 
-/// How many recent node changes a cluster remembers.
-pub(crate) const CHANGE_LOG: usize = 4096;
-
 impl ClusterView {
     fn new(name: &str) -> ClusterView {
         ClusterView {
@@ -147,30 +169,37 @@ impl ClusterView {
         }
     }
 
+    /// Nodes in name order.
     pub fn nodes(&self) -> impl Iterator<Item = &NodeEntry> {
         self.nodes.values()
     }
 
+    /// A node by name.
     pub fn node(&self, name: &str) -> Option<&NodeEntry> {
         self.nodes.get(name)
     }
 
+    /// Requests bound to a node name.
     pub fn usage(&self, node: &str) -> Option<&NodeUsage> {
         self.usage.get(node)
     }
 
+    /// Every pod, keyed by (namespace, name).
     pub fn pods(&self) -> impl Iterator<Item = (&(String, String), &PodEntry)> {
         self.pods.iter()
     }
 
+    /// Number of nodes.
     pub fn node_count(&self) -> usize {
         self.nodes.len()
     }
 
+    /// Number of pods.
     pub fn pod_count(&self) -> usize {
         self.pods.len()
     }
 
+    /// The cluster's device state.
     pub fn devices(&self) -> &ClusterDevices {
         &self.devices
     }
@@ -180,6 +209,7 @@ impl ClusterView {
         self.generation
     }
 
+    /// The Kubernetes version the cluster reported.
     pub fn kubernetes_version(&self) -> Option<&str> {
         self.info.kubernetes_version.as_deref()
     }
@@ -274,18 +304,22 @@ pub struct View {
 }
 
 impl View {
+    /// An empty view.
     pub fn new() -> View {
         View::default()
     }
 
+    /// A cluster by name.
     pub fn cluster(&self, name: &str) -> Option<&ClusterView> {
         self.clusters.get(name)
     }
 
+    /// Clusters in name order.
     pub fn clusters(&self) -> impl Iterator<Item = &ClusterView> {
         self.clusters.values()
     }
 
+    /// Cluster names in order.
     pub fn cluster_names(&self) -> Vec<String> {
         self.clusters.keys().cloned().collect()
     }
@@ -297,6 +331,7 @@ impl View {
             .or_insert_with(|| ClusterView::new(cluster))
     }
 
+    /// Forgets a cluster; true when it was known.
     pub fn remove_cluster(&mut self, cluster: &str) -> bool {
         self.clusters.remove(cluster).is_some()
     }
@@ -448,7 +483,7 @@ fn node_entry(n: &Node) -> Result<NodeEntry, String> {
 }
 
 /// The workload identity of a pod (see [`Owner`]).
-pub fn pod_owner(p: &Pod) -> Owner {
+pub(crate) fn pod_owner(p: &Pod) -> Owner {
     let namespace = p
         .metadata
         .namespace

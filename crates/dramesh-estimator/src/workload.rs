@@ -13,36 +13,62 @@ use std::path::Path;
 use std::sync::Arc;
 
 use dramesh_model::k8s::{PodSpec, PodTemplateSpec, PriorityClass, ResourceClaimTemplate};
-use dramesh_model::{Manifest, load};
+use dramesh_model::{Manifest, load, nodesel};
 
 use crate::filter::NodeClaim;
-use crate::placement::Policy;
+use crate::policy::{Policy, PolicyError};
 use crate::resources::{ResList, pod_requests};
 
+/// Why a workload could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkloadError {
+    /// A manifest cannot be read.
     #[error(transparent)]
     Load(Box<load::LoadError>),
+    /// The files hold no workload.
     #[error("no Deployment, StatefulSet, Job or Pod found in the workload files")]
     NoWorkload,
+    /// The files hold more than one workload.
     #[error("more than one workload in the files: {first} and {second}")]
-    Ambiguous { first: String, second: String },
+    Ambiguous {
+        /// The first workload found.
+        first: String,
+        /// The second.
+        second: String,
+    },
+    /// A referenced ResourceClaimTemplate is not in the files.
     #[error(
         "{workload}: pod template references ResourceClaimTemplate {namespace}/{name}, which was not provided"
     )]
     MissingTemplate {
+        /// `Kind namespace/name` of the workload.
         workload: String,
+        /// Namespace of the template.
         namespace: String,
+        /// Name of the template.
         name: String,
     },
+    /// The named PriorityClass is not in the files.
     #[error(
         "{workload}: spec.template.spec.priorityClassName {name:?} names no PriorityClass in the files"
     )]
-    MissingPriorityClass { workload: String, name: String },
+    MissingPriorityClass {
+        /// `Kind namespace/name` of the workload.
+        workload: String,
+        /// The PriorityClass name.
+        name: String,
+    },
+    /// A field of the workload is invalid.
     #[error("{workload}: {message}")]
-    Invalid { workload: String, message: String },
+    Invalid {
+        /// `Kind namespace/name` of the workload.
+        workload: String,
+        /// The field path and what is wrong.
+        message: String,
+    },
+    /// The PropagationPolicy in the files is invalid.
     #[error(transparent)]
-    Policy(#[from] crate::placement::PolicyError),
+    Policy(#[from] PolicyError),
 }
 
 impl From<load::LoadError> for WorkloadError {
@@ -56,28 +82,40 @@ impl From<load::LoadError> for WorkloadError {
 pub struct TemplateRef {
     /// `spec.resourceClaims[].name` in the pod.
     pub pod_claim: String,
+    /// The template.
     pub template: Arc<ResourceClaimTemplate>,
 }
 
 /// What one replica of a workload needs, and who it is.
 #[derive(Debug, Clone)]
 pub struct Workload {
+    /// `Deployment`, `StatefulSet`, `Job` or `Pod`.
     pub kind: String,
+    /// Namespace.
     pub namespace: String,
+    /// Name.
     pub name: String,
+    /// `metadata.uid`, when known.
     pub uid: Option<String>,
+    /// Replicas (`spec.replicas`, or `parallelism` for Jobs).
     pub replicas: i64,
+    /// The pod template's spec.
     pub pod_spec: Arc<PodSpec>,
+    /// Requests of one replica (containers and overhead, as the scheduler counts them).
     pub requests: ResList,
+    /// What one replica requires of a node.
     pub node_claim: NodeClaim,
+    /// ResourceClaimTemplates: each replica gets its own claims.
     pub templates: Vec<TemplateRef>,
     /// `resourceClaimName` references: claims shared by all replicas.
     pub shared_claims: Vec<String>,
+    /// Pod priority.
     pub priority: i32,
     /// True unless the PriorityClass says `preemptionPolicy: Never`.
     pub preempt_lower_priority: bool,
     /// A PropagationPolicy found with the workload files, if any.
     pub policy: Option<Policy>,
+    /// Hash of everything that affects per-node fit (cache key).
     pub fingerprint: u64,
 }
 
@@ -87,6 +125,7 @@ impl Workload {
         format!("{} {}/{}", self.kind, self.namespace, self.name)
     }
 
+    /// True when replicas need DRA devices.
     pub fn needs_devices(&self) -> bool {
         !self.templates.is_empty() || !self.shared_claims.is_empty()
     }
@@ -205,6 +244,24 @@ impl Workload {
                 spec.preemption_policy.as_deref() != Some("Never"),
             ),
         };
+        // Users' files are held to what the API server would accept; queries from a scheduler
+        // are matched as the scheduler does (a malformed term matches no node).
+        if let Some(required) = spec
+            .affinity
+            .as_ref()
+            .and_then(|a| a.node_affinity.as_ref())
+            .and_then(|n| {
+                n.required_during_scheduling_ignored_during_execution
+                    .as_ref()
+            })
+        {
+            nodesel::validate(required).map_err(|e| WorkloadError::Invalid {
+                workload: label.clone(),
+                message: format!(
+                    "spec.template.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.{e}"
+                ),
+            })?;
+        }
         let mut w = Workload::from_pod_spec(&kind, &namespace, &name, replicas, spec, &templates)?;
         w.uid = uid;
         w.priority = priority.0;
@@ -314,4 +371,49 @@ pub fn load_workload<P: AsRef<Path>>(paths: &[P]) -> Result<Workload, WorkloadEr
     let loaded = load::load_paths(paths)?;
     let manifests: Vec<Manifest> = loaded.into_iter().map(|l| l.manifest).collect();
     Workload::from_manifests(&manifests)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn deployment(operator: &str, values: &str) -> Result<Workload, WorkloadError> {
+        let yaml = format!(
+            r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: web, namespace: default}}
+spec:
+  replicas: 2
+  selector: {{matchLabels: {{app: web}}}}
+  template:
+    metadata: {{labels: {{app: web}}}}
+    spec:
+      containers: [{{name: c, image: x}}]
+      affinity:
+        nodeAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+            nodeSelectorTerms:
+            - matchExpressions: [{{key: zone, operator: {operator}, values: {values}}}]
+"#
+        );
+        let loaded = load::load_str(Path::new("web.yaml"), &yaml).expect("decodes");
+        let manifests: Vec<Manifest> = loaded.into_iter().map(|l| l.manifest).collect();
+        Workload::from_manifests(&manifests)
+    }
+
+    /// Users' files are held to what the API server accepts: a malformed required node
+    /// affinity is an error naming the workload and the field.
+    #[test]
+    fn malformed_node_affinity_is_rejected_with_its_path() {
+        assert!(deployment("NotIn", "[a]").is_ok());
+        let err = deployment("NotIn", "[]").expect_err("NotIn needs values");
+        assert_eq!(
+            err.to_string(),
+            "Deployment default/web: spec.template.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].values: for 'in', 'notin' operators, values set can't be empty"
+        );
+        assert!(deployment("Gt", "[ten]").is_err());
+    }
 }

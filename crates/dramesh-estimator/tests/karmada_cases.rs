@@ -9,10 +9,8 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::*;
-use dramesh_estimator::placement::{
-    SpreadConstraint, Strategy, assign, select_by_cluster, webster,
-};
 use dramesh_estimator::{EstimateOptions, estimate};
+use dramesh_estimator::{SpreadConstraint, Strategy, assign, select_by_cluster, webster};
 use dramesh_model::ClusterObject;
 use serde_json::json;
 
@@ -283,7 +281,7 @@ fn aggregated_divisions() {
 
 #[test]
 fn static_weight_divisions() {
-    use dramesh_estimator::placement::ClusterAffinity;
+    use dramesh_estimator::ClusterAffinity;
     let rule = |names: &[&str], w: i64| {
         (
             ClusterAffinity {

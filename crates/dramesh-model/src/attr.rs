@@ -9,9 +9,13 @@ use crate::semver::Semver;
 /// (KEP-5491) are alpha and off by default, so they are not represented.
 #[derive(Debug, Clone, PartialEq)]
 pub enum AttrValue {
+    /// `int`.
     Int(i64),
+    /// `bool`.
     Bool(bool),
+    /// `string`.
     String(Arc<str>),
+    /// `version` (semver 2.0.0).
     Version(Arc<Semver>),
 }
 
@@ -76,7 +80,9 @@ impl fmt::Display for AttrValue {
 /// Unqualified names belong to the driver's domain.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct QualifiedName {
+    /// The domain (the driver's name for unqualified names).
     pub domain: Arc<str>,
+    /// The identifier within the domain.
     pub id: Arc<str>,
 }
 

@@ -7,6 +7,7 @@
 pub mod attr;
 pub mod k8s;
 pub mod load;
+pub mod nodesel;
 pub mod object;
 pub mod quantity;
 pub mod semver;

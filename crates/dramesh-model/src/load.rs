@@ -25,6 +25,7 @@ pub const MAX_FILE_BYTES: u64 = 64 << 20;
 /// Where a document came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Source {
+    /// The file.
     pub file: PathBuf,
     /// 0-based index of the YAML document in the file.
     pub document: usize,
@@ -47,20 +48,29 @@ impl fmt::Display for Source {
 pub enum Manifest {
     /// State published by a member cluster.
     Object(ClusterObject),
+    /// A ResourceClaimTemplate.
     ResourceClaimTemplate(Arc<k8s::ResourceClaimTemplate>),
+    /// A Deployment.
     Deployment(Arc<k8s::Deployment>),
+    /// A StatefulSet.
     StatefulSet(Arc<k8s::StatefulSet>),
+    /// A Job.
     Job(Arc<k8s::Job>),
+    /// A PriorityClass.
     PriorityClass(Arc<k8s::PriorityClass>),
     /// Any other kind (for example a Karmada PropagationPolicy), left as JSON for its reader.
     Other {
+        /// `apiVersion`.
         api_version: String,
+        /// `kind`.
         kind: String,
+        /// The whole document.
         value: Value,
     },
 }
 
 impl Manifest {
+    /// The manifest's kind.
     pub fn kind(&self) -> &str {
         match self {
             Manifest::Object(o) => o.kind().as_str(),
@@ -74,9 +84,12 @@ impl Manifest {
     }
 }
 
+/// A decoded manifest and where it came from.
 #[derive(Debug, Clone)]
 pub struct Loaded {
+    /// Where it came from.
     pub source: Source,
+    /// The manifest.
     pub manifest: Manifest,
 }
 
@@ -85,6 +98,7 @@ pub struct Loaded {
 pub struct FieldError {
     /// Dotted path such as `spec.devices.requests[0].exactly`; empty for the whole object.
     pub field: String,
+    /// What is wrong.
     pub message: String,
 }
 
@@ -103,12 +117,17 @@ impl std::error::Error for FieldError {}
 /// A manifest that could not be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoadError {
+    /// The file.
     pub file: PathBuf,
+    /// 0-based YAML document index, when the error is inside one.
     pub document: Option<usize>,
+    /// 0-based index in a `kind: List`, when the error is inside one.
     pub item: Option<usize>,
     /// `Kind name` (or `Kind ns/name`) when known.
     pub object: Option<String>,
+    /// JSON path of the field at fault, when known.
     pub field: Option<String>,
+    /// What is wrong.
     pub message: String,
 }
 

@@ -14,17 +14,24 @@ use crate::k8s;
     Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
 )]
 pub enum ObjectKind {
+    /// A Node.
     Node,
+    /// A Pod (trimmed).
     Pod,
+    /// A ResourceSlice.
     ResourceSlice,
+    /// A DeviceClass.
     DeviceClass,
+    /// A ResourceClaim.
     ResourceClaim,
+    /// A DeviceTaintRule.
     DeviceTaintRule,
     /// Cluster facts: Kubernetes version, labels (`cluster.yaml` or the agent's report).
     ClusterInfo,
 }
 
 impl ObjectKind {
+    /// Every kind.
     pub const ALL: [ObjectKind; 7] = [
         ObjectKind::Node,
         ObjectKind::Pod,
@@ -35,6 +42,7 @@ impl ObjectKind {
         ObjectKind::ClusterInfo,
     ];
 
+    /// The Kubernetes kind name.
     pub fn as_str(self) -> &'static str {
         match self {
             ObjectKind::Node => "Node",
@@ -47,6 +55,7 @@ impl ObjectKind {
         }
     }
 
+    /// True for namespaced kinds.
     pub fn namespaced(self) -> bool {
         matches!(self, ObjectKind::Pod | ObjectKind::ResourceClaim)
     }
@@ -63,12 +72,16 @@ impl fmt::Display for ObjectKind {
     Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
 )]
 pub struct ObjectKey {
+    /// Kind.
     pub kind: ObjectKind,
+    /// Namespace, for namespaced kinds.
     pub namespace: Option<String>,
+    /// Name.
     pub name: String,
 }
 
 impl ObjectKey {
+    /// A key from its parts.
     pub fn new(kind: ObjectKind, namespace: Option<&str>, name: &str) -> ObjectKey {
         ObjectKey {
             kind,
@@ -94,13 +107,16 @@ pub struct ClusterInfo {
     /// `major.minor` of the member cluster's API server, e.g. `1.35`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes_version: Option<String>,
+    /// Cluster labels (Karmada cluster affinity reads them).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub labels: std::collections::BTreeMap<String, String>,
     /// Karmada-style provider / region / zone, used by spread constraints.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<String>,
+    /// Region.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
+    /// Zone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zone: Option<String>,
 }
@@ -108,12 +124,19 @@ pub struct ClusterInfo {
 /// One typed object of a member cluster.
 #[derive(Debug, Clone)]
 pub enum ClusterObject {
+    /// A Node.
     Node(Arc<k8s::Node>),
+    /// A Pod.
     Pod(Arc<k8s::Pod>),
+    /// A ResourceSlice.
     ResourceSlice(Arc<k8s::ResourceSlice>),
+    /// A DeviceClass.
     DeviceClass(Arc<k8s::DeviceClass>),
+    /// A ResourceClaim.
     ResourceClaim(Arc<k8s::ResourceClaim>),
+    /// A DeviceTaintRule.
     DeviceTaintRule(Arc<k8s::DeviceTaintRule>),
+    /// The cluster's facts.
     ClusterInfo(Arc<ClusterInfo>),
 }
 
@@ -134,6 +157,7 @@ fn meta_key(
 }
 
 impl ClusterObject {
+    /// The object's kind.
     pub fn kind(&self) -> ObjectKind {
         match self {
             ClusterObject::Node(_) => ObjectKind::Node,
@@ -146,6 +170,7 @@ impl ClusterObject {
         }
     }
 
+    /// The object's key.
     pub fn key(&self) -> ObjectKey {
         let kind = self.kind();
         match self {
@@ -199,15 +224,20 @@ impl ClusterObject {
 pub enum ObjectChange {
     /// The object now has this value (compact JSON of the typed object).
     Upsert {
+        /// The object's key.
         key: ObjectKey,
+        /// Compact JSON of the typed object.
         json: Arc<[u8]>,
     },
+    /// The object is gone.
     Delete {
+        /// The object's key.
         key: ObjectKey,
     },
 }
 
 impl ObjectChange {
+    /// The change that sets `obj`.
     pub fn upsert(obj: &ClusterObject) -> ObjectChange {
         ObjectChange::Upsert {
             key: obj.key(),
@@ -215,6 +245,7 @@ impl ObjectChange {
         }
     }
 
+    /// The key the change is about.
     pub fn key(&self) -> &ObjectKey {
         match self {
             ObjectChange::Upsert { key, .. } | ObjectChange::Delete { key } => key,

@@ -37,15 +37,19 @@ pub struct Quantity {
 /// Why a string is not a quantity.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum QuantityError {
+    /// No digits.
     #[error("quantity {0:?} is empty or has no digits")]
     NoDigits(String),
+    /// An unknown suffix.
     #[error("quantity {0:?} has an unknown suffix")]
     BadSuffix(String),
+    /// Beyond the largest magnitude accepted.
     #[error("quantity {0:?} is out of range")]
     OutOfRange(String),
 }
 
 impl Quantity {
+    /// Zero.
     pub const ZERO: Quantity = Quantity {
         nanos: 0,
         format: Format::DecimalSi,
@@ -178,10 +182,12 @@ impl Quantity {
         Quantity { nanos, format }
     }
 
+    /// The value in nano-units.
     pub fn nanos(&self) -> i128 {
         self.nanos
     }
 
+    /// The format the value is printed in.
     pub fn format(&self) -> Format {
         self.format
     }
@@ -191,6 +197,7 @@ impl Quantity {
         Quantity { format, ..self }
     }
 
+    /// True for zero.
     pub fn is_zero(&self) -> bool {
         self.nanos == 0
     }
@@ -219,6 +226,7 @@ impl Quantity {
         }
     }
 
+    /// The value in units, approximately.
     pub fn as_f64(&self) -> f64 {
         self.nanos as f64 / NANO as f64
     }
@@ -232,6 +240,7 @@ impl Quantity {
         })
     }
 
+    /// Difference; `None` out of range. The format of `self` wins.
     pub fn checked_sub(self, other: Quantity) -> Option<Quantity> {
         let nanos = self.nanos.checked_sub(other.nanos)?;
         (nanos.abs() <= LIMIT).then_some(Quantity {
@@ -248,6 +257,7 @@ impl Quantity {
         }
     }
 
+    /// Saturating difference.
     pub fn saturating_sub(self, other: Quantity) -> Quantity {
         Quantity {
             nanos: self.nanos.saturating_sub(other.nanos).clamp(-LIMIT, LIMIT),

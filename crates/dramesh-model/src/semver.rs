@@ -9,26 +9,37 @@
 use std::cmp::Ordering;
 use std::fmt;
 
+/// A semantic version.
 #[derive(Debug, Clone)]
 pub struct Semver {
+    /// Major version.
     pub major: u64,
+    /// Minor version.
     pub minor: u64,
+    /// Patch version.
     pub patch: u64,
+    /// Prerelease identifiers (empty for a release).
     pub pre: Vec<PreId>,
+    /// Build metadata (ignored when comparing).
     pub build: String,
 }
 
 /// One dot-separated prerelease identifier.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PreId {
+    /// A numeric identifier.
     Num(u64),
+    /// An alphanumeric identifier.
     Alpha(String),
 }
 
+/// A string that is not a semantic version.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{input:?} is not a semantic version: {why}")]
 pub struct SemverError {
+    /// The input.
     pub input: String,
+    /// What is wrong.
     pub why: &'static str,
 }
 
@@ -54,6 +65,7 @@ fn ident_ok(s: &str) -> bool {
 }
 
 impl Semver {
+    /// The release `major.minor.patch`.
     pub fn new(major: u64, minor: u64, patch: u64) -> Semver {
         Semver {
             major,

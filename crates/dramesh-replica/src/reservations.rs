@@ -33,8 +33,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use dramesh_api::native::{ReservationState, ReservationStatus, WorkloadRef};
+use dramesh_estimator::ClusterView;
 use dramesh_estimator::Workload;
-use dramesh_estimator::view::ClusterView;
 use dramesh_mesh::identity::RESERVATION_SCOPE;
 use dramesh_model::{ObjectChange, ObjectKey, ObjectKind};
 use dramesh_store::DocId;

@@ -1,52 +1,31 @@
-//! Device (DRA) state of one cluster, and the only place the estimator talks to the
-//! allocation engine (`dramesh-engine`).
+//! Device (DRA) state of one cluster, kept incrementally as the view changes.
 //!
-//! State is kept incrementally: the engine's [`Inventory`] (slices, classes, taint rules)
+//! The engine's [`Inventory`] (slices, classes, taint rules)
 //! and [`AllocatedState`] (devices used by allocated claims) are updated one object at a
 //! time; claims are kept in compact form (their allocation only). Each node has a device
 //! generation (its local slices or the allocations in its pools changed) and the cluster
 //! has a shared generation (classes, taint rules, node-less slices or their allocations,
 //! version), which the result caches key on.
 //!
-//! Estimation semantics ([`DeviceQuery::fit`]): on a node, replica after replica gets its
-//! own fresh allocation of the pod's template claims from the engine, against the state
-//! that already includes the earlier replicas (on any node); the count stops at the first
-//! replica that does not fit. Allocations that only use devices local to the node are rolled
-//! back after the node is counted (they cannot affect another node); allocations that use
-//! shared devices stay, so later nodes see them.
-//!
-//! Caching never changes results: a node's answer is reused only when its device generation
-//! and the cluster's shared generation are unchanged and no replica of the current query
-//! has consumed a shared device yet. Nodes whose local slices and local allocations are
-//! identical up to node and pool names ("same shape") share one answer when the cluster has
-//! no node-less slices and no taint rules, since then nothing else can influence a node's
-//! allocation. A pool's allocations enter the shape as a multiset hash that is a sum of
+//! Each node also has a *shape*: a hash of its local slices and their allocations up to node
+//! and pool names, which per-query fit caches share answers by (see [`crate::fit`]). A pool's allocations enter the shape as a multiset hash that is a sum of
 //! per-device terms (computed once per claim), so a what-if that gives allocations back
 //! (preemption) gets its shape by subtraction and shares cache entries with real states.
-//!
-//! Assumed (in-flight) replicas with claims are allocated by the same replica-by-replica
-//! count (`DeviceQuery::place`) but keep their allocations, in an `AssumedDevices` state
-//! the estimate's query then starts from. Node answers of nodes holding assumed allocations
-//! bypass the caches; once an assumed replica holds a device that is not local to its node,
-//! the whole query does.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use dramesh_engine::{AllocatedState, Inventory, KubeVersion, NodeInfo, Options, Outcome};
+use dramesh_engine::{AllocatedState, Inventory, KubeVersion};
 use dramesh_model::k8s::{
-    AllocationResult, DeviceClaim, DeviceClass, DeviceRequest, DeviceTaintRule, ExactDeviceRequest,
-    ObjectMeta, ResourceClaim, ResourceClaimSpec, ResourceSlice,
+    AllocationResult, DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice,
 };
 
-use crate::estimate::Overlay;
-use crate::resources::{ResName, is_extended_resource};
-use crate::view::{ClusterView, NodeEntry};
-use crate::workload::Workload;
+use crate::hash::{FastMap, FastSet};
 
-pub(crate) use crate::fasthash::{FastMap, FastSet};
+/// How many recent node changes a cluster remembers (here and in the view's own log).
+pub(crate) const CHANGE_LOG: usize = 4096;
 
 /// What the view remembers of a slice.
 #[derive(Debug, Clone)]
@@ -92,8 +71,8 @@ fn marker_hash(marker: &str) -> u64 {
 /// One device result of an allocation, with driver and pool names interned.
 #[derive(Debug, Clone)]
 pub(crate) struct CompactResult {
-    driver: Arc<str>,
-    pool: Arc<str>,
+    pub(crate) driver: Arc<str>,
+    pub(crate) pool: Arc<str>,
     /// Device and request names repeat across claims (`gpu-0`, `gpu`), so they are interned.
     device: Arc<str>,
     request: Arc<str>,
@@ -102,7 +81,7 @@ pub(crate) struct CompactResult {
     consumed: Option<BTreeMap<String, dramesh_model::k8s::K8sQuantity>>,
     /// `marker_hash` of this result's marker, computed once when the claim is stored so a
     /// what-if that releases the claim never formats a marker.
-    marker: u64,
+    pub(crate) marker: u64,
 }
 
 impl CompactResult {
@@ -120,7 +99,7 @@ impl CompactResult {
     }
 }
 
-fn expand(results: &[CompactResult]) -> AllocationResult {
+pub(crate) fn expand(results: &[CompactResult]) -> AllocationResult {
     AllocationResult {
         devices: Some(dramesh_model::k8s::DeviceAllocationResult {
             results: Some(results.iter().map(CompactResult::expand).collect()),
@@ -251,7 +230,7 @@ impl ClusterDevices {
         let g = self.tick();
         let key = self.key_for(node);
         self.log.push_back((g, key.clone()));
-        if self.log.len() > crate::view::CHANGE_LOG
+        if self.log.len() > CHANGE_LOG
             && let Some((old, _)) = self.log.pop_front()
         {
             self.log_floor = old;
@@ -303,30 +282,37 @@ impl ClusterDevices {
         self.node_gen.get(node).copied().unwrap_or(0)
     }
 
+    /// The cluster's shared device generation (classes, taint rules, node-less slices and their allocations, version).
     pub fn shared_generation(&self) -> u64 {
         self.shared_gen
     }
 
+    /// True when the cluster has any ResourceSlice.
     pub fn has_devices(&self) -> bool {
         !self.slices.is_empty()
     }
 
+    /// Number of ResourceSlices.
     pub fn slice_count(&self) -> usize {
         self.slices.len()
     }
 
+    /// Number of ResourceClaims.
     pub fn claim_count(&self) -> usize {
         self.claims.values().map(|m| m.len()).sum()
     }
 
+    /// A DeviceClass by name.
     pub fn class(&self, name: &str) -> Option<&Arc<DeviceClass>> {
         self.classes.get(name)
     }
 
+    /// The engine's inventory of this cluster.
     pub fn inventory(&self) -> &Inventory {
         &self.inventory
     }
 
+    /// The devices allocated claims hold.
     pub fn allocated_state(&self) -> &AllocatedState {
         &self.allocated
     }
@@ -661,6 +647,7 @@ impl ClusterDevices {
         }
     }
 
+    /// True when the view has the claim `namespace/name`.
     pub fn has_claim(&self, namespace: &str, name: &str) -> bool {
         self.claim(namespace, name).is_some()
     }
@@ -671,7 +658,7 @@ impl ClusterDevices {
 
     /// Shape hash of one node's local devices and their allocations, optionally with some
     /// allocations (per pool) taken away.
-    fn node_shape(&self, node: &Arc<str>, removed: Option<&PoolReleased>) -> u64 {
+    pub(crate) fn node_shape(&self, node: &Arc<str>, removed: Option<&PoolReleased>) -> u64 {
         match (removed, self.node_slices.get(node)) {
             (None, Some(n)) => n.shape,
             _ => self.compute_shape(node, removed),
@@ -686,7 +673,7 @@ impl ClusterDevices {
 
     /// The node's shape with the allocations of `released` (claims whose devices are all in
     /// pools of this node) given back.
-    fn shape_released(&self, node: &str, released: &[&[CompactResult]]) -> u64 {
+    pub(crate) fn shape_released(&self, node: &str, released: &[&[CompactResult]]) -> u64 {
         self.shape_with(node, |(driver, pool)| {
             released
                 .iter()
@@ -712,7 +699,7 @@ impl ClusterDevices {
     }
 
     /// The node a pool's slices are local to, by plain names.
-    fn pool_node_named(&self, driver: &str, pool: &str) -> Option<&Arc<str>> {
+    pub(crate) fn pool_node_named(&self, driver: &str, pool: &str) -> Option<&Arc<str>> {
         // Pool keys are made of interned names, so an unknown name has no pool.
         let key = (
             self.names.get(driver)?.clone(),
@@ -809,668 +796,11 @@ fn single_node(sel: &dramesh_model::k8s::NodeSelector) -> Option<&str> {
 }
 
 /// Per pool, the sum of the marker terms of allocations a what-if gives back.
-type PoolReleased = FastMap<PoolKey, u64>;
-
-/// Upper bound of entries per cache map before it is cleared.
-const MAX_CACHE_ENTRIES: usize = 1 << 20;
-
-/// A cached node answer: (node generation, shared generation, cap used, fit).
-type NodeAnswer = (u64, u64, i64, i64);
-
-/// Per-node device answers kept between estimates of one cluster.
-#[derive(Debug, Default)]
-pub struct DeviceCache {
-    /// (query fingerprint, node) -> (node generation, shared generation, cap, fit).
-    per_node: FastMap<(u64, Arc<str>), NodeAnswer>,
-    /// (query fingerprint, shape, shared generation) -> (cap, fit).
-    per_shape: FastMap<(u64, u64, u64), (i64, i64)>,
-    /// A copy of the cluster's device state as of a device change counter, reused by
-    /// queries so a cache miss does not copy the whole state. Local allocations made by a
-    /// query are rolled back; `scratch_dirty` marks a copy a query changed for good.
-    scratch: Option<(u64, AllocatedState)>,
-    scratch_dirty: bool,
-}
-
-impl DeviceCache {
-    pub fn len(&self) -> usize {
-        self.per_node.len() + self.per_shape.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-/// A reused answer computed with cap `cap_used` is exact for `cap` when it stopped short of
-/// its cap, or when the new cap is not larger.
-fn reuse(cap_used: i64, fit: i64, cap: i64) -> Option<i64> {
-    if fit < cap_used || cap <= cap_used {
-        Some(fit.min(cap))
-    } else {
-        None
-    }
-}
-
-/// The device state of one cluster with the allocations of assumed (in-flight) replicas
-/// committed, built by first-fit before the estimate (see `estimate::assumed_deductions`).
-///
-/// Queries prepared with it count against this state, and never read or write a cache
-/// entry for a node whose local devices hold assumed allocations; once an assumed replica
-/// holds a device not local to one node, no cache applies at all (as when a query itself
-/// consumes a shared device).
-#[derive(Debug, Clone)]
-pub(crate) struct AssumedDevices {
-    /// The view's allocations, minus those a what-if overlay gives back, plus those of the
-    /// assumed replicas placed so far.
-    state: AllocatedState,
-    /// Nodes whose local pools hold devices of assumed replicas.
-    nodes: FastSet<Arc<str>>,
-    /// An assumed replica holds a device that is not local to its node.
-    shared: bool,
-    /// Shared claims (namespace, name) allocated by assumed replicas (once, by the first
-    /// that needed them), with the allocation's node selector.
-    claims: FastMap<(String, String), Option<dramesh_model::k8s::NodeSelector>>,
-}
-
-impl AssumedDevices {
-    /// The cluster's device state under `overlay`, nothing assumed yet.
-    pub(crate) fn start(c: &ClusterView, overlay: Option<&Overlay>) -> AssumedDevices {
-        let devices = &c.devices;
-        let mut state = devices.allocated.clone();
-        if let Some(o) = overlay {
-            for key in &o.removed_claims {
-                if let Some(m) = devices.claim(&key.0, &key.1)
-                    && let Some(a) = &m.allocation
-                {
-                    state.release(std::slice::from_ref(&expand(a)));
-                }
-            }
-        }
-        AssumedDevices {
-            state,
-            nodes: FastSet::default(),
-            shared: false,
-            claims: FastMap::default(),
-        }
-    }
-
-    /// True once any assumed replica holds a device.
-    pub(crate) fn holds_devices(&self) -> bool {
-        self.shared || !self.nodes.is_empty() || !self.claims.is_empty()
-    }
-
-    fn hold(&mut self, node: &NodeEntry, local: bool) {
-        if local {
-            self.nodes.insert(node.name.clone());
-        } else {
-            self.shared = true;
-        }
-    }
-}
-
-/// A prepared device question for one workload on one cluster.
-pub(crate) struct DeviceQuery<'a> {
-    devices: &'a ClusterDevices,
-    /// A private copy of the device state, used when no cache scratch copy can be (the
-    /// overlay releases devices, or there is no cache).
-    owned: Option<AllocatedState>,
-    /// Work on the cache's scratch copy of the device state (kept between queries).
-    use_scratch: bool,
-    opts: Options,
-    /// Template claims of one replica.
-    template_claims: Vec<ResourceClaim>,
-    /// Extended resources a DeviceClass maps: (resource, class, count).
-    dra_extended: Vec<(ResName, String, i64)>,
-    /// Allocated shared claims' node selectors.
-    shared_selectors: Vec<dramesh_model::k8s::NodeSelector>,
-    /// Shared claims still to be allocated by the first replica.
-    pending_shared: Vec<Arc<ResourceClaim>>,
-    fingerprint: u64,
-    /// Set once a replica of this query consumed a shared device (caches stop applying).
-    dirty: bool,
-    overlay_nodes: FastSet<Arc<str>>,
-    /// Markers of the allocations an overlay released, per pool.
-    overlay_released: PoolReleased,
-    /// Allocations the overlay releases, applied to `state` only when the engine is
-    /// actually called (cache hits never need them).
-    to_release: Vec<&'a [CompactResult]>,
-    /// Per-node what-if mode (see [`DeviceQuery::release_per_node`]): `node_release` then
-    /// replaces the overlay for the next node asked.
-    per_node_release: bool,
-    node_release: Vec<&'a [CompactResult]>,
-    cache: Option<&'a mut DeviceCache>,
-    shape_ok: bool,
-    /// The workload's namespace (its shared claims live there).
-    namespace: String,
-    /// Assumed replicas' devices: `owned` then starts as their state.
-    assumed: Option<AssumedDevices>,
-}
-
-fn claim_from(namespace: &str, name: &str, spec: ResourceClaimSpec) -> ResourceClaim {
-    ResourceClaim {
-        metadata: ObjectMeta {
-            name: Some(name.to_string()),
-            namespace: Some(namespace.to_string()),
-            ..Default::default()
-        },
-        spec,
-        status: None,
-    }
-}
-
-impl<'a> DeviceQuery<'a> {
-    /// `Ok(None)` when the workload needs no devices in this cluster; `Err` when it cannot
-    /// be scheduled in this cluster at all (a shared claim is missing).
-    ///
-    /// With `assumed` (built under the same `overlay`), the query counts against the state
-    /// of the assumed replicas and takes it (it is left in place when the query returns
-    /// `Ok(None)` or `Err`); [`DeviceQuery::into_assumed`] gives it back.
-    pub(crate) fn prepare(
-        c: &'a ClusterView,
-        w: &Workload,
-        overlay: Option<&Overlay>,
-        cache: Option<&'a mut DeviceCache>,
-        assumed: &mut Option<AssumedDevices>,
-    ) -> Result<Option<DeviceQuery<'a>>, String> {
-        let devices = &c.devices;
-        let mut dra_extended = Vec::new();
-        let ext_enabled = Options::for_version(devices.version)
-            .effective_features()
-            .extended_resource;
-        for (name, amount) in w.requests.iter() {
-            if let ResName::Other(s) = name
-                && ext_enabled
-                && is_extended_resource(s)
-                && let Some(class) = devices.inventory.extended_resource_class(s)
-            {
-                dra_extended.push((name.clone(), class.to_string(), amount));
-            }
-        }
-        let mut shared_selectors = Vec::new();
-        let mut pending_shared = Vec::new();
-        for claim in &w.shared_claims {
-            let key = (w.namespace.clone(), claim.clone());
-            let removed = overlay.is_some_and(|o| o.removed_claims.contains(&key));
-            if let Some(held) = assumed.as_ref().and_then(|a| a.claims.get(&key)) {
-                // An assumed replica allocated it: allocated from now on.
-                if devices.claim(&key.0, &key.1).is_some() {
-                    shared_selectors.extend(held.iter().cloned());
-                    continue;
-                }
-            }
-            match devices.claim(&key.0, &key.1) {
-                None => {
-                    return Err(format!(
-                        "ResourceClaim {}/{claim} not found in cluster {}",
-                        w.namespace, c.name
-                    ));
-                }
-                Some(m) => match (&m.allocation, &m.unallocated) {
-                    (Some(_), _) if !removed => {
-                        if let Some(sel) = &m.node_selector {
-                            shared_selectors.push(sel.clone());
-                        }
-                        if let Some(n) = &m.pinned_node {
-                            shared_selectors.push(dramesh_model::k8s::NodeSelector {
-                                node_selector_terms: vec![dramesh_model::k8s::NodeSelectorTerm {
-                                    match_fields: Some(vec![
-                                        dramesh_model::k8s::NodeSelectorRequirement {
-                                            key: "metadata.name".into(),
-                                            operator: "In".into(),
-                                            values: Some(vec![n.to_string()]),
-                                        },
-                                    ]),
-                                    ..Default::default()
-                                }],
-                            });
-                        }
-                    }
-                    (_, Some(full)) => pending_shared.push(full.clone()),
-                    _ => {}
-                },
-            }
-        }
-        if w.templates.is_empty()
-            && dra_extended.is_empty()
-            && pending_shared.is_empty()
-            && shared_selectors.is_empty()
-        {
-            return Ok(None);
-        }
-        if let Some(e) = &devices.version_error {
-            return Err(format!("cluster {}: {e}", c.name));
-        }
-        let mut template_claims = Vec::new();
-        for t in &w.templates {
-            template_claims.push(claim_from(
-                &w.namespace,
-                &format!("{}-{}", w.name, t.pod_claim),
-                t.template.spec.spec.clone(),
-            ));
-        }
-        let mut to_release: Vec<&'a [CompactResult]> = Vec::new();
-        let mut overlay_nodes = FastSet::default();
-        let mut overlay_released: PoolReleased = FastMap::default();
-        let mut shared_released = false;
-        if let Some(o) = overlay {
-            for key in &o.removed_claims {
-                if let Some(m) = devices.claim(&key.0, &key.1)
-                    && let Some(a) = &m.allocation
-                {
-                    to_release.push(&**a);
-                    for r in a.iter() {
-                        let pool = (r.driver.clone(), r.pool.clone());
-                        match devices.pool_node.get(&pool) {
-                            Some(n) => {
-                                overlay_nodes.insert(n.clone());
-                                let e = overlay_released.entry(pool).or_default();
-                                *e = e.wrapping_add(r.marker);
-                            }
-                            None => shared_released = true,
-                        }
-                    }
-                }
-            }
-        }
-        let mut fp = DefaultHasher::new();
-        w.fingerprint.hash(&mut fp);
-        dra_extended.hash(&mut fp);
-        let fingerprint = fp.finish();
-        let shape_ok = devices.shared_slices == 0 && devices.taint_rules == 0;
-        // Removing claims that used shared devices changes what every node sees, and so do
-        // assumed replicas holding shared devices.
-        let mut assumed = assumed.take();
-        let dirty = shared_released || assumed.as_ref().is_some_and(|a| a.shared);
-        let mut owned = None;
-        if let Some(a) = &mut assumed {
-            // The overlay is already given back in the assumed state.
-            to_release.clear();
-            owned = Some(std::mem::take(&mut a.state));
-        }
-        let use_scratch = cache.is_some() && to_release.is_empty() && assumed.is_none();
-        let mut cache = cache;
-        if use_scratch
-            && let Some(c) = cache.as_deref_mut()
-            && c.scratch_dirty
-        {
-            // A previous query left shared allocations in the copy: start from the view.
-            c.scratch = None;
-            c.scratch_dirty = false;
-        }
-        Ok(Some(DeviceQuery {
-            devices,
-            owned,
-            use_scratch,
-            opts: Options::for_version(devices.version),
-            template_claims,
-            dra_extended,
-            shared_selectors,
-            pending_shared,
-            fingerprint,
-            dirty,
-            overlay_nodes,
-            overlay_released,
-            to_release,
-            per_node_release: false,
-            node_release: Vec::new(),
-            cache,
-            shape_ok,
-            namespace: w.namespace.clone(),
-            assumed,
-        }))
-    }
-
-    /// True once a replica consumed a shared device or a shared claim is still pending:
-    /// node answers of this query then depend on node order.
-    pub(crate) fn order_dependent(&self) -> bool {
-        self.dirty || !self.pending_shared.is_empty()
-    }
-
-    /// False when an allocated shared claim's node selector excludes this node.
-    pub(crate) fn node_allowed(&self, node: &NodeEntry) -> bool {
-        if self.shared_selectors.is_empty() {
-            return true;
-        }
-        let info = NodeInfo {
-            name: node.name.to_string(),
-            labels: node.labels.clone(),
-        };
-        self.shared_selectors
-            .iter()
-            .all(|s| dramesh_engine::node_selector_matches(s, &info).unwrap_or(false))
-    }
-
-    /// The DRA-backed extended resources this node does not advertise itself.
-    fn ext_on_node(&self, node: &NodeEntry) -> Vec<&(ResName, String, i64)> {
-        self.dra_extended
-            .iter()
-            .filter(|(n, _, _)| node.allocatable.get(n) <= 0)
-            .collect()
-    }
-
-    /// True when `r` is an extended resource this node does not advertise and a
-    /// DeviceClass maps: on this node it is satisfied by devices, not node allocatable.
-    pub(crate) fn served_by_devices(&self, node: &NodeEntry, r: &ResName) -> bool {
-        self.dra_extended
-            .iter()
-            .any(|(n, _, _)| n == r && node.allocatable.get(n) <= 0)
-    }
-
-    /// The claim that asks devices for the DRA-backed extended resources of one replica on
-    /// this node, if any.
-    fn ext_claim(&self, node: &NodeEntry) -> Option<ResourceClaim> {
-        let ext = self.ext_on_node(node);
-        (!ext.is_empty()).then(|| {
-            let requests = ext
-                .iter()
-                .enumerate()
-                .map(|(i, (_, class, count))| DeviceRequest {
-                    name: format!("extended-resource-{i}"),
-                    exactly: Some(ExactDeviceRequest {
-                        device_class_name: class.clone(),
-                        count: Some(*count),
-                        allocation_mode: Some("ExactCount".into()),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                })
-                .collect();
-            claim_from(
-                "default",
-                "extended-resources",
-                ResourceClaimSpec {
-                    devices: Some(DeviceClaim {
-                        requests: Some(requests),
-                        ..Default::default()
-                    }),
-                },
-            )
-        })
-    }
-
-    /// How many replicas (at most `cap`) each get their own devices on this node.
-    pub(crate) fn fit(&mut self, node: &NodeEntry, cap: i64) -> Result<i64, String> {
-        let ext_claim = self.ext_claim(node);
-        // Nodes holding devices of assumed replicas differ from the view the caches describe.
-        if self
-            .assumed
-            .as_ref()
-            .is_some_and(|a| a.nodes.contains(&node.name))
-        {
-            return self.fit_uncached(node, cap, ext_claim.as_ref());
-        }
-        let variant = u64::from(ext_claim.is_some());
-        let key_fp = self.fingerprint ^ variant.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        let cacheable = !self.dirty && self.pending_shared.is_empty();
-        let per_node = self.per_node_release;
-        let in_overlay = if per_node {
-            !self.node_release.is_empty()
-        } else {
-            self.overlay_nodes.contains(&node.name)
-        };
-        // `devices` is not changed by this query, so the generation can be read when needed
-        // (a same-shape hit never needs it).
-        let node_gen = || self.devices.node_gen.get(&node.name).copied().unwrap_or(0);
-        let shared_gen = self.devices.shared_gen;
-        let mut shape_key = None;
-        if cacheable && let Some(cache) = self.cache.as_deref_mut() {
-            if self.shape_ok {
-                // Same-shape answers cover every node; the shape is cheap to hash, so it is
-                // recomputed rather than looked up.
-                let shape = match (per_node, in_overlay) {
-                    (true, true) => self.devices.shape_released(&node.name, &self.node_release),
-                    (false, true) => self
-                        .devices
-                        .node_shape(&node.name, Some(&self.overlay_released)),
-                    (_, false) => self.devices.node_shape(&node.name, None),
-                };
-                let k = (key_fp, shape, shared_gen);
-                if let Some(&(cap_used, fit)) = cache.per_shape.get(&k)
-                    && let Some(v) = reuse(cap_used, fit, cap)
-                {
-                    return Ok(v);
-                }
-                shape_key = Some(k);
-            } else if !in_overlay
-                && let Some(&(g, s, cap_used, fit)) =
-                    cache.per_node.get(&(key_fp, node.name.clone()))
-                && g == node_gen()
-                && s == shared_gen
-                && let Some(v) = reuse(cap_used, fit, cap)
-            {
-                return Ok(v);
-            }
-        }
-        let fit = if per_node && in_overlay {
-            let released = std::mem::take(&mut self.node_release);
-            let fit = self.fit_released(node, cap, ext_claim.as_ref(), &released);
-            self.node_release = released;
-            fit?
-        } else {
-            self.fit_uncached(node, cap, ext_claim.as_ref())?
-        };
-        // An answer that consumed shared devices cannot be replayed from a cache: the
-        // consumption is a side effect later nodes must see.
-        if cacheable
-            && !self.dirty
-            && let Some(cache) = self.cache.as_deref_mut()
-        {
-            // Stale generations are never read again; bound memory by starting over.
-            if cache.per_node.len() >= MAX_CACHE_ENTRIES {
-                cache.per_node.clear();
-            }
-            if cache.per_shape.len() >= MAX_CACHE_ENTRIES {
-                cache.per_shape.clear();
-            }
-            if !in_overlay {
-                cache.per_node.insert(
-                    (key_fp, node.name.clone()),
-                    (node_gen(), shared_gen, cap, fit),
-                );
-            }
-            if let Some(k) = shape_key {
-                cache.per_shape.insert(k, (cap, fit));
-            }
-        }
-        Ok(fit)
-    }
-
-    /// Switches to per-node what-ifs: from now on each [`DeviceQuery::fit`] answers for its
-    /// node as if the allocations in [`DeviceQuery::node_release_mut`] were given back
-    /// (instead of the overlay the query was prepared with). The caller fills that list
-    /// before each node and guarantees every listed allocation uses only pools local to the
-    /// node, so the answer is the one a whole-cluster release would give on that node.
-    pub(crate) fn release_per_node(&mut self) {
-        self.per_node_release = true;
-    }
-
-    pub(crate) fn node_release_mut(&mut self) -> &mut Vec<&'a [CompactResult]> {
-        &mut self.node_release
-    }
-
-    /// [`Self::fit_uncached`] with some allocations given back around the call: the device
-    /// state is left as it was found, since release and commit are exact inverses.
-    fn fit_released(
-        &mut self,
-        node: &NodeEntry,
-        cap: i64,
-        ext_claim: Option<&ResourceClaim>,
-        released: &[&[CompactResult]],
-    ) -> Result<i64, String> {
-        let devices = self.devices;
-        let use_scratch = self.use_scratch;
-        let expanded: Vec<AllocationResult> = released.iter().map(|a| expand(a)).collect();
-        state_mut(&mut self.cache, &mut self.owned, devices, use_scratch).release(&expanded);
-        let out = self.fit_uncached(node, cap, ext_claim);
-        state_mut(&mut self.cache, &mut self.owned, devices, use_scratch).commit(&expanded);
-        out
-    }
-
-    /// The naive path: replica by replica through the engine.
-    pub(crate) fn fit_uncached(
-        &mut self,
-        node: &NodeEntry,
-        cap: i64,
-        ext_claim: Option<&ResourceClaim>,
-    ) -> Result<i64, String> {
-        self.allocate_replicas(node, cap, ext_claim, false)
-    }
-
-    /// Places up to `cap` replicas of an assumed workload on this node: each gets its own
-    /// allocation, exactly as [`DeviceQuery::fit`] counts them, and the allocations stay in
-    /// the query's device state (see [`DeviceQuery::into_assumed`]). Needs a query prepared
-    /// with an [`AssumedDevices`].
-    pub(crate) fn place(&mut self, node: &NodeEntry, cap: i64) -> Result<i64, String> {
-        if self.assumed.is_none() {
-            return Err("internal: assumed replicas placed without assumed device state".into());
-        }
-        let ext_claim = self.ext_claim(node);
-        self.allocate_replicas(node, cap, ext_claim.as_ref(), true)
-    }
-
-    /// The device state with this query's placed replicas, for the next query; `None`
-    /// when the query was not prepared with one.
-    pub(crate) fn into_assumed(self) -> Option<AssumedDevices> {
-        let mut a = self.assumed?;
-        a.state = self.owned.unwrap_or_else(|| self.devices.allocated.clone());
-        Some(a)
-    }
-
-    /// Replica after replica through the engine, at most `cap`. Allocations local to the
-    /// node are rolled back afterwards unless `keep` (assumed replicas hold them).
-    fn allocate_replicas(
-        &mut self,
-        node: &NodeEntry,
-        cap: i64,
-        ext_claim: Option<&ResourceClaim>,
-        keep: bool,
-    ) -> Result<i64, String> {
-        let devices = self.devices;
-        if !self.to_release.is_empty() {
-            let release = std::mem::take(&mut self.to_release);
-            let st = state_mut(&mut self.cache, &mut self.owned, devices, false);
-            for a in release {
-                st.release(std::slice::from_ref(&expand(a)));
-            }
-        }
-        let use_scratch = self.use_scratch;
-        let info = NodeInfo {
-            name: node.name.to_string(),
-            labels: node.labels.clone(),
-        };
-        let mut local: Vec<Vec<AllocationResult>> = Vec::new();
-        let mut n = 0;
-        let mut failure = None;
-        while n < cap {
-            let pending: Vec<Arc<ResourceClaim>> = std::mem::take(&mut self.pending_shared);
-            let mut claims: Vec<&ResourceClaim> = pending.iter().map(|c| &**c).collect();
-            claims.extend(self.template_claims.iter());
-            if let Some(e) = ext_claim {
-                claims.push(e);
-            }
-            if claims.is_empty() {
-                n = cap;
-                break;
-            }
-            let st = state_mut(&mut self.cache, &mut self.owned, devices, use_scratch);
-            match dramesh_engine::allocate(&devices.inventory, st, &info, &claims, &self.opts) {
-                Outcome::Allocated(results) => {
-                    let (shared_part, rest) = results.split_at(pending.len().min(results.len()));
-                    let is_local = |a: &AllocationResult| {
-                        a.devices
-                            .iter()
-                            .flat_map(|d| d.results.iter().flatten())
-                            .all(|r| {
-                                devices
-                                    .pool_node_named(&r.driver, &r.pool)
-                                    .is_some_and(|p| **p == *node.name)
-                            })
-                    };
-                    for (a, claim) in shared_part.iter().zip(&pending) {
-                        st.commit(std::slice::from_ref(a));
-                        if let Some(sel) = &a.node_selector {
-                            self.shared_selectors.push(sel.clone());
-                        }
-                        self.dirty = true;
-                        if keep && let Some(held) = self.assumed.as_mut() {
-                            held.hold(node, is_local(a));
-                            held.claims.insert(
-                                (
-                                    self.namespace.clone(),
-                                    claim.metadata.name.clone().unwrap_or_default(),
-                                ),
-                                a.node_selector.clone(),
-                            );
-                        }
-                    }
-                    let rest = rest.to_vec();
-                    st.commit(&rest);
-                    let local_only = rest.iter().all(is_local);
-                    if keep {
-                        if let Some(held) = self.assumed.as_mut() {
-                            held.hold(node, local_only);
-                        }
-                        if !local_only {
-                            self.dirty = true;
-                        }
-                    } else if local_only {
-                        local.push(rest);
-                    } else {
-                        self.dirty = true;
-                    }
-                    n += 1;
-                }
-                Outcome::Unsatisfiable { .. } | Outcome::BudgetExhausted { .. } => {
-                    self.pending_shared = pending;
-                    break;
-                }
-                Outcome::Error(e) => {
-                    self.pending_shared = pending;
-                    failure = Some(format!("device allocation fails the workload: {e}"));
-                    break;
-                }
-            }
-        }
-        let st = state_mut(&mut self.cache, &mut self.owned, devices, use_scratch);
-        for a in local.iter().rev() {
-            st.release(a);
-        }
-        if self.dirty
-            && use_scratch
-            && let Some(c) = self.cache.as_deref_mut()
-        {
-            c.scratch_dirty = true;
-        }
-        match failure {
-            Some(e) => Err(e),
-            None => Ok(n),
-        }
-    }
-}
-
-/// The device state a query may change: the cache's scratch copy (refreshed when stale) or
-/// a private copy.
-fn state_mut<'s>(
-    cache: &'s mut Option<&mut DeviceCache>,
-    owned: &'s mut Option<AllocatedState>,
-    devices: &ClusterDevices,
-    use_scratch: bool,
-) -> &'s mut AllocatedState {
-    if use_scratch && let Some(c) = cache.as_deref_mut() {
-        let fresh = matches!(&c.scratch, Some((g, _)) if *g == devices.counter);
-        if !fresh {
-            c.scratch = Some((devices.counter, devices.allocated.clone()));
-        }
-        if let Some((_, s)) = &mut c.scratch {
-            return s;
-        }
-    }
-    owned.get_or_insert_with(|| devices.allocated.clone())
-}
+pub(crate) type PoolReleased = FastMap<PoolKey, u64>;
 
 #[cfg(test)]
 mod tests {
-    use super::{ClaimHandle, ClusterDevices, reuse};
+    use super::{ClaimHandle, ClusterDevices};
     use dramesh_sim::typed;
     use std::sync::Arc;
 
@@ -1596,15 +926,5 @@ mod tests {
         drop(orphan);
         d.release_handle("default", "missing");
         assert!(d.pending_handles.is_empty());
-    }
-
-    #[test]
-    fn reuse_rules() {
-        // Stopped short of its cap: exact for any cap.
-        assert_eq!(reuse(10, 3, 100), Some(3));
-        assert_eq!(reuse(10, 3, 2), Some(2));
-        // Hit its cap: only valid for caps not above it.
-        assert_eq!(reuse(10, 10, 5), Some(5));
-        assert_eq!(reuse(10, 10, 11), None);
     }
 }

@@ -1,0 +1,353 @@
+//! Karmada (Cluster)PropagationPolicy as dramesh reads it: cluster affinity, spread
+//! constraints and the replica assignment strategy. Loading is strict: a field dramesh cannot
+//! honour is an error naming the policy and the field.
+
+use std::collections::BTreeMap;
+
+use dramesh_model::ClusterInfo;
+use serde_json::Value;
+
+/// A PropagationPolicy field dramesh cannot read.
+#[derive(Debug, thiserror::Error)]
+#[error("PropagationPolicy {policy}: field {field}: {message}")]
+pub struct PolicyError {
+    /// Policy name.
+    pub policy: String,
+    /// Path of the field at fault.
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// A label selector requirement (`matchExpressions` item).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
+pub struct LabelRequirement {
+    /// Label (or field) name.
+    pub key: String,
+    /// `In`, `NotIn`, `Exists` or `DoesNotExist`.
+    pub operator: String,
+    /// Values for `In` and `NotIn`.
+    #[serde(default)]
+    pub values: Vec<String>,
+}
+
+/// Which clusters a rule selects (Karmada `ClusterAffinity`).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct ClusterAffinity {
+    /// `labelSelector.matchLabels`.
+    pub match_labels: BTreeMap<String, String>,
+    /// `labelSelector.matchExpressions`.
+    pub match_expressions: Vec<LabelRequirement>,
+    /// `fieldSelector.matchExpressions` on provider / region / zone.
+    pub field_expressions: Vec<LabelRequirement>,
+    /// `clusterNames`: when non-empty, only these clusters.
+    pub cluster_names: Vec<String>,
+    /// `exclude`: clusters never selected.
+    pub exclude: Vec<String>,
+    /// True when a `labelSelector` was given.
+    pub has_label_selector: bool,
+}
+
+impl ClusterAffinity {
+    fn from_value(v: &Value, field: &str, policy: &str) -> Result<ClusterAffinity, PolicyError> {
+        let err = |f: &str, m: String| PolicyError {
+            policy: policy.to_string(),
+            field: format!("{field}.{f}"),
+            message: m,
+        };
+        let strings = |key: &str| -> Result<Vec<String>, PolicyError> {
+            match v.get(key) {
+                None | Some(Value::Null) => Ok(Vec::new()),
+                Some(x) => serde_json::from_value(x.clone()).map_err(|e| err(key, e.to_string())),
+            }
+        };
+        let mut a = ClusterAffinity {
+            cluster_names: strings("clusterNames")?,
+            exclude: strings("exclude")?,
+            ..Default::default()
+        };
+        if let Some(ls) = v.get("labelSelector").filter(|x| !x.is_null()) {
+            a.has_label_selector = true;
+            if let Some(ml) = ls.get("matchLabels").filter(|x| !x.is_null()) {
+                a.match_labels = serde_json::from_value(ml.clone())
+                    .map_err(|e| err("labelSelector.matchLabels", e.to_string()))?;
+            }
+            if let Some(me) = ls.get("matchExpressions").filter(|x| !x.is_null()) {
+                a.match_expressions = serde_json::from_value(me.clone())
+                    .map_err(|e| err("labelSelector.matchExpressions", e.to_string()))?;
+            }
+        }
+        if let Some(me) = v
+            .get("fieldSelector")
+            .and_then(|f| f.get("matchExpressions"))
+            .filter(|x| !x.is_null())
+        {
+            a.field_expressions = serde_json::from_value(me.clone())
+                .map_err(|e| err("fieldSelector.matchExpressions", e.to_string()))?;
+        }
+        for r in a.match_expressions.iter().chain(&a.field_expressions) {
+            if !matches!(
+                r.operator.as_str(),
+                "In" | "NotIn" | "Exists" | "DoesNotExist"
+            ) {
+                return Err(err(
+                    "matchExpressions",
+                    format!("unknown operator {:?} for key {:?}", r.operator, r.key),
+                ));
+            }
+        }
+        Ok(a)
+    }
+
+    /// Karmada `ClusterMatches`.
+    pub fn matches(&self, name: &str, info: &ClusterInfo) -> bool {
+        if self.exclude.iter().any(|e| e == name) {
+            return false;
+        }
+        for (k, v) in &self.match_labels {
+            if info.labels.get(k) != Some(v) {
+                return false;
+            }
+        }
+        if !self
+            .match_expressions
+            .iter()
+            .all(|r| requirement(r, info.labels.get(&r.key).map(String::as_str)))
+        {
+            return false;
+        }
+        for r in &self.field_expressions {
+            let v = match r.key.as_str() {
+                "provider" => info.provider.as_deref(),
+                "region" => info.region.as_deref(),
+                "zone" => info.zone.as_deref(),
+                _ => None,
+            };
+            if !requirement(r, v) {
+                return false;
+            }
+        }
+        if !self.cluster_names.is_empty() && !self.cluster_names.iter().any(|c| c == name) {
+            return false;
+        }
+        true
+    }
+}
+
+fn requirement(r: &LabelRequirement, v: Option<&str>) -> bool {
+    match r.operator.as_str() {
+        "In" => v.is_some_and(|v| r.values.iter().any(|x| x == v)),
+        "NotIn" => v.is_none_or(|v| !r.values.iter().any(|x| x == v)),
+        "Exists" => v.is_some(),
+        "DoesNotExist" => v.is_none(),
+        _ => false,
+    }
+}
+
+/// How replicas are assigned.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub enum Strategy {
+    /// Every selected cluster runs all replicas.
+    Duplicated,
+    /// Divided over as few clusters as hold them.
+    Aggregated,
+    /// Divided by fixed weights per cluster affinity.
+    StaticWeight(Vec<(ClusterAffinity, i64)>),
+    /// Divided in proportion to each cluster's available replicas.
+    DynamicWeight,
+}
+
+impl Strategy {
+    /// The strategy's name as reported.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Strategy::Duplicated => "Duplicated",
+            Strategy::Aggregated => "Aggregated",
+            Strategy::StaticWeight(_) => "StaticWeight",
+            Strategy::DynamicWeight => "DynamicWeight",
+        }
+    }
+}
+
+/// A spread constraint.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SpreadConstraint {
+    /// `spreadByField` (only `cluster` is acted on).
+    pub spread_by_field: Option<String>,
+    /// `spreadByLabel`.
+    pub spread_by_label: Option<String>,
+    /// `maxGroups` (0: no upper bound).
+    pub max_groups: usize,
+    /// `minGroups`.
+    pub min_groups: usize,
+}
+
+/// The parts of a (Cluster)PropagationPolicy placement dramesh acts on.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Policy {
+    /// `metadata.name`.
+    pub name: String,
+    /// `placement.clusterAffinity`.
+    pub affinity: Option<ClusterAffinity>,
+    /// How replicas are assigned.
+    pub strategy: Strategy,
+    /// `placement.spreadConstraints`.
+    pub spread: Vec<SpreadConstraint>,
+}
+
+impl Policy {
+    /// Reads a PropagationPolicy or ClusterPropagationPolicy as users write it.
+    pub fn from_value(v: &Value) -> Result<Policy, PolicyError> {
+        let name = v
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        let err = |f: &str, m: String| PolicyError {
+            policy: name.clone(),
+            field: f.to_string(),
+            message: m,
+        };
+        let placement = v.pointer("/spec/placement").cloned().unwrap_or(Value::Null);
+        let affinity = match placement.get("clusterAffinity").filter(|x| !x.is_null()) {
+            Some(a) => Some(ClusterAffinity::from_value(
+                a,
+                "spec.placement.clusterAffinity",
+                &name,
+            )?),
+            None => None,
+        };
+        let rs = placement.get("replicaScheduling").filter(|x| !x.is_null());
+        let strategy = match rs {
+            None => Strategy::Duplicated,
+            Some(rs) => {
+                let ty = rs
+                    .get("replicaSchedulingType")
+                    .and_then(Value::as_str)
+                    .unwrap_or("Divided");
+                match ty {
+                    "Duplicated" => Strategy::Duplicated,
+                    "Divided" => {
+                        let pref = rs
+                            .get("replicaDivisionPreference")
+                            .and_then(Value::as_str)
+                            .unwrap_or("");
+                        let wp = rs.get("weightPreference").filter(|x| !x.is_null());
+                        match pref {
+                            "Aggregated" => Strategy::Aggregated,
+                            "Weighted" | "" => {
+                                let dynamic = wp
+                                    .and_then(|w| w.get("dynamicWeight"))
+                                    .and_then(Value::as_str)
+                                    .unwrap_or("");
+                                if !dynamic.is_empty() {
+                                    if dynamic != "AvailableReplicas" {
+                                        return Err(err(
+                                            "spec.placement.replicaScheduling.weightPreference.dynamicWeight",
+                                            format!(
+                                                "unsupported value {dynamic:?} (only AvailableReplicas)"
+                                            ),
+                                        ));
+                                    }
+                                    Strategy::DynamicWeight
+                                } else {
+                                    let mut list = Vec::new();
+                                    let items = wp
+                                        .and_then(|w| w.get("staticWeightList"))
+                                        .and_then(Value::as_array)
+                                        .cloned()
+                                        .unwrap_or_default();
+                                    for (i, item) in items.iter().enumerate() {
+                                        let f = format!(
+                                            "spec.placement.replicaScheduling.weightPreference.staticWeightList[{i}]"
+                                        );
+                                        let target = item
+                                            .get("targetCluster")
+                                            .cloned()
+                                            .unwrap_or(Value::Null);
+                                        let a = ClusterAffinity::from_value(
+                                            &target,
+                                            &format!("{f}.targetCluster"),
+                                            &name,
+                                        )?;
+                                        let weight = item
+                                            .get("weight")
+                                            .and_then(Value::as_i64)
+                                            .ok_or_else(|| {
+                                                err(
+                                                    &format!("{f}.weight"),
+                                                    "missing or not an integer".into(),
+                                                )
+                                            })?;
+                                        if weight < 1 {
+                                            return Err(err(
+                                                &format!("{f}.weight"),
+                                                "must be at least 1".into(),
+                                            ));
+                                        }
+                                        list.push((a, weight));
+                                    }
+                                    Strategy::StaticWeight(list)
+                                }
+                            }
+                            other => {
+                                return Err(err(
+                                    "spec.placement.replicaScheduling.replicaDivisionPreference",
+                                    format!("unknown value {other:?}"),
+                                ));
+                            }
+                        }
+                    }
+                    other => {
+                        return Err(err(
+                            "spec.placement.replicaScheduling.replicaSchedulingType",
+                            format!("unknown value {other:?}"),
+                        ));
+                    }
+                }
+            }
+        };
+        let mut spread = Vec::new();
+        for (i, s) in placement
+            .get("spreadConstraints")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .enumerate()
+        {
+            let f = format!("spec.placement.spreadConstraints[{i}]");
+            let by_field = s
+                .get("spreadByField")
+                .and_then(Value::as_str)
+                .map(str::to_string);
+            let by_label = s
+                .get("spreadByLabel")
+                .and_then(Value::as_str)
+                .map(str::to_string);
+            if by_field.is_some() == by_label.is_some() {
+                return Err(err(
+                    &f,
+                    "exactly one of spreadByField and spreadByLabel must be set".into(),
+                ));
+            }
+            let min = s.get("minGroups").and_then(Value::as_u64).unwrap_or(1) as usize;
+            let max = s.get("maxGroups").and_then(Value::as_u64).unwrap_or(0) as usize;
+            if max != 0 && min > max {
+                return Err(err(&f, format!("minGroups {min} exceeds maxGroups {max}")));
+            }
+            spread.push(SpreadConstraint {
+                spread_by_field: by_field,
+                spread_by_label: by_label,
+                max_groups: max,
+                min_groups: min,
+            });
+        }
+        Ok(Policy {
+            name,
+            affinity,
+            strategy,
+            spread,
+        })
+    }
+}

@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 
 use dramesh_api::native::{ClusterStatus, ResourceAmount, StatusReport};
 use dramesh_api::{ApiError, ReplicaAnswer};
-use dramesh_estimator::resources::ResList;
+use dramesh_estimator::ResList;
 use dramesh_estimator::{
     Estimate, EstimateOptions, Estimator, PlacementResult, PreemptionResult, View,
 };

@@ -38,9 +38,7 @@ mod layering;
 // and in unit tests.
 #[cfg(test)]
 extern crate self as dramesh_estimator;
-// Its items are `pub` for the integration tests, which include it as a module of their own.
 #[cfg(test)]
-#[allow(unreachable_pub)]
 #[path = "../tests/common/fleet.rs"]
 mod test_fleet;
 

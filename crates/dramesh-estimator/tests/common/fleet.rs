@@ -4,7 +4,7 @@
 //! One file shared by the integration tests, the benches (`#[path]` includes) and the unit
 //! tests of the library (through `extern crate self as dramesh_estimator`), so the
 //! generator-to-view glue exists once. The object builders themselves live in dramesh-sim.
-#![allow(dead_code)]
+#![allow(dead_code, unreachable_pub)]
 
 use dramesh_estimator::{ApplyError, View};
 use dramesh_sim::typed::{FleetSpec, cluster_objects};

@@ -1,5 +1,5 @@
 //! Builders shared by the integration tests.
-#![allow(dead_code)]
+#![allow(dead_code, unreachable_pub)]
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -39,7 +39,6 @@ use dramesh_mesh::certs;
 use dramesh_mesh::node::{MeshHandle, NodeConfig};
 use dramesh_mesh::store_adapter::MeshStore;
 use dramesh_mesh::{DocStore, PeerIdentity};
-use dramesh_store::DocId;
 use dramesh_store::{DocId, Durability, ObjectChange, ObjectKey, ObjectKind, Store, StoreConfig};
 use serde_json::{Value, json};
 
@@ -434,7 +433,7 @@ fn expected_root(agents: &[AgentNode]) -> u64 {
         .iter()
         .filter_map(|a| a.store.lock().ok()?.entry(&a.doc.clone()))
         .collect();
-    dramesh_mesh::Digest::from_entries(entries.iter()).root()
+    dramesh_store::Digest::from_entries(entries.iter()).root()
 }
 
 /// Waits until every replica's digest root is `root`, tracing the replicas' counters under

@@ -703,7 +703,7 @@ fn digest_buckets_locate_differences() {
     let (d, p) = &mut agents[5];
     p.store.apply(d, vec![upsert(node("x"), "2")]).unwrap();
     full_sync(p, &mut a);
-    let diff = a.store.digest().differing_buckets(&b.store.digest());
+    let diff = a.store.digest().differing_buckets(b.store.digest());
     assert_eq!(diff, vec![d.bucket()]);
     let listed: Vec<DocId> = a
         .store

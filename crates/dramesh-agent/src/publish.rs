@@ -34,7 +34,7 @@ use dramesh_mesh::node::{MeshHandle, NodeConfig};
 use dramesh_mesh::observe::Observer;
 use dramesh_mesh::protocol::ProtocolConfig;
 use dramesh_mesh::store_adapter::MeshStore;
-use dramesh_mesh::{DocRef, PeerIdentity, lock};
+use dramesh_mesh::{PeerIdentity, lock};
 use dramesh_model::{ClusterObject, ObjectChange, ObjectKey};
 use dramesh_store::DocId;
 use dramesh_telemetry::Metrics;
@@ -345,7 +345,6 @@ async fn write_batches(
     count: Arc<AtomicU64>,
     metrics: Arc<Metrics>,
 ) {
-    let docref = DocRef::new(doc.cluster.clone(), doc.writer.clone());
     let mut term: Option<u64> = None;
     while let Some(batch) = rx.recv().await {
         let scope = batch.scope.clone();
@@ -381,9 +380,7 @@ async fn write_batches(
                 metrics.agent_batches_total.with(["ok"]).inc();
                 span.record(fields::OTEL_STATUS_CODE, "ok");
                 tracing::debug!(parent: &span, %scope, snapshot, changes = n, visible, "batch committed");
-                mesh.notify_local_change(docref.clone())
-                    .instrument(span)
-                    .await;
+                mesh.notify_local_change(doc.clone()).instrument(span).await;
             }
             Ok(Err(e)) => {
                 metrics.agent_batches_total.with(["error"]).inc();

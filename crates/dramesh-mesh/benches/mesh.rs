@@ -38,7 +38,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use dramesh_mesh::certs;
 use dramesh_mesh::node::{MeshHandle, NodeConfig};
 use dramesh_mesh::store_adapter::MeshStore;
-use dramesh_mesh::{DocRef, DocStore, PeerIdentity};
+use dramesh_mesh::{DocStore, PeerIdentity};
 use dramesh_store::{DocId, Durability, ObjectChange, ObjectKey, ObjectKind, Store, StoreConfig};
 use serde_json::{Value, json};
 
@@ -171,7 +171,7 @@ fn replica_main(args: &[String]) {
                         let s = store.lock().expect("store lock");
                         (
                             s.digest().root(),
-                            s.entries().count(),
+                            s.store().entries().len(),
                             s.store().compaction_counts(),
                         )
                     };
@@ -431,14 +431,9 @@ struct AgentNode {
 fn expected_root(agents: &[AgentNode]) -> u64 {
     let entries: Vec<_> = agents
         .iter()
-        .filter_map(|a| {
-            a.store
-                .lock()
-                .ok()?
-                .entry(&DocRef::new(a.doc.cluster.clone(), a.doc.writer.clone()))
-        })
+        .filter_map(|a| a.store.lock().ok()?.entry(&a.doc.clone()))
         .collect();
-    dramesh_mesh::Digest::from_entries(entries.iter()).root()
+    dramesh_store::Digest::from_entries(entries.iter()).root()
 }
 
 /// Waits until every replica's digest root is `root`, tracing the replicas' counters under
@@ -608,7 +603,7 @@ fn drive_updates(
                 eprintln!("agent {} apply failed: {e}", a.doc);
                 continue;
             }
-            let doc = DocRef::new(a.doc.cluster.clone(), a.doc.writer.clone());
+            let doc = a.doc.clone();
             rt.block_on(a.handle.notify_local_change(doc));
             sent.push(Sent {
                 seq,

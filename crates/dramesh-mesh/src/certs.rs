@@ -21,7 +21,10 @@ use crate::identity::{IdentityError, PeerIdentity};
 /// DNS name present in every mesh certificate and used as the TLS server name.
 pub const MESH_SERVER_NAME: &str = "mesh.dramesh.invalid";
 
+/// Why a certificate could not be generated, read or written; each message names the file or
+/// identity concerned.
 #[derive(Debug, thiserror::Error)]
+#[allow(missing_docs)] // Each variant's message says what failed; fields are named for what they hold.
 pub enum CertError {
     #[error("certificate generation failed for {what}: {source}")]
     Generate {
@@ -58,15 +61,20 @@ pub enum CertError {
 /// A certificate authority: its certificate and private key, PEM encoded.
 #[derive(Debug, Clone)]
 pub struct CaBundle {
+    /// The CA certificate.
     pub cert_pem: String,
+    /// The CA private key.
     pub key_pem: String,
 }
 
 /// A leaf certificate and its private key, PEM encoded.
 #[derive(Debug, Clone)]
 pub struct LeafBundle {
+    /// The identity the certificate's URI SAN names.
     pub identity: PeerIdentity,
+    /// The leaf certificate.
     pub cert_pem: String,
+    /// Its private key.
     pub key_pem: String,
 }
 
@@ -75,6 +83,7 @@ pub struct LeafBundle {
 pub struct TlsIdentity {
     /// Leaf first, then any intermediates.
     pub cert_chain: Vec<CertificateDer<'static>>,
+    /// The leaf's private key.
     pub key: PrivateKeyDer<'static>,
     /// Trust anchors: peers must chain to one of these.
     pub ca_certs: Vec<CertificateDer<'static>>,
@@ -180,7 +189,9 @@ fn write(path: &Path, contents: &str, private: bool) -> Result<(), CertError> {
 /// Paths of one written identity.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PemPaths {
+    /// The certificate file.
     pub cert: PathBuf,
+    /// The private key file.
     pub key: PathBuf,
 }
 

@@ -7,24 +7,20 @@
 //! at most 253 bytes) and any other shape is rejected, so two spellings can never
 //! denote the same identity.
 //!
-//! Documents are named by (cluster, writer) segments of the same shape, plus one reserved
-//! scope: [`RESERVATION_SCOPE`] in place of the cluster names the in-flight reservations of
-//! replica `<id>` (`DocRef { cluster: "_reservations", writer: <id> }`). The leading `_` is not
-//! a valid identity segment, so no member cluster and no agent can ever be named by it.
+//! Documents ([`DocId`]) are named by (cluster, writer) segments of the same shape
+//! ([`valid_segment`]), plus the reserved scope [`RESERVATION_SCOPE`](dramesh_store::RESERVATION_SCOPE)
+//! for a replica's reservations, which no identity can name.
 
 use std::fmt;
+
+use dramesh_store::{DocId, valid_segment};
 
 /// URI scheme of every mesh identity.
 pub const IDENTITY_SCHEME: &str = "dramesh://";
 
-/// The reserved cluster segment of replica-written reservation documents (see the module docs).
-pub const RESERVATION_SCOPE: &str = "_reservations";
-
-/// Longest accepted identity segment, matching a DNS subdomain name.
-const MAX_SEGMENT_LEN: usize = 253;
-
 /// Who a peer is, as proven by its certificate.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[allow(missing_docs)] // Fields are the URI's segments, named as in the URI.
 pub enum PeerIdentity {
     /// An agent publishing the state of `node` in member cluster `cluster`.
     Agent { cluster: String, node: String },
@@ -34,6 +30,7 @@ pub enum PeerIdentity {
 
 /// Why an identity URI was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[allow(missing_docs)] // Each variant's message says what was refused.
 pub enum IdentityError {
     #[error("identity URI {uri:?} does not start with {IDENTITY_SCHEME:?}")]
     Scheme { uri: String },
@@ -51,18 +48,6 @@ pub enum IdentityError {
     Ambiguous { count: usize },
     #[error("certificate could not be parsed: {0}")]
     Certificate(String),
-}
-
-/// Checks one path segment of an identity URI.
-pub fn valid_segment(s: &str) -> bool {
-    let bytes = s.as_bytes();
-    if bytes.is_empty() || bytes.len() > MAX_SEGMENT_LEN {
-        return false;
-    }
-    let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-    let first = bytes[0];
-    let last = bytes[bytes.len() - 1];
-    alnum(first) && alnum(last) && bytes.iter().all(|&b| alnum(b) || b == b'-' || b == b'.')
 }
 
 impl PeerIdentity {
@@ -106,6 +91,7 @@ impl PeerIdentity {
         }
     }
 
+    /// Whether this is a replica (not an agent).
     pub fn is_replica(&self) -> bool {
         matches!(self, PeerIdentity::Replica { .. })
     }
@@ -113,7 +99,7 @@ impl PeerIdentity {
     /// Whether this identity may author the document `doc`: an agent only its own
     /// (cluster, writer) document, a replica only its own reservation document (it relays
     /// everything else).
-    pub fn owns(&self, doc: &DocRef) -> bool {
+    pub fn owns(&self, doc: &DocId) -> bool {
         match self {
             PeerIdentity::Agent { cluster, node } => doc.cluster == *cluster && doc.writer == *node,
             PeerIdentity::Replica { id } => doc.is_reservations() && doc.writer == *id,
@@ -151,45 +137,6 @@ impl PeerIdentity {
 impl fmt::Display for PeerIdentity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.uri())
-    }
-}
-
-/// A replicated document: the state published by one writer (agent node) of one cluster.
-/// Generations of the same document share the `DocRef`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct DocRef {
-    pub cluster: String,
-    pub writer: String,
-}
-
-impl DocRef {
-    pub fn new(cluster: impl Into<String>, writer: impl Into<String>) -> Self {
-        Self {
-            cluster: cluster.into(),
-            writer: writer.into(),
-        }
-    }
-
-    /// The reservation document written by replica `id`.
-    pub fn reservations(id: impl Into<String>) -> Self {
-        Self::new(RESERVATION_SCOPE, id)
-    }
-
-    /// Whether this is a replica's reservation document (not a member cluster's).
-    pub fn is_reservations(&self) -> bool {
-        self.cluster == RESERVATION_SCOPE
-    }
-
-    /// Both parts are valid identity segments, or the cluster is [`RESERVATION_SCOPE`] and the
-    /// writer a valid replica id (checked on every document id read from the wire).
-    pub fn is_valid(&self) -> bool {
-        (valid_segment(&self.cluster) || self.is_reservations()) && valid_segment(&self.writer)
-    }
-}
-
-impl fmt::Display for DocRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.cluster, self.writer)
     }
 }
 
@@ -243,27 +190,27 @@ mod tests {
             cluster: "a".into(),
             node: "n1".into(),
         };
-        assert!(a.owns(&DocRef::new("a", "n1")));
-        assert!(!a.owns(&DocRef::new("a", "n2")));
-        assert!(!a.owns(&DocRef::new("b", "n1")));
-        assert!(!PeerIdentity::Replica { id: "r".into() }.owns(&DocRef::new("a", "n1")));
+        assert!(a.owns(&DocId::new("a", "n1")));
+        assert!(!a.owns(&DocId::new("a", "n2")));
+        assert!(!a.owns(&DocId::new("b", "n1")));
+        assert!(!PeerIdentity::Replica { id: "r".into() }.owns(&DocId::new("a", "n1")));
     }
 
     #[test]
     fn replicas_own_only_their_reservation_document() {
         let r1 = PeerIdentity::Replica { id: "r1".into() };
-        assert!(r1.owns(&DocRef::reservations("r1")));
-        assert!(!r1.owns(&DocRef::reservations("r2")));
-        assert!(!r1.owns(&DocRef::new("r1", "r1")));
-        assert!(DocRef::reservations("r1").is_valid());
-        assert!(!DocRef::reservations("R1").is_valid());
-        assert!(!DocRef::new("_other", "r1").is_valid());
+        assert!(r1.owns(&DocId::reservations("r1")));
+        assert!(!r1.owns(&DocId::reservations("r2")));
+        assert!(!r1.owns(&DocId::new("r1", "r1")));
+        assert!(DocId::reservations("r1").is_valid());
+        assert!(!DocId::reservations("R1").is_valid());
+        assert!(!DocId::new("_other", "r1").is_valid());
         // No agent can be named into the reserved scope: its cluster segment must be valid.
         assert!(PeerIdentity::parse_uri("dramesh://cluster/_reservations/agent/r1").is_err());
         let a = PeerIdentity::Agent {
             cluster: "c".into(),
             node: "r1".into(),
         };
-        assert!(!a.owns(&DocRef::reservations("r1")));
+        assert!(!a.owns(&DocId::reservations("r1")));
     }
 }

@@ -1,7 +1,8 @@
-//! In-memory [`DocStore`] over real automerge documents, for tests, examples and benches.
+//! In-memory [`DocStore`] over real automerge documents, for tests and benches (feature
+//! `test-util`).
 //!
-//! Each document is written by exactly one automerge actor derived from its
-//! [`DocRef`] ([`MemStore::actor_for`]). Incoming sync messages are applied to a scratch
+//! Each document is written by exactly one automerge actor, the store's
+//! [`writer_actor`] of its id and generation. Incoming sync messages are applied to a scratch
 //! copy first; the copy replaces the held document only when every new change is
 //! authored by that actor, so an unauthorized message leaves nothing behind. Nothing is
 //! persisted.
@@ -10,11 +11,11 @@ use std::collections::BTreeMap;
 
 use automerge::sync::{self, SyncDoc};
 use automerge::transaction::Transactable;
-use automerge::{ActorId, Automerge, ROOT, ReadDoc};
-use sha2::{Digest as _, Sha256};
+use automerge::{Automerge, ROOT, ReadDoc};
+use dramesh_store::{Digest, DocEntry, DocId, SyncState, heads_hash, writer_actor};
 
-use crate::identity::{DocRef, PeerIdentity};
-use crate::store::{Digest, DocEntry, DocStore, RejectReason, bucket_of, heads_hash};
+use crate::identity::PeerIdentity;
+use crate::store::{DocStore, RejectReason};
 
 struct Held {
     generation: u64,
@@ -24,25 +25,17 @@ struct Held {
 /// See the module docs.
 #[derive(Default)]
 pub struct MemStore {
-    docs: BTreeMap<DocRef, Held>,
+    docs: BTreeMap<DocId, Held>,
     digest: Digest,
 }
 
 impl MemStore {
+    /// An empty store.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// The only actor allowed to author changes of `doc`.
-    pub fn actor_for(doc: &DocRef) -> ActorId {
-        let mut h = Sha256::new();
-        h.update(doc.cluster.as_bytes());
-        h.update([0]);
-        h.update(doc.writer.as_bytes());
-        ActorId::from(&h.finalize()[..16])
-    }
-
-    fn entry_of(doc: &DocRef, held: &Held) -> DocEntry {
+    fn entry_of(doc: &DocId, held: &Held) -> DocEntry {
         DocEntry {
             doc: doc.clone(),
             generation: held.generation,
@@ -50,7 +43,7 @@ impl MemStore {
         }
     }
 
-    fn replace(&mut self, doc: &DocRef, held: Held) {
+    fn replace(&mut self, doc: &DocId, held: Held) {
         if let Some(old) = self.docs.get(doc) {
             self.digest.toggle(&Self::entry_of(doc, old));
         }
@@ -59,7 +52,7 @@ impl MemStore {
     }
 
     /// Writes `key = value` into `doc` as its writer (creating generation 1 if absent).
-    pub fn put(&mut self, doc: &DocRef, key: &str, value: &str) -> Result<(), RejectReason> {
+    pub fn put(&mut self, doc: &DocId, key: &str, value: &str) -> Result<(), RejectReason> {
         let mut held = match self.docs.remove(doc) {
             Some(h) => {
                 self.digest.toggle(&Self::entry_of(doc, &h));
@@ -67,10 +60,10 @@ impl MemStore {
             }
             None => Held {
                 generation: 1,
-                doc: Automerge::new().with_actor(Self::actor_for(doc)),
+                doc: Automerge::new().with_actor(writer_actor(doc, 1)),
             },
         };
-        held.doc.set_actor(Self::actor_for(doc));
+        held.doc.set_actor(writer_actor(doc, held.generation));
         let mut tx = held.doc.transaction();
         let res = tx.put(ROOT, key, value);
         tx.commit();
@@ -80,7 +73,7 @@ impl MemStore {
     }
 
     /// Starts the next generation of `doc` holding a copy of the current values only.
-    pub fn roll_generation(&mut self, doc: &DocRef) -> Result<u64, RejectReason> {
+    pub fn roll_generation(&mut self, doc: &DocId) -> Result<u64, RejectReason> {
         let Some(old) = self.docs.get(doc) else {
             return Err(RejectReason::Store(format!("no document {doc}")));
         };
@@ -93,7 +86,7 @@ impl MemStore {
             })
             .collect();
         let generation = old.generation + 1;
-        let mut fresh = Automerge::new().with_actor(Self::actor_for(doc));
+        let mut fresh = Automerge::new().with_actor(writer_actor(doc, generation));
         let mut tx = fresh.transaction();
         for (k, v) in &values {
             tx.put(ROOT, k.as_str(), v.as_str())
@@ -111,7 +104,7 @@ impl MemStore {
     }
 
     /// Reads a string value of `doc`.
-    pub fn get(&self, doc: &DocRef, key: &str) -> Option<String> {
+    pub fn get(&self, doc: &DocId, key: &str) -> Option<String> {
         let held = self.docs.get(doc)?;
         let (value, _) = held.doc.get(ROOT, key).ok()??;
         value.to_str().map(str::to_owned)
@@ -125,10 +118,12 @@ impl MemStore {
             .collect()
     }
 
+    /// Number of held documents.
     pub fn len(&self) -> usize {
         self.docs.len()
     }
 
+    /// Whether no document is held.
     pub fn is_empty(&self) -> bool {
         self.docs.is_empty()
     }
@@ -142,26 +137,28 @@ impl DocStore for MemStore {
     fn bucket_entries(&self, bucket: u32) -> Vec<DocEntry> {
         self.docs
             .iter()
-            .filter(|(d, _)| bucket_of(d) == bucket)
+            .filter(|(d, _)| d.bucket() == bucket)
             .map(|(d, h)| Self::entry_of(d, h))
             .collect()
     }
 
-    fn entry(&self, doc: &DocRef) -> Option<DocEntry> {
+    fn entry(&self, doc: &DocId) -> Option<DocEntry> {
         self.docs.get(doc).map(|h| Self::entry_of(doc, h))
     }
 
-    fn generate_sync_message(&mut self, doc: &DocRef, state: &mut sync::State) -> Option<Vec<u8>> {
+    fn generate_sync_message(&mut self, doc: &DocId, state: &mut SyncState) -> Option<Vec<u8>> {
         let held = self.docs.get(doc)?;
-        held.doc.generate_sync_message(state).map(|m| m.encode())
+        held.doc
+            .generate_sync_message(state.automerge_mut())
+            .map(|m| m.encode())
     }
 
     fn receive_sync_message(
         &mut self,
         from: &PeerIdentity,
-        doc: &DocRef,
+        doc: &DocId,
         generation: u64,
-        state: &mut sync::State,
+        state: &mut SyncState,
         msg: &[u8],
     ) -> Result<(), RejectReason> {
         let message = sync::Message::decode(msg)
@@ -178,9 +175,9 @@ impl DocStore for MemStore {
         };
         let before = scratch.get_heads();
         scratch
-            .receive_sync_message(state, message)
+            .receive_sync_message(state.automerge_mut(), message)
             .map_err(|e| RejectReason::Malformed(format!("{doc} from {from}: {e}")))?;
-        let allowed = Self::actor_for(doc);
+        let allowed = writer_actor(doc, generation);
         let new_changes = scratch.get_changes(&before);
         if let Some(bad) = new_changes.iter().find(|c| c.actor_id() != &allowed) {
             return Err(RejectReason::Unauthorized(format!(

@@ -40,15 +40,17 @@ use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
 use crate::certs::TlsIdentity;
-use crate::identity::{DocRef, PeerIdentity};
+use crate::identity::PeerIdentity;
 use crate::protocol::{ConnId, Counters, Output, Protocol, ProtocolConfig};
 use crate::store::DocStore;
 use crate::transport::{self, MESH_SERVER_NAME, TransportConfig, TransportError};
 use crate::wire::{self, pb};
+use dramesh_store::DocId;
 
 /// Everything needed to start a node.
 #[derive(Clone)]
 pub struct NodeConfig {
+    /// This node's certificate, key and trust anchors.
     pub identity: TlsIdentity,
     /// UDP address to bind (port 0 picks one).
     pub listen: SocketAddr,
@@ -57,13 +59,16 @@ pub struct NodeConfig {
     pub advertise: Option<SocketAddr>,
     /// Replica addresses to dial at start.
     pub seeds: Vec<SocketAddr>,
+    /// Replication protocol settings.
     pub protocol: ProtocolConfig,
+    /// QUIC and buffering settings.
     pub transport: TransportConfig,
     /// How often the protocol's timers are checked.
     pub tick_interval: Duration,
 }
 
 impl NodeConfig {
+    /// Defaults for `identity` listening on `listen`, with no seeds.
     pub fn new(identity: TlsIdentity, listen: SocketAddr) -> Self {
         Self {
             identity,
@@ -77,12 +82,16 @@ impl NodeConfig {
     }
 }
 
+/// Why a node could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
+    /// The endpoint could not be configured or bound.
     #[error(transparent)]
     Transport(#[from] TransportError),
+    /// The bound address could not be read.
     #[error("cannot read the bound address of the endpoint: {0}")]
     LocalAddr(std::io::Error),
+    /// The protocol thread could not be spawned.
     #[error("cannot start the protocol thread: {0}")]
     Thread(std::io::Error),
 }
@@ -90,23 +99,32 @@ pub enum NodeError {
 /// A remote change the node applied.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AppliedChange {
-    pub doc: DocRef,
+    /// The changed document.
+    pub doc: DocId,
+    /// Its generation after the change.
     pub generation: u64,
+    /// The peer the change came from.
     pub from: PeerIdentity,
 }
 
 /// Status of one live connection.
 #[derive(Debug, Clone)]
 pub struct PeerStatus {
+    /// The peer's certificate identity.
     pub identity: PeerIdentity,
+    /// The peer's address.
     pub remote_addr: SocketAddr,
     /// Whether this node dialed the connection.
     pub dialed: bool,
+    /// Whether the peer's hello arrived.
     pub hello_received: bool,
+    /// When the peer was last heard from.
     pub last_heard: Instant,
-    /// Frame bytes written to / read from the mesh stream.
+    /// Frame bytes written to the mesh stream.
     pub bytes_sent: u64,
+    /// Frame bytes read from the mesh stream.
     pub bytes_received: u64,
+    /// QUIC's round-trip time estimate.
     pub rtt: Duration,
     /// Documents the peer's last heartbeat reported that differ from ours.
     pub docs_behind: usize,
@@ -127,8 +145,9 @@ pub struct TransportCounters {
     pub duplicate_connections: u64,
     /// Streams closed because of an invalid or oversized frame.
     pub bad_frames: u64,
-    /// Frame bytes written to / read from every mesh stream, closed connections included.
+    /// Frame bytes written to every mesh stream, closed connections included.
     pub bytes_sent: u64,
+    /// Frame bytes read from every mesh stream, closed connections included.
     pub bytes_received: u64,
 }
 
@@ -204,7 +223,7 @@ enum Event {
     },
     Disconnected(ConnId),
     Frame(ConnId, pb::Envelope),
-    LocalChange(DocRef),
+    LocalChange(DocId),
     Tick,
     Peers(oneshot::Sender<Vec<PeerStatus>>),
     Shutdown,
@@ -312,6 +331,7 @@ impl MeshHandle {
         })
     }
 
+    /// This node's identity.
     pub fn identity(&self) -> &PeerIdentity {
         &self.identity
     }
@@ -323,7 +343,7 @@ impl MeshHandle {
 
     /// Tells the mesh that the application changed `doc` in the store: it is pushed to all
     /// connected peers that may hold it.
-    pub async fn notify_local_change(&self, doc: DocRef) {
+    pub async fn notify_local_change(&self, doc: DocId) {
         if self.events.send(Event::LocalChange(doc)).await.is_err() {
             debug!("notify_local_change after shutdown");
         }
@@ -348,6 +368,7 @@ impl MeshHandle {
         lock(&self.shared.view).counters.clone()
     }
 
+    /// The transport counters now.
     pub fn transport_counters(&self) -> TransportCounters {
         self.shared.transport.snapshot()
     }
@@ -438,7 +459,7 @@ fn drive<S: DocStore>(
     let local_uri = protocol.local().uri();
     let mut batch: Vec<Event> = Vec::with_capacity(MAX_BATCH_EVENTS);
     let mut held: Vec<Output> = Vec::new();
-    let mut pushed: HashSet<DocRef> = HashSet::new();
+    let mut pushed: HashSet<DocId> = HashSet::new();
     let mut stop = false;
     while !stop {
         let Some(first) = events.blocking_recv() else {

@@ -223,7 +223,7 @@ fn refresh_store(store: &Mutex<MeshStore>, m: &Metrics) {
     let mut changes: BTreeMap<String, u64> = BTreeMap::new();
     let docs = {
         let s = lock(store);
-        let docs = s.store().list_docs();
+        let docs = s.store().entries();
         for d in &docs {
             if let Some(st) = s.store().doc_stats(&d.doc) {
                 *bytes.entry(d.doc.cluster.clone()).or_default() += st.stored_bytes;

@@ -39,12 +39,13 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
-use automerge::sync;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use tracing::{debug, warn};
 
-use crate::identity::{DocRef, PeerIdentity};
-use crate::store::{DIGEST_BUCKETS, Digest, DocEntry, DocStore, RejectReason, bucket_of};
+use dramesh_store::{DIGEST_BUCKETS, Digest, DocEntry, DocId, SyncState};
+
+use crate::identity::PeerIdentity;
+use crate::store::{DocStore, RejectReason};
 use crate::wire::{self, WIRE_VERSION, pb, pb::envelope::Body};
 
 /// Protocol version carried in `Hello`; peers with another version are disconnected.
@@ -117,6 +118,7 @@ impl Default for ProtocolConfig {
 
 /// Something the driver must do.
 #[derive(Debug, Clone, PartialEq)]
+#[allow(missing_docs)] // Variant fields are named for what they hold.
 pub enum Output {
     /// Send the envelope on the connection.
     Send {
@@ -127,7 +129,7 @@ pub enum Output {
     Close { conn: ConnId, reason: String },
     /// A remote sync message changed a document.
     Applied {
-        doc: DocRef,
+        doc: DocId,
         generation: u64,
         from: PeerIdentity,
     },
@@ -136,9 +138,13 @@ pub enum Output {
 /// Monotonic protocol counters.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Counters {
+    /// Frames handled.
     pub frames_in: u64,
+    /// Frames produced.
     pub frames_out: u64,
+    /// Sync messages received.
     pub sync_in: u64,
+    /// Sync messages sent.
     pub sync_out: u64,
     /// Remote sync messages that changed a document.
     pub applied: u64,
@@ -150,9 +156,11 @@ pub struct Counters {
     pub stale_generation: u64,
     /// Malformed or out-of-order frames (each closes or ignores per the module docs).
     pub protocol_errors: u64,
+    /// Root-only digest probes sent.
     pub digest_probes_sent: u64,
     /// Probes whose root differed from ours.
     pub digest_mismatches: u64,
+    /// Bucket entries requested after a mismatch.
     pub buckets_requested: u64,
     /// Sync states reset because anti-entropy found a difference.
     pub sync_resets: u64,
@@ -166,20 +174,25 @@ pub struct Counters {
 /// Protocol-level view of one session.
 #[derive(Debug, Clone)]
 pub struct SessionStatus {
+    /// The connection.
     pub conn: ConnId,
+    /// The peer's certificate identity.
     pub identity: PeerIdentity,
+    /// Whether the peer's hello arrived.
     pub hello_received: bool,
+    /// When the peer was last heard from.
     pub last_heard: Instant,
     /// Last heartbeat sequence received.
     pub heartbeat_seq: u64,
     /// Documents the peer reported in its last heartbeat that differ from ours.
     pub docs_behind: usize,
+    /// The address the peer (a replica) advertised in its hello.
     pub advertise_addr: Option<String>,
 }
 
 struct DocSync {
     generation: u64,
-    state: sync::State,
+    state: SyncState,
     /// Sync messages sent or received for the document on this session.
     progress: u64,
     /// The last anti-entropy mismatch not yet resolved (see [`Protocol::repair_doc`]).
@@ -198,7 +211,7 @@ struct Suspect {
 struct Session {
     identity: PeerIdentity,
     hello_received: bool,
-    docs: HashMap<DocRef, DocSync>,
+    docs: HashMap<DocId, DocSync>,
     next_anti_entropy: Instant,
     next_heartbeat: Instant,
     next_peer_exchange: Instant,
@@ -217,30 +230,30 @@ pub struct Protocol {
     config: ProtocolConfig,
     sessions: BTreeMap<ConnId, Session>,
     known_replicas: BTreeMap<String, String>,
-    saved_states: HashMap<(PeerIdentity, DocRef), (u64, Vec<u8>)>,
+    saved_states: HashMap<(PeerIdentity, DocId), (u64, SyncState)>,
     counters: Counters,
     rng: StdRng,
     /// See [`Protocol::set_coalesce_pushes`].
     coalesce: bool,
     /// Pushes waiting for [`Protocol::flush_pushes`], one per (connection, document).
-    deferred: BTreeSet<(ConnId, DocRef)>,
+    deferred: BTreeSet<(ConnId, DocId)>,
     /// Relays to replicas and answers to writers waiting for their time (see
     /// [`ProtocolConfig::relay_delay`] and [`ProtocolConfig::ack_delay`]).
-    delayed: BTreeMap<(ConnId, DocRef), Instant>,
+    delayed: BTreeMap<(ConnId, DocId), Instant>,
 }
 
 /// Whether `local` may exchange `doc` with `remote` at all.
-fn may_exchange(local: &PeerIdentity, remote: &PeerIdentity, doc: &DocRef) -> bool {
+fn may_exchange(local: &PeerIdentity, remote: &PeerIdentity, doc: &DocId) -> bool {
     let local_ok = local.is_replica() || local.owns(doc);
     let remote_ok = remote.is_replica() || remote.owns(doc);
     local_ok && remote_ok
 }
 
 /// The single document an agent-side session is about, if any side is an agent.
-fn agent_scope(local: &PeerIdentity, remote: &PeerIdentity) -> Option<DocRef> {
+fn agent_scope(local: &PeerIdentity, remote: &PeerIdentity) -> Option<DocId> {
     let agent = if local.is_replica() { remote } else { local };
     match agent {
-        PeerIdentity::Agent { cluster, node } => Some(DocRef::new(cluster.clone(), node.clone())),
+        PeerIdentity::Agent { cluster, node } => Some(DocId::new(cluster.clone(), node.clone())),
         PeerIdentity::Replica { .. } => None,
     }
 }
@@ -253,13 +266,8 @@ fn role_of(id: &PeerIdentity) -> pb::Role {
     }
 }
 
-fn reset_state(state: &sync::State) -> sync::State {
-    // Keeping only the shared heads (what `encode` persists) clears `in_flight` and the
-    // peer's claimed heads, so the next generate always produces a message.
-    sync::State::decode(&state.encode()).unwrap_or_else(|_| sync::State::new())
-}
-
 impl Protocol {
+    /// A node with identity `local` and no sessions.
     pub fn new(local: PeerIdentity, config: ProtocolConfig) -> Self {
         let rng = StdRng::seed_from_u64(config.jitter_seed);
         Self {
@@ -304,10 +312,12 @@ impl Protocol {
         !self.deferred.is_empty()
     }
 
+    /// This node's identity.
     pub fn local(&self) -> &PeerIdentity {
         &self.local
     }
 
+    /// The protocol counters.
     pub fn counters(&self) -> &Counters {
         &self.counters
     }
@@ -317,13 +327,7 @@ impl Protocol {
         &self.known_replicas
     }
 
-    /// Whether a session with `identity` has completed its hello.
-    pub fn is_connected(&self, identity: &PeerIdentity) -> bool {
-        self.sessions
-            .values()
-            .any(|s| s.hello_received && &s.identity == identity)
-    }
-
+    /// Every session, by connection.
     pub fn sessions(&self) -> Vec<SessionStatus> {
         self.sessions
             .iter()
@@ -404,11 +408,10 @@ impl Protocol {
         if self.saved_states.len() + session.docs.len() > MAX_SAVED_STATES {
             self.saved_states.clear();
         }
-        for (doc, ds) in session.docs {
-            self.saved_states.insert(
-                (session.identity.clone(), doc),
-                (ds.generation, ds.state.encode()),
-            );
+        for (doc, mut ds) in session.docs {
+            ds.state.reset();
+            self.saved_states
+                .insert((session.identity.clone(), doc), (ds.generation, ds.state));
         }
     }
 
@@ -418,7 +421,7 @@ impl Protocol {
         self.counters.backpressure_events += 1;
         if let Some(s) = self.sessions.get_mut(&conn) {
             for ds in s.docs.values_mut() {
-                ds.state = reset_state(&ds.state);
+                ds.state.reset();
             }
         }
     }
@@ -440,24 +443,22 @@ impl Protocol {
             Some(doc) => store
                 .entry(&doc)
                 .into_iter()
-                .filter(|e| bucket_of(&e.doc) == bucket)
+                .filter(|e| e.doc.bucket() == bucket)
                 .collect(),
             None => store.bucket_entries(bucket),
         }
     }
 
     fn doc_state<'a>(
-        saved: &mut HashMap<(PeerIdentity, DocRef), (u64, Vec<u8>)>,
+        saved: &mut HashMap<(PeerIdentity, DocId), (u64, SyncState)>,
         session: &'a mut Session,
-        doc: &DocRef,
+        doc: &DocId,
         generation: u64,
-    ) -> &'a mut sync::State {
+    ) -> &'a mut SyncState {
         let ds = session.docs.entry(doc.clone()).or_insert_with(|| {
             let state = match saved.remove(&(session.identity.clone(), doc.clone())) {
-                Some((g, bytes)) if g == generation => {
-                    sync::State::decode(&bytes).unwrap_or_else(|_| sync::State::new())
-                }
-                _ => sync::State::new(),
+                Some((g, state)) if g == generation => state,
+                _ => SyncState::new(),
             };
             DocSync {
                 generation,
@@ -468,7 +469,7 @@ impl Protocol {
         });
         if ds.generation != generation {
             ds.generation = generation;
-            ds.state = sync::State::new();
+            ds.state = SyncState::new();
             ds.suspect = None;
         }
         &mut ds.state
@@ -480,7 +481,7 @@ impl Protocol {
         &mut self,
         store: &mut S,
         conn: ConnId,
-        doc: &DocRef,
+        doc: &DocId,
         reset: bool,
         out: &mut Vec<Output>,
     ) {
@@ -497,7 +498,7 @@ impl Protocol {
         &mut self,
         store: &mut S,
         conn: ConnId,
-        doc: &DocRef,
+        doc: &DocId,
         reset: bool,
         out: &mut Vec<Output>,
     ) {
@@ -512,7 +513,7 @@ impl Protocol {
         }
         let state = Self::doc_state(&mut self.saved_states, session, doc, entry.generation);
         if reset {
-            *state = reset_state(state);
+            state.reset();
             self.counters.sync_resets += 1;
         }
         if let Some(payload) = store.generate_sync_message(doc, state) {
@@ -532,7 +533,7 @@ impl Protocol {
     }
 
     /// A local writer changed `doc`: offer it to every connected peer that may hold it.
-    pub fn on_local_change<S: DocStore>(&mut self, store: &mut S, doc: &DocRef) -> Vec<Output> {
+    pub fn on_local_change<S: DocStore>(&mut self, store: &mut S, doc: &DocId) -> Vec<Output> {
         let mut out = Vec::new();
         if !self.config.push {
             return out;
@@ -547,7 +548,7 @@ impl Protocol {
     /// Periodic work: due relays and answers, digest probes, heartbeats, peer exchange.
     pub fn on_tick<S: DocStore>(&mut self, store: &mut S, now: Instant) -> Vec<Output> {
         let mut out = Vec::new();
-        let due: Vec<(ConnId, DocRef)> = self
+        let due: Vec<(ConnId, DocId)> = self
             .delayed
             .iter()
             .filter(|(_, at)| **at <= now)
@@ -587,7 +588,7 @@ impl Protocol {
             if due_hb {
                 let own_docs = match &self.local {
                     PeerIdentity::Agent { cluster, node } => store
-                        .entry(&DocRef::new(cluster.clone(), node.clone()))
+                        .entry(&DocId::new(cluster.clone(), node.clone()))
                         .iter()
                         .map(pb::DocEntry::from)
                         .collect(),
@@ -655,7 +656,7 @@ impl Protocol {
         out.push(Output::Close { conn, reason });
     }
 
-    fn unauthorized(&mut self, peer: &PeerIdentity, what: &str, doc: &DocRef) {
+    fn unauthorized(&mut self, peer: &PeerIdentity, what: &str, doc: &DocId) {
         self.counters.rejected_unauthorized += 1;
         warn!(%peer, %doc, what, "refused: peer may not exchange this document");
     }
@@ -930,7 +931,7 @@ impl Protocol {
                 self.unauthorized(peer, "bucket entry", &entry.doc);
                 continue;
             }
-            if buckets.contains(&bucket_of(&entry.doc)) {
+            if buckets.contains(&entry.doc.bucket()) {
                 kept.push(entry);
             }
         }
@@ -946,7 +947,7 @@ impl Protocol {
         now: Instant,
         out: &mut Vec<Output>,
     ) {
-        let theirs: HashMap<&DocRef, &DocEntry> = theirs.iter().map(|e| (&e.doc, e)).collect();
+        let theirs: HashMap<&DocId, &DocEntry> = theirs.iter().map(|e| (&e.doc, e)).collect();
         let writers_reaching = self.writers_reaching(conn);
         for entry in mine {
             if !entry.should_push_to(theirs.get(&entry.doc).copied()) {
@@ -966,7 +967,7 @@ impl Protocol {
     /// anti-entropy with each replica repair anything lost; repairing it replica-to-replica as
     /// well would resend, under a steady update stream, every change of every such document on
     /// each anti-entropy round.
-    fn writers_reaching(&self, conn: ConnId) -> BTreeSet<DocRef> {
+    fn writers_reaching(&self, conn: ConnId) -> BTreeSet<DocId> {
         let Some(peer) = self.sessions.get(&conn).map(|s| &s.identity) else {
             return BTreeSet::new();
         };
@@ -991,7 +992,7 @@ impl Protocol {
         &mut self,
         store: &mut S,
         conn: ConnId,
-        doc: &DocRef,
+        doc: &DocId,
         now: Instant,
         out: &mut Vec<Output>,
     ) {
@@ -1064,19 +1065,13 @@ impl Protocol {
         }
         match received {
             Ok(()) => {
-                // automerge never sends a change twice on one sync state, even when the peer
-                // then asks for it by hash because the message carrying it was lost or
-                // refused; both ends would then exchange messages forever. Asked for is
-                // resent.
+                // What the peer asks for is resent, even if sent before (and lost or refused).
                 if let Some(ds) = self
                     .sessions
                     .get_mut(&conn)
                     .and_then(|s| s.docs.get_mut(&doc))
-                    && let Some(need) = &ds.state.their_need
                 {
-                    for hash in need {
-                        ds.state.sent_hashes.remove(hash);
-                    }
+                    ds.state.resend_requested();
                 }
             }
             Err(RejectReason::StaleGeneration { have, got }) => {
@@ -1094,7 +1089,7 @@ impl Protocol {
                     .get_mut(&conn)
                     .and_then(|s| s.docs.get_mut(&doc))
                 {
-                    ds.state = reset_state(&ds.state);
+                    ds.state.reset();
                 }
                 return;
             }
@@ -1156,7 +1151,7 @@ impl Protocol {
 
     /// Schedules a push of `doc` on `conn` for `at` (or keeps an earlier one), sent by
     /// [`Protocol::on_tick`].
-    fn delay_push(&mut self, conn: ConnId, doc: &DocRef, at: Instant) {
+    fn delay_push(&mut self, conn: ConnId, doc: &DocId, at: Instant) {
         self.delayed.entry((conn, doc.clone())).or_insert(at);
     }
 
@@ -1165,23 +1160,22 @@ impl Protocol {
     fn reply_without_doc(
         &mut self,
         conn: ConnId,
-        doc: &DocRef,
+        doc: &DocId,
         generation: u64,
         out: &mut Vec<Output>,
     ) {
-        use automerge::sync::SyncDoc;
         let Some(session) = self.sessions.get_mut(&conn) else {
             return;
         };
         let state = Self::doc_state(&mut self.saved_states, session, doc, generation);
-        if let Some(msg) = automerge::Automerge::new().generate_sync_message(state) {
+        if let Some(payload) = state.empty_doc_message() {
             self.send(
                 out,
                 conn,
                 Body::Sync(pb::Sync {
                     doc: Some(doc.into()),
                     generation,
-                    payload: msg.encode(),
+                    payload,
                 }),
             );
         }

@@ -1,10 +1,7 @@
 //! [`MeshStore`]: the persistent [`dramesh_store::Store`] as a [`DocStore`] the mesh replicates.
 //!
-//! The store keeps its own digest (bucketed by `DocId::bucket`); the mesh compares digests
-//! bucketed by [`bucket_of`] over [`DocEntry::fingerprint`]s, so this adapter maintains the
-//! mesh's digest itself, incrementally: after every call that may change a document it
-//! re-reads that document's summary and swaps its entry. Two replicas holding the same
-//! documents at the same heads therefore report equal mesh digests.
+//! Entries and the digest are the store's own, maintained by it on every mutation; the adapter
+//! adds the mesh's rules (stale generations, who may deliver what) and queues view changes.
 //!
 //! Guarantees:
 //! - Every visible object change caused by a received sync message is queued, in order, and
@@ -12,21 +9,19 @@
 //!   view). Local writes return their changes directly ([`MeshStore::apply`]).
 //! - A message for an older generation than held is refused with
 //!   [`RejectReason::StaleGeneration`], so the protocol offers the newer one back.
-//! - Documents whose (cluster, writer) are not valid mesh identity segments are never
-//!   advertised (they cannot be named on the wire).
+//! - The store holds only documents that can be named on the wire ([`DocId::is_valid`]).
 //! - Received changes are group-committed: durable once [`DocStore::flush`] returns `Ok`,
 //!   which the node calls before releasing any output that reflects them.
 //! - The changes queue is bounded ([`MAX_QUEUED_CHANGES`]); on overflow it is cleared and
 //!   [`MeshStore::take_overflowed`] reports it, so the consumer rebuilds from
 //!   [`Store::snapshot`] instead of silently missing updates.
 
-use std::collections::BTreeMap;
+use dramesh_store::{
+    Digest, DocEntry, DocId, ObjectChange, Store, StoreError, SyncState, WriteOutcome,
+};
 
-use automerge::sync;
-use dramesh_store::{DocId, ObjectChange, Store, StoreError, WriteOutcome};
-
-use crate::identity::{DocRef, PeerIdentity};
-use crate::store::{Digest, DocEntry, DocStore, RejectReason, bucket_of};
+use crate::identity::PeerIdentity;
+use crate::store::{DocStore, RejectReason};
 
 /// Largest number of queued view changes before the queue is dropped (see the module docs).
 pub const MAX_QUEUED_CHANGES: usize = 4_000_000;
@@ -34,15 +29,9 @@ pub const MAX_QUEUED_CHANGES: usize = 4_000_000;
 /// See the module docs.
 pub struct MeshStore {
     store: Store,
-    entries: BTreeMap<DocRef, DocEntry>,
-    digest: Digest,
     queue: Vec<(String, ObjectChange)>,
     track_changes: bool,
     overflowed: bool,
-}
-
-fn doc_id(doc: &DocRef) -> DocId {
-    DocId::new(doc.cluster.clone(), doc.writer.clone())
 }
 
 fn reject(e: StoreError) -> RejectReason {
@@ -69,16 +58,12 @@ impl MeshStore {
     pub fn new(mut store: Store, track_changes: bool) -> MeshStore {
         // Turning group commit on cannot fail (only turning it off syncs).
         let _ = store.set_group_commit(true);
-        let mut s = MeshStore {
+        MeshStore {
             store,
-            entries: BTreeMap::new(),
-            digest: Digest::empty(),
             queue: Vec::new(),
             track_changes,
             overflowed: false,
-        };
-        s.refresh_all();
-        s
+        }
     }
 
     /// Read access to the wrapped store.
@@ -86,19 +71,9 @@ impl MeshStore {
         &self.store
     }
 
-    /// Runs `f` on the wrapped store, then re-reads every document's entry (for mutations the
-    /// adapter has no dedicated method for).
-    pub fn with_store_mut<T>(&mut self, f: impl FnOnce(&mut Store) -> T) -> T {
-        let out = f(&mut self.store);
-        self.refresh_all();
-        out
-    }
-
     /// Creates or resumes the writer's own document (see [`Store::open_writer`]).
     pub fn open_writer(&mut self, doc: &DocId) -> Result<u64, StoreError> {
-        let r = self.store.open_writer(doc);
-        self.refresh(doc);
-        r
+        self.store.open_writer(doc)
     }
 
     /// Applies a burst of local changes to the writer's document in one commit.
@@ -107,16 +82,12 @@ impl MeshStore {
         doc: &DocId,
         changes: Vec<ObjectChange>,
     ) -> Result<WriteOutcome, StoreError> {
-        let r = self.store.apply(doc, changes);
-        self.refresh(doc);
-        r
+        self.store.apply(doc, changes)
     }
 
     /// Records the writer's lease term (see [`Store::set_lease_term`]).
     pub fn set_lease_term(&mut self, doc: &DocId, term: u64) -> Result<WriteOutcome, StoreError> {
-        let r = self.store.set_lease_term(doc, term);
-        self.refresh(doc);
-        r
+        self.store.set_lease_term(doc, term)
     }
 
     /// The queued view changes of received sync messages, oldest first.
@@ -129,15 +100,11 @@ impl MeshStore {
         std::mem::take(&mut self.overflowed)
     }
 
-    /// Every advertised document entry.
-    pub fn entries(&self) -> impl Iterator<Item = &DocEntry> {
-        self.entries.values()
-    }
-
     /// XOR of the fingerprints of one cluster's documents (0 when it has none).
     pub fn cluster_fingerprint(&self, cluster: &str) -> u64 {
-        self.entries
-            .values()
+        self.store
+            .entries()
+            .iter()
             .filter(|e| e.doc.cluster == cluster)
             .fold(0, |acc, e| acc ^ e.fingerprint())
     }
@@ -153,78 +120,30 @@ impl MeshStore {
         }
         self.queue.extend(changes);
     }
-
-    fn summary_entry(&self, id: &DocId) -> Option<DocEntry> {
-        let doc = DocRef::new(id.cluster.clone(), id.writer.clone());
-        if !doc.is_valid() {
-            return None;
-        }
-        self.store.doc_summary(id).map(|s| DocEntry {
-            doc,
-            generation: s.generation,
-            heads_hash: s.heads_hash,
-        })
-    }
-
-    /// Re-reads one document's entry and updates the digest.
-    fn refresh(&mut self, id: &DocId) {
-        let key = DocRef::new(id.cluster.clone(), id.writer.clone());
-        let new = self.summary_entry(id);
-        let old = self.entries.get(&key).cloned();
-        if old == new {
-            return;
-        }
-        if let Some(o) = &old {
-            self.digest.toggle(o);
-            self.entries.remove(&key);
-        }
-        if let Some(n) = new {
-            self.digest.toggle(&n);
-            self.entries.insert(key, n);
-        }
-    }
-
-    fn refresh_all(&mut self) {
-        self.entries.clear();
-        self.digest = Digest::empty();
-        for s in self.store.list_docs() {
-            if let Some(e) = self.summary_entry(&s.doc) {
-                self.digest.toggle(&e);
-                self.entries.insert(e.doc.clone(), e);
-            }
-        }
-    }
 }
 
 impl DocStore for MeshStore {
     fn digest(&self) -> Digest {
-        self.digest.clone()
+        self.store.digest().clone()
     }
 
     fn bucket_entries(&self, bucket: u32) -> Vec<DocEntry> {
-        self.entries
-            .values()
-            .filter(|e| bucket_of(&e.doc) == bucket)
-            .cloned()
-            .collect()
+        self.store.bucket_entries(bucket)
     }
 
-    fn entry(&self, doc: &DocRef) -> Option<DocEntry> {
-        self.entries.get(doc).cloned()
+    fn entry(&self, doc: &DocId) -> Option<DocEntry> {
+        self.store.entry(doc)
     }
 
-    fn generate_sync_message(&mut self, doc: &DocRef, state: &mut sync::State) -> Option<Vec<u8>> {
-        let generation = self.entries.get(doc)?.generation;
-        let id = doc_id(doc);
-        let out = match self.store.generate_sync_message(&id, generation, state) {
+    fn generate_sync_message(&mut self, doc: &DocId, state: &mut SyncState) -> Option<Vec<u8>> {
+        let generation = self.store.entry(doc)?.generation;
+        let out = match self.store.generate_sync_message(doc, generation, state) {
             Ok(m) => m,
             Err(e) => {
                 tracing::warn!(%doc, generation, error = %e, "cannot generate sync message");
                 None
             }
         };
-        // Generating can roll the writer's own document past a newer peer generation.
-        self.refresh(&id);
         let undelivered = self.store.take_undelivered();
         self.queue(undelivered);
         out
@@ -233,12 +152,12 @@ impl DocStore for MeshStore {
     fn receive_sync_message(
         &mut self,
         from: &PeerIdentity,
-        doc: &DocRef,
+        doc: &DocId,
         generation: u64,
-        state: &mut sync::State,
+        state: &mut SyncState,
         msg: &[u8],
     ) -> Result<(), RejectReason> {
-        if let Some(e) = self.entries.get(doc)
+        if let Some(e) = self.store.entry(doc)
             && e.generation > generation
         {
             return Err(RejectReason::StaleGeneration {
@@ -246,15 +165,11 @@ impl DocStore for MeshStore {
                 got: generation,
             });
         }
-        let id = doc_id(doc);
-        let may_deliver = |d: &DocId| {
-            from.is_replica() || from.owns(&DocRef::new(d.cluster.clone(), d.writer.clone()))
-        };
-        let r = self
+        let may_deliver = |d: &DocId| from.is_replica() || from.owns(d);
+        match self
             .store
-            .receive_sync_message(&id, generation, state, msg, &may_deliver);
-        self.refresh(&id);
-        match r {
+            .receive_sync_message(doc, generation, state, msg, &may_deliver)
+        {
             Ok(changes) => {
                 self.queue(changes);
                 Ok(())
@@ -408,7 +323,7 @@ mod tests {
             .unwrap();
         assert_eq!(outcome.view.len(), 2);
         let (a, _) = peers.split_at_mut(1);
-        let docref = DocRef::new("east", "dir-agent");
+        let docref = DocId::new("east", "dir-agent");
         let outs: VecDeque<(usize, Output)> = a[0]
             .proto
             .on_local_change(&mut a[0].store, &docref)
@@ -470,7 +385,7 @@ mod tests {
                 .filter(|o| matches!(o, Output::Send { envelope, .. } if matches!(envelope.body, Some(crate::wire::pb::envelope::Body::Digest(_)))))
                 .count();
             assert_eq!(probes, usize::from(anti_entropy), "push={push}");
-            let pushed = p.on_local_change(&mut store, &DocRef::new("east", "a"));
+            let pushed = p.on_local_change(&mut store, &DocId::new("east", "a"));
             assert_eq!(!pushed.is_empty(), push, "push={push}");
             let later = p.on_tick(&mut store, now + Duration::from_secs(60));
             let probes = later
@@ -489,7 +404,7 @@ mod tests {
         };
         let replica_id = PeerIdentity::Replica { id: "r1".into() };
         let doc = DocId::new("east", "a");
-        let docref = DocRef::new("east", "a");
+        let docref = DocId::new("east", "a");
         let mut store = MeshStore::new(mem(), false);
         store.open_writer(&doc).unwrap();
         let now = Instant::now();
@@ -538,11 +453,11 @@ mod tests {
         let mut s = MeshStore::new(mem(), true);
         let generation = s.open_writer(&doc).unwrap();
         let from = PeerIdentity::Replica { id: "r".into() };
-        let mut state = sync::State::new();
+        let mut state = SyncState::new();
         let err = s
             .receive_sync_message(
                 &from,
-                &DocRef::new("east", "w"),
+                &DocId::new("east", "w"),
                 generation - 1,
                 &mut state,
                 &[],

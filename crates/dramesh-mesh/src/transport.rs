@@ -63,7 +63,9 @@ impl Default for TransportConfig {
     }
 }
 
+/// Why an endpoint could not be configured.
 #[derive(Debug, thiserror::Error)]
+#[allow(missing_docs)] // Each variant's message says what failed.
 pub enum TransportError {
     #[error("TLS configuration: {0}")]
     Tls(#[from] rustls::Error),

@@ -6,8 +6,7 @@
 
 use prost::Message as _;
 
-use crate::identity::DocRef;
-use crate::store::DocEntry;
+use dramesh_store::{DocEntry, DocId};
 
 /// Generated protobuf types.
 pub mod pb {
@@ -22,7 +21,9 @@ pub const MAX_FRAME_SIZE: usize = 16 * 1024 * 1024;
 /// Bytes of the length prefix.
 pub const FRAME_HEADER_LEN: usize = 4;
 
+/// Why a frame was refused.
 #[derive(Debug, thiserror::Error)]
+#[allow(missing_docs)] // Each variant's message says what was wrong with the frame.
 pub enum FrameError {
     #[error("frame length {len} exceeds the maximum {MAX_FRAME_SIZE}")]
     TooLarge { len: usize },
@@ -84,8 +85,8 @@ pub fn envelope(body: pb::envelope::Body) -> pb::Envelope {
     }
 }
 
-impl From<&DocRef> for pb::DocId {
-    fn from(d: &DocRef) -> Self {
+impl From<&DocId> for pb::DocId {
+    fn from(d: &DocId) -> Self {
         pb::DocId {
             cluster: d.cluster.clone(),
             writer: d.writer.clone(),
@@ -94,9 +95,9 @@ impl From<&DocRef> for pb::DocId {
 }
 
 /// Converts a received document id, refusing missing or invalid names.
-pub fn doc_from_wire(d: Option<&pb::DocId>) -> Option<DocRef> {
+pub fn doc_from_wire(d: Option<&pb::DocId>) -> Option<DocId> {
     let d = d?;
-    let doc = DocRef::new(d.cluster.clone(), d.writer.clone());
+    let doc = DocId::new(d.cluster.clone(), d.writer.clone());
     doc.is_valid().then_some(doc)
 }
 

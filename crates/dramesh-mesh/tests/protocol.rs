@@ -6,12 +6,13 @@ use std::time::{Duration, Instant};
 use dramesh_mesh::mem_store::MemStore;
 use dramesh_mesh::protocol::{ConnId, Output, Protocol, ProtocolConfig};
 use dramesh_mesh::wire::{self, pb, pb::envelope::Body};
-use dramesh_mesh::{DocRef, DocStore, PeerIdentity};
+use dramesh_mesh::{DocStore, PeerIdentity};
+use dramesh_store::DocId;
 
 struct SimNode {
     proto: Protocol,
     store: MemStore,
-    applied: Vec<DocRef>,
+    applied: Vec<DocId>,
 }
 
 struct Link {
@@ -212,7 +213,7 @@ impl Sim {
         self.run();
     }
 
-    fn write(&mut self, node: usize, doc: &DocRef, key: &str, value: &str) {
+    fn write(&mut self, node: usize, doc: &DocId, key: &str, value: &str) {
         let n = &mut self.nodes[node];
         n.store.put(doc, key, value).unwrap();
         let out = n.proto.on_local_change(&mut n.store, doc);
@@ -222,13 +223,13 @@ impl Sim {
 
     /// One heartbeat round (replicas learn whom the agent reaches), then a first write by the
     /// agent at `node` that sets up its document's exchanges, settled for `delay`.
-    fn settle_writer(&mut self, node: usize, doc: &DocRef, delay: Duration) {
+    fn settle_writer(&mut self, node: usize, doc: &DocId, delay: Duration) {
         self.tick(Duration::from_secs(1));
         self.write(node, doc, "gpu", "0");
         self.tick(delay);
     }
 
-    fn entries(&self, node: usize) -> Vec<dramesh_mesh::DocEntry> {
+    fn entries(&self, node: usize) -> Vec<dramesh_store::DocEntry> {
         self.nodes[node].store.entries()
     }
 }
@@ -254,7 +255,7 @@ fn push_and_relay_reach_every_replica() {
     sim.connect(1, 2);
     sim.connect(3, 0);
     sim.run();
-    let doc = DocRef::new("c1", "n1");
+    let doc = DocId::new("c1", "n1");
     sim.write(3, &doc, "gpu", "8");
     for r in 0..3 {
         assert_eq!(
@@ -282,7 +283,7 @@ fn relays_of_writer_changes_wait_and_carry_the_whole_window() {
     sim.connect(0, 1);
     sim.connect(2, 0);
     sim.run();
-    let doc = DocRef::new("c1", "n1");
+    let doc = DocId::new("c1", "n1");
     let r1_sync_in = sim.nodes[1].proto.counters().sync_in;
     for v in 0..5 {
         sim.write(2, &doc, "gpu", &v.to_string());
@@ -330,7 +331,7 @@ fn replicas_a_writer_reaches_itself_get_no_relay() {
     sim.connect(3, 0);
     sim.connect(3, 1);
     sim.run();
-    let doc = DocRef::new("c1", "n1");
+    let doc = DocId::new("c1", "n1");
     sim.settle_writer(3, &doc, delay);
     let r1_in = sim.nodes[1].proto.counters().sync_in;
     sim.write(3, &doc, "gpu", "8");
@@ -361,7 +362,7 @@ fn replicas_leave_a_document_to_its_writer_when_it_reaches_both() {
     sim.connect(2, 0);
     sim.connect(2, 1);
     sim.run();
-    let doc = DocRef::new("c1", "n1");
+    let doc = DocId::new("c1", "n1");
     sim.settle_writer(2, &doc, delay);
     // The writer's change reaches only one replica.
     sim.drop_next_sync_from = Some(2);
@@ -399,7 +400,7 @@ fn answers_to_a_writer_wait_and_cover_the_window() {
     );
     sim.connect(1, 0);
     sim.run();
-    let doc = DocRef::new("c1", "n1");
+    let doc = DocId::new("c1", "n1");
     // The first exchange (the replica does not hold the document yet) is answered at once.
     sim.write(1, &doc, "gpu", "first");
     assert_eq!(
@@ -442,17 +443,17 @@ fn anti_entropy_heals_a_partition_and_idle_rounds_are_small() {
     sim.run();
     // Many documents so the digest size is visibly independent of the count.
     for i in 0..500 {
-        let doc = DocRef::new("bulk", format!("w{i}"));
+        let doc = DocId::new("bulk", format!("w{i}"));
         sim.nodes[0].store.put(&doc, "k", "v").unwrap();
     }
     sim.disconnect(r01);
     // Both sides keep accepting updates during the partition.
-    sim.write(2, &DocRef::new("c1", "n0"), "x", "left");
-    sim.write(4, &DocRef::new("c1", "n2"), "x", "right");
+    sim.write(2, &DocId::new("c1", "n0"), "x", "left");
+    sim.write(4, &DocId::new("c1", "n2"), "x", "right");
     assert!(
         sim.nodes[1]
             .store
-            .get(&DocRef::new("c1", "n0"), "x")
+            .get(&DocId::new("c1", "n0"), "x")
             .is_none()
     );
     // Heal: new connection, anti-entropy on hello.
@@ -466,14 +467,14 @@ fn anti_entropy_heals_a_partition_and_idle_rounds_are_small() {
     assert_eq!(
         sim.nodes[1]
             .store
-            .get(&DocRef::new("c1", "n0"), "x")
+            .get(&DocId::new("c1", "n0"), "x")
             .as_deref(),
         Some("left")
     );
     assert_eq!(
         sim.nodes[0]
             .store
-            .get(&DocRef::new("c1", "n2"), "x")
+            .get(&DocId::new("c1", "n2"), "x")
             .as_deref(),
         Some("right")
     );
@@ -509,7 +510,7 @@ fn lost_sync_message_is_repaired_by_anti_entropy() {
     let mut sim = Sim::new(vec![replica("r0"), agent("c1", "n1")]);
     sim.connect(1, 0);
     sim.run();
-    let doc = DocRef::new("c1", "n1");
+    let doc = DocId::new("c1", "n1");
     sim.drop_next_sync_from = Some(1);
     sim.write(1, &doc, "k", "v1");
     assert!(sim.nodes[0].store.get(&doc, "k").is_none());
@@ -526,7 +527,7 @@ fn mismatch_while_sync_progresses_does_not_reset() {
     let mut sim = Sim::new(vec![replica("r0"), agent("c1", "n1")]);
     sim.connect(1, 0);
     sim.run();
-    let doc = DocRef::new("c1", "n1");
+    let doc = DocId::new("c1", "n1");
     // The agent keeps writing; each of its sync messages arrives late, after the probes of
     // that second have already seen the replica behind.
     sim.hold_sync_from = Some(1);
@@ -558,7 +559,7 @@ fn mismatch_without_progress_resets_after_a_second_probe_and_converges() {
     let mut sim = Sim::new(vec![replica("r0"), agent("c1", "n1")]);
     sim.connect(1, 0);
     sim.run();
-    let doc = DocRef::new("c1", "n1");
+    let doc = DocId::new("c1", "n1");
     sim.drop_next_sync_from = Some(1);
     sim.write(1, &doc, "k", "v1");
     assert!(sim.nodes[0].store.get(&doc, "k").is_none());
@@ -605,10 +606,10 @@ fn agent_may_only_sync_its_own_document() {
     let link = sim.connect(1, 0);
     sim.run();
     // Forge a sync for cluster b's document from agent (a, n1).
-    let victim = DocRef::new("b", "n1");
+    let victim = DocId::new("b", "n1");
     let mut forged_store = MemStore::new();
     forged_store.put(&victim, "gpu", "999").unwrap();
-    let mut state = automerge::sync::State::new();
+    let mut state = dramesh_store::SyncState::new();
     let payload = forged_store
         .generate_sync_message(&victim, &mut state)
         .unwrap();
@@ -625,9 +626,9 @@ fn agent_may_only_sync_its_own_document() {
     assert!(node.store.entry(&victim).is_none());
     // Same agent, other writer in its own cluster: also refused.
     let env = wire::envelope(Body::BucketEntries(pb::BucketEntries {
-        buckets: vec![dramesh_mesh::store::bucket_of(&DocRef::new("a", "n2"))],
+        buckets: vec![DocId::new("a", "n2").bucket()],
         entries: vec![pb::DocEntry {
-            doc: Some((&DocRef::new("a", "n2")).into()),
+            doc: Some((&DocId::new("a", "n2")).into()),
             generation: 1,
             heads_hash: vec![0; 32],
         }],
@@ -643,7 +644,7 @@ fn store_rejects_changes_by_a_foreign_actor_even_via_a_replica() {
     let mut sim = Sim::new(vec![replica("r0"), replica("r1")]);
     sim.connect(0, 1);
     sim.run();
-    let doc = DocRef::new("c1", "n1");
+    let doc = DocId::new("c1", "n1");
     let mut forged =
         automerge::Automerge::new().with_actor(automerge::ActorId::from(&[9u8; 16][..]));
     {
@@ -728,7 +729,7 @@ fn new_generation_replaces_the_old_one_everywhere() {
     sim.connect(0, 1);
     sim.connect(2, 0);
     sim.run();
-    let doc = DocRef::new("c1", "n1");
+    let doc = DocId::new("c1", "n1");
     sim.write(2, &doc, "k", "gen1");
     let generation = sim.nodes[2].store.roll_generation(&doc).unwrap();
     assert_eq!(generation, 2);

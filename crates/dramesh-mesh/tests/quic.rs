@@ -14,11 +14,12 @@ use dramesh_mesh::node::{MeshHandle, NodeConfig};
 use dramesh_mesh::protocol::PROTOCOL_VERSION;
 use dramesh_mesh::transport::{self, MESH_SERVER_NAME};
 use dramesh_mesh::wire::{self, pb, pb::envelope::Body};
-use dramesh_mesh::{DocRef, DocStore, PeerIdentity};
+use dramesh_mesh::{DocStore, PeerIdentity};
+use dramesh_store::DocId;
 
-fn own_doc(id: &PeerIdentity) -> DocRef {
+fn own_doc(id: &PeerIdentity) -> DocId {
     match id {
-        PeerIdentity::Agent { cluster, node } => DocRef::new(cluster.clone(), node.clone()),
+        PeerIdentity::Agent { cluster, node } => DocId::new(cluster.clone(), node.clone()),
         PeerIdentity::Replica { .. } => panic!("replicas own no document"),
     }
 }
@@ -37,7 +38,7 @@ struct TestNode {
 }
 
 impl TestNode {
-    fn entries(&self) -> Vec<dramesh_mesh::DocEntry> {
+    fn entries(&self) -> Vec<dramesh_store::DocEntry> {
         self.store.lock().unwrap().entries()
     }
 
@@ -47,7 +48,7 @@ impl TestNode {
         self.handle.notify_local_change(doc).await;
     }
 
-    fn get(&self, doc: &DocRef, key: &str) -> Option<String> {
+    fn get(&self, doc: &DocId, key: &str) -> Option<String> {
         self.store.lock().unwrap().get(doc, key)
     }
 }
@@ -192,10 +193,10 @@ async fn agent_of_cluster_a_cannot_sync_a_cluster_b_document() {
         }));
         send.write_all(&wire::encode_frame(&hello).unwrap()).await.unwrap();
         // Build a genuine automerge exchange for cluster b's document.
-        let victim = DocRef::new("b", "n1");
+        let victim = DocId::new("b", "n1");
         let mut forged = MemStore::new();
         forged.put(&victim, "gpus", "999").unwrap();
-        let mut state = automerge::sync::State::new();
+        let mut state = dramesh_store::SyncState::new();
         let msg = forged.generate_sync_message(&victim, &mut state).unwrap();
         let sync = wire::envelope(Body::Sync(pb::Sync {
             doc: Some((&victim).into()),
@@ -224,7 +225,7 @@ async fn agent_of_cluster_a_cannot_sync_a_cluster_b_document() {
         honest.handle.notify_local_change(victim.clone()).await;
         honest.write("gpus", "4").await;
         wait_until("honest doc", Duration::from_secs(5), || {
-            r0.get(&DocRef::new("a", "n2"), "gpus").as_deref() == Some("4")
+            r0.get(&DocId::new("a", "n2"), "gpus").as_deref() == Some("4")
         })
         .await;
         assert!(r0.store.lock().unwrap().entry(&victim).is_none());

@@ -22,8 +22,9 @@ use dramesh_mesh::protocol::PROTOCOL_VERSION;
 use dramesh_mesh::store_adapter::MeshStore;
 use dramesh_mesh::transport::{self, MESH_SERVER_NAME};
 use dramesh_mesh::wire::{self, pb, pb::envelope::Body};
-use dramesh_mesh::{DocEntry, DocRef, DocStore, PeerIdentity};
+use dramesh_mesh::{DocStore, PeerIdentity};
 use dramesh_sim::{ClusterSpec, generate, uniform_fleet};
+use dramesh_store::DocEntry;
 use dramesh_store::{
     DocId, Durability, ObjectChange, ObjectKey, ObjectKind, Store, StoreConfig, SyncState,
 };
@@ -72,12 +73,12 @@ impl TestNode {
         TestNode { handle, store }
     }
 
-    fn digest(&self) -> dramesh_mesh::Digest {
+    fn digest(&self) -> dramesh_store::Digest {
         self.store.lock().unwrap().digest()
     }
 
     fn entries(&self) -> Vec<DocEntry> {
-        let mut v: Vec<DocEntry> = self.store.lock().unwrap().entries().cloned().collect();
+        let mut v: Vec<DocEntry> = self.store.lock().unwrap().store().entries();
         v.sort_by(|a, b| a.doc.cmp(&b.doc));
         v
     }
@@ -144,7 +145,7 @@ impl Agent {
             .unwrap()
             .apply(&self.doc, changes)
             .unwrap();
-        let doc = DocRef::new(self.doc.cluster.clone(), self.doc.writer.clone());
+        let doc = self.doc.clone();
         self.node.handle.notify_local_change(doc).await;
     }
 
@@ -153,7 +154,7 @@ impl Agent {
             .store
             .lock()
             .unwrap()
-            .entry(&DocRef::new(
+            .entry(&DocId::new(
                 self.doc.cluster.clone(),
                 self.doc.writer.clone(),
             ))
@@ -286,7 +287,7 @@ async fn three_replicas_and_ten_agents_of_three_clusters_converge() {
         let digest = replicas[0].digest();
         assert_eq!(
             digest,
-            dramesh_mesh::Digest::from_entries(agent_entries(&agents).iter())
+            dramesh_store::Digest::from_entries(agent_entries(&agents).iter())
         );
         let union = union_of(&agents);
         assert!(union.len() >= 10 * 5, "fleet too small: {}", union.len());
@@ -568,7 +569,7 @@ async fn agent_of_cluster_a_cannot_alter_cluster_b() {
         })
         .await;
         let b_doc = agents[1].doc.clone();
-        let b_ref = DocRef::new(b_doc.cluster.clone(), b_doc.writer.clone());
+        let b_ref = b_doc.clone();
         let b_view = |r: &TestNode| -> View {
             r.view()
                 .into_iter()
@@ -633,7 +634,7 @@ async fn agent_of_cluster_a_cannot_alter_cluster_b() {
         .unwrap();
         // 2. The same changes smuggled under the rogue's own document id: refused by the
         //    store, whose author check binds every change to the named document's writer.
-        let own = DocRef::new(a_name.clone(), "rogue");
+        let own = DocId::new(a_name.clone(), "rogue");
         send.write_all(&frame(Body::Sync(pb::Sync {
             doc: Some((&own).into()),
             generation: forged_gen,
@@ -643,7 +644,7 @@ async fn agent_of_cluster_a_cannot_alter_cluster_b() {
         .unwrap();
         // 3. A bucket entry claiming B's document: refused and counted as well.
         send.write_all(&frame(Body::BucketEntries(pb::BucketEntries {
-            buckets: vec![dramesh_mesh::store::bucket_of(&b_ref)],
+            buckets: vec![b_ref.bucket()],
             entries: vec![pb::DocEntry::from(&DocEntry {
                 doc: b_ref.clone(),
                 generation: forged_gen,

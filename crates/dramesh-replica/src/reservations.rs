@@ -35,9 +35,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use dramesh_api::native::{ReservationState, ReservationStatus, WorkloadRef};
 use dramesh_estimator::ClusterView;
 use dramesh_estimator::Workload;
-use dramesh_mesh::identity::RESERVATION_SCOPE;
 use dramesh_model::{ObjectChange, ObjectKey, ObjectKind};
-use dramesh_store::DocId;
+use dramesh_store::{DocId, RESERVATION_SCOPE};
 use serde::{Deserialize, Serialize};
 
 /// Time to live when the request names none.

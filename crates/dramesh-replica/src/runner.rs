@@ -102,7 +102,7 @@ impl Replica {
             let nodes: usize = v.clusters().map(|c| c.node_count()).sum();
             (nodes, v.clusters().count())
         });
-        let non_empty = !lock(&store).store().list_docs().is_empty();
+        let non_empty = !lock(&store).store().entries().is_empty();
         let metrics = Arc::new(dramesh_telemetry::Metrics::new());
         let api = ApiState::new(Arc::new(ReplicaBackend {
             state: state.clone(),
@@ -294,7 +294,7 @@ async fn push_reservations(
     state: Arc<ReplicaState>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let doc = dramesh_mesh::DocRef::reservations(state.replica.clone());
+    let doc = dramesh_store::DocId::reservations(state.replica.clone());
     let changed = state.reservations_changed.clone();
     loop {
         let written = tokio::select! {

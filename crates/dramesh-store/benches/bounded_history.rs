@@ -89,7 +89,7 @@ fn fresh_store_heap(values: &[(u64, u64)], cluster: &str) -> (usize, u64) {
         durability: Durability::None,
         ..StoreConfig::default()
     });
-    let d = DocId::new(cluster, "agent/fresh");
+    let d = DocId::new(cluster, "agent-fresh");
     s.open_writer(&d).expect("open fresh writer");
     let changes = values
         .iter()
@@ -107,7 +107,7 @@ fn fresh_store_heap(values: &[(u64, u64)], cluster: &str) -> (usize, u64) {
 
 /// One sync session between two stores for `doc`, returning the time spent in the replica.
 fn sync_once(writer: &mut Store, replica: &mut Store, doc: &DocId) -> std::time::Duration {
-    let generation = writer.doc_summary(doc).map_or(0, |s| s.generation);
+    let generation = writer.entry(doc).map_or(0, |s| s.generation);
     let mut sw = dramesh_store::SyncState::new();
     let mut sr = dramesh_store::SyncState::new();
     let mut in_replica = std::time::Duration::ZERO;
@@ -202,7 +202,7 @@ fn main() {
     config.rollover.max_stored_ratio = env("RATIO_X10", 20) as f64 / 10.0;
     let heap0 = LIVE.load(Ordering::Relaxed);
     let (mut store, _) = Store::open(&dir, config).expect("open store");
-    let d = DocId::new("bench", "agent/source-dir");
+    let d = DocId::new("bench", "agent-source-dir");
     store.open_writer(&d).expect("open writer");
     let mut revs: Vec<(u64, u64)> = (0..nodes).map(|i| (i, 0)).collect();
     let initial: Vec<ObjectChange> = (0..nodes)

@@ -83,7 +83,7 @@ struct Pair {
 
 impl Pair {
     fn new() -> Pair {
-        let doc = DocId::new("cluster-0", "agent/a");
+        let doc = DocId::new("cluster-0", "agent-a");
         let mut writer = Store::in_memory(config());
         let generation = writer.open_writer(&doc).expect("open writer");
         let all: Vec<ObjectChange> = (0..KEYS)

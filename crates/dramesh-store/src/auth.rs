@@ -142,7 +142,7 @@ mod tests {
 
     #[test]
     fn accepts_writer_changes_in_every_chunk_form() {
-        let id = DocId::new("c", "agent/a");
+        let id = DocId::new("c", "agent-a");
         let d = doc_by(writer_actor(&id, 3), 3);
         let concatenated = d.save_after(&[]);
         let whole = d.save();
@@ -161,7 +161,7 @@ mod tests {
 
     #[test]
     fn refuses_foreign_or_wrong_generation_author() {
-        let id = DocId::new("c", "agent/a");
+        let id = DocId::new("c", "agent-a");
         let mut d = doc_by(writer_actor(&id, 3), 2);
         let mut intruder = d.fork().with_actor(ActorId::from(b"intruder-actor-1"));
         let mut tx = intruder.transaction();

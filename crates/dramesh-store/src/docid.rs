@@ -1,28 +1,72 @@
-//! Document identity, writer actor derivation, and the hashes used by digests and file names.
+//! Document identity and naming rules, writer actor derivation, and the hashes used by digests
+//! and file names. The mesh names documents on the wire with these same types.
 
 use automerge::{ActorId, ChangeHash};
 use sha2::{Digest as _, Sha256};
 use std::fmt;
 
+/// The reserved cluster segment of replica-written reservation documents: replica `<id>` writes
+/// `DocId { cluster: "_reservations", writer: <id> }`. The leading `_` is not a valid name
+/// segment ([`valid_segment`]), so no member cluster and no agent can ever be named by it.
+pub const RESERVATION_SCOPE: &str = "_reservations";
+
+/// Longest accepted name segment, matching a DNS subdomain name.
+const MAX_SEGMENT_LEN: usize = 253;
+
+/// Whether `s` is a valid name segment (cluster, agent node or replica id): 1-253 bytes of
+/// `[a-z0-9.-]`, starting and ending with a lowercase letter or digit. One spelling per name,
+/// so two spellings can never denote the same document or identity.
+pub fn valid_segment(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    let (Some(&first), Some(&last)) = (bytes.first(), bytes.last()) else {
+        return false;
+    };
+    if bytes.len() > MAX_SEGMENT_LEN {
+        return false;
+    }
+    let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    alnum(first) && alnum(last) && bytes.iter().all(|&b| alnum(b) || b == b'-' || b == b'.')
+}
+
 /// Identity of one document: the member cluster it describes and the single writer allowed to
-/// author it (an agent identity such as `agent/<node>`).
+/// author it (an agent node, or for [`RESERVATION_SCOPE`] a replica id).
 ///
 /// The generation is carried alongside, not inside, because a writer's documents of all
-/// generations describe the same data and replace each other.
+/// generations describe the same data and replace each other. The store holds only documents
+/// whose id [`is_valid`](DocId::is_valid).
 #[derive(
     Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
 )]
 pub struct DocId {
+    /// Member cluster name, or [`RESERVATION_SCOPE`].
     pub cluster: String,
+    /// Writer name: the agent node, or the replica id of a reservation document.
     pub writer: String,
 }
 
 impl DocId {
+    /// The document `writer` writes about `cluster`.
     pub fn new(cluster: impl Into<String>, writer: impl Into<String>) -> Self {
         DocId {
             cluster: cluster.into(),
             writer: writer.into(),
         }
+    }
+
+    /// The reservation document written by replica `id`.
+    pub fn reservations(id: impl Into<String>) -> Self {
+        Self::new(RESERVATION_SCOPE, id)
+    }
+
+    /// Whether this is a replica's reservation document (not a member cluster's).
+    pub fn is_reservations(&self) -> bool {
+        self.cluster == RESERVATION_SCOPE
+    }
+
+    /// Both parts are valid name segments ([`valid_segment`]), or the cluster is
+    /// [`RESERVATION_SCOPE`] and the writer a valid replica id.
+    pub fn is_valid(&self) -> bool {
+        (valid_segment(&self.cluster) || self.is_reservations()) && valid_segment(&self.writer)
     }
 
     /// SHA-256 of the length-prefixed cluster and writer, stable across versions and processes.
@@ -35,11 +79,14 @@ impl DocId {
         h.finalize().into()
     }
 
-    /// Digest bucket of this document, in `0..buckets`.
-    pub fn bucket(&self, buckets: usize) -> usize {
-        let h = self.hash();
-        let v = u64::from_le_bytes([h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]]);
-        (v % buckets.max(1) as u64) as usize
+    /// The [`Digest`](crate::Digest) bucket of this document, in `0..DIGEST_BUCKETS`. Part of
+    /// the mesh wire protocol: peers compare buckets by index.
+    pub fn bucket(&self) -> u32 {
+        let mut h = Sha256::new();
+        h.update(self.cluster.as_bytes());
+        h.update([0]);
+        h.update(self.writer.as_bytes());
+        (crate::digest::first_u64(&h.finalize()) % u64::from(crate::DIGEST_BUCKETS)) as u32
     }
 
     /// File stem used for this document in a store directory (hex of the first 16 hash bytes).
@@ -50,7 +97,7 @@ impl DocId {
 
 impl fmt::Display for DocId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.cluster, self.writer)
+        write!(f, "{}/{}", self.cluster, self.writer)
     }
 }
 
@@ -68,8 +115,11 @@ pub fn writer_actor(doc: &DocId, generation: u64) -> ActorId {
     ActorId::from(&out[..16])
 }
 
+/// SHA-256 over a document generation's sorted automerge heads.
+pub type HeadsHash = [u8; 32];
+
 /// SHA-256 over the sorted heads: equal for two copies exactly when they hold the same changes.
-pub fn heads_hash(heads: &[ChangeHash]) -> [u8; 32] {
+pub fn heads_hash(heads: &[ChangeHash]) -> HeadsHash {
     let mut sorted: Vec<&ChangeHash> = heads.iter().collect();
     sorted.sort();
     let mut h = Sha256::new();
@@ -88,4 +138,32 @@ pub fn hex(bytes: &[u8]) -> String {
         s.push(DIGITS[(b & 15) as usize] as char);
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn naming_rules() {
+        assert!(DocId::new("east-1", "node-7.x").is_valid());
+        assert!(DocId::reservations("r1").is_valid());
+        assert!(!DocId::reservations("R1").is_valid());
+        assert!(!DocId::new("_other", "r1").is_valid());
+        for bad in ["", "-a", "a-", "A", "a_b", "a/b", &"a".repeat(254)] {
+            assert!(!DocId::new("c", bad).is_valid(), "{bad:?} accepted");
+            assert!(!DocId::new(bad, "w").is_valid(), "{bad:?} accepted");
+        }
+        assert!(DocId::new("c", "a".repeat(253)).is_valid());
+    }
+
+    #[test]
+    fn bucket_is_pinned() {
+        // Wire-visible: these values must not change without a protocol version bump.
+        let buckets: Vec<u32> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|w| DocId::new("east", *w).bucket())
+            .collect();
+        assert_eq!(buckets, [51, 27, 4, 50]);
+    }
 }

@@ -12,21 +12,25 @@
 //! The document model and its invariants are described in the repository's `ARCHITECTURE.md`.
 
 mod auth;
+mod digest;
 mod docid;
 mod error;
 pub mod keys;
 pub mod object;
 mod persist;
 mod store;
+mod sync_state;
 mod view;
 
-pub use automerge::ChangeHash;
-pub use automerge::sync::State as SyncState;
-pub use docid::{DocId, heads_hash, hex, writer_actor};
+pub use digest::{DIGEST_BUCKETS, Digest, DocEntry};
+pub use docid::{
+    DocId, HeadsHash, RESERVATION_SCOPE, heads_hash, hex, valid_segment, writer_actor,
+};
 pub use error::StoreError;
 pub use object::{ObjectChange, ObjectKey, ObjectKind};
 pub use persist::Durability;
 pub use store::{
-    CorruptDoc, DIGEST_BUCKETS, Digest, DocStats, DocSummary, OpenReport, RolloverPolicy, Store,
-    StoreConfig, TruncatedTail, WriteOutcome,
+    CorruptDoc, DocStats, OpenReport, RolloverPolicy, Store, StoreConfig, TruncatedTail,
+    WriteOutcome,
 };
+pub use sync_state::SyncState;

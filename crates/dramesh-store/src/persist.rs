@@ -77,7 +77,9 @@ fn unpack_snapshot(payload: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
 /// may then lose acknowledged writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Durability {
+    /// Every acknowledged write is on stable storage.
     Fsync,
+    /// Nothing is fsynced (tests and benchmarks).
     None,
 }
 
@@ -378,7 +380,7 @@ mod tests {
     fn sample() -> (FileHeader, Vec<u8>) {
         let header = FileHeader {
             format: 1,
-            doc: DocId::new("c", "agent/a"),
+            doc: DocId::new("c", "agent-a"),
             generation: 7,
             owned: true,
             fresh_bytes: 10,

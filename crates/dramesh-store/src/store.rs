@@ -17,26 +17,24 @@
 //!   changed, decoded only for those keys.
 
 use crate::auth::check_authors;
+use crate::digest::{Digest, DocEntry, fingerprint};
 use crate::docid::{DocId, heads_hash, writer_actor};
 use crate::error::StoreError;
 use crate::keys::{TERM_KEY, doc_key, parse_doc_key};
 use crate::object::{ObjectChange, ObjectKey};
 use crate::persist::{self, Durability, FileHeader};
+use crate::sync_state::SyncState;
 use crate::view::View;
-use automerge::sync::{self, Message, SyncDoc};
+use automerge::sync::{Message, SyncDoc};
 use automerge::transaction::Transactable;
 use automerge::{
     Automerge, ChangeHash, LoadOptions, OnPartialLoad, PatchAction, Prop, ROOT, ReadDoc,
     ScalarValue, Value, VerificationMode, patches::TextRepresentation,
 };
-use sha2::{Digest as _, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
-
-/// Number of buckets in a [`Digest`].
-pub const DIGEST_BUCKETS: usize = 64;
 
 /// When a document's file is compacted and when its writer starts a new generation.
 ///
@@ -51,11 +49,15 @@ pub const DIGEST_BUCKETS: usize = 64;
 /// within about `max_ops_ratio` times the live state.
 #[derive(Clone, Debug)]
 pub struct RolloverPolicy {
+    /// Compact when the file exceeds this multiple of the generation's fresh snapshot.
     pub max_stored_ratio: f64,
+    /// Roll over when a compacted snapshot still exceeds this multiple of the fresh one.
     pub max_compacted_ratio: f64,
+    /// Roll over when the history holds more operations than this per live key.
     pub max_ops_ratio: f64,
     /// Files below this size are left alone.
     pub min_stored_bytes: u64,
+    /// Roll over after this many commits in one generation.
     pub max_changes: u64,
     /// Largest share of time replica compactions may take; beyond it they wait for
     /// [`Store::maintain_deferred`].
@@ -75,8 +77,10 @@ impl Default for RolloverPolicy {
     }
 }
 
+/// How a store persists and what it accepts.
 #[derive(Clone, Debug)]
 pub struct StoreConfig {
+    /// Whether writes are fsynced before they are acknowledged.
     pub durability: Durability,
     /// Compaction and rollover thresholds; replicas use the compaction part for their copies
     /// (their history only shrinks when the writer rolls over).
@@ -98,56 +102,11 @@ impl Default for StoreConfig {
     }
 }
 
-/// One document as advertised to peers.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DocSummary {
-    pub doc: DocId,
-    pub generation: u64,
-    pub heads_hash: [u8; 32],
-}
-
-/// Compact summary of every document: per bucket (by [`DocId::bucket`]) the XOR of an 8-byte
-/// hash of each (doc, generation, heads hash). Two stores hold the same documents at the same
-/// heads exactly when (up to hash collisions) their digests are equal.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Digest {
-    pub buckets: [u64; DIGEST_BUCKETS],
-}
-
-impl Digest {
-    /// Buckets whose documents differ between `self` and `other`.
-    pub fn differing_buckets(&self, other: &Digest) -> Vec<usize> {
-        (0..DIGEST_BUCKETS)
-            .filter(|i| self.buckets[*i] != other.buckets[*i])
-            .collect()
-    }
-
-    /// 512-byte little-endian encoding.
-    pub fn to_bytes(&self) -> Vec<u8> {
-        self.buckets.iter().flat_map(|b| b.to_le_bytes()).collect()
-    }
-
-    pub fn from_bytes(bytes: &[u8]) -> Option<Digest> {
-        if bytes.len() != DIGEST_BUCKETS * 8 {
-            return None;
-        }
-        let mut buckets = [0u64; DIGEST_BUCKETS];
-        for (i, chunk) in bytes.chunks_exact(8).enumerate() {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(chunk);
-            buckets[i] = u64::from_le_bytes(b);
-        }
-        Some(Digest { buckets })
-    }
-}
-
 /// Result of a local write.
 #[derive(Clone, Debug)]
 pub struct WriteOutcome {
     /// Generation the write landed in (after any rollover it triggered).
     pub generation: u64,
-    /// Heads of the document after the write.
-    pub heads: Vec<ChangeHash>,
     /// Whether the write triggered a rollover to a new generation.
     pub rolled_over: bool,
     /// Visible changes of the materialized view, `(cluster, change)`.
@@ -157,7 +116,9 @@ pub struct WriteOutcome {
 /// Size and history figures of one document.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DocStats {
+    /// Generation held.
     pub generation: u64,
+    /// Whether this store is the document's writer.
     pub owned: bool,
     /// Bytes of the document's file (or what it would be, for an in-memory store).
     pub stored_bytes: u64,
@@ -167,40 +128,54 @@ pub struct DocStats {
     pub fresh_bytes: u64,
     /// Commits since the generation started.
     pub commits_since_base: u64,
+    /// Changes in the held history.
     pub num_changes: u64,
+    /// Operations in the held history.
     pub num_ops: u64,
+    /// Live keys (objects) in the document.
     pub keys: usize,
 }
 
 /// A document file that could not be used; the document is dropped and must be resynced.
 #[derive(Clone, Debug)]
 pub struct CorruptDoc {
+    /// The file as found.
     pub path: PathBuf,
     /// Where the file was moved so that it is never loaded again.
     pub moved_to: PathBuf,
+    /// The document, when the header was readable.
     pub doc: Option<DocId>,
+    /// The generation, when the header was readable.
     pub generation: Option<u64>,
+    /// Why the file was refused.
     pub reason: String,
 }
 
 /// A torn final record (an unacknowledged write cut by a crash) that was truncated away.
 #[derive(Clone, Debug)]
 pub struct TruncatedTail {
+    /// The document of the file.
     pub doc: DocId,
+    /// The truncated file.
     pub path: PathBuf,
+    /// Bytes cut off.
     pub bytes: u64,
 }
 
 /// What [`Store::open`] found.
 #[derive(Clone, Debug, Default)]
 pub struct OpenReport {
+    /// Documents loaded.
     pub loaded: usize,
+    /// Files moved aside.
     pub corrupt: Vec<CorruptDoc>,
+    /// Files whose torn tail was cut off.
     pub truncated: Vec<TruncatedTail>,
+    /// Leftover temporary files of interrupted snapshot writes, deleted.
     pub removed_tmp_files: usize,
 }
 
-struct DocEntry {
+struct Held {
     generation: u64,
     doc: Automerge,
     owned: bool,
@@ -248,10 +223,10 @@ enum Old {
 pub struct Store {
     dir: Option<PathBuf>,
     config: StoreConfig,
-    docs: BTreeMap<DocId, DocEntry>,
+    docs: BTreeMap<DocId, Held>,
     pending: BTreeMap<DocId, Pending>,
     view: View,
-    buckets: [u64; DIGEST_BUCKETS],
+    digest: Digest,
     undelivered: Vec<(String, ObjectChange)>,
     /// Group commit: received changes are appended without fsync and made durable together by
     /// [`Store::sync_pending`] (see [`Store::set_group_commit`]).
@@ -281,15 +256,13 @@ fn plausible_generation(generation: u64) -> bool {
     generation <= now_millis().saturating_add(MAX_FUTURE_GENERATION_MS)
 }
 
-fn digest_part(doc: &DocId, generation: u64, heads: &[u8; 32]) -> u64 {
-    let mut h = Sha256::new();
-    h.update(doc.hash());
-    h.update(generation.to_le_bytes());
-    h.update(heads);
-    let out: [u8; 32] = h.finalize().into();
-    u64::from_le_bytes([
-        out[0], out[1], out[2], out[3], out[4], out[5], out[6], out[7],
-    ])
+/// Refuses a document id the mesh could not name on the wire (see [`DocId::is_valid`]).
+fn check_doc_id(doc: &DocId) -> Result<(), StoreError> {
+    if doc.is_valid() {
+        Ok(())
+    } else {
+        Err(StoreError::InvalidDocId { doc: doc.clone() })
+    }
 }
 
 fn value_bytes(v: &Value<'_>) -> Option<Arc<[u8]>> {
@@ -509,7 +482,7 @@ impl Store {
             docs: BTreeMap::new(),
             pending: BTreeMap::new(),
             view: View::default(),
-            buckets: [0; DIGEST_BUCKETS],
+            digest: Digest::empty(),
             undelivered: Vec::new(),
             group_commit: false,
             unsynced: BTreeSet::new(),
@@ -586,6 +559,16 @@ impl Store {
                 )?);
                 continue;
             }
+            if !file.header.doc.is_valid() {
+                report.corrupt.push(corrupt(
+                    format!(
+                        "document id {} in the header is not a valid (cluster, writer) name",
+                        file.header.doc
+                    ),
+                    Some(&file.header),
+                )?);
+                continue;
+            }
             let mut doc = match load_file_doc(&file.automerge_bytes, file.snapshot_len as usize) {
                 Ok(d) => d,
                 Err(reason) => {
@@ -614,9 +597,9 @@ impl Store {
             }
             let heads = doc.get_heads();
             let hh = heads_hash(&heads);
-            let part = digest_part(&id, generation, &hh);
+            let part = fingerprint(&id, generation, &hh);
             let (changes, num_ops) = history(&doc);
-            let entry = DocEntry {
+            let entry = Held {
                 generation,
                 term: read_term(&doc),
                 owned,
@@ -636,7 +619,7 @@ impl Store {
                 keys_counted: (0, 0),
                 doc,
             };
-            store.buckets[id.bucket(DIGEST_BUCKETS)] ^= part;
+            store.digest.xor(id.bucket(), part);
             store.view.set_term(&id.cluster, &id.writer, entry.term);
             for key in object_keys(&entry.doc, None) {
                 if read_value(&entry.doc, &key, None).is_some() {
@@ -656,8 +639,8 @@ impl Store {
     fn set_digest(&mut self, doc: &DocId) {
         if let Some(e) = self.docs.get_mut(doc) {
             let hh = heads_hash(&e.doc.get_heads());
-            let part = digest_part(doc, e.generation, &hh);
-            self.buckets[doc.bucket(DIGEST_BUCKETS)] ^= e.digest_part ^ part;
+            let part = fingerprint(doc, e.generation, &hh);
+            self.digest.xor(doc.bucket(), e.digest_part ^ part);
             e.heads_hash = hh;
             e.digest_part = part;
         }
@@ -788,6 +771,7 @@ impl Store {
     /// writer that lost its disk still supersedes what replicas hold. A document held here only
     /// as a replica copy is taken over by rolling it into a new generation.
     pub fn open_writer(&mut self, doc: &DocId) -> Result<u64, StoreError> {
+        check_doc_id(doc)?;
         if let Some(e) = self.docs.get(doc) {
             if e.owned {
                 return Ok(e.generation);
@@ -815,7 +799,7 @@ impl Store {
             self.write_snapshot(doc, generation, true, &persist::pack_snapshot(&fresh), None)?;
         self.pending.remove(doc);
         let heads = fresh.get_heads();
-        let entry = DocEntry {
+        let entry = Held {
             generation,
             term: 0,
             owned: true,
@@ -914,7 +898,6 @@ impl Store {
             view.shrink_to_fit();
             return Ok(WriteOutcome {
                 generation: self.docs.get(doc).map_or(0, |e| e.generation),
-                heads: before,
                 rolled_over: false,
                 view,
             });
@@ -939,7 +922,6 @@ impl Store {
             .ok_or_else(|| StoreError::UnknownDoc { doc: doc.clone() })?;
         Ok(WriteOutcome {
             generation: e.generation,
-            heads: e.doc.get_heads(),
             rolled_over,
             view: out,
         })
@@ -1102,46 +1084,42 @@ impl Store {
         Ok(generation)
     }
 
-    /// Every document with its generation and heads hash.
-    pub fn list_docs(&self) -> Vec<DocSummary> {
+    /// The entry of every document, sorted by document.
+    pub fn entries(&self) -> Vec<DocEntry> {
         self.docs
             .iter()
-            .map(|(id, e)| DocSummary {
-                doc: id.clone(),
-                generation: e.generation,
-                heads_hash: e.heads_hash,
-            })
+            .map(|(id, e)| Self::entry_of(id, e))
             .collect()
     }
 
-    pub fn doc_summary(&self, doc: &DocId) -> Option<DocSummary> {
-        self.docs.get(doc).map(|e| DocSummary {
+    /// The entry of one document.
+    pub fn entry(&self, doc: &DocId) -> Option<DocEntry> {
+        self.docs.get(doc).map(|e| Self::entry_of(doc, e))
+    }
+
+    fn entry_of(doc: &DocId, e: &Held) -> DocEntry {
+        DocEntry {
             doc: doc.clone(),
             generation: e.generation,
             heads_hash: e.heads_hash,
-        })
-    }
-
-    /// The digest of all documents (512 bytes on the wire however many documents there are).
-    pub fn digest(&self) -> Digest {
-        Digest {
-            buckets: self.buckets,
         }
     }
 
-    /// Documents falling in one digest bucket.
-    pub fn bucket_docs(&self, bucket: usize) -> Vec<DocSummary> {
+    /// The digest of all entries, maintained on every mutation.
+    pub fn digest(&self) -> &Digest {
+        &self.digest
+    }
+
+    /// The entries of the documents in one digest bucket ([`DocId::bucket`]).
+    pub fn bucket_entries(&self, bucket: u32) -> Vec<DocEntry> {
         self.docs
             .iter()
-            .filter(|(id, _)| id.bucket(DIGEST_BUCKETS) == bucket)
-            .map(|(id, e)| DocSummary {
-                doc: id.clone(),
-                generation: e.generation,
-                heads_hash: e.heads_hash,
-            })
+            .filter(|(id, _)| id.bucket() == bucket)
+            .map(|(id, e)| Self::entry_of(id, e))
             .collect()
     }
 
+    /// Size and history figures of one document.
     pub fn doc_stats(&self, doc: &DocId) -> Option<DocStats> {
         self.docs.get(doc).map(|e| {
             let (num_changes, num_ops) = history(&e.doc);
@@ -1170,14 +1148,16 @@ impl Store {
         }
     }
 
-    /// The automerge document currently held for `doc` (read-only access for diagnostics).
+    /// The automerge document currently held for `doc`, for tests and benches that forge or
+    /// inspect automerge data (feature `test-util`; automerge is not part of the store's API).
+    #[cfg(feature = "test-util")]
     pub fn automerge_doc(&self, doc: &DocId) -> Option<&Automerge> {
         self.docs.get(doc).map(|e| &e.doc)
     }
 
     /// Produces the next sync message for `doc` at `generation` toward one peer.
     ///
-    /// The mesh keeps one [`sync::State`] per (doc, generation, peer) and should always sync the
+    /// The mesh keeps one [`SyncState`] per (doc, generation, peer) and should always sync the
     /// highest generation either side has. Asking for a generation newer than the one held (or
     /// for an unknown document) starts receiving it into a side document; asking for an older
     /// one returns `None`. For the store's own documents the state is forced read-only (the
@@ -1186,7 +1166,7 @@ impl Store {
         &mut self,
         doc: &DocId,
         generation: u64,
-        state: &mut sync::State,
+        state: &mut SyncState,
     ) -> Result<Option<Vec<u8>>, StoreError> {
         if let Some(e) = self.docs.get(doc) {
             if generation < e.generation {
@@ -1196,7 +1176,10 @@ impl Store {
                 if e.owned && e.not_durable {
                     return Ok(None);
                 }
-                return Ok(e.doc.generate_sync_message(state).map(encode_message));
+                return Ok(e
+                    .doc
+                    .generate_sync_message(&mut state.0)
+                    .map(encode_message));
             }
             if e.owned {
                 // A peer holds a newer generation of our own document (we lost our disk and the
@@ -1211,7 +1194,7 @@ impl Store {
             return Ok(None);
         }
         let p = self.pending_for(doc, generation)?;
-        Ok(p.and_then(|p| p.doc.generate_sync_message(state))
+        Ok(p.and_then(|p| p.doc.generate_sync_message(&mut state.0))
             .map(encode_message))
     }
 
@@ -1220,6 +1203,7 @@ impl Store {
         doc: &DocId,
         generation: u64,
     ) -> Result<Option<&mut Pending>, StoreError> {
+        check_doc_id(doc)?;
         match self.pending.get(doc).map(|p| p.generation) {
             Some(g) if g > generation => return Ok(None),
             Some(g) if g == generation => return Ok(self.pending.get_mut(doc)),
@@ -1243,11 +1227,6 @@ impl Store {
         Ok(self.pending.get_mut(doc))
     }
 
-    /// Forgets a partially received newer generation (e.g. when every peer offering it left).
-    pub fn abandon_pending(&mut self, doc: &DocId) {
-        self.pending.remove(doc);
-    }
-
     /// Applies one incoming sync message for `doc` at `generation` and returns the visible
     /// changes it caused, `(cluster, change)`.
     ///
@@ -1262,7 +1241,7 @@ impl Store {
         &mut self,
         doc: &DocId,
         generation: u64,
-        state: &mut sync::State,
+        state: &mut SyncState,
         message: &[u8],
         may_deliver: &dyn Fn(&DocId) -> bool,
     ) -> Result<Vec<(String, ObjectChange)>, StoreError> {
@@ -1273,6 +1252,7 @@ impl Store {
                 limit: self.config.max_message_bytes,
             });
         }
+        check_doc_id(doc)?;
         if !may_deliver(doc) {
             return Err(StoreError::PeerNotAllowed {
                 doc: doc.clone(),
@@ -1310,7 +1290,7 @@ impl Store {
                     // of a previous life whose sequence numbers this life reuses).
                     let mut msg = msg;
                     msg.changes = Vec::<Vec<u8>>::new().into();
-                    e.doc.receive_sync_message(state, msg).map_err(am)?;
+                    e.doc.receive_sync_message(&mut state.0, msg).map_err(am)?;
                 }
                 Ok(std::mem::take(&mut self.undelivered))
             }
@@ -1319,7 +1299,7 @@ impl Store {
                 let Some(p) = self.pending_for(doc, generation)? else {
                     return Ok(Vec::new());
                 };
-                p.doc.receive_sync_message(state, msg).map_err(am)?;
+                p.doc.receive_sync_message(&mut state.0, msg).map_err(am)?;
                 let complete =
                     !p.doc.get_heads().is_empty() && p.doc.get_missing_deps(&[]).is_empty();
                 if complete {
@@ -1334,7 +1314,7 @@ impl Store {
     fn receive_current(
         &mut self,
         doc: &DocId,
-        state: &mut sync::State,
+        state: &mut SyncState,
         msg: Message,
     ) -> Result<Vec<(String, ObjectChange)>, StoreError> {
         let am = |source: automerge::AutomergeError| StoreError::Automerge {
@@ -1345,7 +1325,7 @@ impl Store {
             return Err(StoreError::UnknownDoc { doc: doc.clone() });
         };
         let before = e.doc.get_heads();
-        e.doc.receive_sync_message(state, msg).map_err(am)?;
+        e.doc.receive_sync_message(&mut state.0, msg).map_err(am)?;
         let after = e.doc.get_heads();
         if after == before {
             return Ok(std::mem::take(&mut self.undelivered));
@@ -1396,7 +1376,7 @@ impl Store {
             }
         };
         let heads = p.doc.get_heads();
-        let entry = DocEntry {
+        let entry = Held {
             generation: p.generation,
             term: read_term(&p.doc),
             owned: false,
@@ -1415,7 +1395,7 @@ impl Store {
         let mut keys: BTreeSet<String> = object_keys(&entry.doc, None).into_iter().collect();
         let old = match self.docs.insert(doc.clone(), entry) {
             Some(old) => {
-                self.buckets[doc.bucket(DIGEST_BUCKETS)] ^= old.digest_part;
+                self.digest.xor(doc.bucket(), old.digest_part);
                 keys.extend(object_keys(&old.doc, None));
                 Old::Doc(Box::new(old.doc))
             }
@@ -1429,24 +1409,6 @@ impl Store {
         let mut out = std::mem::take(&mut self.undelivered);
         out.extend(view);
         Ok(out)
-    }
-
-    /// Drops a document (decommissioned cluster or writer), deleting its file.
-    pub fn remove_doc(&mut self, doc: &DocId) -> Result<Vec<(String, ObjectChange)>, StoreError> {
-        self.pending.remove(doc);
-        let Some(old) = self.docs.remove(doc) else {
-            return Ok(Vec::new());
-        };
-        self.buckets[doc.bucket(DIGEST_BUCKETS)] ^= old.digest_part;
-        if let Some(path) = self.path_of(doc) {
-            match std::fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(source) => return Err(StoreError::Io { path, source }),
-            }
-        }
-        let keys = object_keys(&old.doc, None);
-        Ok(self.reconcile(doc, keys, Old::Doc(Box::new(old.doc))))
     }
 
     /// Visible value of each key, resolving which document wins. `own` reads the changed
@@ -1572,6 +1534,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use automerge::sync;
 
     fn message_with(values: usize, value_len: usize) -> (Message, Vec<u8>) {
         let mut doc = Automerge::new();

@@ -13,7 +13,7 @@ use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-const WRITERS: [(&str, &str); 3] = [("c1", "agent/a"), ("c1", "agent/b"), ("c2", "agent/a")];
+const WRITERS: [(&str, &str); 3] = [("c1", "agent-a"), ("c1", "agent-b"), ("c2", "agent-a")];
 
 fn key(i: usize) -> ObjectKey {
     match i {
@@ -147,15 +147,15 @@ proptest! {
             }
         }
         let want = expected(&values, &terms);
-        let digest = peers[3].store.digest();
+        let digest = peers[3].store.digest().clone();
         for r in &peers[3..] {
-            prop_assert_eq!(r.store.digest(), digest.clone());
+            prop_assert_eq!(r.store.digest(), &digest);
             prop_assert_eq!(&r.view, &want);
             prop_assert_eq!(&snapshot_view(&r.store), &want);
         }
         for (w, d) in docs.iter().enumerate() {
-            let s = peers[3].store.doc_summary(d).unwrap();
-            prop_assert_eq!(Some(s), peers[w].store.doc_summary(d));
+            let s = peers[3].store.entry(d).unwrap();
+            prop_assert_eq!(Some(s), peers[w].store.entry(d));
         }
     }
 
@@ -164,7 +164,7 @@ proptest! {
         ops in prop::collection::vec((0..4usize, 0..8usize), 1..40)
     ) {
         let dir = tempfile::tempdir().unwrap();
-        let d = DocId::new("c1", "agent/a");
+        let d = DocId::new("c1", "agent-a");
         let open = || Store::open(dir.path(), small_rollover_config()).unwrap();
         let (mut s, _) = open();
         s.open_writer(&d).unwrap();
@@ -185,7 +185,7 @@ proptest! {
                     }
                 }
                 _ => {
-                    let generation = s.doc_summary(&d).unwrap().generation;
+                    let generation = s.entry(&d).unwrap().generation;
                     drop(s);
                     let (reopened, report) = open();
                     s = reopened;

@@ -1,3 +1,5 @@
+//! Store behaviour across peers: sync, authorship, generations, persistence and the digest.
+
 mod common;
 
 use automerge::sync::SyncDoc;
@@ -28,7 +30,7 @@ fn full_sync(a: &mut Peer, b: &mut Peer) {
 
 #[test]
 fn writer_to_replica_materializes_only_changed_keys() {
-    let d = DocId::new("c1", "agent/n1");
+    let d = DocId::new("c1", "agent-n1");
     let mut a = agent(&d, test_config());
     let mut r = Peer::replica(Store::in_memory(test_config()));
     let w = a
@@ -61,7 +63,7 @@ fn writer_to_replica_materializes_only_changed_keys() {
     let mut changes = Vec::new();
     let mut sa = SyncState::new();
     let mut sr = SyncState::new();
-    let g = a.store.doc_summary(&d).unwrap().generation;
+    let g = a.store.entry(&d).unwrap().generation;
     for _ in 0..10 {
         if let Some(m) = a.store.generate_sync_message(&d, g, &mut sa).unwrap() {
             changes.extend(
@@ -103,14 +105,14 @@ fn writer_to_replica_materializes_only_changed_keys() {
 
 #[test]
 fn newer_generation_replaces_older_and_older_is_ignored() {
-    let d = DocId::new("c1", "agent/n1");
+    let d = DocId::new("c1", "agent-n1");
     let mut a = agent(&d, test_config());
     let mut r = Peer::replica(Store::in_memory(test_config()));
     a.store
         .apply(&d, vec![upsert(node("n1"), "1"), upsert(node("gone"), "x")])
         .unwrap();
     full_sync(&mut a, &mut r);
-    let old_gen = r.store.doc_summary(&d).unwrap().generation;
+    let old_gen = r.store.entry(&d).unwrap().generation;
 
     // Write, roll over, write again: the replica must end with every last write and no
     // leftover key, whatever it held from the older generation.
@@ -123,7 +125,7 @@ fn newer_generation_replaces_older_and_older_is_ignored() {
         .apply(&d, vec![upsert(node("n1"), "2"), upsert(node("n3"), "3")])
         .unwrap();
     full_sync(&mut a, &mut r);
-    assert_eq!(r.store.doc_summary(&d).unwrap().generation, new_gen);
+    assert_eq!(r.store.entry(&d).unwrap().generation, new_gen);
     assert_eq!(r.store.digest(), a.store.digest());
     assert_eq!(r.view, snapshot_view(&a.store));
     assert_eq!(r.store.get("c1", &node("gone")), None);
@@ -136,7 +138,7 @@ fn newer_generation_replaces_older_and_older_is_ignored() {
         None
     );
     let stale = automerge::Automerge::new()
-        .generate_sync_message(&mut SyncState::new())
+        .generate_sync_message(&mut automerge::sync::State::new())
         .unwrap()
         .encode();
     let out = r
@@ -144,12 +146,12 @@ fn newer_generation_replaces_older_and_older_is_ignored() {
         .receive_sync_message(&d, old_gen, &mut st, &stale, &|_| true)
         .unwrap();
     assert!(out.is_empty());
-    assert_eq!(r.store.doc_summary(&d).unwrap().generation, new_gen);
+    assert_eq!(r.store.entry(&d).unwrap().generation, new_gen);
 }
 
 #[test]
 fn automatic_rollover_bounds_history() {
-    let d = DocId::new("c1", "agent/n1");
+    let d = DocId::new("c1", "agent-n1");
     let config = StoreConfig {
         rollover: RolloverPolicy {
             min_stored_bytes: 0,
@@ -215,7 +217,7 @@ fn write_until_compaction_deferred(a: &mut Peer, r: &mut Peer, d: &DocId, node_n
 
 #[test]
 fn replica_compactions_beyond_the_budget_wait_and_stay_bounded() {
-    let d = DocId::new("c1", "agent/n1");
+    let d = DocId::new("c1", "agent-n1");
     let dir = tempfile::tempdir().unwrap();
     let mut a = agent(
         &d,
@@ -316,13 +318,13 @@ fn replica_compactions_beyond_the_budget_wait_and_stay_bounded() {
 
 #[test]
 fn foreign_author_is_refused_and_state_unchanged() {
-    let d = DocId::new("c1", "agent/n1");
+    let d = DocId::new("c1", "agent-n1");
     let mut a = agent(&d, test_config());
     let mut r = Peer::replica(Store::in_memory(test_config()));
     a.store.apply(&d, vec![upsert(node("n1"), "good")]).unwrap();
     full_sync(&mut a, &mut r);
-    let g = r.store.doc_summary(&d).unwrap().generation;
-    let digest_before = r.store.digest();
+    let g = r.store.entry(&d).unwrap().generation;
+    let digest_before = r.store.digest().clone();
 
     // An intruder holding a copy of the document adds a change under its own actor.
     let mut intruder = a.store.automerge_doc(&d).unwrap().fork();
@@ -336,19 +338,23 @@ fn foreign_author_is_refused_and_state_unchanged() {
     .unwrap();
     tx.commit();
 
-    let mut si = SyncState::new();
+    let mut si = automerge::sync::State::new();
     let mut sr = SyncState::new();
     let mut refused = None;
     for _ in 0..10 {
         if let Some(m) = intruder.generate_sync_message(&mut si) {
-            let sr_before = sr.clone().encode();
+            let sr_before = sr.automerge_mut().encode();
             match r
                 .store
                 .receive_sync_message(&d, g, &mut sr, &m.encode(), &|_| true)
             {
                 Ok(out) => assert!(out.is_empty()),
                 Err(e) => {
-                    assert_eq!(sr.clone().encode(), sr_before, "sync state was touched");
+                    assert_eq!(
+                        sr.automerge_mut().encode(),
+                        sr_before,
+                        "sync state was touched"
+                    );
                     refused = Some(e);
                     break;
                 }
@@ -362,7 +368,7 @@ fn foreign_author_is_refused_and_state_unchanged() {
     }
     let err = refused.expect("the forged change was never offered");
     assert!(matches!(err, StoreError::ForeignAuthor { .. }), "{err}");
-    assert_eq!(r.store.digest(), digest_before);
+    assert_eq!(r.store.digest(), &digest_before);
     assert_eq!(
         r.store.get("c1", &node("n1")).as_deref(),
         Some(&b"good"[..])
@@ -391,7 +397,7 @@ fn foreign_author_is_refused_and_state_unchanged() {
     )
     .unwrap();
     tx.commit();
-    let mut s1 = SyncState::new();
+    let mut s1 = automerge::sync::State::new();
     let mut s2 = SyncState::new();
     for _ in 0..10 {
         if let Some(m) = other_writer_copy.generate_sync_message(&mut s1) {
@@ -412,8 +418,8 @@ fn foreign_author_is_refused_and_state_unchanged() {
 
 #[test]
 fn cluster_scoped_keys_prefer_higher_term_then_writer() {
-    let d1 = DocId::new("c1", "agent/a");
-    let d2 = DocId::new("c1", "agent/b");
+    let d1 = DocId::new("c1", "agent-a");
+    let d2 = DocId::new("c1", "agent-b");
     let mut a1 = agent(&d1, test_config());
     let mut a2 = agent(&d2, test_config());
     let mut r = Peer::replica(Store::in_memory(test_config()));
@@ -459,7 +465,7 @@ fn cluster_scoped_keys_prefer_higher_term_then_writer() {
 fn restart_from_disk_keeps_acknowledged_writes() {
     let dir = tempfile::tempdir().unwrap();
     let rdir = tempfile::tempdir().unwrap();
-    let d = DocId::new("c1", "agent/n1");
+    let d = DocId::new("c1", "agent-n1");
     let config = StoreConfig {
         durability: Durability::Fsync,
         ..StoreConfig::default()
@@ -523,7 +529,7 @@ fn restart_from_disk_keeps_acknowledged_writes() {
 #[test]
 fn group_commit_defers_fsync_until_sync_pending_and_keeps_changes() {
     let rdir = tempfile::tempdir().unwrap();
-    let d = DocId::new("c1", "agent/n1");
+    let d = DocId::new("c1", "agent-n1");
     let config = StoreConfig {
         durability: Durability::Fsync,
         ..StoreConfig::default()
@@ -565,12 +571,12 @@ fn group_commit_defers_fsync_until_sync_pending_and_keeps_changes() {
     assert!(r.store.has_unsynced());
     r.store.set_group_commit(false).unwrap();
     assert!(!r.store.has_unsynced());
-    let digest = r.store.digest();
+    let digest = r.store.digest().clone();
     drop(r);
 
     let (reopened, report) = Store::open(rdir.path(), config).unwrap();
     assert!(report.corrupt.is_empty() && report.truncated.is_empty());
-    assert_eq!(reopened.digest(), digest);
+    assert_eq!(reopened.digest(), &digest);
     assert_eq!(reopened.get("c1", &node("g4")).as_deref(), Some(&b"4"[..]));
     assert_eq!(
         reopened.get("c1", &node("last")).as_deref(),
@@ -601,7 +607,7 @@ fn writer_with_history(dir: &std::path::Path, d: &DocId) -> (Store, Vec<u64>) {
 #[test]
 fn truncated_tail_is_cut_and_reported() {
     let dir = tempfile::tempdir().unwrap();
-    let d = DocId::new("c1", "agent/n1");
+    let d = DocId::new("c1", "agent-n1");
     let (s, ends) = writer_with_history(dir.path(), &d);
     drop(s);
     let path = doc_file(dir.path());
@@ -631,14 +637,14 @@ fn truncated_tail_is_cut_and_reported() {
         .unwrap();
     let (s, report) = Store::open(dir.path(), test_config()).unwrap();
     assert_eq!(report.corrupt.len(), 1, "{report:?}");
-    assert!(s.list_docs().is_empty());
+    assert!(s.entries().is_empty());
     assert!(!path.exists());
 }
 
 #[test]
 fn flipped_byte_is_reported_dropped_and_resynced() {
     let dir = tempfile::tempdir().unwrap();
-    let d = DocId::new("c1", "agent/n1");
+    let d = DocId::new("c1", "agent-n1");
     let (s, ends) = writer_with_history(dir.path(), &d);
     // Keep an intact replica copy to resync from.
     let mut a = Peer {
@@ -664,10 +670,7 @@ fn flipped_byte_is_reported_dropped_and_resynced() {
     assert_eq!(report.corrupt.len(), 1, "{report:?}");
     assert_eq!(report.corrupt[0].doc.as_ref(), Some(&d));
     assert!(report.corrupt[0].moved_to.exists());
-    assert!(
-        rs.list_docs().is_empty(),
-        "corrupt document must not be used"
-    );
+    assert!(rs.entries().is_empty(), "corrupt document must not be used");
     let mut r = Peer::replica(rs);
     full_sync(&mut r2, &mut r);
     assert_eq!(r.store.digest(), a.store.digest());
@@ -680,7 +683,7 @@ fn digest_buckets_locate_differences() {
     let mut b = Peer::replica(Store::in_memory(test_config()));
     let mut agents: Vec<(DocId, Peer)> = (0..12)
         .map(|i| {
-            let d = DocId::new("c1", format!("agent/n{i}"));
+            let d = DocId::new("c1", format!("agent-n{i}"));
             let p = agent(&d, test_config());
             (d, p)
         })
@@ -693,30 +696,34 @@ fn digest_buckets_locate_differences() {
         full_sync(p, &mut b);
     }
     assert_eq!(a.store.digest(), b.store.digest());
-    assert_eq!(a.store.digest().to_bytes().len(), 512);
+    assert_eq!(
+        a.store.digest().buckets().len(),
+        dramesh_store::DIGEST_BUCKETS as usize
+    );
     let (d, p) = &mut agents[5];
     p.store.apply(d, vec![upsert(node("x"), "2")]).unwrap();
     full_sync(p, &mut a);
-    let diff = a.store.digest().differing_buckets(&b.store.digest());
-    assert_eq!(diff, vec![d.bucket(dramesh_store::DIGEST_BUCKETS)]);
+    let diff = a.store.digest().differing_buckets(b.store.digest());
+    assert_eq!(diff, vec![d.bucket()]);
     let listed: Vec<DocId> = a
         .store
-        .bucket_docs(diff[0])
+        .bucket_entries(diff[0])
         .into_iter()
         .map(|s| s.doc)
         .collect();
     assert!(listed.contains(d));
     full_sync(&mut a, &mut b);
     assert_eq!(a.store.digest(), b.store.digest());
+    // The digest is exactly the one its entries give, as a peer would rebuild it.
     assert_eq!(
-        dramesh_store::Digest::from_bytes(&a.store.digest().to_bytes()),
-        Some(a.store.digest())
+        &dramesh_store::Digest::from_entries(&a.store.entries()),
+        a.store.digest()
     );
 }
 
 #[test]
 fn large_batches_on_large_documents_report_exactly_the_changed_keys() {
-    let d = DocId::new("c1", "agent/dir");
+    let d = DocId::new("c1", "agent-dir");
     let mut a = agent(&d, test_config());
     let mut r = Peer::replica(Store::in_memory(test_config()));
     let fill: Vec<ObjectChange> = (0..2100)
@@ -735,7 +742,7 @@ fn large_batches_on_large_documents_report_exactly_the_changed_keys() {
     a.store
         .apply(&d, vec![ObjectChange::Delete { key: node("n7") }])
         .unwrap();
-    let g = a.store.doc_summary(&d).unwrap().generation;
+    let g = a.store.entry(&d).unwrap().generation;
     let mut sa = SyncState::new();
     let mut sr = SyncState::new();
     let mut changes = Vec::new();
@@ -766,19 +773,19 @@ fn large_batches_on_large_documents_report_exactly_the_changed_keys() {
         ["del n7", "up n0", "up n1", "up n2", "up n3", "up n4"]
     );
     assert_eq!(r.store.digest(), a.store.digest());
-    assert!(sa.shared_heads == a.store.automerge_doc(&d).unwrap().get_heads());
+    assert!(sa.automerge_mut().shared_heads == a.store.automerge_doc(&d).unwrap().get_heads());
     apply_view(&mut r.view, changes);
     assert_eq!(r.view, snapshot_view(&a.store));
 }
 
 #[test]
 fn implausible_future_generation_is_refused() {
-    let d = DocId::new("c1", "agent/n1");
+    let d = DocId::new("c1", "agent-n1");
     let mut a = agent(&d, test_config());
-    let g = a.store.doc_summary(&d).unwrap().generation;
+    let g = a.store.entry(&d).unwrap().generation;
     let mut st = SyncState::new();
     let m = automerge::Automerge::new()
-        .generate_sync_message(&mut SyncState::new())
+        .generate_sync_message(&mut automerge::sync::State::new())
         .unwrap()
         .encode();
     let err = a
@@ -792,7 +799,7 @@ fn implausible_future_generation_is_refused() {
             .unwrap(),
         None
     );
-    assert_eq!(a.store.doc_summary(&d).unwrap().generation, g);
+    assert_eq!(a.store.entry(&d).unwrap().generation, g);
 }
 
 #[test]
@@ -800,7 +807,7 @@ fn store_can_move_to_a_blocking_thread() {
     fn assert_send<T: Send + 'static>() {}
     assert_send::<Store>();
     assert_send::<StoreError>();
-    let d = DocId::new("c1", "agent/n1");
+    let d = DocId::new("c1", "agent-n1");
     let handle = std::thread::spawn(move || {
         let mut s = Store::in_memory(test_config());
         s.open_writer(&d).unwrap();
@@ -818,7 +825,7 @@ fn store_can_move_to_a_blocking_thread() {
 #[test]
 fn changes_queued_for_a_missing_dependency_are_reported_when_applied() {
     use automerge::sync::{Message, MessageVersion};
-    let d = DocId::new("c1", "agent/n1");
+    let d = DocId::new("c1", "agent-n1");
     let mut a = agent(&d, test_config());
     let mut r = Peer::replica(Store::in_memory(test_config()));
     a.store
@@ -826,7 +833,7 @@ fn changes_queued_for_a_missing_dependency_are_reported_when_applied() {
         .unwrap();
     full_sync(&mut a, &mut r);
     assert_eq!(r.view.len(), 1);
-    let g = a.store.doc_summary(&d).unwrap().generation;
+    let g = a.store.entry(&d).unwrap().generation;
     // Two further commits by the writer's actor, the second depending on the first.
     let mut fork = a.store.automerge_doc(&d).unwrap().clone();
     let start = fork.get_heads();
@@ -878,4 +885,25 @@ fn changes_queued_for_a_missing_dependency_are_reported_when_applied() {
     assert_eq!(names, vec!["first".to_string(), "second".to_string()]);
     apply_view(&mut r.view, out);
     assert_eq!(r.view, snapshot_view(&r.store));
+}
+
+#[test]
+fn document_ids_the_mesh_cannot_name_are_refused() {
+    let mut s = Store::in_memory(test_config());
+    for bad in [
+        DocId::new("c1", "agent/n1"),
+        DocId::new("C1", "n1"),
+        DocId::new("_other", "r1"),
+    ] {
+        let err = s.open_writer(&bad).unwrap_err();
+        assert!(matches!(err, StoreError::InvalidDocId { .. }), "{err}");
+        assert!(err.to_string().contains(&bad.to_string()), "{err}");
+        let err = s
+            .receive_sync_message(&bad, 1, &mut SyncState::new(), &[], &|_| true)
+            .unwrap_err();
+        assert!(matches!(err, StoreError::InvalidDocId { .. }), "{err}");
+    }
+    assert!(s.entries().is_empty());
+    s.open_writer(&DocId::reservations("r1")).unwrap();
+    assert_eq!(s.entries().len(), 1);
 }

@@ -13,9 +13,9 @@ use dramesh_mesh::transport::TransportConfig;
 use tokio::net::UdpSocket;
 use tokio::task::JoinSet;
 
-pub const LOCAL: &str = "127.0.0.1:0";
+pub(crate) const LOCAL: &str = "127.0.0.1:0";
 
-pub fn init_tracing() {
+pub(crate) fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
@@ -24,11 +24,11 @@ pub fn init_tracing() {
         .try_init();
 }
 
-pub fn replica_id(id: &str) -> PeerIdentity {
+pub(crate) fn replica_id(id: &str) -> PeerIdentity {
     PeerIdentity::Replica { id: id.into() }
 }
 
-pub fn agent_id(cluster: &str, node: &str) -> PeerIdentity {
+pub(crate) fn agent_id(cluster: &str, node: &str) -> PeerIdentity {
     PeerIdentity::Agent {
         cluster: cluster.into(),
         node: node.into(),
@@ -36,7 +36,7 @@ pub fn agent_id(cluster: &str, node: &str) -> PeerIdentity {
 }
 
 /// Timers shortened so partitions are noticed and healed within a test's time.
-pub fn fast_config(
+pub(crate) fn fast_config(
     identity: TlsIdentity,
     seeds: Vec<SocketAddr>,
     connect_timeout: Duration,
@@ -62,7 +62,7 @@ pub fn fast_config(
 }
 
 /// Polls `cond` every `poll` until it holds; fails the test after `limit`.
-pub async fn wait_until(
+pub(crate) async fn wait_until(
     what: &str,
     limit: Duration,
     poll: Duration,
@@ -79,7 +79,7 @@ pub async fn wait_until(
 }
 
 /// A UDP forwarder in front of one node that drops datagrams of blocked client addresses.
-pub struct Relay {
+pub(crate) struct Relay {
     pub addr: SocketAddr,
     /// Client source addresses whose datagrams are dropped, both ways.
     pub blocked: Arc<Mutex<HashSet<SocketAddr>>>,
@@ -87,7 +87,7 @@ pub struct Relay {
 }
 
 impl Relay {
-    pub async fn start(target: SocketAddr) -> Relay {
+    pub(crate) async fn start(target: SocketAddr) -> Relay {
         let front = Arc::new(UdpSocket::bind(LOCAL).await.unwrap());
         let addr = front.local_addr().unwrap();
         let blocked: Arc<Mutex<HashSet<SocketAddr>>> = Arc::default();

@@ -6,9 +6,9 @@ use dramesh_store::{DocId, ObjectChange, ObjectKey, ObjectKind, Store, StoreConf
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-pub type ViewModel = BTreeMap<(String, ObjectKey), Arc<[u8]>>;
+pub(crate) type ViewModel = BTreeMap<(String, ObjectKey), Arc<[u8]>>;
 
-pub fn apply_view(view: &mut ViewModel, changes: Vec<(String, ObjectChange)>) {
+pub(crate) fn apply_view(view: &mut ViewModel, changes: Vec<(String, ObjectChange)>) {
     for (cluster, c) in changes {
         match c {
             ObjectChange::Upsert { key, json } => {
@@ -21,13 +21,13 @@ pub fn apply_view(view: &mut ViewModel, changes: Vec<(String, ObjectChange)>) {
     }
 }
 
-pub fn snapshot_view(store: &Store) -> ViewModel {
+pub(crate) fn snapshot_view(store: &Store) -> ViewModel {
     let mut v = ViewModel::new();
     apply_view(&mut v, store.snapshot());
     v
 }
 
-pub fn node(name: &str) -> ObjectKey {
+pub(crate) fn node(name: &str) -> ObjectKey {
     ObjectKey {
         kind: ObjectKind::Node,
         namespace: None,
@@ -35,7 +35,7 @@ pub fn node(name: &str) -> ObjectKey {
     }
 }
 
-pub fn class(name: &str) -> ObjectKey {
+pub(crate) fn class(name: &str) -> ObjectKey {
     ObjectKey {
         kind: ObjectKind::DeviceClass,
         namespace: None,
@@ -43,14 +43,14 @@ pub fn class(name: &str) -> ObjectKey {
     }
 }
 
-pub fn upsert(key: ObjectKey, json: &str) -> ObjectChange {
+pub(crate) fn upsert(key: ObjectKey, json: &str) -> ObjectChange {
     ObjectChange::Upsert {
         key,
         json: Arc::from(json.as_bytes()),
     }
 }
 
-pub fn test_config() -> StoreConfig {
+pub(crate) fn test_config() -> StoreConfig {
     StoreConfig {
         durability: dramesh_store::Durability::None,
         ..StoreConfig::default()
@@ -58,7 +58,7 @@ pub fn test_config() -> StoreConfig {
 }
 
 /// A store plus the view model built only from the changes its calls returned.
-pub struct Peer {
+pub(crate) struct Peer {
     pub store: Store,
     pub view: ViewModel,
     /// Writers (agents) only publish their own documents.
@@ -66,7 +66,7 @@ pub struct Peer {
 }
 
 impl Peer {
-    pub fn replica(store: Store) -> Peer {
+    pub(crate) fn replica(store: Store) -> Peer {
         Peer {
             store,
             view: ViewModel::new(),
@@ -78,10 +78,10 @@ impl Peer {
 /// Runs one sync session for every document either side should exchange, with at most
 /// `max_rounds` message pairs per document (fewer than needed leaves sessions unfinished, like
 /// a dropped connection). Returns the number of messages exchanged.
-pub fn sync_pair(a: &mut Peer, b: &mut Peer, max_rounds: usize) -> usize {
+pub(crate) fn sync_pair(a: &mut Peer, b: &mut Peer, max_rounds: usize) -> usize {
     let mut docs: BTreeMap<DocId, u64> = BTreeMap::new();
     for p in [&*a, &*b] {
-        for s in p.store.list_docs() {
+        for s in p.store.entries() {
             let g = docs.entry(s.doc.clone()).or_insert(0);
             *g = (*g).max(s.generation);
         }

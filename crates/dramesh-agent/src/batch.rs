@@ -18,7 +18,10 @@ pub enum Scope {
     /// Cluster-scoped records, published by the elected agent. `term` is the Lease's
     /// `leaseTransitions` when this agent acquired it: it grows with every change of holder,
     /// so a store that sees two terms should keep the newer one's records.
-    Cluster { term: u64 },
+    Cluster {
+        /// The Lease term.
+        term: u64,
+    },
 }
 
 impl std::fmt::Display for Scope {
@@ -40,8 +43,11 @@ impl std::fmt::Display for Scope {
 /// incremental batches after it.
 #[derive(Debug, Clone)]
 pub struct Batch {
+    /// The scope the changes belong to.
     pub scope: Scope,
+    /// At most one change per key.
     pub changes: Vec<ObjectChange>,
+    /// Whether the batch is the complete state of its scope.
     pub snapshot: bool,
 }
 
@@ -50,12 +56,16 @@ pub struct Batch {
 pub enum SourceEvent {
     /// Incremental changes to a scope.
     Changes {
+        /// The scope changed.
         scope: Scope,
+        /// The changes, in order.
         changes: Vec<ObjectChange>,
     },
     /// The complete state of a scope (only `Upsert`s); replaces anything pending for it.
     Snapshot {
+        /// The scope replaced.
         scope: Scope,
+        /// Every record of the scope.
         changes: Vec<ObjectChange>,
     },
 }

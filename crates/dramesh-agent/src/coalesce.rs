@@ -49,6 +49,7 @@ pub struct Coalescer {
 }
 
 impl Coalescer {
+    /// An empty coalescer.
     pub fn new(cfg: CoalesceConfig) -> Coalescer {
         Coalescer {
             cfg,
@@ -95,10 +96,12 @@ impl Coalescer {
     }
 
     /// Number of pending keys over all scopes.
+    /// Pending changes (keys) over all scopes.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether nothing is pending.
     pub fn is_empty(&self) -> bool {
         self.pending.is_empty()
     }

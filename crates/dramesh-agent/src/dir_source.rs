@@ -34,6 +34,7 @@ use crate::mirror::diff_states;
 /// Settings of the folder source.
 #[derive(Debug, Clone)]
 pub struct DirConfig {
+    /// How often the folder is re-read.
     pub poll_every: Duration,
     /// Term of the `Scope::Cluster` the folder is published under.
     pub term: u64,

@@ -78,6 +78,7 @@ impl KubeSourceConfig {
 /// Why the kube source could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
+    /// The configuration is invalid (the message says which field).
     #[error("invalid agent configuration: {0}")]
     Config(String),
 }

@@ -23,7 +23,9 @@ use tokio::time::Instant;
 /// Lease settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseConfig {
+    /// Namespace of the Lease.
     pub namespace: String,
+    /// Name of the Lease.
     pub name: String,
     /// This agent's identity in `holderIdentity` (e.g. the pod name).
     pub identity: String,
@@ -53,19 +55,28 @@ impl LeaseConfig {
 /// Whether this agent currently publishes cluster-scoped records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Leadership {
+    /// Another agent (or none) holds the Lease.
     Follower,
-    Leader { term: u64 },
+    /// This agent holds the Lease.
+    Leader {
+        /// The Lease term it acquired.
+        term: u64,
+    },
 }
 
 /// The fields of a Lease the decision reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseRecord {
+    /// `holderIdentity`, when set and non-empty.
     pub holder: Option<String>,
+    /// `leaseDurationSeconds`.
     pub duration: Duration,
+    /// `leaseTransitions` (the term).
     pub transitions: u64,
 }
 
 impl LeaseRecord {
+    /// The fields read from a Lease object (missing ones as zero or `None`).
     pub fn of(lease: &Lease) -> LeaseRecord {
         let spec = lease.spec.as_ref();
         LeaseRecord {
@@ -88,11 +99,22 @@ pub enum LeaseAction {
     /// No Lease exists: create it holding it, term 0.
     Create,
     /// We hold it: renew, same term.
-    Renew { term: u64 },
+    Renew {
+        /// The current term.
+        term: u64,
+    },
     /// Free or expired: take it with the next term.
-    Acquire { term: u64 },
+    Acquire {
+        /// The next term.
+        term: u64,
+    },
     /// Someone else holds it; it would expire after `remaining` more unchanged time.
-    Follow { holder: String, remaining: Duration },
+    Follow {
+        /// The current holder.
+        holder: String,
+        /// Time until it would expire if nothing changes.
+        remaining: Duration,
+    },
 }
 
 /// Decides from the current record (`None` if there is no Lease) and how long this agent

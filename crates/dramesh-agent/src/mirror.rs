@@ -17,10 +17,15 @@ use crate::trim::{Owner, Record};
 /// One watch event, with the object already trimmed into a [`Record`].
 #[derive(Debug, Clone)]
 pub enum MirrorEvent {
+    /// A (re)list started.
     Init,
+    /// One object of the list.
     InitApply(Record),
+    /// The list is complete.
     InitDone,
+    /// An object was added or changed.
     Apply(Record),
+    /// An object was deleted.
     Delete(ObjectKey),
 }
 

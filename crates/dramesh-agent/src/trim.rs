@@ -174,12 +174,14 @@ pub fn trim_node(node: &k8s::Node) -> k8s::Node {
     }
 }
 
+/// A ResourceSlice with trimmed metadata.
 pub fn trim_slice(s: &k8s::ResourceSlice) -> k8s::ResourceSlice {
     let mut s = s.clone();
     trim_meta(&mut s.metadata);
     s
 }
 
+/// A DeviceClass with trimmed metadata.
 pub fn trim_class(c: &k8s::DeviceClass) -> k8s::DeviceClass {
     let mut c = c.clone();
     trim_meta(&mut c.metadata);
@@ -199,6 +201,7 @@ pub fn trim_claim(c: &k8s::ResourceClaim) -> k8s::ResourceClaim {
     c
 }
 
+/// A DeviceTaintRule with trimmed metadata and no status.
 pub fn trim_taint_rule(r: &k8s::DeviceTaintRule) -> k8s::DeviceTaintRule {
     let mut r = r.clone();
     trim_meta(&mut r.metadata);
@@ -267,8 +270,11 @@ pub fn claim_owner(claim: &k8s::ResourceClaim) -> Option<Owner> {
 /// nobody publishes it, e.g. a finished pod; a previously published copy is then deleted).
 #[derive(Debug, Clone)]
 pub struct Record {
+    /// The object's key in the document.
     pub key: ObjectKey,
+    /// Who publishes it.
     pub owner: Option<Owner>,
+    /// The trimmed object as JSON.
     pub json: Arc<[u8]>,
 }
 
@@ -298,16 +304,20 @@ pub fn pod_owner(pod: &k8s::Pod) -> Option<Owner> {
     }
 }
 
+/// A pod as a record, owned per [`pod_owner`].
 pub fn pod_record(pod: &k8s::Pod) -> Record {
     let owner = pod_owner(pod);
     Record::new(ClusterObject::Pod(Arc::new(trim_pod(pod))), owner)
 }
 
+/// A node as a record, owned by its own agent.
 pub fn node_record(node: &k8s::Node) -> Record {
     let owner = node.metadata.name.clone().map(Owner::Node);
     Record::new(ClusterObject::Node(Arc::new(trim_node(node))), owner)
 }
 
+/// A ResourceSlice as a record: node-local slices owned by that node's agent, others by the
+/// cluster leader.
 pub fn slice_record(s: &k8s::ResourceSlice) -> Record {
     let owner = match s.spec.node_name.as_deref() {
         Some(n) if !n.is_empty() => Owner::Node(n.to_string()),
@@ -319,6 +329,7 @@ pub fn slice_record(s: &k8s::ResourceSlice) -> Record {
     )
 }
 
+/// A DeviceClass as a record, owned by the cluster leader.
 pub fn class_record(c: &k8s::DeviceClass) -> Record {
     Record::new(
         ClusterObject::DeviceClass(Arc::new(trim_class(c))),
@@ -326,6 +337,7 @@ pub fn class_record(c: &k8s::DeviceClass) -> Record {
     )
 }
 
+/// A ResourceClaim as a record, owned per [`claim_owner`].
 pub fn claim_record(c: &k8s::ResourceClaim) -> Record {
     Record::new(
         ClusterObject::ResourceClaim(Arc::new(trim_claim(c))),
@@ -333,6 +345,7 @@ pub fn claim_record(c: &k8s::ResourceClaim) -> Record {
     )
 }
 
+/// A DeviceTaintRule as a record, owned by the cluster leader.
 pub fn taint_rule_record(r: &k8s::DeviceTaintRule) -> Record {
     Record::new(
         ClusterObject::DeviceTaintRule(Arc::new(trim_taint_rule(r))),

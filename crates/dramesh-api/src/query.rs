@@ -434,6 +434,7 @@ impl ReplicaRequirements {
 }
 
 impl Component {
+    /// Converts a component of either wire generation; `path` prefixes field errors.
     pub fn from_proto(c: pb::Component, path: &str) -> Result<Self, ConvertError> {
         if c.replicas < 0 {
             return Err(err(
@@ -536,6 +537,7 @@ impl ComponentSetQuery {
 }
 
 impl UnschedulableQuery {
+    /// Converts the request (a negative threshold reads as zero).
     pub fn from_proto(r: pb::UnschedulableReplicasRequest) -> Self {
         let res = r.resource.unwrap_or_default();
         UnschedulableQuery {

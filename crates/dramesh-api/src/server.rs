@@ -41,8 +41,11 @@ impl Default for ApiConfig {
 /// Everything the servers need. Cheap to clone.
 #[derive(Clone)]
 pub struct ApiState {
+    /// What answers the questions.
     pub backend: Arc<dyn Backend>,
+    /// The daemon's metric set, where requests are recorded.
     pub metrics: Arc<Metrics>,
+    /// Limits and deadlines.
     pub config: ApiConfig,
     /// `GET /readyz` answers 200 once this is set (by the caller, e.g. after the first sync).
     pub ready: Arc<AtomicBool>,
@@ -59,6 +62,7 @@ impl ApiState {
         }
     }
 
+    /// The same state with `config`.
     pub fn with_config(mut self, config: ApiConfig) -> ApiState {
         self.config = config;
         self
@@ -96,10 +100,12 @@ impl ApiState {
         out
     }
 
+    /// Whether `GET /readyz` answers 200.
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
     }
 
+    /// Sets the ready flag.
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::Release);
     }
@@ -219,14 +225,19 @@ impl ApiState {
 /// A server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
+    /// The listener could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
+        /// The address.
         addr: SocketAddr,
+        /// The bind error.
         #[source]
         source: std::io::Error,
     },
+    /// The gRPC server failed.
     #[error("gRPC server failed: {0}")]
     Grpc(#[from] tonic::transport::Error),
+    /// The HTTP server failed.
     #[error("HTTP server failed: {0}")]
     Http(#[source] std::io::Error),
 }

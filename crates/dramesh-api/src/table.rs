@@ -28,12 +28,15 @@ use crate::query::{
 /// One cluster of the table.
 #[derive(Debug, Clone, Default)]
 pub struct TableCluster {
+    /// Cluster name.
     pub name: String,
+    /// Cluster labels (for policies).
     pub labels: BTreeMap<String, String>,
     /// Keys of NoSchedule taints; a replica needs a toleration for each.
     pub taints: Vec<String>,
     /// Free amount per resource name (`cpu`, `memory`, extended resources).
     pub free: BTreeMap<String, Quantity>,
+    /// Free pod slots.
     pub pods: i64,
     /// Free devices per DeviceClass name.
     pub devices: BTreeMap<String, i64>,
@@ -46,7 +49,9 @@ pub struct TableCluster {
 /// A backend answering from fixed clusters.
 #[derive(Debug, Clone, Default)]
 pub struct TableBackend {
+    /// The replica id the status report names.
     pub replica: String,
+    /// The clusters answered for.
     pub clusters: Vec<TableCluster>,
 }
 

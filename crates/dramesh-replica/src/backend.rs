@@ -432,7 +432,7 @@ mod tests {
         assert_eq!(json(&EstimateResponse::from(&est)), json(&est));
         let p = state.place_manifests(&m, &[], None).unwrap();
         assert_eq!(json(&PlaceResponse::from(&p)), json(&p));
-        let pre = state.preempt_manifests(&m, &[], Some(40)).unwrap();
+        let pre = state.preempt_manifests(&m, &[], Some(8)).unwrap();
         assert!(
             pre.clusters.iter().any(|c| !c.victims.is_empty()),
             "the fleet should offer victims: {pre:?}"

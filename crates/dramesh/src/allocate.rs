@@ -7,7 +7,12 @@ use dramesh_engine::{KubeVersion, Options, allocate_manifests};
 use crate::table::Table;
 use crate::{Failure, Output};
 
-pub fn run(node: &str, files: &[PathBuf], version: &str, output: Output) -> Result<(), Failure> {
+pub(crate) fn run(
+    node: &str,
+    files: &[PathBuf],
+    version: &str,
+    output: Output,
+) -> Result<(), Failure> {
     let version: KubeVersion = version.parse().map_err(Failure::input)?;
     let loaded = dramesh_model::load::load_paths(files).map_err(Failure::input)?;
     let opts = Options {

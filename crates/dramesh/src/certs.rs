@@ -13,7 +13,7 @@ use dramesh_mesh::PeerIdentity;
 use dramesh_mesh::certs::{self, CaBundle};
 
 /// Parses `CLUSTER/NAME` into an agent identity.
-pub fn agent_identity(spec: &str) -> anyhow::Result<PeerIdentity> {
+pub(crate) fn agent_identity(spec: &str) -> anyhow::Result<PeerIdentity> {
     let (cluster, name) = spec
         .split_once('/')
         .with_context(|| format!("--agent {spec:?}: expected CLUSTER/NAME"))?;
@@ -22,14 +22,14 @@ pub fn agent_identity(spec: &str) -> anyhow::Result<PeerIdentity> {
 }
 
 /// Parses a replica id into an identity.
-pub fn replica_identity(id: &str) -> anyhow::Result<PeerIdentity> {
+pub(crate) fn replica_identity(id: &str) -> anyhow::Result<PeerIdentity> {
     PeerIdentity::parse_uri(&format!("dramesh://replica/{id}"))
         .with_context(|| format!("--replica {id:?}"))
 }
 
 /// Writes the CA (or reuses the one in `out`) and a leaf per identity; returns the written
 /// certificate paths.
-pub fn write_all(
+pub(crate) fn write_all(
     out: &Path,
     identities: &[PeerIdentity],
     valid_days: u32,

@@ -221,7 +221,7 @@ spec:
 "#;
 
 /// The sample estimates: title and manifests.
-pub fn samples() -> Vec<(&'static str, Vec<String>)> {
+pub(crate) fn samples() -> Vec<(&'static str, Vec<String>)> {
     vec![
         ("1 GPU per replica (4 CPU, 16Gi)", vec![ONE_GPU.to_string()]),
         (
@@ -272,7 +272,7 @@ fn progress(r: &Replica, expected: &BTreeMap<String, usize>) -> (Progress, bool)
 }
 
 /// Runs the demo (see the module docs).
-pub async fn run(serve: bool) -> anyhow::Result<()> {
+pub(crate) async fn run(serve: bool) -> anyhow::Result<()> {
     let started = Instant::now();
     let tmp = tempfile::tempdir().context("creating a temporary folder")?;
     let fleet_dir = tmp.path().join("fleet");

@@ -28,7 +28,7 @@ struct Cli {
 }
 
 #[derive(Clone, Copy, Debug, Default, ValueEnum)]
-pub enum Output {
+pub(crate) enum Output {
     #[default]
     Table,
     Json,
@@ -212,13 +212,13 @@ enum SourceKind {
 }
 
 /// An error with its exit code: 2 for bad input, 1 otherwise.
-pub struct Failure {
-    pub code: u8,
-    pub message: String,
+pub(crate) struct Failure {
+    pub(crate) code: u8,
+    pub(crate) message: String,
 }
 
 impl Failure {
-    pub fn input(message: impl std::fmt::Display) -> Failure {
+    pub(crate) fn input(message: impl std::fmt::Display) -> Failure {
         Failure {
             code: 2,
             message: message.to_string(),
@@ -236,7 +236,7 @@ fn resolve(addr: &str, flag: &str) -> anyhow::Result<SocketAddr> {
 }
 
 /// Completes on ctrl-c or SIGTERM.
-pub async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = async {
         if let Err(e) = tokio::signal::ctrl_c().await {
             tracing::error!(error = %e, "cannot listen for ctrl-c");

@@ -73,7 +73,7 @@ fn excluded_text(ex: &std::collections::BTreeMap<String, u32>) -> String {
     }
 }
 
-pub fn estimate_table(est: &dramesh_estimator::Estimate) -> String {
+pub(crate) fn estimate_table(est: &dramesh_estimator::Estimate) -> String {
     let mut t = Table::new([
         "CLUSTER",
         "K8S",
@@ -109,7 +109,7 @@ pub fn estimate_table(est: &dramesh_estimator::Estimate) -> String {
     out
 }
 
-pub fn placement_table(p: &dramesh_estimator::PlacementResult) -> String {
+pub(crate) fn placement_table(p: &dramesh_estimator::PlacementResult) -> String {
     let mut out = format!(
         "policy {} ({}), {} replicas\n",
         p.policy, p.strategy, p.replicas
@@ -137,7 +137,7 @@ pub fn placement_table(p: &dramesh_estimator::PlacementResult) -> String {
     out
 }
 
-pub fn preemption_table(p: &dramesh_estimator::PreemptionResult) -> String {
+pub(crate) fn preemption_table(p: &dramesh_estimator::PreemptionResult) -> String {
     let mut out = format!(
         "preemptor {} (priority {}), {} replicas\n",
         p.preemptor, p.priority, p.replicas
@@ -201,7 +201,11 @@ pub fn preemption_table(p: &dramesh_estimator::PreemptionResult) -> String {
     out
 }
 
-pub fn run_estimate(snapshot: &Path, workload: &[PathBuf], output: Output) -> Result<(), Failure> {
+pub(crate) fn run_estimate(
+    snapshot: &Path,
+    workload: &[PathBuf],
+    output: Output,
+) -> Result<(), Failure> {
     let (view, w) = inputs(snapshot, workload)?;
     let est = Estimator::new().estimate(&view, &w, &EstimateOptions::default());
     match output {
@@ -213,7 +217,7 @@ pub fn run_estimate(snapshot: &Path, workload: &[PathBuf], output: Output) -> Re
     }
 }
 
-pub fn run_place(
+pub(crate) fn run_place(
     snapshot: &Path,
     workload: &[PathBuf],
     policy_file: Option<&Path>,
@@ -241,7 +245,7 @@ pub fn run_place(
     }
 }
 
-pub fn run_preempt(
+pub(crate) fn run_preempt(
     snapshot: &Path,
     workload: &[PathBuf],
     policy_file: Option<&Path>,

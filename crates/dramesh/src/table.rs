@@ -1,28 +1,28 @@
 //! Plain-text tables for `-o table` output.
 
 /// A table with a header row; columns are padded to their widest cell.
-pub struct Table {
+pub(crate) struct Table {
     header: Vec<String>,
     rows: Vec<Vec<String>>,
 }
 
 impl Table {
-    pub fn new<S: Into<String>>(header: impl IntoIterator<Item = S>) -> Table {
+    pub(crate) fn new<S: Into<String>>(header: impl IntoIterator<Item = S>) -> Table {
         Table {
             header: header.into_iter().map(Into::into).collect(),
             rows: Vec::new(),
         }
     }
 
-    pub fn row<S: Into<String>>(&mut self, cells: impl IntoIterator<Item = S>) {
+    pub(crate) fn row<S: Into<String>>(&mut self, cells: impl IntoIterator<Item = S>) {
         self.rows.push(cells.into_iter().map(Into::into).collect());
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.rows.is_empty()
     }
 
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let cols = self.header.len();
         let mut width = vec![0usize; cols];
         for r in std::iter::once(&self.header).chain(&self.rows) {

@@ -123,11 +123,11 @@ struct St {
 
 /// The fake API server. Cloning shares the state.
 #[derive(Clone)]
-pub struct FakeApi {
+pub(crate) struct FakeApi {
     st: Arc<Mutex<St>>,
     changed: Arc<watch::Sender<u64>>,
-    pub url: String,
-    pub bookmark_every: Duration,
+    pub(crate) url: String,
+    pub(crate) bookmark_every: Duration,
 }
 
 fn key_of(v: &Value) -> ObjKey {
@@ -248,7 +248,7 @@ fn selects(sel: &Selector, ns: Option<&str>, v: &Value) -> bool {
 
 impl FakeApi {
     /// Starts the server on 127.0.0.1 with an ephemeral port.
-    pub async fn start() -> FakeApi {
+    pub(crate) async fn start() -> FakeApi {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let api = FakeApi {
@@ -282,7 +282,7 @@ impl FakeApi {
     }
 
     /// A kube client for this server.
-    pub fn client(&self) -> kube::Client {
+    pub(crate) fn client(&self) -> kube::Client {
         let cfg = kube::Config::new(self.url.parse().unwrap());
         kube::Client::try_from(cfg).unwrap()
     }
@@ -333,7 +333,7 @@ impl FakeApi {
     }
 
     /// Creates or replaces an object (as a controller would).
-    pub fn apply(&self, obj: Value) -> u64 {
+    pub(crate) fn apply(&self, obj: Value) -> u64 {
         let kind = obj["kind"].as_str().unwrap_or_default().to_string();
         let res = res_by_kind(&kind);
         let rv = {
@@ -345,7 +345,7 @@ impl FakeApi {
     }
 
     /// Deletes an object; returns whether it existed.
-    pub fn delete(&self, kind: &str, ns: Option<&str>, name: &str) -> bool {
+    pub(crate) fn delete(&self, kind: &str, ns: Option<&str>, name: &str) -> bool {
         let res = res_by_kind(kind);
         let key = (ns.unwrap_or("").to_string(), name.to_string());
         let rv = {
@@ -363,7 +363,7 @@ impl FakeApi {
         true
     }
 
-    pub fn get(&self, kind: &str, ns: Option<&str>, name: &str) -> Option<Value> {
+    pub(crate) fn get(&self, kind: &str, ns: Option<&str>, name: &str) -> Option<Value> {
         let res = res_by_kind(kind);
         self.lock()
             .objects
@@ -374,18 +374,18 @@ impl FakeApi {
 
     /// Cuts every open watch connection mid-event, then runs `f` before any watch can resume
     /// (the watchers see `f`'s changes only through replay on reconnect).
-    pub fn drop_watches_and<R>(&self, f: impl FnOnce(&FakeApi) -> R) -> R {
+    pub(crate) fn drop_watches_and<R>(&self, f: impl FnOnce(&FakeApi) -> R) -> R {
         self.lock().drop_gen += 1;
         self.notify(0);
         f(self)
     }
 
-    pub fn drop_watches(&self) {
+    pub(crate) fn drop_watches(&self) {
         self.drop_watches_and(|_| ());
     }
 
     /// Forgets the event log up to now: watches resuming from older versions get 410.
-    pub fn compact(&self) {
+    pub(crate) fn compact(&self) {
         let mut st = self.lock();
         st.compacted = st.rv;
         let c = st.compacted;
@@ -393,11 +393,11 @@ impl FakeApi {
     }
 
     /// Requests seen so far, as `METHOD path?query`.
-    pub fn requests(&self) -> Vec<String> {
+    pub(crate) fn requests(&self) -> Vec<String> {
         self.lock().requests.clone()
     }
 
-    pub fn lease_writes(&self) -> u64 {
+    pub(crate) fn lease_writes(&self) -> u64 {
         self.lock().lease_writes
     }
 
@@ -826,6 +826,6 @@ fn tokio_stream_from(
 }
 
 /// The kind's plural served by the fake (for request-log assertions).
-pub fn plural(kind: &str) -> &'static str {
+pub(crate) fn plural(kind: &str) -> &'static str {
     res_by_kind(kind).plural
 }

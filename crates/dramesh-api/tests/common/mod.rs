@@ -23,15 +23,15 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use tokio::sync::oneshot;
 
-pub struct Running {
-    pub addr: SocketAddr,
-    pub state: ApiState,
+pub(crate) struct Running {
+    pub(crate) addr: SocketAddr,
+    pub(crate) state: ApiState,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<Result<(), dramesh_api::ServeError>>>,
 }
 
 impl Running {
-    pub async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
@@ -42,11 +42,11 @@ impl Running {
     }
 }
 
-pub fn demo_state() -> ApiState {
+pub(crate) fn demo_state() -> ApiState {
     ApiState::new(Arc::new(dramesh_api::table::demo_table()))
 }
 
-pub async fn start_grpc(state: ApiState) -> Running {
+pub(crate) async fn start_grpc(state: ApiState) -> Running {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -67,7 +67,7 @@ pub async fn start_grpc(state: ApiState) -> Running {
     }
 }
 
-pub async fn start_http(state: ApiState) -> Running {
+pub(crate) async fn start_http(state: ApiState) -> Running {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -90,7 +90,7 @@ pub async fn start_http(state: ApiState) -> Running {
 
 /// 500m cpu, 1Gi memory, nodeSelector zone=a, affinity gpu In [h100], tolerates the
 /// `nvidia.com/gpu` taint: 32 replicas on the demo table's member-1 (16 cpu / 500m).
-pub fn member1_query() -> ReplicaQuery {
+pub(crate) fn member1_query() -> ReplicaQuery {
     ReplicaQuery {
         cluster: "member-1".into(),
         requirements: ReplicaRequirements {
@@ -125,7 +125,7 @@ pub fn member1_query() -> ReplicaQuery {
 }
 
 /// Two `gpu.example.com` devices per replica.
-pub fn two_gpus() -> DraRequirements {
+pub(crate) fn two_gpus() -> DraRequirements {
     DraRequirements {
         claim_templates: vec![ClaimTemplate {
             pod_claim_name: "gpus".into(),
@@ -144,15 +144,15 @@ pub fn two_gpus() -> DraRequirements {
 /// filling every field of [`ReservationStatus`] so conversions can be checked end to end.
 /// A reservation on a cluster outside the table is conflicted with a reason; a second one
 /// on a cluster that already has a live reservation is conflicted with that one as winner.
-pub struct ReservingBackend {
-    pub table: TableBackend,
-    pub reservations: Mutex<BTreeMap<String, ReservationStatus>>,
+pub(crate) struct ReservingBackend {
+    pub(crate) table: TableBackend,
+    pub(crate) reservations: Mutex<BTreeMap<String, ReservationStatus>>,
     /// The last request `reserve` received, as the backend saw it.
-    pub last_reserve: Mutex<Option<ReserveRequest>>,
+    pub(crate) last_reserve: Mutex<Option<ReserveRequest>>,
 }
 
 impl ReservingBackend {
-    pub fn new() -> ReservingBackend {
+    pub(crate) fn new() -> ReservingBackend {
         ReservingBackend {
             table: dramesh_api::table::demo_table(),
             reservations: Mutex::new(BTreeMap::new()),

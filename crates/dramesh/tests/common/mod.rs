@@ -18,10 +18,10 @@ use dramesh_api::proto::karmada_service::estimator_client::EstimatorClient;
 use serde_json::Value;
 use tonic::transport::Channel;
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_dramesh");
+pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_dramesh");
 
 /// A Deployment of 3 replicas with 4 CPU, 16 GiB and one `gpu.nvidia.com` device each.
-pub const WORKLOAD: &str = r#"apiVersion: resource.k8s.io/v1
+pub(crate) const WORKLOAD: &str = r#"apiVersion: resource.k8s.io/v1
 kind: ResourceClaimTemplate
 metadata: {name: one-gpu, namespace: demo}
 spec:
@@ -52,18 +52,18 @@ spec:
 
 /// Addresses a demo replica prints.
 #[derive(Debug, Clone)]
-pub struct ReplicaAddrs {
-    pub id: String,
-    pub http: SocketAddr,
-    pub grpc: SocketAddr,
+pub(crate) struct ReplicaAddrs {
+    pub(crate) id: String,
+    pub(crate) http: SocketAddr,
+    pub(crate) grpc: SocketAddr,
 }
 
 /// A running `dramesh demo --serve`; stopped with SIGTERM (then killed) when dropped.
-pub struct Demo {
+pub(crate) struct Demo {
     child: Child,
-    pub replicas: Vec<ReplicaAddrs>,
+    pub(crate) replicas: Vec<ReplicaAddrs>,
     /// Every stdout line printed until the addresses were known.
-    pub output: Vec<String>,
+    pub(crate) output: Vec<String>,
 }
 
 /// `replica r1: HTTP http://127.0.0.1:1234  (...)  gRPC 127.0.0.1:5678 (...)` -> addresses.
@@ -88,7 +88,7 @@ fn parse_serving(line: &str) -> Option<ReplicaAddrs> {
 impl Demo {
     /// Starts the demo with `args` after `demo --serve` and `envs`, and waits (at most 120 s)
     /// until it has converged and printed the three replicas' addresses.
-    pub fn start(args: &[&str], envs: &[(&str, &str)]) -> Demo {
+    pub(crate) fn start(args: &[&str], envs: &[(&str, &str)]) -> Demo {
         let mut cmd = Command::new(BIN);
         cmd.args(["demo", "--serve"])
             .args(args)
@@ -135,7 +135,7 @@ impl Demo {
     }
 
     /// Sends SIGTERM and waits (at most 20 s) for a clean exit; returns whether it exited 0.
-    pub fn stop(&mut self) -> bool {
+    pub(crate) fn stop(&mut self) -> bool {
         let pid = self.child.id().to_string();
         let _ = Command::new("kill").args(["-TERM", &pid]).status();
         if let Some(status) = wait_exit(&mut self.child, Duration::from_secs(20)) {
@@ -164,7 +164,7 @@ const HTTP_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// One HTTP/1.1 request (one connection, `Connection: close`, JSON content type); returns the
 /// status and the body, chunked bodies decoded. `Err` says what failed, e.g. that nothing
 /// listens yet, so pollers can retry.
-pub fn try_request(
+pub(crate) fn try_request(
     addr: SocketAddr,
     method: &str,
     path: &str,
@@ -238,7 +238,12 @@ fn decode_chunked(mut rest: &[u8]) -> Result<Vec<u8>, String> {
 }
 
 /// [`try_request`] that panics on failure; `body` is sent as is.
-pub fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+pub(crate) fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> (u16, String) {
     try_request(addr, method, path, body.unwrap_or(""))
         .unwrap_or_else(|e| panic!("{method} {path} on {addr}: {e}"))
 }
@@ -249,7 +254,7 @@ fn json_or_string(text: String) -> Value {
 }
 
 /// A JSON request; `None` when it failed (e.g. the server is not up yet).
-pub fn try_http_json(
+pub(crate) fn try_http_json(
     addr: SocketAddr,
     method: &str,
     path: &str,
@@ -261,7 +266,12 @@ pub fn try_http_json(
 }
 
 /// [`try_http_json`] that panics on failure.
-pub fn http_json(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+pub(crate) fn http_json(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> (u16, Value) {
     let payload = body.map(Value::to_string).unwrap_or_default();
     let (status, text) = try_request(addr, method, path, &payload)
         .unwrap_or_else(|e| panic!("{method} {path} on {addr}: {e}"));
@@ -269,7 +279,7 @@ pub fn http_json(addr: SocketAddr, method: &str, path: &str, body: Option<&Value
 }
 
 /// A Karmada estimator gRPC client of a replica (bounded connect and call times).
-pub async fn karmada_client(addr: SocketAddr) -> EstimatorClient<Channel> {
+pub(crate) async fn karmada_client(addr: SocketAddr) -> EstimatorClient<Channel> {
     let channel = Channel::from_shared(format!("http://{addr}"))
         .expect("gRPC URI")
         .connect_timeout(Duration::from_secs(2))
@@ -282,7 +292,7 @@ pub async fn karmada_client(addr: SocketAddr) -> EstimatorClient<Channel> {
 
 /// Polls `f` every 100 ms until it returns `Some`, for at most `limit`; panics naming `what`
 /// when time runs out.
-pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+pub(crate) fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
     let until = Instant::now() + limit;
     loop {
         if let Some(v) = f() {
@@ -295,7 +305,7 @@ pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>
 
 /// Waits (at most `limit`) for `child` to exit; `None` when it is still running (or cannot be
 /// waited for). Does not kill it.
-pub fn wait_exit(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+pub(crate) fn wait_exit(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
     let deadline = Instant::now() + limit;
     loop {
         match child.try_wait() {
@@ -307,7 +317,7 @@ pub fn wait_exit(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
 }
 
 /// Runs `dramesh args`, asserts it succeeded, returns its stdout.
-pub fn run_ok<S: AsRef<OsStr> + Debug>(args: &[S]) -> String {
+pub(crate) fn run_ok<S: AsRef<OsStr> + Debug>(args: &[S]) -> String {
     let out = Command::new(BIN).args(args).output().expect("run dramesh");
     assert!(
         out.status.success(),
@@ -319,7 +329,7 @@ pub fn run_ok<S: AsRef<OsStr> + Debug>(args: &[S]) -> String {
 
 /// Kills every process pushed into it when dropped, so a failing test leaves none behind.
 #[derive(Default)]
-pub struct Procs(pub Vec<Child>);
+pub(crate) struct Procs(pub Vec<Child>);
 
 impl Drop for Procs {
     fn drop(&mut self) {
@@ -331,21 +341,21 @@ impl Drop for Procs {
 }
 
 /// A loopback address with a TCP port free at the time of the call.
-pub fn tcp_addr() -> SocketAddr {
+pub(crate) fn tcp_addr() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("free tcp port")
 }
 
 /// A loopback address with a UDP port free at the time of the call (QUIC mesh listeners).
-pub fn udp_addr() -> SocketAddr {
+pub(crate) fn udp_addr() -> SocketAddr {
     UdpSocket::bind("127.0.0.1:0")
         .and_then(|s| s.local_addr())
         .expect("free udp port")
 }
 
 /// `dramesh certs --out out` for the replica ids and `cluster/agent` names.
-pub fn make_certs(out: &Path, replicas: &[&str], agents: &[String]) {
+pub(crate) fn make_certs(out: &Path, replicas: &[&str], agents: &[String]) {
     let mut args = vec![
         "certs".to_string(),
         "--out".into(),
@@ -376,15 +386,15 @@ fn spawn_meshed(mut cmd: Command, certs: &Path, stem: &str) -> Child {
 
 /// Where a spawned replica listens.
 #[derive(Debug, Clone)]
-pub struct ReplicaListen {
-    pub mesh: SocketAddr,
-    pub http: SocketAddr,
-    pub grpc: SocketAddr,
+pub(crate) struct ReplicaListen {
+    pub(crate) mesh: SocketAddr,
+    pub(crate) http: SocketAddr,
+    pub(crate) grpc: SocketAddr,
 }
 
 impl ReplicaListen {
     /// Free loopback ports.
-    pub fn free() -> ReplicaListen {
+    pub(crate) fn free() -> ReplicaListen {
         ReplicaListen {
             mesh: udp_addr(),
             http: tcp_addr(),
@@ -395,7 +405,7 @@ impl ReplicaListen {
 
 /// `dramesh replica --id id` with the certificates of `make_certs`, its data in `data/<id>`,
 /// joining the mesh through `seeds`.
-pub fn spawn_replica(
+pub(crate) fn spawn_replica(
     data: &Path,
     certs: &Path,
     id: &str,
@@ -417,7 +427,7 @@ pub fn spawn_replica(
 
 /// `dramesh agent` named `folder` for `cluster`, publishing the folder `dir` to the replicas'
 /// mesh addresses, its state in `data`.
-pub fn spawn_folder_agent(
+pub(crate) fn spawn_folder_agent(
     cluster: &str,
     dir: &Path,
     data: &Path,
@@ -437,7 +447,7 @@ pub fn spawn_folder_agent(
 }
 
 /// Names of the demo's member clusters.
-pub fn demo_clusters() -> Vec<String> {
+pub(crate) fn demo_clusters() -> Vec<String> {
     dramesh_sim::demo_fleet()
         .into_iter()
         .map(|c| c.name)

@@ -41,12 +41,12 @@ pub fn kustomization_dirs(root: &Path) -> Result<Vec<PathBuf>, LoadError> {
             found.push(dir.clone());
         }
         let entries = std::fs::read_dir(&dir)
-            .map_err(|e| render::file_error(&dir, format!("cannot list: {e}")))?;
+            .map_err(|e| LoadError::file(&dir, format!("cannot list: {e}")))?;
         for entry in entries {
-            let entry = entry.map_err(|e| render::file_error(&dir, format!("cannot list: {e}")))?;
+            let entry = entry.map_err(|e| LoadError::file(&dir, format!("cannot list: {e}")))?;
             let is_dir = entry
                 .file_type()
-                .map_err(|e| render::file_error(&entry.path(), e.to_string()))?
+                .map_err(|e| LoadError::file(&entry.path(), e.to_string()))?
                 .is_dir();
             if is_dir {
                 stack.push(entry.path());

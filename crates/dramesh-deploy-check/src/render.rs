@@ -80,17 +80,6 @@ impl Resource {
     }
 }
 
-pub(crate) fn file_error(file: &Path, message: impl Into<String>) -> LoadError {
-    LoadError {
-        file: file.to_path_buf(),
-        document: None,
-        item: None,
-        object: None,
-        field: None,
-        message: message.into(),
-    }
-}
-
 /// The kustomization file of `dir`, if it has one.
 pub fn find_kustomization(dir: &Path) -> Option<PathBuf> {
     KUSTOMIZATION_FILES
@@ -102,7 +91,7 @@ pub fn find_kustomization(dir: &Path) -> Option<PathBuf> {
 /// Renders the kustomization in `dir` with kustomize and returns its objects in output order.
 pub fn render(dir: &Path) -> Result<Vec<Resource>, LoadError> {
     let kfile = find_kustomization(dir).ok_or_else(|| {
-        file_error(
+        LoadError::file(
             dir,
             format!(
                 "no kustomization file (one of {})",
@@ -112,13 +101,13 @@ pub fn render(dir: &Path) -> Result<Vec<Resource>, LoadError> {
     })?;
     let target = dir
         .canonicalize()
-        .map_err(|e| file_error(dir, format!("cannot resolve: {e}")))?;
+        .map_err(|e| LoadError::file(dir, format!("cannot resolve: {e}")))?;
     let wrapper = tempfile::tempdir()
-        .map_err(|e| file_error(dir, format!("cannot create a temporary directory: {e}")))?;
+        .map_err(|e| LoadError::file(dir, format!("cannot create a temporary directory: {e}")))?;
     let root = wrapper
         .path()
         .canonicalize()
-        .map_err(|e| file_error(wrapper.path(), format!("cannot resolve: {e}")))?;
+        .map_err(|e| LoadError::file(wrapper.path(), format!("cannot resolve: {e}")))?;
     // kustomize refuses absolute resource paths, so the wrapper names the target relatively.
     let relative = relative_to(&root, &target);
     let text = format!(
@@ -126,18 +115,18 @@ pub fn render(dir: &Path) -> Result<Vec<Resource>, LoadError> {
         serde_json::Value::String(relative.display().to_string())
     );
     std::fs::write(root.join("kustomization.yaml"), text).map_err(|e| {
-        file_error(
+        LoadError::file(
             &root,
             format!("cannot write the wrapper kustomization: {e}"),
         )
     })?;
 
-    let output = run_kustomize(&root).map_err(|message| file_error(&kfile, message))?;
+    let output = run_kustomize(&root).map_err(|message| LoadError::file(&kfile, message))?;
     let mut sources = SourceIndex::default();
     let mut out = Vec::new();
     for (i, doc) in serde_norway::Deserializer::from_str(&output).enumerate() {
         let value = Value::deserialize(doc).map_err(|e| {
-            file_error(
+            LoadError::file(
                 &kfile,
                 format!("kustomize output document {i} is not valid YAML: {e}"),
             )

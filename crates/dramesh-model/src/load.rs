@@ -153,7 +153,8 @@ impl fmt::Display for LoadError {
 impl std::error::Error for LoadError {}
 
 impl LoadError {
-    fn file(file: &Path, message: impl Into<String>) -> LoadError {
+    /// An error about a whole file (no document, object or field).
+    pub fn file(file: &Path, message: impl Into<String>) -> LoadError {
         LoadError {
             file: file.to_path_buf(),
             document: None,

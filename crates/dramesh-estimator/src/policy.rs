@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 use dramesh_model::ClusterInfo;
 use serde_json::Value;
 
+use crate::view::View;
+
 /// A PropagationPolicy field dramesh cannot read.
 #[derive(Debug, thiserror::Error)]
 #[error("PropagationPolicy {policy}: field {field}: {message}")]
@@ -97,6 +99,14 @@ impl ClusterAffinity {
             }
         }
         Ok(a)
+    }
+
+    /// Names of the view's clusters this affinity matches, in the view's order.
+    pub fn matching_clusters(&self, view: &View) -> Vec<String> {
+        view.clusters()
+            .filter(|c| self.matches(&c.name, &c.info))
+            .map(|c| c.name.clone())
+            .collect()
     }
 
     /// Karmada `ClusterMatches`.

@@ -359,11 +359,7 @@ impl ReplicaState {
         if opts.clusters.is_empty()
             && let Some(a) = w.policy.as_ref().and_then(|p| p.affinity.as_ref())
         {
-            opts.clusters = view
-                .clusters()
-                .filter(|c| a.matches(&c.name, &c.info))
-                .map(|c| c.name.clone())
-                .collect();
+            opts.clusters = a.matching_clusters(view);
             if opts.clusters.is_empty() {
                 return Err(ApiError::InvalidRequest(
                     "no cluster matches the policy's cluster affinity".into(),

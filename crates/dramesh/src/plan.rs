@@ -257,11 +257,7 @@ pub(crate) fn run_preempt(
     if let Some(p) = policy(policy_file, &w)?
         && let Some(a) = &p.affinity
     {
-        opts.clusters = view
-            .clusters()
-            .filter(|c| a.matches(&c.name, &c.info))
-            .map(|c| c.name.clone())
-            .collect();
+        opts.clusters = a.matching_clusters(&view);
         if opts.clusters.is_empty() {
             return Err(Failure::input(format!(
                 "policy {}: no cluster matches its cluster affinity",

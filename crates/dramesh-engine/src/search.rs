@@ -81,6 +81,15 @@ struct Alt<'a> {
 }
 
 impl Alt<'_> {
+    /// Devices the alternative takes when it is allocated.
+    fn takes(&self) -> usize {
+        if self.all {
+            self.all_devices.len()
+        } else {
+            self.num_devices
+        }
+    }
+
     fn full_name(&self) -> String {
         match self.sub {
             Some(s) => format!("{}/{s}", self.base),
@@ -1066,8 +1075,14 @@ impl<'a> Run<'a> {
             return Ok(false);
         }
         let cref = claim_ref(self.claims[c]);
+        // Interchangeability classes of the untouched devices whose subtree failed here.
+        let mut failed: Vec<u32> = Vec::new();
         for d in start..self.devs.len() {
             if !self.devs[d].pickable {
+                continue;
+            }
+            let class = self.sym_class(d);
+            if class.is_some_and(|x| failed.contains(&x)) {
                 continue;
             }
             if admin && self.allocating_for_claim(d, c) {
@@ -1100,6 +1115,10 @@ impl<'a> Run<'a> {
             }
             self.undo(c);
             res?;
+            // The tables may have been built inside the subtree; `d` was untouched before.
+            if let Some(x) = class.or_else(|| self.sym_class(d)) {
+                failed.push(x);
+            }
         }
         Ok(false)
     }

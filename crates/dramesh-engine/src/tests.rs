@@ -171,6 +171,90 @@ fn budget_bounds_a_hopeless_search() {
     assert!(matches!(o, Outcome::Unsatisfiable { .. }), "{o:?}");
 }
 
+/// A claim needing `count` devices of one NUMA node.
+fn numa_claim(name: &str, count: usize) -> k8s::ResourceClaim {
+    claim(
+        name,
+        &format!(
+            "    requests:\n    - name: req-0\n      exactly: {{deviceClassName: class-a, count: {count}}}\n    constraints:\n    - matchAttribute: driver-a/numa\n"
+        ),
+    )
+}
+
+#[test]
+fn interchangeable_devices_are_tried_once_per_position() {
+    // Three claims each want 6 devices of one NUMA node; there are two nodes of 10. Every
+    // claim fits alone and 18 of 20 devices are enough, so no count proves "no fit"; the
+    // pigeonhole does. Devices of one NUMA node are interchangeable, so after one of them
+    // failed at a position the others are not tried there.
+    let node = NodeInfo::named("node-1");
+    let none = AllocatedState::new();
+    let run = |devices: usize, count: usize, opts: &Options| {
+        let inv = inventory(&[slice("s1", "node-1", "pool-1", devices, &["x"])]);
+        let claims: Vec<_> = (0..3)
+            .map(|i| numa_claim(&format!("c{i}"), count))
+            .collect();
+        let refs: Vec<_> = claims.iter().collect();
+        allocate_with_steps(&inv, &none, &node, &refs, opts)
+    };
+    // (The unpruned search also gives up at the default budget of 1,000,000 steps.)
+    let bounded = Options {
+        max_steps: 100_000,
+        ..unpruned()
+    };
+    let (plain, _) = run(20, 6, &bounded);
+    assert!(
+        matches!(plain, Outcome::BudgetExhausted { .. }),
+        "{plain:?}"
+    );
+    let (pruned, steps) = run(20, 6, &Options::default());
+    assert!(
+        matches!(pruned, Outcome::Unsatisfiable { .. }),
+        "{pruned:?}"
+    );
+    assert!(steps < 1_000, "{steps} steps");
+    // Smaller, so the unpruned search finishes: the same answer in fewer steps.
+    let (plain, plain_steps) = run(12, 4, &unpruned());
+    let (pruned, pruned_steps) = run(12, 4, &Options::default());
+    assert!(matches!(plain, Outcome::Unsatisfiable { .. }), "{plain:?}");
+    assert_eq!(pruned, plain);
+    assert!(
+        pruned_steps * 10 < plain_steps,
+        "{pruned_steps} pruned vs {plain_steps} unpruned steps"
+    );
+    // With room for all three, the devices chosen are the unpruned search's.
+    let (plain, _) = run(20, 5, &unpruned());
+    assert!(plain.is_allocated(), "{plain:?}");
+    assert_eq!(run(20, 5, &Options::default()).0, plain);
+}
+
+#[test]
+fn selector_errors_past_an_impossible_claim_do_not_stop_pruning() {
+    // 16 devices of one NUMA node out of 15 + 15: hopeless, and exponential to prove
+    // without pruning. A later claim's selector fails on every device, but the search never
+    // gets there, so the answer is "no fit"; with the failing claim first, it is the error.
+    let inv = inventory(&[slice("s1", "node-1", "pool-1", 30, &["x"])]);
+    let hopeless = numa_claim("hopeless", 16);
+    let failing = claim(
+        "failing",
+        "    requests:\n    - name: req-0\n      exactly:\n        deviceClassName: class-a\n        selectors:\n        - cel: {expression: 'device.attributes[\"driver-a\"].missing == 1'}\n",
+    );
+    let node = NodeInfo::named("node-1");
+    let none = AllocatedState::new();
+    let budget = Options {
+        max_steps: 100_000,
+        ..Options::default()
+    };
+    let (o, steps) = allocate_with_steps(&inv, &none, &node, &[&hopeless, &failing], &budget);
+    assert!(matches!(o, Outcome::Unsatisfiable { .. }), "{o:?}");
+    assert!(steps < 200, "{steps} steps");
+    let o = allocate(&inv, &none, &node, &[&failing, &hopeless], &budget);
+    assert!(
+        matches!(&o, Outcome::Error(e) if e.kind() == AllocErrorKind::Cel),
+        "{o:?}"
+    );
+}
+
 #[test]
 fn replicas_consume_devices_until_none_left() {
     let inv = inventory(&[slice("s1", "node-1", "pool-1", 8, &["x"])]);

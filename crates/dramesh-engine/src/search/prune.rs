@@ -13,18 +13,26 @@
 //! * each request has enough candidate devices (after selectors, taints, devices in use,
 //!   counters and capacity left, and the claim's constraint state);
 //! * the requests of one claim, and the non-admin requests of all remaining claims, have at
-//!   least as many distinct candidates together as they ask for;
+//!   least as many distinct candidates together as they ask for (a `firstAvailable` request
+//!   counts its smallest usable alternative, over all its alternatives' candidates); and so
+//!   does every set of single-alternative requests whose candidates nest inside one of
+//!   theirs (Hall's condition where device classes make it cheap: NIC requests cannot spill
+//!   onto GPUs);
 //! * `matchAttribute` without a reference yet: some single value has enough candidates for
 //!   every request it constrains, alone and together;
-//! * `distinctAttribute`: enough distinct unused values, per request and together;
+//! * `distinctAttribute`: enough distinct unused values, per request and together (again
+//!   with each `firstAvailable` request's smallest usable alternative);
 //! * shared counters: the cheapest choice of each request's devices fits what is left.
 //!
-//! Exactness also needs the search's other exits to be unaffected. Pruning stays off for a
-//! run where it could change them: a CEL error on a device the search might evaluate (the
-//! unpruned search would fail the pod when it reaches it), a constraint on a mode-`All`
-//! request (a violation fails the pod), negative amounts (filters would not be monotone); and
-//! it never cuts inside a claim whose `firstAvailable` choices can exceed the 32-device limit
-//! (the search reports that limit from where it hits it).
+//! Exactness also needs the search's other exits to be unaffected. Some requests may fail the
+//! pod when the search enters them: a selector error on one of their devices, a constraint on
+//! a mode-`All` request, and in the current claim the 32-device limit (reported from where
+//! it is hit). The conditions are checked only on the requests before the first of those: if
+//! they cannot be filled, it is never entered. Negative amounts turn pruning off (filters
+//! would not be monotone).
+//!
+//! Besides cutting branches, the search skips a device interchangeable with one that already
+//! failed at the same position ([`Run::sym_class`]).
 
 use std::sync::Arc;
 
@@ -61,6 +69,10 @@ struct ItemAlt {
     hi: usize,
     /// Only alternative of its request.
     fixed: bool,
+    /// Most devices any alternative of its request takes.
+    most: usize,
+    /// Entering the request may fail the pod, so the search past it cannot be predicted.
+    hazard: bool,
 }
 
 impl ItemAlt {
@@ -81,8 +93,11 @@ pub(super) struct Pruner {
     vals: Vec<Vec<Vec<u32>>>,
     /// Per claim, per constraint: number of interned values.
     nvals: Vec<Vec<usize>>,
-    /// Per claim: its device count can never exceed the claim limit, so pruning is exact.
-    claim_ok: Vec<bool>,
+    /// Per alternative: devices whose selectors fail with an error (ascending).
+    errs: Vec<Vec<u32>>,
+    /// Per alternative: a mode-`All` request with a constraint (entering it may fail the
+    /// pod on a violation).
+    walks: Vec<bool>,
     /// Per device: multi-allocatable (may serve several requests).
     multi: Vec<bool>,
     /// Counter keys (pool, counter set, counter); empty when no device consumes counters.
@@ -91,6 +106,8 @@ pub(super) struct Pruner {
     pool_keys: Vec<Vec<usize>>,
     /// Per device: (key, amount in nano-units) it consumes.
     dev_use: Vec<Vec<(usize, i128)>>,
+    /// Per device: its interchangeability class ([`NONE`]: interchangeable with no other).
+    class: Vec<u32>,
     // Scratch, reused across nodes.
     rem: Vec<i128>,
     pool_over: Vec<bool>,
@@ -150,9 +167,6 @@ impl<'a> Run<'a> {
                 }
             }
             Mode::On => {}
-        }
-        if !self.prune.claim_ok[c] {
-            return true;
         }
         let mut p = std::mem::take(&mut self.prune);
         let fit = self.check(&mut p, c, r, s, k, start);
@@ -241,34 +255,24 @@ impl<'a> Run<'a> {
             p.vals.push(per_claim);
             p.nvals.push(counts);
         }
-        // Claim limits, constraints on mode All, negative capacity requests.
-        p.claim_ok.clear();
-        for (ci, reqs) in self.reqs.iter().enumerate() {
-            let mut total = 0usize;
-            for req in reqs {
-                let mut most = 0usize;
-                for alt in &req.alts {
-                    if alt.all && self.cons[ci].iter().any(|k| k.applies(alt.base, alt.sub)) {
-                        return false;
-                    }
-                    if alt.cap_requests.iter().any(|(_, q)| q.nanos() < 0) {
-                        return false;
-                    }
-                    most = most.max(alt.num_devices);
-                }
-                total = total.saturating_add(most);
-            }
-            p.claim_ok.push(total <= MAX_DEVICES_PER_CLAIM);
+        // Negative capacity requests.
+        if self
+            .reqs
+            .iter()
+            .flatten()
+            .flat_map(|r| &r.alts)
+            .any(|alt| alt.cap_requests.iter().any(|(_, q)| q.nanos() < 0))
+        {
+            return false;
         }
         // Static candidates per alternative.
         p.cands = vec![Vec::new(); self.memo.len()];
+        p.errs = vec![Vec::new(); self.memo.len()];
         p.applies = vec![Vec::new(); self.memo.len()];
+        p.walks = vec![false; self.memo.len()];
         let reqs = std::mem::take(&mut self.reqs);
-        let ok = self.static_candidates(p, &reqs);
+        self.static_candidates(p, &reqs);
         self.reqs = reqs;
-        if !ok {
-            return false;
-        }
         // Counters.
         p.keys.clear();
         p.pool_keys = vec![Vec::new(); self.pools.len()];
@@ -306,10 +310,82 @@ impl<'a> Run<'a> {
         p.rem = vec![0; p.keys.len()];
         p.pool_over = vec![false; self.pools.len()];
         p.mark = vec![0; n];
+        self.classes(p);
         true
     }
 
-    fn static_candidates(&mut self, p: &mut Pruner, reqs: &[Vec<super::Req<'a>>]) -> bool {
+    /// Interchangeable devices: those no part of the search can tell apart. They share a
+    /// pool and its counters, the same use before this pod, every alternative's verdict on
+    /// them (selectors, taints, capacity) and every constraint's value. Swapping two such
+    /// devices, both untouched so far, maps solutions onto solutions; so once one failed at
+    /// a position of the search, the other fails there too. Multi-allocatable devices carry
+    /// their consumed capacity and are never interchangeable, nor are the devices of a
+    /// constrained mode-`All` request (below).
+    fn classes(&self, p: &mut Pruner) {
+        let n = self.devs.len();
+        let mut member: Vec<Vec<u32>> = vec![Vec::new(); n];
+        // Candidate of alternative `gi`: 2 gi; selector error there: 2 gi + 1.
+        for (gi, (cands, errs)) in p.cands.iter().zip(&p.errs).enumerate() {
+            for &d in cands {
+                member[d as usize].push(2 * gi as u32);
+            }
+            for &d in errs {
+                member[d as usize].push(2 * gi as u32 + 1);
+            }
+        }
+        member.iter_mut().for_each(|m| m.sort_unstable());
+        let mut seen: std::collections::HashMap<Vec<i128>, u32> = Default::default();
+        p.class = Vec::with_capacity(n);
+        // A mode-All request with a constraint walks its devices in order and fails the pod
+        // at the first that violates the constraint, but fails quietly at one already in
+        // use: which of two interchangeable devices it walks in use changes the outcome.
+        let mut walked = vec![false; n];
+        for (ci, reqs) in self.reqs.iter().enumerate() {
+            for alt in reqs.iter().flat_map(|r| &r.alts) {
+                if alt.all && self.cons[ci].iter().any(|k| k.applies(alt.base, alt.sub)) {
+                    alt.all_devices.iter().for_each(|&d| walked[d] = true);
+                }
+            }
+        }
+        for (d, f) in self.devs.iter().enumerate() {
+            let mapped: usize = f.dev.consumes.iter().map(|c| c.counters.len()).sum();
+            if p.multi[d] || !f.pickable || walked[d] || mapped != p.dev_use[d].len() {
+                p.class.push(NONE);
+                continue;
+            }
+            let (dedicated, shares) = f.used.map_or((0, 0), |u| (u.dedicated, u.shares));
+            let mut key: Vec<i128> = vec![
+                f.pool as i128,
+                i128::from(dedicated > 0),
+                i128::from(shares > 0),
+                member[d].len() as i128,
+            ];
+            key.extend(member[d].iter().map(|&g| i128::from(g)));
+            for claim in &p.vals {
+                key.extend(claim.iter().map(|v| i128::from(v[d])));
+            }
+            let mut uses = p.dev_use[d].clone();
+            uses.sort_unstable();
+            for (k, a) in uses {
+                key.push(k as i128);
+                key.push(a);
+            }
+            let next = seen.len() as u32;
+            p.class.push(*seen.entry(key).or_insert(next));
+        }
+    }
+
+    /// The interchangeability class of device `d` while it is untouched by this pod's
+    /// search; `None` before the tables exist or when `d` has no interchangeable peer.
+    pub(super) fn sym_class(&self, d: usize) -> Option<u32> {
+        if self.prune.mode != Mode::On || !self.allocating[d].is_empty() {
+            return None;
+        }
+        let class = self.prune.class[d];
+        (class != NONE && self.alloc_cap[d].is_none()).then_some(class)
+    }
+
+    fn static_candidates(&mut self, p: &mut Pruner, reqs: &[Vec<super::Req<'a>>]) {
         let cc = self.feats.consumable_capacity;
         for (ci, claim_reqs) in reqs.iter().enumerate() {
             let cref = claim_ref(self.claims[ci]);
@@ -321,6 +397,8 @@ impl<'a> Run<'a> {
                         .filter(|(_, k)| k.applies(alt.base, alt.sub))
                         .map(|(i, _)| i)
                         .collect();
+                    // A violated constraint on a mode-All request fails the pod.
+                    p.walks[alt.gi] = alt.all && !applies.is_empty();
                     let mut cands = Vec::new();
                     let list: Vec<usize> = if alt.all {
                         alt.all_devices.clone()
@@ -341,7 +419,10 @@ impl<'a> Run<'a> {
                             continue;
                         }
                         match self.selectable(d, alt, &cref) {
-                            Err(_) => return false,
+                            Err(_) => {
+                                p.errs[alt.gi].push(d as u32);
+                                continue;
+                            }
                             Ok(false) => continue,
                             Ok(true) => {}
                         }
@@ -365,7 +446,6 @@ impl<'a> Run<'a> {
                 }
             }
         }
-        true
     }
 
     /// Can device `d` still be chosen for `alt` of claim `ci` in this branch?
@@ -415,6 +495,19 @@ impl<'a> Run<'a> {
     ) {
         let req = &self.reqs[ci][ri];
         let alt = &req.alts[si];
+        // A device whose selectors fail is evaluated only if the loop reaches it unused; a
+        // device in use here stays in use below.
+        let hazard = p.walks[alt.gi]
+            || p.errs[alt.gi].iter().any(|&e| {
+                let e = e as usize;
+                e >= start
+                    && if alt.admin {
+                        !self.allocating_for_claim(e, ci)
+                    } else {
+                        !self.in_use(e)
+                    }
+            });
+        let most = req.alts.iter().map(Alt::takes).max().unwrap_or(0);
         let lo = p.buf.len();
         let cands = std::mem::take(&mut p.cands[alt.gi]);
         for &d in &cands {
@@ -438,6 +531,8 @@ impl<'a> Run<'a> {
             lo,
             hi: p.buf.len(),
             fixed: false,
+            most,
+            hazard,
         });
     }
 
@@ -463,14 +558,32 @@ impl<'a> Run<'a> {
         p.buf.clear();
         let num = self.reqs[c][r].alts[s].num_devices;
         self.push_alt(p, 0, (c, r, s), Some(num - k), start);
+        if p.items[0].hazard {
+            return true;
+        }
+        // The requests are checked up to the first one whose entry may fail the pod: if
+        // those before it cannot all be filled, it is never entered. In this claim, that
+        // includes a request the 32-device limit may stop at (reported from where it is hit);
+        // in later claims the limit only fails that claim.
         let mut item = 1;
-        for ci in c..self.claims.len() {
+        let mut most = self.results[c].len() + num - k;
+        'items: for ci in c..self.claims.len() {
             let r0 = if ci == c { r + 1 } else { 0 };
             for ri in r0..self.reqs[ci].len() {
                 let req = &self.reqs[ci][ri];
                 let alts = if req.has_sub { req.alts.len() } else { 1 };
+                let first = p.items.len();
                 for si in 0..alts {
                     self.push_alt(p, item, (ci, ri, si), None, 0);
+                }
+                if ci == c {
+                    most += p.items[first].most;
+                }
+                if p.items[first..].iter().any(|it| it.hazard)
+                    || (ci == c && most > MAX_DEVICES_PER_CLAIM)
+                {
+                    p.items.truncate(first);
+                    break 'items;
                 }
                 item += 1;
             }
@@ -494,11 +607,13 @@ impl<'a> Run<'a> {
         }
         // Distinct devices: per claim, and the non-admin requests of all claims together.
         for ci in c..self.claims.len() {
-            if !self.union_covers(p, |it| it.claim == ci) {
+            if !self.union_covers(p, |it| it.claim == ci) || !hall_covers(p, |it| it.claim == ci) {
                 return false;
             }
         }
-        if self.claims.len() > c + 1 && !self.union_covers(p, |it| !it.admin) {
+        if self.claims.len() > c + 1
+            && (!self.union_covers(p, |it| !it.admin) || !hall_covers(p, |it| !it.admin))
+        {
             return false;
         }
         for ci in c..self.claims.len() {
@@ -515,26 +630,39 @@ impl<'a> Run<'a> {
         p.keys.is_empty() || counters_cover(p)
     }
 
-    /// The fixed requests selected by `pick` have enough distinct candidates together.
+    /// The requests selected by `pick` have enough distinct candidates together: each needs
+    /// at least its smallest usable alternative's count, from its alternatives' candidates.
     fn union_covers(&self, p: &mut Pruner, pick: impl Fn(&ItemAlt) -> bool) -> bool {
         let epoch = p.next_epoch();
-        let fixed = p.items.iter().filter(|it| it.fixed && pick(it)).count();
-        let (mut single, mut shared, mut need) = (0usize, 0usize, 0usize);
-        for it in p.items.iter().filter(|it| it.fixed && pick(it)) {
-            need += it.need;
-            for &d in &p.buf[it.lo..it.hi] {
-                let d = d as usize;
-                if p.mark[d] != epoch {
-                    p.mark[d] = epoch;
-                    if p.multi[d] {
-                        shared += 1;
-                    } else {
-                        single += 1;
+        let (mut single, mut shared, mut need, mut members) = (0usize, 0usize, 0usize, 0usize);
+        let mut i = 0;
+        while i < p.items.len() {
+            let item = p.items[i].item;
+            let mut least = usize::MAX;
+            while i < p.items.len() && p.items[i].item == item {
+                let (lo, hi, it_need) = (p.items[i].lo, p.items[i].hi, p.items[i].need);
+                if pick(&p.items[i]) && hi - lo >= it_need {
+                    least = least.min(it_need);
+                    for x in lo..hi {
+                        let d = p.buf[x] as usize;
+                        if p.mark[d] != epoch {
+                            p.mark[d] = epoch;
+                            if p.multi[d] {
+                                shared += 1;
+                            } else {
+                                single += 1;
+                            }
+                        }
                     }
                 }
+                i += 1;
+            }
+            if least != usize::MAX {
+                need += least;
+                members += 1;
             }
         }
-        single + shared.saturating_mul(fixed) >= need
+        single + shared.saturating_mul(members) >= need
     }
 
     /// `matchAttribute` `ki` of claim `ci`, no reference yet: some value has enough
@@ -640,30 +768,36 @@ impl<'a> Run<'a> {
             }
             n
         };
-        let mut fixed_ranges = Vec::new();
-        let mut fixed_need = 0usize;
+        // Together: each request constrained by it needs at least its smallest usable
+        // alternative's count (0 for an alternative it does not constrain) of distinct values,
+        // from its constrained alternatives' candidates.
+        let mut ranges = Vec::new();
+        let (mut joint_need, mut joint_items) = (0usize, 0usize);
         let mut i = 0;
         while i < p.items.len() {
             let item = p.items[i].item;
             let mut j = i;
             let mut touched = false;
             let mut served = false;
+            let mut least = usize::MAX;
             while j < p.items.len() && p.items[j].item == item {
-                let (claim, gi, lo, hi, need, fixed) = {
+                let (claim, gi, lo, hi, need) = {
                     let it = &p.items[j];
-                    (it.claim, it.gi, it.lo, it.hi, it.need, it.fixed)
+                    (it.claim, it.gi, it.lo, it.hi, it.need)
                 };
                 if claim == ci {
                     if p.applies[gi].contains(&ki) {
                         touched = true;
                         stamp += 1;
-                        served |= distinct(p, &[(lo, hi)], stamp) >= need;
-                        if fixed {
-                            fixed_ranges.push((lo, hi));
-                            fixed_need += need;
+                        let ok = distinct(p, &[(lo, hi)], stamp) >= need;
+                        served |= ok;
+                        ranges.push((lo, hi));
+                        if ok {
+                            least = least.min(need);
                         }
-                    } else {
-                        served |= hi - lo >= need;
+                    } else if hi - lo >= need {
+                        served = true;
+                        least = 0;
                     }
                 }
                 j += 1;
@@ -671,11 +805,53 @@ impl<'a> Run<'a> {
             if touched && !served {
                 return false;
             }
+            if touched {
+                joint_need += least;
+                joint_items += 1;
+            }
             i = j;
         }
         stamp += 1;
-        fixed_ranges.len() < 2 || distinct(p, &fixed_ranges, stamp) >= fixed_need
+        joint_items < 2 || distinct(p, &ranges, stamp) >= joint_need
     }
+}
+
+/// Hall's condition on nested candidate sets: for each fixed request selected by `pick`,
+/// the requests whose candidates all lie within its candidates fit there together (devices
+/// of different classes make such nests: NIC requests cannot spill onto GPUs).
+fn hall_covers(p: &Pruner, pick: impl Fn(&ItemAlt) -> bool) -> bool {
+    let fixed = || p.items.iter().filter(|it| it.fixed && pick(it));
+    if fixed().nth(2).is_none() {
+        // One request is the per-request count; two are the union.
+        return true;
+    }
+    for outer in fixed() {
+        let within = &p.buf[outer.lo..outer.hi];
+        let (mut need, mut members) = (0usize, 0usize);
+        for inner in fixed() {
+            if sorted_subset(&p.buf[inner.lo..inner.hi], within) {
+                need += inner.need;
+                members += 1;
+            }
+        }
+        if members < 2 {
+            continue;
+        }
+        let shared = within.iter().filter(|&&d| p.multi[d as usize]).count();
+        if within.len() - shared + shared.saturating_mul(members) < need {
+            return false;
+        }
+    }
+    true
+}
+
+/// Every element of ascending `a` is in ascending `b`.
+fn sorted_subset(a: &[u32], b: &[u32]) -> bool {
+    if a.len() > b.len() {
+        return false;
+    }
+    let mut rest = b.iter();
+    a.iter().all(|x| rest.by_ref().any(|y| y == x))
 }
 
 /// Each request's cheapest devices, summed over the requests, fit the counters left.

@@ -910,5 +910,7 @@ fn counters_cover(p: &mut Pruner) -> bool {
         }
         i = j;
     }
-    (0..nk).all(|key| p.lb[key] <= p.rem[key])
+    // A key already overspent (by allocations outside this pod) blocks every device drawing
+    // on it, which `usable` accounts for; requests that need none of it still fit.
+    (0..nk).all(|key| p.lb[key] == 0 || p.lb[key] <= p.rem[key])
 }

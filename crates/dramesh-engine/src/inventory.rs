@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use dramesh_model::k8s;
 use dramesh_model::{AttrValue, QualifiedName, Quantity};
 
-use crate::celx::{self, CelEnv, DeviceInput, Limits, Selector};
+use crate::celx::{self, CelEnv, CelError, DeviceInput, Limits, Selector};
 
 /// An object the inventory refuses, with the object and field that are wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -170,7 +170,7 @@ pub(crate) struct Slice {
 
 pub(crate) struct Class {
     pub name: String,
-    pub selectors: Vec<Result<Selector, String>>,
+    pub selectors: Vec<Result<Selector, CelError>>,
     pub config: Vec<k8s::DeviceClassConfiguration>,
     pub extended_resource_name: Option<String>,
     pub created: Option<String>,
@@ -308,7 +308,7 @@ pub struct Inventory {
     pub(crate) pools: BTreeMap<PoolKey, NameSet>,
     pub(crate) classes: BTreeMap<String, Arc<Class>>,
     pub(crate) taint_rules: BTreeMap<String, Arc<TaintRule>>,
-    compiled: Mutex<HashMap<String, Result<Selector, String>>>,
+    compiled: Mutex<HashMap<String, Result<Selector, CelError>>>,
     cores: CoreInterner,
 }
 
@@ -392,7 +392,7 @@ impl Inventory {
     }
 
     /// Compiles (or fetches) a request selector.
-    pub(crate) fn compile_cached(&self, expr: &str) -> Result<Selector, String> {
+    pub(crate) fn compile_cached(&self, expr: &str) -> Result<Selector, CelError> {
         // A poisoned lock only means another thread panicked mid-insert; the map is still
         // a valid cache.
         let mut map = self
@@ -477,7 +477,7 @@ impl Inventory {
             .iter()
             .map(|s| match &s.cel {
                 Some(c) => self.compile_cached(&c.expression),
-                None => Err("CEL expression empty (unsupported selector type?)".to_string()),
+                None => Err(CelError::NotCel),
             })
             .collect();
         let entry = Class {

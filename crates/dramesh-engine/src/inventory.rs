@@ -532,6 +532,41 @@ impl Inventory {
         self.taint_rules.remove(name).is_some()
     }
 
+    /// Names of the held DeviceClasses, sorted.
+    pub fn class_names(&self) -> impl Iterator<Item = &str> {
+        self.classes.keys().map(String::as_str)
+    }
+
+    /// `(driver, pool, device)` of every device of every held slice that the class selects:
+    /// each of the class's selectors is true on the device. A selector that does not compile,
+    /// a device without a CEL input and a selector that fails on the device select nothing
+    /// (the allocator would not pick such a device). Empty for an unknown class. Evaluations
+    /// use the inventory's CEL result cache, so repeated calls cost one lookup per device.
+    pub fn class_devices<'a>(
+        &'a self,
+        class: &str,
+    ) -> impl Iterator<Item = (&'a str, &'a str, &'a str)> + 'a {
+        let class = self.classes.get(class);
+        class.into_iter().flat_map(move |c| {
+            self.slices.values().flat_map(move |s| {
+                s.devices
+                    .iter()
+                    .filter(move |d| self.class_selects(c, d))
+                    .map(move |d| (&*s.driver, &*s.pool, &*d.name))
+            })
+        })
+    }
+
+    fn class_selects(&self, class: &Class, device: &Device) -> bool {
+        class
+            .selectors
+            .iter()
+            .all(|sel| match (sel, &device.cel_input) {
+                (Ok(sel), Some(input)) => celx::evaluate(&self.cel, sel, input) == Ok(true),
+                _ => false,
+            })
+    }
+
     /// The DeviceClass that backs an extended resource name (DRAExtendedResource): a class
     /// whose `extendedResourceName` equals it (the most recently created wins, ties go to the
     /// lexicographically first name), else the implicit

@@ -26,42 +26,54 @@ pub type ClusterState = BTreeMap<String, ObjectHashes>;
 /// What one replica reported at the end of a run.
 #[derive(Debug, Clone)]
 pub struct ReplicaObservation {
+    /// The replica's name.
     pub replica: String,
     /// The replica's objects per cluster, or why they could not be read.
     pub state: Result<ClusterState, String>,
+    /// The replica's document digest, when it could be read.
     pub digest: Option<String>,
 }
 
 /// One estimate query sent during a run.
 #[derive(Debug, Clone, Serialize)]
 pub struct QueryRecord {
+    /// The replica asked.
     pub replica: String,
     /// Milliseconds since the scenario started.
     pub at_ms: u64,
+    /// Round-trip time of the query.
     pub latency_ms: f64,
+    /// How it ended.
     pub outcome: QueryOutcome,
 }
 
 /// How a query ended.
 #[derive(Debug, Clone, Serialize)]
 pub enum QueryOutcome {
+    /// The replica answered.
     Answered {
+        /// Clusters in the answer.
         clusters: usize,
         /// Smallest and largest data age over the clusters the replica reported, if any.
         min_age_s: Option<f64>,
+        /// Largest data age over those clusters, if any.
         max_age_s: Option<f64>,
     },
+    /// The query failed (the error).
     Failed(String),
 }
 
 /// A time window in milliseconds since the scenario started (end exclusive).
 #[derive(Debug, Clone, Copy, Serialize, PartialEq)]
 pub struct Window {
+    /// Start, inclusive.
     pub start_ms: u64,
+    /// End, exclusive.
     pub end_ms: u64,
 }
 
 impl Window {
+    /// Whether `t` (ms) lies in the window.
     pub fn contains(&self, t: u64) -> bool {
         t >= self.start_ms && t < self.end_ms
     }
@@ -70,7 +82,9 @@ impl Window {
 /// A replica cut off from every peer and agent from `from_ms` until the fault ends.
 #[derive(Debug, Clone, Serialize)]
 pub struct Isolation {
+    /// The isolated replica.
     pub replica: String,
+    /// When the isolation began (ms since the scenario started).
     pub from_ms: u64,
     /// Allowed understatement of the data age (seconds), covering heartbeat periods.
     pub slack_s: f64,
@@ -79,76 +93,121 @@ pub struct Isolation {
 /// What the query check demands.
 #[derive(Debug, Clone)]
 pub struct QueryPolicy {
+    /// A query answered later than this failed the check.
     pub latency_bound_ms: f64,
+    /// The fault window, in which queries are checked.
     pub fault: Window,
     /// Windows in which a replica was deliberately down (killed until ready again).
     pub down: BTreeMap<String, Vec<Window>>,
+    /// Isolated replicas, whose data age must grow while cut off.
     pub isolations: Vec<Isolation>,
 }
 
 /// One thing that went wrong.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub enum Violation {
+    /// The replica's state could not be read.
     Unreachable {
+        /// The replica.
         replica: String,
+        /// Why.
         error: String,
     },
+    /// The replica lacks a cluster the final files have.
     MissingCluster {
+        /// The replica.
         replica: String,
+        /// The missing cluster.
         cluster: String,
     },
     /// An object of the final files is absent on the replica.
     LostWrite {
+        /// The replica.
         replica: String,
+        /// The cluster.
         cluster: String,
+        /// The object key.
         key: String,
+        /// Change number of the last write of the key, if known.
         last_write: Option<u64>,
     },
     /// The replica holds another version of the object than the final files.
     StaleObject {
+        /// The replica.
         replica: String,
+        /// The cluster.
         cluster: String,
+        /// The object key.
         key: String,
+        /// Hash of the final file's version.
         expected: String,
+        /// Hash of the replica's version.
         got: String,
+        /// Change number of the last write of the key, if known.
         last_write: Option<u64>,
     },
     /// The replica holds an object the final files no longer have (a lost delete).
     LostDelete {
+        /// The replica.
         replica: String,
+        /// The cluster.
         cluster: String,
+        /// The object key.
         key: String,
+        /// Change number of the last write of the key, if known.
         last_write: Option<u64>,
     },
+    /// The replica reported no digest.
     DigestMissing {
+        /// The replica.
         replica: String,
     },
+    /// Replicas converged to different digests.
     DigestsDiffer {
+        /// Digest per replica.
         digests: BTreeMap<String, String>,
     },
+    /// A query failed where it had to be answered.
     QueryFailed {
+        /// The replica.
         replica: String,
+        /// When (ms since the scenario started).
         at_ms: u64,
+        /// The error.
         error: String,
     },
+    /// A query was answered later than the bound.
     QueryTooSlow {
+        /// The replica.
         replica: String,
+        /// When (ms since the scenario started).
         at_ms: u64,
+        /// How long it took.
         latency_ms: f64,
+        /// The bound.
         bound_ms: f64,
     },
+    /// The replica answered no query in the fault window.
     NoQueriesAnswered {
+        /// The replica.
         replica: String,
     },
+    /// An answer carried no data age.
     DataAgeMissing {
+        /// The replica.
         replica: String,
+        /// When (ms since the scenario started).
         at_ms: u64,
     },
     /// An isolated replica reported data fresher than the time it had been cut off.
     DataAgeUnderstated {
+        /// The replica.
         replica: String,
+        /// When (ms since the scenario started).
         at_ms: u64,
+        /// The largest data age it reported.
         reported_s: f64,
+        /// The age it must at least have had.
         at_least_s: f64,
     },
 }

@@ -19,8 +19,11 @@ use crate::http;
 use crate::net::Lab;
 use crate::sys;
 
+/// UDP port of every replica's mesh endpoint.
 pub const MESH_PORT: u16 = 7400;
+/// TCP port of every replica's HTTP API.
 pub const API_PORT: u16 = 8080;
+/// TCP port of every replica's gRPC API.
 pub const GRPC_PORT: u16 = 9090;
 /// Name every agent is given (`agent-<cluster>-<AGENT_NAME>.crt`).
 pub const AGENT_NAME: &str = "a1";
@@ -28,12 +31,15 @@ pub const AGENT_NAME: &str = "a1";
 /// A managed process.
 #[derive(Debug)]
 pub struct Proc {
+    /// Process name (`r1`, `agent-<cluster>`...).
     pub name: String,
+    /// Network namespace it runs in.
     pub ns: String,
     args: Vec<String>,
     env: Vec<(String, String)>,
     log: PathBuf,
     child: Option<Child>,
+    /// How many times it was started.
     pub starts: u32,
 }
 
@@ -80,11 +86,15 @@ impl Proc {
 /// Settings of a fleet.
 #[derive(Debug, Clone)]
 pub struct FleetConfig {
+    /// The `dramesh` binary.
     pub dramesh: PathBuf,
+    /// Working folder of the run (certificates, data, logs).
     pub dir: PathBuf,
+    /// Replica names.
     pub replicas: Vec<String>,
     /// (host name, cluster name, snapshot folder) per agent.
     pub agents: Vec<(String, String, PathBuf)>,
+    /// Extra arguments for every replica.
     pub replica_extra_args: Vec<String>,
     /// Each agent talks to one replica only (its "home", by index) instead of all of them.
     pub agents_home_only: bool,
@@ -96,7 +106,9 @@ pub struct FleetConfig {
 #[derive(Debug)]
 pub struct Fleet {
     cfg: FleetConfig,
+    /// Processes by name.
     pub procs: BTreeMap<String, Proc>,
+    /// Each replica's HTTP API address.
     pub api: BTreeMap<String, SocketAddr>,
 }
 

@@ -39,17 +39,24 @@ static LAB_COUNTER: AtomicU32 = AtomicU32::new(0);
 pub struct Host {
     /// Logical name used by scenarios (`r1`, `agent-us-east-train`...).
     pub name: String,
+    /// Network namespace.
     pub ns: String,
+    /// Address on the bridge.
     pub ip: Ipv4Addr,
+    /// Host side of its veth pair.
     pub veth: String,
 }
 
 /// The network of one run. Dropping it tears everything down.
 #[derive(Debug)]
 pub struct Lab {
+    /// Run id, part of every namespace and link name.
     pub id: String,
+    /// Bridge device.
     pub bridge: String,
+    /// Third octet of the run's subnet, `10.213.<subnet>.0/24`.
     pub subnet: u8,
+    /// The bridge's address.
     pub gateway: Ipv4Addr,
     hosts: Vec<Host>,
     helper_exe: PathBuf,
@@ -60,7 +67,9 @@ pub struct Lab {
 /// Packet impairment applied to traffic between hosts (not to the harness's own traffic).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct Impairment {
+    /// Added delay per packet.
     pub delay_ms: u64,
+    /// Uniform jitter around the delay.
     pub jitter_ms: u64,
     /// Probability (0..1) that a packet is dropped.
     pub loss: f64,
@@ -419,7 +428,9 @@ fn kill_ns_pids(ns: &str) {
 /// What [`cleanup_all`] removed.
 #[derive(Debug, Default)]
 pub struct Cleanup {
+    /// Namespaces deleted.
     pub namespaces: Vec<String>,
+    /// Links deleted.
     pub links: Vec<String>,
 }
 

@@ -34,10 +34,15 @@ const NLM_F_ACK: u16 = 4;
 /// Parameters of one delayer.
 #[derive(Debug, Clone, Copy)]
 pub struct DelayerConfig {
+    /// NFQUEUE number to read packets from.
     pub queue: u16,
+    /// Delay per packet.
     pub delay: Duration,
+    /// Uniform jitter around the delay.
     pub jitter: Duration,
+    /// Probability (0..1) that a packet is dropped.
     pub loss: f64,
+    /// Seed of the jitter and loss random numbers.
     pub seed: u64,
 }
 

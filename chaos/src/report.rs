@@ -14,19 +14,33 @@ use crate::checker::{QueryOutcome, QueryRecord, Violation, Window};
 /// Everything known about one scenario's run.
 #[derive(Debug, Clone, Serialize)]
 pub struct ScenarioResult {
+    /// Scenario name.
     pub name: String,
+    /// What the scenario does.
     pub about: String,
+    /// Workload seed.
     pub seed: u64,
+    /// Whether every check passed.
     pub passed: bool,
+    /// Changes the workload wrote.
     pub writes: usize,
+    /// Time until the fleet first converged.
     pub warmup_s: Option<f64>,
+    /// Time from the end of the fault until the replicas converged.
     pub converge_s: Option<f64>,
+    /// Length of the fault window.
     pub fault_s: f64,
+    /// Queries sent in the fault window.
     pub queries_in_fault: usize,
+    /// Of those, queries answered.
     pub answered_in_fault: usize,
+    /// Median answer latency in the fault window.
     pub latency_p50_ms: Option<f64>,
+    /// 99th percentile answer latency in the fault window.
     pub latency_p99_ms: Option<f64>,
+    /// Slowest answer in the fault window.
     pub latency_max_ms: Option<f64>,
+    /// Largest data age reported in the fault window.
     pub max_data_age_s: Option<f64>,
     /// Bytes hosts sent to other hosts (iptables counters), fault start to convergence.
     pub mesh_bytes: Option<u64>,
@@ -34,27 +48,43 @@ pub struct ScenarioResult {
     pub veth_bytes: u64,
     /// Sum of replicas' `*bytes_sent*` metrics over the interval, when `/metrics` exists.
     pub metrics_bytes: Option<u64>,
+    /// Violations of the final state check.
     pub state_violations: usize,
+    /// Violations of the query check.
     pub query_violations: usize,
     /// Up to 50 violations, rendered.
     pub violations: Vec<String>,
+    /// Remarks of the run (a warm-up that did not converge, what a fault did).
     pub notes: Vec<String>,
 }
 
 /// Inputs of [`summarize`].
 pub struct Inputs<'a> {
+    /// Scenario name.
     pub name: &'a str,
+    /// What the scenario does.
     pub about: &'a str,
+    /// Workload seed.
     pub seed: u64,
+    /// Changes the workload wrote.
     pub writes: usize,
+    /// Time until the fleet first converged.
     pub warmup_s: Option<f64>,
+    /// Time from the end of the fault until the replicas converged.
     pub converge_s: Option<f64>,
+    /// Every query sent.
     pub queries: &'a [QueryRecord],
+    /// The fault window.
     pub fault: Window,
+    /// See [`ScenarioResult::mesh_bytes`].
     pub mesh_bytes: Option<u64>,
+    /// See [`ScenarioResult::veth_bytes`].
     pub veth_bytes: u64,
+    /// See [`ScenarioResult::metrics_bytes`].
     pub metrics_bytes: Option<u64>,
+    /// Every violation found.
     pub violations: &'a [Violation],
+    /// Remarks of the run.
     pub notes: Vec<String>,
 }
 

@@ -27,33 +27,66 @@ use crate::report::{self, ScenarioResult};
 use crate::sys;
 use crate::workload::Workload;
 
+/// Names of the three replicas.
 pub const REPLICAS: [&str; 3] = ["r1", "r2", "r3"];
+/// Names of the three agents' hosts.
 pub const AGENTS: [&str; 3] = ["a0", "a1", "a2"];
 
 /// A fault injected for the fault window.
 #[derive(Debug, Clone, Serialize)]
 pub enum Fault {
     /// Both directions cut between every host of `a` and every host of `b`.
-    Partition { a: Vec<String>, b: Vec<String> },
+    Partition {
+        /// Hosts on one side.
+        a: Vec<String>,
+        /// Hosts on the other side.
+        b: Vec<String>,
+    },
     /// Packets from `from` never arrive at `to`; the other direction works.
-    OneWay { from: Vec<String>, to: Vec<String> },
+    OneWay {
+        /// Sending hosts whose packets are dropped.
+        from: Vec<String>,
+        /// Receiving hosts.
+        to: Vec<String>,
+    },
     /// One replica cut off from every other host.
-    Isolate { replica: String },
+    Isolate {
+        /// The replica.
+        replica: String,
+    },
     /// Delay, jitter and loss on every link between hosts.
     Impair(Impairment),
     /// SIGKILL a process at the start; restart it from its disk after `down_ms`.
-    Kill { proc: String, down_ms: u64 },
+    Kill {
+        /// The process name.
+        proc: String,
+        /// How long it stays down.
+        down_ms: u64,
+    },
     /// SIGKILL a replica, truncate its largest data file to half, restart after `down_ms`.
-    TruncateDisk { replica: String, down_ms: u64 },
+    TruncateDisk {
+        /// The replica.
+        replica: String,
+        /// How long it stays down.
+        down_ms: u64,
+    },
     /// The replica runs with its wall clock shifted by `offset` (libfaketime syntax).
-    ClockShift { replica: String, offset: String },
+    ClockShift {
+        /// The replica.
+        replica: String,
+        /// The shift, e.g. `+7200`.
+        offset: String,
+    },
 }
 
 /// A named scenario.
 #[derive(Debug, Clone, Serialize)]
 pub struct Scenario {
+    /// Scenario name.
     pub name: &'static str,
+    /// What it does, for the report.
     pub about: &'static str,
+    /// The fault it injects.
     pub fault: Fault,
 }
 
@@ -134,17 +167,26 @@ pub fn all_scenarios(fault_ms: u64) -> Vec<Scenario> {
 /// Timing and selection of a profile.
 #[derive(Debug, Clone, Serialize)]
 pub struct Profile {
+    /// Profile name (`quick`, `full`).
     pub name: String,
+    /// Scenarios it runs, by name.
     pub scenarios: Vec<&'static str>,
+    /// Length of the fault window.
     pub fault_ms: u64,
+    /// Time between workload changes.
     pub write_interval_ms: u64,
+    /// Time between estimate queries to each replica.
     pub query_interval_ms: u64,
+    /// An answer slower than this fails the query check.
     pub latency_bound_ms: f64,
+    /// Longest wait for the fleet to converge before the fault.
     pub warmup_timeout_ms: u64,
+    /// Longest wait for convergence after the fault.
     pub converge_timeout_ms: u64,
 }
 
 impl Profile {
+    /// The profile of this name, or an error listing the known ones.
     pub fn named(name: &str) -> Result<Profile> {
         match name {
             "quick" => Ok(Profile {
@@ -180,11 +222,17 @@ impl Profile {
 /// Options of a run beyond the profile.
 #[derive(Debug, Clone)]
 pub struct RunOptions {
+    /// The `dramesh` binary.
     pub dramesh: PathBuf,
+    /// The chaos binary, re-executed as the delay helper.
     pub helper_exe: PathBuf,
+    /// Output folder (logs, reports).
     pub out: PathBuf,
+    /// Workload seed.
     pub seed: u64,
+    /// Extra arguments for every replica.
     pub replica_extra_args: Vec<String>,
+    /// Each agent talks to its home replica only.
     pub agents_home_only: bool,
 }
 

@@ -26,8 +26,11 @@ use crate::checker::ClusterState;
 pub struct Change {
     /// 1-based change number.
     pub seq: u64,
+    /// When, in ms since the scenario started.
     pub at_ms: u64,
+    /// The cluster changed.
     pub cluster: String,
+    /// What was done (for the log).
     pub op: String,
     /// Keys written (`+`) or removed (`-`).
     pub keys: Vec<String>,
@@ -39,6 +42,7 @@ pub struct Workload {
     clusters: Vec<Cluster>,
     rng: StdRng,
     next_id: u64,
+    /// Every change written, in order.
     pub changes: Vec<Change>,
 }
 

@@ -11,7 +11,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use dramesh_model::nodesel;
+use dramesh_model::k8s::Taint;
+use dramesh_model::{nodesel, taint};
 use k8s_openapi::api::core::v1::PodSpec;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
@@ -110,15 +111,13 @@ fn claim_admits(c: &NodeClaim, cl: &TableCluster) -> bool {
     {
         return false;
     }
-    cl.taints.iter().all(|taint| {
-        c.tolerations.iter().any(|t| {
-            let effect_ok = matches!(t.effect.as_deref(), None | Some("NoSchedule"));
-            let key_ok = match t.operator.as_deref() {
-                Some("Exists") => t.key.as_deref().is_none_or(|k| k == taint),
-                _ => t.key.as_deref() == Some(taint.as_str()),
-            };
-            effect_ok && key_ok
-        })
+    cl.taints.iter().all(|key| {
+        let t = Taint {
+            key: key.clone(),
+            effect: "NoSchedule".into(),
+            ..Taint::default()
+        };
+        taint::tolerated(&c.tolerations, &t)
     })
 }
 
@@ -545,6 +544,33 @@ mod tests {
             ..Default::default()
         }];
         assert_eq!(t.max_available_replicas(&q), ReplicaAnswer::Count(32));
+        // Kubernetes' rule (`dramesh_model::taint`): an empty effect matches every effect, an
+        // empty key with Exists matches every key, and Equal compares values (the taint has
+        // none). The table used to refuse the first two and accept the third.
+        let tol = |key: &str, op: &str, value: Option<&str>, effect: &str| {
+            vec![k8s_openapi::api::core::v1::Toleration {
+                key: Some(key.into()),
+                operator: Some(op.into()),
+                value: value.map(str::to_string),
+                effect: Some(effect.into()),
+                ..Default::default()
+            }]
+        };
+        for (tolerations, fits) in [
+            (tol("nvidia.com/gpu", "Exists", None, ""), 32),
+            (tol("", "Exists", None, "NoSchedule"), 32),
+            (tol("nvidia.com/gpu", "Equal", Some("x"), "NoSchedule"), 0),
+            (tol("nvidia.com/gpu", "Equal", None, "NoExecute"), 0),
+        ] {
+            let mut q = q.clone();
+            q.requirements.node_claim.tolerations = tolerations;
+            assert_eq!(
+                t.max_available_replicas(&q),
+                ReplicaAnswer::Count(fits),
+                "{:?}",
+                q.requirements.node_claim.tolerations
+            );
+        }
         q.assumed_workloads = vec![crate::query::AssumedWorkload {
             namespace: "x".into(),
             components: vec![crate::query::Component {

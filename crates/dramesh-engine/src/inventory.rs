@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use dramesh_model::k8s;
 use dramesh_model::{AttrValue, QualifiedName, Quantity};
 
-use crate::celx::{self, CelEnv, DeviceInput, Limits, Selector};
+use crate::celx::{self, CelEnv, CelError, DeviceInput, Limits, Selector};
 
 /// An object the inventory refuses, with the object and field that are wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -170,7 +170,7 @@ pub(crate) struct Slice {
 
 pub(crate) struct Class {
     pub name: String,
-    pub selectors: Vec<Result<Selector, String>>,
+    pub selectors: Vec<Result<Selector, CelError>>,
     pub config: Vec<k8s::DeviceClassConfiguration>,
     pub extended_resource_name: Option<String>,
     pub created: Option<String>,
@@ -308,7 +308,7 @@ pub struct Inventory {
     pub(crate) pools: BTreeMap<PoolKey, NameSet>,
     pub(crate) classes: BTreeMap<String, Arc<Class>>,
     pub(crate) taint_rules: BTreeMap<String, Arc<TaintRule>>,
-    compiled: Mutex<HashMap<String, Result<Selector, String>>>,
+    compiled: Mutex<HashMap<String, Result<Selector, CelError>>>,
     cores: CoreInterner,
 }
 
@@ -392,7 +392,7 @@ impl Inventory {
     }
 
     /// Compiles (or fetches) a request selector.
-    pub(crate) fn compile_cached(&self, expr: &str) -> Result<Selector, String> {
+    pub(crate) fn compile_cached(&self, expr: &str) -> Result<Selector, CelError> {
         // A poisoned lock only means another thread panicked mid-insert; the map is still
         // a valid cache.
         let mut map = self
@@ -477,7 +477,7 @@ impl Inventory {
             .iter()
             .map(|s| match &s.cel {
                 Some(c) => self.compile_cached(&c.expression),
-                None => Err("CEL expression empty (unsupported selector type?)".to_string()),
+                None => Err(CelError::NotCel),
             })
             .collect();
         let entry = Class {
@@ -530,6 +530,41 @@ impl Inventory {
     /// Removes a DeviceTaintRule; false when it was not present.
     pub fn remove_taint_rule(&mut self, name: &str) -> bool {
         self.taint_rules.remove(name).is_some()
+    }
+
+    /// Names of the held DeviceClasses, sorted.
+    pub fn class_names(&self) -> impl Iterator<Item = &str> {
+        self.classes.keys().map(String::as_str)
+    }
+
+    /// `(driver, pool, device)` of every device of every held slice that the class selects:
+    /// each of the class's selectors is true on the device. A selector that does not compile,
+    /// a device without a CEL input and a selector that fails on the device select nothing
+    /// (the allocator would not pick such a device). Empty for an unknown class. Evaluations
+    /// use the inventory's CEL result cache, so repeated calls cost one lookup per device.
+    pub fn class_devices<'a>(
+        &'a self,
+        class: &str,
+    ) -> impl Iterator<Item = (&'a str, &'a str, &'a str)> + 'a {
+        let class = self.classes.get(class);
+        class.into_iter().flat_map(move |c| {
+            self.slices.values().flat_map(move |s| {
+                s.devices
+                    .iter()
+                    .filter(move |d| self.class_selects(c, d))
+                    .map(move |d| (&*s.driver, &*s.pool, &*d.name))
+            })
+        })
+    }
+
+    fn class_selects(&self, class: &Class, device: &Device) -> bool {
+        class
+            .selectors
+            .iter()
+            .all(|sel| match (sel, &device.cel_input) {
+                (Ok(sel), Some(input)) => celx::evaluate(&self.cel, sel, input) == Ok(true),
+                _ => false,
+            })
     }
 
     /// The DeviceClass that backs an extended resource name (DRAExtendedResource): a class

@@ -71,7 +71,7 @@ struct Alt<'a> {
     base: &'a str,
     sub: Option<&'a str>,
     class: Arc<Class>,
-    selectors: Vec<Result<celx::Selector, String>>,
+    selectors: Vec<Result<celx::Selector, celx::CelError>>,
     all: bool,
     num_devices: usize,
     all_devices: Vec<usize>,
@@ -881,15 +881,16 @@ impl<'a> Run<'a> {
         Ok(true)
     }
 
-    fn eval(&self, sel: &celx::Selector, d: usize) -> Result<bool, String> {
+    fn eval(&self, sel: &celx::Selector, d: usize) -> Result<bool, celx::CelError> {
         let f = &self.devs[d];
         match &f.dev.cel_input {
             Some(input) => celx::evaluate(self.inv.cel(), sel, input),
-            None => Err(f
-                .dev
-                .attr_error
-                .clone()
-                .unwrap_or_else(|| "unsupported attribute value".to_string())),
+            None => Err(celx::CelError::NoInput(
+                f.dev
+                    .attr_error
+                    .clone()
+                    .unwrap_or_else(|| "unsupported attribute value".to_string()),
+            )),
         }
     }
 

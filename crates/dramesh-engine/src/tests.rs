@@ -566,3 +566,59 @@ fn duplicate_device_names_are_reported_in_small_and_large_pools() {
         );
     }
 }
+
+/// `Inventory::class_devices` selects as the allocator does: every class selector true; a
+/// selector that fails on a device, or does not compile, selects nothing; an unknown class
+/// selects nothing; a class without selectors selects every device.
+#[test]
+fn class_devices_follow_the_allocators_selection() {
+    let mut inv = inventory(&[
+        slice("s1", "node-1", "pool-1", 3, &["x", "y"]),
+        slice("s2", "node-2", "pool-2", 1, &["x"]),
+    ]);
+    let sorted = |inv: &Inventory, c: &str| {
+        let mut v: Vec<String> = inv
+            .class_devices(c)
+            .map(|(d, p, n)| format!("{d}/{p}/{n}"))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        sorted(&inv, "class-a"),
+        [
+            "driver-a/pool-1/device-1",
+            "driver-a/pool-1/device-2",
+            "driver-a/pool-1/device-3",
+            "driver-a/pool-2/device-1"
+        ]
+    );
+    let typed: k8s::DeviceClass = yaml(
+        "metadata: {name: type-x}\nspec:\n  selectors:\n  - cel: {expression: 'device.attributes[\"driver-a\"].type == \"x\"'}\n",
+    );
+    let failing: k8s::DeviceClass = yaml(
+        "metadata: {name: failing}\nspec:\n  selectors:\n  - cel: {expression: 'device.attributes[\"driver-a\"].nosuch == \"x\"'}\n",
+    );
+    let broken: k8s::DeviceClass =
+        yaml("metadata: {name: broken}\nspec:\n  selectors:\n  - cel: {expression: 'device.'}\n");
+    let open: k8s::DeviceClass = yaml("metadata: {name: open}\nspec: {}\n");
+    for c in [&typed, &failing, &broken, &open] {
+        inv.upsert_class(c).expect("class");
+    }
+    assert_eq!(
+        sorted(&inv, "type-x"),
+        [
+            "driver-a/pool-1/device-1",
+            "driver-a/pool-1/device-3",
+            "driver-a/pool-2/device-1"
+        ]
+    );
+    assert!(sorted(&inv, "failing").is_empty());
+    assert!(sorted(&inv, "broken").is_empty());
+    assert!(sorted(&inv, "nosuch").is_empty());
+    assert_eq!(sorted(&inv, "open").len(), 4);
+    assert_eq!(
+        inv.class_names().collect::<Vec<_>>(),
+        ["broken", "class-a", "failing", "open", "type-x"]
+    );
+}

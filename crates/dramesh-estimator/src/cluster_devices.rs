@@ -149,6 +149,17 @@ pub(crate) struct ClaimMeta {
     pub unallocated: Option<Arc<ResourceClaim>>,
 }
 
+/// Devices of one DeviceClass in one cluster (see [`ClusterDevices::class_usage`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClassUsage {
+    /// DeviceClass name.
+    pub class: String,
+    /// Devices the class selects.
+    pub devices: u32,
+    /// Of those, devices allocated claims hold.
+    pub allocated: u32,
+}
+
 /// Device state of one cluster.
 #[derive(Debug, Default)]
 pub struct ClusterDevices {
@@ -315,6 +326,33 @@ impl ClusterDevices {
     /// The devices allocated claims hold.
     pub fn allocated_state(&self) -> &AllocatedState {
         &self.allocated
+    }
+
+    /// Per DeviceClass, sorted by name: the devices it selects
+    /// ([`Inventory::class_devices`]) and how many of those allocated claims hold. A device
+    /// several claims share counts once; an admin-access result does not hold a device (as
+    /// in the allocator).
+    pub fn class_usage(&self) -> Vec<ClassUsage> {
+        let a = &self.allocated;
+        self.inventory
+            .class_names()
+            .map(|class| {
+                let (mut devices, mut allocated) = (0u32, 0u32);
+                for (driver, pool, device) in self.inventory.class_devices(class) {
+                    devices = devices.saturating_add(1);
+                    if a.is_dedicated(driver, pool, device)
+                        || a.share_count(driver, pool, device) > 0
+                    {
+                        allocated = allocated.saturating_add(1);
+                    }
+                }
+                ClassUsage {
+                    class: class.to_string(),
+                    devices,
+                    allocated,
+                }
+            })
+            .collect()
     }
 
     /// The DeviceClass that maps an extended resource name (KEP-5004).

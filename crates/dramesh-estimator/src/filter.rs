@@ -1,7 +1,7 @@
 //! Node filtering as Karmada's estimator does it: nodeSelector, required node affinity
 //! (both matched by `dramesh_model::nodesel`, the one implementation of node selection),
-//! and NoSchedule/NoExecute taints against tolerations (an unschedulable node needs a
-//! toleration of `node.kubernetes.io/unschedulable:NoSchedule`).
+//! and NoSchedule/NoExecute taints against tolerations (matched by `dramesh_model::taint`; an
+//! unschedulable node needs a toleration of `node.kubernetes.io/unschedulable:NoSchedule`).
 //!
 //! Guarantees: a node passes only when every check passes; a failure names the first
 //! check that failed so explanations can count exclusions by reason.
@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use dramesh_model::k8s::{NodeSelector, Taint, Toleration};
-use dramesh_model::nodesel;
+use dramesh_model::{nodesel, taint};
 
 /// What a replica requires of a node.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -81,7 +81,7 @@ impl NodeClaim {
                 effect: "NoSchedule".into(),
                 ..Default::default()
             };
-            if !self.tolerations.iter().any(|tol| tolerates(tol, &t)) {
+            if !taint::tolerated(&self.tolerations, &t) {
                 return Err(Exclusion::Unschedulable);
             }
         }
@@ -89,7 +89,7 @@ impl NodeClaim {
             if t.effect != "NoSchedule" && t.effect != "NoExecute" {
                 continue;
             }
-            if !self.tolerations.iter().any(|tol| tolerates(tol, t)) {
+            if !taint::tolerated(&self.tolerations, t) {
                 return Err(Exclusion::Taint);
             }
         }
@@ -97,64 +97,9 @@ impl NodeClaim {
     }
 }
 
-/// Kubernetes toleration matching (Equal / Exists; empty key with Exists matches all).
-pub(crate) fn tolerates(tol: &Toleration, taint: &Taint) -> bool {
-    if let Some(e) = tol.effect.as_deref()
-        && !e.is_empty()
-        && e != taint.effect
-    {
-        return false;
-    }
-    let key = tol.key.as_deref().unwrap_or("");
-    let op = tol.operator.as_deref().unwrap_or("Equal");
-    if key.is_empty() {
-        return op == "Exists";
-    }
-    if key != taint.key {
-        return false;
-    }
-    match op {
-        "Exists" => true,
-        "Equal" | "" => tol.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or(""),
-        _ => false,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn toleration_rules() {
-        let taint = Taint {
-            key: "k".into(),
-            value: Some("v".into()),
-            effect: "NoSchedule".into(),
-            ..Default::default()
-        };
-        let eq = Toleration {
-            key: Some("k".into()),
-            operator: Some("Equal".into()),
-            value: Some("v".into()),
-            ..Default::default()
-        };
-        assert!(tolerates(&eq, &taint));
-        let wrong = Toleration {
-            value: Some("x".into()),
-            ..eq.clone()
-        };
-        assert!(!tolerates(&wrong, &taint));
-        let all = Toleration {
-            operator: Some("Exists".into()),
-            ..Default::default()
-        };
-        assert!(tolerates(&all, &taint));
-        let other_effect = Toleration {
-            effect: Some("NoExecute".into()),
-            ..eq
-        };
-        assert!(!tolerates(&other_effect, &taint));
-    }
 
     fn affinity(key: &str, op: &str, values: Option<Vec<String>>) -> NodeClaim {
         NodeClaim {

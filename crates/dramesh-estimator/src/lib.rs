@@ -43,7 +43,7 @@ extern crate self as dramesh_estimator;
 mod test_fleet;
 
 pub use assumed::AssumedWorkload;
-pub use cluster_devices::ClusterDevices;
+pub use cluster_devices::{ClassUsage, ClusterDevices};
 pub use estimate::{
     ClusterEstimate, Component, Estimate, EstimateOptions, Estimator, estimate,
     estimate_component_sets,

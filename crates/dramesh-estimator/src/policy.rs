@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use dramesh_model::ClusterInfo;
+use dramesh_model::{ClusterInfo, nodesel};
 use serde_json::Value;
 
 use crate::view::View;
@@ -87,15 +87,27 @@ impl ClusterAffinity {
             a.field_expressions = serde_json::from_value(me.clone())
                 .map_err(|e| err("fieldSelector.matchExpressions", e.to_string()))?;
         }
-        for r in a.match_expressions.iter().chain(&a.field_expressions) {
-            if !matches!(
-                r.operator.as_str(),
-                "In" | "NotIn" | "Exists" | "DoesNotExist"
-            ) {
-                return Err(err(
-                    "matchExpressions",
-                    format!("unknown operator {:?} for key {:?}", r.operator, r.key),
-                ));
+        let lists = [
+            ("labelSelector.matchExpressions", &a.match_expressions),
+            ("fieldSelector.matchExpressions", &a.field_expressions),
+        ];
+        for (list, reqs) in lists {
+            for (i, r) in reqs.iter().enumerate() {
+                // Label selectors have no Gt/Lt (`metav1.LabelSelectorAsSelector`); the rest
+                // is `labels.NewRequirement`, via the one implementation in nodesel.
+                let fault = if matches!(r.operator.as_str(), "Gt" | "Lt") {
+                    Some((
+                        "operator",
+                        format!("{:?} is not a valid label selector operator", r.operator),
+                    ))
+                } else {
+                    nodesel::requirement(&r.key, &r.operator, &r.values, None)
+                        .err()
+                        .map(|e| (e.field, e.message))
+                };
+                if let Some((f, m)) = fault {
+                    return Err(err(&format!("{list}[{i}].{f}"), m));
+                }
             }
         }
         Ok(a)
@@ -144,14 +156,9 @@ impl ClusterAffinity {
     }
 }
 
+/// A requirement validated at load; one that is malformed anyway matches nothing.
 fn requirement(r: &LabelRequirement, v: Option<&str>) -> bool {
-    match r.operator.as_str() {
-        "In" => v.is_some_and(|v| r.values.iter().any(|x| x == v)),
-        "NotIn" => v.is_none_or(|v| !r.values.iter().any(|x| x == v)),
-        "Exists" => v.is_some(),
-        "DoesNotExist" => v.is_none(),
-        _ => false,
-    }
+    nodesel::requirement(&r.key, &r.operator, &r.values, v) == Ok(true)
 }
 
 /// How replicas are assigned.
@@ -359,5 +366,92 @@ impl Policy {
             strategy,
             spread,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(affinity: Value) -> Result<Policy, PolicyError> {
+        Policy::from_value(&serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {"placement": {"clusterAffinity": affinity}}
+        }))
+    }
+
+    fn label_expr(op: &str, values: Option<Vec<&str>>) -> Value {
+        let mut r = serde_json::json!({"key": "tier", "operator": op});
+        if let Some(v) = values {
+            r["values"] = serde_json::json!(v);
+        }
+        serde_json::json!({"labelSelector": {"matchExpressions": [r]}})
+    }
+
+    /// `labels.NewRequirement`: In/NotIn need values, Exists/DoesNotExist take none. Both
+    /// malformed forms used to load (`NotIn` with no values then matched every cluster).
+    #[test]
+    fn malformed_label_requirements_are_rejected_naming_the_field() {
+        for (op, values) in [
+            ("In", None),
+            ("NotIn", None),
+            ("NotIn", Some(vec![])),
+            ("Exists", Some(vec!["a"])),
+            ("DoesNotExist", Some(vec!["a"])),
+        ] {
+            let e = policy(label_expr(op, values.clone())).expect_err(op);
+            assert_eq!(
+                e.field, "spec.placement.clusterAffinity.labelSelector.matchExpressions[0].values",
+                "{op} {values:?}: {e}"
+            );
+            assert_eq!(e.policy, "p");
+        }
+        let e = policy(label_expr("Gt", Some(vec!["1"]))).expect_err("Gt");
+        assert!(
+            e.field
+                .ends_with("labelSelector.matchExpressions[0].operator"),
+            "{e}"
+        );
+        let e = policy(label_expr("Near", Some(vec!["1"]))).expect_err("Near");
+        assert!(
+            e.field
+                .ends_with("labelSelector.matchExpressions[0].operator"),
+            "{e}"
+        );
+        let e = policy(serde_json::json!({"fieldSelector": {"matchExpressions": [
+            {"key": "region", "operator": "In", "values": ["eu"]},
+            {"key": "zone", "operator": "In"}
+        ]}}))
+        .expect_err("field selector");
+        assert!(
+            e.field
+                .ends_with("fieldSelector.matchExpressions[1].values"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn well_formed_requirements_match_as_kubernetes() {
+        let info = |tier: Option<&str>| ClusterInfo {
+            labels: tier
+                .map(|t| BTreeMap::from([("tier".to_string(), t.to_string())]))
+                .unwrap_or_default(),
+            ..ClusterInfo::default()
+        };
+        let cases = [
+            (label_expr("In", Some(vec!["gold"])), [true, false, false]),
+            (label_expr("NotIn", Some(vec!["gold"])), [false, true, true]),
+            (label_expr("Exists", None), [true, true, false]),
+            (
+                label_expr("DoesNotExist", Some(vec![])),
+                [false, false, true],
+            ),
+        ];
+        for (affinity, want) in cases {
+            let p = policy(affinity.clone()).expect("valid");
+            let a = p.affinity.as_ref().expect("affinity");
+            let got = [Some("gold"), Some("silver"), None].map(|t| a.matches("c", &info(t)));
+            assert_eq!(got, want, "{affinity}");
+        }
     }
 }

@@ -24,35 +24,50 @@ pub const MESH_SERVER_NAME: &str = "mesh.dramesh.invalid";
 /// Why a certificate could not be generated, read or written; each message names the file or
 /// identity concerned.
 #[derive(Debug, thiserror::Error)]
-#[allow(missing_docs)] // Each variant's message says what failed; fields are named for what they hold.
 pub enum CertError {
+    /// rcgen could not build a key or certificate.
     #[error("certificate generation failed for {what}: {source}")]
     Generate {
+        /// What was being generated (the CA or an identity).
         what: String,
+        /// rcgen's error.
         #[source]
         source: rcgen::Error,
     },
+    /// A certificate or key file could not be read.
     #[error("cannot read {path}: {source}")]
     Read {
+        /// The file.
         path: PathBuf,
+        /// The operating system's error.
         #[source]
         source: std::io::Error,
     },
+    /// A certificate or key file could not be written.
     #[error("cannot write {path}: {source}")]
     Write {
+        /// The file.
         path: PathBuf,
+        /// The operating system's error.
         #[source]
         source: std::io::Error,
     },
+    /// A file or string holds no usable PEM block of the expected kind.
     #[error("{what} holds no usable PEM {kind}: {detail}")]
     Pem {
+        /// The file or input read.
         what: String,
+        /// The expected block: certificate or private key.
         kind: &'static str,
+        /// What is wrong with it.
         detail: String,
     },
+    /// A certificate does not carry exactly one valid dramesh identity.
     #[error("certificate {what} has no valid mesh identity: {source}")]
     Identity {
+        /// The certificate (file or identity).
         what: String,
+        /// Why the identity was refused.
         #[source]
         source: IdentityError,
     },

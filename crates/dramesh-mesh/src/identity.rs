@@ -20,32 +20,58 @@ pub const IDENTITY_SCHEME: &str = "dramesh://";
 
 /// Who a peer is, as proven by its certificate.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[allow(missing_docs)] // Fields are the URI's segments, named as in the URI.
 pub enum PeerIdentity {
     /// An agent publishing the state of `node` in member cluster `cluster`.
-    Agent { cluster: String, node: String },
+    Agent {
+        /// The member cluster (`dramesh://cluster/<cluster>/...`).
+        cluster: String,
+        /// The node (`.../agent/<node>`).
+        node: String,
+    },
     /// A control-plane replica holding a converged copy of every document.
-    Replica { id: String },
+    Replica {
+        /// The replica id (`dramesh://replica/<id>`).
+        id: String,
+    },
 }
 
 /// Why an identity URI was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[allow(missing_docs)] // Each variant's message says what was refused.
 pub enum IdentityError {
+    /// The URI has another scheme.
     #[error("identity URI {uri:?} does not start with {IDENTITY_SCHEME:?}")]
-    Scheme { uri: String },
+    Scheme {
+        /// The URI as given.
+        uri: String,
+    },
+    /// The URI's path has neither identity shape.
     #[error(
         "identity URI {uri:?} is neither dramesh://cluster/<cluster>/agent/<node> nor dramesh://replica/<id>"
     )]
-    Shape { uri: String },
+    Shape {
+        /// The URI as given.
+        uri: String,
+    },
+    /// A segment is not a valid name.
     #[error(
         "identity URI {uri:?}: segment {segment:?} must be 1-253 chars of [a-z0-9.-], starting and ending alphanumeric"
     )]
-    Segment { uri: String, segment: String },
+    Segment {
+        /// The URI as given.
+        uri: String,
+        /// The refused segment.
+        segment: String,
+    },
+    /// The certificate carries no identity.
     #[error("certificate has no dramesh:// URI SAN")]
     Missing,
+    /// The certificate carries more than one identity.
     #[error("certificate has {count} dramesh:// URI SANs; exactly one is required")]
-    Ambiguous { count: usize },
+    Ambiguous {
+        /// How many it carries.
+        count: usize,
+    },
+    /// The certificate does not parse as X.509 (the parser's message).
     #[error("certificate could not be parsed: {0}")]
     Certificate(String),
 }

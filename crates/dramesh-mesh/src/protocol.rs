@@ -118,19 +118,28 @@ impl Default for ProtocolConfig {
 
 /// Something the driver must do.
 #[derive(Debug, Clone, PartialEq)]
-#[allow(missing_docs)] // Variant fields are named for what they hold.
 pub enum Output {
     /// Send the envelope on the connection.
     Send {
+        /// The connection.
         conn: ConnId,
+        /// What to send.
         envelope: pb::Envelope,
     },
     /// Close the connection (protocol violation or version mismatch).
-    Close { conn: ConnId, reason: String },
+    Close {
+        /// The connection.
+        conn: ConnId,
+        /// Why, for the peer and the log.
+        reason: String,
+    },
     /// A remote sync message changed a document.
     Applied {
+        /// The document.
         doc: DocId,
+        /// Its generation.
         generation: u64,
+        /// The peer whose message changed it.
         from: PeerIdentity,
     },
 }

@@ -65,19 +65,30 @@ impl Default for TransportConfig {
 
 /// Why an endpoint could not be configured.
 #[derive(Debug, thiserror::Error)]
-#[allow(missing_docs)] // Each variant's message says what failed.
 pub enum TransportError {
+    /// rustls refused the certificates or keys.
     #[error("TLS configuration: {0}")]
     Tls(#[from] rustls::Error),
+    /// The client certificate verifier could not be built.
     #[error("client certificate verifier: {0}")]
     Verifier(#[from] rustls::server::VerifierBuilderError),
+    /// quinn refused the TLS configuration (its message).
     #[error("QUIC crypto configuration: {0}")]
     QuicCrypto(String),
+    /// A transport setting is out of range.
     #[error("transport configuration {field}: {detail}")]
-    Config { field: &'static str, detail: String },
+    Config {
+        /// The setting.
+        field: &'static str,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// The UDP socket could not be bound.
     #[error("cannot bind UDP endpoint on {addr}: {source}")]
     Bind {
+        /// The address.
         addr: SocketAddr,
+        /// The operating system's error.
         #[source]
         source: std::io::Error,
     },

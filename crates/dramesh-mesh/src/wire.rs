@@ -23,12 +23,17 @@ pub const FRAME_HEADER_LEN: usize = 4;
 
 /// Why a frame was refused.
 #[derive(Debug, thiserror::Error)]
-#[allow(missing_docs)] // Each variant's message says what was wrong with the frame.
 pub enum FrameError {
+    /// The length prefix is above [`MAX_FRAME_SIZE`].
     #[error("frame length {len} exceeds the maximum {MAX_FRAME_SIZE}")]
-    TooLarge { len: usize },
+    TooLarge {
+        /// The announced length in bytes.
+        len: usize,
+    },
+    /// The payload is not an `Envelope`.
     #[error("frame does not decode as dramesh.mesh.v1.Envelope: {0}")]
     Decode(#[from] prost::DecodeError),
+    /// Reading or writing the stream failed.
     #[error("I/O error on mesh stream: {0}")]
     Io(#[from] std::io::Error),
 }

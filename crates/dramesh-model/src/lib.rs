@@ -11,6 +11,7 @@ pub mod nodesel;
 pub mod object;
 pub mod quantity;
 pub mod semver;
+pub mod taint;
 
 pub use attr::{AttrValue, QualifiedName};
 pub use load::{LoadError, Loaded, Manifest, Source};

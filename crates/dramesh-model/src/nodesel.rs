@@ -198,10 +198,46 @@ fn term(t: &NodeSelectorTerm, ti: usize, node: NodeRef<'_>) -> Result<bool, Sele
 
 type Fault = (&'static str, String);
 
+/// A malformed label requirement: the field at fault and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct RequirementError {
+    /// `key`, `operator` or `values`.
+    pub field: &'static str,
+    /// What is wrong, in Kubernetes' words.
+    pub message: String,
+}
+
+/// One label requirement (`key`, `operator`, `values`) against a label's value (`None` when
+/// the label is absent), as `labels.NewRequirement` then `Requirement.Matches`: the same
+/// rule node selector terms use, for label selectors outside node selection (Karmada
+/// cluster affinity). `Err` when the requirement is malformed.
+pub fn requirement(
+    key: &str,
+    operator: &str,
+    values: &[String],
+    label: Option<&str>,
+) -> Result<bool, RequirementError> {
+    requirement_parts(key, operator, values, label)
+        .map_err(|(field, message)| RequirementError { field, message })
+}
+
 fn label_requirement(r: &NodeSelectorRequirement, label: Option<&str>) -> Result<bool, Fault> {
-    qualified_name(&r.key).map_err(|m| ("key", m))?;
-    let values = r.values.as_deref().unwrap_or_default();
-    let op = r.operator.as_str();
+    requirement_parts(
+        &r.key,
+        &r.operator,
+        r.values.as_deref().unwrap_or_default(),
+        label,
+    )
+}
+
+fn requirement_parts(
+    key: &str,
+    op: &str,
+    values: &[String],
+    label: Option<&str>,
+) -> Result<bool, Fault> {
+    qualified_name(key).map_err(|m| ("key", m))?;
     match op {
         "In" | "NotIn" if values.is_empty() => {
             return Err((

@@ -9,8 +9,8 @@
 //!   [`ReplicaAnswer::UnknownCluster`]; one whose writers have not been heard from for longer
 //!   than `stale_after` (measured with [`Instant`], so wall-clock jumps cannot make data look
 //!   fresh or stale) is [`ReplicaAnswer::Stale`].
-//! - The view, the device index and the pending-pod index change together, under one lock, so
-//!   a reader never sees one of them ahead of the others.
+//! - The view and the pending-pod index change together, under one lock, so a reader never
+//!   sees one ahead of the other.
 //! - In-flight reservations (see [`crate::reservations`]) are routed out of the store's change
 //!   stream into their own table; every estimate (Karmada and native, placement and
 //!   preemption included) deducts the reservations that overcommit resolution
@@ -28,7 +28,7 @@
 //!    held.
 //! 2. `store`, 3. `reservations` (the table): leaves. Each is held only for the duration of one
 //!    closure ([`ReplicaState::with_store`], `with_table`) that takes no other lock.
-//! 4. `indexes` (RwLock: view, devices, pending) then 5. `compute` (the estimator and the
+//! 4. `indexes` (RwLock: view, pending) then 5. `compute` (the estimator and the
 //!    cached resolution): `compute` can only be taken by handing in the held indexes
 //!    (`ReplicaState::compute(&Indexes)`), so it is never taken first.
 //! 6. `fresh` (data age per cluster): a leaf, taken only inside `touch`, `data_age` and the
@@ -50,7 +50,7 @@ use dramesh_mesh::lock;
 use dramesh_mesh::store_adapter::MeshStore;
 use dramesh_model::ObjectChange;
 
-use crate::devstatus::DeviceIndex;
+use crate::devstatus;
 use crate::pending::PendingIndex;
 use crate::requests::workload_from_manifests;
 use crate::reservations::{self as resv, Table};
@@ -69,8 +69,6 @@ fn write<T>(m: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
 pub(crate) struct Indexes {
     /// The estimation view.
     pub(crate) view: View,
-    /// Devices per cluster and class, for the status report.
-    pub(crate) devices: DeviceIndex,
     /// Unbound pods per cluster, for `GetUnschedulableReplicas`.
     pub(crate) pending: PendingIndex,
 }
@@ -240,16 +238,11 @@ impl ReplicaState {
         }
         {
             let mut indexes = write(&self.indexes);
-            let Indexes {
-                view,
-                devices,
-                pending,
-            } = &mut *indexes;
+            let Indexes { view, pending } = &mut *indexes;
             for (cluster, change) in &changes {
                 if let Err(e) = view.apply(cluster, change) {
                     tracing::warn!(cluster, key = %change.key(), error = %e, "change not applied to the view");
                 }
-                devices.apply(cluster, change);
                 pending.apply(cluster, change);
             }
         }
@@ -421,7 +414,7 @@ impl ReplicaState {
                 nodes: u32::try_from(c.node_count()).unwrap_or(u32::MAX),
                 pods: u32::try_from(c.pod_count()).unwrap_or(u32::MAX),
                 resources,
-                devices: indexes.devices.by_class(&c.name),
+                devices: devstatus::by_class(c.devices()),
             });
         }
         StatusReport {

@@ -5,31 +5,49 @@ use std::path::PathBuf;
 
 /// Why a store operation failed.
 #[derive(Debug, thiserror::Error)]
-#[allow(missing_docs)] // Fields are named for what they hold; each message says the rest.
 pub enum StoreError {
     /// An object key does not parse.
     #[error("invalid object key {key}: {reason}")]
-    InvalidKey { key: String, reason: String },
+    InvalidKey {
+        /// The key as given.
+        key: String,
+        /// Why it does not parse.
+        reason: String,
+    },
 
     /// A write to a document this store does not write.
     #[error("document {doc} is not written by this store (open_writer was not called for it)")]
-    NotWriter { doc: DocId },
+    NotWriter {
+        /// The document.
+        doc: DocId,
+    },
 
+    /// A document id the mesh could not name ([`DocId::is_valid`]).
     #[error(
         "document id {doc} is invalid: cluster and writer must be 1-253 chars of [a-z0-9.-], \
          starting and ending alphanumeric (cluster may be \"_reservations\" for a replica's \
          reservations)"
     )]
-    /// A document id the mesh could not name ([`DocId::is_valid`]).
-    InvalidDocId { doc: DocId },
+    InvalidDocId {
+        /// The refused id.
+        doc: DocId,
+    },
 
     /// The document is not held.
     #[error("document {doc} is unknown to this store")]
-    UnknownDoc { doc: DocId },
+    UnknownDoc {
+        /// The document.
+        doc: DocId,
+    },
 
     /// The mesh's policy refused this peer as a source of the document.
     #[error("peer is not allowed to deliver document {doc} (generation {generation})")]
-    PeerNotAllowed { doc: DocId, generation: u64 },
+    PeerNotAllowed {
+        /// The document.
+        doc: DocId,
+        /// The generation the peer offered.
+        generation: u64,
+    },
 
     /// A change in an incoming sync message was authored by an actor other than the document's
     /// writer. Nothing from the message was applied.
@@ -38,32 +56,51 @@ pub enum StoreError {
          but only the writer's actor {expected} may author it; message refused"
     )]
     ForeignAuthor {
+        /// The document.
         doc: DocId,
+        /// The generation the message is for.
         generation: u64,
+        /// The actor that authored the refused change (hex).
         actor: String,
+        /// The writer's actor (hex).
         expected: String,
     },
 
     /// A sync message that does not decode or carries unacceptable chunks.
     #[error("sync message for document {doc} is malformed: {reason}")]
-    MalformedMessage { doc: DocId, reason: String },
+    MalformedMessage {
+        /// The document.
+        doc: DocId,
+        /// What is wrong with the message.
+        reason: String,
+    },
 
     /// A sync message above [`StoreConfig::max_message_bytes`](crate::StoreConfig::max_message_bytes).
     #[error("sync message for document {doc} is {size} bytes, above the limit of {limit}")]
     MessageTooLarge {
+        /// The document.
         doc: DocId,
+        /// The message's size in bytes.
         size: usize,
+        /// The configured limit in bytes.
         limit: usize,
     },
 
     /// Too many next-generation documents are being received at once.
     #[error("too many incomplete next-generation documents ({limit}); refusing to start {doc}")]
-    TooManyPending { doc: DocId, limit: usize },
+    TooManyPending {
+        /// The document whose next generation was refused.
+        doc: DocId,
+        /// How many may be incomplete at once.
+        limit: usize,
+    },
 
     /// automerge refused an operation.
     #[error("automerge failed on document {doc}: {source}")]
     Automerge {
+        /// The document.
         doc: DocId,
+        /// automerge's error.
         #[source]
         source: Box<automerge::AutomergeError>,
     },
@@ -71,7 +108,9 @@ pub enum StoreError {
     /// Reading or writing a file failed.
     #[error("I/O error on {path}: {source}")]
     Io {
+        /// The file or directory.
         path: PathBuf,
+        /// The operating system's error.
         #[source]
         source: std::io::Error,
     },

@@ -27,6 +27,7 @@ use crate::inventory::{Attr, Class, CounterSet, Device, Inventory, Slice, Taint}
 use crate::state::{AllocatedState, DevUse};
 use crate::{Features, KubeVersion, Options, Outcome};
 use dramesh_model::nodesel::{NodeInfo, node_matches};
+use dramesh_model::taint;
 
 mod prune;
 
@@ -1585,21 +1586,13 @@ fn add_requirements(
 
 /// `resourceclaim.ToleratesTaint`.
 fn tolerates(t: &k8s::DeviceToleration, taint: &Taint) -> bool {
-    if let Some(e) = t.effect.as_deref().filter(|e| !e.is_empty())
-        && e != taint.effect
-    {
-        return false;
-    }
-    if let Some(k) = t.key.as_deref().filter(|k| !k.is_empty())
-        && k != taint.key
-    {
-        return false;
-    }
-    match t.operator.as_deref().unwrap_or("") {
-        "" | "Equal" => t.value.as_deref().unwrap_or_default() == taint.value,
-        "Exists" => true,
-        _ => false,
-    }
+    let fields = taint::TolerationFields {
+        key: t.key.as_deref(),
+        operator: t.operator.as_deref(),
+        value: t.value.as_deref(),
+        effect: t.effect.as_deref(),
+    };
+    taint::fields_tolerate(fields, &taint.key, &taint.value, &taint.effect)
 }
 
 fn fnv1a(bytes: &[u8], seed: u64) -> u64 {

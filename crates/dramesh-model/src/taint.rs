@@ -1,7 +1,7 @@
 //! Kubernetes taint toleration, implemented once: `k8s.io/api/core/v1`
-//! `Toleration.ToleratesTaint`. The estimator's node filter and the API's table backend both
-//! match tolerations through this module (device taints are a different type with their own
-//! rule, `resourceclaim.ToleratesTaint`, in the engine).
+//! `Toleration.ToleratesTaint`, which DRA's device tolerations repeat field for field
+//! (`resourceclaim.ToleratesTaint`). The estimator's node filter, the API's table backend and
+//! the engine's device taints all match through [`fields_tolerate`].
 //!
 //! The rule, field by field:
 //! - an empty or absent `effect` matches every effect, else it must equal the taint's;
@@ -14,23 +14,48 @@
 
 use crate::k8s::{Taint, Toleration};
 
-/// Whether `tol` tolerates `taint` (`Toleration.ToleratesTaint`).
-pub fn tolerates(tol: &Toleration, taint: &Taint) -> bool {
-    if let Some(e) = tol.effect.as_deref().filter(|e| !e.is_empty())
-        && e != taint.effect
-    {
+/// The toleration fields the rule reads, borrowed from a node or a device toleration.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TolerationFields<'a> {
+    /// `key`; absent or empty matches every key.
+    pub key: Option<&'a str>,
+    /// `operator`: `Exists`, `Equal` or absent (`Equal`).
+    pub operator: Option<&'a str>,
+    /// `value`, compared under `Equal`; absent reads as empty.
+    pub value: Option<&'a str>,
+    /// `effect`; absent or empty matches every effect.
+    pub effect: Option<&'a str>,
+}
+
+/// Whether a toleration with fields `tol` tolerates the taint `key=value:effect`.
+pub fn fields_tolerate(tol: TolerationFields<'_>, key: &str, value: &str, effect: &str) -> bool {
+    if tol.effect.is_some_and(|e| !e.is_empty() && e != effect) {
         return false;
     }
-    if let Some(k) = tol.key.as_deref().filter(|k| !k.is_empty())
-        && k != taint.key
-    {
+    if tol.key.is_some_and(|k| !k.is_empty() && k != key) {
         return false;
     }
-    match tol.operator.as_deref().unwrap_or("") {
-        "" | "Equal" => tol.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or(""),
+    match tol.operator.unwrap_or("") {
+        "" | "Equal" => tol.value.unwrap_or("") == value,
         "Exists" => true,
         _ => false,
     }
+}
+
+/// Whether `tol` tolerates `taint` (`Toleration.ToleratesTaint`).
+pub fn tolerates(tol: &Toleration, taint: &Taint) -> bool {
+    let fields = TolerationFields {
+        key: tol.key.as_deref(),
+        operator: tol.operator.as_deref(),
+        value: tol.value.as_deref(),
+        effect: tol.effect.as_deref(),
+    };
+    fields_tolerate(
+        fields,
+        &taint.key,
+        taint.value.as_deref().unwrap_or(""),
+        &taint.effect,
+    )
 }
 
 /// Whether any of `tolerations` tolerates `taint`.

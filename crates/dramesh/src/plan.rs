@@ -95,7 +95,12 @@ pub(crate) fn estimate_table(est: &dramesh_estimator::Estimate) -> String {
         t.row([
             c.name.clone(),
             c.kubernetes_version.clone().unwrap_or_else(|| "-".into()),
-            c.max_replicas.to_string(),
+            // A lower bound (the allocation search gave up) must not read as an exact count.
+            if c.is_lower_bound() {
+                format!(">={}", c.max_replicas)
+            } else {
+                c.max_replicas.to_string()
+            },
             limited,
             c.nodes_considered.to_string(),
             excluded_text(&c.excluded_nodes),

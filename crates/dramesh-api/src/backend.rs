@@ -19,6 +19,15 @@ pub enum ReplicaAnswer {
     /// The computed number (replicas, sets or unschedulable replicas). Values outside
     /// `0..=i32::MAX` are clamped on the wire.
     Count(i64),
+    /// The device allocation search ran out of budget on `nodes` nodes: at least `at_least`
+    /// replicas fit, whether more do is unknown. Answered as `at_least` (Karmada has no
+    /// "unknown"); a 0 answered this way is logged and counted apart from a proven 0.
+    Unknown {
+        /// The replicas found before the search gave up (a lower bound).
+        at_least: i64,
+        /// Nodes where it gave up.
+        nodes: u32,
+    },
     /// The cluster is not in the view. Answered as 0, logged and counted.
     UnknownCluster,
     /// The cluster's data is older than the staleness limit. Answered as 0, logged and counted.

@@ -22,6 +22,7 @@ impl From<&est::ClusterEstimate> for ClusterEstimate {
             kubernetes_version,
             error,
             assumed_unplaced,
+            unknown_nodes,
         } = c;
         ClusterEstimate {
             name: name.clone(),
@@ -33,6 +34,7 @@ impl From<&est::ClusterEstimate> for ClusterEstimate {
             kubernetes_version: kubernetes_version.clone(),
             error: error.clone(),
             assumed_unplaced: *assumed_unplaced,
+            unknown_nodes: *unknown_nodes,
         }
     }
 }

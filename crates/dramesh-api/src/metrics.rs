@@ -117,6 +117,9 @@ pub enum ZeroReason {
     BackendFailure,
     /// The answer missed its deadline.
     Timeout,
+    /// The device allocation search gave up at its budget before finding a replica: whether
+    /// one fits is unknown (not "no fit").
+    BudgetExhausted,
 }
 
 impl ZeroReason {
@@ -127,6 +130,7 @@ impl ZeroReason {
             ZeroReason::StaleCluster => "stale_cluster",
             ZeroReason::BackendFailure => "backend_failure",
             ZeroReason::Timeout => "timeout",
+            ZeroReason::BudgetExhausted => "budget_exhausted",
         }
     }
 }
@@ -148,6 +152,8 @@ pub struct MethodCounts {
     pub zero_backend_failure: u64,
     /// Karmada answers of 0 after a timeout.
     pub zero_timeout: u64,
+    /// Karmada answers of 0 because the allocation search gave up (unknown, not no-fit).
+    pub zero_budget_exhausted: u64,
 }
 
 impl MethodCounts {
@@ -164,6 +170,7 @@ impl MethodCounts {
             zero_stale_cluster: z(ZeroReason::StaleCluster),
             zero_backend_failure: z(ZeroReason::BackendFailure),
             zero_timeout: z(ZeroReason::Timeout),
+            zero_budget_exhausted: z(ZeroReason::BudgetExhausted),
         }
     }
 }

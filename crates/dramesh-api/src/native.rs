@@ -63,7 +63,9 @@ pub struct ClusterEstimate {
     pub name: String,
     /// How many replicas of the workload fit.
     pub max_replicas: i64,
-    /// What limited the answer: a resource name, `pods`, `devices`, `quota:<name>`, ...
+    /// What limited the answer: a resource name, `pods`, `devices`, `quota:<name>`,
+    /// `unknown: allocation budget exhausted on N node(s)` (`maxReplicas` is then a lower
+    /// bound, not a proof that no more fit), ...
     #[serde(default)]
     pub limited_by: String,
     /// Excluded node counts by reason (`nodeSelector`, `nodeAffinity`, `taints`, `unschedulable`).
@@ -85,9 +87,17 @@ pub struct ClusterEstimate {
     /// deducted from `maxReplicas`; omitted when 0.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub assumed_unplaced: i64,
+    /// Considered nodes whose device allocation search ran out of budget: whether one more
+    /// replica fits there is unknown; omitted when 0.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub unknown_nodes: u32,
 }
 
 fn is_zero(n: &i64) -> bool {
+    *n == 0
+}
+
+fn is_zero_u32(n: &u32) -> bool {
     *n == 0
 }
 
@@ -456,7 +466,7 @@ mirror!(ReserveRequest <=> ReserveRequest {
     required: [workload],
 });
 mirror!(ClusterEstimate <=> ClusterEstimate {
-    plain: [name, max_replicas, limited_by, nodes_considered, kubernetes_version, error, assumed_unplaced],
+    plain: [name, max_replicas, limited_by, nodes_considered, kubernetes_version, error, assumed_unplaced, unknown_nodes],
     each: [excluded_nodes, limits],
 });
 mirror!(EstimateResponse <=> EstimateResponse {
@@ -779,6 +789,7 @@ mod tests {
                     kubernetes_version: Some("1.36.0".into()),
                     error: None,
                     assumed_unplaced: 2,
+                    unknown_nodes: 1,
                 },
                 ClusterEstimate {
                     name: "c2".into(),
@@ -792,11 +803,14 @@ mod tests {
         };
         let wire = pb::EstimateResponse::from(r.clone());
         assert_eq!(wire.clusters[0].assumed_unplaced, 2);
+        assert_eq!(wire.clusters[0].unknown_nodes, 1);
         assert_eq!(EstimateResponse::from(wire), r);
 
         let json = serde_json::to_value(&r).expect("json");
         assert_eq!(json["clusters"][0]["assumedUnplaced"], 2);
         assert!(json["clusters"][1].get("assumedUnplaced").is_none());
+        assert_eq!(json["clusters"][0]["unknownNodes"], 1);
+        assert!(json["clusters"][1].get("unknownNodes").is_none());
         let back: EstimateResponse = serde_json::from_value(json).expect("back");
         assert_eq!(back, r);
     }

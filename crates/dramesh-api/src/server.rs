@@ -167,6 +167,7 @@ impl ApiState {
                 || f(backend.as_ref()),
                 |a| match a {
                     ReplicaAnswer::Count(_) => "count",
+                    ReplicaAnswer::Unknown { .. } => "unknown",
                     ReplicaAnswer::UnknownCluster => "unknown_cluster",
                     ReplicaAnswer::Stale { .. } => "stale_cluster",
                     ReplicaAnswer::Failed(_) => "error",
@@ -191,6 +192,27 @@ impl ApiState {
             ReplicaAnswer::Count(n) => {
                 let n = i32::try_from(n.max(0)).unwrap_or(i32::MAX);
                 tracing::debug!(method = method.as_str(), cluster, answer = n, "answered");
+                n
+            }
+            ReplicaAnswer::Unknown { at_least, nodes } => {
+                let n = i32::try_from(at_least.max(0)).unwrap_or(i32::MAX);
+                if n == 0 {
+                    self.zero(method, ZeroReason::BudgetExhausted);
+                    tracing::warn!(
+                        method = method.as_str(),
+                        cluster,
+                        nodes,
+                        "allocation search gave up at its budget; answering 0 (unknown, not no-fit)"
+                    );
+                } else {
+                    tracing::info!(
+                        method = method.as_str(),
+                        cluster,
+                        nodes,
+                        answer = n,
+                        "allocation search gave up at its budget; answering the lower bound"
+                    );
+                }
                 n
             }
             ReplicaAnswer::UnknownCluster => {

@@ -120,6 +120,89 @@ async fn unknown_and_stale_clusters_answer_zero_not_error() {
     srv.stop().await;
 }
 
+/// The demo table, except that the device allocation search "gives up" on every
+/// `MaxAvailableReplicas` question: nothing found on member-1, 3 found on member-2.
+struct GivingUp(dramesh_api::table::TableBackend);
+
+impl Backend for GivingUp {
+    fn max_available_replicas(&self, q: &query::ReplicaQuery) -> dramesh_api::ReplicaAnswer {
+        let at_least = if q.cluster == "member-1" { 0 } else { 3 };
+        dramesh_api::ReplicaAnswer::Unknown { at_least, nodes: 2 }
+    }
+    fn max_available_component_sets(&self, q: &ComponentSetQuery) -> dramesh_api::ReplicaAnswer {
+        self.0.max_available_component_sets(q)
+    }
+    fn unschedulable_replicas(&self, q: &query::UnschedulableQuery) -> dramesh_api::ReplicaAnswer {
+        self.0.unschedulable_replicas(q)
+    }
+    fn estimate_all(
+        &self,
+        req: &dramesh_api::native::EstimateRequest,
+    ) -> Result<dramesh_api::native::EstimateResponse, dramesh_api::ApiError> {
+        self.0.estimate_all(req)
+    }
+    fn place(
+        &self,
+        req: &dramesh_api::native::PlaceRequest,
+    ) -> Result<dramesh_api::native::PlaceResponse, dramesh_api::ApiError> {
+        self.0.place(req)
+    }
+    fn preempt(
+        &self,
+        req: &dramesh_api::native::PreemptRequest,
+    ) -> Result<dramesh_api::native::PreemptResponse, dramesh_api::ApiError> {
+        self.0.preempt(req)
+    }
+    fn status(&self) -> StatusReport {
+        self.0.status()
+    }
+}
+
+#[tokio::test]
+async fn a_zero_from_a_give_up_is_counted_apart_from_other_zeros() {
+    let srv = start_grpc(ApiState::new(Arc::new(GivingUp(
+        dramesh_api::table::demo_table(),
+    ))))
+    .await;
+    let mut c = EstimatorClient::new(channel(srv.addr).await);
+    let mut q = member1_query();
+    let r = c
+        .max_available_replicas(q.to_proto(WireStyle::V119))
+        .await
+        .expect("no error");
+    assert_eq!(r.into_inner().max_replicas, 0);
+    // A lower bound above 0 is answered as it is and is no zero answer.
+    q.cluster = "member-2".into();
+    let r = c
+        .max_available_replicas(q.to_proto(WireStyle::V119))
+        .await
+        .expect("no error");
+    assert_eq!(r.into_inner().max_replicas, 3);
+    let m = MethodCounts::of(
+        &srv.state.metrics,
+        API_KARMADA,
+        Method::MaxAvailableReplicas,
+    );
+    assert_eq!(
+        (
+            m.requests,
+            m.errors,
+            m.zero_budget_exhausted,
+            m.zero_backend_failure,
+            m.zero_unknown_cluster,
+        ),
+        (2, 0, 1, 0, 0)
+    );
+    let text = srv.state.metrics.render();
+    assert!(
+        text.contains(
+            "dramesh_api_zero_answers_total{method=\"MaxAvailableReplicas\",reason=\"budget_exhausted\"} 1\n"
+        ),
+        "{text}"
+    );
+    srv.stop().await;
+}
+
 #[tokio::test]
 async fn any_cluster_of_the_view_is_answered() {
     let srv = start_grpc(demo_state()).await;

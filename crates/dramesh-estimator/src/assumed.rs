@@ -103,6 +103,7 @@ pub(crate) fn assumed_deductions(
     c: &ClusterView,
     assumed: &[AssumedWorkload],
     overlay: Option<&Overlay>,
+    max_steps: Option<u64>,
 ) -> Deductions {
     let mut used: FastMap<Arc<str>, (ResList, i64)> = FastMap::default();
     let mut held: Option<AssumedDevices> = None;
@@ -112,7 +113,7 @@ pub(crate) fn assumed_deductions(
         let mut devq = None;
         if let Some(dw) = a.claims.as_deref() {
             held.get_or_insert_with(|| AssumedDevices::start(c, overlay));
-            match DeviceQuery::prepare(c, dw, overlay, None, &mut held) {
+            match DeviceQuery::prepare(c, dw, overlay, None, &mut held, max_steps) {
                 Ok(q) => devq = q,
                 Err(_) => {
                     unplaced = unplaced.saturating_add(remaining);
@@ -152,7 +153,8 @@ pub(crate) fn assumed_deductions(
             }
             if let Some(q) = devq.as_mut() {
                 match q.place(node, take) {
-                    Ok(n) => take = n,
+                    // A give-up places what was found before it; the rest stays unplaced.
+                    Ok(fit) => take = fit.replicas,
                     // The claims cannot be allocated anywhere: no further node either.
                     Err(_) => break,
                 }

@@ -41,6 +41,10 @@ pub struct EstimateOptions {
     /// Compute every node replica by replica, ignoring result caches (the reference path
     /// the caches are tested against).
     pub disable_cache: bool,
+    /// Search budget of each engine allocation in steps; `None` is the engine's default
+    /// ([`dramesh_engine::DEFAULT_MAX_STEPS`]). Tests and benchmarks lower it to make the
+    /// engine give up.
+    pub max_allocation_steps: Option<u64>,
 }
 
 /// The estimate of one cluster.
@@ -52,7 +56,9 @@ pub struct ClusterEstimate {
     /// Replicas of the workload that fit.
     pub max_replicas: i64,
     /// What limited the answer: a resource name, `pods`, `devices`, `quota:<name>`,
-    /// `no nodes`, `no node passes filters`, or an error text.
+    /// `no nodes`, `no node passes filters`, an error text, or, when the device search gave
+    /// up on some node, `unknown: allocation budget exhausted on N node(s)` (then
+    /// `max_replicas` is a lower bound; see [`ClusterEstimate::is_lower_bound`]).
     pub limited_by: String,
     /// Excluded node counts by reason (`nodeSelector`, `nodeAffinity`, `taints`, `unschedulable`).
     pub excluded_nodes: BTreeMap<String, u32>,
@@ -70,10 +76,33 @@ pub struct ClusterEstimate {
     /// devices) and so were not deducted, as Karmada drops them.
     #[serde(skip_serializing_if = "is_zero")]
     pub assumed_unplaced: i64,
+    /// Considered nodes whose device search ran out of budget: for each, whether one more
+    /// replica fits is unknown (not "no"), and its share of `max_replicas` is a lower bound.
+    #[serde(skip_serializing_if = "is_zero_u32")]
+    pub unknown_nodes: u32,
 }
 
 fn is_zero(n: &i64) -> bool {
     *n == 0
+}
+
+fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
+}
+
+/// `limited_by` of an answer that is a lower bound because the device search gave up on
+/// `nodes` nodes.
+pub(crate) fn unknown_limited_by(nodes: u32) -> String {
+    format!("{LIMIT_UNKNOWN}: allocation budget exhausted on {nodes} node(s)")
+}
+
+impl ClusterEstimate {
+    /// True when `max_replicas` is only a lower bound: the device search gave up on some
+    /// node and nothing exact (a quota) caps the answer below what was found. Such an answer
+    /// is "unknown", never a proof that no more replicas fit.
+    pub fn is_lower_bound(&self) -> bool {
+        self.error.is_none() && self.unknown_nodes > 0 && self.limited_by.starts_with(LIMIT_UNKNOWN)
+    }
 }
 
 /// The estimate over the selected clusters.
@@ -110,7 +139,13 @@ pub(crate) enum Factor {
     Res(ResName),
     Pods,
     Devices,
+    /// The device search gave up at its budget: the node's count is a lower bound.
+    Unknown,
 }
+
+/// The `limits` key of nodes whose device search gave up at its budget, and the first word
+/// of `limited_by` when that makes the cluster's answer a lower bound.
+pub const LIMIT_UNKNOWN: &str = "unknown";
 
 impl Factor {
     fn label(&self) -> String {
@@ -118,6 +153,7 @@ impl Factor {
             Factor::Res(r) => r.to_string(),
             Factor::Pods => "pods".into(),
             Factor::Devices => "devices".into(),
+            Factor::Unknown => LIMIT_UNKNOWN.into(),
         }
     }
 }
@@ -245,7 +281,13 @@ impl Estimator {
         w: &Workload,
         opts: &EstimateOptions,
     ) -> ClusterEstimate {
-        let key = (c.name.clone(), w.fingerprint);
+        // Answers under another search budget are other answers.
+        let key = (
+            c.name.clone(),
+            opts.max_allocation_steps.map_or(w.fingerprint, |s| {
+                w.fingerprint ^ s.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            }),
+        );
         let cache = self.device_cache.entry(c.name.clone()).or_default();
         let memo = self.memos.remove(&key);
         let view_gen = c.generation;
@@ -261,7 +303,14 @@ impl Estimator {
                 self.memos.insert(key, m);
                 return out;
             }
-            let mut devq = match DeviceQuery::prepare(c, w, None, Some(cache), &mut None) {
+            let mut devq = match DeviceQuery::prepare(
+                c,
+                w,
+                None,
+                Some(cache),
+                &mut None,
+                opts.max_allocation_steps,
+            ) {
                 Ok(q) => q,
                 Err(e) => return error_estimate(c, e),
             };
@@ -303,7 +352,14 @@ impl Estimator {
             shared_gen,
             ..Default::default()
         };
-        let mut devq = match DeviceQuery::prepare(c, w, None, Some(cache), &mut None) {
+        let mut devq = match DeviceQuery::prepare(
+            c,
+            w,
+            None,
+            Some(cache),
+            &mut None,
+            opts.max_allocation_steps,
+        ) {
             Ok(q) => q,
             Err(e) => return error_estimate(c, e),
         };
@@ -340,17 +396,21 @@ fn error_estimate(c: &ClusterView, e: String) -> ClusterEstimate {
     }
 }
 
-/// Sets `limited_by` from the sums and applies the quota cap.
+/// Sets `limited_by` and `unknown_nodes` from the sums and applies the quota cap. A quota
+/// below a lower bound is exact, so it replaces an "unknown".
 pub(crate) fn finish(
     out: &mut ClusterEstimate,
     c: &ClusterView,
     w: &Workload,
     opts: &EstimateOptions,
 ) {
+    out.unknown_nodes = out.limits.get(LIMIT_UNKNOWN).copied().unwrap_or(0);
     out.limited_by = if c.nodes.is_empty() {
         "no nodes".into()
     } else if out.nodes_considered == 0 {
         "no node passes filters".into()
+    } else if out.unknown_nodes > 0 {
+        unknown_limited_by(out.unknown_nodes)
     } else {
         out.limits
             .iter()
@@ -452,9 +512,13 @@ pub(crate) fn node_fit(
         && n > 0
     {
         let d = q.fit(node, n)?;
-        if d < n {
-            n = d;
-            factor = Some(Factor::Devices);
+        if d.replicas < n {
+            n = d.replicas;
+            factor = Some(if d.gave_up {
+                Factor::Unknown
+            } else {
+                Factor::Devices
+            });
         }
     }
     Ok(NodeOutcome::Fit {
@@ -476,20 +540,21 @@ pub(crate) fn estimate_cluster(
         return out;
     }
     let (assumed, mut held) = if opts.assumed.iter().any(|a| a.cluster == c.name) {
-        let d = assumed_deductions(c, &opts.assumed, overlay);
+        let d = assumed_deductions(c, &opts.assumed, overlay, opts.max_allocation_steps);
         out.assumed_unplaced = d.unplaced;
         (Some(d.res), d.devices)
     } else {
         (None, None)
     };
-    let mut devq = match DeviceQuery::prepare(c, w, overlay, cache, &mut held) {
-        Ok(q) => q,
-        Err(e) => {
-            out.limited_by = e.clone();
-            out.error = Some(e);
-            return out;
-        }
-    };
+    let mut devq =
+        match DeviceQuery::prepare(c, w, overlay, cache, &mut held, opts.max_allocation_steps) {
+            Ok(q) => q,
+            Err(e) => {
+                out.limited_by = e.clone();
+                out.error = Some(e);
+                return out;
+            }
+        };
     for node in c.nodes.values() {
         let freed = overlay.and_then(|o| o.freed.get(&node.name));
         let o = node_fit(c, w, node, freed, assumed.as_ref(), devq.as_mut());
@@ -513,6 +578,7 @@ pub(crate) fn blank_estimate(c: &ClusterView) -> ClusterEstimate {
         kubernetes_version: c.info.kubernetes_version.clone(),
         error: None,
         assumed_unplaced: 0,
+        unknown_nodes: 0,
     }
 }
 
@@ -566,7 +632,7 @@ pub fn estimate_component_sets(
         if !opts.clusters.is_empty() && !opts.clusters.contains(&c.name) {
             continue;
         }
-        let deductions = assumed_deductions(c, &opts.assumed, None);
+        let deductions = assumed_deductions(c, &opts.assumed, None, opts.max_allocation_steps);
         let assumed = deductions.res;
         let mut free: Vec<(&NodeEntry, NodeFree)> = c
             .nodes

@@ -9,6 +9,12 @@
 //! back after the node is counted (they cannot affect another node); allocations that use
 //! shared devices stay, so later nodes see them.
 //!
+//! A count can stop because the engine's search budget ran out on the next replica
+//! ([`Outcome::BudgetExhausted`]): that [`Fit`] is marked `gave_up`, its count is a lower
+//! bound, and it is never turned into a "does not fit". Caches keep the mark with the count,
+//! so a cached give-up stays a give-up (the engine is deterministic: asking again with the
+//! same budget gives up again).
+//!
 //! Caching never changes results: a node's answer is reused only when its device generation
 //! and the cluster's shared generation are unchanged and no replica of the current query
 //! has consumed a shared device yet. Nodes whose local slices and local allocations are
@@ -44,7 +50,26 @@ use crate::workload::Workload;
 const MAX_CACHE_ENTRIES: usize = 1 << 20;
 
 /// A cached node answer: (node generation, shared generation, cap used, fit).
-type NodeAnswer = (u64, u64, i64, i64);
+type NodeAnswer = (u64, u64, i64, Fit);
+
+/// How many replicas got devices on a node, and whether the count is only a lower bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Fit {
+    /// Replicas that each got their own allocation.
+    pub(crate) replicas: i64,
+    /// The next replica's allocation search ran out of budget: whether it fits is unknown,
+    /// so `replicas` is a lower bound (never a proof that no more fit).
+    pub(crate) gave_up: bool,
+}
+
+impl Fit {
+    fn exact(replicas: i64) -> Fit {
+        Fit {
+            replicas,
+            gave_up: false,
+        }
+    }
+}
 
 /// Per-node device answers kept between estimates of one cluster.
 #[derive(Debug, Default)]
@@ -52,7 +77,7 @@ pub(crate) struct DeviceCache {
     /// (query fingerprint, node) -> (node generation, shared generation, cap, fit).
     per_node: FastMap<(u64, Arc<str>), NodeAnswer>,
     /// (query fingerprint, shape, shared generation) -> (cap, fit).
-    per_shape: FastMap<(u64, u64, u64), (i64, i64)>,
+    per_shape: FastMap<(u64, u64, u64), (i64, Fit)>,
     /// A copy of the cluster's device state as of a device change counter, reused by
     /// queries so a cache miss does not copy the whole state. Local allocations made by a
     /// query are rolled back; `scratch_dirty` marks a copy a query changed for good.
@@ -60,11 +85,16 @@ pub(crate) struct DeviceCache {
     scratch_dirty: bool,
 }
 
-/// A reused answer computed with cap `cap_used` is exact for `cap` when it stopped short of
-/// its cap, or when the new cap is not larger.
-fn reuse(cap_used: i64, fit: i64, cap: i64) -> Option<i64> {
-    if fit < cap_used || cap <= cap_used {
-        Some(fit.min(cap))
+/// A reused answer computed with cap `cap_used` holds for `cap` when it stopped short of
+/// its cap, or when the new cap is not larger. A give-up stays a give-up unless the new cap
+/// stops before the replica whose search gave up.
+fn reuse(cap_used: i64, fit: Fit, cap: i64) -> Option<Fit> {
+    if fit.replicas < cap_used || cap <= cap_used {
+        Some(if cap <= fit.replicas {
+            Fit::exact(cap)
+        } else {
+            fit
+        })
     } else {
         None
     }
@@ -184,12 +214,16 @@ impl<'a> DeviceQuery<'a> {
     /// With `assumed` (built under the same `overlay`), the query counts against the state
     /// of the assumed replicas and takes it (it is left in place when the query returns
     /// `Ok(None)` or `Err`); [`DeviceQuery::into_assumed`] gives it back.
+    ///
+    /// `max_steps` overrides the engine's search budget per allocation (see
+    /// `EstimateOptions::max_allocation_steps`); it is part of the cache key.
     pub(crate) fn prepare(
         c: &'a ClusterView,
         w: &Workload,
         overlay: Option<&Overlay>,
         cache: Option<&'a mut DeviceCache>,
         assumed: &mut Option<AssumedDevices>,
+        max_steps: Option<u64>,
     ) -> Result<Option<DeviceQuery<'a>>, String> {
         let devices = &c.devices;
         let mut dra_extended = Vec::new();
@@ -294,6 +328,7 @@ impl<'a> DeviceQuery<'a> {
         let mut fp = DefaultHasher::new();
         w.fingerprint.hash(&mut fp);
         dra_extended.hash(&mut fp);
+        max_steps.hash(&mut fp);
         let fingerprint = fp.finish();
         let shape_ok = devices.shared_slices == 0 && devices.taint_rules == 0;
         // Removing claims that used shared devices changes what every node sees, and so do
@@ -316,11 +351,15 @@ impl<'a> DeviceQuery<'a> {
             c.scratch = None;
             c.scratch_dirty = false;
         }
+        let mut opts = Options::for_version(devices.version);
+        if let Some(steps) = max_steps {
+            opts.max_steps = steps;
+        }
         Ok(Some(DeviceQuery {
             devices,
             owned,
             use_scratch,
-            opts: Options::for_version(devices.version),
+            opts,
             template_claims,
             dra_extended,
             shared_selectors,
@@ -409,7 +448,7 @@ impl<'a> DeviceQuery<'a> {
     }
 
     /// How many replicas (at most `cap`) each get their own devices on this node.
-    pub(crate) fn fit(&mut self, node: &NodeEntry, cap: i64) -> Result<i64, String> {
+    pub(crate) fn fit(&mut self, node: &NodeEntry, cap: i64) -> Result<Fit, String> {
         let ext_claim = self.ext_claim(node);
         // Nodes holding devices of assumed replicas differ from the view the caches describe.
         if self
@@ -516,7 +555,7 @@ impl<'a> DeviceQuery<'a> {
         cap: i64,
         ext_claim: Option<&ResourceClaim>,
         released: &[&[CompactResult]],
-    ) -> Result<i64, String> {
+    ) -> Result<Fit, String> {
         let devices = self.devices;
         let use_scratch = self.use_scratch;
         let expanded: Vec<AllocationResult> = released.iter().map(|a| expand(a)).collect();
@@ -532,7 +571,7 @@ impl<'a> DeviceQuery<'a> {
         node: &NodeEntry,
         cap: i64,
         ext_claim: Option<&ResourceClaim>,
-    ) -> Result<i64, String> {
+    ) -> Result<Fit, String> {
         self.allocate_replicas(node, cap, ext_claim, false)
     }
 
@@ -540,7 +579,7 @@ impl<'a> DeviceQuery<'a> {
     /// allocation, exactly as [`DeviceQuery::fit`] counts them, and the allocations stay in
     /// the query's device state (see [`DeviceQuery::into_assumed`]). Needs a query prepared
     /// with an [`AssumedDevices`].
-    pub(crate) fn place(&mut self, node: &NodeEntry, cap: i64) -> Result<i64, String> {
+    pub(crate) fn place(&mut self, node: &NodeEntry, cap: i64) -> Result<Fit, String> {
         if self.assumed.is_none() {
             return Err("internal: assumed replicas placed without assumed device state".into());
         }
@@ -564,7 +603,7 @@ impl<'a> DeviceQuery<'a> {
         cap: i64,
         ext_claim: Option<&ResourceClaim>,
         keep: bool,
-    ) -> Result<i64, String> {
+    ) -> Result<Fit, String> {
         let devices = self.devices;
         if !self.to_release.is_empty() {
             let release = std::mem::take(&mut self.to_release);
@@ -580,6 +619,7 @@ impl<'a> DeviceQuery<'a> {
         };
         let mut local: Vec<Vec<AllocationResult>> = Vec::new();
         let mut n = 0;
+        let mut gave_up = false;
         let mut failure = None;
         while n < cap {
             let pending: Vec<Arc<ResourceClaim>> = std::mem::take(&mut self.pending_shared);
@@ -640,8 +680,13 @@ impl<'a> DeviceQuery<'a> {
                     }
                     n += 1;
                 }
-                Outcome::Unsatisfiable { .. } | Outcome::BudgetExhausted { .. } => {
+                Outcome::Unsatisfiable { .. } => {
                     self.pending_shared = pending;
+                    break;
+                }
+                Outcome::BudgetExhausted { .. } => {
+                    self.pending_shared = pending;
+                    gave_up = true;
                     break;
                 }
                 Outcome::Error(e) => {
@@ -663,7 +708,10 @@ impl<'a> DeviceQuery<'a> {
         }
         match failure {
             Some(e) => Err(e),
-            None => Ok(n),
+            None => Ok(Fit {
+                replicas: n,
+                gave_up,
+            }),
         }
     }
 }
@@ -690,15 +738,25 @@ fn state_mut<'s>(
 
 #[cfg(test)]
 mod tests {
-    use super::reuse;
+    use super::{Fit, reuse};
 
     #[test]
     fn reuse_rules() {
+        let exact = Fit::exact;
         // Stopped short of its cap: exact for any cap.
-        assert_eq!(reuse(10, 3, 100), Some(3));
-        assert_eq!(reuse(10, 3, 2), Some(2));
+        assert_eq!(reuse(10, exact(3), 100), Some(exact(3)));
+        assert_eq!(reuse(10, exact(3), 2), Some(exact(2)));
         // Hit its cap: only valid for caps not above it.
-        assert_eq!(reuse(10, 10, 5), Some(5));
-        assert_eq!(reuse(10, 10, 11), None);
+        assert_eq!(reuse(10, exact(10), 5), Some(exact(5)));
+        assert_eq!(reuse(10, exact(10), 11), None);
+        // Gave up at the 4th replica: still a give-up for any cap that reaches it, exact
+        // for a cap that stops before it.
+        let gave_up = Fit {
+            replicas: 3,
+            gave_up: true,
+        };
+        assert_eq!(reuse(10, gave_up, 100), Some(gave_up));
+        assert_eq!(reuse(10, gave_up, 4), Some(gave_up));
+        assert_eq!(reuse(10, gave_up, 3), Some(exact(3)));
     }
 }

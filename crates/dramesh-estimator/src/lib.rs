@@ -45,7 +45,7 @@ mod test_fleet;
 pub use assumed::AssumedWorkload;
 pub use cluster_devices::{ClassUsage, ClusterDevices};
 pub use estimate::{
-    ClusterEstimate, Component, Estimate, EstimateOptions, Estimator, estimate,
+    ClusterEstimate, Component, Estimate, EstimateOptions, Estimator, LIMIT_UNKNOWN, estimate,
     estimate_component_sets,
 };
 pub use filter::{Exclusion, NodeClaim, NodeFacts};

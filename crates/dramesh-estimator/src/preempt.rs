@@ -27,8 +27,8 @@ use std::sync::Arc;
 
 use crate::cluster_devices::{CompactResult, name_addr};
 use crate::estimate::{
-    EstimateOptions, Estimator, NodeOutcome, blank_estimate, estimate_cluster, finish, node_fit,
-    tally,
+    ClusterEstimate, EstimateOptions, Estimator, Factor, NodeOutcome, blank_estimate,
+    estimate_cluster, finish, node_fit, tally, unknown_limited_by,
 };
 use crate::fit::{DeviceCache, DeviceQuery};
 use crate::hash::FastMap;
@@ -166,6 +166,10 @@ fn pod_keys<'k>(cand: &Candidate<'k>) -> impl Iterator<Item = &'k (String, Strin
 enum Sim {
     /// Even with every candidate evicted only `replicas` fit (`limited_by` says why).
     Short { replicas: i64, limited_by: String },
+    /// An answer the decision needed is a lower bound below the replicas needed (the device
+    /// search gave up): whether the preemptor fits, or whether a candidate must go, is
+    /// unknown, so nothing is evicted on its strength.
+    Unknown { replicas: i64, limited_by: String },
     /// The preemptor fits with `after` replicas once the candidates at `evicted` (indexes
     /// into the reprieve order) are evicted.
     Fits { after: i64, evicted: Vec<usize> },
@@ -179,16 +183,18 @@ pub(crate) fn preempt_cluster(
     opts: &EstimateOptions,
 ) -> ClusterPreemption {
     let before = estimate_cluster(c, w, opts, None, None).max_replicas;
-    preempt_cluster_with(c, w, opts, before, None)
+    preempt_cluster_with(c, w, opts, before, None).0
 }
 
+/// Victim selection on one cluster; the flag is true when the outcome is unknown (see
+/// [`Sim::Unknown`]).
 fn preempt_cluster_with(
     c: &ClusterView,
     w: &Workload,
     opts: &EstimateOptions,
     before: i64,
     cache: Option<&mut DeviceCache>,
-) -> ClusterPreemption {
+) -> (ClusterPreemption, bool) {
     let mut out = ClusterPreemption {
         name: c.name.clone(),
         feasible: false,
@@ -202,12 +208,12 @@ fn preempt_cluster_with(
     };
     if before >= w.replicas {
         out.feasible = true;
-        return out;
+        return (out, false);
     }
     let cands = candidates(c, w.priority);
     if cands.is_empty() {
         out.reason = Some("no lower-priority workload runs here".into());
-        return out;
+        return (out, false);
     }
     let sim = match cache {
         Some(cache) => match simulate_incremental(c, w, opts, &cands, &mut *cache) {
@@ -226,7 +232,18 @@ fn preempt_cluster_with(
                 "even evicting every lower-priority workload leaves room for {replicas} of {} replicas ({limited_by})",
                 w.replicas
             ));
-            return out;
+            return (out, false);
+        }
+        Sim::Unknown {
+            replicas,
+            limited_by,
+        } => {
+            out.replicas_after = replicas;
+            out.reason = Some(format!(
+                "unknown whether preemption lets {} replicas fit: the device allocation search gave up ({limited_by}; at least {replicas} fit); nothing is evicted on an unknown answer",
+                w.replicas
+            ));
+            return (out, true);
         }
         Sim::Fits { after, evicted } => (after, evicted),
     };
@@ -247,7 +264,7 @@ fn preempt_cluster_with(
     out.freed = freed.to_map();
     out.feasible = true;
     out.replicas_after = after;
-    out
+    (out, false)
 }
 
 /// The reference simulation: a whole-cluster estimate under an overlay per step.
@@ -264,10 +281,7 @@ fn simulate(
     }
     let first = estimate_cluster(c, w, opts, Some(&overlay), cache.as_deref_mut());
     if first.max_replicas < w.replicas {
-        return Sim::Short {
-            replicas: first.max_replicas,
-            limited_by: first.limited_by,
-        };
+        return short(first);
     }
     let mut after = first.max_replicas;
     let mut evicted = Vec::new();
@@ -277,12 +291,30 @@ fn simulate(
         let est = estimate_cluster(c, w, opts, Some(&overlay), cache.as_deref_mut());
         if est.max_replicas >= w.replicas {
             after = est.max_replicas;
+        } else if est.is_lower_bound() {
+            return short(est);
         } else {
             overlay.remove_pods(c, pod_keys(cand));
             evicted.push(i);
         }
     }
     Sim::Fits { after, evicted }
+}
+
+/// An answer below the replicas needed: a proof ([`Sim::Short`]) or, when it is a lower
+/// bound, unknown ([`Sim::Unknown`]).
+fn short(e: ClusterEstimate) -> Sim {
+    if e.is_lower_bound() {
+        Sim::Unknown {
+            replicas: e.max_replicas,
+            limited_by: e.limited_by,
+        }
+    } else {
+        Sim::Short {
+            replicas: e.max_replicas,
+            limited_by: e.limited_by,
+        }
+    }
 }
 
 /// A claim used by candidate pods, in the incremental simulation.
@@ -319,9 +351,11 @@ struct Sim2<'v> {
     node_claims: Vec<u32>,
     devq: Option<DeviceQuery<'v>>,
     outcomes: Vec<Result<NodeOutcome, String>>,
-    /// Sum of the replicas of all node outcomes, and how many are errors.
+    /// Sum of the replicas of all node outcomes, how many are errors, and how many gave up
+    /// (their count is a lower bound).
     sum: i128,
     errors: usize,
+    unknown: u32,
     cap: Option<i64>,
 }
 
@@ -357,7 +391,16 @@ impl<'v> Sim2<'v> {
 
     fn count(&mut self, o: &Result<NodeOutcome, String>, sign: i128) {
         match o {
-            Ok(NodeOutcome::Fit { replicas, .. }) => self.sum += sign * i128::from(*replicas),
+            Ok(NodeOutcome::Fit { replicas, factor }) => {
+                self.sum += sign * i128::from(*replicas);
+                if *factor == Some(Factor::Unknown) {
+                    if sign > 0 {
+                        self.unknown += 1;
+                    } else {
+                        self.unknown = self.unknown.saturating_sub(1);
+                    }
+                }
+            }
             Ok(NodeOutcome::Excluded(_)) => {}
             Err(_) => {
                 if sign > 0 {
@@ -387,15 +430,16 @@ impl<'v> Sim2<'v> {
         Some(self.set(i, o))
     }
 
-    /// The cluster answer of the current what-if, as `estimate_cluster` would give it.
-    fn max_replicas(&self) -> i64 {
+    /// The cluster answer of the current what-if, as `estimate_cluster` would give it, and
+    /// whether it is a lower bound ([`ClusterEstimate::is_lower_bound`]).
+    fn max_replicas(&self) -> (i64, bool) {
         if self.errors > 0 {
-            return 0;
+            return (0, false);
         }
         let total = i64::try_from(self.sum).unwrap_or(i64::MAX);
         match self.cap {
-            Some(cap) if cap < total => cap,
-            _ => total,
+            Some(cap) if cap < total => (cap, false),
+            _ => (total, self.unknown > 0),
         }
     }
 
@@ -586,7 +630,15 @@ fn simulate_incremental(
             fill[n as usize] += 1;
         }
     }
-    let mut devq = DeviceQuery::prepare(c, w, None, Some(cache), &mut None).ok()?;
+    let mut devq = DeviceQuery::prepare(
+        c,
+        w,
+        None,
+        Some(cache),
+        &mut None,
+        opts.max_allocation_steps,
+    )
+    .ok()?;
     if let Some(q) = devq.as_mut() {
         if q.order_dependent() {
             return None;
@@ -612,6 +664,7 @@ fn simulate_incremental(
         nodes,
         sum: 0,
         errors: 0,
+        unknown: 0,
         cap,
     };
     // Everything evicted: the whole-cluster estimate, node by node in name order.
@@ -629,10 +682,7 @@ fn simulate_incremental(
     }
     finish(&mut first, c, w, opts);
     if first.max_replicas < w.replicas {
-        return Some(Sim::Short {
-            replicas: first.max_replicas,
-            limited_by: first.limited_by,
-        });
+        return Some(short(first));
     }
     let mut after = first.max_replicas;
     let mut evicted = Vec::new();
@@ -650,10 +700,16 @@ fn simulate_incremental(
         for &n in &changed {
             saved.push(sim.refresh(n as usize)?);
         }
-        let max = sim.max_replicas();
+        let (max, lower_bound) = sim.max_replicas();
         if max >= w.replicas {
             after = max;
             continue;
+        }
+        if lower_bound {
+            return Some(Sim::Unknown {
+                replicas: max,
+                limited_by: unknown_limited_by(sim.unknown),
+            });
         }
         evicted.push(ci);
         sim.give_back(fp, &mut touched);
@@ -720,6 +776,7 @@ pub fn preempt(
         result.reason = Some("the workload's preemptionPolicy is Never".into());
         return result;
     }
+    let mut unknown = Vec::new();
     for c in view.clusters() {
         if !opts.clusters.is_empty() && !opts.clusters.contains(&c.name) {
             continue;
@@ -730,9 +787,11 @@ pub fn preempt(
         } else {
             Some(estimator.device_cache.entry(c.name.clone()).or_default())
         };
-        result
-            .clusters
-            .push(preempt_cluster_with(c, w, opts, before, cache));
+        let (p, gave_up) = preempt_cluster_with(c, w, opts, before, cache);
+        if gave_up {
+            unknown.push(c.name.clone());
+        }
+        result.clusters.push(p);
     }
     let best = result
         .clusters
@@ -748,8 +807,14 @@ pub fn preempt(
         });
     match best {
         Some(b) => result.chosen = Some(b.name.clone()),
-        None => {
+        None if unknown.is_empty() => {
             result.reason = Some("no cluster can fit the workload even after preemption".into())
+        }
+        None => {
+            result.reason = Some(format!(
+                "no cluster is known to fit the workload even after preemption; on {} the device allocation search gave up, so whether it fits there is unknown",
+                unknown.join(", ")
+            ))
         }
     }
     result

@@ -50,6 +50,10 @@ impl Backend for ReplicaBackend {
         match est.cluster(&q.cluster) {
             Some(c) => match &c.error {
                 Some(e) => ReplicaAnswer::Failed(e.clone()),
+                None if c.is_lower_bound() => ReplicaAnswer::Unknown {
+                    at_least: c.max_replicas,
+                    nodes: c.unknown_nodes,
+                },
                 None => ReplicaAnswer::Count(c.max_replicas),
             },
             None => ReplicaAnswer::UnknownCluster,

@@ -95,7 +95,12 @@ pub(crate) fn estimate_table(est: &dramesh_estimator::Estimate) -> String {
         t.row([
             c.name.clone(),
             c.kubernetes_version.clone().unwrap_or_else(|| "-".into()),
-            c.max_replicas.to_string(),
+            // A lower bound (the allocation search gave up) must not read as an exact count.
+            if c.is_lower_bound() {
+                format!(">={}", c.max_replicas)
+            } else {
+                c.max_replicas.to_string()
+            },
             limited,
             c.nodes_considered.to_string(),
             excluded_text(&c.excluded_nodes),
@@ -272,5 +277,50 @@ pub(crate) fn run_preempt(
             print!("{}", preemption_table(&result));
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use dramesh_estimator::{ClusterEstimate, Estimate};
+
+    #[test]
+    fn a_lower_bound_reads_as_one() {
+        let c = |name: &str, n: i64, limited_by: &str, unknown_nodes: u32| ClusterEstimate {
+            name: name.into(),
+            max_replicas: n,
+            limited_by: limited_by.into(),
+            excluded_nodes: Default::default(),
+            nodes_considered: 2,
+            limits: Default::default(),
+            kubernetes_version: None,
+            error: None,
+            assumed_unplaced: 0,
+            unknown_nodes,
+        };
+        let est = Estimate {
+            clusters: vec![
+                c(
+                    "a",
+                    3,
+                    "unknown: allocation budget exhausted on 2 node(s)",
+                    2,
+                ),
+                c("b", 4, "devices", 0),
+            ],
+            total: 7,
+        };
+        let table = super::estimate_table(&est);
+        let row = |name: &str| {
+            table
+                .lines()
+                .find(|l| l.starts_with(name))
+                .unwrap_or_default()
+                .split_whitespace()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(row("a")[2], ">=3", "{table}");
+        assert!(table.contains("unknown: allocation budget exhausted on 2 node(s)"));
+        assert_eq!(row("b")[2], "4", "{table}");
     }
 }

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use crate::depth;
 use crate::k8s;
 use crate::object::{ClusterInfo, ClusterObject};
 
@@ -359,7 +360,11 @@ fn prefixed(prefix: &str, field: &str) -> String {
 }
 
 /// Reads manifests from a string; `file` is used in errors and sources only.
+///
+/// Text nested deeper than [`depth::MAX_DEPTH`] is refused before it is parsed, so a hostile
+/// file fails in time linear in its size (see [`depth`]).
 pub fn load_str(file: &Path, text: &str) -> Result<Vec<Loaded>, LoadError> {
+    depth::check_depth(text, depth::MAX_DEPTH).map_err(|e| LoadError::file(file, e.to_string()))?;
     let is_json = file.extension().is_some_and(|e| e == "json");
     let docs: Vec<Value> = if is_json {
         let mut out = Vec::new();
@@ -509,6 +514,30 @@ mod tests {
     }
 
     const CLASS: &str = "apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata:\n  name: gpu\nspec:\n  selectors:\n  - cel:\n      expression: device.driver == \"gpu.example.com\"\n";
+
+    #[test]
+    fn deep_nesting_is_refused_naming_file_and_limit() {
+        let n = 100_000;
+        let flow = format!("a: {}", "[".repeat(n));
+        let block: String = (0..2_000)
+            .map(|i| format!("{}k:\n", " ".repeat(i)))
+            .collect();
+        let dashes = format!("a:\n{}x\n", "- ".repeat(n));
+        let json = format!("{}{}", "{\"a\":".repeat(n), "}".repeat(n));
+        for (file, text) in [
+            ("flow.yaml", flow),
+            ("block.yaml", block),
+            ("dashes.yaml", dashes),
+            ("deep.json", json),
+        ] {
+            let e = load_str(Path::new(file), &text).unwrap_err().to_string();
+            assert!(
+                e.starts_with(file)
+                    && e.contains(&format!("nesting deeper than {} levels", depth::MAX_DEPTH)),
+                "{file}: {e}"
+            );
+        }
+    }
 
     #[test]
     fn multi_document_and_list() {

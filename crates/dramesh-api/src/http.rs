@@ -247,8 +247,11 @@ where
     if let Ok(a) = listener.local_addr() {
         tracing::info!(addr = %a, "HTTP API listening");
     }
-    axum::serve(listener, http_router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(ServeError::Http)
+    axum::serve(
+        crate::server::nodelay_listener(listener),
+        http_router(state),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
+    .map_err(ServeError::Http)
 }

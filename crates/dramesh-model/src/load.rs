@@ -291,10 +291,14 @@ pub fn decode_manifest(value: Value) -> Result<Manifest, (Option<String>, FieldE
         "DeviceClass" => typed(
             decode_value(value).map(|o| Manifest::Object(ClusterObject::DeviceClass(Arc::new(o)))),
         ),
-        "ResourceClaim" => typed(
-            decode_value(value)
-                .map(|o| Manifest::Object(ClusterObject::ResourceClaim(Arc::new(o)))),
-        ),
+        "ResourceClaim" => {
+            let mut value = value;
+            fill_unset_condition_times(&mut value);
+            typed(
+                decode_value(value)
+                    .map(|o| Manifest::Object(ClusterObject::ResourceClaim(Arc::new(o)))),
+            )
+        }
         "ResourceClaimTemplate" => {
             typed(decode_value(value).map(|o| Manifest::ResourceClaimTemplate(Arc::new(o))))
         }
@@ -348,6 +352,33 @@ pub fn decode_manifest(value: Value) -> Result<Manifest, (Option<String>, FieldE
             kind,
             value,
         }),
+    }
+}
+
+/// Stands for an unset condition time: Go's zero `metav1.Time` is written as null or left out.
+const UNSET_TIME: &str = "1970-01-01T00:00:00Z";
+
+/// A driver may publish `status.devices[].conditions[]` without `lastTransitionTime`; the API
+/// server stores and returns them so (kubectl reads them), while k8s-openapi requires the field.
+/// Only that field is filled in; everything else in a condition stays strict.
+fn fill_unset_condition_times(claim: &mut Value) {
+    let Some(Value::Array(devices)) = claim.pointer_mut("/status/devices") else {
+        return;
+    };
+    for device in devices {
+        let Some(Value::Array(conditions)) = device.get_mut("conditions") else {
+            continue;
+        };
+        for c in conditions {
+            if let Value::Object(c) = c
+                && c.get("lastTransitionTime").is_none_or(Value::is_null)
+            {
+                c.insert(
+                    "lastTransitionTime".into(),
+                    Value::String(UNSET_TIME.into()),
+                );
+            }
+        }
     }
 }
 

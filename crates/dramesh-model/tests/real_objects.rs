@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use dramesh_model::depth::{MAX_DEPTH, check_depth};
+use dramesh_model::load;
 
 fn shared(sub: &str) -> Option<PathBuf> {
     let p = PathBuf::from(concat!(
@@ -57,4 +58,49 @@ fn real_fixtures_nest_well_under_the_bound() {
         "{} nests {deepest} levels",
         at.display()
     );
+}
+
+/// Allocated claims dumped from real clusters: dranet's `status.devices[].conditions[]` carry no
+/// `lastTransitionTime` (kubectl accepts that; the Go zero time is omitted).
+#[test]
+fn real_dranet_allocated_claims_load() {
+    let Some(dir) = shared("real/dranet/examples") else {
+        return;
+    };
+    for f in [
+        "azure_aks_examples/gb300/resource-claim.yaml",
+        "aws_eks_examples/gpu-efa/resource-claim.yaml",
+    ] {
+        let got = load::load_path(&dir.join(f)).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            got.iter().any(|l| l.manifest.kind() == "ResourceClaim"),
+            "{f}: no claim"
+        );
+    }
+}
+
+/// Tolerating the missing timestamp does not loosen anything else in a condition.
+#[test]
+fn device_conditions_stay_strict() {
+    let claim = |cond: &str| {
+        format!(
+            "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata:\n  name: c\n  namespace: n\nspec: {{}}\nstatus:\n  devices:\n  - driver: d\n    pool: p\n    device: x\n    conditions:\n    - {cond}\n"
+        )
+    };
+    let ok = claim("{type: Ready, status: \"True\", reason: R, message: \"\"}");
+    load::load_str(Path::new("c.yaml"), &ok).unwrap();
+    let typo =
+        claim("{type: Ready, status: \"True\", reason: R, message: \"\", lastTransitonTime: x}");
+    let e = load::load_str(Path::new("c.yaml"), &typo)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("status.devices[0].conditions[0].lastTransitonTime: unknown field"),
+        "{e}"
+    );
+    let old = ok.replace("resource.k8s.io/v1", "resource.k8s.io/v1beta1");
+    let e = load::load_str(Path::new("c.yaml"), &old)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("field apiVersion"), "{e}");
 }

@@ -17,6 +17,7 @@
 //! * [`proto`]: generated protobuf code (schema in `proto/karmada` and `proto/dramesh/v1`).
 
 pub mod backend;
+pub mod codec;
 mod convert;
 pub mod grpc;
 pub mod http;

@@ -23,6 +23,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         // Clients stay generic over the transport so this crate needs no client stack.
         .build_transport(false)
+        // Undecodable messages are INVALID_ARGUMENT, not INTERNAL (see src/codec.rs).
+        .codec_path("crate::codec::ApiCodec")
         .compile_fds(fds)?;
     Ok(())
 }

@@ -11,7 +11,6 @@
 
 use std::net::SocketAddr;
 
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
@@ -354,7 +353,7 @@ where
         .timeout(wire_timeout)
         .add_service(karmada_service(&state))
         .add_service(native_service(&state))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(crate::server::nodelay_incoming(listener), shutdown)
         .await?;
     Ok(())
 }

@@ -17,7 +17,8 @@
 //! Every matched route is counted and timed by [`crate::metrics::track_http`].
 //!
 //! Guarantees: bodies above the configured limit get 413 before they are parsed; malformed
-//! JSON gets 400 with `{"error": "..."}` naming the position or field; backend errors map to
+//! JSON or a field the request type does not know gets 400 with `{"error": "..."}` naming the
+//! position or field; backend errors map to
 //! 400/404/503/500 with the same error body.
 
 use std::net::SocketAddr;
@@ -247,8 +248,11 @@ where
     if let Ok(a) = listener.local_addr() {
         tracing::info!(addr = %a, "HTTP API listening");
     }
-    axum::serve(listener, http_router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(ServeError::Http)
+    axum::serve(
+        crate::server::nodelay_listener(listener),
+        http_router(state),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
+    .map_err(ServeError::Http)
 }

@@ -17,6 +17,7 @@
 //! * [`proto`]: generated protobuf code (schema in `proto/karmada` and `proto/dramesh/v1`).
 
 pub mod backend;
+pub mod codec;
 mod convert;
 pub mod grpc;
 pub mod http;
@@ -32,4 +33,4 @@ pub use backend::{ApiError, Backend, ReplicaAnswer};
 pub use grpc::{KARMADA_ESTIMATOR_PORT, serve_grpc, serve_grpc_on};
 pub use http::{http_router, serve_http, serve_http_on};
 pub use metrics::{Method, MethodCounts, Metrics, ZeroReason};
-pub use server::{ApiConfig, ApiState, ServeError};
+pub use server::{ApiConfig, ApiState, ServeError, nodelay_listener};

@@ -20,7 +20,7 @@ use crate::proto::native as pb;
 /// (Cluster)PropagationPolicy. Each item is YAML or JSON text and may hold several
 /// documents. Over HTTP an item may also be a JSON object, which is kept as JSON text.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Workload {
     /// The manifest texts.
     #[serde(deserialize_with = "manifests_de")]
@@ -46,7 +46,7 @@ fn manifests_de<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error
 
 /// Body of `POST /v1/estimate`: the workload and, optionally, the clusters to estimate for.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EstimateRequest {
     /// The workload to estimate.
     pub workload: Workload,
@@ -113,7 +113,7 @@ pub struct EstimateResponse {
 
 /// Body of `POST /v1/place`: the workload with its PropagationPolicy among the manifests.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PlaceRequest {
     /// The workload and its policy.
     pub workload: Workload,
@@ -160,7 +160,7 @@ pub struct PlaceResponse {
 
 /// Body of `POST /v1/preempt`: the preemptor workload.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PreemptRequest {
     /// The preemptor and optionally a policy restricting the clusters.
     pub workload: Workload,
@@ -323,7 +323,7 @@ pub struct StatusReport {
 /// `cluster` until the member cluster reports them bound, the reservation is released, or
 /// `ttlSeconds` pass.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ReserveRequest {
     /// The per-replica requirements, as for an estimate.
     pub workload: Workload,

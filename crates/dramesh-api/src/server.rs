@@ -269,3 +269,59 @@ pub(crate) async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, Se
         .await
         .map_err(|source| ServeError::Bind { addr, source })
 }
+
+/// Sets TCP_NODELAY on an accepted API connection. Answers are small writes; with Nagle's
+/// algorithm a reply can wait for the client's delayed ACK (about 40 ms) before it is sent.
+fn no_delay(stream: &tokio::net::TcpStream) {
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(error = %e, "cannot set TCP_NODELAY on an accepted connection");
+    }
+}
+
+/// `listener` for `axum::serve`, setting TCP_NODELAY on every accepted connection.
+pub fn nodelay_listener(
+    listener: tokio::net::TcpListener,
+) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = SocketAddr> {
+    use axum::serve::ListenerExt;
+    listener.tap_io(|s| no_delay(s))
+}
+
+/// Accepted connections of `listener` for tonic's `serve_with_incoming*`, with TCP_NODELAY
+/// set (tonic's own `tcp_nodelay` applies only to listeners it binds itself).
+pub(crate) fn nodelay_incoming(
+    listener: tokio::net::TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt;
+    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|r| r.inspect(no_delay))
+}
+
+#[cfg(test)]
+mod accept_tests {
+    use super::*;
+
+    async fn pair() -> (tokio::net::TcpListener, SocketAddr) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let a = l.local_addr().unwrap();
+        (l, a)
+    }
+
+    #[tokio::test]
+    async fn grpc_accepts_set_nodelay() {
+        use tokio_stream::StreamExt;
+        let (l, a) = pair().await;
+        let mut incoming = Box::pin(nodelay_incoming(l));
+        let _client = tokio::net::TcpStream::connect(a).await.unwrap();
+        let server = incoming.next().await.unwrap().unwrap();
+        assert!(server.nodelay().unwrap());
+    }
+
+    #[tokio::test]
+    async fn http_accepts_set_nodelay() {
+        use axum::serve::Listener;
+        let (l, a) = pair().await;
+        let mut l = nodelay_listener(l);
+        let _client = tokio::net::TcpStream::connect(a).await.unwrap();
+        let (server, _) = l.accept().await;
+        assert!(server.nodelay().unwrap());
+    }
+}

@@ -600,3 +600,73 @@ async fn a_backend_without_reservations_answers_unavailable() {
     );
     srv.stop().await;
 }
+
+/// Sends raw bytes as a message body, to reach the server's decoder with garbage.
+#[derive(Debug, Default, Clone)]
+struct RawCodec;
+
+#[derive(Debug)]
+struct RawBytes;
+
+impl tonic::codec::Encoder for RawBytes {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        prost::bytes::BufMut::put_slice(dst, &item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawBytes {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Vec<u8>>, tonic::Status> {
+        use prost::bytes::Buf;
+        let n = src.remaining();
+        Ok(Some(src.copy_to_bytes(n).to_vec()))
+    }
+}
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawBytes;
+    type Decoder = RawBytes;
+    fn encoder(&mut self) -> RawBytes {
+        RawBytes
+    }
+    fn decoder(&mut self) -> RawBytes {
+        RawBytes
+    }
+}
+
+#[tokio::test]
+async fn undecodable_bodies_are_invalid_argument() {
+    let srv = start_grpc(demo_state()).await;
+    let mut g = tonic::client::Grpc::new(channel(srv.addr).await);
+    for path in [
+        "/github.com.karmada_io.karmada.pkg.estimator.service.Estimator/MaxAvailableReplicas",
+        "/dramesh.v1.Dramesh/Place",
+    ] {
+        g.ready().await.expect("ready");
+        // Field 1, wire type 2 (length-delimited), length 100, but only 2 bytes follow.
+        let e = g
+            .unary(
+                tonic::Request::new(vec![0x0a, 100, 1, 2]),
+                tonic::codegen::http::uri::PathAndQuery::from_static(path),
+                RawCodec,
+            )
+            .await
+            .expect_err("garbage");
+        assert_eq!(e.code(), Code::InvalidArgument, "{path}: {e:?}");
+        assert!(e.message().contains("cannot be decoded"), "{path}: {e:?}");
+    }
+    srv.stop().await;
+}

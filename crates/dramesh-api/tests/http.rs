@@ -136,6 +136,50 @@ async fn bad_json_and_backend_errors_are_reported_as_json() {
 }
 
 #[tokio::test]
+async fn unknown_body_fields_are_refused_by_name() {
+    let srv = start_http(dramesh_api::ApiState::new(std::sync::Arc::new(
+        ReservingBackend::new(),
+    )))
+    .await;
+    let w = serde_json::json!({"manifests": ["kind: Deployment\n"]});
+    for (path, body, field) in [
+        (
+            "/v1/estimate",
+            serde_json::json!({"workload": w, "cluster": "a"}),
+            "cluster",
+        ),
+        (
+            "/v1/place",
+            serde_json::json!({"workload": w, "replica": 2}),
+            "replica",
+        ),
+        (
+            "/v1/preempt",
+            serde_json::json!({"workload": w, "clustres": []}),
+            "clustres",
+        ),
+        (
+            "/v1/reservations",
+            serde_json::json!({"workload": w, "cluster": "member-2", "ttl_seconds": 60}),
+            "ttl_seconds",
+        ),
+        (
+            "/v1/estimate",
+            serde_json::json!({"workload": {"manifests": [], "manifest": "x"}}),
+            "manifest",
+        ),
+    ] {
+        let (code, text) = call(srv.addr, "POST", path, Some(body.to_string().as_bytes())).await;
+        assert_eq!(code, 400, "{path}: {text}");
+        assert!(
+            text.contains(&format!("unknown field `{field}`")),
+            "{path}: {text}"
+        );
+    }
+    srv.stop().await;
+}
+
+#[tokio::test]
 async fn oversized_bodies_are_refused() {
     let state = demo_state().with_config(ApiConfig {
         max_request_bytes: 16 * 1024,

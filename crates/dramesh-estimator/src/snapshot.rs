@@ -64,8 +64,15 @@ pub fn load_snapshot(dir: &Path) -> Result<View, SnapshotError> {
             dir: dir.to_path_buf(),
             message: e.to_string(),
         })?;
-        if e.file_type().is_ok_and(|t| t.is_dir()) {
-            folders.push(e.path());
+        // Follow symbolic links: a linked cluster folder is a cluster folder, and a broken
+        // link is an error rather than a silently missing cluster.
+        let path = e.path();
+        let meta = std::fs::metadata(&path).map_err(|e| SnapshotError::Dir {
+            dir: path.clone(),
+            message: e.to_string(),
+        })?;
+        if meta.is_dir() {
+            folders.push(path);
         }
     }
     folders.sort();

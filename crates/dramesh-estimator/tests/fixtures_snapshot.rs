@@ -155,3 +155,30 @@ fn missing_template_is_an_error_naming_it() {
     std::fs::remove_dir_all(&tmp).unwrap();
     assert!(err.contains("ResourceClaimTemplate ml/nope"), "{err}");
 }
+
+/// A cluster folder that is a symbolic link is read like any other; a broken link fails naming
+/// it instead of leaving the cluster out.
+#[cfg(unix)]
+#[test]
+fn symlinked_cluster_folders_are_followed_and_broken_links_fail() {
+    let tmp = tempfile::tempdir().unwrap();
+    let snap = tmp.path().join("snap");
+    let elsewhere = tmp.path().join("elsewhere");
+    for d in [snap.join("a"), elsewhere.clone()] {
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(
+            d.join("node.yaml"),
+            "apiVersion: v1\nkind: Node\nmetadata:\n  name: n1\n",
+        )
+        .unwrap();
+    }
+    std::os::unix::fs::symlink(&elsewhere, snap.join("b")).unwrap();
+    let view = dramesh_estimator::load_snapshot(&snap).unwrap();
+    assert_eq!(view.cluster_names(), vec!["a".to_string(), "b".to_string()]);
+
+    std::os::unix::fs::symlink(tmp.path().join("missing"), snap.join("c")).unwrap();
+    let e = dramesh_estimator::load_snapshot(&snap)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("snap/c"), "{e}");
+}

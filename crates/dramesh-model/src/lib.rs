@@ -5,6 +5,7 @@
 //! This crate is pure: no I/O beyond reading manifest files in [`load`].
 
 pub mod attr;
+pub mod depth;
 pub mod k8s;
 pub mod load;
 pub mod nodesel;

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use crate::depth;
 use crate::k8s;
 use crate::object::{ClusterInfo, ClusterObject};
 
@@ -290,10 +291,14 @@ pub fn decode_manifest(value: Value) -> Result<Manifest, (Option<String>, FieldE
         "DeviceClass" => typed(
             decode_value(value).map(|o| Manifest::Object(ClusterObject::DeviceClass(Arc::new(o)))),
         ),
-        "ResourceClaim" => typed(
-            decode_value(value)
-                .map(|o| Manifest::Object(ClusterObject::ResourceClaim(Arc::new(o)))),
-        ),
+        "ResourceClaim" => {
+            let mut value = value;
+            fill_unset_condition_times(&mut value);
+            typed(
+                decode_value(value)
+                    .map(|o| Manifest::Object(ClusterObject::ResourceClaim(Arc::new(o)))),
+            )
+        }
         "ResourceClaimTemplate" => {
             typed(decode_value(value).map(|o| Manifest::ResourceClaimTemplate(Arc::new(o))))
         }
@@ -350,6 +355,33 @@ pub fn decode_manifest(value: Value) -> Result<Manifest, (Option<String>, FieldE
     }
 }
 
+/// Stands for an unset condition time: Go's zero `metav1.Time` is written as null or left out.
+const UNSET_TIME: &str = "1970-01-01T00:00:00Z";
+
+/// A driver may publish `status.devices[].conditions[]` without `lastTransitionTime`; the API
+/// server stores and returns them so (kubectl reads them), while k8s-openapi requires the field.
+/// Only that field is filled in; everything else in a condition stays strict.
+fn fill_unset_condition_times(claim: &mut Value) {
+    let Some(Value::Array(devices)) = claim.pointer_mut("/status/devices") else {
+        return;
+    };
+    for device in devices {
+        let Some(Value::Array(conditions)) = device.get_mut("conditions") else {
+            continue;
+        };
+        for c in conditions {
+            if let Value::Object(c) = c
+                && c.get("lastTransitionTime").is_none_or(Value::is_null)
+            {
+                c.insert(
+                    "lastTransitionTime".into(),
+                    Value::String(UNSET_TIME.into()),
+                );
+            }
+        }
+    }
+}
+
 fn prefixed(prefix: &str, field: &str) -> String {
     if field.is_empty() {
         prefix.to_string()
@@ -359,7 +391,11 @@ fn prefixed(prefix: &str, field: &str) -> String {
 }
 
 /// Reads manifests from a string; `file` is used in errors and sources only.
+///
+/// Text nested deeper than [`depth::MAX_DEPTH`] is refused before it is parsed, so a hostile
+/// file fails in time linear in its size (see [`depth`]).
 pub fn load_str(file: &Path, text: &str) -> Result<Vec<Loaded>, LoadError> {
+    depth::check_depth(text, depth::MAX_DEPTH).map_err(|e| LoadError::file(file, e.to_string()))?;
     let is_json = file.extension().is_some_and(|e| e == "json");
     let docs: Vec<Value> = if is_json {
         let mut out = Vec::new();
@@ -509,6 +545,30 @@ mod tests {
     }
 
     const CLASS: &str = "apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata:\n  name: gpu\nspec:\n  selectors:\n  - cel:\n      expression: device.driver == \"gpu.example.com\"\n";
+
+    #[test]
+    fn deep_nesting_is_refused_naming_file_and_limit() {
+        let n = 100_000;
+        let flow = format!("a: {}", "[".repeat(n));
+        let block: String = (0..2_000)
+            .map(|i| format!("{}k:\n", " ".repeat(i)))
+            .collect();
+        let dashes = format!("a:\n{}x\n", "- ".repeat(n));
+        let json = format!("{}{}", "{\"a\":".repeat(n), "}".repeat(n));
+        for (file, text) in [
+            ("flow.yaml", flow),
+            ("block.yaml", block),
+            ("dashes.yaml", dashes),
+            ("deep.json", json),
+        ] {
+            let e = load_str(Path::new(file), &text).unwrap_err().to_string();
+            assert!(
+                e.starts_with(file)
+                    && e.contains(&format!("nesting deeper than {} levels", depth::MAX_DEPTH)),
+                "{file}: {e}"
+            );
+        }
+    }
 
     #[test]
     fn multi_document_and_list() {

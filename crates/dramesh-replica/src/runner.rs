@@ -136,7 +136,7 @@ impl Replica {
             let router = crate::routes::router(api.clone(), state.clone(), observer.clone());
             let shutdown = stopped(stop_rx.clone());
             tasks.spawn(async move {
-                if let Err(e) = axum::serve(http, router)
+                if let Err(e) = axum::serve(dramesh_api::nodelay_listener(http), router)
                     .with_graceful_shutdown(shutdown)
                     .await
                 {

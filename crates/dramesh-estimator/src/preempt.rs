@@ -163,7 +163,7 @@ fn pod_keys<'k>(cand: &Candidate<'k>) -> impl Iterator<Item = &'k (String, Strin
 
 /// What the eviction simulation found on one cluster.
 #[derive(Debug, PartialEq)]
-enum Sim {
+enum Found {
     /// Even with every candidate evicted only `replicas` fit (`limited_by` says why).
     Short { replicas: i64, limited_by: String },
     /// An answer the decision needed is a lower bound below the replicas needed (the device
@@ -187,7 +187,7 @@ pub(crate) fn preempt_cluster(
 }
 
 /// Victim selection on one cluster; the flag is true when the outcome is unknown (see
-/// [`Sim::Unknown`]).
+/// [`Found::Unknown`]).
 fn preempt_cluster_with(
     c: &ClusterView,
     w: &Workload,
@@ -223,7 +223,7 @@ fn preempt_cluster_with(
         None => simulate(c, w, opts, &cands, None),
     };
     let (after, evicted) = match sim {
-        Sim::Short {
+        Found::Short {
             replicas,
             limited_by,
         } => {
@@ -234,7 +234,7 @@ fn preempt_cluster_with(
             ));
             return (out, false);
         }
-        Sim::Unknown {
+        Found::Unknown {
             replicas,
             limited_by,
         } => {
@@ -245,7 +245,7 @@ fn preempt_cluster_with(
             ));
             return (out, true);
         }
-        Sim::Fits { after, evicted } => (after, evicted),
+        Found::Fits { after, evicted } => (after, evicted),
     };
     let mut freed = ResList::new();
     for v in evicted.iter().map(|&i| &cands[i]) {
@@ -274,7 +274,7 @@ fn simulate(
     opts: &EstimateOptions,
     cands: &[Candidate<'_>],
     mut cache: Option<&mut DeviceCache>,
-) -> Sim {
+) -> Found {
     let mut overlay = Overlay::default();
     for cand in cands {
         overlay.remove_pods(c, pod_keys(cand));
@@ -298,19 +298,19 @@ fn simulate(
             evicted.push(i);
         }
     }
-    Sim::Fits { after, evicted }
+    Found::Fits { after, evicted }
 }
 
-/// An answer below the replicas needed: a proof ([`Sim::Short`]) or, when it is a lower
-/// bound, unknown ([`Sim::Unknown`]).
-fn short(e: ClusterEstimate) -> Sim {
+/// An answer below the replicas needed: a proof ([`Found::Short`]) or, when it is a lower
+/// bound, unknown ([`Found::Unknown`]).
+fn short(e: ClusterEstimate) -> Found {
     if e.is_lower_bound() {
-        Sim::Unknown {
+        Found::Unknown {
             replicas: e.max_replicas,
             limited_by: e.limited_by,
         }
     } else {
-        Sim::Short {
+        Found::Short {
             replicas: e.max_replicas,
             limited_by: e.limited_by,
         }
@@ -323,7 +323,7 @@ struct ClaimSlot {
     /// `Overlay::removed_claims` (restoring any pod that uses the claim clears it, evicting
     /// any such pod sets it).
     removed: bool,
-    /// Range in `Sim2::claim_nodes`: the nodes whose local pools hold its devices.
+    /// Range in `Incremental::claim_nodes`: the nodes whose local pools hold its devices.
     nodes: (u32, u32),
 }
 
@@ -336,7 +336,7 @@ struct Footprint<'v> {
 }
 
 /// Per-node state of the incremental simulation.
-struct Sim2<'v> {
+struct Incremental<'v> {
     c: &'v ClusterView,
     w: &'v Workload,
     nodes: Vec<&'v NodeEntry>,
@@ -359,7 +359,7 @@ struct Sim2<'v> {
     cap: Option<i64>,
 }
 
-impl<'v> Sim2<'v> {
+impl<'v> Incremental<'v> {
     fn nodes_of(&self, k: u32) -> &[u32] {
         let (start, len) = self.slots[k as usize].nodes;
         &self.claim_nodes[start as usize..(start + len) as usize]
@@ -517,7 +517,7 @@ fn simulate_incremental(
     opts: &EstimateOptions,
     cands: &[Candidate<'_>],
     cache: &mut DeviceCache,
-) -> Option<Sim> {
+) -> Option<Found> {
     if c.nodes.is_empty() || opts.assumed.iter().any(|a| a.cluster == c.name) {
         return None;
     }
@@ -650,7 +650,7 @@ fn simulate_incremental(
         .as_ref()
         .and_then(|q| q.limit(&c.name, w, c))
         .map(|(cap, _)| cap);
-    let mut sim = Sim2 {
+    let mut sim = Incremental {
         c,
         w,
         freed,
@@ -672,7 +672,7 @@ fn simulate_incremental(
     for i in 0..sim.nodes.len() {
         let o = sim.eval(i)?;
         if !tally(&mut first, &o) {
-            return Some(Sim::Short {
+            return Some(Found::Short {
                 replicas: first.max_replicas,
                 limited_by: first.limited_by,
             });
@@ -706,7 +706,7 @@ fn simulate_incremental(
             continue;
         }
         if lower_bound {
-            return Some(Sim::Unknown {
+            return Some(Found::Unknown {
                 replicas: max,
                 limited_by: unknown_limited_by(sim.unknown),
             });
@@ -732,7 +732,7 @@ fn simulate_incremental(
             let _ = sim.refresh(n as usize)?;
         }
     }
-    Some(Sim::Fits { after, evicted })
+    Some(Found::Fits { after, evicted })
 }
 
 fn cpu_of(freed: &BTreeMap<String, String>) -> i64 {

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use dramesh_api::native::{ReservationState, ReservationStatus};
 use dramesh_mesh::lock;
-use dramesh_telemetry::{Metrics, ReservationState as Counted};
+use dramesh_telemetry::{Metrics, ReservationLabel as Counted};
 
 /// Reservation states as of the previous scrape.
 #[derive(Default)]

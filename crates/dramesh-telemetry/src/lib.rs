@@ -39,7 +39,7 @@ pub use init::{
     OTLP_ENDPOINT_ENV, SERVICE_AGENT, SERVICE_REPLICA, ScopedTelemetry, TelemetryConfig,
     TelemetryError, TelemetryGuard, init, init_for_tests, subscriber,
 };
-pub use metrics::{ApiTimer, Direction, Metrics, ReservationState};
+pub use metrics::{ApiTimer, Direction, Metrics, ReservationLabel};
 pub use registry::{
     CONTENT_TYPE, Counter, CounterVec, Family, Gauge, GaugeVec, Histogram, HistogramSnapshot,
     HistogramVec, MetricsError, Registry,

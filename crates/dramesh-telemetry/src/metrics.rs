@@ -94,7 +94,7 @@ impl Direction {
 
 /// The `state` label of `reservations`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReservationState {
+pub enum ReservationLabel {
     /// Deducted from estimates.
     Live,
     /// Ended by its TTL.
@@ -103,9 +103,9 @@ pub enum ReservationState {
     Conflicted,
 }
 
-impl ReservationState {
+impl ReservationLabel {
     /// Every state, in label order.
-    pub const ALL: [ReservationState; 3] = [Self::Live, Self::Expired, Self::Conflicted];
+    pub const ALL: [ReservationLabel; 3] = [Self::Live, Self::Expired, Self::Conflicted];
 
     /// The label value.
     pub fn as_str(self) -> &'static str {
@@ -289,10 +289,10 @@ impl Metrics {
             )
             .expect(REGISTERED);
         // Fixed label values are always present so a dashboard sees 0 rather than no data.
-        for s in ReservationState::ALL {
+        for s in ReservationLabel::ALL {
             reservations.with([s.as_str()]);
         }
-        for e in [ReservationState::Expired, ReservationState::Conflicted] {
+        for e in [ReservationLabel::Expired, ReservationLabel::Conflicted] {
             reservation_events_total.with([e.as_str()]);
         }
         for k in ["replica", "agent"] {
@@ -375,7 +375,7 @@ impl Metrics {
 
     /// Sets the reservation gauges to the numbers currently held in each state.
     pub fn set_reservations(&self, live: u64, expired: u64, conflicted: u64) {
-        for (s, n) in ReservationState::ALL
+        for (s, n) in ReservationLabel::ALL
             .into_iter()
             .zip([live, expired, conflicted])
         {
@@ -385,8 +385,8 @@ impl Metrics {
 
     /// Counts reservations that just expired or lost a conflict (`Live` is not an event and
     /// is ignored).
-    pub fn reservation_events(&self, event: ReservationState, n: u64) {
-        if event != ReservationState::Live {
+    pub fn reservation_events(&self, event: ReservationLabel, n: u64) {
+        if event != ReservationLabel::Live {
             self.reservation_events_total
                 .with([event.as_str()])
                 .inc_by(n);

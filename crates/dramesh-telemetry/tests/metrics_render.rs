@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use dramesh_telemetry::metrics::names;
-use dramesh_telemetry::{Direction, Metrics, ReservationState};
+use dramesh_telemetry::{Direction, Metrics, ReservationLabel};
 
 const EXPECTED: &[(&str, &str, &[&str])] = &[
     (
@@ -78,8 +78,8 @@ fn record(m: &Metrics) {
     m.store_history_changes.with(["c1"]).set(12.0);
     m.store_documents.set(4.0);
     m.set_reservations(7, 2, 1);
-    m.reservation_events(ReservationState::Conflicted, 3);
-    m.reservation_events(ReservationState::Live, 5);
+    m.reservation_events(ReservationLabel::Conflicted, 3);
+    m.reservation_events(ReservationLabel::Live, 5);
     m.zero_answer("MaxAvailableReplicas", "stale_cluster");
     for ms in [1, 3, 3, 40, 20_000] {
         m.observe_alloc_search("EstimateAll", Duration::from_millis(ms));

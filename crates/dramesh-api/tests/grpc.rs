@@ -69,23 +69,24 @@ async fn every_wire_generation_gets_the_same_answer() {
     srv.stop().await;
 }
 
+/// The Karmada answer to `q` (v1.19 wire style), which must not be an error.
+async fn replicas(c: &mut EstimatorClient<Channel>, q: &query::ReplicaQuery) -> i32 {
+    c.max_available_replicas(q.to_proto(WireStyle::V119))
+        .await
+        .expect("no error")
+        .into_inner()
+        .max_replicas
+}
+
 #[tokio::test]
 async fn unknown_and_stale_clusters_answer_zero_not_error() {
     let srv = start_grpc(demo_state()).await;
     let mut c = EstimatorClient::new(channel(srv.addr).await);
     let mut q = member1_query();
     q.cluster = "no-such-cluster".into();
-    let r = c
-        .max_available_replicas(q.to_proto(WireStyle::V119))
-        .await
-        .expect("no error");
-    assert_eq!(r.into_inner().max_replicas, 0);
+    assert_eq!(replicas(&mut c, &q).await, 0);
     q.cluster = "member-3".into();
-    let r = c
-        .max_available_replicas(q.to_proto(WireStyle::V119))
-        .await
-        .expect("no error");
-    assert_eq!(r.into_inner().max_replicas, 0);
+    assert_eq!(replicas(&mut c, &q).await, 0);
     let r = c
         .max_available_component_sets(kpb::MaxAvailableComponentSetsRequest {
             cluster: "no-such-cluster".into(),
@@ -166,18 +167,10 @@ async fn a_zero_from_a_give_up_is_counted_apart_from_other_zeros() {
     .await;
     let mut c = EstimatorClient::new(channel(srv.addr).await);
     let mut q = member1_query();
-    let r = c
-        .max_available_replicas(q.to_proto(WireStyle::V119))
-        .await
-        .expect("no error");
-    assert_eq!(r.into_inner().max_replicas, 0);
+    assert_eq!(replicas(&mut c, &q).await, 0);
     // A lower bound above 0 is answered as it is and is no zero answer.
     q.cluster = "member-2".into();
-    let r = c
-        .max_available_replicas(q.to_proto(WireStyle::V119))
-        .await
-        .expect("no error");
-    assert_eq!(r.into_inner().max_replicas, 3);
+    assert_eq!(replicas(&mut c, &q).await, 3);
     let m = MethodCounts::of(
         &srv.state.metrics,
         API_KARMADA,
@@ -240,11 +233,7 @@ async fn dra_extension_field_and_assumed_workloads_are_honoured() {
     let mut q = member1_query();
     q.requirements.dra = two_gpus();
     // 8 devices / 2 per replica = 4 (cpu alone would allow 32).
-    let r = c
-        .max_available_replicas(q.to_proto(WireStyle::V119))
-        .await
-        .expect("answer");
-    assert_eq!(r.into_inner().max_replicas, 4);
+    assert_eq!(replicas(&mut c, &q).await, 4);
     q.assumed_workloads = vec![query::AssumedWorkload {
         namespace: "default".into(),
         components: vec![query::Component {

@@ -622,3 +622,173 @@ fn class_devices_follow_the_allocators_selection() {
         ["broken", "class-a", "failing", "open", "type-x"]
     );
 }
+
+/// Devices `<driver>-0..n` in pool `<driver>` on node-1: `type` cycles x, x, y, y, `numa`
+/// cycles 0, 1, and `id` is the index, so no two devices are interchangeable for a claim
+/// constraining `id`.
+fn tagged_slice(driver: &str, n: usize) -> k8s::ResourceSlice {
+    let devices: Vec<serde_json::Value> = (0..n)
+        .map(|i| {
+            let t = ["x", "x", "y", "y"][i % 4];
+            serde_json::json!({"name": format!("{driver}-{i}"), "attributes": {
+                "type": {"string": t},
+                "numa": {"int": i % 2},
+                "id": {"int": i}}})
+        })
+        .collect();
+    serde_json::from_value(serde_json::json!({"metadata": {"name": driver}, "spec": {
+        "driver": driver, "nodeName": "node-1",
+        "pool": {"name": driver, "generation": 1, "resourceSliceCount": 1},
+        "devices": devices}}))
+    .expect("test slice")
+}
+
+/// 20 `driver-a` and 2 `driver-b` devices; classes `class-a`, `class-b` and `any`.
+fn tagged_inventory() -> Inventory {
+    let any: k8s::DeviceClass = yaml("metadata: {name: any}\nspec: {}\n");
+    let classes = [
+        class("class-a", "driver-a"),
+        class("class-b", "driver-b"),
+        any,
+    ];
+    let slices = [tagged_slice("driver-a", 20), tagged_slice("driver-b", 2)];
+    Inventory::from_objects(&slices, &classes, []).expect("inventory")
+}
+
+/// A claim with thousands of solutions and no interchangeable devices: `count` `class-a`
+/// devices of distinct `id`s.
+fn filler(count: usize) -> k8s::ResourceClaim {
+    claim(
+        "filler",
+        &format!(
+            "    requests:\n    - name: r0\n      exactly: {{deviceClassName: class-a, count: {count}}}\n    constraints:\n    - distinctAttribute: driver-a/id\n"
+        ),
+    )
+}
+
+/// Runs `claims` unpruned within 100,000 steps (which must give up) and pruned (which
+/// must answer within 1,000 steps); returns the pruned outcome.
+fn pruned_answer_where_unpruned_gives_up(
+    inv: &Inventory,
+    state: &AllocatedState,
+    claims: &[&k8s::ResourceClaim],
+) -> Outcome {
+    let node = NodeInfo::named("node-1");
+    let bounded = Options {
+        max_steps: 100_000,
+        ..unpruned()
+    };
+    let (plain, _) = allocate_with_steps(inv, state, &node, claims, &bounded);
+    assert!(
+        matches!(plain, Outcome::BudgetExhausted { .. }),
+        "{plain:?}"
+    );
+    let (pruned, steps) = allocate_with_steps(inv, state, &node, claims, &Options::default());
+    assert!(steps < 1_000, "{steps} steps: {pruned:?}");
+    pruned
+}
+
+#[test]
+fn match_constraints_on_the_same_requests_are_checked_together() {
+    // Ten devices have type x and ten have numa 0, but only five have both: six devices
+    // agreeing on both attributes do not exist, which neither constraint alone shows.
+    let inv = tagged_inventory();
+    let pair = |count: usize| {
+        claim(
+            "pair",
+            &format!(
+                "    requests:\n    - name: r0\n      exactly: {{deviceClassName: class-a, count: {count}}}\n    constraints:\n    - matchAttribute: driver-a/type\n    - matchAttribute: driver-a/numa\n"
+            ),
+        )
+    };
+    let none = AllocatedState::new();
+    let (filler, six) = (filler(4), pair(6));
+    let o = pruned_answer_where_unpruned_gives_up(&inv, &none, &[&filler, &six]);
+    assert!(matches!(o, Outcome::Unsatisfiable { .. }), "{o:?}");
+    // Five fit: the same devices as the unpruned search.
+    let five = pair(5);
+    let node = NodeInfo::named("node-1");
+    let plain = allocate(&inv, &none, &node, &[&filler, &five], &unpruned());
+    assert!(plain.is_allocated(), "{plain:?}");
+    assert_eq!(
+        allocate(&inv, &none, &node, &[&filler, &five], &Options::default()),
+        plain
+    );
+}
+
+#[test]
+fn a_constrained_all_request_that_stops_at_a_device_in_use_is_not_a_hazard() {
+    // `walk` asks for every class-b device with one `id`: the walk would fail the pod at
+    // the second device, but the first is in use, so it fails quietly. The claim after it
+    // cannot fit, and pruning may say so without walking.
+    let inv = tagged_inventory();
+    let mut busy = AllocatedState::new();
+    let taken: k8s::AllocationResult = yaml(
+        "devices:\n  results:\n  - {request: r, driver: driver-b, pool: driver-b, device: driver-b-0}\n",
+    );
+    busy.commit(&[taken]);
+    let walk = claim(
+        "walk",
+        "    requests:\n    - name: r0\n      exactly: {deviceClassName: class-b, allocationMode: All}\n    constraints:\n    - matchAttribute: driver-b/id\n",
+    );
+    let hopeless = count_claim("hopeless", 15);
+    let filler = filler(6);
+    let o = pruned_answer_where_unpruned_gives_up(&inv, &busy, &[&filler, &walk, &hopeless]);
+    assert!(matches!(o, Outcome::Unsatisfiable { .. }), "{o:?}");
+    // With both devices free the walk fails the pod, pruned or not.
+    let node = NodeInfo::named("node-1");
+    let none = AllocatedState::new();
+    for opts in [unpruned(), Options::default()] {
+        let o = allocate(&inv, &none, &node, &[&filler, &walk, &hopeless], &opts);
+        assert!(
+            matches!(&o, Outcome::Error(e) if e.kind() == AllocErrorKind::ConstraintViolated),
+            "{o:?}"
+        );
+    }
+}
+
+#[test]
+fn selector_errors_on_devices_an_earlier_request_must_take_are_not_a_hazard() {
+    // `grab` must take both class-b devices; `probe`'s selector fails on them (no `id` of
+    // driver-a), but by the time it runs they are in use, so it never evaluates there. The
+    // request after it cannot fit.
+    let inv = tagged_inventory();
+    let grab = claim(
+        "grab",
+        "    requests:\n    - name: r0\n      exactly: {deviceClassName: class-a, count: 4}\n    - name: r1\n      exactly: {deviceClassName: class-b, count: 2}\n    constraints:\n    - distinctAttribute: driver-a/id\n      requests: [r0]\n",
+    );
+    let probe = claim(
+        "probe",
+        "    requests:\n    - name: r0\n      exactly:\n        deviceClassName: any\n        selectors:\n        - cel: {expression: 'device.attributes[\"driver-a\"].id >= 0'}\n    - name: r1\n      exactly: {deviceClassName: class-a, count: 17}\n",
+    );
+    let none = AllocatedState::new();
+    let o = pruned_answer_where_unpruned_gives_up(&inv, &none, &[&grab, &probe]);
+    assert!(matches!(o, Outcome::Unsatisfiable { .. }), "{o:?}");
+}
+
+#[test]
+fn match_and_distinct_on_one_attribute_leave_room_for_one_device() {
+    // Two devices of one `type` that are also of different `type`s do not exist.
+    let inv = tagged_inventory();
+    let both = |count: usize| {
+        claim(
+            "both",
+            &format!(
+                "    requests:\n    - name: r0\n      exactly: {{deviceClassName: class-a, count: {count}}}\n    constraints:\n    - matchAttribute: driver-a/type\n    - distinctAttribute: driver-a/type\n"
+            ),
+        )
+    };
+    let none = AllocatedState::new();
+    let (filler, two) = (filler(6), both(2));
+    let o = pruned_answer_where_unpruned_gives_up(&inv, &none, &[&filler, &two]);
+    assert!(matches!(o, Outcome::Unsatisfiable { .. }), "{o:?}");
+    // One device is under both without conflict.
+    let one = both(1);
+    let node = NodeInfo::named("node-1");
+    let plain = allocate(&inv, &none, &node, &[&filler, &one], &unpruned());
+    assert!(plain.is_allocated(), "{plain:?}");
+    assert_eq!(
+        allocate(&inv, &none, &node, &[&filler, &one], &Options::default()),
+        plain
+    );
+}

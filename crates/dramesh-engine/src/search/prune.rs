@@ -19,7 +19,10 @@
 //!   theirs (Hall's condition where device classes make it cheap: NIC requests cannot spill
 //!   onto GPUs);
 //! * `matchAttribute` without a reference yet: some single value has enough candidates for
-//!   every request it constrains, alone and together;
+//!   every request it constrains, alone and together; constraints of one claim on the same
+//!   requests must agree on one tuple of values, so some tuple has enough candidates;
+//! * a `matchAttribute` and a `distinctAttribute` on the same attribute leave room for at
+//!   most one device under both;
 //! * `distinctAttribute`: enough distinct unused values, per request and together (again
 //!   with each `firstAvailable` request's smallest usable alternative);
 //! * shared counters: the cheapest choice of each request's devices fits what is left.
@@ -28,8 +31,11 @@
 //! pod when the search enters them: a selector error on one of their devices, a constraint on
 //! a mode-`All` request, and in the current claim the 32-device limit (reported from where
 //! it is hit). The conditions are checked only on the requests before the first of those: if
-//! they cannot be filled, it is never entered. Negative amounts turn pruning off (filters
-//! would not be monotone).
+//! they cannot be filled, it is never entered. A request is not such a hazard when the
+//! failure provably cannot happen from this node: its failing selectors are only on devices
+//! in use by then (already, or taken by an earlier request that needs all its candidates),
+//! or its mode-`All` walk stops quietly at a device in use before any device that could
+//! break the constraint. Negative amounts turn pruning off (filters would not be monotone).
 //!
 //! Besides cutting branches, the search skips a device interchangeable with one that already
 //! failed at the same position ([`Run::sym_class`]).
@@ -81,6 +87,17 @@ impl ItemAlt {
     }
 }
 
+/// Several `matchAttribute` constraints of claim `claim` that constrain exactly the same
+/// alternatives: their devices must agree on every one, so on the tuple of values.
+struct Joint {
+    claim: usize,
+    /// The constraints (indices into the claim's constraints; two or more).
+    members: Vec<usize>,
+    /// Interned value tuple per device (`NONE` = lacks one of the attributes).
+    vals: Vec<u32>,
+    nvals: usize,
+}
+
 #[derive(Default)]
 pub(super) struct Pruner {
     pub(super) mode: Mode,
@@ -93,11 +110,16 @@ pub(super) struct Pruner {
     vals: Vec<Vec<Vec<u32>>>,
     /// Per claim, per constraint: number of interned values.
     nvals: Vec<Vec<usize>>,
+    /// `matchAttribute` constraints of one claim that apply to the same alternatives,
+    /// checked together while none has a reference yet.
+    joint: Vec<Joint>,
     /// Per alternative: devices whose selectors fail with an error (ascending).
     errs: Vec<Vec<u32>>,
     /// Per alternative: a mode-`All` request with a constraint (entering it may fail the
     /// pod on a violation).
     walks: Vec<bool>,
+    /// Per walked alternative: its safe prefix length ([`Run::safe_walk`]).
+    safe_walk: Vec<u32>,
     /// Per device: multi-allocatable (may serve several requests).
     multi: Vec<bool>,
     /// Counter keys (pool, counter set, counter); empty when no device consumes counters.
@@ -115,6 +137,10 @@ pub(super) struct Pruner {
     buf: Vec<u32>,
     mark: Vec<u32>,
     epoch: u32,
+    /// Devices every completion of the search from the node being checked puts in use
+    /// before the request being pushed: those whose `forced` is this epoch ([`force`]).
+    forced_epoch: u32,
+    forced: Vec<u32>,
     hist: Vec<u32>,
     lb: Vec<i128>,
     lb_alt: Vec<i128>,
@@ -134,6 +160,7 @@ impl Pruner {
         self.epoch = self.epoch.wrapping_add(1);
         if self.epoch == 0 {
             self.mark.iter_mut().for_each(|m| *m = 0);
+            self.forced.iter_mut().for_each(|m| *m = 0);
             self.epoch = 1;
         }
         self.epoch
@@ -270,9 +297,11 @@ impl<'a> Run<'a> {
         p.errs = vec![Vec::new(); self.memo.len()];
         p.applies = vec![Vec::new(); self.memo.len()];
         p.walks = vec![false; self.memo.len()];
+        p.safe_walk = vec![0; self.memo.len()];
         let reqs = std::mem::take(&mut self.reqs);
         self.static_candidates(p, &reqs);
         self.reqs = reqs;
+        self.joint_constraints(p);
         // Counters.
         p.keys.clear();
         p.pool_keys = vec![Vec::new(); self.pools.len()];
@@ -310,6 +339,7 @@ impl<'a> Run<'a> {
         p.rem = vec![0; p.keys.len()];
         p.pool_over = vec![false; self.pools.len()];
         p.mark = vec![0; n];
+        p.forced = vec![0; n];
         self.classes(p);
         true
     }
@@ -385,11 +415,62 @@ impl<'a> Run<'a> {
         (class != NONE && self.alloc_cap[d].is_none()).then_some(class)
     }
 
+    /// Groups each claim's `matchAttribute` constraints by the alternatives they constrain.
+    fn joint_constraints(&self, p: &mut Pruner) {
+        p.joint.clear();
+        for (ci, cons) in self.cons.iter().enumerate() {
+            let scope = |ki: usize| -> Vec<usize> {
+                self.reqs[ci]
+                    .iter()
+                    .flat_map(|r| &r.alts)
+                    .filter(|a| p.applies[a.gi].contains(&ki))
+                    .map(|a| a.gi)
+                    .collect()
+            };
+            let matches: Vec<usize> = (0..cons.len())
+                .filter(|&ki| matches!(cons[ki].kind, ConsKind::Match { .. }))
+                .collect();
+            let mut grouped = vec![false; cons.len()];
+            for (i, &ki) in matches.iter().enumerate() {
+                if grouped[ki] {
+                    continue;
+                }
+                let own = scope(ki);
+                let members: Vec<usize> = matches[i..]
+                    .iter()
+                    .copied()
+                    .filter(|&kj| !grouped[kj] && scope(kj) == own)
+                    .collect();
+                members.iter().for_each(|&kj| grouped[kj] = true);
+                if members.len() < 2 || own.is_empty() {
+                    continue;
+                }
+                let mut seen: std::collections::HashMap<Vec<u32>, u32> = Default::default();
+                let vals = (0..self.devs.len())
+                    .map(|d| {
+                        let key: Vec<u32> = members.iter().map(|&kj| p.vals[ci][kj][d]).collect();
+                        if key.contains(&NONE) {
+                            return NONE;
+                        }
+                        let next = seen.len() as u32;
+                        *seen.entry(key).or_insert(next)
+                    })
+                    .collect();
+                p.joint.push(Joint {
+                    claim: ci,
+                    members,
+                    vals,
+                    nvals: seen.len(),
+                });
+            }
+        }
+    }
+
     fn static_candidates(&mut self, p: &mut Pruner, reqs: &[Vec<super::Req<'a>>]) {
         let cc = self.feats.consumable_capacity;
         for (ci, claim_reqs) in reqs.iter().enumerate() {
             let cref = claim_ref(self.claims[ci]);
-            for req in claim_reqs {
+            for (ri, req) in claim_reqs.iter().enumerate() {
                 for alt in &req.alts {
                     let applies: Vec<usize> = self.cons[ci]
                         .iter()
@@ -443,9 +524,71 @@ impl<'a> Run<'a> {
                     }
                     p.cands[alt.gi] = cands;
                     p.applies[alt.gi] = applies;
+                    if p.walks[alt.gi] {
+                        p.safe_walk[alt.gi] = self.safe_walk(p, ci, &claim_reqs[..ri], alt) as u32;
+                    }
                 }
             }
         }
+    }
+
+    /// How many leading devices of mode-`All` alternative `alt` of claim `ci` (entered after
+    /// the claim's requests `earlier`) the walk can take without violating a constraint,
+    /// whatever the search did before: each has the attribute, `matchAttribute` values agree,
+    /// `distinctAttribute` values differ, and no earlier request of the claim can have fixed
+    /// a reference or seen a value.
+    fn safe_walk(&self, p: &Pruner, ci: usize, earlier: &[super::Req<'a>], alt: &Alt<'a>) -> usize {
+        let applies = &p.applies[alt.gi];
+        let fixed = applies.iter().any(|&ki| {
+            let con = &self.cons[ci][ki];
+            earlier
+                .iter()
+                .flat_map(|r| &r.alts)
+                .any(|a| con.applies(a.base, a.sub))
+        });
+        if fixed {
+            return 0;
+        }
+        let devs = &alt.all_devices;
+        (0..devs.len())
+            .find(|&i| {
+                let d = devs[i];
+                applies.iter().any(|&ki| {
+                    let vals = &p.vals[ci][ki];
+                    vals[d] == NONE
+                        || match self.cons[ci][ki].kind {
+                            ConsKind::Match { .. } => vals[d] != vals[devs[0]],
+                            ConsKind::Distinct { .. } => {
+                                devs[..i].iter().any(|&x| vals[x] == vals[d])
+                            }
+                        }
+                })
+            })
+            .unwrap_or(devs.len())
+    }
+
+    /// Walking mode-`All` alternative `alt` of claim `ci` from here cannot fail the pod: no
+    /// device of it can violate a constraint, or a device
+    /// it refuses before looking at constraints (in use, a taint not tolerated) comes no
+    /// later than the end of its safe prefix, so the walk stops there quietly ([`Self::safe_walk`]). In use only grows deeper
+    /// in the branch, so this holds below this node too.
+    fn walk_quiet(&self, p: &Pruner, ci: usize, alt: &Alt<'a>) -> bool {
+        let safe = p.safe_walk[alt.gi] as usize;
+        if safe >= alt.all_devices.len() {
+            // No device of the walk can violate a constraint.
+            return true;
+        }
+        alt.all_devices.iter().take(safe + 1).any(|&d| {
+            let f = &self.devs[d];
+            let refused = if alt.admin {
+                !p.multi[d] && self.allocating_for_claim(d, ci)
+            } else {
+                self.in_use(d) || p.forced[d] == p.forced_epoch
+            };
+            refused
+                || (!self.feats.partitionable_devices && !f.dev.consumes.is_empty())
+                || (self.feats.device_taints && self.taint_blocks(d, alt))
+        })
     }
 
     /// Can device `d` still be chosen for `alt` of claim `ci` in this branch?
@@ -496,15 +639,15 @@ impl<'a> Run<'a> {
         let req = &self.reqs[ci][ri];
         let alt = &req.alts[si];
         // A device whose selectors fail is evaluated only if the loop reaches it unused; a
-        // device in use here stays in use below.
-        let hazard = p.walks[alt.gi]
+        // device in use here (or forced into use before this request) stays in use below.
+        let hazard = (p.walks[alt.gi] && !self.walk_quiet(p, ci, alt))
             || p.errs[alt.gi].iter().any(|&e| {
                 let e = e as usize;
                 e >= start
                     && if alt.admin {
                         !self.allocating_for_claim(e, ci)
                     } else {
-                        !self.in_use(e)
+                        !self.in_use(e) && p.forced[e] != p.forced_epoch
                     }
             });
         let most = req.alts.iter().map(Alt::takes).max().unwrap_or(0);
@@ -556,11 +699,13 @@ impl<'a> Run<'a> {
         }
         p.items.clear();
         p.buf.clear();
+        p.forced_epoch = p.next_epoch();
         let num = self.reqs[c][r].alts[s].num_devices;
         self.push_alt(p, 0, (c, r, s), Some(num - k), start);
         if p.items[0].hazard {
             return true;
         }
+        force(p, 0);
         // The requests are checked up to the first one whose entry may fail the pod: if
         // those before it cannot all be filled, it is never entered. In this claim, that
         // includes a request the 32-device limit may stop at (reported from where it is hit);
@@ -584,6 +729,9 @@ impl<'a> Run<'a> {
                 {
                     p.items.truncate(first);
                     break 'items;
+                }
+                if alts == 1 {
+                    force(p, first);
                 }
                 item += 1;
             }
@@ -625,6 +773,24 @@ impl<'a> Run<'a> {
                 if !ok {
                     return false;
                 }
+            }
+        }
+        for ci in c..self.claims.len() {
+            if !self.match_and_distinct_compatible(p, ci) {
+                return false;
+            }
+        }
+        for g in 0..p.joint.len() {
+            let joint = &p.joint[g];
+            let open = joint.claim >= c
+                && joint.members.iter().all(|&ki| {
+                    matches!(
+                        self.cons[joint.claim][ki].kind,
+                        ConsKind::Match { n: 0, .. }
+                    )
+                });
+            if open && !self.some_tuple_fits(p, g) {
+                return false;
             }
         }
         p.keys.is_empty() || counters_cover(p)
@@ -669,14 +835,63 @@ impl<'a> Run<'a> {
     /// candidates for each request it constrains, and for its fixed requests together.
     fn some_value_fits(&self, p: &mut Pruner, ci: usize, ki: usize) -> bool {
         let vals = std::mem::take(&mut p.vals[ci][ki]);
-        let fits = self.value_fits(p, ci, ki, &vals);
+        let nv = p.nvals[ci][ki];
+        let fits = self.value_fits(p, ci, ki, &vals, nv);
         p.vals[ci][ki] = vals;
         fits
     }
 
-    fn value_fits(&self, p: &mut Pruner, ci: usize, ki: usize, vals: &[u32]) -> bool {
+    /// Devices under both a `matchAttribute` and a `distinctAttribute` on one attribute
+    /// must be equal and different there: at most one device of claim `ci`'s remaining
+    /// requests (each at its smallest alternative) can be under both.
+    fn match_and_distinct_compatible(&self, p: &Pruner, ci: usize) -> bool {
+        let cons = &self.cons[ci];
+        for (ki, m) in cons.iter().enumerate() {
+            if !matches!(m.kind, ConsKind::Match { .. }) {
+                continue;
+            }
+            for (kj, d) in cons.iter().enumerate() {
+                if !matches!(d.kind, ConsKind::Distinct { .. }) || d.attr != m.attr {
+                    continue;
+                }
+                let mut both = 0usize;
+                let mut i = 0;
+                while i < p.items.len() {
+                    let item = p.items[i].item;
+                    let mut least = usize::MAX;
+                    while i < p.items.len() && p.items[i].item == item {
+                        let it = &p.items[i];
+                        let under = it.claim == ci
+                            && p.applies[it.gi].contains(&ki)
+                            && p.applies[it.gi].contains(&kj);
+                        least = least.min(if under { it.need } else { 0 });
+                        i += 1;
+                    }
+                    both += least;
+                }
+                if both >= 2 {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// Joint group `g`, none of its constraints with a reference yet: some tuple of values
+    /// has enough candidates, as [`Self::some_value_fits`] asks of one value.
+    fn some_tuple_fits(&self, p: &mut Pruner, g: usize) -> bool {
+        let vals = std::mem::take(&mut p.joint[g].vals);
+        let (ci, ki, nv) = (p.joint[g].claim, p.joint[g].members[0], p.joint[g].nvals);
+        let fits = self.value_fits(p, ci, ki, &vals, nv);
+        p.joint[g].vals = vals;
+        fits
+    }
+
+    /// Some value of `vals` (`nv` of them) serves every alternative that constraint `ki` of
+    /// claim `ci` applies to.
+    fn value_fits(&self, p: &mut Pruner, ci: usize, ki: usize, vals: &[u32], nv: usize) -> bool {
         // With no value at all, only requests that need no device can be served.
-        let nv = p.nvals[ci][ki].max(1);
+        let nv = nv.max(1);
         let constrained: Vec<usize> = (0..p.items.len())
             .filter(|&i| p.items[i].claim == ci && p.applies[p.items[i].gi].contains(&ki))
             .collect();
@@ -819,6 +1034,20 @@ impl<'a> Run<'a> {
 /// Hall's condition on nested candidate sets: for each fixed request selected by `pick`,
 /// the requests whose candidates all lie within its candidates fit there together (devices
 /// of different classes make such nests: NIC requests cannot spill onto GPUs).
+/// Request `i` (of one alternative) has exactly as many candidates as it needs: past it,
+/// every one of them is in use, so a later request never evaluates its selectors there.
+fn force(p: &mut Pruner, i: usize) {
+    let it = &p.items[i];
+    let (lo, hi) = (it.lo, it.hi);
+    if it.need == 0 || it.count() != it.need || p.buf[lo..hi].iter().any(|&d| p.multi[d as usize]) {
+        return;
+    }
+    for j in lo..hi {
+        let d = p.buf[j] as usize;
+        p.forced[d] = p.forced_epoch;
+    }
+}
+
 fn hall_covers(p: &Pruner, pick: impl Fn(&ItemAlt) -> bool) -> bool {
     let fixed = || p.items.iter().filter(|it| it.fixed && pick(it));
     if fixed().nth(2).is_none() {

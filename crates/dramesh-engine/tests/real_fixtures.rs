@@ -174,17 +174,6 @@ const KNOWN_LOAD_ERRORS: &[(&str, &str, &str)] = &[
         "apiVersion",
         "the Pod has no apiVersion as published",
     ),
-    // Real objects the loader does not accept yet (issue 14 item 10).
-    (
-        "dranet/examples/nixl-kv-transfer/nixl-kv-initiator.yaml",
-        "0755",
-        "defaultMode: 0755 is a YAML 1.1 octal integer (kubectl reads 493); the YAML 1.2 loader sees a string",
-    ),
-    (
-        "dranet/examples/nixl-kv-transfer/nixl-kv-target.yaml",
-        "0755",
-        "defaultMode: 0755 is a YAML 1.1 octal integer (kubectl reads 493); the YAML 1.2 loader sees a string",
-    ),
 ];
 
 fn walk_yaml(dir: &Path, out: &mut Vec<PathBuf>) {

@@ -123,15 +123,46 @@ impl Estimate {
 
 /// Estimates with result caches that survive between calls (per-node device results keyed
 /// by workload fingerprint and node generation). Use one per view; it is cheap to create.
-#[derive(Debug, Default)]
+///
+/// The caches are bounded by bytes ([`Estimator::with_cache_bytes`], default
+/// [`DEFAULT_CACHE_BYTES`]): each memo's and device cache's heap size is estimated from its
+/// tables' capacity, and past the bound the least recently used memos are dropped, then, if
+/// the device answers alone are over, the largest clusters' device answers. Evicting only
+/// costs recomputation: answers never depend on what is cached.
+#[derive(Debug)]
 pub struct Estimator {
     pub(crate) device_cache: FastMap<String, DeviceCache>,
     /// (cluster, workload fingerprint) -> per-node answers and their sums.
-    memos: FastMap<(String, u64), ClusterMemo>,
+    memos: FastMap<MemoKey, Memo>,
+    /// Last use -> memo key, oldest first.
+    lru: BTreeMap<u64, MemoKey>,
+    /// Use counter behind `lru`.
+    tick: u64,
+    /// Sum of the memos' `bytes`.
+    memo_bytes: usize,
+    max_bytes: usize,
 }
 
-/// Most cluster memos kept; the map starts over when full.
-const MAX_MEMOS: usize = 4096;
+/// Default bound of an estimator's caches: 512 MiB, which with the view of a 100-cluster ×
+/// 1,000-node fleet (1.4 GiB) and the store keeps a replica within its 4 GiB.
+pub const DEFAULT_CACHE_BYTES: usize = 512 << 20;
+
+type MemoKey = (String, u64);
+
+#[derive(Debug)]
+struct Memo {
+    memo: ClusterMemo,
+    /// Estimated heap size when stored.
+    bytes: usize,
+    /// Key of this memo in `Estimator::lru`.
+    used: u64,
+}
+
+impl Default for Estimator {
+    fn default() -> Self {
+        Estimator::with_cache_bytes(DEFAULT_CACHE_BYTES)
+    }
+}
 
 /// Why a node limits, as stored per node.
 #[derive(Debug, Clone, PartialEq)]
@@ -173,6 +204,18 @@ struct ClusterMemo {
 }
 
 impl ClusterMemo {
+    /// Estimated heap size: table slots at capacity, map nodes and their key strings.
+    fn heap_bytes(&self, key: &MemoKey) -> usize {
+        let per_node = self.per_node.capacity() * (size_of::<(Arc<str>, NodeOutcome)>() + 1);
+        let labels: usize = self
+            .excluded
+            .keys()
+            .chain(self.limits.keys())
+            .map(|k| k.capacity() + size_of::<(String, u32)>() + 16)
+            .sum();
+        size_of::<Memo>() + size_of::<MemoKey>() * 2 + key.0.capacity() + per_node + labels
+    }
+
     fn add(&mut self, o: &NodeOutcome, sign: i64) {
         let bump = |m: &mut BTreeMap<String, u32>, k: String| {
             let e = m.entry(k.clone()).or_default();
@@ -243,9 +286,82 @@ fn changed_nodes(c: &ClusterView, view_gen: u64, dev_counter: u64) -> Option<Vec
 }
 
 impl Estimator {
-    /// An estimator with empty caches.
+    /// An estimator with empty caches bounded by [`DEFAULT_CACHE_BYTES`].
     pub fn new() -> Estimator {
         Estimator::default()
+    }
+
+    /// An estimator whose caches stay within about `max_bytes` of heap.
+    pub fn with_cache_bytes(max_bytes: usize) -> Estimator {
+        Estimator {
+            device_cache: FastMap::default(),
+            memos: FastMap::default(),
+            lru: BTreeMap::new(),
+            tick: 0,
+            memo_bytes: 0,
+            max_bytes,
+        }
+    }
+
+    /// Estimated heap bytes the caches hold now (memos and device answers).
+    pub fn cache_bytes(&self) -> usize {
+        self.memo_bytes + self.device_bytes()
+    }
+
+    fn device_bytes(&self) -> usize {
+        self.device_cache
+            .values()
+            .map(DeviceCache::answer_bytes)
+            .sum()
+    }
+
+    fn take_memo(&mut self, key: &MemoKey) -> Option<ClusterMemo> {
+        let m = self.memos.remove(key)?;
+        self.lru.remove(&m.used);
+        self.memo_bytes -= m.bytes;
+        Some(m.memo)
+    }
+
+    /// Stores a memo as the most recently used one, then evicts down to the bound.
+    fn put_memo(&mut self, key: MemoKey, memo: ClusterMemo) {
+        let bytes = memo.heap_bytes(&key);
+        if bytes > self.max_bytes / 2 {
+            return; // would evict everything else, and itself next
+        }
+        self.tick += 1;
+        self.lru.insert(self.tick, key.clone());
+        self.memo_bytes += bytes;
+        let used = self.tick;
+        if let Some(old) = self.memos.insert(key, Memo { memo, bytes, used }) {
+            self.lru.remove(&old.used);
+            self.memo_bytes -= old.bytes;
+        }
+        self.trim();
+    }
+
+    /// Evicts least recently used memos, then the largest device answer sets, until the
+    /// accounted size is within the bound.
+    fn trim(&mut self) {
+        let mut device = self.device_bytes();
+        while self.memo_bytes + device > self.max_bytes
+            && let Some((_, key)) = self.lru.pop_first()
+        {
+            if let Some(m) = self.memos.remove(&key) {
+                self.memo_bytes -= m.bytes;
+            }
+        }
+        while self.memo_bytes + device > self.max_bytes {
+            let Some(largest) = self
+                .device_cache
+                .values_mut()
+                .max_by_key(|c| c.answer_bytes())
+                .filter(|c| c.answer_bytes() > 0)
+            else {
+                break;
+            };
+            device -= largest.answer_bytes();
+            largest.clear_answers();
+        }
     }
 
     /// Max available replicas of `w` per cluster.
@@ -268,6 +384,7 @@ impl Estimator {
             .iter()
             .map(|c| c.max_replicas)
             .fold(0i64, i64::saturating_add);
+        self.trim();
         Estimate { clusters, total }
     }
 }
@@ -288,8 +405,8 @@ impl Estimator {
                 w.fingerprint ^ s.wrapping_mul(0x9e37_79b9_7f4a_7c15)
             }),
         );
+        let memo = self.take_memo(&key);
         let cache = self.device_cache.entry(c.name.clone()).or_default();
-        let memo = self.memos.remove(&key);
         let view_gen = c.generation;
         let dev_counter = c.devices.counter();
         let shared_gen = c.devices.shared_gen;
@@ -300,7 +417,7 @@ impl Estimator {
         {
             if changed.is_empty() {
                 let out = m.to_estimate(c, w, opts);
-                self.memos.insert(key, m);
+                self.put_memo(key, m);
                 return out;
             }
             let mut devq = match DeviceQuery::prepare(
@@ -338,10 +455,7 @@ impl Estimator {
                 m.view_gen = view_gen;
                 m.dev_counter = dev_counter;
                 let out = m.to_estimate(c, w, opts);
-                if self.memos.len() >= MAX_MEMOS {
-                    self.memos.clear();
-                }
-                self.memos.insert(key, m);
+                self.put_memo(key, m);
                 return out;
             }
         }
@@ -379,10 +493,7 @@ impl Estimator {
         }
         let out = memo.to_estimate(c, w, opts);
         if !devq.as_ref().is_some_and(|q| q.order_dependent()) {
-            if self.memos.len() >= MAX_MEMOS {
-                self.memos.clear();
-            }
-            self.memos.insert(key, memo);
+            self.put_memo(key, memo);
         }
         out
     }
@@ -685,4 +796,63 @@ pub fn estimate_component_sets(
     }
     let total = clusters.iter().map(|c| c.max_replicas).sum();
     Estimate { clusters, total }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn memo(nodes: usize) -> ClusterMemo {
+        let mut m = ClusterMemo::default();
+        for i in 0..nodes {
+            let o = NodeOutcome::Fit {
+                replicas: 1,
+                factor: Some(Factor::Pods),
+            };
+            m.add(&o, 1);
+            m.per_node.insert(Arc::from(format!("n{i}")), o);
+        }
+        m
+    }
+
+    fn key(i: u64) -> MemoKey {
+        ("c".to_string(), i)
+    }
+
+    #[test]
+    fn memos_past_the_byte_bound_evict_least_recently_used() {
+        let size = memo(100).heap_bytes(&key(0));
+        // Room for three memos, not four.
+        let mut est = Estimator::with_cache_bytes(size * 7 / 2);
+        for i in 0..3 {
+            est.put_memo(key(i), memo(100));
+        }
+        assert_eq!(est.cache_bytes(), 3 * size);
+        // Using memo 0 makes memo 1 the least recently used one.
+        let m0 = est.take_memo(&key(0)).unwrap();
+        est.put_memo(key(0), m0);
+        est.put_memo(key(3), memo(100));
+        let mut kept: Vec<u64> = est.memos.keys().map(|k| k.1).collect();
+        kept.sort();
+        assert_eq!(kept, [0, 2, 3]);
+        assert_eq!(est.cache_bytes(), 3 * size);
+        assert!(est.cache_bytes() <= est.max_bytes);
+        assert_eq!(est.lru.len(), 3);
+        // The memo taken back is the one stored, with its sums.
+        assert_eq!(est.take_memo(&key(2)).unwrap().total, 100);
+        assert_eq!(est.cache_bytes(), 2 * size);
+        // A memo larger than half the bound is not kept at all.
+        est.put_memo(key(9), memo(1000));
+        assert!(!est.memos.contains_key(&key(9)));
+        assert!(est.cache_bytes() <= est.max_bytes);
+    }
+
+    #[test]
+    fn memo_size_grows_with_its_nodes() {
+        let small = memo(10).heap_bytes(&key(0));
+        let large = memo(10_000).heap_bytes(&key(0));
+        // At least the entries themselves.
+        assert!(large >= 10_000 * size_of::<(Arc<str>, NodeOutcome)>());
+        assert!(large > 100 * small / 2);
+    }
 }

@@ -71,7 +71,9 @@ impl Fit {
     }
 }
 
-/// Per-node device answers kept between estimates of one cluster.
+/// Per-node device answers kept between estimates of one cluster. Its answers are bounded
+/// by bytes together with the estimator's memos ([`DeviceCache::answer_bytes`],
+/// [`DeviceCache::clear_answers`]).
 #[derive(Debug, Default)]
 pub(crate) struct DeviceCache {
     /// (query fingerprint, node) -> (node generation, shared generation, cap, fit).
@@ -83,6 +85,21 @@ pub(crate) struct DeviceCache {
     /// query are rolled back; `scratch_dirty` marks a copy a query changed for good.
     scratch: Option<(u64, AllocatedState)>,
     scratch_dirty: bool,
+}
+
+impl DeviceCache {
+    /// Heap bytes of the cached answers: table slots (entry plus control byte) at capacity.
+    /// Node names are shared `Arc`s owned by the view.
+    pub(crate) fn answer_bytes(&self) -> usize {
+        self.per_node.capacity() * (size_of::<((u64, Arc<str>), NodeAnswer)>() + 1)
+            + self.per_shape.capacity() * (size_of::<((u64, u64, u64), (i64, Fit))>() + 1)
+    }
+
+    /// Drops the cached answers (not the scratch copy of the device state) and their memory.
+    pub(crate) fn clear_answers(&mut self) {
+        self.per_node = FastMap::default();
+        self.per_shape = FastMap::default();
+    }
 }
 
 /// A reused answer computed with cap `cap_used` holds for `cap` when it stopped short of

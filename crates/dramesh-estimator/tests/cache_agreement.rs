@@ -390,3 +390,54 @@ fn preemption_with_caches_equals_naive_on_random_fleets() {
         "preemption should succeed in some rounds ({chosen})"
     );
 }
+
+/// Caches bounded by bytes stay within the bound while distinct workloads keep arriving, and
+/// every answer equals the uncached one (issue 14 item 3).
+#[test]
+fn byte_bounded_caches_stay_within_bound_and_answer_the_same() {
+    let spec = FleetSpec {
+        clusters: 3,
+        nodes_per_cluster: 60,
+        gpus_per_node: 4,
+        owners_per_cluster: 2,
+        kubernetes_version: "1.36".into(),
+    };
+    let view = fleet(&spec, &|i| i % 3).unwrap();
+    let workloads: Vec<Workload> = (1..=12)
+        .map(|i| gpu_workload(1 + (i % 2), &format!("{}m", 100 * i)))
+        .collect();
+    // What one workload's caches take, unbounded.
+    let mut one = Estimator::new();
+    one.estimate(&view, &workloads[0], &EstimateOptions::default());
+    let per_workload = one.cache_bytes();
+    assert!(per_workload > 0);
+    let bound = per_workload * 7 / 2;
+    let mut est = Estimator::with_cache_bytes(bound);
+    let mut unbounded = Estimator::new();
+    for round in 0..2 {
+        for (i, w) in workloads.iter().enumerate() {
+            let naive = est.estimate(
+                &view,
+                w,
+                &EstimateOptions {
+                    disable_cache: true,
+                    ..Default::default()
+                },
+            );
+            let got = est.estimate(&view, w, &EstimateOptions::default());
+            assert_eq!(got, naive, "round {round}, workload {i}");
+            assert!(
+                est.cache_bytes() <= bound,
+                "round {round}, workload {i}: {} > {bound}",
+                est.cache_bytes()
+            );
+            unbounded.estimate(&view, w, &EstimateOptions::default());
+        }
+    }
+    // Without the bound the same requests take more than the bound.
+    assert!(
+        unbounded.cache_bytes() > bound,
+        "{}",
+        unbounded.cache_bytes()
+    );
+}

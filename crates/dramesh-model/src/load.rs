@@ -392,85 +392,181 @@ fn prefixed(prefix: &str, field: &str) -> String {
 
 /// Reads manifests from a string; `file` is used in errors and sources only.
 ///
-/// Text nested deeper than [`depth::MAX_DEPTH`] is refused before it is parsed, so a hostile
-/// file fails in time linear in its size (see [`depth`]).
+/// Text nested deeper than [`depth::MAX_DEPTH`] or with more than [`depth::MAX_NODES`] nodes is
+/// refused before it is parsed, so a hostile file fails in time and memory linear in its size
+/// (see [`depth`]).
 pub fn load_str(file: &Path, text: &str) -> Result<Vec<Loaded>, LoadError> {
-    depth::check_depth(text, depth::MAX_DEPTH).map_err(|e| LoadError::file(file, e.to_string()))?;
+    load_str_with(file, text, &depth::Limits::default())
+}
+
+/// [`load_str`] with other pre-scan limits (e.g. [`REQUEST_LIMITS`] for manifests in a request).
+pub fn load_str_with(
+    file: &Path,
+    text: &str,
+    limits: &depth::Limits,
+) -> Result<Vec<Loaded>, LoadError> {
+    let scan = depth::prescan(text, limits).map_err(|e| LoadError::file(file, e.to_string()))?;
+    let octals = &scan.plain_octals;
+    let mut loaded = Vec::new();
     let is_json = file.extension().is_some_and(|e| e == "json");
-    let docs: Vec<Value> = if is_json {
-        let mut out = Vec::new();
-        for v in serde_json::Deserializer::from_str(text).into_iter::<Value>() {
-            out.push(v.map_err(|e| LoadError::file(file, format!("invalid JSON: {e}")))?);
+    // Each document is decoded as soon as it is parsed, so only one parsed document is held.
+    if is_json {
+        for (d, v) in serde_json::Deserializer::from_str(text)
+            .into_iter::<Value>()
+            .enumerate()
+        {
+            let v = v.map_err(|e| LoadError::file(file, format!("invalid JSON: {e}")))?;
+            decode_document(file, d, v, &[], &mut loaded)?;
         }
-        out
     } else {
-        let mut out = Vec::new();
-        for (i, doc) in serde_norway::Deserializer::from_str(text).enumerate() {
+        for (d, doc) in serde_norway::Deserializer::from_str(text).enumerate() {
             let v = <Value as serde::Deserialize>::deserialize(doc).map_err(|e| LoadError {
-                document: Some(i),
+                document: Some(d),
                 ..LoadError::file(file, format!("invalid YAML: {e}"))
             })?;
-            out.push(v);
-        }
-        out
-    };
-    let mut loaded = Vec::new();
-    for (d, doc) in docs.into_iter().enumerate() {
-        if doc.is_null() {
-            continue; // empty document, e.g. only comments
-        }
-        if !doc.is_object() {
-            return Err(LoadError {
-                document: Some(d),
-                ..LoadError::file(
-                    file,
-                    "document is not a mapping (expected a Kubernetes object)",
-                )
-            });
-        }
-        let is_list = str_field(&doc, "kind").is_some_and(|k| k == "List" || k.ends_with("List"))
-            && doc.get("items").is_some();
-        let items: Vec<(Option<usize>, Value)> = if is_list {
-            match doc.get("items") {
-                Some(Value::Array(items)) => items
-                    .iter()
-                    .cloned()
-                    .enumerate()
-                    .map(|(i, v)| (Some(i), v))
-                    .collect(),
-                _ => {
-                    return Err(LoadError {
-                        document: Some(d),
-                        field: Some("items".into()),
-                        ..LoadError::file(file, "a List must have an items array")
-                    });
-                }
-            }
-        } else {
-            vec![(None, doc)]
-        };
-        for (item, value) in items {
-            let source = Source {
-                file: file.to_path_buf(),
-                document: d,
-                item,
-            };
-            match decode_manifest(value) {
-                Ok(manifest) => loaded.push(Loaded { source, manifest }),
-                Err((object, e)) => {
-                    return Err(LoadError {
-                        file: file.to_path_buf(),
-                        document: Some(d),
-                        item,
-                        object,
-                        field: (!e.field.is_empty()).then_some(e.field),
-                        message: e.message,
-                    });
-                }
-            }
+            decode_document(file, d, v, octals, &mut loaded)?;
         }
     }
     Ok(loaded)
+}
+
+/// Pre-scan limits for manifests sent in an API request: 100,000 nodes (a workload's manifests
+/// are a few hundred), about 15 MB of parser memory at most.
+pub const REQUEST_LIMITS: depth::Limits = depth::Limits {
+    max_depth: depth::MAX_DEPTH,
+    max_nodes: 100_000,
+};
+
+/// Decodes document `d` of `file` (one object or a List) into `loaded`.
+fn decode_document(
+    file: &Path,
+    d: usize,
+    doc: Value,
+    octals: &[String],
+    loaded: &mut Vec<Loaded>,
+) -> Result<(), LoadError> {
+    if doc.is_null() {
+        return Ok(()); // empty document, e.g. only comments
+    }
+    if !doc.is_object() {
+        return Err(LoadError {
+            document: Some(d),
+            ..LoadError::file(
+                file,
+                "document is not a mapping (expected a Kubernetes object)",
+            )
+        });
+    }
+    let is_list = str_field(&doc, "kind").is_some_and(|k| k == "List" || k.ends_with("List"))
+        && doc.get("items").is_some();
+    let items: Vec<(Option<usize>, Value)> = if is_list {
+        let mut doc = doc;
+        match doc.get_mut("items").map(Value::take) {
+            Some(Value::Array(items)) => items
+                .into_iter()
+                .enumerate()
+                .map(|(i, v)| (Some(i), v))
+                .collect(),
+            _ => {
+                return Err(LoadError {
+                    document: Some(d),
+                    field: Some("items".into()),
+                    ..LoadError::file(file, "a List must have an items array")
+                });
+            }
+        }
+    } else {
+        vec![(None, doc)]
+    };
+    for (item, value) in items {
+        let source = Source {
+            file: file.to_path_buf(),
+            document: d,
+            item,
+        };
+        match decode_yaml11(value, octals) {
+            Ok(manifest) => loaded.push(Loaded { source, manifest }),
+            Err((object, e)) => {
+                return Err(LoadError {
+                    file: file.to_path_buf(),
+                    document: Some(d),
+                    item,
+                    object,
+                    field: (!e.field.is_empty()).then_some(e.field),
+                    message: e.message,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// [`decode_manifest`], reading as kubectl does the unquoted YAML 1.1 octal integers (`0755`,
+/// listed in `octals` by the pre-scan) that the YAML 1.2 parser left as strings: where a typed
+/// field refuses such a string, it becomes the integer and the object is decoded again. A field
+/// that accepts strings keeps the text, and a quoted `"0755"` in an integer field still fails
+/// unless the same text also appears unquoted in the file.
+fn decode_yaml11(
+    value: Value,
+    octals: &[String],
+) -> Result<Manifest, (Option<String>, FieldError)> {
+    if octals.is_empty() {
+        return decode_manifest(value);
+    }
+    let mut value = value;
+    loop {
+        let err = match decode_manifest(value.clone()) {
+            Ok(m) => return Ok(m),
+            Err(e) => e,
+        };
+        let slot = value_at_mut(&mut value, &err.1.field);
+        let number = match slot.as_deref() {
+            Some(Value::String(s)) if octals.binary_search(s).is_ok() => octal_value(s),
+            _ => None,
+        };
+        match (slot, number) {
+            (Some(slot), Some(n)) => *slot = n,
+            _ => return Err(err),
+        }
+    }
+}
+
+/// The integer a YAML 1.1 octal scalar stands for (`-0755` is -493).
+fn octal_value(s: &str) -> Option<Value> {
+    let (negative, digits) = match s.strip_prefix('-') {
+        Some(d) => (true, d),
+        None => (false, s.strip_prefix('+').unwrap_or(s)),
+    };
+    let n = i64::from_str_radix(digits, 8).ok()?;
+    Some(Value::from(if negative { -n } else { n }))
+}
+
+/// The value at a serde_path_to_error path (`a.b[0].c`); `None` when a key holds `.` or `[`
+/// and the path is ambiguous, or when nothing is there.
+fn value_at_mut<'a>(value: &'a mut Value, path: &str) -> Option<&'a mut Value> {
+    if path.is_empty() {
+        return None;
+    }
+    let mut cur = value;
+    for part in path.split('.') {
+        let (key, mut rest) = match part.find('[') {
+            Some(i) => part.split_at(i),
+            None => (part, ""),
+        };
+        if !key.is_empty() {
+            cur = cur.as_object_mut()?.get_mut(key)?;
+        }
+        while let Some(r) = rest.strip_prefix('[') {
+            let end = r.find(']')?;
+            let index: usize = r[..end].parse().ok()?;
+            cur = cur.as_array_mut()?.get_mut(index)?;
+            rest = &r[end + 1..];
+        }
+        if !rest.is_empty() {
+            return None;
+        }
+    }
+    Some(cur)
 }
 
 /// Reads one file or, recursively, every `.yaml`, `.yml` and `.json` file of a directory in
@@ -673,6 +769,85 @@ mod tests {
             })
             .collect();
         assert_eq!(names, ["b.yaml", "a.yml"]);
+    }
+
+    fn pod_with_mode(mode: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: p, namespace: n}}\nspec:\n  containers: [{{name: c, image: i}}]\n  volumes:\n  - name: a\n    configMap: {{name: a, defaultMode: {mode}}}\n  - name: b\n    secret: {{secretName: b, defaultMode: {mode}, items: [{{key: k, path: p, mode: 0600}}]}}\n"
+        )
+    }
+
+    fn modes(l: &[Loaded]) -> Vec<Option<i32>> {
+        let Manifest::Object(ClusterObject::Pod(p)) = &l[0].manifest else {
+            panic!("not a pod")
+        };
+        let vols = p.spec.as_ref().unwrap().volumes.as_ref().unwrap();
+        let secret = vols[1].secret.as_ref().unwrap();
+        vec![
+            vols[0].config_map.as_ref().unwrap().default_mode,
+            secret.default_mode,
+            secret.items.as_ref().unwrap()[0].mode,
+        ]
+    }
+
+    #[test]
+    fn yaml11_octal_integers_load_as_kubectl_reads_them() {
+        let l = load(&pod_with_mode("0755")).unwrap();
+        assert_eq!(modes(&l), [Some(0o755), Some(0o755), Some(0o600)]);
+        // Decimal and YAML 1.2 forms are unchanged.
+        assert_eq!(
+            modes(&load(&pod_with_mode("420")).unwrap()),
+            [Some(420), Some(420), Some(0o600)]
+        );
+        assert_eq!(
+            modes(&load(&pod_with_mode("0o644")).unwrap()),
+            [Some(0o644), Some(0o644), Some(0o600)]
+        );
+        // A quoted string is a string, as for kubectl: refused, naming the field.
+        let e = load(&pod_with_mode("\"0644\"")).unwrap_err().to_string();
+        assert!(
+            e.contains("field spec.volumes[0].configMap.defaultMode"),
+            "{e}"
+        );
+        // A string field keeps the text.
+        let l = load("apiVersion: v1\nkind: Node\nmetadata:\n  name: n\n  labels: {mode: 0755}\n")
+            .unwrap();
+        let Manifest::Object(ClusterObject::Node(n)) = &l[0].manifest else {
+            panic!("not a node")
+        };
+        assert_eq!(n.metadata.labels.as_ref().unwrap()["mode"], "0755");
+        // Unknown fields stay refused even next to an octal value.
+        let e = load(
+            &pod_with_mode("0755").replace("defaultMode: 0755}", "defaultMode: 0755, bogus: 0755}"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("unknown field"), "{e}");
+    }
+
+    #[test]
+    fn wide_text_is_refused_before_parsing() {
+        let wide = format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: x}}\ndata: {{a: [{}]}}\n",
+            vec!["1"; 200_000].join(",")
+        );
+        let e = load_str_with(Path::new("w.yaml"), &wide, &REQUEST_LIMITS)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("w.yaml: ") && e.contains("more than 100000 YAML nodes"),
+            "{e}"
+        );
+        // Files take more.
+        assert!(load_str(Path::new("w.yaml"), &wide).is_ok());
+    }
+
+    #[test]
+    fn list_items_are_decoded_in_order() {
+        let l = load("apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Node, metadata: {name: a}}\n- {apiVersion: v1, kind: Node, metadata: {name: b}}\n")
+            .unwrap();
+        let items: Vec<_> = l.iter().map(|l| l.source.item).collect();
+        assert_eq!(items, [Some(0), Some(1)]);
     }
 
     proptest::proptest! {

@@ -11,14 +11,16 @@ use std::sync::Arc;
 use dramesh_api::ApiError;
 use dramesh_api::query::{self, ReplicaRequirements};
 use dramesh_estimator::{AssumedWorkload, Workload};
+use dramesh_model::load::{self, REQUEST_LIMITS};
 use dramesh_model::{Manifest, k8s};
 
-/// Decodes the native request's manifests (YAML or JSON text) into one workload.
+/// Decodes the native request's manifests (YAML or JSON text) into one workload. Each text is
+/// pre-scanned with [`REQUEST_LIMITS`], so parser memory stays small whatever the body holds.
 pub(crate) fn workload_from_manifests(manifests: &[String]) -> Result<Workload, ApiError> {
     let mut all: Vec<Manifest> = Vec::new();
     for (i, text) in manifests.iter().enumerate() {
         let name = format!("workload.manifests[{i}]");
-        let loaded = dramesh_model::load::load_str(Path::new(&name), text)
+        let loaded = load::load_str_with(Path::new(&name), text, &REQUEST_LIMITS)
             .map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
         all.extend(loaded.into_iter().map(|l| l.manifest));
     }
@@ -165,4 +167,27 @@ pub(crate) fn assumed_of(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wide_request_manifests_are_refused_before_parsing() {
+        // 150,000 scalars in 300 KB: under any body limit, over the request's node bound.
+        let wide = format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: x}}\ndata: {{a: [{}]}}\n",
+            vec!["1"; 150_000].join(",")
+        );
+        let Err(ApiError::InvalidRequest(e)) =
+            workload_from_manifests(&["kind: Namespace\n".to_string(), wide])
+        else {
+            panic!("wide manifest accepted");
+        };
+        assert!(
+            e.starts_with("workload.manifests[1]: ") && e.contains("more than 100000 YAML nodes"),
+            "{e}"
+        );
+    }
 }

@@ -51,6 +51,8 @@ pub struct ReplicaConfig {
     pub data_dir: Option<PathBuf>,
     /// Karmada answers for a cluster not heard from for this long are 0.
     pub stale_after: Duration,
+    /// Byte bound of the estimator's caches ([`dramesh_estimator::DEFAULT_CACHE_BYTES`]).
+    pub estimate_cache_bytes: usize,
     /// Replication switches and limits of the mesh node.
     pub protocol: ProtocolConfig,
 }
@@ -94,9 +96,14 @@ impl Replica {
             let store = store.clone();
             let id = id.clone();
             let stale = config.stale_after;
-            tokio::task::spawn_blocking(move || ReplicaState::new(&id, stale, store))
-                .await
-                .context("view builder panicked")?
+            let cache_bytes = config.estimate_cache_bytes;
+            tokio::task::spawn_blocking(move || {
+                let state = ReplicaState::new(&id, stale, store);
+                state.set_estimate_cache_bytes(cache_bytes);
+                state
+            })
+            .await
+            .context("view builder panicked")?
         };
         let (loaded_nodes, loaded_clusters) = state.with_view(|v| {
             let nodes: usize = v.clusters().map(|c| c.node_count()).sum();

@@ -37,12 +37,13 @@
 //! The mesh holds `store` too (the same mutex) and takes no lock of this state.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use dramesh_api::native::{ClusterStatus, ResourceAmount, StatusReport};
 use dramesh_api::{ApiError, ReplicaAnswer};
-use dramesh_estimator::ResList;
+use dramesh_estimator::{DEFAULT_CACHE_BYTES, ResList};
 use dramesh_estimator::{
     Estimate, EstimateOptions, Estimator, PlacementResult, PreemptionResult, View,
 };
@@ -79,10 +80,11 @@ pub(crate) struct Compute {
     pub(crate) resolved: Option<Arc<Resolved>>,
 }
 
-impl Default for Compute {
-    fn default() -> Compute {
+impl Compute {
+    /// Empty caches bounded by `cache_bytes`.
+    fn new(cache_bytes: usize) -> Compute {
         Compute {
-            estimator: Estimator::new(),
+            estimator: Estimator::with_cache_bytes(cache_bytes),
             resolved: None,
         }
     }
@@ -101,6 +103,8 @@ pub struct ReplicaState {
     reservations: Mutex<Table>,
     indexes: RwLock<Indexes>,
     compute: Mutex<Compute>,
+    /// Byte bound of the estimator's caches.
+    cache_bytes: AtomicUsize,
     /// Last time each cluster's writers were heard from (a change or a heartbeat).
     fresh: Mutex<HashMap<String, Instant>>,
     /// Whether this replica's reservation document could be opened for writing.
@@ -133,7 +137,8 @@ impl ReplicaState {
             store,
             feed: Mutex::new(()),
             indexes: RwLock::new(Indexes::default()),
-            compute: Mutex::new(Compute::default()),
+            compute: Mutex::new(Compute::new(DEFAULT_CACHE_BYTES)),
+            cache_bytes: AtomicUsize::new(DEFAULT_CACHE_BYTES),
             fresh: Mutex::new(HashMap::new()),
         });
         state.rebuild_from_store();
@@ -157,6 +162,14 @@ impl ReplicaState {
 
     /// The estimator and resolution cache; taking it requires holding the indexes, which
     /// fixes the order indexes → compute.
+    /// Bounds the estimator's caches by `bytes` (default
+    /// [`dramesh_estimator::DEFAULT_CACHE_BYTES`]); the caches start over empty.
+    pub fn set_estimate_cache_bytes(&self, bytes: usize) {
+        self.cache_bytes.store(bytes, Ordering::Relaxed);
+        let indexes = self.indexes();
+        *self.compute(&indexes) = Compute::new(bytes);
+    }
+
     pub(crate) fn compute(&self, _held: &Indexes) -> MutexGuard<'_, Compute> {
         lock(&self.compute)
     }
@@ -205,7 +218,7 @@ impl ReplicaState {
         {
             let mut indexes = write(&self.indexes);
             *indexes = Indexes::default();
-            *self.compute(&indexes) = Compute::default();
+            *self.compute(&indexes) = Compute::new(self.cache_bytes.load(Ordering::Relaxed));
         }
         let keep: BTreeSet<String> = snapshot
             .iter()

@@ -309,6 +309,7 @@ pub(crate) async fn run(serve: bool) -> anyhow::Result<()> {
             seeds,
             data_dir: None,
             stale_after: Duration::from_secs(120),
+            estimate_cache_bytes: dramesh_estimator::DEFAULT_CACHE_BYTES,
             protocol: ProtocolConfig::default(),
         })
         .await?;

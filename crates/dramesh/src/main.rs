@@ -134,6 +134,9 @@ enum Command {
         /// Karmada estimates answer 0 for a cluster not heard from for this many seconds.
         #[arg(long, default_value_t = 120)]
         stale_after: u64,
+        /// Byte bound of the estimator's result caches (least recently used evicted first).
+        #[arg(long, default_value_t = dramesh_estimator::DEFAULT_CACHE_BYTES)]
+        estimate_cache_bytes: usize,
         /// Chaos testing only: no digest probes (anti-entropy).
         #[arg(long)]
         chaos_disable_anti_entropy: bool,
@@ -374,6 +377,7 @@ fn main() -> ExitCode {
             mesh_key,
             mesh_ca,
             stale_after,
+            estimate_cache_bytes,
             chaos_disable_anti_entropy,
             chaos_disable_push,
             chaos_disable_peer_exchange,
@@ -420,6 +424,7 @@ fn main() -> ExitCode {
                         .collect::<anyhow::Result<_>>()?,
                     data_dir: Some(data_dir),
                     stale_after: Duration::from_secs(stale_after),
+                    estimate_cache_bytes,
                     protocol,
                 })
                 .await?;

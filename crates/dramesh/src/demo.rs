@@ -310,6 +310,7 @@ pub(crate) async fn run(serve: bool) -> anyhow::Result<()> {
             data_dir: None,
             stale_after: Duration::from_secs(120),
             protocol: ProtocolConfig::default(),
+            ready_timeout: dramesh_replica::DEFAULT_READY_TIMEOUT,
         })
         .await?;
         replicas.push(r);

@@ -134,6 +134,10 @@ enum Command {
         /// Karmada estimates answer 0 for a cluster not heard from for this many seconds.
         #[arg(long, default_value_t = 120)]
         stale_after: u64,
+        /// Seconds a restarted replica waits for a peer replica to be reachable before it is
+        /// ready from its disk alone (with a peer, it is ready once their digests matched).
+        #[arg(long, default_value_t = dramesh_replica::DEFAULT_READY_TIMEOUT.as_secs())]
+        ready_timeout: u64,
         /// Chaos testing only: no digest probes (anti-entropy).
         #[arg(long)]
         chaos_disable_anti_entropy: bool,
@@ -374,6 +378,7 @@ fn main() -> ExitCode {
             mesh_key,
             mesh_ca,
             stale_after,
+            ready_timeout,
             chaos_disable_anti_entropy,
             chaos_disable_push,
             chaos_disable_peer_exchange,
@@ -421,6 +426,7 @@ fn main() -> ExitCode {
                     data_dir: Some(data_dir),
                     stale_after: Duration::from_secs(stale_after),
                     protocol,
+                    ready_timeout: Duration::from_secs(ready_timeout),
                 })
                 .await?;
                 shutdown_signal().await;

@@ -1,17 +1,30 @@
 //! The estimator's results as native API responses. Every conversion destructures the
 //! estimator's type completely, so a field added to or renamed in either side is a compile
-//! error here rather than a field silently dropped on the wire. The JSON of a converted value
-//! is byte for byte the JSON of the estimator's own value (tested in `dramesh-replica`).
+//! error here rather than a field silently dropped on the wire. The answering replica adds
+//! each cluster's [`Freshness`] (data age and the stale flag), which the estimator does not
+//! know; apart from those fields the JSON of a converted value is byte for byte the JSON of
+//! the estimator's own value (tested in `dramesh-replica`).
+
+use std::collections::BTreeMap;
 
 use dramesh_estimator as est;
 
 use crate::native::{
-    ClusterEstimate, ClusterPreemption, EstimateResponse, PlaceResponse, PreemptResponse,
-    TargetCluster, Victim,
+    ClusterEstimate, ClusterPreemption, EstimateResponse, Freshness, PlaceResponse,
+    PreemptResponse, TargetCluster, Victim,
 };
 
-impl From<&est::ClusterEstimate> for ClusterEstimate {
-    fn from(c: &est::ClusterEstimate) -> ClusterEstimate {
+/// Each cluster's freshness on the answering replica, by name; a cluster missing from it is
+/// reported as never heard from (no age, not stale).
+pub type FreshnessMap = BTreeMap<String, Freshness>;
+
+fn freshness_of(map: &FreshnessMap, cluster: &str) -> Freshness {
+    map.get(cluster).copied().unwrap_or_default()
+}
+
+impl ClusterEstimate {
+    /// The estimator's answer for one cluster with that cluster's freshness.
+    pub fn from_estimate(c: &est::ClusterEstimate, fresh: Freshness) -> ClusterEstimate {
         let est::ClusterEstimate {
             name,
             max_replicas,
@@ -35,15 +48,21 @@ impl From<&est::ClusterEstimate> for ClusterEstimate {
             error: error.clone(),
             assumed_unplaced: *assumed_unplaced,
             unknown_nodes: *unknown_nodes,
+            stale: fresh.stale,
+            data_age_seconds: fresh.data_age_seconds,
         }
     }
 }
 
-impl From<&est::Estimate> for EstimateResponse {
-    fn from(e: &est::Estimate) -> EstimateResponse {
+impl EstimateResponse {
+    /// The estimator's estimate with each cluster's freshness.
+    pub fn from_estimate(e: &est::Estimate, fresh: &FreshnessMap) -> EstimateResponse {
         let est::Estimate { clusters, total } = e;
         EstimateResponse {
-            clusters: clusters.iter().map(ClusterEstimate::from).collect(),
+            clusters: clusters
+                .iter()
+                .map(|c| ClusterEstimate::from_estimate(c, freshness_of(fresh, &c.name)))
+                .collect(),
             total: *total,
         }
     }
@@ -59,8 +78,10 @@ impl From<&est::TargetCluster> for TargetCluster {
     }
 }
 
-impl From<&est::PlacementResult> for PlaceResponse {
-    fn from(p: &est::PlacementResult) -> PlaceResponse {
+impl PlaceResponse {
+    /// The estimator's placement with the data age of every cluster in `fresh` (the clusters
+    /// the request concerned).
+    pub fn from_placement(p: &est::PlacementResult, fresh: &FreshnessMap) -> PlaceResponse {
         let est::PlacementResult {
             policy,
             strategy,
@@ -68,6 +89,7 @@ impl From<&est::PlacementResult> for PlaceResponse {
             clusters,
             available,
             filtered_out,
+            stale,
             unschedulable,
         } = p;
         PlaceResponse {
@@ -78,6 +100,11 @@ impl From<&est::PlacementResult> for PlaceResponse {
             available: available.clone(),
             filtered_out: filtered_out.clone(),
             unschedulable: unschedulable.clone(),
+            stale: stale.clone(),
+            data_age_seconds: fresh
+                .iter()
+                .filter_map(|(name, f)| Some((name.clone(), f.data_age_seconds?)))
+                .collect(),
         }
     }
 }
@@ -103,8 +130,9 @@ impl From<&est::Victim> for Victim {
     }
 }
 
-impl From<&est::ClusterPreemption> for ClusterPreemption {
-    fn from(c: &est::ClusterPreemption) -> ClusterPreemption {
+impl ClusterPreemption {
+    /// The estimator's preemption outcome on one cluster with that cluster's freshness.
+    pub fn from_preemption(c: &est::ClusterPreemption, fresh: Freshness) -> ClusterPreemption {
         let est::ClusterPreemption {
             name,
             feasible,
@@ -126,12 +154,15 @@ impl From<&est::ClusterPreemption> for ClusterPreemption {
             evicted_pods: *evicted_pods,
             highest_victim_priority: *highest_victim_priority,
             reason: reason.clone(),
+            stale: fresh.stale,
+            data_age_seconds: fresh.data_age_seconds,
         }
     }
 }
 
-impl From<&est::PreemptionResult> for PreemptResponse {
-    fn from(p: &est::PreemptionResult) -> PreemptResponse {
+impl PreemptResponse {
+    /// The estimator's preemption decision with each cluster's freshness.
+    pub fn from_preemption(p: &est::PreemptionResult, fresh: &FreshnessMap) -> PreemptResponse {
         let est::PreemptionResult {
             preemptor,
             priority,
@@ -147,7 +178,10 @@ impl From<&est::PreemptionResult> for PreemptResponse {
             replicas: *replicas,
             fits_without_preemption: fits_without_preemption.clone(),
             chosen: chosen.clone(),
-            clusters: clusters.iter().map(ClusterPreemption::from).collect(),
+            clusters: clusters
+                .iter()
+                .map(|c| ClusterPreemption::from_preemption(c, freshness_of(fresh, &c.name)))
+                .collect(),
             reason: reason.clone(),
         }
     }

@@ -30,6 +30,7 @@ pub mod server;
 pub mod table;
 
 pub use backend::{ApiError, Backend, ReplicaAnswer};
+pub use convert::FreshnessMap;
 pub use grpc::{KARMADA_ESTIMATOR_PORT, serve_grpc, serve_grpc_on};
 pub use http::{http_router, serve_http, serve_http_on};
 pub use metrics::{Method, MethodCounts, Metrics, ZeroReason};

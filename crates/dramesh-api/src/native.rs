@@ -91,6 +91,12 @@ pub struct ClusterEstimate {
     /// replica fits there is unknown; omitted when 0.
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub unknown_nodes: u32,
+    /// The cluster's data is older than the replica's staleness limit (`--stale-after`).
+    #[serde(default)]
+    pub stale: bool,
+    /// Seconds since the cluster's writers were last heard from on the answering replica.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_age_seconds: Option<f64>,
 }
 
 fn is_zero(n: &i64) -> bool {
@@ -109,6 +115,16 @@ pub struct EstimateResponse {
     pub clusters: Vec<ClusterEstimate>,
     /// Sum of `maxReplicas` over the clusters.
     pub total: i64,
+}
+
+/// How current one cluster's data is on the answering replica; what every native answer
+/// reports per cluster. The replica decides it (one rule: older than `--stale-after`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Freshness {
+    /// Older than the staleness limit.
+    pub stale: bool,
+    /// Seconds since the cluster's writers were last heard from, when they ever were.
+    pub data_age_seconds: Option<f64>,
 }
 
 /// Body of `POST /v1/place`: the workload with its PropagationPolicy among the manifests.
@@ -156,6 +172,12 @@ pub struct PlaceResponse {
     /// Why the replicas could not all be placed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unschedulable: Option<String>,
+    /// Clusters left out because their data is stale (placement never chooses them).
+    #[serde(default)]
+    pub stale: Vec<String>,
+    /// Seconds since each cluster's writers were last heard from on the answering replica.
+    #[serde(default)]
+    pub data_age_seconds: BTreeMap<String, f64>,
 }
 
 /// Body of `POST /v1/preempt`: the preemptor workload.
@@ -218,6 +240,12 @@ pub struct ClusterPreemption {
     /// Why preemption is not feasible here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The cluster's data is older than the replica's staleness limit (`--stale-after`): never chosen.
+    #[serde(default)]
+    pub stale: bool,
+    /// Seconds since the cluster's writers were last heard from on the answering replica.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_age_seconds: Option<f64>,
 }
 
 /// Answer to `POST /v1/preempt` (the estimator's `PreemptionResult` on the wire).
@@ -466,7 +494,7 @@ mirror!(ReserveRequest <=> ReserveRequest {
     required: [workload],
 });
 mirror!(ClusterEstimate <=> ClusterEstimate {
-    plain: [name, max_replicas, limited_by, nodes_considered, kubernetes_version, error, assumed_unplaced, unknown_nodes],
+    plain: [name, max_replicas, limited_by, nodes_considered, kubernetes_version, error, assumed_unplaced, unknown_nodes, stale, data_age_seconds],
     each: [excluded_nodes, limits],
 });
 mirror!(EstimateResponse <=> EstimateResponse {
@@ -475,15 +503,15 @@ mirror!(EstimateResponse <=> EstimateResponse {
 });
 mirror!(TargetCluster <=> TargetCluster { plain: [name, replicas] });
 mirror!(PlaceResponse <=> PlaceResponse {
-    plain: [policy, strategy, replicas, filtered_out, unschedulable],
-    each: [clusters, available],
+    plain: [policy, strategy, replicas, filtered_out, unschedulable, stale],
+    each: [clusters, available, data_age_seconds],
 });
 mirror!(Victim <=> Victim {
     plain: [namespace, kind, name, priority, pods],
     each: [freed],
 });
 mirror!(ClusterPreemption <=> ClusterPreemption {
-    plain: [name, feasible, replicas_before, replicas_after, evicted_pods, highest_victim_priority, reason],
+    plain: [name, feasible, replicas_before, replicas_after, evicted_pods, highest_victim_priority, reason, stale, data_age_seconds],
     each: [victims, freed],
 });
 mirror!(PreemptResponse <=> PreemptResponse {
@@ -790,12 +818,16 @@ mod tests {
                     error: None,
                     assumed_unplaced: 2,
                     unknown_nodes: 1,
+                    stale: false,
+                    data_age_seconds: Some(1.5),
                 },
                 ClusterEstimate {
                     name: "c2".into(),
                     max_replicas: 0,
                     limited_by: "error".into(),
                     error: Some("no DeviceClass gpu".into()),
+                    stale: true,
+                    data_age_seconds: Some(300.25),
                     ..ClusterEstimate::default()
                 },
             ],
@@ -811,6 +843,13 @@ mod tests {
         assert!(json["clusters"][1].get("assumedUnplaced").is_none());
         assert_eq!(json["clusters"][0]["unknownNodes"], 1);
         assert!(json["clusters"][1].get("unknownNodes").is_none());
+        assert_eq!(json["clusters"][0]["stale"], false);
+        assert_eq!(json["clusters"][1]["stale"], true);
+        assert_eq!(json["clusters"][1]["dataAgeSeconds"], 300.25);
+        assert_eq!(
+            pb::EstimateResponse::from(r.clone()).clusters[1].data_age_seconds,
+            Some(300.25)
+        );
         let back: EstimateResponse = serde_json::from_value(json).expect("back");
         assert_eq!(back, r);
     }
@@ -828,7 +867,12 @@ mod tests {
             available: BTreeMap::from([("c1".to_string(), 9), ("c2".to_string(), 0)]),
             filtered_out: vec!["c3".into()],
             unschedulable: Some("c2: no devices".into()),
+            stale: vec!["c4".into()],
+            data_age_seconds: BTreeMap::from([("c1".to_string(), 0.5), ("c4".to_string(), 400.0)]),
         };
+        let json = serde_json::to_value(&r).expect("json");
+        assert_eq!(json["stale"][0], "c4");
+        assert_eq!(json["dataAgeSeconds"]["c4"], 400.0);
         assert_eq!(PlaceResponse::from(pb::PlaceResponse::from(r.clone())), r);
         let req = PlaceRequest {
             workload: Workload {
@@ -873,9 +917,14 @@ mod tests {
                 evicted_pods: 3,
                 highest_victim_priority: Some(10),
                 reason: None,
+                stale: true,
+                data_age_seconds: Some(130.0),
             }],
             reason: None,
         };
+        let json = serde_json::to_value(&r).expect("json");
+        assert_eq!(json["clusters"][0]["stale"], true);
+        assert_eq!(json["clusters"][0]["dataAgeSeconds"], 130.0);
         let back: PreemptResponse = pb::PreemptResponse::from(r.clone()).into();
         assert_eq!(back, r);
     }

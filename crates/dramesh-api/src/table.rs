@@ -393,6 +393,8 @@ impl Backend for TableBackend {
             available,
             filtered_out: Vec::new(),
             unschedulable: (left > 0).then(|| format!("{left} of {replicas} replicas do not fit")),
+            stale: Vec::new(),
+            data_age_seconds: BTreeMap::new(),
         })
     }
 

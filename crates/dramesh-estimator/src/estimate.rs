@@ -45,6 +45,9 @@ pub struct EstimateOptions {
     /// ([`dramesh_engine::DEFAULT_MAX_STEPS`]). Tests and benchmarks lower it to make the
     /// engine give up.
     pub max_allocation_steps: Option<u64>,
+    /// Clusters whose data the caller considers stale (a replica's data-age rule): placement
+    /// and preemption never choose them. Estimates ignore it (they report every cluster).
+    pub stale: Vec<String>,
 }
 
 /// The estimate of one cluster.

@@ -45,6 +45,9 @@ pub struct PlacementResult {
     pub available: BTreeMap<String, i64>,
     /// Clusters that the affinity excluded.
     pub filtered_out: Vec<String>,
+    /// Candidate clusters left out because their data is stale ([`EstimateOptions::stale`]);
+    /// placement never chooses them.
+    pub stale: Vec<String>,
     /// Why the workload could not be placed, when it could not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unschedulable: Option<String>,
@@ -278,6 +281,7 @@ pub fn place(
     let mut infos = BTreeMap::new();
     let mut candidates = Vec::new();
     let mut filtered_out = Vec::new();
+    let mut stale = Vec::new();
     for c in view.clusters() {
         if !opts.clusters.is_empty() && !opts.clusters.contains(&c.name) {
             continue;
@@ -287,12 +291,19 @@ pub fn place(
             .affinity
             .as_ref()
             .is_none_or(|a| a.matches(&c.name, &c.info));
-        if ok {
-            candidates.push(c.name.clone());
-        } else {
+        if !ok {
             filtered_out.push(c.name.clone());
+        } else if opts.stale.contains(&c.name) {
+            stale.push(c.name.clone());
+        } else {
+            candidates.push(c.name.clone());
         }
     }
+    let stale_note = if stale.is_empty() {
+        String::new()
+    } else {
+        format!(" (not considered, data stale: {})", stale.join(", "))
+    };
     let mut result = PlacementResult {
         policy: policy.name.clone(),
         strategy: policy.strategy.name().to_string(),
@@ -300,10 +311,18 @@ pub fn place(
         clusters: Vec::new(),
         available: BTreeMap::new(),
         filtered_out,
+        stale,
         unschedulable: None,
     };
     if candidates.is_empty() {
-        result.unschedulable = Some("no cluster matches the placement's cluster affinity".into());
+        result.unschedulable = Some(if result.stale.is_empty() {
+            "no cluster matches the placement's cluster affinity".into()
+        } else {
+            format!(
+                "every cluster matching the placement's cluster affinity has stale data: {}",
+                result.stale.join(", ")
+            )
+        });
         return result;
     }
     let needs_estimate = !matches!(
@@ -349,7 +368,7 @@ pub fn place(
         match select_by_cluster(&ranked, by_cluster[0], need) {
             Ok(s) => s,
             Err(e) => {
-                result.unschedulable = Some(e);
+                result.unschedulable = Some(format!("{e}{stale_note}"));
                 return result;
             }
         }
@@ -362,7 +381,7 @@ pub fn place(
         tie_ascending(w),
     ) {
         Ok(t) => result.clusters = t,
-        Err(e) => result.unschedulable = Some(e),
+        Err(e) => result.unschedulable = Some(format!("{e}{stale_note}")),
     }
     result
 }

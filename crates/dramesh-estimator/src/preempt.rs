@@ -742,7 +742,11 @@ fn cpu_of(freed: &BTreeMap<String, String>) -> i64 {
         .map_or(0, |q| i64::try_from(q.milli_ceil()).unwrap_or(i64::MAX))
 }
 
-/// Chooses victims and the cluster to preempt on for `w`.
+/// A stale cluster's [`ClusterPreemption::reason`].
+const STALE_REASON: &str = "the cluster's data is stale: preemption never chooses it";
+
+/// Chooses victims and the cluster to preempt on for `w`. Clusters in
+/// [`EstimateOptions::stale`] are neither `fits_without_preemption` nor `chosen`.
 pub fn preempt(
     view: &View,
     w: &Workload,
@@ -762,7 +766,7 @@ pub fn preempt(
     if let Some(fit) = est
         .clusters
         .iter()
-        .filter(|c| c.max_replicas >= w.replicas)
+        .filter(|c| c.max_replicas >= w.replicas && !opts.stale.contains(&c.name))
         .max_by(|a, b| {
             a.max_replicas
                 .cmp(&b.max_replicas)
@@ -782,6 +786,21 @@ pub fn preempt(
             continue;
         }
         let before = est.cluster(&c.name).map(|e| e.max_replicas).unwrap_or(0);
+        if opts.stale.contains(&c.name) {
+            // Victims chosen from stale data could be gone or could not be enough.
+            result.clusters.push(ClusterPreemption {
+                name: c.name.clone(),
+                feasible: false,
+                replicas_before: before,
+                replicas_after: before,
+                victims: Vec::new(),
+                freed: BTreeMap::new(),
+                evicted_pods: 0,
+                highest_victim_priority: None,
+                reason: Some(STALE_REASON.into()),
+            });
+            continue;
+        }
         let cache = if opts.disable_cache {
             None
         } else {

@@ -182,3 +182,61 @@ fn symlinked_cluster_folders_are_followed_and_broken_links_fail() {
         .to_string();
     assert!(e.contains("snap/c"), "{e}");
 }
+
+/// Clusters the caller marks stale are never chosen: placement leaves them out and says so,
+/// preemption neither answers "fits without preemption" nor chooses them.
+#[test]
+fn stale_clusters_are_never_chosen() {
+    let view = load_snapshot(&dir().join("fleet")).unwrap();
+    let w = load_workload(&[dir().join("workload")]).unwrap();
+    let policy = w.policy.clone().unwrap();
+    let mut est = Estimator::new();
+    let west_stale = EstimateOptions {
+        stale: vec!["gpu-west".into()],
+        ..EstimateOptions::default()
+    };
+    // 6 replicas fit on gpu-east alone.
+    let p = place(&view, &w, &policy, &mut est, &west_stale);
+    assert_eq!(p.unschedulable, None);
+    assert_eq!(p.stale, ["gpu-west"]);
+    assert_eq!(p.clusters.len(), 1);
+    assert_eq!(p.clusters[0].name, "gpu-east");
+    assert!(!p.available.contains_key("gpu-west"), "{p:?}");
+    // 7 do not, and the reason names the stale cluster that was not considered.
+    let mut seven = w.clone();
+    seven.replicas = 7;
+    let p = place(&view, &seven, &policy, &mut est, &west_stale);
+    let why = p.unschedulable.unwrap();
+    assert!(why.contains("data stale: gpu-west"), "{why}");
+    // Every matching cluster stale: nothing is placed, and the reason says why.
+    let all_stale = EstimateOptions {
+        stale: vec!["gpu-east".into(), "gpu-west".into()],
+        ..EstimateOptions::default()
+    };
+    let p = place(&view, &w, &policy, &mut est, &all_stale);
+    assert!(p.clusters.is_empty());
+    let why = p.unschedulable.unwrap();
+    assert!(why.contains("stale data: gpu-east, gpu-west"), "{why}");
+
+    // Preemption: gpu-west (the lowest victim priority) is stale, so gpu-east is chosen.
+    let mut eight = w.clone();
+    eight.replicas = 8;
+    let r = preempt(&view, &eight, &mut est, &west_stale);
+    assert_eq!(r.chosen.as_deref(), Some("gpu-east"));
+    let west = r.clusters.iter().find(|c| c.name == "gpu-west").unwrap();
+    assert!(!west.feasible && west.victims.is_empty());
+    assert!(
+        west.reason.as_deref().unwrap().contains("stale"),
+        "{west:?}"
+    );
+    // A workload that fits only on a stale cluster does not "fit without preemption" there.
+    let mut five = w.clone();
+    five.replicas = 5;
+    let east_stale = EstimateOptions {
+        stale: vec!["gpu-east".into()],
+        ..EstimateOptions::default()
+    };
+    let r = preempt(&view, &five, &mut est, &east_stale);
+    assert_eq!(r.fits_without_preemption, None);
+    assert_ne!(r.chosen.as_deref(), Some("gpu-east"));
+}

@@ -128,6 +128,12 @@ pub struct PeerStatus {
     pub rtt: Duration,
     /// Documents the peer's last heartbeat reported that differ from ours.
     pub docs_behind: usize,
+    /// Whether the peer's anti-entropy digest has equalled ours at least once on this
+    /// session (see [`crate::protocol::SessionStatus::digest_matched`]).
+    pub digest_matched: bool,
+    /// Why the store refused the peer's own document (a writer) last, until a message of it
+    /// is accepted again (see [`crate::protocol::SessionStatus::refused`]).
+    pub refused: Option<String>,
 }
 
 /// Transport-level counters (the protocol's are in [`Counters`]).
@@ -679,6 +685,8 @@ fn peer_statuses(protocol: &Protocol, conns: &HashMap<ConnId, ConnEntry>) -> Vec
                 bytes_received: e.stats.bytes_received.load(Ordering::Relaxed),
                 rtt: e.connection.rtt(),
                 docs_behind: s.docs_behind,
+                digest_matched: s.digest_matched,
+                refused: s.refused,
             })
         })
         .collect()

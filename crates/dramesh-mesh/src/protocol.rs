@@ -35,12 +35,18 @@
 //!   checks change authors ([`DocStore::receive_sync_message`]).
 //! - Nothing but `Hello` is accepted before the peer's `Hello`; protocol violations close the
 //!   connection.
+//! - **Refusals reach the writer**: when the store refuses a writer's message for its own
+//!   document, the replica marks the session refused ([`SessionStatus::refused`], cleared by
+//!   the next accepted message) and sends a typed `Refusal` at most once per
+//!   [`REFUSAL_INTERVAL`] per document. The writer logs it at most once per
+//!   [`REFUSAL_LOG_INTERVAL`]; for a generation refused as lying in the future it asks the
+//!   store to recover ([`DocStore::recover_generation`]) and offers the new generation.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use dramesh_store::{DIGEST_BUCKETS, Digest, DocEntry, DocId, SyncState};
 
@@ -178,6 +184,12 @@ pub struct Counters {
     pub repairs_left_to_writers: u64,
     /// Sessions whose outbound queue overflowed (frames dropped by the driver).
     pub backpressure_events: u64,
+    /// Refusals sent to writers whose own document's messages the store refused.
+    pub refusals_sent: u64,
+    /// Refusals received from replicas about this node's own document.
+    pub refusals_received: u64,
+    /// New generations started after a refusal showed the own generation lying in the future.
+    pub generation_recoveries: u64,
 }
 
 /// Protocol-level view of one session.
@@ -195,6 +207,13 @@ pub struct SessionStatus {
     pub heartbeat_seq: u64,
     /// Documents the peer reported in its last heartbeat that differ from ours.
     pub docs_behind: usize,
+    /// Whether an anti-entropy digest of the peer has equalled ours at least once on this
+    /// session (every document both may exchange was the same on both ends at that moment).
+    pub digest_matched: bool,
+    /// Why the store refused the last sync message of the peer's own document (a writer),
+    /// until one is accepted again. A refused writer's heartbeats say nothing about the
+    /// freshness of its data.
+    pub refused: Option<String>,
     /// The address the peer (a replica) advertised in its hello.
     pub advertise_addr: Option<String>,
 }
@@ -228,6 +247,12 @@ struct Session {
     heartbeat_in: u64,
     last_heard: Instant,
     docs_behind: usize,
+    /// See [`SessionStatus::digest_matched`].
+    digest_matched: bool,
+    /// See [`SessionStatus::refused`].
+    refused: Option<String>,
+    /// When a [`pb::Refusal`] was last sent for each document on this session.
+    refusals_sent: HashMap<DocId, Instant>,
     advertise_addr: Option<String>,
     /// Replicas the peer (an agent) reported a live session with in its last heartbeat.
     reached: BTreeSet<PeerIdentity>,
@@ -249,6 +274,32 @@ pub struct Protocol {
     /// Relays to replicas and answers to writers waiting for their time (see
     /// [`ProtocolConfig::relay_delay`] and [`ProtocolConfig::ack_delay`]).
     delayed: BTreeMap<(ConnId, DocId), Instant>,
+    /// When a refusal of each own document was last logged (writers; see
+    /// [`REFUSAL_LOG_INTERVAL`]).
+    refusal_logged: HashMap<DocId, Instant>,
+}
+
+/// A replica tells a refused writer why at most this often per document and connection.
+pub const REFUSAL_INTERVAL: Duration = Duration::from_secs(10);
+/// A writer logs refusals of its document at most this often.
+pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(60);
+/// Longest refusal text sent or logged.
+const MAX_REFUSAL_REASON: usize = 1024;
+
+fn code_of(reason: &RejectReason) -> pb::RefusalCode {
+    match reason {
+        RejectReason::FutureGeneration(_) => pb::RefusalCode::FutureGeneration,
+        RejectReason::Unauthorized(_) => pb::RefusalCode::Unauthorized,
+        RejectReason::Malformed(_) => pb::RefusalCode::Malformed,
+        RejectReason::StaleGeneration { .. } | RejectReason::Store(_) => pb::RefusalCode::Store,
+    }
+}
+
+fn bounded(text: &str) -> String {
+    match text.char_indices().nth(MAX_REFUSAL_REASON) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text.to_string(),
+    }
 }
 
 /// Whether `local` may exchange `doc` with `remote` at all.
@@ -290,6 +341,7 @@ impl Protocol {
             coalesce: false,
             deferred: BTreeSet::new(),
             delayed: BTreeMap::new(),
+            refusal_logged: HashMap::new(),
         }
     }
 
@@ -347,6 +399,8 @@ impl Protocol {
                 last_heard: s.last_heard,
                 heartbeat_seq: s.heartbeat_in,
                 docs_behind: s.docs_behind,
+                digest_matched: s.digest_matched,
+                refused: s.refused.clone(),
                 advertise_addr: s.advertise_addr.clone(),
             })
             .collect()
@@ -394,6 +448,9 @@ impl Protocol {
                 heartbeat_in: 0,
                 last_heard: now,
                 docs_behind: 0,
+                digest_matched: false,
+                refused: None,
+                refusals_sent: HashMap::new(),
                 advertise_addr: None,
                 reached: BTreeSet::new(),
             },
@@ -729,6 +786,7 @@ impl Protocol {
                 self.push_differences(store, conn, &mine, &theirs, now, &mut out);
             }
             Body::Sync(s) => self.on_sync(store, conn, &peer, s, now, &mut out),
+            Body::Refusal(r) => self.on_refusal(store, &peer, r, now, &mut out),
             Body::Ephemeral(e) => self.on_ephemeral(store, conn, &peer, e),
             Body::PeerExchange(p) => {
                 if !peer.is_replica() {
@@ -840,6 +898,11 @@ impl Protocol {
         out: &mut Vec<Output>,
     ) {
         let mine = self.scoped_digest(store, peer);
+        if d.root == mine.root()
+            && let Some(s) = self.sessions.get_mut(&conn)
+        {
+            s.digest_matched = true;
+        }
         if d.buckets.is_empty() {
             if d.root != mine.root() {
                 self.counters.digest_mismatches += 1;
@@ -1045,6 +1108,94 @@ impl Protocol {
         });
     }
 
+    /// Marks the writer on `conn` as refused and tells it why, at most once per
+    /// [`REFUSAL_INTERVAL`] per document.
+    fn refuse_writer(
+        &mut self,
+        conn: ConnId,
+        doc: &DocId,
+        generation: u64,
+        reason: &RejectReason,
+        now: Instant,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(session) = self.sessions.get_mut(&conn) else {
+            return;
+        };
+        let text = bounded(&reason.to_string());
+        session.refused = Some(text.clone());
+        let due = session
+            .refusals_sent
+            .get(doc)
+            .is_none_or(|t| now.saturating_duration_since(*t) >= REFUSAL_INTERVAL);
+        if !due {
+            return;
+        }
+        session.refusals_sent.insert(doc.clone(), now);
+        self.counters.refusals_sent += 1;
+        self.send(
+            out,
+            conn,
+            Body::Refusal(pb::Refusal {
+                doc: Some(doc.into()),
+                generation,
+                code: code_of(reason) as i32,
+                reason: text,
+            }),
+        );
+    }
+
+    /// A replica refused this writer's own document: log it (rate-limited), and when the
+    /// generation was refused as lying in the future and the store's clock now agrees, start
+    /// a new generation and offer it to every peer.
+    fn on_refusal<S: DocStore>(
+        &mut self,
+        store: &mut S,
+        peer: &PeerIdentity,
+        r: pb::Refusal,
+        now: Instant,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(doc) = wire::doc_from_wire(r.doc.as_ref()) else {
+            self.counters.protocol_errors += 1;
+            debug!(%peer, "ignoring a refusal with an invalid document id");
+            return;
+        };
+        if !peer.is_replica() || !self.local.owns(&doc) {
+            self.unauthorized(peer, "refusal", &doc);
+            return;
+        }
+        self.counters.refusals_received += 1;
+        let code = pb::RefusalCode::try_from(r.code).unwrap_or(pb::RefusalCode::Unspecified);
+        let due = self
+            .refusal_logged
+            .get(&doc)
+            .is_none_or(|t| now.saturating_duration_since(*t) >= REFUSAL_LOG_INTERVAL);
+        if due {
+            self.refusal_logged.insert(doc.clone(), now);
+            warn!(
+                %peer,
+                %doc,
+                generation = r.generation,
+                code = code.as_str_name(),
+                reason = %bounded(&r.reason),
+                "a replica refuses this writer's changes (logged at most once a minute)"
+            );
+        }
+        if code != pb::RefusalCode::FutureGeneration {
+            return;
+        }
+        let Some(generation) = store.recover_generation(&doc) else {
+            return;
+        };
+        self.counters.generation_recoveries += 1;
+        info!(%doc, refused = r.generation, generation, "the clock agrees the refused generation lies in the future: started a new generation");
+        let conns: Vec<ConnId> = self.sessions.keys().copied().collect();
+        for conn in conns {
+            self.push_doc(store, conn, &doc, false, out);
+        }
+    }
+
     fn on_sync<S: DocStore>(
         &mut self,
         store: &mut S,
@@ -1075,12 +1226,13 @@ impl Protocol {
         match received {
             Ok(()) => {
                 // What the peer asks for is resent, even if sent before (and lost or refused).
-                if let Some(ds) = self
-                    .sessions
-                    .get_mut(&conn)
-                    .and_then(|s| s.docs.get_mut(&doc))
-                {
-                    ds.state.resend_requested();
+                if let Some(session) = self.sessions.get_mut(&conn) {
+                    if peer.owns(&doc) {
+                        session.refused = None;
+                    }
+                    if let Some(ds) = session.docs.get_mut(&doc) {
+                        ds.state.resend_requested();
+                    }
                 }
             }
             Err(RejectReason::StaleGeneration { have, got }) => {
@@ -1092,6 +1244,9 @@ impl Protocol {
             Err(reason) => {
                 self.counters.rejected_by_store += 1;
                 warn!(%peer, %doc, %reason, "store refused sync message");
+                if self.local.is_replica() && peer.owns(&doc) {
+                    self.refuse_writer(conn, &doc, s.generation, &reason, now, out);
+                }
                 // The refused message may have left the sync state expecting an answer.
                 if let Some(ds) = self
                     .sessions

@@ -24,6 +24,10 @@ pub enum RejectReason {
         /// Generation of the message.
         got: u64,
     },
+    /// The generation lies more than 30 days ahead of this store's clock (the writer's clock
+    /// runs ahead).
+    #[error("{0}")]
+    FutureGeneration(String),
     /// The payload is not a valid automerge sync message or cannot be applied.
     #[error("malformed sync message: {0}")]
     Malformed(String),
@@ -77,4 +81,12 @@ pub trait DocStore {
     /// Background upkeep (deferred compactions) the node runs after each batch's frames are
     /// sent, so it never delays them. Errors are the store's to log.
     fn maintain(&mut self) {}
+    /// Called on the writer when a replica refused its own document `doc` as lying in the
+    /// future: if the store's clock now agrees, it starts a new generation from the clock
+    /// and returns it (the protocol then offers it to every peer). Stores without
+    /// generations from clocks keep the default.
+    fn recover_generation(&mut self, doc: &DocId) -> Option<u64> {
+        let _ = doc;
+        None
+    }
 }

@@ -42,6 +42,7 @@ fn reject(e: StoreError) -> RejectReason {
         StoreError::MalformedMessage { .. }
         | StoreError::MessageTooLarge { .. }
         | StoreError::Automerge { .. } => RejectReason::Malformed(e.to_string()),
+        StoreError::FutureGeneration { .. } => RejectReason::FutureGeneration(e.to_string()),
         other => RejectReason::Store(other.to_string()),
     }
 }
@@ -64,6 +65,11 @@ impl MeshStore {
             track_changes,
             overflowed: false,
         }
+    }
+
+    /// See [`Store::set_clock_offset_ms`].
+    pub fn set_clock_offset_ms(&mut self, offset_ms: i64) {
+        self.store.set_clock_offset_ms(offset_ms);
     }
 
     /// Read access to the wrapped store.
@@ -191,6 +197,16 @@ impl DocStore for MeshStore {
         if let Err(e) = self.store.maintain_deferred() {
             // The copy stays as it is (valid, just larger); its next change queues it again.
             tracing::warn!(error = %e, "deferred compaction failed");
+        }
+    }
+
+    fn recover_generation(&mut self, doc: &DocId) -> Option<u64> {
+        match self.store.recover_generation(doc) {
+            Ok(g) => g,
+            Err(e) => {
+                tracing::error!(%doc, error = %e, "could not start a new generation after a clock fault");
+                None
+            }
         }
     }
 }
@@ -445,6 +461,102 @@ mod tests {
         ));
         assert!(!p.has_deferred_pushes());
         assert!(p.flush_pushes(&mut store).is_empty());
+    }
+
+    /// Issue 14 item 8, sans I/O: a writer whose clock runs 300 days ahead is refused; the
+    /// replica marks the session refused and tells the writer why (a typed Refusal); the
+    /// writer keeps its generation while its clock still believes it, and once its clock is
+    /// right the next refusal makes it start a new generation, which the replica takes.
+    #[test]
+    fn refused_writer_is_told_why_and_recovers_once_its_clock_is_right() {
+        const DAY_MS: i64 = 24 * 3600 * 1000;
+        let agent_id = PeerIdentity::Agent {
+            cluster: "east".into(),
+            node: "w".into(),
+        };
+        let replica_id = PeerIdentity::Replica { id: "r1".into() };
+        let cfg = || ProtocolConfig {
+            jitter_seed: 3,
+            anti_entropy_interval: Duration::from_secs(2),
+            ack_delay: Duration::ZERO,
+            ..ProtocolConfig::default()
+        };
+        let doc = DocId::new("east", "w");
+        let mut ahead = Store::in_memory(StoreConfig {
+            durability: Durability::None,
+            clock_offset_ms: 300 * DAY_MS,
+            ..StoreConfig::default()
+        });
+        let bad = ahead.open_writer(&doc).unwrap();
+        let mut agent_store = MeshStore::new(ahead, false);
+        agent_store.apply(&doc, vec![node("n1", "a")]).unwrap();
+        let mut peers = [
+            Peer {
+                proto: Protocol::new(agent_id.clone(), cfg()),
+                store: agent_store,
+                conn: ConnId(1),
+            },
+            Peer {
+                proto: Protocol::new(replica_id.clone(), cfg()),
+                store: MeshStore::new(mem(), true),
+                conn: ConnId(2),
+            },
+        ];
+        let now = Instant::now();
+        let mut outs = VecDeque::new();
+        let (a, b) = peers.split_at_mut(1);
+        for o in a[0].proto.on_connected(ConnId(1), replica_id.clone(), now) {
+            outs.push_back((0, o));
+        }
+        for o in b[0].proto.on_connected(ConnId(2), agent_id.clone(), now) {
+            outs.push_back((1, o));
+        }
+        let applied = run(&mut peers, outs, now);
+        assert_eq!(applied[1], 0);
+        assert_eq!(peers[1].store.entry(&doc), None);
+        let session = &peers[1].proto.sessions()[0];
+        let why = session
+            .refused
+            .clone()
+            .expect("the writer's session is marked refused");
+        assert!(why.contains("more than 30 days in the future"), "{why}");
+        assert_eq!(peers[1].proto.counters().refusals_sent, 1);
+        let c = peers[0].proto.counters();
+        assert_eq!(c.refusals_received, 1);
+        assert_eq!(
+            c.generation_recoveries, 0,
+            "its own clock still believes it"
+        );
+        assert_eq!(peers[0].store.entry(&doc).unwrap().generation, bad);
+
+        // The clock is corrected. At the next anti-entropy round the replica refuses again,
+        // and this time the writer recovers.
+        peers[0].store.set_clock_offset_ms(0);
+        let later = now + Duration::from_secs(11);
+        let outs: VecDeque<(usize, Output)> = {
+            let p = &mut peers[0];
+            p.proto
+                .on_tick(&mut p.store, later)
+                .into_iter()
+                .map(|o| (0, o))
+                .collect()
+        };
+        let applied = run(&mut peers, outs, later);
+        assert!(applied[1] >= 1, "the replica took the new generation");
+        let c = peers[0].proto.counters();
+        assert_eq!(c.refusals_received, 2);
+        assert_eq!(c.generation_recoveries, 1);
+        let good = peers[0].store.entry(&doc).unwrap();
+        assert!(good.generation < bad);
+        assert_eq!(peers[1].store.entry(&doc), Some(good));
+        assert_eq!(peers[1].proto.sessions()[0].refused, None);
+        let got: Vec<String> = peers[1]
+            .store
+            .drain_changes()
+            .into_iter()
+            .map(|(c, ch)| format!("{c}:{}", ch.key().name))
+            .collect();
+        assert_eq!(got, ["east:n1"], "the data written while ahead arrives");
     }
 
     #[test]

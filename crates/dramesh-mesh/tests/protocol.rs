@@ -59,6 +59,7 @@ fn kind(env: &pb::Envelope) -> &'static str {
         Some(Body::Sync(_)) => "sync",
         Some(Body::Ephemeral(_)) => "ephemeral",
         Some(Body::PeerExchange(_)) => "peer_exchange",
+        Some(Body::Refusal(_)) => "refusal",
         None => "none",
     }
 }

@@ -813,3 +813,117 @@ async fn restarted_replica_catches_up_with_only_the_missing_changes() {
     .await
     .expect("test timed out");
 }
+
+/// Issue 14 item 8 over real QUIC: an agent whose clock runs 300 days ahead writes a
+/// generation the replica refuses. The replica marks the agent's session refused (so its
+/// heartbeats no longer keep the cluster fresh) and tells the agent why; the agent counts the
+/// refusal. Restarted with the right clock on the same data directory, the agent starts a new
+/// generation by itself and its data arrives, nothing lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_with_a_clock_far_ahead_is_refused_told_and_recovers() {
+    const DAY_MS: i64 = 24 * 3600 * 1000;
+    init_tracing();
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let ca = certs::generate_ca("test CA", 1).unwrap();
+        let replica = TestNode::start(
+            fast_config(
+                certs::issue_identity(&ca, &replica_id("r0"), 1).unwrap(),
+                vec![],
+            ),
+            mem_store(),
+            true,
+        )
+        .await;
+        let seeds = vec![replica.handle.local_addr()];
+        let dir = tempfile::tempdir().unwrap();
+        let doc = DocId::new("east", "w");
+        let n1 = ObjectKey::new(ObjectKind::Node, None, "n1");
+        let start_agent = |offset_ms: i64| {
+            let (store, _) = Store::open(
+                dir.path(),
+                StoreConfig {
+                    durability: Durability::Fsync,
+                    clock_offset_ms: offset_ms,
+                    ..StoreConfig::default()
+                },
+            )
+            .unwrap();
+            let id = certs::issue_identity(&ca, &agent_id("east", "w"), 1).unwrap();
+            TestNode::start(fast_config(id, seeds.clone()), store, false)
+        };
+        let agent = start_agent(300 * DAY_MS).await;
+        let bad = agent.store.lock().unwrap().open_writer(&doc).unwrap();
+        let node_json = br#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"n1"}}"#;
+        agent
+            .store
+            .lock()
+            .unwrap()
+            .apply(
+                &doc,
+                vec![ObjectChange::Upsert {
+                    key: n1.clone(),
+                    json: Arc::from(&node_json[..]),
+                }],
+            )
+            .unwrap();
+        agent.handle.notify_local_change(doc.clone()).await;
+
+        // The replica refuses and says so on the agent's session; the agent hears why.
+        let mut why = None;
+        for _ in 0..200 {
+            why = replica
+                .handle
+                .peers()
+                .await
+                .into_iter()
+                .find(|p| p.identity == agent_id("east", "w"))
+                .and_then(|p| p.refused);
+            if why.is_some() && agent.handle.counters().refusals_received > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let why = why.expect("the replica marks the refused writer's session");
+        assert!(why.contains("more than 30 days in the future"), "{why}");
+        assert!(agent.handle.counters().refusals_received > 0);
+        assert!(replica.handle.counters().refusals_sent > 0);
+        assert_eq!(replica.get("east", &n1), None);
+        agent.handle.shutdown().await;
+
+        // The clock is fixed; the agent restarts on the same directory.
+        let agent = start_agent(0).await;
+        let good = agent.store.lock().unwrap().open_writer(&doc).unwrap();
+        assert!(
+            good < bad,
+            "a new generation from the corrected clock: {good} vs {bad}"
+        );
+        agent.handle.notify_local_change(doc.clone()).await;
+        wait_until(
+            "the recovered generation arrives",
+            Duration::from_secs(30),
+            || replica.get("east", &n1).is_some(),
+        )
+        .await;
+        assert_eq!(
+            replica
+                .store
+                .lock()
+                .unwrap()
+                .entry(&doc)
+                .map(|e| e.generation),
+            Some(good)
+        );
+        let refused_now = replica
+            .handle
+            .peers()
+            .await
+            .into_iter()
+            .find(|p| p.identity == agent_id("east", "w"))
+            .and_then(|p| p.refused);
+        assert_eq!(refused_now, None);
+        agent.handle.shutdown().await;
+        replica.handle.shutdown().await;
+    })
+    .await
+    .expect("test timed out");
+}

@@ -121,21 +121,24 @@ impl Backend for ReplicaBackend {
         let est = self
             .state
             .estimate_manifests(&req.workload.manifests, &req.clusters)?;
-        Ok(EstimateResponse::from(&est))
+        let fresh = self.state.freshness_map(&req.clusters);
+        Ok(EstimateResponse::from_estimate(&est, &fresh))
     }
 
     fn place(&self, req: &PlaceRequest) -> Result<PlaceResponse, ApiError> {
         let p = self
             .state
             .place_manifests(&req.workload.manifests, &req.clusters, req.replicas)?;
-        Ok(PlaceResponse::from(&p))
+        let fresh = self.state.freshness_map(&req.clusters);
+        Ok(PlaceResponse::from_placement(&p, &fresh))
     }
 
     fn preempt(&self, req: &PreemptRequest) -> Result<PreemptResponse, ApiError> {
         let p =
             self.state
                 .preempt_manifests(&req.workload.manifests, &req.clusters, req.replicas)?;
-        Ok(PreemptResponse::from(&p))
+        let fresh = self.state.freshness_map(&req.clusters);
+        Ok(PreemptResponse::from_preemption(&p, &fresh))
     }
 
     fn status(&self) -> StatusReport {
@@ -187,6 +190,11 @@ mod tests {
         });
         let store = Arc::new(Mutex::new(MeshStore::new(store, true)));
         let state = ReplicaState::new("t", Duration::from_secs(120), store);
+        state.apply_changes(&fleet_changes());
+        state
+    }
+
+    fn fleet_changes() -> Vec<(String, ObjectChange)> {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/estimator/fleet");
         let mut changes = Vec::new();
         for cluster in ["gpu-east", "gpu-west", "cpu-only"] {
@@ -196,8 +204,7 @@ mod tests {
                 }
             }
         }
-        state.apply_changes(&changes);
-        state
+        changes
     }
 
     #[test]
@@ -427,24 +434,150 @@ mod tests {
     }
 
     /// The native answers are the estimator's results on the wire, byte for byte (what the
-    /// JSON round trip they replace guaranteed), victims included.
+    /// JSON round trip they replace guaranteed), victims included, plus each cluster's
+    /// freshness, which only the replica knows.
     #[test]
     fn native_answers_serialize_like_the_estimator_results() {
         let state = state_with_fleet();
+        let backend = ReplicaBackend {
+            state: state.clone(),
+        };
         let m = [TRAINER.to_string()];
+        let fresh = state.freshness_map(&[]);
+        assert_eq!(fresh.len(), 3, "{fresh:?}");
         let est = state.estimate_manifests(&m, &[]).unwrap();
-        assert_eq!(json(&EstimateResponse::from(&est)), json(&est));
+        let native = EstimateResponse::from_estimate(&est, &fresh);
+        assert!(
+            native
+                .clusters
+                .iter()
+                .all(|c| c.data_age_seconds.is_some() && !c.stale)
+        );
+        assert_eq!(without_freshness(&native), json(&est));
         let p = state.place_manifests(&m, &[], None).unwrap();
-        assert_eq!(json(&PlaceResponse::from(&p)), json(&p));
+        assert_eq!(
+            without_freshness(&PlaceResponse::from_placement(&p, &fresh)),
+            json(&p)
+        );
         let pre = state.preempt_manifests(&m, &[], Some(8)).unwrap();
         assert!(
             pre.clusters.iter().any(|c| !c.victims.is_empty()),
             "the fleet should offer victims: {pre:?}"
         );
-        assert_eq!(json(&PreemptResponse::from(&pre)), json(&pre));
+        assert_eq!(
+            without_freshness(&PreemptResponse::from_preemption(&pre, &fresh)),
+            json(&pre)
+        );
+        // Through the backend (what HTTP and gRPC serve) the fields are filled in.
+        let w = dramesh_api::native::Workload {
+            manifests: m.to_vec(),
+        };
+        let r = backend
+            .estimate_all(&EstimateRequest {
+                workload: w,
+                clusters: vec!["gpu-east".into()],
+            })
+            .unwrap();
+        assert_eq!(r.clusters.len(), 1);
+        assert!(r.clusters[0].data_age_seconds.is_some());
+    }
+
+    /// Every native answer flags stale clusters with their data age; placement and
+    /// preemption never choose them (gpu-west holds the cheapest victim and would be chosen).
+    #[test]
+    fn native_answers_flag_stale_clusters_and_never_choose_them() {
+        let store = Store::in_memory(StoreConfig {
+            durability: Durability::None,
+            ..StoreConfig::default()
+        });
+        let store = Arc::new(Mutex::new(MeshStore::new(store, true)));
+        let state = ReplicaState::new("t", Duration::from_millis(100), store);
+        state.apply_changes(&fleet_changes());
+        std::thread::sleep(Duration::from_millis(150));
+        state.touch("gpu-east", std::time::Instant::now());
+        let backend = ReplicaBackend {
+            state: state.clone(),
+        };
+        let workload = dramesh_api::native::Workload {
+            manifests: vec![TRAINER.to_string()],
+        };
+        let est = backend
+            .estimate_all(&EstimateRequest {
+                workload: workload.clone(),
+                clusters: vec![],
+            })
+            .unwrap();
+        let get = |n: &str| est.clusters.iter().find(|c| c.name == n).unwrap();
+        assert!(!get("gpu-east").stale);
+        assert!(get("gpu-west").stale);
+        assert!(get("gpu-west").data_age_seconds.unwrap() >= 0.1);
+        // The estimate itself is still reported (flagged), as the issue asks.
+        assert_eq!(get("gpu-west").max_replicas, 2);
+
+        let p = backend
+            .place(&PlaceRequest {
+                workload: workload.clone(),
+                clusters: vec![],
+                replicas: Some(6),
+            })
+            .unwrap();
+        assert_eq!(p.unschedulable, None);
+        assert_eq!(p.stale, ["gpu-west"]);
+        assert!(p.clusters.iter().all(|c| c.name == "gpu-east"), "{p:?}");
+        assert!(p.data_age_seconds["gpu-west"] >= 0.1);
+        assert!(p.data_age_seconds["gpu-east"] < 0.1);
+        let p = backend
+            .place(&PlaceRequest {
+                workload: workload.clone(),
+                clusters: vec![],
+                replicas: Some(8),
+            })
+            .unwrap();
+        assert!(p.clusters.is_empty());
+        let why = p.unschedulable.unwrap();
+        assert!(why.contains("data stale: gpu-west"), "{why}");
+
+        let pre = backend
+            .preempt(&PreemptRequest {
+                workload,
+                clusters: vec![],
+                replicas: Some(8),
+            })
+            .unwrap();
+        assert_eq!(pre.chosen.as_deref(), Some("gpu-east"));
+        let west = pre.clusters.iter().find(|c| c.name == "gpu-west").unwrap();
+        assert!(west.stale && west.victims.is_empty());
+        assert!(west.data_age_seconds.unwrap() >= 0.1);
+
+        // Readiness rule 3: one fresh cluster keeps the replica ready; all stale does not.
+        assert!(!state.all_stale());
+        std::thread::sleep(Duration::from_millis(150));
+        assert!(state.all_stale());
+        state.touch("cpu-only", std::time::Instant::now());
+        assert!(!state.all_stale());
+    }
+
+    /// The JSON of a native answer without the fields only the replica adds.
+    fn without_freshness<T: serde::Serialize>(v: &T) -> String {
+        fn strip(v: &mut serde_json::Value) {
+            match v {
+                serde_json::Value::Object(m) => {
+                    m.remove("dataAgeSeconds");
+                    if m.get("stale").is_some_and(serde_json::Value::is_boolean) {
+                        m.remove("stale");
+                    }
+                    m.values_mut().for_each(strip);
+                }
+                serde_json::Value::Array(a) => a.iter_mut().for_each(strip),
+                _ => {}
+            }
+        }
+        let mut v = serde_json::to_value(v).unwrap();
+        strip(&mut v);
+        v.to_string()
     }
 
     fn json<T: serde::Serialize>(v: &T) -> String {
-        serde_json::to_string(v).unwrap()
+        serde_json::to_value(v).unwrap().to_string()
     }
 }

@@ -28,5 +28,5 @@ pub mod state;
 mod status_page;
 
 pub use backend::ReplicaBackend;
-pub use runner::{Replica, ReplicaConfig};
+pub use runner::{DEFAULT_READY_TIMEOUT, Replica, ReplicaConfig};
 pub use state::ReplicaState;

@@ -2,15 +2,23 @@
 //! demo): the persistent store, the QUIC mesh node, the estimation view fed from the mesh,
 //! and the Karmada gRPC, native gRPC and HTTP APIs.
 //!
-//! Readiness rule (`/readyz`, `ready` in `/v1/status`): the replica is ready once its store
-//! has been loaded AND either the loaded store held at least one document, or a peer has
-//! delivered at least one change through the mesh since start. A fresh replica whose peers
-//! are all empty therefore stays not-ready until some agent publishes.
+//! Readiness rule (`/readyz`, `ready` in `/v1/status`), re-evaluated every 250 ms:
+//! 1. *Caught up*: every document the store held on disk is in the view (the view is built
+//!    from the loaded store before anything is served), and then either the anti-entropy
+//!    digest of some peer replica has equalled ours once, or no peer replica had a session
+//!    with this one within [`ReplicaConfig::ready_timeout`] (a replica started without
+//!    seeds does not wait). Once caught up, a replica stays caught up.
+//! 2. The view holds at least one member cluster (a fresh fleet is not ready until some
+//!    agent publishes).
+//! 3. Not every cluster is stale: while all of them are older than `stale_after`, every
+//!    Karmada answer would be 0, so the replica reports not ready until one is fresh again.
 //!
 //! Data age of a cluster (the staleness behind Karmada's zero answers): the time, on this
 //! replica's monotonic clock, since a change for one of the cluster's documents was applied
 //! here, or since a heartbeat from one of the cluster's agents connected to this replica
-//! arrived, whichever is later. Clusters loaded from disk count as heard from at start.
+//! arrived, whichever is later; heartbeats of an agent whose document the store refuses
+//! (e.g. a generation from a clock far ahead) do not count. Clusters loaded from disk count
+//! as heard from at start.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -20,13 +28,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use dramesh_api::ApiState;
+use dramesh_mesh::PeerIdentity;
 use dramesh_mesh::certs::TlsIdentity;
 use dramesh_mesh::daemon::{open_store, stopped};
 use dramesh_mesh::node::{MeshHandle, NodeConfig};
 use dramesh_mesh::observe::{Observer, peer_label};
 use dramesh_mesh::protocol::ProtocolConfig;
 use dramesh_mesh::store_adapter::MeshStore;
-use dramesh_mesh::{PeerIdentity, lock};
 use dramesh_telemetry::spans::{fields, record_count};
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinSet;
@@ -55,7 +63,13 @@ pub struct ReplicaConfig {
     pub estimate_cache_bytes: usize,
     /// Replication switches and limits of the mesh node.
     pub protocol: ProtocolConfig,
+    /// How long a starting replica waits for a peer replica to be reachable before it counts
+    /// as caught up from its disk alone (see the module docs).
+    pub ready_timeout: Duration,
 }
+
+/// Default of [`ReplicaConfig::ready_timeout`] (and of `--ready-timeout`).
+pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A running replica.
 pub struct Replica {
@@ -109,15 +123,11 @@ impl Replica {
             let nodes: usize = v.clusters().map(|c| c.node_count()).sum();
             (nodes, v.clusters().count())
         });
-        let non_empty = !lock(&store).store().entries().is_empty();
         let metrics = Arc::new(dramesh_telemetry::Metrics::new());
         let api = ApiState::new(Arc::new(ReplicaBackend {
             state: state.clone(),
         }))
         .with_metrics(metrics.clone());
-        if non_empty {
-            api.set_ready(true);
-        }
         let mut node = NodeConfig::new(config.identity.clone(), config.listen_mesh);
         node.seeds = config.seeds.clone();
         node.protocol = config.protocol.clone();
@@ -164,7 +174,17 @@ impl Replica {
             mesh.subscribe(),
             observer,
             state.clone(),
+            stop_rx.clone(),
+        ));
+        tasks.spawn(readiness(
+            mesh.clone(),
+            state.clone(),
             api.clone(),
+            if config.seeds.is_empty() {
+                Duration::ZERO
+            } else {
+                config.ready_timeout
+            },
             stop_rx.clone(),
         ));
         tasks.spawn(push_reservations(
@@ -208,7 +228,6 @@ async fn feed(
     mut applied: broadcast::Receiver<dramesh_mesh::node::AppliedChange>,
     observer: Arc<Observer>,
     state: Arc<ReplicaState>,
-    api: ApiState,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut tick = tokio::time::interval(Duration::from_millis(250));
@@ -235,9 +254,6 @@ async fn feed(
             observer.applied(&a);
             from.insert(peer_label(&a.from));
             touched.insert(a.doc.cluster);
-        }
-        if !touched.is_empty() {
-            api.set_ready(true);
         }
         // One `mesh.sync` span per round that brought remote changes into the view.
         let span = (!touched.is_empty()).then(|| {
@@ -272,7 +288,72 @@ fn join(set: &BTreeSet<String>) -> String {
     set.iter().map(String::as_str).collect::<Vec<_>>().join(",")
 }
 
-/// Heartbeats of directly connected agents keep their cluster's data fresh.
+/// Keeps the API's ready flag to the rule in the module docs. `wait` is how long to wait for
+/// a peer replica to be reachable at all.
+async fn readiness(
+    mesh: Arc<MeshHandle>,
+    state: Arc<ReplicaState>,
+    api: ApiState,
+    wait: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let started = Instant::now();
+    let mut caught_up = false;
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.wait_for(|v| *v) => return,
+        }
+        if !caught_up {
+            let peers = mesh.peers().await;
+            let replicas: Vec<_> = peers
+                .iter()
+                .filter(|p| p.identity.is_replica() && p.hello_received)
+                .collect();
+            if let Some(p) = replicas.iter().find(|p| p.digest_matched) {
+                caught_up = true;
+                tracing::info!(peer = %p.identity, after_ms = started.elapsed().as_millis() as u64, "caught up: digest matched a peer replica's");
+            } else if replicas.is_empty() && started.elapsed() >= wait {
+                caught_up = true;
+                tracing::info!(
+                    waited_ms = wait.as_millis() as u64,
+                    "no peer replica reachable: caught up from the store on disk"
+                );
+            }
+        }
+        let (has_cluster, all_stale) = {
+            let state = state.clone();
+            match tokio::task::spawn_blocking(move || {
+                (
+                    state.with_view(|v| v.clusters().next().is_some()),
+                    state.all_stale(),
+                )
+            })
+            .await
+            {
+                Ok(r) => r,
+                Err(_) => continue,
+            }
+        };
+        let ready = caught_up && has_cluster && !all_stale;
+        if ready != api.is_ready() {
+            api.set_ready(ready);
+            tracing::info!(
+                ready,
+                caught_up,
+                has_cluster,
+                all_stale,
+                "readiness changed"
+            );
+        }
+    }
+}
+
+/// Heartbeats of directly connected agents keep their cluster's data fresh, unless the store
+/// refuses the agent's document: a heartbeat says the agent is alive, not that its data
+/// arrives.
 async fn watch_agents(
     mesh: Arc<MeshHandle>,
     state: Arc<ReplicaState>,
@@ -287,6 +368,7 @@ async fn watch_agents(
         for p in mesh.peers().await {
             if let PeerIdentity::Agent { cluster, .. } = &p.identity
                 && p.hello_received
+                && p.refused.is_none()
             {
                 state.touch(cluster, p.last_heard);
             }

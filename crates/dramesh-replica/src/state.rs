@@ -41,8 +41,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
-use dramesh_api::native::{ClusterStatus, ResourceAmount, StatusReport};
-use dramesh_api::{ApiError, ReplicaAnswer};
+use dramesh_api::native::{ClusterStatus, Freshness, ResourceAmount, StatusReport};
+use dramesh_api::{ApiError, FreshnessMap, ReplicaAnswer};
 use dramesh_estimator::{DEFAULT_CACHE_BYTES, ResList};
 use dramesh_estimator::{
     Estimate, EstimateOptions, Estimator, PlacementResult, PreemptionResult, View,
@@ -279,11 +279,46 @@ impl ReplicaState {
         lock(&self.fresh).get(cluster).map(|t| t.elapsed())
     }
 
-    pub(crate) fn stale(&self, cluster: &str) -> Option<Duration> {
-        match self.data_age(cluster) {
-            Some(age) if age > self.stale_after => Some(age),
-            _ => None,
+    /// The one staleness rule: data older than `stale_after` is stale.
+    fn freshness_of(&self, age: Option<Duration>) -> Freshness {
+        Freshness {
+            stale: age.is_some_and(|a| a > self.stale_after),
+            data_age_seconds: age.map(|a| a.as_secs_f64()),
         }
+    }
+
+    /// How current `cluster`'s data is (see [`ReplicaState::freshness_of`]).
+    pub fn freshness(&self, cluster: &str) -> Freshness {
+        self.freshness_of(self.data_age(cluster))
+    }
+
+    /// The freshness of every cluster heard from, or of `only` those when it is not empty.
+    pub fn freshness_map(&self, only: &[String]) -> FreshnessMap {
+        let now = Instant::now();
+        lock(&self.fresh)
+            .iter()
+            .filter(|(c, _)| only.is_empty() || only.contains(c))
+            .map(|(c, t)| {
+                let age = now.saturating_duration_since(*t);
+                (c.clone(), self.freshness_of(Some(age)))
+            })
+            .collect()
+    }
+
+    /// Clusters whose data is stale now; placement and preemption never choose them.
+    pub fn stale_clusters(&self) -> Vec<String> {
+        self.freshness_map(&[])
+            .into_iter()
+            .filter(|(_, f)| f.stale)
+            .map(|(c, _)| c)
+            .collect()
+    }
+
+    /// Whether the view holds at least one cluster and every one of them is stale (the
+    /// replica is then not ready).
+    pub fn all_stale(&self) -> bool {
+        let names: Vec<String> = self.with_view(|v| v.clusters().map(|c| c.name.clone()).collect());
+        !names.is_empty() && names.iter().all(|c| self.freshness(c).stale)
     }
 
     /// Estimate of a workload given as manifests.
@@ -330,6 +365,7 @@ impl ReplicaState {
         let opts = EstimateOptions {
             assumed,
             clusters: clusters.to_vec(),
+            stale: self.stale_clusters(),
             ..EstimateOptions::default()
         };
         Ok(dramesh_estimator::place(
@@ -360,6 +396,7 @@ impl ReplicaState {
         let mut opts = EstimateOptions {
             assumed,
             clusters: clusters.to_vec(),
+            stale: self.stale_clusters(),
             ..EstimateOptions::default()
         };
         if opts.clusters.is_empty()
@@ -385,7 +422,8 @@ impl ReplicaState {
         if view.cluster(cluster).is_none() {
             return Err(ReplicaAnswer::UnknownCluster);
         }
-        if let Some(age) = self.stale(cluster) {
+        let age = self.data_age(cluster);
+        if let (true, Some(age)) = (self.freshness_of(age).stale, age) {
             return Err(ReplicaAnswer::Stale { age });
         }
         Ok(())
@@ -397,7 +435,7 @@ impl ReplicaState {
         let indexes = self.indexes();
         let mut clusters = Vec::new();
         for c in indexes.view.clusters() {
-            let age = self.data_age(&c.name);
+            let fresh = self.freshness(&c.name);
             let mut alloc = ResList::new();
             let mut used = ResList::new();
             for n in c.nodes() {
@@ -422,8 +460,8 @@ impl ReplicaState {
                 name: c.name.clone(),
                 kubernetes_version: c.kubernetes_version().map(str::to_string),
                 generation: c.generation(),
-                data_age_seconds: age.map(|a| a.as_secs_f64()),
-                stale: age.is_some_and(|a| a > self.stale_after),
+                data_age_seconds: fresh.data_age_seconds,
+                stale: fresh.stale,
                 nodes: u32::try_from(c.node_count()).unwrap_or(u32::MAX),
                 pods: u32::try_from(c.pod_count()).unwrap_or(u32::MAX),
                 resources,

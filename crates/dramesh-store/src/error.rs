@@ -75,6 +75,20 @@ pub enum StoreError {
         reason: String,
     },
 
+    /// A sync message for a generation more than 30 days ahead of this store's clock
+    /// ([`MAX_FUTURE_GENERATION_MS`](crate::MAX_FUTURE_GENERATION_MS)): generations are
+    /// the writer's wall clock, so its clock runs ahead. Nothing was applied.
+    #[error(
+        "sync message for document {doc}: generation {generation} lies more than 30 days in the \
+         future by this clock (the writer's clock is probably ahead); message refused"
+    )]
+    FutureGeneration {
+        /// The document.
+        doc: DocId,
+        /// The refused generation (the writer's wall clock in milliseconds when it began).
+        generation: u64,
+    },
+
     /// A sync message above [`StoreConfig::max_message_bytes`](crate::StoreConfig::max_message_bytes).
     #[error("sync message for document {doc} is {size} bytes, above the limit of {limit}")]
     MessageTooLarge {

@@ -89,6 +89,10 @@ pub struct StoreConfig {
     pub max_message_bytes: usize,
     /// Largest number of next-generation documents being received at once.
     pub max_pending: usize,
+    /// Milliseconds added to the wall clock wherever the store reads it (new generation
+    /// numbers, the plausibility limit). 0 in production; tests set it to simulate a machine
+    /// whose clock is wrong.
+    pub clock_offset_ms: i64,
 }
 
 impl Default for StoreConfig {
@@ -98,6 +102,7 @@ impl Default for StoreConfig {
             rollover: RolloverPolicy::default(),
             max_message_bytes: 64 * 1024 * 1024,
             max_pending: 10_000,
+            clock_offset_ms: 0,
         }
     }
 }
@@ -241,20 +246,17 @@ pub struct Store {
     compactions: u64,
 }
 
-fn now_millis() -> u64 {
-    SystemTime::now()
+fn wall_millis(offset_ms: i64) -> u64 {
+    let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+        .unwrap_or(0);
+    now.saturating_add_signed(offset_ms)
 }
 
 /// Generations are wall-clock milliseconds; one further ahead than this is not believed (it
 /// would let a peer push a writer's generation counter to its end).
-const MAX_FUTURE_GENERATION_MS: u64 = 30 * 24 * 3600 * 1000;
-
-fn plausible_generation(generation: u64) -> bool {
-    generation <= now_millis().saturating_add(MAX_FUTURE_GENERATION_MS)
-}
+pub const MAX_FUTURE_GENERATION_MS: u64 = 30 * 24 * 3600 * 1000;
 
 /// Refuses a document id the mesh could not name on the wire (see [`DocId::is_valid`]).
 fn check_doc_id(doc: &DocId) -> Result<(), StoreError> {
@@ -474,6 +476,23 @@ fn framed_len(payload: usize) -> u64 {
 }
 
 impl Store {
+    /// The wall clock in milliseconds, with [`StoreConfig::clock_offset_ms`] applied.
+    fn now_millis(&self) -> u64 {
+        wall_millis(self.config.clock_offset_ms)
+    }
+
+    /// Whether `generation` is believable by this store's clock: at most
+    /// [`MAX_FUTURE_GENERATION_MS`] ahead of it. Replicas refuse messages for other
+    /// generations ([`StoreError::FutureGeneration`]); a writer never continues one.
+    pub fn plausible_generation(&self, generation: u64) -> bool {
+        generation <= self.now_millis().saturating_add(MAX_FUTURE_GENERATION_MS)
+    }
+
+    /// Changes [`StoreConfig::clock_offset_ms`] (a clock corrected while running; tests).
+    pub fn set_clock_offset_ms(&mut self, offset_ms: i64) {
+        self.config.clock_offset_ms = offset_ms;
+    }
+
     /// A store without persistence (tests, benchmarks, ephemeral replicas).
     pub fn in_memory(config: StoreConfig) -> Store {
         Store {
@@ -774,7 +793,8 @@ impl Store {
         check_doc_id(doc)?;
         if let Some(e) = self.docs.get(doc) {
             if e.owned {
-                return Ok(e.generation);
+                let generation = e.generation;
+                return Ok(self.recover_generation(doc)?.unwrap_or(generation));
             }
             let min = e.generation.saturating_add(1);
             if let Some(e) = self.docs.get_mut(doc) {
@@ -793,7 +813,7 @@ impl Store {
             .pending
             .get(doc)
             .map_or(0, |p| p.generation.saturating_add(1));
-        let generation = now_millis().max(min_gen).max(1);
+        let generation = self.now_millis().max(min_gen).max(1);
         let fresh = build_fresh(doc, &Automerge::new(), generation)?;
         let (stored, base) =
             self.write_snapshot(doc, generation, true, &persist::pack_snapshot(&fresh), None)?;
@@ -1046,6 +1066,25 @@ impl Store {
         (self.compactions, self.compaction_due.len())
     }
 
+    /// Recovers the writer's own document from a clock fault: when its generation lies more
+    /// than [`MAX_FUTURE_GENERATION_MS`] ahead of this store's clock (it was made while the
+    /// clock ran ahead, and replicas refuse it), rolls over to a generation taken from the
+    /// clock as it is now, keeping every current value (the base of a rollover). Returns the
+    /// new generation, or `None` when the generation is plausible or the document is not
+    /// written here. Replicas holding an older generation take the new one as usual.
+    pub fn recover_generation(&mut self, doc: &DocId) -> Result<Option<u64>, StoreError> {
+        let Some(e) = self.docs.get(doc).filter(|e| e.owned) else {
+            return Ok(None);
+        };
+        if self.plausible_generation(e.generation) {
+            return Ok(None);
+        }
+        let old = e.generation;
+        let generation = self.rollover_to(doc, 0)?;
+        tracing::warn!(doc = %doc, old, generation, "own generation lay more than 30 days ahead of the clock (a clock fault); started a new generation from the clock");
+        Ok(Some(generation))
+    }
+
     /// Rebuilds the writer's document from its current values into a new generation, replacing
     /// the file atomically; returns the new generation.
     pub fn rollover(&mut self, doc: &DocId) -> Result<u64, StoreError> {
@@ -1056,11 +1095,14 @@ impl Store {
         let Some(e) = self.docs.get(doc).filter(|e| e.owned) else {
             return Err(StoreError::NotWriter { doc: doc.clone() });
         };
-        let generation = e
-            .generation
-            .saturating_add(1)
-            .max(min_generation)
-            .max(now_millis());
+        // A generation this clock finds implausible was made by a clock running far ahead
+        // (replicas refuse it); the next one starts from the clock again, below it.
+        let next = if self.plausible_generation(e.generation) {
+            e.generation.saturating_add(1)
+        } else {
+            0
+        };
+        let generation = next.max(min_generation).max(self.now_millis()).max(1);
         let fresh = build_fresh(doc, &e.doc, generation)?;
         let (stored, base) =
             self.write_snapshot(doc, generation, true, &persist::pack_snapshot(&fresh), None)?;
@@ -1184,13 +1226,13 @@ impl Store {
             if e.owned {
                 // A peer holds a newer generation of our own document (we lost our disk and the
                 // clock went back): supersede it.
-                if plausible_generation(generation) {
+                if self.plausible_generation(generation) {
                     self.rollover_to(doc, generation.saturating_add(1))?;
                 }
                 return Ok(None);
             }
         }
-        if !plausible_generation(generation) {
+        if !self.plausible_generation(generation) {
             return Ok(None);
         }
         let p = self.pending_for(doc, generation)?;
@@ -1265,10 +1307,10 @@ impl Store {
         {
             return Ok(Vec::new());
         }
-        if !plausible_generation(generation) {
-            return Err(StoreError::MalformedMessage {
+        if !self.plausible_generation(generation) {
+            return Err(StoreError::FutureGeneration {
                 doc: doc.clone(),
-                reason: format!("generation {generation} lies more than 30 days in the future"),
+                generation,
             });
         }
         let msg = Message::decode(message).map_err(|e| StoreError::MalformedMessage {

@@ -792,7 +792,20 @@ fn implausible_future_generation_is_refused() {
         .store
         .receive_sync_message(&d, u64::MAX, &mut st, &m, &|_| true)
         .unwrap_err();
-    assert!(matches!(err, StoreError::MalformedMessage { .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            StoreError::FutureGeneration {
+                generation: u64::MAX,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("more than 30 days in the future"),
+        "{err}"
+    );
     assert_eq!(
         a.store
             .generate_sync_message(&d, u64::MAX, &mut st)
@@ -800,6 +813,86 @@ fn implausible_future_generation_is_refused() {
         None
     );
     assert_eq!(a.store.entry(&d).unwrap().generation, g);
+}
+
+/// Issue 14 item 8: a writer whose clock ran 300 days ahead wrote a generation replicas
+/// refuse. Reopened with the right clock and the same directory, it starts a new generation
+/// from the clock, keeps every value, and a replica holding the generation from before the
+/// clock fault takes it.
+#[test]
+fn writer_recovers_from_a_clock_that_ran_ahead() {
+    const DAY_MS: i64 = 24 * 3600 * 1000;
+    let d = DocId::new("c1", "agent-n1");
+    let dir = tempfile::tempdir().unwrap();
+    let mut replica = Peer::replica(Store::in_memory(test_config()));
+    // Before the fault: generation g0 reaches the replica.
+    let g0 = {
+        let (mut w, _) = Store::open(dir.path(), test_config()).unwrap();
+        let g0 = w.open_writer(&d).unwrap();
+        w.apply(&d, vec![upsert(node("n1"), "1")]).unwrap();
+        let mut a = Peer {
+            store: w,
+            view: ViewModel::new(),
+            agent_of: Some(d.clone()),
+        };
+        sync_pair(&mut a, &mut replica, 10);
+        assert_eq!(replica.store.entry(&d).unwrap().generation, g0);
+        g0
+    };
+    // The clock jumps 300 days ahead; a rollover (compaction policy, restart after a lost
+    // file, ...) makes a generation from it, and the next write lands there.
+    let ahead = StoreConfig {
+        clock_offset_ms: 300 * DAY_MS,
+        ..test_config()
+    };
+    let g_bad = {
+        let (mut w, _) = Store::open(dir.path(), ahead.clone()).unwrap();
+        assert_eq!(
+            w.open_writer(&d).unwrap(),
+            g0,
+            "plausible by its own (wrong) clock"
+        );
+        let g_bad = w.rollover(&d).unwrap();
+        assert!(g_bad > g0 + 299 * DAY_MS as u64);
+        w.apply(&d, vec![upsert(node("n2"), "2")]).unwrap();
+        let mut st = SyncState::new();
+        let m = w
+            .generate_sync_message(&d, g_bad, &mut st)
+            .unwrap()
+            .unwrap();
+        let err = replica
+            .store
+            .receive_sync_message(&d, g_bad, &mut SyncState::new(), &m, &|_| true)
+            .unwrap_err();
+        assert!(
+            matches!(err, StoreError::FutureGeneration { generation, .. } if generation == g_bad),
+            "{err}"
+        );
+        // Nothing of it reached the replica.
+        assert_eq!(replica.store.entry(&d).unwrap().generation, g0);
+        g_bad
+    };
+    // The clock is fixed; the writer restarts on the same directory.
+    let (mut w, _) = Store::open(dir.path(), test_config()).unwrap();
+    let g1 = w.open_writer(&d).unwrap();
+    assert!(g1 < g_bad && g1 > g0, "{g0} < {g1} < {g_bad}");
+    assert!(w.plausible_generation(g1));
+    assert!(
+        w.get("c1", &node("n2")).is_some(),
+        "values written while ahead are kept"
+    );
+    assert!(w.get("c1", &node("n1")).is_some());
+    // Idempotent: a plausible generation is left alone.
+    assert_eq!(w.recover_generation(&d).unwrap(), None);
+    let mut a = Peer {
+        store: w,
+        view: ViewModel::new(),
+        agent_of: Some(d.clone()),
+    };
+    sync_pair(&mut a, &mut replica, 10);
+    assert_eq!(replica.store.entry(&d).unwrap().generation, g1);
+    assert!(replica.store.get("c1", &node("n2")).is_some());
+    assert_eq!(replica.store.digest(), a.store.digest());
 }
 
 #[test]

@@ -311,6 +311,7 @@ pub(crate) async fn run(serve: bool) -> anyhow::Result<()> {
             stale_after: Duration::from_secs(120),
             estimate_cache_bytes: dramesh_estimator::DEFAULT_CACHE_BYTES,
             protocol: ProtocolConfig::default(),
+            ready_timeout: dramesh_replica::DEFAULT_READY_TIMEOUT,
         })
         .await?;
         replicas.push(r);

@@ -137,6 +137,10 @@ enum Command {
         /// Byte bound of the estimator's result caches (least recently used evicted first).
         #[arg(long, default_value_t = dramesh_estimator::DEFAULT_CACHE_BYTES)]
         estimate_cache_bytes: usize,
+        /// Seconds a restarted replica waits for a peer replica to be reachable before it is
+        /// ready from its disk alone (with a peer, it is ready once their digests matched).
+        #[arg(long, default_value_t = dramesh_replica::DEFAULT_READY_TIMEOUT.as_secs())]
+        ready_timeout: u64,
         /// Chaos testing only: no digest probes (anti-entropy).
         #[arg(long)]
         chaos_disable_anti_entropy: bool,
@@ -378,6 +382,7 @@ fn main() -> ExitCode {
             mesh_ca,
             stale_after,
             estimate_cache_bytes,
+            ready_timeout,
             chaos_disable_anti_entropy,
             chaos_disable_push,
             chaos_disable_peer_exchange,
@@ -426,6 +431,7 @@ fn main() -> ExitCode {
                     stale_after: Duration::from_secs(stale_after),
                     estimate_cache_bytes,
                     protocol,
+                    ready_timeout: Duration::from_secs(ready_timeout),
                 })
                 .await?;
                 shutdown_signal().await;

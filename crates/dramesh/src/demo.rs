@@ -468,10 +468,7 @@ pub(crate) async fn run(serve: bool) -> anyhow::Result<()> {
     for r in replicas {
         stops.spawn(r.shutdown());
     }
-    let _ = tokio::time::timeout(Duration::from_secs(10), async {
-        while stops.join_next().await.is_some() {}
-    })
-    .await;
+    crate::stop_within("demo", async { while stops.join_next().await.is_some() {} }).await;
     println!(
         "\ndemo finished in {:.1} s",
         started.elapsed().as_secs_f64()

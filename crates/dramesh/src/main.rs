@@ -263,6 +263,32 @@ pub(crate) async fn shutdown_signal() {
     }
 }
 
+/// Longest a daemon's graceful stop (API drain, tasks, mesh close) may take after the signal;
+/// what is still running then is dropped, so the process exits within [`SHUTDOWN_LIMIT`].
+const STOP_GRACE: Duration = Duration::from_millis(3500);
+/// Longest the span flush at exit may take.
+const FLUSH_GRACE: Duration = Duration::from_millis(500);
+/// Longest the runtime waits for blocking tasks (a computation in flight) at exit; they stop
+/// at their own deadline, and the process exit ends any that do not.
+const RUNTIME_GRACE: Duration = Duration::from_millis(250);
+/// What the README promises: a daemon exits this soon after SIGTERM or ctrl-c.
+const SHUTDOWN_LIMIT: Duration = Duration::from_secs(5);
+const _: () = assert!(
+    STOP_GRACE.as_millis() + FLUSH_GRACE.as_millis() + RUNTIME_GRACE.as_millis()
+        < SHUTDOWN_LIMIT.as_millis()
+);
+
+/// Runs a daemon's graceful stop for at most [`STOP_GRACE`].
+pub(crate) async fn stop_within(what: &str, stop: impl std::future::Future<Output = ()>) {
+    if tokio::time::timeout(STOP_GRACE, stop).await.is_err() {
+        tracing::warn!(
+            daemon = what,
+            grace = ?STOP_GRACE,
+            "graceful stop did not finish in time; exiting anyway"
+        );
+    }
+}
+
 /// Tracing setup of a daemon: logs to stderr filtered by `RUST_LOG` (default
 /// `default_filter`), spans exported over OTLP when `otlp_endpoint` or
 /// `OTEL_EXPORTER_OTLP_ENDPOINT` names a collector.
@@ -291,18 +317,22 @@ fn daemon(
             code: 1,
             message: format!("cannot start the async runtime: {e}"),
         })?;
-    rt.block_on(async {
+    let r = rt.block_on(async {
         let guard = dramesh_telemetry::init(&telemetry)?;
         if let Some(ep) = guard.otlp_endpoint() {
             tracing::info!(endpoint = ep, "exporting spans over OTLP");
         }
         let r = fut.await;
-        if let Err(e) = guard.shutdown().await {
-            tracing::warn!(error = %e, "flushing spans at exit failed");
+        match tokio::time::timeout(FLUSH_GRACE, guard.shutdown()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "flushing spans at exit failed"),
+            Err(_) => tracing::warn!(grace = ?FLUSH_GRACE, "flushing spans at exit timed out"),
         }
         r
-    })
-    .map_err(|e| Failure {
+    });
+    // Dropping the runtime would wait for every blocking task, however long it runs.
+    rt.shutdown_timeout(RUNTIME_GRACE);
+    r.map_err(|e| Failure {
         code: 1,
         message: format!("{e:#}"),
     })
@@ -424,7 +454,7 @@ fn main() -> ExitCode {
                 })
                 .await?;
                 shutdown_signal().await;
-                r.shutdown().await;
+                stop_within("replica", r.shutdown()).await;
                 Ok(())
             },
         ),
@@ -492,7 +522,7 @@ fn main() -> ExitCode {
                 })
                 .await?;
                 shutdown_signal().await;
-                a.shutdown().await;
+                stop_within("agent", a.shutdown()).await;
                 Ok(())
             },
         ),

@@ -53,6 +53,8 @@ pub struct ReplicaConfig {
     pub stale_after: Duration,
     /// Replication switches and limits of the mesh node.
     pub protocol: ProtocolConfig,
+    /// Limits, deadlines and connection bounds of the HTTP and gRPC APIs.
+    pub api_config: dramesh_api::ApiConfig,
 }
 
 /// A running replica.
@@ -107,7 +109,8 @@ impl Replica {
         let api = ApiState::new(Arc::new(ReplicaBackend {
             state: state.clone(),
         }))
-        .with_metrics(metrics.clone());
+        .with_metrics(metrics.clone())
+        .with_config(config.api_config.clone());
         if non_empty {
             api.set_ready(true);
         }
@@ -135,10 +138,17 @@ impl Replica {
         {
             let router = crate::routes::router(api.clone(), state.clone(), observer.clone());
             let shutdown = stopped(stop_rx.clone());
+            let (limits, metrics) = (api.config.http, api.metrics.clone());
             tasks.spawn(async move {
-                if let Err(e) = axum::serve(dramesh_api::nodelay_listener(http), router)
-                    .with_graceful_shutdown(shutdown)
-                    .await
+                if let Err(e) = dramesh_telemetry::serve_bounded(
+                    http,
+                    router,
+                    dramesh_api::HTTP_API_LISTENER,
+                    limits,
+                    metrics,
+                    shutdown,
+                )
+                .await
                 {
                     tracing::error!(error = %e, "HTTP API failed");
                 }

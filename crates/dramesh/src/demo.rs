@@ -310,6 +310,7 @@ pub(crate) async fn run(serve: bool) -> anyhow::Result<()> {
             data_dir: None,
             stale_after: Duration::from_secs(120),
             protocol: ProtocolConfig::default(),
+            api_config: dramesh_api::ApiConfig::default(),
         })
         .await?;
         replicas.push(r);
@@ -338,6 +339,7 @@ pub(crate) async fn run(serve: bool) -> anyhow::Result<()> {
                 protocol: ProtocolConfig::default(),
                 coalesce: CoalesceConfig::default(),
                 metrics: None,
+                http: Default::default(),
             })
             .await?,
         );

@@ -6,6 +6,7 @@
 mod allocate;
 mod certs;
 mod demo;
+mod fds;
 mod plan;
 mod table;
 
@@ -143,6 +144,8 @@ enum Command {
         /// Chaos testing only: no PeerExchange, so agents know only the replicas they dial.
         #[arg(long, hide = true)]
         chaos_disable_peer_exchange: bool,
+        #[command(flatten)]
+        limits: ApiLimitArgs,
         /// OTLP/gRPC collector for spans (http://host:4317); default $OTEL_EXPORTER_OTLP_ENDPOINT, else no export.
         #[arg(long)]
         otlp_endpoint: Option<String>,
@@ -190,6 +193,12 @@ enum Command {
         /// Serve Prometheus /metrics on this TCP address (the agent has no other HTTP listener).
         #[arg(long)]
         metrics: Option<String>,
+        /// Open connections of the --metrics listener at most (see README, "Bounds").
+        #[arg(long, default_value_t = 64)]
+        max_http_connections: usize,
+        /// Seconds a client has to send a request's headers; also the keep-alive idle timeout.
+        #[arg(long, default_value_t = 10)]
+        header_timeout: u64,
         /// OTLP/gRPC collector for spans (http://host:4317); default $OTEL_EXPORTER_OTLP_ENDPOINT, else no export.
         #[arg(long)]
         otlp_endpoint: Option<String>,
@@ -203,6 +212,56 @@ enum Command {
         #[arg(long)]
         otlp_endpoint: Option<String>,
     },
+}
+
+/// Bounds of a replica's API listeners (README, "Bounds and timeouts").
+#[derive(clap::Args, Clone, Copy, Debug)]
+struct ApiLimitArgs {
+    /// Open connections of the HTTP API at most; lowered to fit the descriptor limit.
+    #[arg(long, default_value_t = 512)]
+    max_http_connections: usize,
+    /// Open connections of the gRPC API at most; lowered to fit the descriptor limit.
+    #[arg(long, default_value_t = 512)]
+    max_grpc_connections: usize,
+    /// Seconds a client has to send a request's headers (HTTP) or the HTTP/2 preface (gRPC);
+    /// also how long an idle HTTP keep-alive connection stays open.
+    #[arg(long, default_value_t = 10)]
+    header_timeout: u64,
+    /// Seconds one native API call (estimate, place, preempt, reservations) may compute.
+    #[arg(long, default_value_t = 10)]
+    request_timeout: u64,
+}
+
+impl ApiLimitArgs {
+    /// The API configuration, with connection caps fitted under the descriptor limit
+    /// `nofile` (raised at start), leaving the reserve of [`fds::api_cap`].
+    fn config(self, nofile: Option<u64>) -> dramesh_api::ApiConfig {
+        let header = Duration::from_secs(self.header_timeout.max(1));
+        let http = fds::api_cap(nofile, 2, self.max_http_connections);
+        let grpc = fds::api_cap(nofile, 2, self.max_grpc_connections);
+        if http < self.max_http_connections || grpc < self.max_grpc_connections {
+            tracing::warn!(
+                nofile,
+                http,
+                grpc,
+                "API connection caps lowered to keep a descriptor reserve for the store and the mesh"
+            );
+        }
+        let d = dramesh_api::ApiConfig::default();
+        dramesh_api::ApiConfig {
+            request_timeout: Duration::from_secs(self.request_timeout.max(1)),
+            http: dramesh_telemetry::HttpLimits {
+                max_connections: http,
+                header_timeout: header,
+            },
+            grpc: dramesh_api::GrpcLimits {
+                max_connections: grpc,
+                preface_timeout: header,
+                ..d.grpc
+            },
+            ..d
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -407,6 +466,7 @@ fn main() -> ExitCode {
             chaos_disable_anti_entropy,
             chaos_disable_push,
             chaos_disable_peer_exchange,
+            limits,
             otlp_endpoint,
         } => daemon(
             telemetry(
@@ -451,6 +511,7 @@ fn main() -> ExitCode {
                     data_dir: Some(data_dir),
                     stale_after: Duration::from_secs(stale_after),
                     protocol,
+                    api_config: limits.config(fds::raise_nofile()),
                 })
                 .await?;
                 shutdown_signal().await;
@@ -474,6 +535,8 @@ fn main() -> ExitCode {
             mesh_key,
             mesh_ca,
             metrics,
+            max_http_connections,
+            header_timeout,
             otlp_endpoint,
         } => daemon(
             telemetry(
@@ -519,6 +582,10 @@ fn main() -> ExitCode {
                     protocol: dramesh_mesh::protocol::ProtocolConfig::default(),
                     coalesce: dramesh_agent::CoalesceConfig::default(),
                     metrics: metrics.map(|m| resolve(&m, "--metrics")).transpose()?,
+                    http: dramesh_telemetry::HttpLimits {
+                        max_connections: fds::api_cap(fds::raise_nofile(), 1, max_http_connections),
+                        header_timeout: Duration::from_secs(header_timeout.max(1)),
+                    },
                 })
                 .await?;
                 shutdown_signal().await;

@@ -1,5 +1,7 @@
-//! Daemons stop within 5 s of SIGTERM whatever is in flight (issue 14 item 2): a request whose
-//! body is still arriving, an idle keep-alive connection, a gRPC connection.
+//! Serving bounds of the daemon processes (issue 14 items 2 and 4): they stop within 5 s of
+//! SIGTERM whatever is in flight (a request whose body is still arriving, an idle keep-alive
+//! connection, a gRPC connection, a frozen peer), and idle connections beyond the replica's
+//! connection cap do not stop `/healthz` answering.
 
 mod common;
 
@@ -141,4 +143,46 @@ fn agent_exits_within_5s_of_sigterm_while_its_replica_is_frozen() {
         took <= SHUTDOWN_LIMIT,
         "agent took {took:?} to exit after SIGTERM (limit {SHUTDOWN_LIMIT:?})"
     );
+}
+
+#[test]
+fn replica_healthz_answers_with_idle_connections_beyond_its_cap() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let certs = tmp.path().join("certs");
+    make_certs(&certs, &["r1"], &[]);
+    let at = ReplicaListen::free();
+    let mut procs = Procs::default();
+    procs.0.push(spawn_replica_with(
+        tmp.path(),
+        &certs,
+        "r1",
+        &at,
+        &[],
+        &["--max-http-connections", "16", "--header-timeout", "60"],
+    ));
+    wait_for("replica /healthz", Duration::from_secs(30), || {
+        healthy(at.http).then_some(())
+    });
+    let idle: Vec<TcpStream> = (0..100)
+        .map(|_| TcpStream::connect(at.http).expect("connect"))
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let start = Instant::now();
+    assert!(
+        healthy(at.http),
+        "/healthz refused with 100 idle connections open"
+    );
+    assert!(start.elapsed() < Duration::from_secs(2));
+    let (code, text) = try_request(at.http, "GET", "/metrics", "").expect("metrics");
+    assert_eq!(code, 200);
+    let evicted = text
+        .lines()
+        .find(|l| {
+            l.starts_with("dramesh_http_connections_closed_total{")
+                && l.contains("reason=\"evicted_idle\"")
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert!(evicted >= 80.0, "evicted {evicted}:\n{text}");
+    drop(idle);
 }

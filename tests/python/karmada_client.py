@@ -14,7 +14,9 @@ messages, as Karmada produces them with gogo's Marshal(). Exits 0 only if every 
 --expected; with --unknown-cluster, also checks that an unknown cluster is answered with 0
 rather than an error.
 
-Example (against the fake estimator, whose member-1 fits 32 such replicas):
+tests/python/run_interop.sh runs it against a real replica (`dramesh demo --serve`), with the
+expected answer computed offline by `dramesh estimate` on the same fleet. Example against the
+fake estimator, whose member-1 fits 32 replicas of the default requirements:
   cargo run -p dramesh-api --example fake_estimator -- 127.0.0.1:10352 &
   python3 tests/python/karmada_client.py --address 127.0.0.1:10352 --cluster member-1 --expected 32
 """
@@ -54,9 +56,14 @@ def build_requests(pb, core, res, args):
     requests = {"cpu": args.cpu, "memory": args.memory}
     affinity = core.NodeSelector()
     term = affinity.nodeSelectorTerms.add()
-    term.matchExpressions.add(key="gpu", operator="In", values=["h100"])
-    tolerations = [core.Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")]
-    node_selector = {"zone": "a"}
+    if args.affinity_exists:
+        term.matchExpressions.add(key=args.affinity_exists, operator="Exists")
+    else:
+        key, _, values = args.affinity.partition("=")
+        term.matchExpressions.add(key=key, operator="In", values=values.split(","))
+    tolerations = [core.Toleration(key=args.toleration, operator="Exists", effect="NoSchedule")]
+    key, _, value = args.node_selector.partition("=")
+    node_selector = {key: value}
 
     def request(legacy, as_bytes):
         claim = pb.NodeClaim(nodeSelector=node_selector)
@@ -80,15 +87,25 @@ def build_requests(pb, core, res, args):
     }
 
 
-def main():
+def default_proto_root():
     here = os.path.dirname(os.path.abspath(__file__))
-    default_root = os.path.normpath(os.path.join(here, "..", "..", "proto", "karmada"))
+    return os.path.normpath(os.path.join(here, "..", "..", "proto", "karmada"))
+
+
+def main():
+    default_root = default_proto_root()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--address", required=True, help="host:port of the estimator gRPC server")
     p.add_argument("--cluster", required=True, help="member cluster to ask about")
     p.add_argument("--expected", required=True, type=int, help="the answer every request style must get")
     p.add_argument("--cpu", default="500m")
     p.add_argument("--memory", default="1Gi")
+    p.add_argument("--node-selector", default="zone=a", help="KEY=VALUE of the nodeSelector")
+    p.add_argument("--affinity", default="gpu=h100",
+                   help="KEY=V1,V2: one required node affinity term, KEY In (V1, V2)")
+    p.add_argument("--affinity-exists", default="",
+                   help="KEY: the affinity term is KEY Exists instead of --affinity")
+    p.add_argument("--toleration", default="nvidia.com/gpu", help="KEY tolerated (Exists, NoSchedule)")
     p.add_argument("--unknown-cluster", default="no-such-cluster",
                    help="also ask about this cluster and require 0 (empty string to skip)")
     p.add_argument("--proto-root", default=default_root)

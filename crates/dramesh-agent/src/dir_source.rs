@@ -10,7 +10,9 @@
 //! A file that fails to load (half-written, invalid YAML, an unknown field) is reported with
 //! `tracing::warn!` and its previously loaded objects are KEPT: a broken save must not
 //! delete state. Removing the file deletes its objects. A folder that cannot be listed keeps
-//! everything as well.
+//! everything as well. A listed file that cannot be examined (a symlink loop or a dangling
+//! link named `*.yaml`, no permission) is reported by path and reason once, until its error
+//! changes or it reads again; reads never follow a loop, so nothing hangs.
 //!
 //! Objects are published as loaded (not trimmed), so unbound pods appear with their full
 //! status, including the `PodScheduled` condition the unschedulable-replica count reads.
@@ -62,6 +64,8 @@ struct FileState {
 pub struct DirState {
     files: BTreeMap<PathBuf, FileState>,
     last_poll: Option<SystemTime>,
+    /// Files that could not be examined, with the error last reported for each.
+    unreadable: BTreeMap<PathBuf, String>,
 }
 
 type Objects = Vec<(ObjectKey, Arc<[u8]>)>;
@@ -90,6 +94,7 @@ impl DirState {
         match load::manifest_files(dir) {
             Ok(paths) => {
                 self.files.retain(|p, _| paths.contains(p));
+                self.unreadable.retain(|p, _| paths.contains(p));
                 for p in paths {
                     self.poll_file(&p);
                 }
@@ -108,11 +113,33 @@ impl DirState {
         out
     }
 
+    /// Listed files that could not be examined, with why (e.g. a symlink loop).
+    pub fn unreadable(&self) -> impl Iterator<Item = (&Path, &str)> {
+        self.unreadable
+            .iter()
+            .map(|(p, e)| (p.as_path(), e.as_str()))
+    }
+
     fn poll_file(&mut self, path: &Path) {
         let meta = match std::fs::metadata(path) {
-            Ok(m) => m,
+            Ok(m) => {
+                self.unreadable.remove(path);
+                m
+            }
             // Gone between listing and reading: the next listing drops it.
-            Err(_) => return,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !is_symlink(path) => return,
+            Err(e) => {
+                let why = if is_symlink(path) {
+                    format!("symbolic link cannot be followed: {e}")
+                } else {
+                    e.to_string()
+                };
+                if self.unreadable.get(path) != Some(&why) {
+                    tracing::warn!(file = %path.display(), error = %why, "cannot examine manifest file; keeping its previous objects");
+                    self.unreadable.insert(path.to_path_buf(), why);
+                }
+                return;
+            }
         };
         let mtime = meta.modified().ok();
         let prev = self.files.get(path);
@@ -179,6 +206,10 @@ impl DirState {
             }
         }
     }
+}
+
+fn is_symlink(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
 }
 
 /// Polls `dir` until `tx` is closed. The first event is a snapshot of the folder; later
@@ -262,6 +293,39 @@ mod tests {
         assert_eq!(names(&s.poll(dir.path())), ["a"]);
         std::fs::remove_file(&f).unwrap();
         assert!(s.poll(dir.path()).is_empty());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn symlink_loops_are_reported_by_path_and_do_not_hang() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.yaml"), NODE_A).unwrap();
+        // A link to itself, and two links to each other.
+        std::os::unix::fs::symlink("self.yaml", dir.path().join("self.yaml")).unwrap();
+        std::os::unix::fs::symlink("y.yaml", dir.path().join("x.yaml")).unwrap();
+        std::os::unix::fs::symlink("x.yaml", dir.path().join("y.yaml")).unwrap();
+        // A link to the folder itself: not a manifest, never descended into.
+        std::os::unix::fs::symlink(".", dir.path().join("again")).unwrap();
+        let mut st = DirState::default();
+        assert_eq!(names(&st.poll(dir.path())), vec!["a"]);
+        let bad: Vec<(String, String)> = st
+            .unreadable()
+            .map(|(p, e)| {
+                (
+                    p.file_name().unwrap().to_string_lossy().into_owned(),
+                    e.to_string(),
+                )
+            })
+            .collect();
+        let files: Vec<&str> = bad.iter().map(|(f, _)| f.as_str()).collect();
+        assert_eq!(files, vec!["self.yaml", "x.yaml", "y.yaml"]);
+        for (f, e) in &bad {
+            assert!(e.contains("symbolic link"), "{f}: {e}");
+        }
+        // Fixing one clears it; the others stay reported.
+        std::fs::remove_file(dir.path().join("self.yaml")).unwrap();
+        st.poll(dir.path());
+        assert_eq!(st.unreadable().count(), 2);
     }
 
     #[test]

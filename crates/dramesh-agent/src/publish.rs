@@ -87,6 +87,8 @@ pub struct AgentConfig {
     pub coalesce: CoalesceConfig,
     /// TCP address to serve Prometheus `GET /metrics` on; `None` serves nothing.
     pub metrics: Option<SocketAddr>,
+    /// Bounds of the metrics listener (connections, header and idle timeout).
+    pub http: dramesh_telemetry::HttpLimits,
 }
 
 /// A running agent.
@@ -243,10 +245,12 @@ impl Agent {
                     .route(dramesh_telemetry::METRICS_PATH, axum::routing::get(scrape))
                     .with_state(observer.clone());
                 let shutdown = stopped(stop_rx.clone());
+                let (limits, metrics) = (config.http, observer.metrics.clone());
                 tasks.spawn(async move {
-                    if let Err(e) = axum::serve(listener, router)
-                        .with_graceful_shutdown(shutdown)
-                        .await
+                    if let Err(e) = dramesh_telemetry::serve_bounded(
+                        listener, router, "agent", limits, metrics, shutdown,
+                    )
+                    .await
                     {
                         tracing::error!(error = %e, "metrics listener failed");
                     }

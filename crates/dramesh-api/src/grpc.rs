@@ -349,11 +349,17 @@ where
     }
     // The server-side timeout backs up the per-call timeouts for the wire part of a request.
     let wire_timeout = state.config.request_timeout + std::time::Duration::from_secs(5);
+    let limits = state.config.grpc;
     tonic::transport::Server::builder()
         .timeout(wire_timeout)
+        .http2_keepalive_interval(Some(limits.keepalive_interval))
+        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
         .add_service(karmada_service(&state))
         .add_service(native_service(&state))
-        .serve_with_incoming_shutdown(crate::server::nodelay_incoming(listener), shutdown)
+        .serve_with_incoming_shutdown(
+            crate::server::GrpcIncoming::new(listener, limits, state.metrics.clone()),
+            shutdown,
+        )
         .await?;
     Ok(())
 }

@@ -248,11 +248,16 @@ where
     if let Ok(a) = listener.local_addr() {
         tracing::info!(addr = %a, "HTTP API listening");
     }
-    axum::serve(
-        crate::server::nodelay_listener(listener),
+    let limits = state.config.http;
+    let metrics = state.metrics.clone();
+    dramesh_telemetry::serve_bounded(
+        listener,
         http_router(state),
+        crate::server::HTTP_API_LISTENER,
+        limits,
+        metrics,
+        shutdown,
     )
-    .with_graceful_shutdown(shutdown)
     .await
     .map_err(ServeError::Http)
 }

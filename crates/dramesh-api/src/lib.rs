@@ -34,4 +34,4 @@ pub use convert::FreshnessMap;
 pub use grpc::{KARMADA_ESTIMATOR_PORT, serve_grpc, serve_grpc_on};
 pub use http::{http_router, serve_http, serve_http_on};
 pub use metrics::{Method, MethodCounts, Metrics, ZeroReason};
-pub use server::{ApiConfig, ApiState, ServeError, nodelay_listener};
+pub use server::{ApiConfig, ApiState, GrpcLimits, HTTP_API_LISTENER, ServeError};

@@ -26,6 +26,10 @@ pub struct ApiConfig {
     /// 2.5 s, below karmada-scheduler's default `--scheduler-estimator-timeout` of 3 s, so a
     /// slow cluster gets 0 instead of failing the whole fan-out.
     pub karmada_timeout: Duration,
+    /// Bounds of the HTTP listener (connections, header and idle timeout).
+    pub http: dramesh_telemetry::HttpLimits,
+    /// Bounds of the gRPC listener (connections, preface timeout, keepalive).
+    pub grpc: GrpcLimits,
 }
 
 impl Default for ApiConfig {
@@ -34,6 +38,8 @@ impl Default for ApiConfig {
             max_request_bytes: 4 * 1024 * 1024,
             request_timeout: Duration::from_secs(10),
             karmada_timeout: Duration::from_millis(2500),
+            http: dramesh_telemetry::HttpLimits::default(),
+            grpc: GrpcLimits::default(),
         }
     }
 }
@@ -264,64 +270,202 @@ pub enum ServeError {
     Http(#[source] std::io::Error),
 }
 
+/// The HTTP listener's name in connection metrics (`listener` label).
+pub const HTTP_API_LISTENER: &str = "api";
+
 pub(crate) async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, ServeError> {
     tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| ServeError::Bind { addr, source })
 }
 
-/// Sets TCP_NODELAY on an accepted API connection. Answers are small writes; with Nagle's
-/// algorithm a reply can wait for the client's delayed ACK (about 40 ms) before it is sent.
-fn no_delay(stream: &tokio::net::TcpStream) {
-    if let Err(e) = stream.set_nodelay(true) {
-        tracing::debug!(error = %e, "cannot set TCP_NODELAY on an accepted connection");
+/// Bounds of the gRPC listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrpcLimits {
+    /// Open connections at most; a connection accepted beyond it is closed at once (and
+    /// counted in `dramesh_grpc_connections_refused_total`). gRPC clients such as
+    /// karmada-scheduler keep one long-lived connection per server, so this is a cap on
+    /// clients, not on calls. Default 512.
+    pub max_connections: usize,
+    /// A new connection must send the HTTP/2 preface within this time, or it is closed.
+    /// Default 10 s.
+    pub preface_timeout: Duration,
+    /// HTTP/2 PING interval on an open connection; a peer that does not answer within
+    /// [`GrpcLimits::keepalive_timeout`] is disconnected. Default 30 s.
+    pub keepalive_interval: Duration,
+    /// See [`GrpcLimits::keepalive_interval`]. Default 10 s.
+    pub keepalive_timeout: Duration,
+}
+
+impl Default for GrpcLimits {
+    fn default() -> Self {
+        GrpcLimits {
+            max_connections: 512,
+            preface_timeout: Duration::from_secs(10),
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(10),
+        }
     }
 }
 
-/// `listener` for `axum::serve`, setting TCP_NODELAY on every accepted connection.
-pub fn nodelay_listener(
+/// The HTTP/2 client preface every gRPC connection starts with, in bytes.
+const H2_PREFACE_LEN: u64 = 24;
+
+/// An accepted gRPC connection: holds its place under the cap while open, and fails reads
+/// when the HTTP/2 preface has not arrived within the preface timeout.
+pub(crate) struct GrpcConn {
+    io: tokio::net::TcpStream,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    metrics: Arc<Metrics>,
+    preface_left: u64,
+    preface_deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl Drop for GrpcConn {
+    fn drop(&mut self) {
+        self.metrics.grpc_connections.dec();
+    }
+}
+
+impl tokio::io::AsyncRead for GrpcConn {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::task::Poll;
+        let this = &mut *self;
+        if this.preface_left > 0 && this.preface_deadline.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no HTTP/2 preface within the preface timeout",
+            )));
+        }
+        let before = buf.filled().len();
+        let r = std::pin::Pin::new(&mut this.io).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = &r {
+            let n = (buf.filled().len() - before) as u64;
+            this.preface_left = this.preface_left.saturating_sub(n);
+        }
+        r
+    }
+}
+
+impl tokio::io::AsyncWrite for GrpcConn {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+impl tonic::transport::server::Connected for GrpcConn {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
+/// Accepted connections of a listener for tonic's `serve_with_incoming*`: TCP_NODELAY set
+/// (tonic's own `tcp_nodelay` applies only to listeners it binds itself), at most
+/// `limits.max_connections` open, each bound by the preface timeout. Accept errors are logged
+/// and retried after 50 ms, so a persistent one (no descriptors left) neither spins nor stops
+/// the server.
+pub(crate) struct GrpcIncoming {
     listener: tokio::net::TcpListener,
-) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = SocketAddr> {
-    use axum::serve::ListenerExt;
-    listener.tap_io(|s| no_delay(s))
+    limits: GrpcLimits,
+    slots: Arc<tokio::sync::Semaphore>,
+    metrics: Arc<Metrics>,
+    backoff: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
 }
 
-/// Accepted connections of `listener` for tonic's `serve_with_incoming*`, with TCP_NODELAY
-/// set (tonic's own `tcp_nodelay` applies only to listeners it binds itself).
-pub(crate) fn nodelay_incoming(
-    listener: tokio::net::TcpListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    use tokio_stream::StreamExt;
-    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|r| r.inspect(no_delay))
+impl GrpcIncoming {
+    pub(crate) fn new(
+        listener: tokio::net::TcpListener,
+        limits: GrpcLimits,
+        metrics: Arc<Metrics>,
+    ) -> GrpcIncoming {
+        GrpcIncoming {
+            listener,
+            slots: Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1))),
+            limits,
+            metrics,
+            backoff: None,
+        }
+    }
 }
 
-#[cfg(test)]
-mod accept_tests {
-    use super::*;
+impl tokio_stream::Stream for GrpcIncoming {
+    type Item = std::io::Result<GrpcConn>;
 
-    async fn pair() -> (tokio::net::TcpListener, SocketAddr) {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let a = l.local_addr().unwrap();
-        (l, a)
-    }
-
-    #[tokio::test]
-    async fn grpc_accepts_set_nodelay() {
-        use tokio_stream::StreamExt;
-        let (l, a) = pair().await;
-        let mut incoming = Box::pin(nodelay_incoming(l));
-        let _client = tokio::net::TcpStream::connect(a).await.unwrap();
-        let server = incoming.next().await.unwrap().unwrap();
-        assert!(server.nodelay().unwrap());
-    }
-
-    #[tokio::test]
-    async fn http_accepts_set_nodelay() {
-        use axum::serve::Listener;
-        let (l, a) = pair().await;
-        let mut l = nodelay_listener(l);
-        let _client = tokio::net::TcpStream::connect(a).await.unwrap();
-        let (server, _) = l.accept().await;
-        assert!(server.nodelay().unwrap());
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        let this = &mut *self;
+        loop {
+            if let Some(b) = &mut this.backoff {
+                if b.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                this.backoff = None;
+            }
+            let stream = match this.listener.poll_accept(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok((s, _))) => s,
+                Poll::Ready(Err(e)) => {
+                    tracing::warn!(error = %e, "gRPC accept failed");
+                    this.backoff = Some(Box::pin(tokio::time::sleep(Duration::from_millis(50))));
+                    continue;
+                }
+            };
+            let Ok(permit) = this.slots.clone().try_acquire_owned() else {
+                this.metrics.grpc_connections_refused_total.inc();
+                tracing::debug!(
+                    max = this.limits.max_connections,
+                    "gRPC connection refused: connection cap reached"
+                );
+                continue;
+            };
+            dramesh_telemetry::http::no_delay(&stream);
+            this.metrics.grpc_connections.inc();
+            return Poll::Ready(Some(Ok(GrpcConn {
+                io: stream,
+                _permit: permit,
+                metrics: this.metrics.clone(),
+                preface_left: H2_PREFACE_LEN,
+                preface_deadline: Box::pin(tokio::time::sleep(this.limits.preface_timeout)),
+            })));
+        }
     }
 }

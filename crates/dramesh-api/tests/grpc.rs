@@ -659,3 +659,75 @@ async fn undecodable_bodies_are_invalid_argument() {
     }
     srv.stop().await;
 }
+
+/// Reads until the server closes the connection; `true` if it did within `limit`.
+async fn server_closes(s: &mut tokio::net::TcpStream, limit: std::time::Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 1024];
+    let until = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(until, s.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+#[tokio::test]
+async fn connections_beyond_the_grpc_cap_are_closed_and_counted() {
+    use std::time::Duration;
+    let state = demo_state().with_config(ApiConfig {
+        grpc: dramesh_api::GrpcLimits {
+            max_connections: 2,
+            ..Default::default()
+        },
+        ..ApiConfig::default()
+    });
+    let srv = start_grpc(state).await;
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(tokio::net::TcpStream::connect(srv.addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut extra = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
+    assert!(
+        server_closes(&mut extra, Duration::from_secs(2)).await,
+        "a third connection over a cap of 2 stayed open"
+    );
+    assert_eq!(srv.state.metrics.grpc_connections_refused_total.get(), 1);
+    assert_eq!(srv.state.metrics.grpc_connections.get(), 2.0);
+    // Closing one makes room again: a real client gets an answer.
+    drop(held.pop());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut c = EstimatorClient::new(channel(srv.addr).await);
+    let r = c
+        .max_available_replicas(member1_query().to_proto(WireStyle::V119))
+        .await
+        .expect("answer once a slot is free");
+    assert_eq!(r.into_inner().max_replicas, 32);
+    drop((held, c));
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn a_grpc_connection_without_a_preface_is_closed_after_the_preface_timeout() {
+    use std::time::Duration;
+    use tokio::io::AsyncWriteExt;
+    let state = demo_state().with_config(ApiConfig {
+        grpc: dramesh_api::GrpcLimits {
+            preface_timeout: Duration::from_millis(300),
+            ..Default::default()
+        },
+        ..ApiConfig::default()
+    });
+    let srv = start_grpc(state).await;
+    let mut silent = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
+    let mut partial = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
+    partial.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    assert!(server_closes(&mut silent, Duration::from_secs(3)).await);
+    assert!(server_closes(&mut partial, Duration::from_secs(3)).await);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(srv.state.metrics.grpc_connections.get(), 0.0);
+    srv.stop().await;
+}

@@ -1,6 +1,6 @@
 //! What the agent and the replica daemons share around a mesh node: opening their store
 //! (reporting what was dropped), a stop signal watched by their tasks, and one shutdown order
-//! (signal, drain the tasks for at most 5 s, then the mesh node).
+//! (signal, drain the tasks for at most [`DRAIN_LIMIT`], then the mesh node).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -45,15 +45,16 @@ pub async fn stopped(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|v| *v).await;
 }
 
-/// Signals stop, waits up to 5 s for the tasks to finish (then aborts the rest), and shuts the
-/// mesh node down if no task still holds it.
+/// Longest [`shutdown`] waits for a daemon's tasks before aborting them. Short, so that with
+/// the mesh's own close the whole stop fits the binary's 5 s shutdown bound.
+pub const DRAIN_LIMIT: Duration = Duration::from_secs(2);
+
+/// Signals stop, waits up to [`DRAIN_LIMIT`] for the tasks to finish (then aborts the rest),
+/// and shuts the mesh node down if no task still holds it.
 pub async fn shutdown(stop: &watch::Sender<bool>, tasks: &mut JoinSet<()>, mesh: Arc<MeshHandle>) {
     let _ = stop.send(true);
     let drain = async { while tasks.join_next().await.is_some() {} };
-    if tokio::time::timeout(Duration::from_secs(5), drain)
-        .await
-        .is_err()
-    {
+    if tokio::time::timeout(DRAIN_LIMIT, drain).await.is_err() {
         tasks.abort_all();
     }
     match Arc::try_unwrap(mesh) {

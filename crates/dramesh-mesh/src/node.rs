@@ -143,6 +143,9 @@ pub struct TransportCounters {
     pub handshake_failures: u64,
     /// Dial attempts that failed.
     pub dial_failures: u64,
+    /// Dialed connections that ended in a TLS alert: a peer refused our certificate, or we
+    /// refused theirs (logged once per peer address per minute, naming the alert).
+    pub certificate_refusals: u64,
     /// Connections closed because the certificate carried no valid identity.
     pub identity_rejections: u64,
     /// Frames dropped because a peer's outbound budget was exhausted.
@@ -161,6 +164,7 @@ pub struct TransportCounters {
 struct AtomicTransportCounters {
     handshake_failures: AtomicU64,
     dial_failures: AtomicU64,
+    certificate_refusals: AtomicU64,
     identity_rejections: AtomicU64,
     frames_dropped: AtomicU64,
     duplicate_connections: AtomicU64,
@@ -175,6 +179,7 @@ impl AtomicTransportCounters {
         TransportCounters {
             handshake_failures: l(&self.handshake_failures),
             dial_failures: l(&self.dial_failures),
+            certificate_refusals: l(&self.certificate_refusals),
             identity_rejections: l(&self.identity_rejections),
             frames_dropped: l(&self.frames_dropped),
             duplicate_connections: l(&self.duplicate_connections),
@@ -925,9 +930,13 @@ async fn dial_manager(ctx: Ctx, seeds: Vec<SocketAddr>, own_addr: SocketAddr) {
     loops.abort_all();
 }
 
+/// How often a dial loop logs that a certificate was refused on its address.
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(60);
+
 /// Keeps a connection to `addr` up: dial, run, and redial with backoff and jitter.
 async fn dial_loop(ctx: Ctx, addr: SocketAddr, mut target: Option<PeerIdentity>) {
     let mut backoff = ctx.transport.backoff_min;
+    let mut refusal_logged: Option<Instant> = None;
     loop {
         if ctx.shared.closing.load(Ordering::Relaxed) {
             return;
@@ -940,13 +949,16 @@ async fn dial_loop(ctx: Ctx, addr: SocketAddr, mut target: Option<PeerIdentity>)
             continue;
         }
         let started = Instant::now();
-        match dial_once(&ctx, addr).await {
+        // TLS 1.3 clients finish their handshake before the server checks their certificate,
+        // so a refusal shows either as a failed dial or as the close of a fresh connection.
+        let ended = match dial_once(&ctx, addr).await {
             Ok((connection, identity, send, recv)) => {
                 target = Some(identity.clone());
-                run_connection(&ctx, connection, identity, true, send, recv).await;
+                run_connection(&ctx, connection.clone(), identity, true, send, recv).await;
                 if started.elapsed() > Duration::from_secs(5) {
                     backoff = ctx.transport.backoff_min;
                 }
+                connection.close_reason()
             }
             Err(e) => {
                 ctx.shared
@@ -954,12 +966,83 @@ async fn dial_loop(ctx: Ctx, addr: SocketAddr, mut target: Option<PeerIdentity>)
                     .dial_failures
                     .fetch_add(1, Ordering::Relaxed);
                 debug!(%addr, error = %e, "dial failed");
+                match e {
+                    DialError::Connection(c) => Some(c),
+                    DialError::Other(_) => None,
+                }
+            }
+        };
+        if let Some(why) = ended.as_ref().and_then(certificate_refusal) {
+            ctx.shared
+                .transport
+                .certificate_refusals
+                .fetch_add(1, Ordering::Relaxed);
+            if refusal_logged.is_none_or(|t| t.elapsed() >= REFUSAL_LOG_EVERY) {
+                refusal_logged = Some(Instant::now());
+                let peer = target
+                    .as_ref()
+                    .map_or_else(|| "unknown identity".to_string(), ToString::to_string);
+                warn!(%addr, %peer, reason = %why, "mesh certificate refused; retrying (logged at most once a minute per peer)");
             }
         }
         let jitter: f64 = rand::rng().random_range(0.5..1.5);
         tokio::time::sleep(backoff.mul_f64(jitter)).await;
         backoff = (backoff * 2).min(ctx.transport.backoff_max);
     }
+}
+
+/// Why a dial failed.
+enum DialError {
+    /// The QUIC connection failed (handshake, TLS, timeout).
+    Connection(quinn::ConnectionError),
+    /// Anything else (no route, refused identity, ...).
+    Other(String),
+}
+
+impl std::fmt::Display for DialError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DialError::Connection(e) => write!(f, "{e}"),
+            DialError::Other(e) => f.write_str(e),
+        }
+    }
+}
+
+/// The certificate refusal a connection ended with, if it ended in a TLS alert (carried as a
+/// QUIC crypto error, codes 0x100-0x1ff): who refused, the alert, and the peer's reason text.
+pub(crate) fn certificate_refusal(e: &quinn::ConnectionError) -> Option<String> {
+    let (code, by, detail) = match e {
+        quinn::ConnectionError::ConnectionClosed(c) => (
+            u64::from(c.error_code),
+            "the peer refused this node's certificate",
+            String::from_utf8_lossy(&c.reason).into_owned(),
+        ),
+        quinn::ConnectionError::TransportError(t) => (
+            u64::from(t.code),
+            "this node refused the peer's certificate",
+            t.reason.clone(),
+        ),
+        _ => return None,
+    };
+    if !(0x100..0x200).contains(&code) {
+        return None;
+    }
+    let alert = match code & 0xff {
+        42 => "bad_certificate",
+        43 => "unsupported_certificate",
+        44 => "certificate_revoked",
+        45 => "certificate_expired",
+        46 => "certificate_unknown",
+        48 => "unknown_ca",
+        49 => "access_denied",
+        116 => "certificate_required",
+        _ => return None,
+    };
+    Some(if detail.is_empty() {
+        format!("{by}: TLS alert {alert}")
+    } else {
+        format!("{by}: TLS alert {alert} ({detail})")
+    })
 }
 
 type Dialed = (
@@ -969,17 +1052,18 @@ type Dialed = (
     quinn::RecvStream,
 );
 
-async fn dial_once(ctx: &Ctx, addr: SocketAddr) -> Result<Dialed, String> {
+async fn dial_once(ctx: &Ctx, addr: SocketAddr) -> Result<Dialed, DialError> {
     let connecting = ctx
         .endpoint
         .connect(addr, MESH_SERVER_NAME)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| DialError::Other(e.to_string()))?;
     let connection = tokio::time::timeout(ctx.transport.connect_timeout, connecting)
         .await
-        .map_err(|_| "handshake timed out".to_string())?
-        .map_err(|e| e.to_string())?;
-    let identity = check_identity(ctx, &connection).ok_or("peer identity refused")?;
+        .map_err(|_| DialError::Other("handshake timed out".to_string()))?
+        .map_err(DialError::Connection)?;
+    let identity = check_identity(ctx, &connection)
+        .ok_or_else(|| DialError::Other("peer identity refused".to_string()))?;
     // The acceptor sees the stream once bytes arrive: the Hello queued by the protocol.
-    let (send, recv) = connection.open_bi().await.map_err(|e| e.to_string())?;
+    let (send, recv) = connection.open_bi().await.map_err(DialError::Connection)?;
     Ok((connection, identity, send, recv))
 }

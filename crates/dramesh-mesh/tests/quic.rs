@@ -266,6 +266,13 @@ async fn certificate_from_another_ca_is_refused_at_tls() {
         // TLS 1.3 clients finish before the server checks their certificate, so the refusal
         // shows on the intruder as connections that never carry a frame.
         assert_eq!(intruder.handle.counters().frames_in, 0);
+        // ... and the intruder knows why (it logs the refusal, naming the peer and the alert).
+        wait_until(
+            "the intruder sees the refusal",
+            Duration::from_secs(10),
+            || intruder.handle.transport_counters().certificate_refusals >= 1,
+        )
+        .await;
         intruder.handle.shutdown().await;
         r0.handle.shutdown().await;
     })

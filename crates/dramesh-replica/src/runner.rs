@@ -66,6 +66,8 @@ pub struct ReplicaConfig {
     /// How long a starting replica waits for a peer replica to be reachable before it counts
     /// as caught up from its disk alone (see the module docs).
     pub ready_timeout: Duration,
+    /// Limits, deadlines and connection bounds of the HTTP and gRPC APIs.
+    pub api_config: dramesh_api::ApiConfig,
 }
 
 /// Default of [`ReplicaConfig::ready_timeout`] (and of `--ready-timeout`).
@@ -127,7 +129,8 @@ impl Replica {
         let api = ApiState::new(Arc::new(ReplicaBackend {
             state: state.clone(),
         }))
-        .with_metrics(metrics.clone());
+        .with_metrics(metrics.clone())
+        .with_config(config.api_config.clone());
         let mut node = NodeConfig::new(config.identity.clone(), config.listen_mesh);
         node.seeds = config.seeds.clone();
         node.protocol = config.protocol.clone();
@@ -152,10 +155,17 @@ impl Replica {
         {
             let router = crate::routes::router(api.clone(), state.clone(), observer.clone());
             let shutdown = stopped(stop_rx.clone());
+            let (limits, metrics) = (api.config.http, api.metrics.clone());
             tasks.spawn(async move {
-                if let Err(e) = axum::serve(dramesh_api::nodelay_listener(http), router)
-                    .with_graceful_shutdown(shutdown)
-                    .await
+                if let Err(e) = dramesh_telemetry::serve_bounded(
+                    http,
+                    router,
+                    dramesh_api::HTTP_API_LISTENER,
+                    limits,
+                    metrics,
+                    shutdown,
+                )
+                .await
                 {
                     tracing::error!(error = %e, "HTTP API failed");
                 }

@@ -6,6 +6,8 @@
 //!   ([`spans`] module docs list them).
 //! - [`Metrics`]: the dramesh metric set as typed handles over a [`Registry`] that renders the
 //!   Prometheus text format 0.0.4; [`metrics_router`] serves it on `GET /metrics`.
+//! - [`serve_bounded`]: every HTTP listener of a daemon, with a connection cap, header and idle
+//!   timeouts and TCP_NODELAY ([`http`] module docs).
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -15,7 +17,7 @@
 //! let guard = dramesh_telemetry::init(&TelemetryConfig::replica().with_instance_id("replica-a"))?;
 //! let metrics = Arc::new(Metrics::new());
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:9090").await?;
-//! tokio::spawn(serve_metrics(listener, metrics.clone(), std::future::pending()));
+//! tokio::spawn(serve_metrics(listener, metrics.clone(), Default::default(), std::future::pending()));
 //!
 //! let span = api_span("karmada-estimator", "MaxAvailableReplicas");
 //! let timer = metrics.start_api_request("karmada-estimator", "MaxAvailableReplicas");
@@ -34,7 +36,7 @@ pub mod metrics;
 pub mod registry;
 pub mod spans;
 
-pub use http::{METRICS_PATH, metrics_router, serve_metrics};
+pub use http::{HttpLimits, METRICS_PATH, metrics_router, serve_bounded, serve_metrics};
 pub use init::{
     OTLP_ENDPOINT_ENV, SERVICE_AGENT, SERVICE_REPLICA, ScopedTelemetry, TelemetryConfig,
     TelemetryError, TelemetryGuard, init, init_for_tests, subscriber,

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::registry::{CounterVec, Gauge, GaugeVec, HistogramVec, Registry};
+use crate::registry::{Counter, CounterVec, Gauge, GaugeVec, HistogramVec, Registry};
 
 /// Exported metric names.
 pub mod names {
@@ -44,6 +44,14 @@ pub mod names {
     pub const VIEW_DATA_AGE_SECONDS: &str = "dramesh_view_data_age_seconds";
     /// `dramesh_agent_batches_total`.
     pub const AGENT_BATCHES_TOTAL: &str = "dramesh_agent_batches_total";
+    /// `dramesh_http_connections`.
+    pub const HTTP_CONNECTIONS: &str = "dramesh_http_connections";
+    /// `dramesh_http_connections_closed_total`.
+    pub const HTTP_CONNECTIONS_CLOSED_TOTAL: &str = "dramesh_http_connections_closed_total";
+    /// `dramesh_grpc_connections`.
+    pub const GRPC_CONNECTIONS: &str = "dramesh_grpc_connections";
+    /// `dramesh_grpc_connections_refused_total`.
+    pub const GRPC_CONNECTIONS_REFUSED_TOTAL: &str = "dramesh_grpc_connections_refused_total";
 
     /// Every name above, in registration order.
     pub const ALL: &[&str] = &[
@@ -63,6 +71,10 @@ pub mod names {
         RESERVATION_EVENTS_TOTAL,
         VIEW_DATA_AGE_SECONDS,
         AGENT_BATCHES_TOTAL,
+        HTTP_CONNECTIONS,
+        HTTP_CONNECTIONS_CLOSED_TOTAL,
+        GRPC_CONNECTIONS,
+        GRPC_CONNECTIONS_REFUSED_TOTAL,
     ];
 }
 
@@ -152,6 +164,15 @@ pub struct Metrics {
     pub view_data_age_seconds: Arc<GaugeVec<1>>,
     /// `{result}`: agent change batches committed (`ok`) or refused by the store (`error`).
     pub agent_batches_total: Arc<CounterVec<1>>,
+    /// `{listener}`: open connections of an HTTP listener.
+    pub http_connections: Arc<GaugeVec<1>>,
+    /// `{listener,reason}`: HTTP connections the server closed (`evicted_idle` to make room at
+    /// the cap, `refused_at_cap`, `header_timeout`).
+    pub http_connections_closed_total: Arc<CounterVec<2>>,
+    /// Open gRPC connections.
+    pub grpc_connections: Arc<Gauge>,
+    /// gRPC connections closed on accept because the cap was reached.
+    pub grpc_connections_refused_total: Arc<Counter>,
 }
 
 impl Default for Metrics {
@@ -288,6 +309,29 @@ impl Metrics {
                 ["result"],
             )
             .expect(REGISTERED);
+        let http_connections = r
+            .gauge_vec(
+                HTTP_CONNECTIONS,
+                "Open connections of an HTTP listener.",
+                ["listener"],
+            )
+            .expect(REGISTERED);
+        let http_connections_closed_total = r
+            .counter_vec(
+                HTTP_CONNECTIONS_CLOSED_TOTAL,
+                "HTTP connections closed by the server: evicted_idle (to make room at the cap), refused_at_cap, header_timeout.",
+                ["listener", "reason"],
+            )
+            .expect(REGISTERED);
+        let grpc_connections = r
+            .gauge(GRPC_CONNECTIONS, "Open gRPC connections.")
+            .expect(REGISTERED);
+        let grpc_connections_refused_total = r
+            .counter(
+                GRPC_CONNECTIONS_REFUSED_TOTAL,
+                "gRPC connections closed on accept because the connection cap was reached.",
+            )
+            .expect(REGISTERED);
         // Fixed label values are always present so a dashboard sees 0 rather than no data.
         for s in ReservationLabel::ALL {
             reservations.with([s.as_str()]);
@@ -316,7 +360,18 @@ impl Metrics {
             reservation_events_total,
             view_data_age_seconds,
             agent_batches_total,
+            http_connections,
+            http_connections_closed_total,
+            grpc_connections,
+            grpc_connections_refused_total,
         }
+    }
+
+    /// Counts an HTTP connection of `listener` the server closed, and why.
+    pub fn http_connection_closed(&self, listener: &str, reason: &str) {
+        self.http_connections_closed_total
+            .with([listener, reason])
+            .inc();
     }
 
     /// The registry, for daemons that register extra families next to the dramesh set.

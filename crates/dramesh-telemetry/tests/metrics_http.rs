@@ -69,9 +69,14 @@ async fn metrics_endpoint_is_scrapeable() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve_metrics(listener, metrics.clone(), async {
-        let _ = stop_rx.await;
-    }));
+    let server = tokio::spawn(serve_metrics(
+        listener,
+        metrics.clone(),
+        Default::default(),
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
 
     let resp = timeout(LIMIT, get(addr, "/metrics"))
         .await

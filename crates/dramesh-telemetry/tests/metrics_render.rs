@@ -41,11 +41,23 @@ const EXPECTED: &[(&str, &str, &[&str])] = &[
     (names::RESERVATION_EVENTS_TOTAL, "counter", &["event"]),
     (names::VIEW_DATA_AGE_SECONDS, "gauge", &["cluster"]),
     (names::AGENT_BATCHES_TOTAL, "counter", &["result"]),
+    (names::HTTP_CONNECTIONS, "gauge", &["listener"]),
+    (
+        names::HTTP_CONNECTIONS_CLOSED_TOTAL,
+        "counter",
+        &["listener", "reason"],
+    ),
+    (names::GRPC_CONNECTIONS, "gauge", &[]),
+    (names::GRPC_CONNECTIONS_REFUSED_TOTAL, "counter", &[]),
 ];
 
 const NASTY_PEER: &str = "peer \"b\"\\west\nzone";
 
 fn record(m: &Metrics) {
+    m.http_connections.with(["api"]).inc();
+    m.http_connection_closed("api", "evicted_idle");
+    m.grpc_connections.inc();
+    m.grpc_connections_refused_total.inc();
     m.observe_api_request(
         "karmada-estimator",
         "MaxAvailableReplicas",

@@ -312,6 +312,7 @@ pub(crate) async fn run(serve: bool) -> anyhow::Result<()> {
             estimate_cache_bytes: dramesh_estimator::DEFAULT_CACHE_BYTES,
             protocol: ProtocolConfig::default(),
             ready_timeout: dramesh_replica::DEFAULT_READY_TIMEOUT,
+            api_config: dramesh_api::ApiConfig::default(),
         })
         .await?;
         replicas.push(r);
@@ -340,6 +341,7 @@ pub(crate) async fn run(serve: bool) -> anyhow::Result<()> {
                 protocol: ProtocolConfig::default(),
                 coalesce: CoalesceConfig::default(),
                 metrics: None,
+                http: Default::default(),
             })
             .await?,
         );
@@ -470,10 +472,7 @@ pub(crate) async fn run(serve: bool) -> anyhow::Result<()> {
     for r in replicas {
         stops.spawn(r.shutdown());
     }
-    let _ = tokio::time::timeout(Duration::from_secs(10), async {
-        while stops.join_next().await.is_some() {}
-    })
-    .await;
+    crate::stop_within("demo", async { while stops.join_next().await.is_some() {} }).await;
     println!(
         "\ndemo finished in {:.1} s",
         started.elapsed().as_secs_f64()

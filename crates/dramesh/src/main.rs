@@ -6,6 +6,7 @@
 mod allocate;
 mod certs;
 mod demo;
+mod fds;
 mod plan;
 mod table;
 
@@ -150,6 +151,8 @@ enum Command {
         /// Chaos testing only: no PeerExchange, so agents know only the replicas they dial.
         #[arg(long, hide = true)]
         chaos_disable_peer_exchange: bool,
+        #[command(flatten)]
+        limits: ApiLimitArgs,
         /// OTLP/gRPC collector for spans (http://host:4317); default $OTEL_EXPORTER_OTLP_ENDPOINT, else no export.
         #[arg(long)]
         otlp_endpoint: Option<String>,
@@ -197,6 +200,12 @@ enum Command {
         /// Serve Prometheus /metrics on this TCP address (the agent has no other HTTP listener).
         #[arg(long)]
         metrics: Option<String>,
+        /// Open connections of the --metrics listener at most (see README, "Bounds").
+        #[arg(long, default_value_t = 64)]
+        max_http_connections: usize,
+        /// Seconds a client has to send a request's headers; also the keep-alive idle timeout.
+        #[arg(long, default_value_t = 10)]
+        header_timeout: u64,
         /// OTLP/gRPC collector for spans (http://host:4317); default $OTEL_EXPORTER_OTLP_ENDPOINT, else no export.
         #[arg(long)]
         otlp_endpoint: Option<String>,
@@ -210,6 +219,56 @@ enum Command {
         #[arg(long)]
         otlp_endpoint: Option<String>,
     },
+}
+
+/// Bounds of a replica's API listeners (README, "Bounds and timeouts").
+#[derive(clap::Args, Clone, Copy, Debug)]
+struct ApiLimitArgs {
+    /// Open connections of the HTTP API at most; lowered to fit the descriptor limit.
+    #[arg(long, default_value_t = 512)]
+    max_http_connections: usize,
+    /// Open connections of the gRPC API at most; lowered to fit the descriptor limit.
+    #[arg(long, default_value_t = 512)]
+    max_grpc_connections: usize,
+    /// Seconds a client has to send a request's headers (HTTP) or the HTTP/2 preface (gRPC);
+    /// also how long an idle HTTP keep-alive connection stays open.
+    #[arg(long, default_value_t = 10)]
+    header_timeout: u64,
+    /// Seconds one native API call (estimate, place, preempt, reservations) may compute.
+    #[arg(long, default_value_t = 10)]
+    request_timeout: u64,
+}
+
+impl ApiLimitArgs {
+    /// The API configuration, with connection caps fitted under the descriptor limit
+    /// `nofile` (raised at start), leaving the reserve of [`fds::api_cap`].
+    fn config(self, nofile: Option<u64>) -> dramesh_api::ApiConfig {
+        let header = Duration::from_secs(self.header_timeout.max(1));
+        let http = fds::api_cap(nofile, 2, self.max_http_connections);
+        let grpc = fds::api_cap(nofile, 2, self.max_grpc_connections);
+        if http < self.max_http_connections || grpc < self.max_grpc_connections {
+            tracing::warn!(
+                nofile,
+                http,
+                grpc,
+                "API connection caps lowered to keep a descriptor reserve for the store and the mesh"
+            );
+        }
+        let d = dramesh_api::ApiConfig::default();
+        dramesh_api::ApiConfig {
+            request_timeout: Duration::from_secs(self.request_timeout.max(1)),
+            http: dramesh_telemetry::HttpLimits {
+                max_connections: http,
+                header_timeout: header,
+            },
+            grpc: dramesh_api::GrpcLimits {
+                max_connections: grpc,
+                preface_timeout: header,
+                ..d.grpc
+            },
+            ..d
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -270,6 +329,32 @@ pub(crate) async fn shutdown_signal() {
     }
 }
 
+/// Longest a daemon's graceful stop (API drain, tasks, mesh close) may take after the signal;
+/// what is still running then is dropped, so the process exits within [`SHUTDOWN_LIMIT`].
+const STOP_GRACE: Duration = Duration::from_millis(3500);
+/// Longest the span flush at exit may take.
+const FLUSH_GRACE: Duration = Duration::from_millis(500);
+/// Longest the runtime waits for blocking tasks (a computation in flight) at exit; they stop
+/// at their own deadline, and the process exit ends any that do not.
+const RUNTIME_GRACE: Duration = Duration::from_millis(250);
+/// What the README promises: a daemon exits this soon after SIGTERM or ctrl-c.
+const SHUTDOWN_LIMIT: Duration = Duration::from_secs(5);
+const _: () = assert!(
+    STOP_GRACE.as_millis() + FLUSH_GRACE.as_millis() + RUNTIME_GRACE.as_millis()
+        < SHUTDOWN_LIMIT.as_millis()
+);
+
+/// Runs a daemon's graceful stop for at most [`STOP_GRACE`].
+pub(crate) async fn stop_within(what: &str, stop: impl std::future::Future<Output = ()>) {
+    if tokio::time::timeout(STOP_GRACE, stop).await.is_err() {
+        tracing::warn!(
+            daemon = what,
+            grace = ?STOP_GRACE,
+            "graceful stop did not finish in time; exiting anyway"
+        );
+    }
+}
+
 /// Tracing setup of a daemon: logs to stderr filtered by `RUST_LOG` (default
 /// `default_filter`), spans exported over OTLP when `otlp_endpoint` or
 /// `OTEL_EXPORTER_OTLP_ENDPOINT` names a collector.
@@ -298,18 +383,22 @@ fn daemon(
             code: 1,
             message: format!("cannot start the async runtime: {e}"),
         })?;
-    rt.block_on(async {
+    let r = rt.block_on(async {
         let guard = dramesh_telemetry::init(&telemetry)?;
         if let Some(ep) = guard.otlp_endpoint() {
             tracing::info!(endpoint = ep, "exporting spans over OTLP");
         }
         let r = fut.await;
-        if let Err(e) = guard.shutdown().await {
-            tracing::warn!(error = %e, "flushing spans at exit failed");
+        match tokio::time::timeout(FLUSH_GRACE, guard.shutdown()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "flushing spans at exit failed"),
+            Err(_) => tracing::warn!(grace = ?FLUSH_GRACE, "flushing spans at exit timed out"),
         }
         r
-    })
-    .map_err(|e| Failure {
+    });
+    // Dropping the runtime would wait for every blocking task, however long it runs.
+    rt.shutdown_timeout(RUNTIME_GRACE);
+    r.map_err(|e| Failure {
         code: 1,
         message: format!("{e:#}"),
     })
@@ -386,6 +475,7 @@ fn main() -> ExitCode {
             chaos_disable_anti_entropy,
             chaos_disable_push,
             chaos_disable_peer_exchange,
+            limits,
             otlp_endpoint,
         } => daemon(
             telemetry(
@@ -432,10 +522,11 @@ fn main() -> ExitCode {
                     estimate_cache_bytes,
                     protocol,
                     ready_timeout: Duration::from_secs(ready_timeout),
+                    api_config: limits.config(fds::raise_nofile()),
                 })
                 .await?;
                 shutdown_signal().await;
-                r.shutdown().await;
+                stop_within("replica", r.shutdown()).await;
                 Ok(())
             },
         ),
@@ -455,6 +546,8 @@ fn main() -> ExitCode {
             mesh_key,
             mesh_ca,
             metrics,
+            max_http_connections,
+            header_timeout,
             otlp_endpoint,
         } => daemon(
             telemetry(
@@ -500,10 +593,14 @@ fn main() -> ExitCode {
                     protocol: dramesh_mesh::protocol::ProtocolConfig::default(),
                     coalesce: dramesh_agent::CoalesceConfig::default(),
                     metrics: metrics.map(|m| resolve(&m, "--metrics")).transpose()?,
+                    http: dramesh_telemetry::HttpLimits {
+                        max_connections: fds::api_cap(fds::raise_nofile(), 1, max_http_connections),
+                        header_timeout: Duration::from_secs(header_timeout.max(1)),
+                    },
                 })
                 .await?;
                 shutdown_signal().await;
-                a.shutdown().await;
+                stop_within("agent", a.shutdown()).await;
                 Ok(())
             },
         ),

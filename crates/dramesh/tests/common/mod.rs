@@ -412,9 +412,22 @@ pub(crate) fn spawn_replica(
     at: &ReplicaListen,
     seeds: &[SocketAddr],
 ) -> Child {
+    spawn_replica_with(data, certs, id, at, seeds, &[])
+}
+
+/// [`spawn_replica`] with `extra` arguments.
+pub(crate) fn spawn_replica_with(
+    data: &Path,
+    certs: &Path,
+    id: &str,
+    at: &ReplicaListen,
+    seeds: &[SocketAddr],
+    extra: &[&str],
+) -> Child {
     let stem = format!("replica-{id}");
     let mut cmd = Command::new(BIN);
     cmd.args(["replica", "--id", id])
+        .args(extra)
         .args(["--listen-mesh", &at.mesh.to_string()])
         .args(["--api", &at.http.to_string()])
         .args(["--grpc", &at.grpc.to_string()])

@@ -1067,3 +1067,40 @@ async fn dial_once(ctx: &Ctx, addr: SocketAddr) -> Result<Dialed, DialError> {
     let (send, recv) = connection.open_bi().await.map_err(DialError::Connection)?;
     Ok((connection, identity, send, recv))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::certificate_refusal;
+
+    fn closed_by_peer(code: u64, reason: &str) -> quinn::ConnectionError {
+        quinn::ConnectionError::ConnectionClosed(quinn::ConnectionClose {
+            error_code: quinn::TransportErrorCode::crypto((code & 0xff) as u8),
+            frame_type: None,
+            reason: reason.as_bytes().to_vec().into(),
+        })
+    }
+
+    #[test]
+    fn certificate_alerts_are_named_and_other_closes_are_not_refusals() {
+        let why = certificate_refusal(&closed_by_peer(
+            0x130,
+            "invalid peer certificate: UnknownIssuer",
+        ))
+        .expect("unknown_ca is a refusal");
+        assert!(
+            why.contains("the peer refused this node's certificate"),
+            "{why}"
+        );
+        assert!(why.contains("unknown_ca"), "{why}");
+        assert!(why.contains("UnknownIssuer"), "{why}");
+        let why = certificate_refusal(&closed_by_peer(0x12a, "")).expect("bad_certificate");
+        assert!(why.ends_with("TLS alert bad_certificate"), "{why}");
+        // A handshake failure that is not about certificates (handshake_failure, 40).
+        assert_eq!(certificate_refusal(&closed_by_peer(0x128, "")), None);
+        assert_eq!(
+            certificate_refusal(&quinn::ConnectionError::LocallyClosed),
+            None
+        );
+        assert_eq!(certificate_refusal(&quinn::ConnectionError::TimedOut), None);
+    }
+}

@@ -81,6 +81,23 @@ pub struct ClusterPreemption {
     pub reason: Option<String>,
 }
 
+impl ClusterPreemption {
+    /// No victims and no change: `before` replicas fit before and after.
+    fn unchanged(name: &str, before: i64) -> ClusterPreemption {
+        ClusterPreemption {
+            name: name.to_string(),
+            feasible: false,
+            replicas_before: before,
+            replicas_after: before,
+            victims: Vec::new(),
+            freed: BTreeMap::new(),
+            evicted_pods: 0,
+            highest_victim_priority: None,
+            reason: None,
+        }
+    }
+}
+
 /// The preemption decision.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -195,17 +212,7 @@ fn preempt_cluster_with(
     before: i64,
     cache: Option<&mut DeviceCache>,
 ) -> (ClusterPreemption, bool) {
-    let mut out = ClusterPreemption {
-        name: c.name.clone(),
-        feasible: false,
-        replicas_before: before,
-        replicas_after: before,
-        victims: Vec::new(),
-        freed: BTreeMap::new(),
-        evicted_pods: 0,
-        highest_victim_priority: None,
-        reason: None,
-    };
+    let mut out = ClusterPreemption::unchanged(&c.name, before);
     if before >= w.replicas {
         out.feasible = true;
         return (out, false);
@@ -789,15 +796,8 @@ pub fn preempt(
         if opts.stale.contains(&c.name) {
             // Victims chosen from stale data could be gone or could not be enough.
             result.clusters.push(ClusterPreemption {
-                name: c.name.clone(),
-                feasible: false,
-                replicas_before: before,
-                replicas_after: before,
-                victims: Vec::new(),
-                freed: BTreeMap::new(),
-                evicted_pods: 0,
-                highest_victim_priority: None,
                 reason: Some(STALE_REASON.into()),
+                ..ClusterPreemption::unchanged(&c.name, before)
             });
             continue;
         }

@@ -243,6 +243,28 @@ mod tests {
         conn: ConnId,
     }
 
+    /// An agent with `agent_store` (connection 1) and a replica with an empty store
+    /// (connection 2), both running `cfg()`.
+    fn agent_and_replica(
+        agent: &PeerIdentity,
+        replica: &PeerIdentity,
+        agent_store: MeshStore,
+        cfg: impl Fn() -> ProtocolConfig,
+    ) -> [Peer; 2] {
+        [
+            Peer {
+                proto: Protocol::new(agent.clone(), cfg()),
+                store: agent_store,
+                conn: ConnId(1),
+            },
+            Peer {
+                proto: Protocol::new(replica.clone(), cfg()),
+                store: MeshStore::new(mem(), true),
+                conn: ConnId(2),
+            },
+        ]
+    }
+
     /// Delivers frames between the peers until nothing is in flight; returns the Applied
     /// outputs seen per peer.
     fn run(peers: &mut [Peer; 2], mut outs: VecDeque<(usize, Output)>, now: Instant) -> [usize; 2] {
@@ -285,18 +307,7 @@ mod tests {
         agent_store
             .apply(&doc, vec![node("n1", "a"), node("n2", "a")])
             .unwrap();
-        let mut peers = [
-            Peer {
-                proto: Protocol::new(agent_id.clone(), cfg()),
-                store: agent_store,
-                conn: ConnId(1),
-            },
-            Peer {
-                proto: Protocol::new(replica_id.clone(), cfg()),
-                store: MeshStore::new(mem(), true),
-                conn: ConnId(2),
-            },
-        ];
+        let mut peers = agent_and_replica(&agent_id, &replica_id, agent_store, cfg);
         assert_ne!(peers[0].store.digest(), peers[1].store.digest());
         let now = Instant::now();
         let mut outs = VecDeque::new();
@@ -490,18 +501,7 @@ mod tests {
         let bad = ahead.open_writer(&doc).unwrap();
         let mut agent_store = MeshStore::new(ahead, false);
         agent_store.apply(&doc, vec![node("n1", "a")]).unwrap();
-        let mut peers = [
-            Peer {
-                proto: Protocol::new(agent_id.clone(), cfg()),
-                store: agent_store,
-                conn: ConnId(1),
-            },
-            Peer {
-                proto: Protocol::new(replica_id.clone(), cfg()),
-                store: MeshStore::new(mem(), true),
-                conn: ConnId(2),
-            },
-        ];
+        let mut peers = agent_and_replica(&agent_id, &replica_id, agent_store, cfg);
         let now = Instant::now();
         let mut outs = VecDeque::new();
         let (a, b) = peers.split_at_mut(1);

@@ -32,6 +32,8 @@ pub struct ReplicaObservation {
     pub state: Result<ClusterState, String>,
     /// The replica's document digest, when it could be read.
     pub digest: Option<String>,
+    /// The clusters its `/v1/status` lists.
+    pub listed: Vec<String>,
 }
 
 /// One estimate query sent during a run.
@@ -112,6 +114,13 @@ pub enum Violation {
         replica: String,
         /// Why.
         error: String,
+    },
+    /// The replica still lists a cluster that was retired from the fleet.
+    RetiredClusterListed {
+        /// The replica.
+        replica: String,
+        /// The retired cluster.
+        cluster: String,
     },
     /// The replica lacks a cluster the final files have.
     MissingCluster {
@@ -219,6 +228,7 @@ impl Violation {
             self,
             Violation::Unreachable { .. }
                 | Violation::MissingCluster { .. }
+                | Violation::RetiredClusterListed { .. }
                 | Violation::LostWrite { .. }
                 | Violation::StaleObject { .. }
                 | Violation::LostDelete { .. }
@@ -240,6 +250,9 @@ impl fmt::Display for Violation {
             }
             Violation::MissingCluster { replica, cluster } => {
                 write!(f, "{replica}: cluster {cluster} absent")
+            }
+            Violation::RetiredClusterListed { replica, cluster } => {
+                write!(f, "{replica}: retired cluster {cluster} still listed")
             }
             Violation::LostWrite {
                 replica,
@@ -321,9 +334,11 @@ fn short(h: &str) -> &str {
 }
 
 /// Compares every replica's state with the expected final state and the digests with each
-/// other. `last_write` maps (cluster, key) to the number of the last change that touched it.
+/// other, and checks that no replica lists a `retired` cluster. `last_write` maps
+/// (cluster, key) to the number of the last change that touched it.
 pub fn check_state(
     expected: &ClusterState,
+    retired: &[String],
     last_write: &BTreeMap<(String, String), u64>,
     observed: &[ReplicaObservation],
 ) -> Vec<Violation> {
@@ -331,6 +346,12 @@ pub fn check_state(
     let lw = |c: &str, k: &str| last_write.get(&(c.to_string(), k.to_string())).copied();
     for obs in observed {
         let replica = obs.replica.clone();
+        for cluster in retired.iter().filter(|c| obs.listed.contains(c)) {
+            out.push(Violation::RetiredClusterListed {
+                replica: replica.clone(),
+                cluster: cluster.clone(),
+            });
+        }
         let state = match &obs.state {
             Ok(s) => s,
             Err(e) => {
@@ -482,6 +503,7 @@ mod tests {
     fn obs(r: &str, s: ClusterState, d: &str) -> ReplicaObservation {
         ReplicaObservation {
             replica: r.into(),
+            listed: s.keys().cloned().collect(),
             state: Ok(s),
             digest: Some(d.into()),
         }
@@ -491,7 +513,7 @@ mod tests {
     fn identical_states_and_equal_digests_pass() {
         let want = state(&[("a", "Node/n1", "h1"), ("b", "Node/n2", "h2")]);
         let o = vec![obs("r1", want.clone(), "d"), obs("r2", want.clone(), "d")];
-        assert_eq!(check_state(&want, &BTreeMap::new(), &o), vec![]);
+        assert_eq!(check_state(&want, &[], &BTreeMap::new(), &o), vec![]);
     }
 
     #[test]
@@ -501,6 +523,7 @@ mod tests {
         let lw: BTreeMap<_, _> = [(("a".to_string(), "Node/n9".to_string()), 17u64)].into();
         let v = check_state(
             &want,
+            &[],
             &lw,
             &[obs("r1", want.clone(), "d"), obs("r2", lagging, "d")],
         );
@@ -522,6 +545,7 @@ mod tests {
         let old = state(&[("a", "ResourceClaim/ml/c1", "old"), ("a", "Node/gone", "x")]);
         let v = check_state(
             &want,
+            &[],
             &BTreeMap::new(),
             &[obs("r1", want.clone(), "d1"), obs("r2", old, "d2")],
         );
@@ -532,11 +556,38 @@ mod tests {
     }
 
     #[test]
+    fn a_retired_cluster_still_listed_fails_and_one_gone_everywhere_passes() {
+        let want = state(&[("a", "Node/n1", "h1")]);
+        let mut lagging = obs("r2", want.clone(), "d");
+        lagging.listed.push("b".into());
+        let v = check_state(
+            &want,
+            &["b".to_string()],
+            &BTreeMap::new(),
+            &[obs("r1", want.clone(), "d"), lagging],
+        );
+        assert_eq!(
+            v,
+            vec![Violation::RetiredClusterListed {
+                replica: "r2".into(),
+                cluster: "b".into()
+            }]
+        );
+        assert!(v[0].is_state());
+        let o = vec![obs("r1", want.clone(), "d"), obs("r2", want.clone(), "d")];
+        assert_eq!(
+            check_state(&want, &["b".to_string()], &BTreeMap::new(), &o),
+            vec![]
+        );
+    }
+
+    #[test]
     fn unreachable_replicas_and_missing_clusters_fail() {
         let want = state(&[("a", "Node/n1", "h1"), ("b", "Node/n2", "h2")]);
         let only_a = state(&[("a", "Node/n1", "h1")]);
         let v = check_state(
             &want,
+            &[],
             &BTreeMap::new(),
             &[
                 obs("r1", only_a, "d"),
@@ -544,6 +595,7 @@ mod tests {
                     replica: "r2".into(),
                     state: Err("connection refused".into()),
                     digest: None,
+                    listed: vec![],
                 },
             ],
         );

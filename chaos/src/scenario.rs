@@ -70,6 +70,20 @@ pub enum Fault {
         /// How long it stays down.
         down_ms: u64,
     },
+    /// [`Fault::Partition`], and at its start the cluster of agent host `AGENTS[cluster]` is
+    /// retired through replica `via` (on side `a`, away from that agent, whose side keeps
+    /// receiving its changes until the heal). Its agent keeps running. After the heal no
+    /// replica may list it.
+    RetireInPartition {
+        /// Hosts on one side.
+        a: Vec<String>,
+        /// Hosts on the other side.
+        b: Vec<String>,
+        /// The replica asked to retire it.
+        via: String,
+        /// Index of the retired cluster (and its agent host) in the fleet.
+        cluster: usize,
+    },
     /// The replica runs with its wall clock shifted by `offset` (libfaketime syntax).
     ClockShift {
         /// The replica.
@@ -154,6 +168,16 @@ pub fn all_scenarios(fault_ms: u64) -> Vec<Scenario> {
             },
         },
         Scenario {
+            name: "retire-in-partition",
+            about: "r1+a0 | r2+r3+a1+a2; a2's cluster retired through r1 while a2 keeps publishing",
+            fault: Fault::RetireInPartition {
+                a: hosts(&["r1", "a0"]),
+                b: hosts(&["r2", "r3", "a1", "a2"]),
+                via: "r1".into(),
+                cluster: 2,
+            },
+        },
+        Scenario {
             name: "clock-shift",
             about: "r3's wall clock runs 2 h ahead (libfaketime; monotonic clock untouched)",
             fault: Fault::ClockShift {
@@ -196,6 +220,7 @@ impl Profile {
                     "isolate-replica",
                     "replica-sigkill",
                     "disk-truncate",
+                    "retire-in-partition",
                 ],
                 fault_ms: 10_000,
                 write_interval_ms: 250,
@@ -297,17 +322,17 @@ pub fn query_once(addr: SocketAddr, replica: &str, t0: Instant, timeout: Duratio
 /// Reads one replica's digest and objects of `clusters`.
 pub fn observe(addr: SocketAddr, replica: &str, clusters: &[String]) -> ReplicaObservation {
     let t = Duration::from_secs(5);
-    let read = || -> Result<(ClusterState, Option<String>)> {
+    let read = || -> Result<(ClusterState, Option<String>, Vec<String>)> {
         let status = http::request(addr, "GET", "/v1/status", None, t)?.json()?;
         let digest = status["digest"].as_str().map(str::to_string);
-        let listed: Vec<&str> = status["clusters"]
+        let listed: Vec<String> = status["clusters"]
             .as_array()
             .into_iter()
             .flatten()
-            .filter_map(|c| c["name"].as_str())
+            .filter_map(|c| c["name"].as_str().map(str::to_string))
             .collect();
         let mut state = ClusterState::new();
-        for c in clusters.iter().filter(|c| listed.contains(&c.as_str())) {
+        for c in clusters.iter().filter(|c| listed.contains(c)) {
             let v = http::request(
                 addr,
                 "GET",
@@ -327,18 +352,20 @@ pub fn observe(addr: SocketAddr, replica: &str, clusters: &[String]) -> ReplicaO
                     .collect(),
             );
         }
-        Ok((state, digest))
+        Ok((state, digest, listed))
     };
     match read() {
-        Ok((state, digest)) => ReplicaObservation {
+        Ok((state, digest, listed)) => ReplicaObservation {
             replica: replica.to_string(),
             state: Ok(state),
             digest,
+            listed,
         },
         Err(e) => ReplicaObservation {
             replica: replica.to_string(),
             state: Err(format!("{e:#}")),
             digest: None,
+            listed: Vec::new(),
         },
     }
 }
@@ -389,6 +416,7 @@ struct Observed {
 fn observe_all(
     fleet: &Fleet,
     expected: &ClusterState,
+    retired: &[String],
     lw: &BTreeMap<(String, String), u64>,
 ) -> Observed {
     let clusters: Vec<String> = expected.keys().cloned().collect();
@@ -398,21 +426,23 @@ fn observe_all(
         .map(|(r, a)| observe(*a, r, &clusters))
         .collect();
     Observed {
-        violations: checker::check_state(expected, lw, &obs),
+        violations: checker::check_state(expected, retired, lw, &obs),
     }
 }
 
-/// Polls until the replicas hold `expected` and agree on the digest, or `timeout`.
+/// Polls until the replicas hold `expected`, list no `retired` cluster and agree on the
+/// digest, or `timeout`.
 fn converge(
     fleet: &Fleet,
     expected: &ClusterState,
+    retired: &[String],
     lw: &BTreeMap<(String, String), u64>,
     timeout: Duration,
 ) -> Result<(Option<Duration>, Vec<Violation>)> {
     let start = Instant::now();
     loop {
         sys::check_stop()?;
-        let o = observe_all(fleet, expected, lw);
+        let o = observe_all(fleet, expected, retired, lw);
         if o.violations.is_empty() {
             return Ok((Some(start.elapsed()), vec![]));
         }
@@ -460,6 +490,7 @@ pub fn run_scenario(sc: &Scenario, profile: &Profile, opts: &RunOptions) -> Resu
     let (warm, warm_v) = converge(
         &fleet,
         &expected0,
+        &[],
         &BTreeMap::new(),
         Duration::from_millis(profile.warmup_timeout_ms),
     )?;
@@ -504,6 +535,7 @@ pub fn run_scenario(sc: &Scenario, profile: &Profile, opts: &RunOptions) -> Resu
     let (conv, mut violations) = converge(
         &fleet,
         &expected,
+        wl.retired(),
         &lw,
         Duration::from_millis(profile.converge_timeout_ms),
     )?;
@@ -585,6 +617,34 @@ fn play_fault(
     let mut awaiting_ready: Option<(String, Instant)> = None;
     match &sc.fault {
         Fault::Partition { a, b } => lab.partition(a, b)?,
+        Fault::RetireInPartition { a, b, via, cluster } => {
+            lab.partition(a, b)?;
+            let name = wl
+                .cluster_names()
+                .get(*cluster)
+                .cloned()
+                .with_context(|| format!("retire: the fleet has no cluster #{cluster}"))?;
+            let addr = *fleet
+                .api
+                .get(via)
+                .with_context(|| format!("retire: no replica {via}"))?;
+            let r = http::request(
+                addr,
+                "DELETE",
+                &format!("/v1/clusters/{name}"),
+                None,
+                Duration::from_secs(5),
+            )?;
+            if r.status != 200 {
+                bail!(
+                    "retire {name} through {via}: HTTP {}: {}",
+                    r.status,
+                    String::from_utf8_lossy(&r.body)
+                );
+            }
+            wl.retire(&name)?;
+            notes.push(format!("retired {name} through {via}"));
+        }
         Fault::OneWay { from, to } => {
             for f in from {
                 for t in to {

@@ -44,6 +44,8 @@ pub struct Workload {
     next_id: u64,
     /// Every change written, in order.
     pub changes: Vec<Change>,
+    /// Clusters retired from the fleet ([`Workload::retire`]).
+    retired: Vec<String>,
 }
 
 /// `Kind/ns/name` or `Kind/name`, as `/v1/debug/objects` reports keys.
@@ -122,6 +124,7 @@ impl Workload {
             rng: StdRng::seed_from_u64(seed),
             next_id: 0,
             changes: Vec::new(),
+            retired: Vec::new(),
         };
         for c in &w.clusters {
             w.write(c)?;
@@ -257,6 +260,23 @@ impl Workload {
             !on_node
         });
         (format!("remove node {node}"), removed)
+    }
+
+    /// Retires cluster `name`: the driver stops changing it and it leaves [`Workload::expected`]
+    /// (its folder stays, so its agent keeps publishing what the replicas must refuse).
+    pub fn retire(&mut self, name: &str) -> Result<()> {
+        let before = self.clusters.len();
+        self.clusters.retain(|c| c.name != name);
+        if self.clusters.len() == before {
+            bail!("retire: the workload has no cluster {name}");
+        }
+        self.retired.push(name.to_string());
+        Ok(())
+    }
+
+    /// The clusters retired so far, in order.
+    pub fn retired(&self) -> &[String] {
+        &self.retired
     }
 
     /// The objects of the final files, read back from disk through the agents' loader.

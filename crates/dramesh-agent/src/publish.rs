@@ -89,6 +89,10 @@ pub struct AgentConfig {
     pub metrics: Option<SocketAddr>,
     /// Bounds of the metrics listener (connections, header and idle timeout).
     pub http: dramesh_telemetry::HttpLimits,
+    /// Start a new generation of the document at once, keeping its contents: how the agent
+    /// of a cluster retired from the fleet comes back (replicas refuse the generations that
+    /// began before the retirement).
+    pub rejoin: bool,
 }
 
 /// A running agent.
@@ -193,6 +197,7 @@ impl Agent {
         let doc = DocId::new(cluster.clone(), name.clone());
         let what = format!("agent {cluster}/{name}");
         let dir = config.data_dir.clone();
+        let rejoin = config.rejoin;
         let (store, existing) = {
             let doc = doc.clone();
             tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
@@ -204,6 +209,12 @@ impl Agent {
                 store
                     .open_writer(&doc)
                     .with_context(|| format!("{what}: opening its document"))?;
+                if rejoin {
+                    let generation = store
+                        .rollover(&doc)
+                        .with_context(|| format!("{what}: starting a new generation to rejoin"))?;
+                    tracing::info!(%doc, generation, "rejoining the fleet with a new generation");
+                }
                 let existing: Vec<(ObjectKey, Arc<[u8]>)> = store
                     .store()
                     .snapshot()

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::native::{
     EstimateRequest, EstimateResponse, PlaceRequest, PlaceResponse, PreemptRequest,
-    PreemptResponse, ReservationStatus, ReserveRequest, StatusReport,
+    PreemptResponse, ReservationStatus, ReserveRequest, RetiredCluster, StatusReport,
 };
 use crate::query::{ComponentSetQuery, ReplicaQuery, UnschedulableQuery};
 
@@ -93,6 +93,14 @@ pub trait Backend: Send + Sync + 'static {
     /// Every reservation this replica knows, ordered by id.
     fn reservations(&self) -> Result<Vec<ReservationStatus>, ApiError> {
         Err(no_reservations())
+    }
+    /// Retires member cluster `name` from the fleet on behalf of API identity `by`, through
+    /// replicated state (every replica drops it; see [`RetiredCluster`]).
+    fn retire_cluster(&self, name: &str, by: &str) -> Result<RetiredCluster, ApiError> {
+        let _ = (name, by);
+        Err(ApiError::Unavailable(
+            "this backend cannot retire clusters".into(),
+        ))
     }
 }
 

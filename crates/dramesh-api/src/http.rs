@@ -28,7 +28,7 @@ use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::Instrument;
@@ -183,6 +183,16 @@ async fn release_reservation(State(state): State<ApiState>, Path(id): Path<Strin
     )
 }
 
+async fn retire_cluster(State(state): State<ApiState>, Path(name): Path<String>) -> Response {
+    let span = tracing::info_span!("http", method = "RetireCluster", cluster = %name);
+    json(
+        state
+            .call_native(Method::RetireCluster, move |b| b.retire_cluster(&name, ""))
+            .instrument(span)
+            .await,
+    )
+}
+
 async fn healthz() -> &'static str {
     "ok"
 }
@@ -216,6 +226,7 @@ pub fn http_router(state: ApiState) -> Router {
             "/v1/reservations/{id}",
             get(get_reservation).delete(release_reservation),
         )
+        .route("/v1/clusters/{name}", delete(retire_cluster))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))

@@ -56,11 +56,13 @@ pub enum Method {
     GetReservation,
     /// Native list of reservations.
     ListReservations,
+    /// Retire a member cluster from the fleet.
+    RetireCluster,
 }
 
 impl Method {
     /// Every method, in declaration order.
-    pub const ALL: [Method; 11] = [
+    pub const ALL: [Method; 12] = [
         Method::MaxAvailableReplicas,
         Method::MaxAvailableComponentSets,
         Method::GetUnschedulableReplicas,
@@ -72,6 +74,7 @@ impl Method {
         Method::Release,
         Method::GetReservation,
         Method::ListReservations,
+        Method::RetireCluster,
     ];
 
     /// The `method` label (the gRPC method name).
@@ -88,6 +91,7 @@ impl Method {
             Method::Release => "Release",
             Method::GetReservation => "GetReservation",
             Method::ListReservations => "ListReservations",
+            Method::RetireCluster => "RetireCluster",
         }
     }
 

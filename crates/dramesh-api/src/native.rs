@@ -345,6 +345,47 @@ pub struct StatusReport {
     /// Every reservation this replica knows (its own and merged ones), ordered by id.
     #[serde(default)]
     pub reservations: Vec<ReservationStatus>,
+    /// Every member cluster retired from the fleet, ordered by name.
+    #[serde(default)]
+    pub retired: Vec<RetiredCluster>,
+}
+
+/// A member cluster retired from the fleet (`DELETE /v1/clusters/{name}`): every replica drops
+/// its documents and refuses generations of them that began at or before `retired_at_ms`, so
+/// only an agent that starts a newer generation (`dramesh agent --rejoin`) brings it back.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RetiredCluster {
+    /// The cluster.
+    pub name: String,
+    /// When it was retired: the retiring replica's wall clock, milliseconds since the epoch.
+    pub retired_at_ms: u64,
+    /// The replica that retired it.
+    pub replica: String,
+    /// The API identity that asked for it.
+    pub by: String,
+}
+
+impl From<RetiredCluster> for pb::RetiredCluster {
+    fn from(r: RetiredCluster) -> Self {
+        pb::RetiredCluster {
+            name: r.name,
+            retired_at_ms: r.retired_at_ms,
+            replica: r.replica,
+            by: r.by,
+        }
+    }
+}
+
+impl From<pb::RetiredCluster> for RetiredCluster {
+    fn from(r: pb::RetiredCluster) -> Self {
+        RetiredCluster {
+            name: r.name,
+            retired_at_ms: r.retired_at_ms,
+            replica: r.replica,
+            by: r.by,
+        }
+    }
 }
 
 /// `POST /v1/reservations`: hold capacity for `replicas` replicas of the workload on
@@ -536,6 +577,7 @@ impl From<StatusReport> for pb::StatusResponse {
             ready: s.ready,
             clusters: s.clusters.into_iter().map(Into::into).collect(),
             reservations: s.reservations.into_iter().map(Into::into).collect(),
+            retired: s.retired.into_iter().map(Into::into).collect(),
         }
     }
 }
@@ -550,6 +592,7 @@ impl TryFrom<pb::StatusResponse> for StatusReport {
             ready: s.ready,
             clusters: s.clusters.into_iter().map(Into::into).collect(),
             reservations: reservations_from_pb(s.reservations)?,
+            retired: s.retired.into_iter().map(Into::into).collect(),
         })
     }
 }
@@ -701,9 +744,19 @@ mod tests {
                 }],
             }],
             reservations: vec![],
+            retired: vec![RetiredCluster {
+                name: "c9".into(),
+                retired_at_ms: 1_790_000_000_000,
+                replica: "r2".into(),
+                by: "admin".into(),
+            }],
         };
         let back = StatusReport::try_from(pb::StatusResponse::from(s.clone())).expect("known");
         assert_eq!(back, s);
+        assert_eq!(
+            serde_json::to_value(&s).expect("json")["retired"][0]["retiredAtMs"],
+            1_790_000_000_000u64
+        );
         let json = serde_json::to_value(&s).expect("json");
         assert_eq!(json["clusters"][0]["dataAgeSeconds"], 1.5);
         assert_eq!(

@@ -470,6 +470,7 @@ impl Backend for TableBackend {
                 })
                 .collect(),
             reservations: Vec::new(),
+            retired: Vec::new(),
         }
     }
 }

@@ -8,8 +8,9 @@
 //! denote the same identity.
 //!
 //! Documents ([`DocId`]) are named by (cluster, writer) segments of the same shape
-//! ([`valid_segment`]), plus the reserved scope [`RESERVATION_SCOPE`](dramesh_store::RESERVATION_SCOPE)
-//! for a replica's reservations, which no identity can name.
+//! ([`valid_segment`]), plus the reserved scopes [`RESERVATION_SCOPE`](dramesh_store::RESERVATION_SCOPE)
+//! and [`RETIRED_SCOPE`](dramesh_store::RETIRED_SCOPE) for a replica's reservations and
+//! retired clusters, which no agent identity can name.
 
 use std::fmt;
 
@@ -123,12 +124,12 @@ impl PeerIdentity {
     }
 
     /// Whether this identity may author the document `doc`: an agent only its own
-    /// (cluster, writer) document, a replica only its own reservation document (it relays
-    /// everything else).
+    /// (cluster, writer) document, a replica only its own reservation and retirement documents
+    /// (it relays everything else).
     pub fn owns(&self, doc: &DocId) -> bool {
         match self {
             PeerIdentity::Agent { cluster, node } => doc.cluster == *cluster && doc.writer == *node,
-            PeerIdentity::Replica { id } => doc.is_reservations() && doc.writer == *id,
+            PeerIdentity::Replica { id } => doc.is_replica_scope() && doc.writer == *id,
         }
     }
 
@@ -223,20 +224,25 @@ mod tests {
     }
 
     #[test]
-    fn replicas_own_only_their_reservation_document() {
+    fn replicas_own_only_their_reservation_and_retirement_documents() {
         let r1 = PeerIdentity::Replica { id: "r1".into() };
         assert!(r1.owns(&DocId::reservations("r1")));
         assert!(!r1.owns(&DocId::reservations("r2")));
+        assert!(r1.owns(&DocId::retired("r1")));
+        assert!(!r1.owns(&DocId::retired("r2")));
+        assert!(DocId::retired("r1").is_valid());
         assert!(!r1.owns(&DocId::new("r1", "r1")));
         assert!(DocId::reservations("r1").is_valid());
         assert!(!DocId::reservations("R1").is_valid());
         assert!(!DocId::new("_other", "r1").is_valid());
         // No agent can be named into the reserved scope: its cluster segment must be valid.
         assert!(PeerIdentity::parse_uri("dramesh://cluster/_reservations/agent/r1").is_err());
+        assert!(PeerIdentity::parse_uri("dramesh://cluster/_retired/agent/r1").is_err());
         let a = PeerIdentity::Agent {
             cluster: "c".into(),
             node: "r1".into(),
         };
         assert!(!a.owns(&DocId::reservations("r1")));
+        assert!(!a.owns(&DocId::retired("r1")));
     }
 }

@@ -291,6 +291,7 @@ fn code_of(reason: &RejectReason) -> pb::RefusalCode {
         RejectReason::FutureGeneration(_) => pb::RefusalCode::FutureGeneration,
         RejectReason::Unauthorized(_) => pb::RefusalCode::Unauthorized,
         RejectReason::Malformed(_) => pb::RefusalCode::Malformed,
+        RejectReason::Retired(_) => pb::RefusalCode::Retired,
         RejectReason::StaleGeneration { .. } | RejectReason::Store(_) => pb::RefusalCode::Store,
     }
 }
@@ -1243,7 +1244,13 @@ impl Protocol {
             }
             Err(reason) => {
                 self.counters.rejected_by_store += 1;
-                warn!(%peer, %doc, %reason, "store refused sync message");
+                if matches!(reason, RejectReason::Retired(_)) {
+                    // Expected until every peer has applied the retirement: not worth a warning
+                    // per message (the writer itself is told, rate-limited, below).
+                    debug!(%peer, %doc, %reason, "store refused sync message");
+                } else {
+                    warn!(%peer, %doc, %reason, "store refused sync message");
+                }
                 if self.local.is_replica() && peer.owns(&doc) {
                     self.refuse_writer(conn, &doc, s.generation, &reason, now, out);
                 }

@@ -28,6 +28,9 @@ pub enum RejectReason {
     /// runs ahead).
     #[error("{0}")]
     FutureGeneration(String),
+    /// The document's member cluster was retired from the fleet after this generation began.
+    #[error("{0}")]
+    Retired(String),
     /// The payload is not a valid automerge sync message or cannot be applied.
     #[error("malformed sync message: {0}")]
     Malformed(String),

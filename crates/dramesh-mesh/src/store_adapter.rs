@@ -43,6 +43,7 @@ fn reject(e: StoreError) -> RejectReason {
         | StoreError::MessageTooLarge { .. }
         | StoreError::Automerge { .. } => RejectReason::Malformed(e.to_string()),
         StoreError::FutureGeneration { .. } => RejectReason::FutureGeneration(e.to_string()),
+        StoreError::RetiredCluster { .. } => RejectReason::Retired(e.to_string()),
         other => RejectReason::Store(other.to_string()),
     }
 }
@@ -82,6 +83,11 @@ impl MeshStore {
         self.store.open_writer(doc)
     }
 
+    /// Starts a new generation of the writer's document (see [`Store::rollover`]).
+    pub fn rollover(&mut self, doc: &DocId) -> Result<u64, StoreError> {
+        self.store.rollover(doc)
+    }
+
     /// Applies a burst of local changes to the writer's document in one commit.
     pub fn apply(
         &mut self,
@@ -94,6 +100,16 @@ impl MeshStore {
     /// Records the writer's lease term (see [`Store::set_lease_term`]).
     pub fn set_lease_term(&mut self, doc: &DocId, term: u64) -> Result<WriteOutcome, StoreError> {
         self.store.set_lease_term(doc, term)
+    }
+
+    /// Retires a member cluster (see [`Store::retire_cluster`]); returns the visible changes
+    /// (they are not queued: the caller applies them in order with what it drained).
+    pub fn retire_cluster(
+        &mut self,
+        cluster: &str,
+        at_ms: u64,
+    ) -> Result<Vec<(String, ObjectChange)>, StoreError> {
+        self.store.retire_cluster(cluster, at_ms)
     }
 
     /// The queued view changes of received sync messages, oldest first.

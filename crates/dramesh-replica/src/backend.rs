@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use dramesh_api::native::{
     EstimateRequest, EstimateResponse, PlaceRequest, PlaceResponse, PreemptRequest,
-    PreemptResponse, ReservationStatus, ReserveRequest, StatusReport,
+    PreemptResponse, ReservationStatus, ReserveRequest, RetiredCluster, StatusReport,
 };
 use dramesh_api::query::{ComponentSetQuery, ReplicaQuery, UnschedulableQuery};
 use dramesh_api::{ApiError, Backend, ReplicaAnswer};
@@ -161,6 +161,10 @@ impl Backend for ReplicaBackend {
 
     fn reservations(&self) -> Result<Vec<ReservationStatus>, ApiError> {
         Ok(self.state.reservation_list(true))
+    }
+
+    fn retire_cluster(&self, name: &str, by: &str) -> Result<RetiredCluster, ApiError> {
+        self.state.retire_cluster(name, by)
     }
 }
 

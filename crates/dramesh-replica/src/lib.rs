@@ -8,6 +8,7 @@
 //! - [`state`]: [`ReplicaState`]: the view and its side indexes, estimates, status, freshness.
 //! - `reserve`, `reservations`: in-flight reservations (resolution, writing; the record and
 //!   its table).
+//! - `retire`: retiring member clusters through replicated tombstones.
 //! - `requests`: API requests (manifests, Karmada requirements) as estimator workloads.
 //! - `backend`: [`ReplicaBackend`], the API crate's `Backend` over the state.
 //! - `pending`: unbound pods for `GetUnschedulableReplicas`; `devstatus`: device counts by
@@ -22,6 +23,7 @@ mod pending;
 mod requests;
 mod reservations;
 mod reserve;
+mod retire;
 mod routes;
 pub mod runner;
 pub mod state;

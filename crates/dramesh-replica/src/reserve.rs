@@ -211,7 +211,7 @@ impl ReplicaState {
                     ApiError::Internal(format!("writing the reservation document: {e}"))
                 })?;
             self.apply_changes(&outcome.view);
-            self.reservations_changed.notify_one();
+            self.own_docs_changed.notify_one();
             Ok(())
         })
     }

@@ -197,11 +197,7 @@ impl Replica {
             },
             stop_rx.clone(),
         ));
-        tasks.spawn(push_reservations(
-            mesh.clone(),
-            state.clone(),
-            stop_rx.clone(),
-        ));
+        tasks.spawn(push_own_docs(mesh.clone(), state.clone(), stop_rx.clone()));
         tasks.spawn(watch_agents(mesh.clone(), state.clone(), stop_rx));
         tracing::info!(
             replica = %id,
@@ -280,8 +276,8 @@ async fn feed(
                 record_count(s, fields::CHANGES_APPLIED, applied as u64);
             }
             for c in &touched {
-                // Reservation documents are not member-cluster data: they never refresh it.
-                if !crate::reservations::is_scope(c) {
+                // The replicas' own documents are not member-cluster data: they never refresh it.
+                if !dramesh_store::is_replica_scope(c) {
                     state.touch(c, now);
                 }
             }
@@ -386,15 +382,19 @@ async fn watch_agents(
     }
 }
 
-/// Offers this replica's reservation document to every peer as soon as it was written
-/// (anti-entropy would deliver it too, within seconds).
-async fn push_reservations(
+/// Offers this replica's reservation and retirement documents to every peer as soon as one
+/// was written (anti-entropy would deliver them too, within seconds; offering an unchanged
+/// document costs one heads comparison per peer).
+async fn push_own_docs(
     mesh: Arc<MeshHandle>,
     state: Arc<ReplicaState>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let doc = dramesh_store::DocId::reservations(state.replica.clone());
-    let changed = state.reservations_changed.clone();
+    let docs = [
+        dramesh_store::DocId::reservations(state.replica.clone()),
+        dramesh_store::DocId::retired(state.replica.clone()),
+    ];
+    let changed = state.own_docs_changed.clone();
     loop {
         let written = tokio::select! {
             _ = changed.notified() => true,
@@ -403,6 +403,8 @@ async fn push_reservations(
         if !written {
             return;
         }
-        mesh.notify_local_change(doc.clone()).await;
+        for doc in &docs {
+            mesh.notify_local_change(doc.clone()).await;
+        }
     }
 }

@@ -33,6 +33,8 @@
 //!    (`ReplicaState::compute(&Indexes)`), so it is never taken first.
 //! 6. `fresh` (data age per cluster): a leaf, taken only inside `touch`, `data_age` and the
 //!    change feed, possibly while the indexes are held.
+//! 7. `retired` (the latest tombstone per retired cluster, see [`crate::retire`]): a leaf,
+//!    held only for one closure (`with_retired`) that takes no other lock.
 //!
 //! The mesh holds `store` too (the same mutex) and takes no lock of this state.
 
@@ -56,6 +58,7 @@ use crate::pending::PendingIndex;
 use crate::requests::workload_from_manifests;
 use crate::reservations::{self as resv, Table};
 use crate::reserve::Resolved;
+use crate::retire::{self, Retired};
 
 fn read<T>(m: &RwLock<T>) -> RwLockReadGuard<'_, T> {
     m.read().unwrap_or_else(|e| e.into_inner())
@@ -107,10 +110,13 @@ pub struct ReplicaState {
     cache_bytes: AtomicUsize,
     /// Last time each cluster's writers were heard from (a change or a heartbeat).
     fresh: Mutex<HashMap<String, Instant>>,
+    /// The latest tombstone of each retired cluster.
+    retired: Mutex<Retired>,
     /// Whether this replica's reservation document could be opened for writing.
     pub(crate) reservations_writable: bool,
-    /// Signalled after this replica wrote its reservation document (the mesh pushes it).
-    pub(crate) reservations_changed: Arc<tokio::sync::Notify>,
+    /// Signalled after this replica wrote its reservation or retirement document (the mesh
+    /// pushes both).
+    pub(crate) own_docs_changed: Arc<tokio::sync::Notify>,
 }
 
 impl ReplicaState {
@@ -128,10 +134,14 @@ impl ReplicaState {
                 false
             }
         };
+        if let Err(e) = lock(&store).open_writer(&retire::doc_id(replica)) {
+            tracing::error!(error = %e, "the retirement document cannot be written; clusters cannot be retired here");
+        }
         let state = Arc::new(ReplicaState {
             reservations: Mutex::new(Table::new(replica)),
+            retired: Mutex::new(Retired::default()),
             reservations_writable: writable,
-            reservations_changed: Arc::new(tokio::sync::Notify::new()),
+            own_docs_changed: Arc::new(tokio::sync::Notify::new()),
             replica: replica.to_string(),
             stale_after,
             store,
@@ -153,6 +163,11 @@ impl ReplicaState {
     /// Runs `f` on the reservation table (a leaf lock: `f` takes no other).
     pub(crate) fn with_table<R>(&self, f: impl FnOnce(&mut Table) -> R) -> R {
         f(&mut lock(&self.reservations))
+    }
+
+    /// Runs `f` on the retired-cluster table (a leaf lock: `f` takes no other).
+    pub(crate) fn with_retired<R>(&self, f: impl FnOnce(&mut Retired) -> R) -> R {
+        f(&mut lock(&self.retired))
     }
 
     /// Read access to the view and its side indexes.
@@ -229,8 +244,10 @@ impl ReplicaState {
         self.with_table(|t| t.retain(&keep));
     }
 
-    /// Applies visible object changes to the view; a change that does not decode is logged
-    /// and skipped (the object keeps its previous value).
+    /// Applies visible object changes: reservations to their table, member-cluster data to
+    /// the view, then tombstones (so a retirement also removes what arrived before it in the
+    /// same batch). A change that does not decode is logged and skipped (the object keeps
+    /// its previous value).
     pub fn apply_changes(&self, changes: &[(String, ObjectChange)]) {
         if changes.is_empty() {
             return;
@@ -246,13 +263,25 @@ impl ReplicaState {
                 }
             });
         }
+        let (tombstones, changes): (Vec<_>, Vec<_>) =
+            changes.into_iter().partition(|(c, _)| retire::is_scope(c));
+        self.apply_view_changes(&changes);
+        if !tombstones.is_empty() {
+            self.apply_tombstones(&tombstones);
+        }
+    }
+
+    /// Applies member-cluster changes to the view and its side indexes and marks their
+    /// clusters fresh.
+    pub(crate) fn apply_view_changes(&self, changes: &[&(String, ObjectChange)]) {
         if changes.is_empty() {
             return;
         }
+        let now = Instant::now();
         {
             let mut indexes = write(&self.indexes);
             let Indexes { view, pending } = &mut *indexes;
-            for (cluster, change) in &changes {
+            for (cluster, change) in changes {
                 if let Err(e) = view.apply(cluster, change) {
                     tracing::warn!(cluster, key = %change.key(), error = %e, "change not applied to the view");
                 }
@@ -260,14 +289,26 @@ impl ReplicaState {
             }
         }
         let mut fresh = lock(&self.fresh);
-        for (cluster, _) in &changes {
+        for (cluster, _) in changes {
             fresh.insert(cluster.clone(), now);
         }
     }
 
-    /// Records that `cluster`'s writers were heard from at `at`.
+    /// Drops a retired cluster from the view and the freshness map (its unbound pods left
+    /// the pending index with the deletes of its objects).
+    pub(crate) fn forget_cluster(&self, cluster: &str) {
+        write(&self.indexes).view.remove_cluster(cluster);
+        lock(&self.fresh).remove(cluster);
+    }
+
+    /// Records that `cluster`'s writers were heard from at `at`. A retired cluster is not
+    /// made fresh by heartbeats (its agent may still run), only by data of a newer generation.
     pub fn touch(&self, cluster: &str, at: Instant) {
+        let retired = self.with_retired(|r| r.contains(cluster));
         let mut fresh = lock(&self.fresh);
+        if retired && !fresh.contains_key(cluster) {
+            return;
+        }
         let e = fresh.entry(cluster.to_string()).or_insert(at);
         if *e < at {
             *e = at;
@@ -473,6 +514,7 @@ impl ReplicaState {
             ready: false,
             clusters,
             reservations,
+            retired: self.retired_clusters(),
         }
     }
 }

@@ -10,6 +10,17 @@ use std::fmt;
 /// segment ([`valid_segment`]), so no member cluster and no agent can ever be named by it.
 pub const RESERVATION_SCOPE: &str = "_reservations";
 
+/// The reserved cluster segment of replica-written retirement documents: replica `<id>` writes
+/// `DocId { cluster: "_retired", writer: <id> }`, one tombstone per member cluster it retired.
+/// Not a valid name segment either.
+pub const RETIRED_SCOPE: &str = "_retired";
+
+/// Whether `cluster` is one of the replicas' own scopes ([`RESERVATION_SCOPE`],
+/// [`RETIRED_SCOPE`]) rather than a member cluster.
+pub fn is_replica_scope(cluster: &str) -> bool {
+    cluster == RESERVATION_SCOPE || cluster == RETIRED_SCOPE
+}
+
 /// Longest accepted name segment, matching a DNS subdomain name.
 const MAX_SEGMENT_LEN: usize = 253;
 
@@ -58,15 +69,26 @@ impl DocId {
         Self::new(RESERVATION_SCOPE, id)
     }
 
+    /// The retirement document written by replica `id`.
+    pub fn retired(id: impl Into<String>) -> Self {
+        Self::new(RETIRED_SCOPE, id)
+    }
+
     /// Whether this is a replica's reservation document (not a member cluster's).
     pub fn is_reservations(&self) -> bool {
         self.cluster == RESERVATION_SCOPE
     }
 
-    /// Both parts are valid name segments ([`valid_segment`]), or the cluster is
-    /// [`RESERVATION_SCOPE`] and the writer a valid replica id.
+    /// Whether this document is written by a replica ([`is_replica_scope`]) rather than
+    /// describing a member cluster.
+    pub fn is_replica_scope(&self) -> bool {
+        is_replica_scope(&self.cluster)
+    }
+
+    /// Both parts are valid name segments ([`valid_segment`]), or the cluster is a replica
+    /// scope ([`DocId::is_replica_scope`]) and the writer a valid replica id.
     pub fn is_valid(&self) -> bool {
-        (valid_segment(&self.cluster) || self.is_reservations()) && valid_segment(&self.writer)
+        (valid_segment(&self.cluster) || self.is_replica_scope()) && valid_segment(&self.writer)
     }
 
     /// SHA-256 of the length-prefixed cluster and writer, stable across versions and processes.

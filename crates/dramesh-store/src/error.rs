@@ -25,8 +25,8 @@ pub enum StoreError {
     /// A document id the mesh could not name ([`DocId::is_valid`]).
     #[error(
         "document id {doc} is invalid: cluster and writer must be 1-253 chars of [a-z0-9.-], \
-         starting and ending alphanumeric (cluster may be \"_reservations\" for a replica's \
-         reservations)"
+         starting and ending alphanumeric (cluster may be \"_reservations\" or \"_retired\" for a \
+         replica's own documents)"
     )]
     InvalidDocId {
         /// The refused id.
@@ -87,6 +87,24 @@ pub enum StoreError {
         doc: DocId,
         /// The refused generation (the writer's wall clock in milliseconds when it began).
         generation: u64,
+    },
+
+    /// A sync message for a generation of a member cluster that was retired from the fleet
+    /// ([`Store::retire_cluster`](crate::Store::retire_cluster)) at or after that generation
+    /// began. Nothing was applied.
+    #[error(
+        "document {doc} generation {generation}: cluster {cluster} was retired from the fleet at \
+         {retired_at_ms} ms since the epoch, after this generation began; restart its agent with \
+         --rejoin to publish again",
+        cluster = doc.cluster
+    )]
+    RetiredCluster {
+        /// The document.
+        doc: DocId,
+        /// The refused generation.
+        generation: u64,
+        /// When the cluster was retired (wall clock, milliseconds since the epoch).
+        retired_at_ms: u64,
     },
 
     /// A sync message above [`StoreConfig::max_message_bytes`](crate::StoreConfig::max_message_bytes).

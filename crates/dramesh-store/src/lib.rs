@@ -24,7 +24,8 @@ mod view;
 
 pub use digest::{DIGEST_BUCKETS, Digest, DocEntry};
 pub use docid::{
-    DocId, HeadsHash, RESERVATION_SCOPE, heads_hash, hex, valid_segment, writer_actor,
+    DocId, HeadsHash, RESERVATION_SCOPE, RETIRED_SCOPE, heads_hash, hex, is_replica_scope,
+    valid_segment, writer_actor,
 };
 pub use error::StoreError;
 pub use object::{ObjectChange, ObjectKey, ObjectKind};

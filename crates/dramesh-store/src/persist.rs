@@ -260,6 +260,20 @@ pub(crate) fn truncate(
 }
 
 /// Moves a corrupt file aside (kept for inspection, never loaded again); returns the new path.
+/// Deletes a document's file, durably (the directory is fsynced). A file already gone is fine.
+pub(crate) fn remove(
+    dir: &Path,
+    doc: &DocId,
+    durability: Durability,
+) -> Result<(), crate::StoreError> {
+    let path = doc_path(dir, doc);
+    match fs::remove_file(&path) {
+        Ok(()) => sync_dir(dir, durability),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io_err(&path)(e)),
+    }
+}
+
 pub(crate) fn quarantine(path: &Path) -> Result<PathBuf, crate::StoreError> {
     let mut n = 0u32;
     loop {

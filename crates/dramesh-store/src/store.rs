@@ -244,6 +244,8 @@ pub struct Store {
     compaction_rest_until: Instant,
     /// Compactions done (writers' and replicas').
     compactions: u64,
+    /// Retired member clusters: generations begun at or before this time (ms) are refused.
+    retired: BTreeMap<String, u64>,
 }
 
 fn wall_millis(offset_ms: i64) -> u64 {
@@ -508,6 +510,7 @@ impl Store {
             compaction_due: BTreeSet::new(),
             compaction_rest_until: Instant::now(),
             compactions: 0,
+            retired: BTreeMap::new(),
         }
     }
 
@@ -1313,6 +1316,15 @@ impl Store {
                 generation,
             });
         }
+        if let Some(&retired_at_ms) = self.retired.get(&doc.cluster)
+            && generation <= retired_at_ms
+        {
+            return Err(StoreError::RetiredCluster {
+                doc: doc.clone(),
+                generation,
+                retired_at_ms,
+            });
+        }
         let msg = Message::decode(message).map_err(|e| StoreError::MalformedMessage {
             doc: doc.clone(),
             reason: e.to_string(),
@@ -1540,6 +1552,54 @@ impl Store {
             out.push((doc.cluster.clone(), change));
         }
         out
+    }
+
+    /// Retires member cluster `cluster` as of `at_ms` (wall clock, ms since the epoch): every
+    /// replica copy of its documents whose generation began at or before then is dropped from
+    /// memory, the digest and disk (the directory is fsynced), and from now on messages for
+    /// such generations are refused with [`StoreError::RetiredCluster`]. A writer that comes
+    /// back later does so through a newer generation, which is accepted as usual. Returns the
+    /// visible changes (deletes). Idempotent; a later retirement of the same cluster moves the
+    /// bound forward, an earlier one changes nothing. The store's own documents are never
+    /// dropped.
+    pub fn retire_cluster(
+        &mut self,
+        cluster: &str,
+        at_ms: u64,
+    ) -> Result<Vec<(String, ObjectChange)>, StoreError> {
+        let bound = self.retired.entry(cluster.to_string()).or_insert(0);
+        *bound = (*bound).max(at_ms);
+        let bound = *bound;
+        self.pending
+            .retain(|d, p| d.cluster != cluster || p.generation > bound);
+        let doomed: Vec<DocId> = self
+            .docs
+            .range(DocId::new(cluster, "")..)
+            .take_while(|(d, _)| d.cluster == cluster)
+            .filter(|(_, e)| !e.owned && e.generation <= bound)
+            .map(|(d, _)| d.clone())
+            .collect();
+        let mut out = std::mem::take(&mut self.undelivered);
+        for doc in doomed {
+            if let Some(dir) = &self.dir {
+                persist::remove(dir, &doc, self.config.durability)?;
+            }
+            let Some(old) = self.docs.remove(&doc) else {
+                continue;
+            };
+            self.digest.xor(doc.bucket(), old.digest_part);
+            self.unsynced.remove(&doc);
+            self.compaction_due.remove(&doc);
+            let keys = object_keys(&old.doc, None);
+            tracing::info!(doc = %doc, generation = old.generation, "dropped the document of a retired cluster");
+            out.extend(self.reconcile(&doc, keys, Old::Doc(Box::new(old.doc))));
+        }
+        Ok(out)
+    }
+
+    /// Retired clusters and the time each was retired at ([`Store::retire_cluster`]).
+    pub fn retired_clusters(&self) -> &BTreeMap<String, u64> {
+        &self.retired
     }
 
     /// Every visible object, as upserts (the initial load of an estimation view).

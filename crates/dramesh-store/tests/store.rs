@@ -1000,3 +1000,82 @@ fn document_ids_the_mesh_cannot_name_are_refused() {
     s.open_writer(&DocId::reservations("r1")).unwrap();
     assert_eq!(s.entries().len(), 1);
 }
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+#[test]
+fn a_retired_cluster_is_dropped_from_memory_digest_and_disk_until_a_newer_generation() {
+    let rdir = tempfile::tempdir().unwrap();
+    let config = StoreConfig {
+        durability: Durability::Fsync,
+        ..StoreConfig::default()
+    };
+    let gone = DocId::new("c1", "agent-n1");
+    let stays = DocId::new("c2", "agent-m1");
+    let mut a = agent(&gone, test_config());
+    let mut b = agent(&stays, test_config());
+    a.store.apply(&gone, vec![upsert(node("n1"), "1")]).unwrap();
+    b.store
+        .apply(&stays, vec![upsert(node("m1"), "2")])
+        .unwrap();
+    let (rs, _) = Store::open(rdir.path(), config.clone()).unwrap();
+    let mut r = Peer::replica(rs);
+    full_sync(&mut a, &mut r);
+    full_sync(&mut b, &mut r);
+    assert_eq!(std::fs::read_dir(rdir.path()).unwrap().count(), 2);
+    let old_gen = r.store.entry(&gone).unwrap().generation;
+
+    let at = now_ms();
+    let out = r.store.retire_cluster("c1", at).unwrap();
+    apply_view(&mut r.view, out);
+    assert_eq!(r.view, snapshot_view(&b.store), "only c2 stays visible");
+    assert_eq!(r.store.entry(&gone), None);
+    assert_eq!(r.store.digest(), b.store.digest());
+    assert_eq!(std::fs::read_dir(rdir.path()).unwrap().count(), 1);
+    assert_eq!(r.store.retired_clusters().get("c1"), Some(&at));
+    // Retiring again is a no-op.
+    assert!(r.store.retire_cluster("c1", at - 1).unwrap().is_empty());
+    assert_eq!(r.store.retired_clusters().get("c1"), Some(&at));
+
+    // The old generation cannot come back, whoever offers it.
+    a.store.apply(&gone, vec![upsert(node("n2"), "3")]).unwrap();
+    let mut sa = SyncState::new();
+    let msg = a
+        .store
+        .generate_sync_message(&gone, old_gen, &mut sa)
+        .unwrap()
+        .unwrap();
+    let err = r
+        .store
+        .receive_sync_message(&gone, old_gen, &mut SyncState::new(), &msg, &|_| true)
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::RetiredCluster { retired_at_ms, .. } if retired_at_ms == at),
+        "{err}"
+    );
+    assert!(err.to_string().contains("--rejoin"), "{err}");
+    assert_eq!(r.store.entry(&gone), None);
+    assert_eq!(r.store.digest(), b.store.digest());
+
+    // On disk nothing of c1 is left: a restart holds only c2.
+    drop(r);
+    let (rs, report) = Store::open(rdir.path(), config).unwrap();
+    assert_eq!(report.loaded, 1);
+    let mut r = Peer::replica(rs);
+    r.view = snapshot_view(&r.store);
+    assert_eq!(r.view, snapshot_view(&b.store));
+
+    // A writer that comes back in a newer generation is accepted.
+    r.store.retire_cluster("c1", at).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(3));
+    let new_gen = a.store.rollover(&gone).unwrap();
+    assert!(new_gen > at);
+    full_sync(&mut a, &mut r);
+    assert_eq!(r.store.entry(&gone).unwrap().generation, new_gen);
+    assert_eq!(r.store.get("c1", &node("n2")).as_deref(), Some(&b"3"[..]));
+}

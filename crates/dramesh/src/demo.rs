@@ -342,6 +342,7 @@ pub(crate) async fn run(serve: bool) -> anyhow::Result<()> {
                 coalesce: CoalesceConfig::default(),
                 metrics: None,
                 http: Default::default(),
+                rejoin: false,
             })
             .await?,
         );

@@ -8,6 +8,7 @@ mod certs;
 mod demo;
 mod fds;
 mod plan;
+mod retire;
 mod table;
 
 use std::net::SocketAddr;
@@ -209,6 +210,25 @@ enum Command {
         /// OTLP/gRPC collector for spans (http://host:4317); default $OTEL_EXPORTER_OTLP_ENDPOINT, else no export.
         #[arg(long)]
         otlp_endpoint: Option<String>,
+        /// Start a new generation of this agent's document: how a cluster retired with
+        /// `dramesh retire` comes back (replicas refuse what was published before).
+        #[arg(long)]
+        rejoin: bool,
+    },
+    /// Retire a member cluster from the fleet: every replica drops its data, now and after
+    /// partitions heal and restarts, until one of its agents starts with --rejoin.
+    Retire {
+        /// The member cluster.
+        cluster: String,
+        /// HTTP API of any replica (host:port or http://host:port).
+        #[arg(long)]
+        api: String,
+        /// File holding a bearer token sent as `Authorization: Bearer <token>`.
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        /// Seconds to wait for the answer.
+        #[arg(long, default_value_t = 10)]
+        timeout: u64,
     },
     /// Simulated fleet, 3 replicas and 3 agents in this process: estimates, placement, preemption.
     Demo {
@@ -549,6 +569,7 @@ fn main() -> ExitCode {
             max_http_connections,
             header_timeout,
             otlp_endpoint,
+            rejoin,
         } => daemon(
             telemetry(
                 dramesh_telemetry::SERVICE_AGENT,
@@ -597,12 +618,24 @@ fn main() -> ExitCode {
                         max_connections: fds::api_cap(fds::raise_nofile(), 1, max_http_connections),
                         header_timeout: Duration::from_secs(header_timeout.max(1)),
                     },
+                    rejoin,
                 })
                 .await?;
                 shutdown_signal().await;
                 stop_within("agent", a.shutdown()).await;
                 Ok(())
             },
+        ),
+        Command::Retire {
+            cluster,
+            api,
+            token_file,
+            timeout,
+        } => retire::run(
+            &cluster,
+            &api,
+            token_file.as_deref(),
+            Duration::from_secs(timeout.max(1)),
         ),
         Command::Demo {
             serve,

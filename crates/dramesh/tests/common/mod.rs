@@ -447,9 +447,22 @@ pub(crate) fn spawn_folder_agent(
     certs: &Path,
     replicas: &[SocketAddr],
 ) -> Child {
+    spawn_folder_agent_with(cluster, dir, data, certs, replicas, &[])
+}
+
+/// [`spawn_folder_agent`] with `extra` arguments.
+pub(crate) fn spawn_folder_agent_with(
+    cluster: &str,
+    dir: &Path,
+    data: &Path,
+    certs: &Path,
+    replicas: &[SocketAddr],
+    extra: &[&str],
+) -> Child {
     let stem = format!("agent-{cluster}-folder");
     let mut cmd = Command::new(BIN);
     cmd.args(["agent", "--cluster", cluster, "--agent-name", "folder"])
+        .args(extra)
         .args(["--source", "dir", "--dir", &dir.display().to_string()])
         .args(["--listen", "127.0.0.1:0"])
         .args(["--data-dir", &data.display().to_string()]);

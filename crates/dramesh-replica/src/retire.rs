@@ -1,0 +1,181 @@
+//! Retiring member clusters from the fleet, as replicated state.
+//!
+//! Replica `<id>` records the clusters it retires in its own document
+//! `DocId { cluster: "_retired", writer: <id> }` (one tombstone per cluster, under the store's
+//! generic key `meta/<cluster>`, value [`Tombstone`] as JSON). The mesh replicates it like the
+//! reservation documents, so a retirement written on one side of a partition reaches every
+//! replica after the heal, and it is on disk, so it survives restarts.
+//!
+//! Every replica applies every tombstone it holds, whoever wrote it, whenever one arrives and
+//! when it starts: [`dramesh_store::Store::retire_cluster`] drops the cluster's documents from
+//! memory, the digest and disk and refuses their generations from then on, so a peer that
+//! still holds them (it was partitioned away) cannot bring them back, and neither can the
+//! cluster's agents while they run. Then the cluster leaves the view, the unbound-pod index
+//! and the freshness map. An agent started later with `--rejoin` writes a newer generation,
+//! which is accepted as usual: retirement is not a ban, only the end of what was there.
+//! Concurrent retirements of one cluster by several replicas agree: the latest time wins.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use dramesh_api::ApiError;
+use dramesh_api::native::RetiredCluster;
+use dramesh_model::{ObjectChange, ObjectKey, ObjectKind};
+use dramesh_store::{DocId, RETIRED_SCOPE, valid_segment};
+use serde::{Deserialize, Serialize};
+
+use crate::state::ReplicaState;
+
+/// The retirement document written by `replica`.
+pub(crate) fn doc_id(replica: &str) -> DocId {
+    DocId::new(RETIRED_SCOPE, replica)
+}
+
+/// Whether `cluster` (as the store reports changes) is the retirement scope.
+pub(crate) fn is_scope(cluster: &str) -> bool {
+    cluster == RETIRED_SCOPE
+}
+
+/// One retirement as replicated.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Tombstone {
+    pub(crate) cluster: String,
+    pub(crate) retired_at_ms: u64,
+    pub(crate) replica: String,
+    pub(crate) by: String,
+}
+
+impl From<Tombstone> for RetiredCluster {
+    fn from(t: Tombstone) -> Self {
+        RetiredCluster {
+            name: t.cluster,
+            retired_at_ms: t.retired_at_ms,
+            replica: t.replica,
+            by: t.by,
+        }
+    }
+}
+
+/// The latest tombstone of each retired cluster.
+#[derive(Debug, Default)]
+pub(crate) struct Retired(BTreeMap<String, Tombstone>);
+
+impl Retired {
+    /// Records `t`; true when it is the latest for its cluster (it moved the bound).
+    fn record(&mut self, t: Tombstone) -> bool {
+        match self.0.get(&t.cluster) {
+            Some(have) if have.retired_at_ms >= t.retired_at_ms => false,
+            _ => {
+                self.0.insert(t.cluster.clone(), t);
+                true
+            }
+        }
+    }
+
+    pub(crate) fn contains(&self, cluster: &str) -> bool {
+        self.0.contains_key(cluster)
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl ReplicaState {
+    /// Retires member cluster `name` on behalf of API identity `by`: writes the tombstone into
+    /// this replica's retirement document and applies it here at once (the mesh carries it
+    /// to every other replica). `NotFound` when neither the view nor the store knows the
+    /// cluster, so a typo retires nothing.
+    pub fn retire_cluster(&self, name: &str, by: &str) -> Result<RetiredCluster, ApiError> {
+        if !valid_segment(name) {
+            return Err(ApiError::InvalidRequest(format!(
+                "retire: cluster name {name:?} is not a valid cluster name"
+            )));
+        }
+        let known = self.with_view(|v| v.cluster(name).is_some())
+            || self.with_store(|s| s.store().entries().iter().any(|e| e.doc.cluster == name));
+        if !known {
+            return Err(ApiError::NotFound(format!(
+                "retire: cluster {name} is not in this replica's view"
+            )));
+        }
+        let t = Tombstone {
+            cluster: name.to_string(),
+            retired_at_ms: now_ms(),
+            replica: self.replica.clone(),
+            by: by.to_string(),
+        };
+        let json = serde_json::to_vec(&t)
+            .map_err(|e| ApiError::Internal(format!("encoding the tombstone: {e}")))?;
+        let change = ObjectChange::Upsert {
+            key: ObjectKey::new(ObjectKind::ClusterInfo, None, name),
+            json: Arc::from(json),
+        };
+        self.with_feed(|| {
+            let outcome = self
+                .with_store(|s| s.apply(&doc_id(&self.replica), vec![change]))
+                .map_err(|e| ApiError::Internal(format!("writing the retirement document: {e}")))?;
+            self.apply_changes(&outcome.view);
+            self.own_docs_changed.notify_one();
+            Ok::<_, ApiError>(())
+        })?;
+        tracing::warn!(
+            cluster = name,
+            by,
+            at_ms = t.retired_at_ms,
+            "retired a member cluster from the fleet"
+        );
+        Ok(t.into())
+    }
+
+    /// Every retired cluster, by name.
+    pub fn retired_clusters(&self) -> Vec<RetiredCluster> {
+        self.with_retired(|r| r.0.values().cloned().map(Into::into).collect())
+    }
+
+    /// Applies tombstones (changes of the retirement scope) in the feed: drops each cluster
+    /// from the store, then from the view and its indexes. Called with the feed held.
+    pub(crate) fn apply_tombstones(&self, changes: &[&(String, ObjectChange)]) {
+        for (_, change) in changes {
+            let ObjectChange::Upsert { key, json } = change else {
+                // Tombstones are never deleted; a delete means nothing here.
+                continue;
+            };
+            let t = match serde_json::from_slice::<Tombstone>(json) {
+                Ok(t) if t.cluster == key.name && valid_segment(&t.cluster) => t,
+                Ok(t) => {
+                    tracing::warn!(key = %key, cluster = %t.cluster, "tombstone names another cluster than its key; ignored");
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(key = %key, error = %e, "tombstone does not decode; ignored");
+                    continue;
+                }
+            };
+            let (cluster, at) = (t.cluster.clone(), t.retired_at_ms);
+            if !self.with_retired(|r| r.record(t)) {
+                continue;
+            }
+            let dropped = match self.with_store(|s| s.retire_cluster(&cluster, at)) {
+                Ok(d) => d,
+                Err(e) => {
+                    // What was dropped from memory stays dropped; the file is removed on the
+                    // next start, when the tombstone is applied again.
+                    tracing::error!(cluster = %cluster, error = %e, "retiring a cluster: removing its files failed");
+                    Vec::new()
+                }
+            };
+            let remaining =
+                self.with_store(|s| s.store().entries().iter().any(|e| e.doc.cluster == cluster));
+            self.apply_view_changes(&dropped.iter().collect::<Vec<_>>());
+            if !remaining {
+                self.forget_cluster(&cluster);
+            }
+            tracing::info!(cluster = %cluster, at_ms = at, kept_newer = remaining, "applied a cluster retirement");
+        }
+    }
+}

@@ -19,6 +19,7 @@
 pub mod backend;
 pub mod codec;
 mod convert;
+pub mod deadline;
 pub mod grpc;
 pub mod http;
 pub mod metrics;

@@ -125,15 +125,18 @@ impl ApiState {
         let backend = self.backend.clone();
         let metrics = self.metrics.clone();
         let span = tracing::Span::current();
+        let deadline = std::time::Instant::now() + self.config.request_timeout;
         let task = tokio::task::spawn_blocking(move || {
             let _parent = span.enter();
-            Self::searched(
-                &metrics,
-                method,
-                "*",
-                || f(backend.as_ref()),
-                |r| if r.is_ok() { "ok" } else { "error" },
-            )
+            crate::deadline::scoped(deadline, || {
+                Self::searched(
+                    &metrics,
+                    method,
+                    "*",
+                    || f(backend.as_ref()),
+                    |r| if r.is_ok() { "ok" } else { "error" },
+                )
+            })
         });
         let out = match tokio::time::timeout(self.config.request_timeout, task).await {
             Ok(Ok(r)) => r,
@@ -141,7 +144,7 @@ impl ApiState {
                 "{} computation panicked: {join}",
                 method.as_str()
             ))),
-            // The blocking task keeps running to completion; its result is dropped.
+            // The computation stops at the deadline by itself ([`crate::deadline`]).
             Err(_) => Err(ApiError::Unavailable(format!(
                 "{} did not finish within {:?}",
                 method.as_str(),
@@ -164,21 +167,24 @@ impl ApiState {
         let metrics = self.metrics.clone();
         let span = tracing::Span::current();
         let c = cluster.to_owned();
+        let deadline = std::time::Instant::now() + self.config.karmada_timeout;
         let task = tokio::task::spawn_blocking(move || {
             let _parent = span.enter();
-            Self::searched(
-                &metrics,
-                method,
-                &c,
-                || f(backend.as_ref()),
-                |a| match a {
-                    ReplicaAnswer::Count(_) => "count",
-                    ReplicaAnswer::Unknown { .. } => "unknown",
-                    ReplicaAnswer::UnknownCluster => "unknown_cluster",
-                    ReplicaAnswer::Stale { .. } => "stale_cluster",
-                    ReplicaAnswer::Failed(_) => "error",
-                },
-            )
+            crate::deadline::scoped(deadline, || {
+                Self::searched(
+                    &metrics,
+                    method,
+                    &c,
+                    || f(backend.as_ref()),
+                    |a| match a {
+                        ReplicaAnswer::Count(_) => "count",
+                        ReplicaAnswer::Unknown { .. } => "unknown",
+                        ReplicaAnswer::UnknownCluster => "unknown_cluster",
+                        ReplicaAnswer::Stale { .. } => "stale_cluster",
+                        ReplicaAnswer::Failed(_) => "error",
+                    },
+                )
+            })
         });
         let answer = match tokio::time::timeout(self.config.karmada_timeout, task).await {
             Ok(Ok(a)) => a,

@@ -252,3 +252,101 @@ async fn reservation_routes_create_list_get_and_release() {
     );
     srv.stop().await;
 }
+
+/// A backend whose estimate runs until the call's deadline passes (like a long search that
+/// checks it), then reports when it stopped.
+struct Slow {
+    table: dramesh_api::table::TableBackend,
+    stopped: std::sync::mpsc::SyncSender<(Option<std::time::Instant>, std::time::Instant)>,
+}
+
+impl dramesh_api::Backend for Slow {
+    fn max_available_replicas(
+        &self,
+        q: &dramesh_api::query::ReplicaQuery,
+    ) -> dramesh_api::ReplicaAnswer {
+        self.table.max_available_replicas(q)
+    }
+    fn max_available_component_sets(
+        &self,
+        q: &dramesh_api::query::ComponentSetQuery,
+    ) -> dramesh_api::ReplicaAnswer {
+        self.table.max_available_component_sets(q)
+    }
+    fn unschedulable_replicas(
+        &self,
+        q: &dramesh_api::query::UnschedulableQuery,
+    ) -> dramesh_api::ReplicaAnswer {
+        self.table.unschedulable_replicas(q)
+    }
+    fn estimate_all(
+        &self,
+        _: &dramesh_api::native::EstimateRequest,
+    ) -> Result<dramesh_api::native::EstimateResponse, dramesh_api::ApiError> {
+        let deadline = dramesh_api::deadline::current();
+        let give_up = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while deadline.is_none_or(|d| std::time::Instant::now() < d)
+            && std::time::Instant::now() < give_up
+        {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // Finishing the unit of work in hand (a node) takes a moment past the deadline.
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let _ = self.stopped.send((deadline, std::time::Instant::now()));
+        Err(dramesh_api::ApiError::Unavailable("stopped".into()))
+    }
+    fn place(
+        &self,
+        r: &dramesh_api::native::PlaceRequest,
+    ) -> Result<dramesh_api::native::PlaceResponse, dramesh_api::ApiError> {
+        self.table.place(r)
+    }
+    fn preempt(
+        &self,
+        r: &dramesh_api::native::PreemptRequest,
+    ) -> Result<dramesh_api::native::PreemptResponse, dramesh_api::ApiError> {
+        self.table.preempt(r)
+    }
+    fn status(&self) -> dramesh_api::native::StatusReport {
+        self.table.status()
+    }
+}
+
+#[tokio::test]
+async fn a_computation_past_its_deadline_is_told_to_stop() {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let backend = Slow {
+        table: dramesh_api::table::demo_table(),
+        stopped: tx,
+    };
+    let timeout = std::time::Duration::from_millis(300);
+    let state = dramesh_api::ApiState::new(std::sync::Arc::new(backend)).with_config(ApiConfig {
+        request_timeout: timeout,
+        ..ApiConfig::default()
+    });
+    let srv = start_http(state).await;
+    let start = std::time::Instant::now();
+    let (code, body) = call(
+        srv.addr,
+        "POST",
+        "/v1/estimate",
+        Some(br#"{"workload":{"manifests":["apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, image: x}]}\n"]}}"#),
+    )
+    .await;
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("did not finish"), "{body}");
+    let (deadline, stopped) = tokio::task::spawn_blocking(move || {
+        rx.recv_timeout(std::time::Duration::from_secs(5))
+            .expect("the worker stopped")
+    })
+    .await
+    .expect("join");
+    let deadline = deadline.expect("the backend call saw its deadline");
+    assert!(deadline <= start + timeout + std::time::Duration::from_millis(50));
+    assert!(
+        stopped.duration_since(start) < timeout + std::time::Duration::from_secs(1),
+        "the worker ran {:?} past a {timeout:?} timeout",
+        stopped.duration_since(start)
+    );
+    srv.stop().await;
+}

@@ -18,6 +18,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::assumed::{AssumedWorkload, NodeFree, assumed_deductions, node_free};
 use crate::filter::NodeClaim;
@@ -48,6 +49,21 @@ pub struct EstimateOptions {
     /// Clusters whose data the caller considers stale (a replica's data-age rule): placement
     /// and preemption never choose them. Estimates ignore it (they report every cluster).
     pub stale: Vec<String>,
+    /// When the caller stops waiting. Past it, every cluster and node not computed yet is
+    /// answered as an error ([`DEADLINE_EXCEEDED`]) without computing, so a worker whose
+    /// caller gave up is freed within one node's work. Checked between nodes, never inside
+    /// an allocation search, so what the caches keep is always complete.
+    pub deadline: Option<Instant>,
+}
+
+/// The error of clusters left out because [`EstimateOptions::deadline`] passed.
+pub const DEADLINE_EXCEEDED: &str = "deadline exceeded: the caller stopped waiting";
+
+impl EstimateOptions {
+    /// Whether the deadline has passed.
+    pub fn past_deadline(&self) -> bool {
+        self.deadline.is_some_and(|d| Instant::now() >= d)
+    }
 }
 
 /// The estimate of one cluster.
@@ -374,7 +390,9 @@ impl Estimator {
             if !opts.clusters.is_empty() && !opts.clusters.contains(&c.name) {
                 continue;
             }
-            if opts.disable_cache {
+            if opts.past_deadline() {
+                clusters.push(error_estimate(c, DEADLINE_EXCEEDED.into()));
+            } else if opts.disable_cache {
                 clusters.push(estimate_cluster(c, w, opts, None, None));
             } else if opts.assumed.iter().any(|a| a.cluster == c.name) {
                 let cache = self.device_cache.entry(c.name.clone()).or_default();
@@ -436,6 +454,10 @@ impl Estimator {
             };
             let mut ok = true;
             for name in &changed {
+                if opts.past_deadline() {
+                    // The memo was taken out and is half updated: it is dropped.
+                    return error_estimate(c, DEADLINE_EXCEEDED.into());
+                }
                 if let Some(old) = m.per_node.remove(name) {
                     m.add(&old, -1);
                 }
@@ -486,6 +508,9 @@ impl Estimator {
             return out;
         }
         for node in c.nodes.values() {
+            if opts.past_deadline() {
+                return error_estimate(c, DEADLINE_EXCEEDED.into());
+            }
             match node_fit(c, w, node, None, None, devq.as_mut()) {
                 Ok(o) => {
                     memo.add(&o, 1);
@@ -670,6 +695,9 @@ pub(crate) fn estimate_cluster(
             }
         };
     for node in c.nodes.values() {
+        if opts.past_deadline() {
+            return error_estimate(c, DEADLINE_EXCEEDED.into());
+        }
         let freed = overlay.and_then(|o| o.freed.get(&node.name));
         let o = node_fit(c, w, node, freed, assumed.as_ref(), devq.as_mut());
         if !tally(&mut out, &o) {
@@ -744,6 +772,10 @@ pub fn estimate_component_sets(
     let mut clusters = Vec::new();
     for c in view.clusters() {
         if !opts.clusters.is_empty() && !opts.clusters.contains(&c.name) {
+            continue;
+        }
+        if opts.past_deadline() {
+            clusters.push(error_estimate(c, DEADLINE_EXCEEDED.into()));
             continue;
         }
         let deductions = assumed_deductions(c, &opts.assumed, None, opts.max_allocation_steps);

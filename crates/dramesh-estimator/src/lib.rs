@@ -45,8 +45,8 @@ mod test_fleet;
 pub use assumed::AssumedWorkload;
 pub use cluster_devices::{ClassUsage, ClusterDevices};
 pub use estimate::{
-    ClusterEstimate, Component, DEFAULT_CACHE_BYTES, Estimate, EstimateOptions, Estimator,
-    LIMIT_UNKNOWN, estimate, estimate_component_sets,
+    ClusterEstimate, Component, DEADLINE_EXCEEDED, DEFAULT_CACHE_BYTES, Estimate, EstimateOptions,
+    Estimator, LIMIT_UNKNOWN, estimate, estimate_component_sets,
 };
 pub use filter::{Exclusion, NodeClaim, NodeFacts};
 pub use placement::{PlacementResult, TargetCluster, assign, place, select_by_cluster, webster};

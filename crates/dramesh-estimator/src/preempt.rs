@@ -793,6 +793,13 @@ pub fn preempt(
             continue;
         }
         let before = est.cluster(&c.name).map(|e| e.max_replicas).unwrap_or(0);
+        if opts.past_deadline() {
+            result.clusters.push(ClusterPreemption {
+                reason: Some(crate::estimate::DEADLINE_EXCEEDED.into()),
+                ..ClusterPreemption::unchanged(&c.name, before)
+            });
+            continue;
+        }
         if opts.stale.contains(&c.name) {
             // Victims chosen from stale data could be gone or could not be enough.
             result.clusters.push(ClusterPreemption {

@@ -441,3 +441,59 @@ fn byte_bounded_caches_stay_within_bound_and_answer_the_same() {
         unbounded.cache_bytes()
     );
 }
+
+#[test]
+fn a_passed_deadline_computes_nothing_and_leaves_no_partial_cache() {
+    let spec = FleetSpec {
+        clusters: 3,
+        nodes_per_cluster: 12,
+        gpus_per_node: 4,
+        owners_per_cluster: 2,
+        kubernetes_version: "1.36".into(),
+    };
+    let view = fleet(&spec, &|n: usize| n % 3).unwrap();
+    let w = gpu_workload(1, "1");
+    let mut est = Estimator::new();
+    let past = EstimateOptions {
+        deadline: Some(std::time::Instant::now()),
+        ..Default::default()
+    };
+    assert!(past.past_deadline());
+    let cut = est.estimate(&view, &w, &past);
+    assert_eq!(cut.clusters.len(), 3);
+    for c in &cut.clusters {
+        assert_eq!(
+            c.error.as_deref(),
+            Some(dramesh_estimator::DEADLINE_EXCEEDED),
+            "{c:?}"
+        );
+        assert_eq!(c.max_replicas, 0);
+    }
+    assert_eq!(est.cache_bytes(), 0, "nothing cut short is cached");
+    let sets = dramesh_estimator::estimate_component_sets(&view, &[], &past);
+    assert_eq!(sets.clusters.len(), 3);
+    assert!(
+        sets.clusters
+            .iter()
+            .all(|c| c.error.as_deref() == Some(dramesh_estimator::DEADLINE_EXCEEDED))
+    );
+    let pre = dramesh_estimator::preempt(&view, &w, &mut est, &past);
+    assert!(pre.chosen.is_none());
+    assert_eq!(pre.clusters.len(), 3, "{pre:?}");
+    assert!(
+        pre.clusters
+            .iter()
+            .all(|c| c.reason.as_deref() == Some(dramesh_estimator::DEADLINE_EXCEEDED)),
+        "{pre:?}"
+    );
+    // A later call with time left answers as if the cut-short ones never happened.
+    compare(&view, &mut est, &w, "after a deadline");
+    let far = EstimateOptions {
+        deadline: Some(std::time::Instant::now() + std::time::Duration::from_secs(600)),
+        ..Default::default()
+    };
+    assert_eq!(
+        est.estimate(&view, &w, &far),
+        est.estimate(&view, &w, &EstimateOptions::default())
+    );
+}

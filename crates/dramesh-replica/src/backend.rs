@@ -44,6 +44,7 @@ impl Backend for ReplicaBackend {
         let opts = EstimateOptions {
             assumed,
             clusters: vec![q.cluster.clone()],
+            deadline: dramesh_api::deadline::current(),
             ..EstimateOptions::default()
         };
         let est = s.compute(&indexes).estimator.estimate(view, &w, &opts);
@@ -92,11 +93,15 @@ impl Backend for ReplicaBackend {
         let opts = EstimateOptions {
             assumed,
             clusters: vec![q.cluster.clone()],
+            deadline: dramesh_api::deadline::current(),
             ..EstimateOptions::default()
         };
         let est = dramesh_estimator::estimate_component_sets(view, &comps, &opts);
         match est.cluster(&q.cluster) {
-            Some(c) => ReplicaAnswer::Count(c.max_replicas),
+            Some(c) => match &c.error {
+                Some(e) => ReplicaAnswer::Failed(e.clone()),
+                None => ReplicaAnswer::Count(c.max_replicas),
+            },
             None => ReplicaAnswer::UnknownCluster,
         }
     }
@@ -488,6 +493,27 @@ mod tests {
 
     /// Every native answer flags stale clusters with their data age; placement and
     /// preemption never choose them (gpu-west holds the cheapest victim and would be chosen).
+    #[test]
+    fn a_call_past_its_deadline_is_refused_and_leaves_later_answers_alone() {
+        let state = state_with_fleet();
+        let manifests = vec![TRAINER.to_string()];
+        let before = state.estimate_manifests(&manifests, &[]).unwrap();
+        let past = dramesh_api::deadline::scoped(std::time::Instant::now(), || {
+            state.estimate_manifests(&manifests, &[])
+        });
+        assert_eq!(
+            past,
+            Err(ApiError::Unavailable(
+                dramesh_estimator::DEADLINE_EXCEEDED.into()
+            ))
+        );
+        let placed = dramesh_api::deadline::scoped(std::time::Instant::now(), || {
+            state.preempt_manifests(&manifests, &[], Some(100))
+        });
+        assert!(placed.is_err());
+        assert_eq!(state.estimate_manifests(&manifests, &[]).unwrap(), before);
+    }
+
     #[test]
     fn native_answers_flag_stale_clusters_and_never_choose_them() {
         let store = Store::in_memory(StoreConfig {

@@ -19,7 +19,7 @@
 //!
 //! # Lock order
 //!
-//! Six locks, always taken in this order, and each only inside a small method of this module:
+//! Seven locks, always taken in this order, and each only inside a small method of this module:
 //!
 //! 1. `feed`: serializes draining the store's queue with applying it (and writing this
 //!    replica's reservation document), so batches reach the view in the order the store
@@ -375,12 +375,14 @@ impl ReplicaState {
         let opts = EstimateOptions {
             assumed,
             clusters: clusters.to_vec(),
+            deadline: dramesh_api::deadline::current(),
             ..EstimateOptions::default()
         };
-        Ok(self
+        let est = self
             .compute(&indexes)
             .estimator
-            .estimate(&indexes.view, &w, &opts))
+            .estimate(&indexes.view, &w, &opts);
+        in_time(&opts, est)
     }
 
     /// Placement of a workload given as manifests (its PropagationPolicy among them).
@@ -407,15 +409,17 @@ impl ReplicaState {
             assumed,
             clusters: clusters.to_vec(),
             stale: self.stale_clusters(),
+            deadline: dramesh_api::deadline::current(),
             ..EstimateOptions::default()
         };
-        Ok(dramesh_estimator::place(
+        let placed = dramesh_estimator::place(
             &indexes.view,
             &w,
             &policy,
             &mut self.compute(&indexes).estimator,
             &opts,
-        ))
+        );
+        in_time(&opts, placed)
     }
 
     /// Preemption for a workload given as manifests; a PropagationPolicy among them restricts
@@ -438,6 +442,7 @@ impl ReplicaState {
             assumed,
             clusters: clusters.to_vec(),
             stale: self.stale_clusters(),
+            deadline: dramesh_api::deadline::current(),
             ..EstimateOptions::default()
         };
         if opts.clusters.is_empty()
@@ -450,12 +455,8 @@ impl ReplicaState {
                 ));
             }
         }
-        Ok(dramesh_estimator::preempt(
-            view,
-            &w,
-            &mut self.compute(&indexes).estimator,
-            &opts,
-        ))
+        let p = dramesh_estimator::preempt(view, &w, &mut self.compute(&indexes).estimator, &opts);
+        in_time(&opts, p)
     }
 
     /// Known, fresh cluster, or the Karmada answer explaining why not.
@@ -516,6 +517,18 @@ impl ReplicaState {
             reservations,
             retired: self.retired_clusters(),
         }
+    }
+}
+
+/// `out`, unless the call's deadline passed while it was computed: then clusters were left
+/// out of it and it must not be answered.
+fn in_time<T>(opts: &EstimateOptions, out: T) -> Result<T, ApiError> {
+    if opts.past_deadline() {
+        Err(ApiError::Unavailable(
+            dramesh_estimator::DEADLINE_EXCEEDED.into(),
+        ))
+    } else {
+        Ok(out)
     }
 }
 

@@ -16,7 +16,10 @@
 //!
 //! Every matched route is counted and timed by [`crate::metrics::track_http`].
 //!
-//! Guarantees: bodies above the configured limit get 413 before they are parsed; malformed
+//! Guarantees: a body not received whole within the header timeout (counted from the end of
+//! the headers) gets 408 and the connection is closed, so a client trickling a body cannot
+//! hold a connection the cap cannot evict; bodies above the configured limit get 413 before
+//! they are parsed; malformed
 //! JSON or a field the request type does not know gets 400 with `{"error": "..."}` naming the
 //! position or field; backend errors map to
 //! 400/404/503/500 with the same error body.
@@ -213,6 +216,49 @@ async fn metrics(State(state): State<ApiState>) -> Response {
         .into_response()
 }
 
+/// Reads the whole request body within `header_timeout` and the size limit before the route
+/// runs (408 and close, or 413, otherwise).
+async fn read_body_in_time(
+    State(state): State<ApiState>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let (parts, body) = req.into_parts();
+    let limit = state.config.max_request_bytes;
+    let wait = state.config.http.header_timeout;
+    let bytes = match tokio::time::timeout(wait, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(b)) => b,
+        Ok(Err(e)) => {
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            return if too_large {
+                error_body(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    &format!("request body exceeds {limit} bytes"),
+                )
+            } else {
+                error_body(StatusCode::BAD_REQUEST, &format!("reading the body: {e}"))
+            };
+        }
+        Err(_) => {
+            let mut r = error_body(
+                StatusCode::REQUEST_TIMEOUT,
+                &format!("the request body did not arrive within {wait:?}"),
+            );
+            r.headers_mut().insert(
+                header::CONNECTION,
+                header::HeaderValue::from_static("close"),
+            );
+            return r;
+        }
+    };
+    next.run(axum::extract::Request::from_parts(
+        parts,
+        axum::body::Body::from(bytes),
+    ))
+    .await
+}
+
 /// The HTTP routes over `state`, with the body size limit applied.
 pub fn http_router(state: ApiState) -> Router {
     let limit = state.config.max_request_bytes;
@@ -230,6 +276,10 @@ pub fn http_router(state: ApiState) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            read_body_in_time,
+        ))
         .route_layer(axum::middleware::from_fn_with_state(
             state.metrics.clone(),
             crate::metrics::track_http,

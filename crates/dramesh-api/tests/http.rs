@@ -350,3 +350,54 @@ async fn a_computation_past_its_deadline_is_told_to_stop() {
     );
     srv.stop().await;
 }
+
+#[tokio::test]
+async fn a_trickled_body_gets_408_at_the_header_timeout_and_a_large_one_413() {
+    let state = demo_state().with_config(ApiConfig {
+        max_request_bytes: 16 * 1024,
+        http: dramesh_telemetry::HttpLimits {
+            header_timeout: std::time::Duration::from_millis(300),
+            ..Default::default()
+        },
+        ..ApiConfig::default()
+    });
+    let srv = start_http(state).await;
+    let mut s = tokio::net::TcpStream::connect(srv.addr)
+        .await
+        .expect("connect");
+    s.write_all(
+        b"POST /v1/estimate HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"workload\"",
+    )
+    .await
+    .expect("write");
+    let start = std::time::Instant::now();
+    let mut out = Vec::new();
+    let read = tokio::time::timeout(std::time::Duration::from_secs(5), s.read_to_end(&mut out))
+        .await
+        .expect("the server answered and closed");
+    assert!(read.is_ok());
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("did not arrive within"), "{text}");
+    assert!(start.elapsed() < std::time::Duration::from_secs(2));
+
+    // A body over the limit sent in chunks (no Content-Length to refuse up front) is 413.
+    let mut s = tokio::net::TcpStream::connect(srv.addr)
+        .await
+        .expect("connect");
+    s.write_all(b"POST /v1/estimate HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+        .await
+        .expect("head");
+    let chunk = "x".repeat(8 * 1024);
+    for _ in 0..3 {
+        let _ = s
+            .write_all(format!("{:x}\r\n{chunk}\r\n", chunk.len()).as_bytes())
+            .await;
+    }
+    let _ = s.write_all(b"0\r\n\r\n").await;
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out).await;
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    srv.stop().await;
+}

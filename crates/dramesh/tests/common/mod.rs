@@ -497,3 +497,93 @@ fn chunked_bodies_decode_and_cut_ones_fail() {
     assert!(decode_chunked(b"4\r\nWiki\r\n").is_err(), "no last chunk");
     assert!(decode_chunked(b"zz\r\n").is_err(), "bad size");
 }
+
+/// A folder standing for a member cluster with one Node `node_name`.
+pub(crate) fn write_node_cluster(dir: &Path, node_name: &str) {
+    std::fs::create_dir_all(dir).expect("mkdir");
+    let node = format!(
+        "apiVersion: v1\nkind: Node\nmetadata: {{name: {node_name}}}\nstatus:\n  allocatable: {{cpu: \"8\", memory: 32Gi, pods: \"110\"}}\n"
+    );
+    std::fs::write(dir.join("node.yaml"), node).expect("node");
+}
+
+/// The names listed under `field` (`clusters`, `retired`) of a replica's `/v1/status`.
+pub(crate) fn status_names(addr: SocketAddr, field: &str) -> Option<Vec<String>> {
+    let (code, v) = try_http_json(addr, "GET", "/v1/status", None)?;
+    (code == 200).then(|| {
+        v[field]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["name"].as_str().map(str::to_string))
+            .collect()
+    })
+}
+
+/// Two replicas r1 and r2 (r2 seeded with r1) with their data under `tmp`, and certificates
+/// for a folder agent of each of `clusters`, whose one-node folders are `tmp/fleet/<cluster>`.
+pub(crate) struct TwoReplicas {
+    pub(crate) certs: std::path::PathBuf,
+    pub(crate) fleet: std::path::PathBuf,
+    pub(crate) r1: ReplicaListen,
+    pub(crate) r2: ReplicaListen,
+    /// r1 then r2, then whatever the test adds.
+    pub(crate) procs: Procs,
+}
+
+impl TwoReplicas {
+    pub(crate) fn start(tmp: &Path, clusters: &[&str]) -> TwoReplicas {
+        let fleet = tmp.join("fleet");
+        for (i, c) in clusters.iter().enumerate() {
+            write_node_cluster(&fleet.join(c), &format!("n{i}"));
+        }
+        let certs = tmp.join("certs");
+        let agents: Vec<String> = clusters.iter().map(|c| format!("{c}/folder")).collect();
+        make_certs(&certs, &["r1", "r2"], &agents);
+        let (r1, r2) = (ReplicaListen::free(), ReplicaListen::free());
+        let mut procs = Procs::default();
+        procs.0.push(spawn_replica(tmp, &certs, "r1", &r1, &[]));
+        procs
+            .0
+            .push(spawn_replica(tmp, &certs, "r2", &r2, &[r1.mesh]));
+        TwoReplicas {
+            certs,
+            fleet,
+            r1,
+            r2,
+            procs,
+        }
+    }
+
+    /// Starts the folder agent of `cluster` (state in `tmp/agent-<cluster>`) dialing
+    /// `replicas`, with `extra` arguments; returns its index in `procs`.
+    pub(crate) fn agent(
+        &mut self,
+        tmp: &Path,
+        cluster: &str,
+        replicas: &[SocketAddr],
+        extra: &[&str],
+    ) -> usize {
+        self.procs.0.push(spawn_folder_agent_with(
+            cluster,
+            &self.fleet.join(cluster),
+            &tmp.join(format!("agent-{cluster}")),
+            &self.certs,
+            replicas,
+            extra,
+        ));
+        self.procs.0.len() - 1
+    }
+
+    /// Kills process `i` of `procs` and waits for it.
+    pub(crate) fn kill(&mut self, i: usize) {
+        let _ = self.procs.0[i].kill();
+        let _ = self.procs.0[i].wait();
+    }
+
+    /// Restarts r2 from its data directory, seeded with r1.
+    pub(crate) fn restart_r2(&mut self, tmp: &Path) {
+        self.kill(1);
+        self.procs.0[1] = spawn_replica(tmp, &self.certs, "r2", &self.r2, &[self.r1.mesh]);
+    }
+}

@@ -49,7 +49,10 @@ pub use estimate::{
     Estimator, LIMIT_UNKNOWN, estimate, estimate_component_sets,
 };
 pub use filter::{Exclusion, NodeClaim, NodeFacts};
-pub use placement::{PlacementResult, TargetCluster, assign, place, select_by_cluster, webster};
+pub use placement::{
+    PlacementResult, Previous, TargetCluster, assign, assign_keeping, place, select_by_cluster,
+    webster,
+};
 pub use policy::{
     ClusterAffinity, LabelRequirement, Policy, PolicyError, SpreadConstraint, Strategy,
 };

@@ -1,6 +1,7 @@
 //! Placement from a Karmada PropagationPolicy: cluster affinity, spread constraints by
 //! cluster, and the four replica assignment strategies (Duplicated, Divided with static
-//! weights, Divided with dynamic weight by available replicas, Divided aggregated).
+//! weights, Divided with dynamic weight by available replicas, Divided aggregated), from
+//! scratch ([`assign`]) or keeping a binding's previous assignment ([`assign_keeping`]).
 //!
 //! Division uses the Webster (Sainte-Laguë) method as Karmada does: the next replica goes
 //! to the cluster with the highest `weight / (2 * assigned + 1)`; ties go to the cluster
@@ -193,14 +194,54 @@ pub fn select_by_cluster(
     Ok(chosen)
 }
 
-/// Assigns `replicas` over selected clusters `(name, available)` (best first) by strategy.
-/// `all_candidates` holds every candidate with its ClusterInfo for static weight matching.
+/// What a binding was assigned before, as Karmada's scheduler keeps it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Previous<'a> {
+    /// The binding's current `spec.clusters`.
+    pub clusters: &'a [TargetCluster],
+    /// A reschedule was asked for since the last scheduling (`rescheduleTriggeredAt` after
+    /// `lastScheduledTime`): divide afresh, counting the replicas already placed on a cluster
+    /// as available there.
+    pub fresh: bool,
+}
+
+/// Assigns `replicas` over selected clusters `(name, available)` (best first) by strategy,
+/// from scratch. `infos` holds every candidate's ClusterInfo for static weight matching.
 pub fn assign(
     strategy: &Strategy,
     replicas: i64,
     selected: &[(String, i64)],
     infos: &BTreeMap<String, ClusterInfo>,
     ascending: bool,
+) -> Result<Vec<TargetCluster>, String> {
+    assign_keeping(
+        strategy,
+        replicas,
+        selected,
+        infos,
+        ascending,
+        Previous::default(),
+    )
+}
+
+/// [`assign`] for a binding scheduled before, keeping what it has as Karmada's scheduler does
+/// for the dynamic strategies (DynamicWeight, Aggregated), which is its "steady" mode:
+/// - the same replica count keeps the previous clusters (those still selected) unchanged;
+/// - scaling up keeps them and divides only the new replicas, by available replicas
+///   (Aggregated fills the clusters it already uses first);
+/// - scaling down divides the new count over the clusters in use, weighted by what each has;
+/// - a requested reschedule ([`Previous::fresh`]) divides everything again, with each
+///   cluster's current replicas counted as available there.
+///
+/// Clusters no longer selected lose their replicas. Duplicated and static weights do not
+/// depend on the previous assignment.
+pub fn assign_keeping(
+    strategy: &Strategy,
+    replicas: i64,
+    selected: &[(String, i64)],
+    infos: &BTreeMap<String, ClusterInfo>,
+    ascending: bool,
+    previous: Previous<'_>,
 ) -> Result<Vec<TargetCluster>, String> {
     let nonzero = |v: Vec<(String, i64)>| -> Vec<TargetCluster> {
         v.into_iter()
@@ -240,33 +281,91 @@ pub fn assign(
             Ok(nonzero(webster(replicas, &weights, ascending)))
         }
         Strategy::DynamicWeight | Strategy::Aggregated => {
-            let total: i64 = selected.iter().map(|(_, a)| (*a).max(0)).sum();
-            if total < replicas {
-                return Err(format!(
-                    "clusters available replicas {total} are not enough to schedule {replicas}"
-                ));
-            }
-            let mut sorted: Vec<(String, i64)> = selected.to_vec();
-            sorted.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-            if *strategy == Strategy::Aggregated {
-                let mut acc = 0;
-                let mut keep = 0;
-                for (_, a) in &sorted {
-                    keep += 1;
-                    acc += a;
-                    if acc >= replicas {
-                        break;
-                    }
-                }
-                sorted.truncate(keep);
-            }
-            let parties: Vec<(String, i64, i64)> = sorted
+            let aggregated = *strategy == Strategy::Aggregated;
+            // The previous assignment on clusters still selected, in its order.
+            let scheduled: Vec<(String, i64)> = previous
+                .clusters
                 .iter()
-                .map(|(n, a)| (n.clone(), (*a).max(0), 0))
+                .filter(|t| selected.iter().any(|(n, _)| *n == t.name))
+                .map(|t| (t.name.clone(), t.replicas.max(0)))
                 .collect();
-            Ok(nonzero(webster(replicas, &parties, ascending)))
+            let assigned: i64 = scheduled.iter().map(|(_, r)| r).sum();
+            let used: Vec<String> = scheduled
+                .iter()
+                .filter(|(_, r)| *r > 0)
+                .map(|(n, _)| n.clone())
+                .collect();
+            let (target, available, keep) = if previous.fresh {
+                let with_own: Vec<(String, i64)> = selected
+                    .iter()
+                    .map(|(n, a)| {
+                        let own = scheduled.iter().find(|(s, _)| s == n).map_or(0, |s| s.1);
+                        (n.clone(), (*a).max(0).saturating_add(own))
+                    })
+                    .collect();
+                (replicas, with_own, Vec::new())
+            } else if assigned > replicas {
+                (replicas, scheduled, Vec::new())
+            } else if assigned < replicas {
+                (replicas - assigned, selected.to_vec(), scheduled)
+            } else {
+                return Ok(nonzero(scheduled));
+            };
+            let prefer: &[String] = if aggregated && !keep.is_empty() {
+                &used
+            } else {
+                &[]
+            };
+            divide(target, available, keep, prefer, aggregated, ascending).map(nonzero)
         }
     }
+}
+
+/// Karmada's dynamic division: `target` replicas over `available`, weighted by what is
+/// available, merged into `keep`. Clusters are ranked most available first (then by name);
+/// Aggregated takes only the leading ones that suffice, the `prefer`red ones (in use before a
+/// scale-up) ahead of the others.
+fn divide(
+    target: i64,
+    mut available: Vec<(String, i64)>,
+    keep: Vec<(String, i64)>,
+    prefer: &[String],
+    aggregated: bool,
+    ascending: bool,
+) -> Result<Vec<(String, i64)>, String> {
+    let total: i64 = available.iter().map(|(_, a)| (*a).max(0)).sum();
+    if total < target {
+        return Err(format!(
+            "clusters available replicas {total} are not enough to schedule {target}"
+        ));
+    }
+    available.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    // Stable, so the ranking above holds within both groups.
+    available.sort_by_key(|(n, _)| !prefer.contains(n));
+    if aggregated {
+        let mut acc = 0;
+        let mut take = 0;
+        for (_, a) in &available {
+            take += 1;
+            acc += a;
+            if acc >= target {
+                break;
+            }
+        }
+        available.truncate(take);
+    }
+    let parties: Vec<(String, i64, i64)> = available
+        .iter()
+        .map(|(n, a)| (n.clone(), (*a).max(0), 0))
+        .collect();
+    let mut out = keep;
+    for (name, r) in webster(target, &parties, ascending) {
+        match out.iter_mut().find(|(n, _)| *n == name) {
+            Some(e) => e.1 += r,
+            None => out.push((name, r)),
+        }
+    }
+    Ok(out)
 }
 
 /// Places `w` on the view's clusters according to `policy`, estimating capacity with

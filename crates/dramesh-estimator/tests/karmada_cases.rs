@@ -10,7 +10,10 @@ use std::collections::BTreeMap;
 
 use common::*;
 use dramesh_estimator::{EstimateOptions, estimate};
-use dramesh_estimator::{SpreadConstraint, Strategy, assign, select_by_cluster, webster};
+use dramesh_estimator::{
+    Previous, SpreadConstraint, Strategy, TargetCluster, assign, assign_keeping, select_by_cluster,
+    webster,
+};
 use dramesh_model::ClusterObject;
 use serde_json::json;
 
@@ -344,4 +347,111 @@ fn spread_by_cluster_selection() {
     let names: Vec<&str> = got.iter().map(|x| x.0.as_str()).collect();
     assert_eq!(names.len(), 2);
     assert!(names.contains(&"m1") && names.contains(&"m2"), "{names:?}");
+}
+
+/// [`assign_keeping`] over `avail` with the binding's previous `spec.clusters`.
+fn keep(
+    strategy: Strategy,
+    replicas: i64,
+    avail: &[(&str, i64)],
+    previous: &[(&str, i64)],
+    fresh: bool,
+) -> Result<BTreeMap<String, i64>, String> {
+    let sel: Vec<(String, i64)> = avail.iter().map(|(n, a)| (n.to_string(), *a)).collect();
+    let prev: Vec<TargetCluster> = previous
+        .iter()
+        .map(|(n, r)| TargetCluster {
+            name: n.to_string(),
+            replicas: *r,
+        })
+        .collect();
+    let previous = Previous {
+        clusters: &prev,
+        fresh,
+    };
+    assign_keeping(&strategy, replicas, &sel, &BTreeMap::new(), true, previous)
+        .map(|v| v.into_iter().map(|t| (t.name, t.replicas)).collect())
+}
+
+#[test]
+fn dynamic_strategies_keep_previous_assignments_as_karmada_does() {
+    let dw = || Strategy::DynamicWeight;
+    let avail = [("m1", 8), ("m2", 4), ("m3", 0)];
+    // Same replica count: nothing moves, whatever is available now.
+    assert_eq!(
+        keep(dw(), 6, &avail, &[("m1", 1), ("m3", 5)], false).unwrap(),
+        m(&[("m1", 1), ("m3", 5)])
+    );
+    // Scale up: the 6 new replicas are divided 8:4 and added to what each cluster has.
+    assert_eq!(
+        keep(dw(), 10, &avail, &[("m1", 2), ("m2", 2)], false).unwrap(),
+        m(&[("m1", 6), ("m2", 4)])
+    );
+    // Scale down: the new count is divided over the clusters in use, by what each has
+    // (6:3:3 for 4 replicas; equal priorities go to the cluster with fewer, then by name).
+    assert_eq!(
+        keep(
+            dw(),
+            4,
+            &[("m1", 0), ("m2", 0), ("m3", 0), ("m4", 100)],
+            &[("m1", 6), ("m2", 3), ("m3", 3)],
+            false
+        )
+        .unwrap(),
+        m(&[("m1", 2), ("m2", 1), ("m3", 1)])
+    );
+    // A cluster no longer selected loses its replicas; they are placed again as a scale-up.
+    assert_eq!(
+        keep(
+            dw(),
+            6,
+            &[("m1", 10), ("m2", 10)],
+            &[("m1", 3), ("gone", 3)],
+            false
+        )
+        .unwrap(),
+        m(&[("m1", 5), ("m2", 1)])
+    );
+    // Scaling up needs room for the new replicas only, and fails without it.
+    let err = keep(dw(), 9, &[("m1", 1), ("m2", 1)], &[("m1", 3), ("m2", 3)], false)
+        .unwrap_err();
+    assert!(err.contains("available replicas 2 are not enough to schedule 3"), "{err}");
+    // A requested reschedule divides everything again, counting what each cluster holds as
+    // available there: 6 over 4:2:6.
+    assert_eq!(
+        keep(
+            dw(),
+            6,
+            &[("m1", 0), ("m2", 0), ("m3", 6)],
+            &[("m1", 4), ("m2", 2)],
+            true
+        )
+        .unwrap(),
+        m(&[("m1", 2), ("m2", 1), ("m3", 3)])
+    );
+    // Without a previous assignment it is the from-scratch division.
+    assert_eq!(
+        keep(dw(), 12, &[("m1", 18), ("m2", 12), ("m3", 6)], &[], false).unwrap(),
+        divide(dw(), 12, &[("m1", 18), ("m2", 12), ("m3", 6)]).unwrap()
+    );
+}
+
+#[test]
+fn aggregated_scale_up_fills_the_clusters_already_in_use_first() {
+    let avail = [("m1", 10), ("m2", 4)];
+    assert_eq!(
+        keep(Strategy::Aggregated, 5, &avail, &[("m2", 2)], false).unwrap(),
+        m(&[("m2", 5)])
+    );
+    // From scratch the cluster with the most room takes everything.
+    assert_eq!(
+        divide(Strategy::Aggregated, 5, &avail).unwrap(),
+        m(&[("m1", 5)])
+    );
+    // When the cluster in use cannot take all 7 new replicas, the next one by room joins,
+    // and the 7 are divided by room (10:4 gives 5:2).
+    assert_eq!(
+        keep(Strategy::Aggregated, 9, &avail, &[("m2", 2)], false).unwrap(),
+        m(&[("m1", 5), ("m2", 4)])
+    );
 }

@@ -199,6 +199,7 @@ impl Observer {
         for (reason, now) in [
             ("unauthorized", c.rejected_unauthorized),
             ("refused_by_store", c.rejected_by_store),
+            ("bad_signature", c.rejected_bad_signature),
             ("stale_generation", c.stale_generation),
             ("identity_rejected", t.identity_rejections),
             ("handshake_failed", t.handshake_failures),

@@ -32,7 +32,9 @@
 //! - **Authorization**: an agent may only exchange its own (cluster, writer) document; frames
 //!   about other documents are refused, counted in [`Counters::rejected_unauthorized`] and
 //!   logged. Agents never talk to agents. Replicas may relay any document; the store
-//!   checks change authors ([`DocStore::receive_sync_message`]).
+//!   applies only changes covered by the writer's verified signature, which travels with
+//!   them (`Sync.signed`), whoever relays them ([`DocStore::receive_sync_message`]); refusals
+//!   count in [`Counters::rejected_bad_signature`].
 //! - Nothing but `Hello` is accepted before the peer's `Hello`; protocol violations close the
 //!   connection.
 //! - **Refusals reach the writer**: when the store refuses a writer's message for its own
@@ -167,6 +169,8 @@ pub struct Counters {
     pub rejected_unauthorized: u64,
     /// Sync messages the store refused (authors, malformed, store errors).
     pub rejected_by_store: u64,
+    /// Sync messages whose changes no verified signature of the writer covers.
+    pub rejected_bad_signature: u64,
     /// Sync messages for an older generation than held.
     pub stale_generation: u64,
     /// Malformed or out-of-order frames (each closes or ignores per the module docs).
@@ -291,6 +295,7 @@ fn code_of(reason: &RejectReason) -> pb::RefusalCode {
         RejectReason::FutureGeneration(_) => pb::RefusalCode::FutureGeneration,
         RejectReason::Unauthorized(_) => pb::RefusalCode::Unauthorized,
         RejectReason::Malformed(_) => pb::RefusalCode::Malformed,
+        RejectReason::BadSignature(_) => pb::RefusalCode::BadSignature,
         RejectReason::StaleGeneration { .. } | RejectReason::Store(_) => pb::RefusalCode::Store,
     }
 }
@@ -582,7 +587,7 @@ impl Protocol {
             state.reset();
             self.counters.sync_resets += 1;
         }
-        if let Some(payload) = store.generate_sync_message(doc, state) {
+        if let Some((payload, signed)) = store.generate_sync_message(doc, state) {
             if let Some(ds) = session.docs.get_mut(doc) {
                 ds.progress += 1;
             }
@@ -593,6 +598,7 @@ impl Protocol {
                     doc: Some(doc.into()),
                     generation: entry.generation,
                     payload,
+                    signed: signed.as_ref().map(Into::into),
                 }),
             );
         }
@@ -1218,8 +1224,23 @@ impl Protocol {
         let Some(session) = self.sessions.get_mut(&conn) else {
             return;
         };
+        let signed = match s.signed.as_ref().map(wire::signed_from_wire).transpose() {
+            Ok(signed) => signed,
+            Err(reason) => {
+                self.counters.rejected_bad_signature += 1;
+                warn!(%peer, %doc, %reason, "unreadable signed heads; sync message refused");
+                return;
+            }
+        };
         let state = Self::doc_state(&mut self.saved_states, session, &doc, s.generation);
-        let received = store.receive_sync_message(peer, &doc, s.generation, state, &s.payload);
+        let received = store.receive_sync_message(
+            peer,
+            &doc,
+            s.generation,
+            state,
+            &s.payload,
+            signed.as_ref(),
+        );
         if let Some(ds) = session.docs.get_mut(&doc) {
             ds.progress += 1;
         }
@@ -1242,7 +1263,11 @@ impl Protocol {
                 return;
             }
             Err(reason) => {
-                self.counters.rejected_by_store += 1;
+                if matches!(reason, RejectReason::BadSignature(_)) {
+                    self.counters.rejected_bad_signature += 1;
+                } else {
+                    self.counters.rejected_by_store += 1;
+                }
                 warn!(%peer, %doc, %reason, "store refused sync message");
                 if self.local.is_replica() && peer.owns(&doc) {
                     self.refuse_writer(conn, &doc, s.generation, &reason, now, out);
@@ -1340,6 +1365,7 @@ impl Protocol {
                     doc: Some(doc.into()),
                     generation,
                     payload,
+                    signed: None,
                 }),
             );
         }

@@ -17,7 +17,8 @@
 //!   [`Store::snapshot`] instead of silently missing updates.
 
 use dramesh_store::{
-    Digest, DocEntry, DocId, ObjectChange, Store, StoreError, SyncState, WriteOutcome,
+    Attestation, Digest, DocEntry, DocId, ObjectChange, Store, StoreError, SyncState, Trust,
+    WriteOutcome,
 };
 
 use crate::identity::PeerIdentity;
@@ -43,6 +44,7 @@ fn reject(e: StoreError) -> RejectReason {
         | StoreError::MessageTooLarge { .. }
         | StoreError::Automerge { .. } => RejectReason::Malformed(e.to_string()),
         StoreError::FutureGeneration { .. } => RejectReason::FutureGeneration(e.to_string()),
+        StoreError::BadSignature { .. } => RejectReason::BadSignature(e.to_string()),
         other => RejectReason::Store(other.to_string()),
     }
 }
@@ -141,9 +143,16 @@ impl DocStore for MeshStore {
         self.store.entry(doc)
     }
 
-    fn generate_sync_message(&mut self, doc: &DocId, state: &mut SyncState) -> Option<Vec<u8>> {
+    fn generate_sync_message(
+        &mut self,
+        doc: &DocId,
+        state: &mut SyncState,
+    ) -> Option<(Vec<u8>, Option<Attestation>)> {
         let generation = self.store.entry(doc)?.generation;
-        let out = match self.store.generate_sync_message(doc, generation, state) {
+        let out = match self
+            .store
+            .generate_signed_sync_message(doc, generation, state)
+        {
             Ok(m) => m,
             Err(e) => {
                 tracing::warn!(%doc, generation, error = %e, "cannot generate sync message");
@@ -162,6 +171,7 @@ impl DocStore for MeshStore {
         generation: u64,
         state: &mut SyncState,
         msg: &[u8],
+        signed: Option<&Attestation>,
     ) -> Result<(), RejectReason> {
         if let Some(e) = self.store.entry(doc)
             && e.generation > generation
@@ -172,10 +182,14 @@ impl DocStore for MeshStore {
             });
         }
         let may_deliver = |d: &DocId| from.is_replica() || from.owns(d);
-        match self
-            .store
-            .receive_sync_message(doc, generation, state, msg, &may_deliver)
-        {
+        match self.store.receive_signed_sync_message(
+            doc,
+            generation,
+            state,
+            msg,
+            signed,
+            &may_deliver,
+        ) {
             Ok(changes) => {
                 self.queue(changes);
                 Ok(())
@@ -187,6 +201,10 @@ impl DocStore for MeshStore {
                 Err(reject(e))
             }
         }
+    }
+
+    fn set_trust(&mut self, trust: Trust) {
+        self.store.set_trust(trust);
     }
 
     fn flush(&mut self) -> Result<(), RejectReason> {
@@ -573,6 +591,7 @@ mod tests {
                 generation - 1,
                 &mut state,
                 &[],
+                None,
             )
             .unwrap_err();
         assert!(matches!(err, RejectReason::StaleGeneration { .. }), "{err}");

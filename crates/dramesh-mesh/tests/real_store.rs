@@ -629,6 +629,7 @@ async fn agent_of_cluster_a_cannot_alter_cluster_b() {
             doc: Some((&b_ref).into()),
             generation: forged_gen,
             payload: forged.clone(),
+            signed: None,
         })))
         .await
         .unwrap();
@@ -639,6 +640,7 @@ async fn agent_of_cluster_a_cannot_alter_cluster_b() {
             doc: Some((&own).into()),
             generation: forged_gen,
             payload: forged,
+            signed: None,
         })))
         .await
         .unwrap();

@@ -11,6 +11,7 @@
 //! [`Store::generate_sync_message`] and feeds received ones to [`Store::receive_sync_message`].
 //! The document model and its invariants are described in the repository's `ARCHITECTURE.md`.
 
+pub mod attest;
 mod auth;
 mod digest;
 mod docid;
@@ -22,6 +23,7 @@ mod store;
 mod sync_state;
 mod view;
 
+pub use attest::{Attestation, HeadsSigner, HeadsVerifier, Trust};
 pub use digest::{DIGEST_BUCKETS, Digest, DocEntry};
 pub use docid::{
     DocId, HeadsHash, RESERVATION_SCOPE, heads_hash, hex, valid_segment, writer_actor,

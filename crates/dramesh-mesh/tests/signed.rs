@@ -8,11 +8,13 @@
 //! stale signature, or signed with its own key) is refused. Refusals leave digests and views
 //! unchanged and count as `bad_signature`.
 
+#[path = "common/forge.rs"]
+mod forge;
+
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use automerge::sync::SyncDoc as _;
 use automerge::transaction::Transactable as _;
 use dramesh_mesh::certs::{self, CaBundle, TlsIdentity};
 use dramesh_mesh::protocol::{ConnId, Output, Protocol, ProtocolConfig};
@@ -184,9 +186,12 @@ impl Sim {
     /// Sends `sync` to node `to` as if from its peer on `conn` and returns nothing it answered.
     fn inject(&mut self, to: usize, conn: ConnId, sync: pb::Sync) {
         let n = &mut self.nodes[to];
-        let out = n
-            .proto
-            .handle_frame(&mut n.store, conn, wire::envelope(Body::Sync(sync)), self.now);
+        let out = n.proto.handle_frame(
+            &mut n.store,
+            conn,
+            wire::envelope(Body::Sync(sync)),
+            self.now,
+        );
         n.store.flush().unwrap();
         self.route(to, out);
         self.run();
@@ -236,7 +241,10 @@ fn signed_changes_reach_replicas_that_only_hear_of_them_through_relays() {
         assert!(got.contains("\"8\""), "r{r}: {got}");
         assert_eq!(sim.bad_signatures(r), 0, "r{r}");
         // Each replica holds the writer's signature over exactly the heads it holds.
-        assert!(sim.nodes[r].store.store().signed_heads(&doc).is_some(), "r{r}");
+        assert!(
+            sim.nodes[r].store.store().signed_heads(&doc).is_some(),
+            "r{r}"
+        );
     }
     assert_eq!(sim.nodes[0].store.digest(), sim.nodes[2].store.digest());
 }
@@ -313,32 +321,6 @@ fn a_writer_signing_with_the_wrong_key_is_refused_on_every_replica() {
     }
 }
 
-/// A sync message from `doc` as held (read through the test-util automerge view of `store`)
-/// plus one change `key = value` authored by the writer's actor, as a relaying replica could
-/// forge it (the actor is public), and the writer's signature `store` holds.
-fn forge(store: &Store, doc: &DocId, key: &str, value: &str) -> (u64, Vec<u8>, Attestation) {
-    let generation = store.entry(doc).unwrap().generation;
-    let held = store.automerge_doc(doc).unwrap();
-    let heads = held.get_heads();
-    let mut forged = held.clone().with_actor(writer_actor(doc, generation));
-    let mut tx = forged.transaction();
-    tx.put(automerge::ROOT, key, value.as_bytes().to_vec())
-        .unwrap();
-    tx.commit();
-    let new: Vec<Vec<u8>> = forged
-        .get_changes(&heads)
-        .iter()
-        .map(|c| c.raw_bytes().to_vec())
-        .collect();
-    assert_eq!(new.len(), 1);
-    let mut msg = forged
-        .generate_sync_message(&mut automerge::sync::State::new())
-        .unwrap();
-    msg.changes = new.into();
-    let stale = store.signed_heads(doc).unwrap().clone();
-    (generation, msg.encode(), stale)
-}
-
 #[test]
 fn a_replica_relaying_a_forged_change_is_refused() {
     let ca = certs::generate_ca("test CA", 1).unwrap();
@@ -349,23 +331,19 @@ fn a_replica_relaying_a_forged_change_is_refused() {
     let before: Vec<_> = (0..3).map(|r| sim.nodes[r].store.digest()).collect();
     let view_before = sim.get(0, "c1", &node_key("n1"));
     assert!(view_before.as_deref().unwrap_or("").contains("\"4\""));
-    let forged_json = String::from_utf8(
-        match node_change("n1", "9999") {
-            ObjectChange::Upsert { json, .. } => json.to_vec(),
-            ObjectChange::Delete { .. } => unreachable!(),
-        },
-    )
+    let forged_json = String::from_utf8(match node_change("n1", "9999") {
+        ObjectChange::Upsert { json, .. } => json.to_vec(),
+        ObjectChange::Delete { .. } => unreachable!(),
+    })
     .unwrap();
     let (generation, payload, stale) =
-        forge(sim.nodes[1].store.store(), &doc, "node/n1", &forged_json);
+        forge::forge(sim.nodes[1].store.store(), &doc, "node/n1", &forged_json);
     // r1 (compromised) has a valid replica certificate; it can sign, but only as itself.
     let own = {
         use dramesh_store::HeadsSigner as _;
         let signer = signing::MeshSigner::new(&r1).unwrap();
         let held = sim.nodes[1].store.store().automerge_doc(&doc).unwrap();
-        let mut forged = held
-            .clone()
-            .with_actor(writer_actor(&doc, generation));
+        let mut forged = held.clone().with_actor(writer_actor(&doc, generation));
         let mut tx = forged.transaction();
         tx.put(automerge::ROOT, "node/n1", forged_json.as_bytes().to_vec())
             .unwrap();

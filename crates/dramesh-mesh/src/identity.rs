@@ -7,13 +7,17 @@
 //! at most 253 bytes) and any other shape is rejected, so two spellings can never
 //! denote the same identity.
 //!
+//! An agent named [`CLUSTER_PUBLISHER`] (`dramesh://cluster/<cluster>/agent/_cluster`) publishes
+//! the whole cluster (`--source dir`); every other agent name is a node, whose agent may publish
+//! only that node's records (replicas enforce it, see `dramesh-store`).
+//!
 //! Documents ([`DocId`]) are named by (cluster, writer) segments of the same shape
 //! ([`valid_segment`]), plus the reserved scope [`RESERVATION_SCOPE`](dramesh_store::RESERVATION_SCOPE)
 //! for a replica's reservations, which no identity can name.
 
 use std::fmt;
 
-use dramesh_store::{DocId, valid_segment};
+use dramesh_store::{CLUSTER_PUBLISHER, DocId, valid_segment};
 
 /// URI scheme of every mesh identity.
 pub const IDENTITY_SCHEME: &str = "dramesh://";
@@ -98,7 +102,11 @@ impl PeerIdentity {
         match parts.as_slice() {
             ["cluster", cluster, "agent", node] => Ok(PeerIdentity::Agent {
                 cluster: check(cluster)?,
-                node: check(node)?,
+                node: if *node == CLUSTER_PUBLISHER {
+                    CLUSTER_PUBLISHER.to_owned()
+                } else {
+                    check(node)?
+                },
             }),
             ["replica", id] => Ok(PeerIdentity::Replica { id: check(id)? }),
             _ => Err(IdentityError::Shape {

@@ -429,3 +429,113 @@ fn a_replica_restarted_from_disk_proves_what_it_relays() {
     assert_eq!(sim.bad_signatures(1), 0);
     assert_eq!(sim.nodes[0].store.digest(), sim.nodes[1].store.digest());
 }
+
+fn pod_change(name: &str, node: &str) -> ObjectChange {
+    let json = format!(
+        r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"{name}","namespace":"ns"}},"spec":{{"nodeName":"{node}","containers":[]}}}}"#
+    );
+    ObjectChange::Upsert {
+        key: ObjectKey::new(ObjectKind::Pod, Some("ns"), name),
+        json: Arc::from(json.into_bytes().into_boxed_slice()),
+    }
+}
+
+fn class_change(name: &str, by: &str) -> ObjectChange {
+    let json = format!(
+        r#"{{"apiVersion":"resource.k8s.io/v1","kind":"DeviceClass","metadata":{{"name":"{name}","labels":{{"by":"{by}"}}}}}}"#
+    );
+    ObjectChange::Upsert {
+        key: ObjectKey::new(ObjectKind::DeviceClass, None, name),
+        json: Arc::from(json.into_bytes().into_boxed_slice()),
+    }
+}
+
+#[test]
+fn a_node_agent_publishes_only_its_own_node_and_cluster_records_only_with_the_lease() {
+    let ca = certs::generate_ca("test CA", 1).unwrap();
+    let (r0, r1, r2, n1) = ids(&ca);
+    let zz = certs::issue_identity(&ca, &agent("c1", "zz"), 1).unwrap();
+    let mut sim = Sim::new();
+    for id in [&r0, &r1, &r2] {
+        sim.add(id, mem_store());
+    }
+    let a = sim.add(&n1, mem_store());
+    let z = sim.add(&zz, mem_store());
+    let (doc_a, doc_z) = (DocId::new("c1", "n1"), DocId::new("c1", "zz"));
+    sim.nodes[a].store.open_writer(&doc_a).unwrap();
+    sim.nodes[z].store.open_writer(&doc_z).unwrap();
+    sim.connect(0, 1);
+    sim.connect(1, 2);
+    sim.connect(a, 0);
+    sim.connect(z, 2);
+    // Both at term 0, as in the issue: zz ("zz" sorts above "n1", so on equal terms its copy
+    // would win) publishes n1's Node after n1 did.
+    sim.write(a, &doc_a, node_change("n1", "4"));
+    sim.write(z, &doc_z, node_change("n1", "9999"));
+    for r in 0..3 {
+        let node = sim.get(r, "c1", &node_key("n1")).unwrap_or_default();
+        assert!(node.contains("\"4\""), "r{r}: n1's Node is {node}");
+    }
+    // n1 takes the Lease (term 5) and publishes its pod and a class; zz a pod bound to n1, the
+    // same class and a class of its own, all signed; and its own node, which is its to publish.
+    sim.nodes[a].store.set_lease_term(&doc_a, 5).unwrap();
+    sim.write(a, &doc_a, pod_change("p1", "n1"));
+    sim.write(a, &doc_a, class_change("gpu", "n1"));
+    let pod_key = ObjectKey::new(ObjectKind::Pod, Some("ns"), "p1");
+    let class_key = ObjectKey::new(ObjectKind::DeviceClass, None, "gpu");
+    sim.write(z, &doc_z, pod_change("p1", "n1"));
+    sim.write(z, &doc_z, class_change("gpu", "zz"));
+    sim.write(z, &doc_z, class_change("rogue", "zz"));
+    sim.write(z, &doc_z, node_change("zz", "2"));
+    sim.tick(Duration::from_secs(3));
+    for r in 0..3 {
+        let node = sim.get(r, "c1", &node_key("n1")).unwrap_or_default();
+        assert!(node.contains("\"4\""), "r{r}: n1's Node is {node}");
+        let pod = sim.get(r, "c1", &pod_key).unwrap_or_default();
+        assert!(!pod.is_empty(), "r{r}: n1's pod gone");
+        let class = sim.get(r, "c1", &class_key).unwrap_or_default();
+        assert!(class.contains("\"n1\""), "r{r}: class is {class}");
+        assert_eq!(
+            sim.get(r, "c1", &ObjectKey::new(ObjectKind::DeviceClass, None, "rogue")),
+            None,
+            "r{r}: a class from a writer without the Lease"
+        );
+        assert!(
+            sim.get(r, "c1", &node_key("zz")).is_some(),
+            "r{r}: zz's own node"
+        );
+        assert!(
+            sim.nodes[r].store.store().out_of_scope_records() >= 4,
+            "r{r}: {}",
+            sim.nodes[r].store.store().out_of_scope_records()
+        );
+        // Both documents are replicated as they are (digests agree); only the view refuses.
+        assert_eq!(sim.nodes[r].store.digest(), sim.nodes[0].store.digest());
+    }
+    // n1 removes its Node: zz's copy does not take its place.
+    sim.nodes[a]
+        .store
+        .apply(&doc_a, vec![ObjectChange::Delete { key: node_key("n1") }])
+        .unwrap();
+    let n = &mut sim.nodes[a];
+    let out = n.proto.on_local_change(&mut n.store, &doc_a);
+    sim.route(a, out);
+    sim.run();
+    sim.tick(Duration::from_secs(3));
+    for r in 0..3 {
+        assert_eq!(sim.get(r, "c1", &node_key("n1")), None, "r{r}");
+    }
+    // The Lease moves to zz (a higher term): its class becomes visible, n1's class records
+    // lose their scope, and everyone agrees.
+    sim.nodes[z].store.set_lease_term(&doc_z, 6).unwrap();
+    sim.write(z, &doc_z, node_change("zz", "3"));
+    sim.tick(Duration::from_secs(3));
+    for r in 0..3 {
+        let class = sim.get(r, "c1", &class_key).unwrap_or_default();
+        assert!(class.contains("\"zz\""), "r{r}: class is {class}");
+        assert!(
+            sim.get(r, "c1", &ObjectKey::new(ObjectKind::DeviceClass, None, "rogue")).is_some(),
+            "r{r}"
+        );
+    }
+}

@@ -20,6 +20,8 @@ use crate::attest::{self, Attestation, Carried, Trust};
 use crate::auth::check_authors;
 use crate::digest::{Digest, DocEntry, fingerprint};
 use crate::docid::{DocId, heads_hash, writer_actor};
+use dramesh_model::owner::Owner;
+use dramesh_model::{ClusterObject, ObjectKind};
 use crate::error::StoreError;
 use crate::keys::{TERM_KEY, doc_key, parse_doc_key};
 use crate::object::{ObjectChange, ObjectKey};
@@ -257,6 +259,9 @@ pub struct Store {
     compactions: u64,
     /// Signs own documents and verifies received changes (see [`Store::set_trust`]).
     trust: Option<Trust>,
+    /// Records held outside their writer's scope and therefore not visible (see
+    /// [`Store::out_of_scope_records`]).
+    out_of_scope: u64,
 }
 
 fn wall_millis(offset_ms: i64) -> u64 {
@@ -270,6 +275,34 @@ fn wall_millis(offset_ms: i64) -> u64 {
 /// Generations are wall-clock milliseconds; one further ahead than this is not believed (it
 /// would let a peer push a writer's generation counter to its end).
 pub const MAX_FUTURE_GENERATION_MS: u64 = 30 * 24 * 3600 * 1000;
+
+/// Whether the record `key` = `value` of replica copy `doc` lies within its writer's scope: a
+/// node's writer publishes only records [`ClusterObject::owner`] assigns to that node; records
+/// owned by the cluster (or by nobody) only a writer holding the cluster's highest lease term
+/// (`max_term`), i.e. the current Lease holder; [`crate::CLUSTER_PUBLISHER`] everything. A value that
+/// does not decode as its kind is outside every scope.
+fn in_writer_scope(doc: &DocId, term: u64, max_term: u64, key: &str, value: &[u8]) -> bool {
+    if doc.is_reservations() || doc.is_cluster_publisher() {
+        return true;
+    }
+    let Some(k) = parse_doc_key(key) else {
+        return true;
+    };
+    let owner = match k.kind {
+        ObjectKind::Node => Some(Owner::Node(k.name.clone())),
+        ObjectKind::DeviceClass | ObjectKind::DeviceTaintRule | ObjectKind::ClusterInfo => {
+            Some(Owner::Cluster)
+        }
+        _ => match ClusterObject::from_json(k.kind, value) {
+            Ok(obj) => obj.owner(),
+            Err(_) => return false,
+        },
+    };
+    match owner {
+        Some(Owner::Node(n)) => n == doc.writer,
+        Some(Owner::Cluster) | None => term >= max_term,
+    }
+}
 
 /// Refuses a document id the mesh could not name on the wire (see [`DocId::is_valid`]).
 fn check_doc_id(doc: &DocId) -> Result<(), StoreError> {
@@ -522,6 +555,7 @@ impl Store {
             compaction_rest_until: Instant::now(),
             compactions: 0,
             trust: None,
+            out_of_scope: 0,
         }
     }
 
@@ -668,13 +702,22 @@ impl Store {
             };
             store.digest.xor(id.bucket(), part);
             store.view.set_term(&id.cluster, &id.writer, entry.term);
-            for key in object_keys(&entry.doc, None) {
-                if read_value(&entry.doc, &key, None).is_some() {
+            store.docs.insert(id, entry);
+            report.loaded += 1;
+        }
+        // Presence once every writer's term is known (the Lease holder's scope depends on it).
+        let ids: Vec<DocId> = store.docs.keys().cloned().collect();
+        for id in ids {
+            let keys = store
+                .docs
+                .get(&id)
+                .map(|e| object_keys(&e.doc, None))
+                .unwrap_or_default();
+            for (key, present) in store.presence(&id, &keys) {
+                if present {
                     store.view.set_present(&id.cluster, &id.writer, &key, true);
                 }
             }
-            store.docs.insert(id, entry);
-            report.loaded += 1;
         }
         Ok((store, report))
     }
@@ -1734,17 +1777,12 @@ impl Store {
             };
             self.capture(doc, &keys, &own_old)
         };
-        let presence: Vec<bool> = {
-            let current = self.docs.get(doc);
-            keys.iter()
-                .map(|k| current.is_some_and(|e| read_value(&e.doc, k, None).is_some()))
-                .collect()
-        };
-        for (k, present) in keys.iter().zip(presence) {
-            self.view.set_present(&doc.cluster, &doc.writer, k, present);
-        }
+        let old_max = self.view.max_term(&doc.cluster);
         if let Some(t) = new_term {
             self.view.set_term(&doc.cluster, &doc.writer, t);
+        }
+        for (k, present) in self.presence(doc, &keys) {
+            self.view.set_present(&doc.cluster, &doc.writer, &k, present);
         }
         let after = {
             let current = self.docs.get(doc);
@@ -1765,7 +1803,55 @@ impl Store {
             };
             out.push((doc.cluster.clone(), change));
         }
+        if self.view.max_term(&doc.cluster) != old_max {
+            // The Lease changed hands: every other writer's cluster-owned records change scope.
+            let others: Vec<(DocId, Vec<String>, Vec<ChangeHash>)> = self
+                .docs
+                .iter()
+                .filter(|(id, _)| id.cluster == doc.cluster && *id != doc)
+                .map(|(id, e)| (id.clone(), object_keys(&e.doc, None), e.doc.get_heads()))
+                .collect();
+            for (other, keys, heads) in others {
+                out.extend(self.reconcile(&other, keys, Old::At(heads)));
+            }
+        }
         out
+    }
+
+    /// Whether each of `keys` of `doc` counts as present in the view: held, and for a replica
+    /// copy within its writer's scope ([`in_writer_scope`]). Records outside it are counted
+    /// ([`Store::out_of_scope_records`]) and logged; the view keeps the previous holder's value.
+    fn presence(&mut self, doc: &DocId, keys: &[String]) -> Vec<(String, bool)> {
+        let max = self.view.max_term(&doc.cluster);
+        let Some(e) = self.docs.get(doc) else {
+            return keys.iter().map(|k| (k.clone(), false)).collect();
+        };
+        let mut refused: Vec<&str> = Vec::new();
+        let out = keys
+            .iter()
+            .map(|k| {
+                let present = read_value(&e.doc, k, None).is_some_and(|v| {
+                    let ok = e.owned || in_writer_scope(doc, e.term, max, k, &v);
+                    if !ok {
+                        refused.push(k);
+                    }
+                    ok
+                });
+                (k.clone(), present)
+            })
+            .collect();
+        if let Some(first) = refused.first() {
+            tracing::warn!(doc = %doc, records = refused.len(), first = %first, term = e.term, lease_term = max, "records outside their writer's scope refused: a node's writer publishes only that node's records, cluster records only the Lease holder");
+        }
+        self.out_of_scope += refused.len() as u64;
+        out
+    }
+
+    /// Records refused so far for lying outside their writer's scope (a node agent publishing
+    /// another node's records, or cluster records without holding the Lease). Each evaluation
+    /// of such a record counts once.
+    pub fn out_of_scope_records(&self) -> u64 {
+        self.out_of_scope
     }
 
     /// Every visible object, as upserts (the initial load of an estimation view).

@@ -17,7 +17,8 @@
 
 use std::fmt;
 
-use dramesh_store::{CLUSTER_PUBLISHER, DocId, valid_segment};
+pub use dramesh_store::CLUSTER_PUBLISHER;
+use dramesh_store::{DocId, valid_segment};
 
 /// URI scheme of every mesh identity.
 pub const IDENTITY_SCHEME: &str = "dramesh://";

@@ -311,7 +311,7 @@ mod tests {
     fn agent_and_replica_converge_and_queue_changes() {
         let agent_id = PeerIdentity::Agent {
             cluster: "east".into(),
-            node: "dir-agent".into(),
+            node: dramesh_store::CLUSTER_PUBLISHER.into(),
         };
         let replica_id = PeerIdentity::Replica { id: "r1".into() };
         let cfg = || ProtocolConfig {
@@ -319,7 +319,7 @@ mod tests {
             anti_entropy_interval: Duration::from_secs(60),
             ..ProtocolConfig::default()
         };
-        let doc = DocId::new("east", "dir-agent");
+        let doc = DocId::new("east", dramesh_store::CLUSTER_PUBLISHER);
         let mut agent_store = MeshStore::new(mem(), false);
         agent_store.open_writer(&doc).unwrap();
         agent_store
@@ -368,7 +368,7 @@ mod tests {
             .unwrap();
         assert_eq!(outcome.view.len(), 2);
         let (a, _) = peers.split_at_mut(1);
-        let docref = DocId::new("east", "dir-agent");
+        let docref = DocId::new("east", dramesh_store::CLUSTER_PUBLISHER);
         let outs: VecDeque<(usize, Output)> = a[0]
             .proto
             .on_local_change(&mut a[0].store, &docref)
@@ -501,7 +501,7 @@ mod tests {
         const DAY_MS: i64 = 24 * 3600 * 1000;
         let agent_id = PeerIdentity::Agent {
             cluster: "east".into(),
-            node: "w".into(),
+            node: "n1".into(),
         };
         let replica_id = PeerIdentity::Replica { id: "r1".into() };
         let cfg = || ProtocolConfig {
@@ -510,7 +510,7 @@ mod tests {
             ack_delay: Duration::ZERO,
             ..ProtocolConfig::default()
         };
-        let doc = DocId::new("east", "w");
+        let doc = DocId::new("east", "n1");
         let mut ahead = Store::in_memory(StoreConfig {
             durability: Durability::None,
             clock_offset_ms: 300 * DAY_MS,

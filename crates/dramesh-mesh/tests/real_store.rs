@@ -841,7 +841,7 @@ async fn restarted_replica_catches_up_with_only_the_missing_changes() {
         // Three directory-mode agents (one document per cluster) of 40 nodes each.
         let mut agents = Vec::new();
         for spec in uniform_fleet(3, 40, 0.5) {
-            let mut a = Agent::start(&ca, &spec.name, "dir-agent", seeds.clone()).await;
+            let mut a = Agent::start(&ca, &spec.name, dramesh_store::CLUSTER_PUBLISHER, seeds.clone()).await;
             let objects = generate(&spec).objects.iter().map(ObjectChange::upsert).collect();
             a.write(objects).await;
             agents.push(a);
@@ -960,7 +960,7 @@ async fn agent_with_a_clock_far_ahead_is_refused_told_and_recovers() {
         .await;
         let seeds = vec![replica.handle.local_addr()];
         let dir = tempfile::tempdir().unwrap();
-        let doc = DocId::new("east", "w");
+        let doc = DocId::new("east", "n1");
         let n1 = ObjectKey::new(ObjectKind::Node, None, "n1");
         let start_agent = |offset_ms: i64| {
             let (store, _) = Store::open(
@@ -972,7 +972,7 @@ async fn agent_with_a_clock_far_ahead_is_refused_told_and_recovers() {
                 },
             )
             .unwrap();
-            let id = certs::issue_identity(&ca, &agent_id("east", "w"), 1).unwrap();
+            let id = certs::issue_identity(&ca, &agent_id("east", "n1"), 1).unwrap();
             TestNode::start(fast_config(id, seeds.clone()), store, false)
         };
         let agent = start_agent(300 * DAY_MS).await;
@@ -1000,7 +1000,7 @@ async fn agent_with_a_clock_far_ahead_is_refused_told_and_recovers() {
                 .peers()
                 .await
                 .into_iter()
-                .find(|p| p.identity == agent_id("east", "w"))
+                .find(|p| p.identity == agent_id("east", "n1"))
                 .and_then(|p| p.refused);
             if why.is_some() && agent.handle.counters().refusals_received > 0 {
                 break;
@@ -1042,7 +1042,7 @@ async fn agent_with_a_clock_far_ahead_is_refused_told_and_recovers() {
             .peers()
             .await
             .into_iter()
-            .find(|p| p.identity == agent_id("east", "w"))
+            .find(|p| p.identity == agent_id("east", "n1"))
             .and_then(|p| p.refused);
         assert_eq!(refused_now, None);
         agent.handle.shutdown().await;

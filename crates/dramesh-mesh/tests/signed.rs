@@ -496,7 +496,11 @@ fn a_node_agent_publishes_only_its_own_node_and_cluster_records_only_with_the_le
         let class = sim.get(r, "c1", &class_key).unwrap_or_default();
         assert!(class.contains("\"n1\""), "r{r}: class is {class}");
         assert_eq!(
-            sim.get(r, "c1", &ObjectKey::new(ObjectKind::DeviceClass, None, "rogue")),
+            sim.get(
+                r,
+                "c1",
+                &ObjectKey::new(ObjectKind::DeviceClass, None, "rogue")
+            ),
             None,
             "r{r}: a class from a writer without the Lease"
         );
@@ -515,7 +519,12 @@ fn a_node_agent_publishes_only_its_own_node_and_cluster_records_only_with_the_le
     // n1 removes its Node: zz's copy does not take its place.
     sim.nodes[a]
         .store
-        .apply(&doc_a, vec![ObjectChange::Delete { key: node_key("n1") }])
+        .apply(
+            &doc_a,
+            vec![ObjectChange::Delete {
+                key: node_key("n1"),
+            }],
+        )
         .unwrap();
     let n = &mut sim.nodes[a];
     let out = n.proto.on_local_change(&mut n.store, &doc_a);
@@ -534,7 +543,12 @@ fn a_node_agent_publishes_only_its_own_node_and_cluster_records_only_with_the_le
         let class = sim.get(r, "c1", &class_key).unwrap_or_default();
         assert!(class.contains("\"zz\""), "r{r}: class is {class}");
         assert!(
-            sim.get(r, "c1", &ObjectKey::new(ObjectKind::DeviceClass, None, "rogue")).is_some(),
+            sim.get(
+                r,
+                "c1",
+                &ObjectKey::new(ObjectKind::DeviceClass, None, "rogue")
+            )
+            .is_some(),
             "r{r}"
         );
     }

@@ -26,7 +26,8 @@ mod view;
 pub use attest::{Attestation, HeadsSigner, HeadsVerifier, Trust};
 pub use digest::{DIGEST_BUCKETS, Digest, DocEntry};
 pub use docid::{
-    CLUSTER_PUBLISHER, DocId, HeadsHash, RESERVATION_SCOPE, heads_hash, hex, valid_segment, writer_actor,
+    CLUSTER_PUBLISHER, DocId, HeadsHash, RESERVATION_SCOPE, heads_hash, hex, valid_segment,
+    writer_actor,
 };
 pub use error::StoreError;
 pub use object::{ObjectChange, ObjectKey, ObjectKind};

@@ -20,8 +20,6 @@ use crate::attest::{self, Attestation, Carried, Trust};
 use crate::auth::check_authors;
 use crate::digest::{Digest, DocEntry, fingerprint};
 use crate::docid::{DocId, heads_hash, writer_actor};
-use dramesh_model::owner::Owner;
-use dramesh_model::{ClusterObject, ObjectKind};
 use crate::error::StoreError;
 use crate::keys::{TERM_KEY, doc_key, parse_doc_key};
 use crate::object::{ObjectChange, ObjectKey};
@@ -34,6 +32,8 @@ use automerge::{
     Automerge, ChangeHash, LoadOptions, OnPartialLoad, PatchAction, Prop, ROOT, ReadDoc,
     ScalarValue, Value, VerificationMode, patches::TextRepresentation,
 };
+use dramesh_model::owner::Owner;
+use dramesh_model::{ClusterObject, ObjectKind};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -1782,7 +1782,8 @@ impl Store {
             self.view.set_term(&doc.cluster, &doc.writer, t);
         }
         for (k, present) in self.presence(doc, &keys) {
-            self.view.set_present(&doc.cluster, &doc.writer, &k, present);
+            self.view
+                .set_present(&doc.cluster, &doc.writer, &k, present);
         }
         let after = {
             let current = self.docs.get(doc);

@@ -7,7 +7,8 @@ use automerge::transaction::Transactable;
 use automerge::{ActorId, ROOT};
 use common::*;
 use dramesh_store::{
-    CLUSTER_PUBLISHER, DocId, Durability, ObjectChange, RolloverPolicy, Store, StoreConfig, StoreError, SyncState,
+    CLUSTER_PUBLISHER, DocId, Durability, ObjectChange, RolloverPolicy, Store, StoreConfig,
+    StoreError, SyncState,
 };
 
 fn agent(doc: &DocId, config: StoreConfig) -> Peer {

@@ -438,7 +438,7 @@ pub(crate) fn spawn_replica_with(
     spawn_meshed(cmd, certs, &stem)
 }
 
-/// `dramesh agent` named `folder` for `cluster`, publishing the folder `dir` to the replicas'
+/// `dramesh agent` named `_cluster` (the whole-cluster publisher) for `cluster`, publishing the folder `dir` to the replicas'
 /// mesh addresses, its state in `data`.
 pub(crate) fn spawn_folder_agent(
     cluster: &str,
@@ -447,9 +447,9 @@ pub(crate) fn spawn_folder_agent(
     certs: &Path,
     replicas: &[SocketAddr],
 ) -> Child {
-    let stem = format!("agent-{cluster}-folder");
+    let stem = format!("agent-{cluster}-_cluster");
     let mut cmd = Command::new(BIN);
-    cmd.args(["agent", "--cluster", cluster, "--agent-name", "folder"])
+    cmd.args(["agent", "--cluster", cluster, "--agent-name", "_cluster"])
         .args(["--source", "dir", "--dir", &dir.display().to_string()])
         .args(["--listen", "127.0.0.1:0"])
         .args(["--data-dir", &data.display().to_string()]);

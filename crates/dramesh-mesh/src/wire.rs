@@ -105,6 +105,7 @@ impl From<&Attestation> for pb::SignedHeads {
             heads: a.heads.iter().map(|h| h.to_vec()).collect(),
             signature: a.signature.clone(),
             signer: a.signer.to_vec(),
+            signer_sha256: Vec::new(),
         }
     }
 }

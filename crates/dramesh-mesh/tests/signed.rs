@@ -39,6 +39,9 @@ struct Sim {
     queue: VecDeque<(usize, ConnId, pb::Envelope)>,
     now: Instant,
     next_conn: u64,
+    /// Signed Sync frames sent with the signer chain, and with its hash only.
+    chains_sent: usize,
+    refs_sent: usize,
 }
 
 fn config() -> ProtocolConfig {
@@ -90,6 +93,8 @@ impl Sim {
             queue: VecDeque::new(),
             now: Instant::now(),
             next_conn: 1,
+            chains_sent: 0,
+            refs_sent: 0,
         }
     }
 
@@ -125,6 +130,16 @@ impl Sim {
             let Output::Send { conn, envelope } = o else {
                 continue;
             };
+            if let Some(Body::Sync(pb::Sync {
+                signed: Some(sh), ..
+            })) = &envelope.body
+            {
+                if sh.signer.is_empty() {
+                    self.refs_sent += 1;
+                } else {
+                    self.chains_sent += 1;
+                }
+            }
             let to = self.links.iter().find_map(|&(a, ca, b, cb)| {
                 if a == from && ca == conn {
                     Some((b, cb))
@@ -235,7 +250,11 @@ fn signed_changes_reach_replicas_that_only_hear_of_them_through_relays() {
     let mut sim = line(&ca, &writer, &[0]);
     let doc = DocId::new("c1", "n1");
     sim.write(3, &doc, node_change("n1", "4"));
+    // The signer chain crossed each of the three sessions on the path once.
+    assert_eq!(sim.chains_sent, 3, "{} chains", sim.chains_sent);
     sim.write(3, &doc, node_change("n1", "8"));
+    assert_eq!(sim.chains_sent, 3, "the chain is sent once per session");
+    assert!(sim.refs_sent >= 3, "{} references", sim.refs_sent);
     for r in 0..3 {
         let got = sim.get(r, "c1", &node_key("n1")).unwrap_or_default();
         assert!(got.contains("\"8\""), "r{r}: {got}");
@@ -357,9 +376,10 @@ fn a_replica_relaying_a_forged_change_is_refused() {
         ("under the writer's stale signature", Some(&stale)),
         ("signed by the relaying replica", Some(&own)),
     ];
-    // r1's sessions: with r0 (link 0, r0's end) and with r2 (link 1, r2's end).
-    let to_r0 = sim.links[0].1;
-    let to_r2 = sim.links[1].3;
+    // Second sessions of r1 with r0 and r2 carry the forgeries (their receiving ends); the
+    // first ones stay as r1's honest protocol left them.
+    let (_, to_r0) = sim.connect(1, 0);
+    let (_, to_r2) = sim.connect(1, 2);
     for (n, (what, signed)) in attempts.iter().enumerate() {
         for (r, conn) in [(0, to_r0), (2, to_r2)] {
             sim.inject(

@@ -26,7 +26,9 @@ pub const API_PORT: u16 = 8080;
 /// TCP port of every replica's gRPC API.
 pub const GRPC_PORT: u16 = 9090;
 /// Name every agent is given (`agent-<cluster>-<AGENT_NAME>.crt`).
-pub const AGENT_NAME: &str = "a1";
+/// Folder agents publish whole clusters, which only the reserved whole-cluster publisher name
+/// (`dramesh_store::CLUSTER_PUBLISHER`) may do.
+pub const AGENT_NAME: &str = "_cluster";
 
 /// A managed process.
 #[derive(Debug)]

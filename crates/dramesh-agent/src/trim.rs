@@ -24,14 +24,10 @@ use k8s_openapi::api::resource::v1::ResourceClaimStatus;
 /// Annotations kept on published objects (everything else is dropped).
 pub const KEPT_ANNOTATION_PREFIX: &str = "dramesh.io/";
 
-/// Which publisher owns a record.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Owner {
-    /// The agent of this node.
-    Node(String),
-    /// The elected cluster agent.
-    Cluster,
-}
+pub use dramesh_model::owner::{
+    Owner, POD_SCHEDULED, claim_allocated_node, claim_owner, pod_is_terminal, pod_owner,
+    pod_scheduling_failed, slice_owner,
+};
 
 /// Drops bookkeeping metadata. Keeps name, namespace, uid, labels, owner references,
 /// creation and deletion timestamps, and `dramesh.io/` annotations.
@@ -50,14 +46,6 @@ pub fn trim_meta(m: &mut ObjectMeta) {
     }
 }
 
-/// Whether a pod has finished (its containers hold nothing any more).
-pub fn pod_is_terminal(pod: &k8s::Pod) -> bool {
-    matches!(
-        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Succeeded" | "Failed")
-    )
-}
-
 fn trim_container(c: &Container) -> Container {
     Container {
         name: c.name.clone(),
@@ -67,9 +55,6 @@ fn trim_container(c: &Container) -> Container {
         ..Default::default()
     }
 }
-
-/// The pod condition the scheduler writes (`PodScheduled`).
-pub const POD_SCHEDULED: &str = "PodScheduled";
 
 /// The pod's `PodScheduled` condition reduced to type, status, reason and transition time.
 /// Its message (which lists per-node failure counts and changes on every retry) and probe
@@ -87,18 +72,6 @@ fn scheduled_condition(s: &PodStatus) -> Option<Vec<PodCondition>> {
         last_transition_time: c.last_transition_time.clone(),
         ..Default::default()
     }])
-}
-
-/// Whether the scheduler has tried to place this unbound pod and failed (its `PodScheduled`
-/// condition is `False`, whatever the reason).
-pub fn pod_scheduling_failed(pod: &k8s::Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| {
-            cs.iter()
-                .any(|c| c.type_ == POD_SCHEDULED && c.status == "False")
-        })
 }
 
 /// A pod reduced to what placement, preemption and the unschedulable-replica count read:
@@ -209,63 +182,6 @@ pub fn trim_taint_rule(r: &k8s::DeviceTaintRule) -> k8s::DeviceTaintRule {
     r
 }
 
-/// The node a claim's allocation is pinned to, if the allocation's node selector admits
-/// exactly one node by name (`matchFields metadata.name In [node]` in every term, all naming
-/// the same node), which is how the scheduler records devices from node-local slices.
-pub fn claim_allocated_node(claim: &k8s::ResourceClaim) -> Option<&str> {
-    let sel = claim
-        .status
-        .as_ref()?
-        .allocation
-        .as_ref()?
-        .node_selector
-        .as_ref()?;
-    let mut node: Option<&str> = None;
-    if sel.node_selector_terms.is_empty() {
-        return None;
-    }
-    for term in &sel.node_selector_terms {
-        let mut pinned: Option<&str> = None;
-        for f in term.match_fields.iter().flatten() {
-            if f.key == "metadata.name" && f.operator == "In" {
-                match f.values.as_deref() {
-                    Some([one]) => {
-                        if pinned.is_some_and(|p| p != one) {
-                            return None; // contradictory term: selects nothing
-                        }
-                        pinned = Some(one);
-                    }
-                    _ => return None,
-                }
-            }
-        }
-        // Label expressions further narrow a pinned term; they cannot widen it.
-        let pinned = pinned?;
-        if node.is_some_and(|n| n != pinned) {
-            return None;
-        }
-        node = Some(pinned);
-    }
-    node
-}
-
-/// Who publishes a claim: the node it is pinned to, the cluster leader for allocations from
-/// network-attached or all-node devices, nobody while it is unallocated (an unallocated claim
-/// consumes nothing).
-pub fn claim_owner(claim: &k8s::ResourceClaim) -> Option<Owner> {
-    let allocated = claim
-        .status
-        .as_ref()
-        .is_some_and(|s| s.allocation.is_some());
-    if !allocated {
-        return None;
-    }
-    Some(match claim_allocated_node(claim) {
-        Some(n) => Owner::Node(n.to_string()),
-        None => Owner::Cluster,
-    })
-}
-
 /// A watched object ready to publish: trimmed, keyed, encoded, and its owner (`None` when
 /// nobody publishes it, e.g. a finished pod; a previously published copy is then deleted).
 #[derive(Debug, Clone)]
@@ -288,22 +204,6 @@ impl Record {
     }
 }
 
-/// Who publishes a pod: the agent of the node it is bound to; for an unbound pod, the
-/// cluster leader once the scheduler has marked it `PodScheduled=False` (pods still waiting
-/// for their first scheduling attempt are skipped: most are bound within milliseconds, and
-/// publishing them would add two cluster-scope commits per created pod); nobody for a
-/// finished pod.
-pub fn pod_owner(pod: &k8s::Pod) -> Option<Owner> {
-    if pod_is_terminal(pod) {
-        return None;
-    }
-    match pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
-        Some(n) if !n.is_empty() => Some(Owner::Node(n.to_string())),
-        _ if pod_scheduling_failed(pod) => Some(Owner::Cluster),
-        _ => None,
-    }
-}
-
 /// A pod as a record, owned per [`pod_owner`].
 pub fn pod_record(pod: &k8s::Pod) -> Record {
     let owner = pod_owner(pod);
@@ -319,10 +219,7 @@ pub fn node_record(node: &k8s::Node) -> Record {
 /// A ResourceSlice as a record: node-local slices owned by that node's agent, others by the
 /// cluster leader.
 pub fn slice_record(s: &k8s::ResourceSlice) -> Record {
-    let owner = match s.spec.node_name.as_deref() {
-        Some(n) if !n.is_empty() => Owner::Node(n.to_string()),
-        _ => Owner::Cluster,
-    };
+    let owner = slice_owner(s);
     Record::new(
         ClusterObject::ResourceSlice(Arc::new(trim_slice(s))),
         Some(owner),

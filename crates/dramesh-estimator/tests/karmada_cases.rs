@@ -413,9 +413,18 @@ fn dynamic_strategies_keep_previous_assignments_as_karmada_does() {
         m(&[("m1", 5), ("m2", 1)])
     );
     // Scaling up needs room for the new replicas only, and fails without it.
-    let err = keep(dw(), 9, &[("m1", 1), ("m2", 1)], &[("m1", 3), ("m2", 3)], false)
-        .unwrap_err();
-    assert!(err.contains("available replicas 2 are not enough to schedule 3"), "{err}");
+    let err = keep(
+        dw(),
+        9,
+        &[("m1", 1), ("m2", 1)],
+        &[("m1", 3), ("m2", 3)],
+        false,
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("available replicas 2 are not enough to schedule 3"),
+        "{err}"
+    );
     // A requested reschedule divides everything again, counting what each cluster holds as
     // available there: 6 over 4:2:6.
     assert_eq!(

@@ -255,7 +255,7 @@ fn layout_main(args: &[String]) {
         }
         nodes
     } else {
-        let doc = DocId::new(spec.name.clone(), "dir-agent");
+        let doc = DocId::new(spec.name.clone(), dramesh_store::CLUSTER_PUBLISHER);
         store.open_writer(&doc).expect("open writer");
         let all: Vec<ObjectChange> = per_node.into_iter().flat_map(|(_, c)| c).collect();
         store.apply(&doc, all).expect("apply");
@@ -709,7 +709,7 @@ fn run(rt: &tokio::runtime::Runtime) {
                         durability: Durability::None,
                         ..StoreConfig::default()
                     });
-                    let doc = DocId::new(spec.name.clone(), "dir-agent");
+                    let doc = DocId::new(spec.name.clone(), dramesh_store::CLUSTER_PUBLISHER);
                     store.open_writer(&doc).expect("open writer");
                     store.apply(&doc, changes).expect("initial apply");
                     built

@@ -7,6 +7,10 @@
 //! at most 253 bytes) and any other shape is rejected, so two spellings can never
 //! denote the same identity.
 //!
+//! An agent named [`CLUSTER_PUBLISHER`] (`dramesh://cluster/<cluster>/agent/_cluster`) publishes
+//! the whole cluster (`--source dir`); every other agent name is a node, whose agent may publish
+//! only that node's records (replicas enforce it, see `dramesh-store`).
+//!
 //! Documents ([`DocId`]) are named by (cluster, writer) segments of the same shape
 //! ([`valid_segment`]), plus the reserved scopes [`RESERVATION_SCOPE`](dramesh_store::RESERVATION_SCOPE)
 //! and [`RETIRED_SCOPE`](dramesh_store::RETIRED_SCOPE) for a replica's reservations and
@@ -14,6 +18,7 @@
 
 use std::fmt;
 
+pub use dramesh_store::CLUSTER_PUBLISHER;
 use dramesh_store::{DocId, valid_segment};
 
 /// URI scheme of every mesh identity.
@@ -99,7 +104,11 @@ impl PeerIdentity {
         match parts.as_slice() {
             ["cluster", cluster, "agent", node] => Ok(PeerIdentity::Agent {
                 cluster: check(cluster)?,
-                node: check(node)?,
+                node: if *node == CLUSTER_PUBLISHER {
+                    CLUSTER_PUBLISHER.to_owned()
+                } else {
+                    check(node)?
+                },
             }),
             ["replica", id] => Ok(PeerIdentity::Replica { id: check(id)? }),
             _ => Err(IdentityError::Shape {

@@ -24,6 +24,7 @@ pub mod mem_store;
 pub mod node;
 pub mod observe;
 pub mod protocol;
+pub mod signing;
 pub mod store;
 pub mod store_adapter;
 pub mod transport;

@@ -6,13 +6,15 @@
 //! copy first; the copy replaces the held document only when every new change is
 //! authored by that actor, so an unauthorized message leaves nothing behind. Nothing is
 //! persisted.
+//! Signatures are neither produced nor checked: protocol tests that need them use the real
+//! store ([`crate::store_adapter::MeshStore`]).
 
 use std::collections::BTreeMap;
 
 use automerge::sync::{self, SyncDoc};
 use automerge::transaction::Transactable;
 use automerge::{Automerge, ROOT, ReadDoc};
-use dramesh_store::{Digest, DocEntry, DocId, SyncState, heads_hash, writer_actor};
+use dramesh_store::{Attestation, Digest, DocEntry, DocId, SyncState, heads_hash, writer_actor};
 
 use crate::identity::PeerIdentity;
 use crate::store::{DocStore, RejectReason};
@@ -146,11 +148,15 @@ impl DocStore for MemStore {
         self.docs.get(doc).map(|h| Self::entry_of(doc, h))
     }
 
-    fn generate_sync_message(&mut self, doc: &DocId, state: &mut SyncState) -> Option<Vec<u8>> {
+    fn generate_sync_message(
+        &mut self,
+        doc: &DocId,
+        state: &mut SyncState,
+    ) -> Option<(Vec<u8>, Option<Attestation>)> {
         let held = self.docs.get(doc)?;
         held.doc
             .generate_sync_message(state.automerge_mut())
-            .map(|m| m.encode())
+            .map(|m| (m.encode(), None))
     }
 
     fn receive_sync_message(
@@ -160,6 +166,7 @@ impl DocStore for MemStore {
         generation: u64,
         state: &mut SyncState,
         msg: &[u8],
+        _signed: Option<&Attestation>,
     ) -> Result<(), RejectReason> {
         let message = sync::Message::decode(msg)
             .map_err(|e| RejectReason::Malformed(format!("{doc} from {from}: {e}")))?;

@@ -94,6 +94,9 @@ pub enum NodeError {
     /// The protocol thread could not be spawned.
     #[error("cannot start the protocol thread: {0}")]
     Thread(std::io::Error),
+    /// The certificate's key cannot sign, or the CA cannot verify, signed heads.
+    #[error(transparent)]
+    Signing(#[from] crate::signing::SigningError),
 }
 
 /// A remote change the node applied.
@@ -269,6 +272,9 @@ impl MeshHandle {
         store: Arc<Mutex<S>>,
     ) -> Result<MeshHandle, NodeError> {
         let identity = config.identity.identity.clone();
+        // Every change this node writes is signed with its certificate's key, and every change
+        // it receives is verified against the CA before the store applies it.
+        lock(&store).set_trust(crate::signing::trust(&config.identity)?);
         let (endpoint, socket) =
             transport::make_watched_endpoint(config.listen, &config.identity, &config.transport)?;
         let local_addr = endpoint.local_addr().map_err(NodeError::LocalAddr)?;

@@ -196,9 +196,12 @@ impl Observer {
         }
         let c = self.mesh.counters();
         let t = self.mesh.transport_counters();
+        let out_of_scope = lock(&self.store).store().out_of_scope_records();
         for (reason, now) in [
+            ("out_of_scope", out_of_scope),
             ("unauthorized", c.rejected_unauthorized),
             ("refused_by_store", c.rejected_by_store),
+            ("bad_signature", c.rejected_bad_signature),
             ("stale_generation", c.stale_generation),
             ("identity_rejected", t.identity_rejections),
             ("handshake_failed", t.handshake_failures),

@@ -32,7 +32,9 @@
 //! - **Authorization**: an agent may only exchange its own (cluster, writer) document; frames
 //!   about other documents are refused, counted in [`Counters::rejected_unauthorized`] and
 //!   logged. Agents never talk to agents. Replicas may relay any document; the store
-//!   checks change authors ([`DocStore::receive_sync_message`]).
+//!   applies only changes covered by the writer's verified signature, which travels with
+//!   them (`Sync.signed`), whoever relays them ([`DocStore::receive_sync_message`]); refusals
+//!   count in [`Counters::rejected_bad_signature`].
 //! - Nothing but `Hello` is accepted before the peer's `Hello`; protocol violations close the
 //!   connection.
 //! - **Refusals reach the writer**: when the store refuses a writer's message for its own
@@ -48,7 +50,10 @@ use std::time::{Duration, Instant};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use tracing::{debug, info, warn};
 
-use dramesh_store::{DIGEST_BUCKETS, Digest, DocEntry, DocId, SyncState};
+use std::sync::Arc;
+
+use dramesh_store::{Attestation, DIGEST_BUCKETS, Digest, DocEntry, DocId, SyncState};
+use sha2::{Digest as _, Sha256};
 
 use crate::identity::PeerIdentity;
 use crate::store::{DocStore, RejectReason};
@@ -167,6 +172,8 @@ pub struct Counters {
     pub rejected_unauthorized: u64,
     /// Sync messages the store refused (authors, malformed, store errors).
     pub rejected_by_store: u64,
+    /// Sync messages whose changes no verified signature of the writer covers.
+    pub rejected_bad_signature: u64,
     /// Sync messages for an older generation than held.
     pub stale_generation: u64,
     /// Malformed or out-of-order frames (each closes or ignores per the module docs).
@@ -221,6 +228,11 @@ pub struct SessionStatus {
 struct DocSync {
     generation: u64,
     state: SyncState,
+    /// SHA-256 of the signer chain last sent for this document on this session: later
+    /// signatures by the same signer go without it (a chain is ~0.5 KB per message otherwise).
+    signer_sent: Option<[u8; 32]>,
+    /// The signer chain last received for this document on this session.
+    signer_seen: Option<Arc<[u8]>>,
     /// Sync messages sent or received for the document on this session.
     progress: u64,
     /// The last anti-entropy mismatch not yet resolved (see [`Protocol::repair_doc`]).
@@ -291,6 +303,7 @@ fn code_of(reason: &RejectReason) -> pb::RefusalCode {
         RejectReason::FutureGeneration(_) => pb::RefusalCode::FutureGeneration,
         RejectReason::Unauthorized(_) => pb::RefusalCode::Unauthorized,
         RejectReason::Malformed(_) => pb::RefusalCode::Malformed,
+        RejectReason::BadSignature(_) => pb::RefusalCode::BadSignature,
         RejectReason::Retired(_) => pb::RefusalCode::Retired,
         RejectReason::StaleGeneration { .. } | RejectReason::Store(_) => pb::RefusalCode::Store,
     }
@@ -489,6 +502,8 @@ impl Protocol {
         if let Some(s) = self.sessions.get_mut(&conn) {
             for ds in s.docs.values_mut() {
                 ds.state.reset();
+                // The dropped frames may have carried a signer chain the peer now lacks.
+                ds.signer_sent = None;
             }
         }
     }
@@ -530,6 +545,8 @@ impl Protocol {
             DocSync {
                 generation,
                 state,
+                signer_sent: None,
+                signer_seen: None,
                 progress: 0,
                 suspect: None,
             }
@@ -583,9 +600,19 @@ impl Protocol {
             state.reset();
             self.counters.sync_resets += 1;
         }
-        if let Some(payload) = store.generate_sync_message(doc, state) {
+        if let Some((payload, signed)) = store.generate_sync_message(doc, state) {
+            let mut signed: Option<pb::SignedHeads> = signed.as_ref().map(Into::into);
             if let Some(ds) = session.docs.get_mut(doc) {
                 ds.progress += 1;
+                if let Some(s) = signed.as_mut() {
+                    let hash: [u8; 32] = Sha256::digest(&s.signer).into();
+                    if ds.signer_sent == Some(hash) {
+                        s.signer = Vec::new();
+                        s.signer_sha256 = hash.to_vec();
+                    } else {
+                        ds.signer_sent = Some(hash);
+                    }
+                }
             }
             self.send(
                 out,
@@ -594,6 +621,7 @@ impl Protocol {
                     doc: Some(doc.into()),
                     generation: entry.generation,
                     payload,
+                    signed,
                 }),
             );
         }
@@ -1197,6 +1225,28 @@ impl Protocol {
         }
     }
 
+    /// The attestation of a received `Sync`, its signer chain taken from this session when the
+    /// sender named it by hash (see [`DocSync::signer_sent`]).
+    fn signed_from_session(
+        w: &pb::SignedHeads,
+        ds: Option<&mut DocSync>,
+    ) -> Result<Attestation, String> {
+        let mut a = wire::signed_from_wire(w)?;
+        match ds {
+            Some(ds) if w.signer.is_empty() && !w.signer_sha256.is_empty() => {
+                let seen = ds
+                    .signer_seen
+                    .clone()
+                    .filter(|c| Sha256::digest(c).as_slice() == w.signer_sha256.as_slice())
+                    .ok_or("signer named by hash was not sent on this session")?;
+                a.signer = seen;
+            }
+            Some(ds) => ds.signer_seen = Some(a.signer.clone()),
+            None => {}
+        }
+        Ok(a)
+    }
+
     fn on_sync<S: DocStore>(
         &mut self,
         store: &mut S,
@@ -1219,8 +1269,32 @@ impl Protocol {
         let Some(session) = self.sessions.get_mut(&conn) else {
             return;
         };
+        // The document's session state holds the signer chain this session sent before.
+        Self::doc_state(&mut self.saved_states, session, &doc, s.generation);
+        let signed = match s.signed.as_ref().map(|w| {
+            let ds = session.docs.get_mut(&doc);
+            Self::signed_from_session(w, ds)
+        }) {
+            None => None,
+            Some(Ok(a)) => Some(a),
+            Some(Err(reason)) => {
+                self.counters.rejected_bad_signature += 1;
+                warn!(%peer, %doc, %reason, "unusable signed heads; sync message refused");
+                return;
+            }
+        };
+        let Some(session) = self.sessions.get_mut(&conn) else {
+            return;
+        };
         let state = Self::doc_state(&mut self.saved_states, session, &doc, s.generation);
-        let received = store.receive_sync_message(peer, &doc, s.generation, state, &s.payload);
+        let received = store.receive_sync_message(
+            peer,
+            &doc,
+            s.generation,
+            state,
+            &s.payload,
+            signed.as_ref(),
+        );
         if let Some(ds) = session.docs.get_mut(&doc) {
             ds.progress += 1;
         }
@@ -1243,7 +1317,11 @@ impl Protocol {
                 return;
             }
             Err(reason) => {
-                self.counters.rejected_by_store += 1;
+                if matches!(reason, RejectReason::BadSignature(_)) {
+                    self.counters.rejected_bad_signature += 1;
+                } else {
+                    self.counters.rejected_by_store += 1;
+                }
                 if matches!(reason, RejectReason::Retired(_)) {
                     // Expected until every peer has applied the retirement: not worth a warning
                     // per message (the writer itself is told, rate-limited, below).
@@ -1347,6 +1425,7 @@ impl Protocol {
                     doc: Some(doc.into()),
                     generation,
                     payload,
+                    signed: None,
                 }),
             );
         }

@@ -6,7 +6,7 @@
 //! Stores implement [`DocStore`]; the protocol holds `&mut` access only for the duration of one
 //! call, so a store can be shared with the application behind a mutex.
 
-use dramesh_store::{Digest, DocEntry, DocId, SyncState};
+use dramesh_store::{Attestation, Digest, DocEntry, DocId, SyncState, Trust};
 
 use crate::identity::PeerIdentity;
 
@@ -28,6 +28,10 @@ pub enum RejectReason {
     /// runs ahead).
     #[error("{0}")]
     FutureGeneration(String),
+    /// The changes carry no valid signature of the document's writer (unsigned, untrusted or
+    /// wrong signer, bad signature, or changes the signed heads do not cover).
+    #[error("bad signature: {0}")]
+    BadSignature(String),
     /// The document's member cluster was retired from the fleet after this generation began.
     #[error("{0}")]
     Retired(String),
@@ -63,9 +67,15 @@ pub trait DocStore {
     fn bucket_entries(&self, bucket: u32) -> Vec<DocEntry>;
     /// The entry of one held document.
     fn entry(&self, doc: &DocId) -> Option<DocEntry>;
-    /// Next sync message for `doc` towards the peer whose sync state is `state`.
-    fn generate_sync_message(&mut self, doc: &DocId, state: &mut SyncState) -> Option<Vec<u8>>;
-    /// Applies a sync message received from `from`.
+    /// Next sync message for `doc` towards the peer whose sync state is `state`, with the
+    /// writer's signature over the heads it leads to when it carries changes.
+    fn generate_sync_message(
+        &mut self,
+        doc: &DocId,
+        state: &mut SyncState,
+    ) -> Option<(Vec<u8>, Option<Attestation>)>;
+    /// Applies a sync message received from `from`, whose changes `signed` must cover (see
+    /// [`dramesh_store::Store::receive_signed_sync_message`]).
     fn receive_sync_message(
         &mut self,
         from: &PeerIdentity,
@@ -73,7 +83,13 @@ pub trait DocStore {
         generation: u64,
         state: &mut SyncState,
         msg: &[u8],
+        signed: Option<&Attestation>,
     ) -> Result<(), RejectReason>;
+    /// Installs the node's signer and the mesh's verifier (the node calls it once at start).
+    /// Stores that keep no signatures (the in-memory test store) keep the default.
+    fn set_trust(&mut self, trust: Trust) {
+        let _ = trust;
+    }
     /// Makes every change received since the last call durable. The node calls it after each
     /// batch of events and sends nothing the batch produced (replies, relays, digests) before
     /// it returned `Ok`, so a store may defer fsyncs of received changes until here (group

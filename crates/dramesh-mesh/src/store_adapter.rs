@@ -17,7 +17,8 @@
 //!   [`Store::snapshot`] instead of silently missing updates.
 
 use dramesh_store::{
-    Digest, DocEntry, DocId, ObjectChange, Store, StoreError, SyncState, WriteOutcome,
+    Attestation, Digest, DocEntry, DocId, ObjectChange, Store, StoreError, SyncState, Trust,
+    WriteOutcome,
 };
 
 use crate::identity::PeerIdentity;
@@ -43,6 +44,7 @@ fn reject(e: StoreError) -> RejectReason {
         | StoreError::MessageTooLarge { .. }
         | StoreError::Automerge { .. } => RejectReason::Malformed(e.to_string()),
         StoreError::FutureGeneration { .. } => RejectReason::FutureGeneration(e.to_string()),
+        StoreError::BadSignature { .. } => RejectReason::BadSignature(e.to_string()),
         StoreError::RetiredCluster { .. } => RejectReason::Retired(e.to_string()),
         other => RejectReason::Store(other.to_string()),
     }
@@ -157,9 +159,16 @@ impl DocStore for MeshStore {
         self.store.entry(doc)
     }
 
-    fn generate_sync_message(&mut self, doc: &DocId, state: &mut SyncState) -> Option<Vec<u8>> {
+    fn generate_sync_message(
+        &mut self,
+        doc: &DocId,
+        state: &mut SyncState,
+    ) -> Option<(Vec<u8>, Option<Attestation>)> {
         let generation = self.store.entry(doc)?.generation;
-        let out = match self.store.generate_sync_message(doc, generation, state) {
+        let out = match self
+            .store
+            .generate_signed_sync_message(doc, generation, state)
+        {
             Ok(m) => m,
             Err(e) => {
                 tracing::warn!(%doc, generation, error = %e, "cannot generate sync message");
@@ -178,6 +187,7 @@ impl DocStore for MeshStore {
         generation: u64,
         state: &mut SyncState,
         msg: &[u8],
+        signed: Option<&Attestation>,
     ) -> Result<(), RejectReason> {
         if let Some(e) = self.store.entry(doc)
             && e.generation > generation
@@ -188,10 +198,14 @@ impl DocStore for MeshStore {
             });
         }
         let may_deliver = |d: &DocId| from.is_replica() || from.owns(d);
-        match self
-            .store
-            .receive_sync_message(doc, generation, state, msg, &may_deliver)
-        {
+        match self.store.receive_signed_sync_message(
+            doc,
+            generation,
+            state,
+            msg,
+            signed,
+            &may_deliver,
+        ) {
             Ok(changes) => {
                 self.queue(changes);
                 Ok(())
@@ -203,6 +217,10 @@ impl DocStore for MeshStore {
                 Err(reject(e))
             }
         }
+    }
+
+    fn set_trust(&mut self, trust: Trust) {
+        self.store.set_trust(trust);
     }
 
     fn flush(&mut self) -> Result<(), RejectReason> {
@@ -309,7 +327,7 @@ mod tests {
     fn agent_and_replica_converge_and_queue_changes() {
         let agent_id = PeerIdentity::Agent {
             cluster: "east".into(),
-            node: "dir-agent".into(),
+            node: dramesh_store::CLUSTER_PUBLISHER.into(),
         };
         let replica_id = PeerIdentity::Replica { id: "r1".into() };
         let cfg = || ProtocolConfig {
@@ -317,7 +335,7 @@ mod tests {
             anti_entropy_interval: Duration::from_secs(60),
             ..ProtocolConfig::default()
         };
-        let doc = DocId::new("east", "dir-agent");
+        let doc = DocId::new("east", dramesh_store::CLUSTER_PUBLISHER);
         let mut agent_store = MeshStore::new(mem(), false);
         agent_store.open_writer(&doc).unwrap();
         agent_store
@@ -366,7 +384,7 @@ mod tests {
             .unwrap();
         assert_eq!(outcome.view.len(), 2);
         let (a, _) = peers.split_at_mut(1);
-        let docref = DocId::new("east", "dir-agent");
+        let docref = DocId::new("east", dramesh_store::CLUSTER_PUBLISHER);
         let outs: VecDeque<(usize, Output)> = a[0]
             .proto
             .on_local_change(&mut a[0].store, &docref)
@@ -499,7 +517,7 @@ mod tests {
         const DAY_MS: i64 = 24 * 3600 * 1000;
         let agent_id = PeerIdentity::Agent {
             cluster: "east".into(),
-            node: "w".into(),
+            node: "n1".into(),
         };
         let replica_id = PeerIdentity::Replica { id: "r1".into() };
         let cfg = || ProtocolConfig {
@@ -508,7 +526,7 @@ mod tests {
             ack_delay: Duration::ZERO,
             ..ProtocolConfig::default()
         };
-        let doc = DocId::new("east", "w");
+        let doc = DocId::new("east", "n1");
         let mut ahead = Store::in_memory(StoreConfig {
             durability: Durability::None,
             clock_offset_ms: 300 * DAY_MS,
@@ -589,6 +607,7 @@ mod tests {
                 generation - 1,
                 &mut state,
                 &[],
+                None,
             )
             .unwrap_err();
         assert!(matches!(err, RejectReason::StaleGeneration { .. }), "{err}");

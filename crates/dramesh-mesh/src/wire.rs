@@ -6,7 +6,7 @@
 
 use prost::Message as _;
 
-use dramesh_store::{DocEntry, DocId};
+use dramesh_store::{Attestation, DocEntry, DocId};
 
 /// Generated protobuf types.
 pub mod pb {
@@ -97,6 +97,34 @@ impl From<&DocId> for pb::DocId {
             writer: d.writer.clone(),
         }
     }
+}
+
+impl From<&Attestation> for pb::SignedHeads {
+    fn from(a: &Attestation) -> Self {
+        pb::SignedHeads {
+            heads: a.heads.iter().map(|h| h.to_vec()).collect(),
+            signature: a.signature.clone(),
+            signer: a.signer.to_vec(),
+            signer_sha256: Vec::new(),
+        }
+    }
+}
+
+/// Converts received signed heads, refusing heads that are not 32 bytes and sizes beyond
+/// [`dramesh_store::attest`]'s bounds.
+pub fn signed_from_wire(s: &pb::SignedHeads) -> Result<Attestation, String> {
+    if s.heads.len() > dramesh_store::attest::MAX_SIGNED_HEADS {
+        return Err(format!("{} signed heads", s.heads.len()));
+    }
+    let heads = s
+        .heads
+        .iter()
+        .map(|h| {
+            <[u8; 32]>::try_from(h.as_slice())
+                .map_err(|_| format!("signed head of {} bytes (32 expected)", h.len()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Attestation::new(heads, s.signature.clone(), s.signer.as_slice().into())
 }
 
 /// Converts a received document id, refusing missing or invalid names.

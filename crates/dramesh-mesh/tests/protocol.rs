@@ -611,13 +611,14 @@ fn agent_may_only_sync_its_own_document() {
     let mut forged_store = MemStore::new();
     forged_store.put(&victim, "gpu", "999").unwrap();
     let mut state = dramesh_store::SyncState::new();
-    let payload = forged_store
+    let (payload, _) = forged_store
         .generate_sync_message(&victim, &mut state)
         .unwrap();
     let env = wire::envelope(Body::Sync(pb::Sync {
         doc: Some((&victim).into()),
         generation: 1,
         payload,
+        signed: None,
     }));
     let conn = sim.links[link].conn_b;
     let node = &mut sim.nodes[0];
@@ -667,6 +668,7 @@ fn store_rejects_changes_by_a_foreign_actor_even_via_a_replica() {
             doc: Some((&doc).into()),
             generation: 1,
             payload: msg.encode(),
+            signed: None,
         }));
         for o in node.proto.handle_frame(&mut node.store, conn, env, sim.now) {
             if let Output::Send { envelope, .. } = o

@@ -197,11 +197,12 @@ async fn agent_of_cluster_a_cannot_sync_a_cluster_b_document() {
         let mut forged = MemStore::new();
         forged.put(&victim, "gpus", "999").unwrap();
         let mut state = dramesh_store::SyncState::new();
-        let msg = forged.generate_sync_message(&victim, &mut state).unwrap();
+        let (msg, _) = forged.generate_sync_message(&victim, &mut state).unwrap();
         let sync = wire::envelope(Body::Sync(pb::Sync {
             doc: Some((&victim).into()),
             generation: 1,
             payload: msg,
+            signed: None,
         }));
         send.write_all(&wire::encode_frame(&sync).unwrap()).await.unwrap();
         wait_until("rejection counted", Duration::from_secs(5), || {

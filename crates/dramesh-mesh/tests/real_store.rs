@@ -8,6 +8,8 @@
 //! a small fraction of the bytes of a full resync. Each test is bounded by a timeout.
 
 mod common;
+#[path = "common/forge.rs"]
+mod forge;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -547,6 +549,126 @@ fn forged_changes_message(forger: &mut Store, doc: &DocId, generation: u64) -> V
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_relaying_a_forged_change_over_quic_is_refused_and_counted() {
+    init_tracing();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let ca = certs::generate_ca("test CA", 1).unwrap();
+        let mut replicas = start_replicas(&ca, 2).await;
+        let addrs: Vec<SocketAddr> = replicas.iter().map(|r| r.handle.local_addr()).collect();
+        let mut agent = Agent::start(&ca, "c1", "n1", addrs.clone()).await;
+        let spec = &uniform_fleet(1, 1, 0.5)[0];
+        let objects: Vec<ObjectChange> = generate(spec)
+            .objects
+            .iter()
+            .map(ObjectChange::upsert)
+            .collect();
+        let node_key = objects
+            .iter()
+            .map(|c| c.key().clone())
+            .find(|k| k.kind == ObjectKind::Node)
+            .unwrap();
+        agent.write(objects).await;
+        let want = agent.entry();
+        wait_until(
+            "replicas hold the agent's document",
+            Duration::from_secs(20),
+            || {
+                replicas
+                    .iter()
+                    .all(|r| r.store.lock().unwrap().entry(&agent.doc) == Some(want.clone()))
+            },
+        )
+        .await;
+        let before: Vec<_> = replicas.iter().map(|r| (r.digest(), r.view())).collect();
+        // The rogue holds a genuine replica certificate (replicas relay every document) and
+        // a copy of the document with the writer's signature, and forges the next change.
+        let rogue = replica_id("rogue");
+        let rogue_tls = certs::issue_identity(&ca, &rogue, 1).unwrap();
+        let forged_json = r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"forged"}}"#;
+        let (generation, payload, stale) = {
+            let s = replicas[0].store.lock().unwrap();
+            forge::forge(
+                s.store(),
+                &agent.doc,
+                &dramesh_store::keys::doc_key(&node_key).unwrap(),
+                forged_json,
+            )
+        };
+        let own = {
+            use dramesh_store::HeadsSigner as _;
+            let signer = dramesh_mesh::signing::MeshSigner::new(&rogue_tls).unwrap();
+            let statement = dramesh_store::attest::statement(&agent.doc, generation, &stale.heads);
+            dramesh_store::Attestation::new(
+                stale.heads.clone(),
+                signer.sign(&statement).unwrap(),
+                signer.signer(),
+            )
+            .unwrap()
+        };
+        let cfg = fast_config(rogue_tls.clone(), vec![]);
+        let endpoint =
+            transport::make_endpoint(LOCAL.parse().unwrap(), &rogue_tls, &cfg.transport).unwrap();
+        let conn = endpoint
+            .connect(addrs[0], MESH_SERVER_NAME)
+            .unwrap()
+            .await
+            .unwrap();
+        let (mut send, _recv) = conn.open_bi().await.unwrap();
+        let frame = |body: Body| wire::encode_frame(&wire::envelope(body)).unwrap();
+        send.write_all(&frame(Body::Hello(pb::Hello {
+            protocol_version: PROTOCOL_VERSION,
+            role: pb::Role::Replica as i32,
+            identity: rogue.uri(),
+            advertise_addr: String::new(),
+        })))
+        .await
+        .unwrap();
+        for signed in [None, Some(&stale), Some(&own)] {
+            send.write_all(&frame(Body::Sync(pb::Sync {
+                doc: Some((&agent.doc).into()),
+                generation,
+                payload: payload.clone(),
+                signed: signed.map(Into::into),
+            })))
+            .await
+            .unwrap();
+        }
+        wait_until("bad signatures counted", Duration::from_secs(10), || {
+            replicas[0].handle.counters().rejected_bad_signature >= 3
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        for (i, r) in replicas.iter().enumerate() {
+            assert_eq!(r.digest(), before[i].0, "r{i} digest");
+            assert!(r.view() == before[i].1, "r{i} view");
+        }
+        // The refusals reach /metrics under reason="bad_signature".
+        let r0 = replicas.remove(0);
+        let handle = Arc::new(r0.handle);
+        let observer = dramesh_mesh::observe::Observer::new(
+            Arc::new(dramesh_telemetry::Metrics::new()),
+            handle.clone(),
+            r0.store.clone(),
+        );
+        observer.refresh(Vec::new()).await;
+        let text = observer.metrics.render();
+        assert!(
+            text.contains("dramesh_mesh_rejected_writes_total{reason=\"bad_signature\"} 3"),
+            "{text}"
+        );
+        drop(observer);
+        conn.close(0u32.into(), b"bye");
+        agent.node.handle.shutdown().await;
+        if let Ok(h) = Arc::try_unwrap(handle) {
+            h.shutdown().await;
+        }
+        shutdown(replicas).await;
+    })
+    .await
+    .expect("test timed out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_of_cluster_a_cannot_alter_cluster_b() {
     init_tracing();
     tokio::time::timeout(Duration::from_secs(90), async {
@@ -629,6 +751,7 @@ async fn agent_of_cluster_a_cannot_alter_cluster_b() {
             doc: Some((&b_ref).into()),
             generation: forged_gen,
             payload: forged.clone(),
+            signed: None,
         })))
         .await
         .unwrap();
@@ -639,6 +762,7 @@ async fn agent_of_cluster_a_cannot_alter_cluster_b() {
             doc: Some((&own).into()),
             generation: forged_gen,
             payload: forged,
+            signed: None,
         })))
         .await
         .unwrap();
@@ -717,7 +841,7 @@ async fn restarted_replica_catches_up_with_only_the_missing_changes() {
         // Three directory-mode agents (one document per cluster) of 40 nodes each.
         let mut agents = Vec::new();
         for spec in uniform_fleet(3, 40, 0.5) {
-            let mut a = Agent::start(&ca, &spec.name, "dir-agent", seeds.clone()).await;
+            let mut a = Agent::start(&ca, &spec.name, dramesh_store::CLUSTER_PUBLISHER, seeds.clone()).await;
             let objects = generate(&spec).objects.iter().map(ObjectChange::upsert).collect();
             a.write(objects).await;
             agents.push(a);
@@ -836,7 +960,7 @@ async fn agent_with_a_clock_far_ahead_is_refused_told_and_recovers() {
         .await;
         let seeds = vec![replica.handle.local_addr()];
         let dir = tempfile::tempdir().unwrap();
-        let doc = DocId::new("east", "w");
+        let doc = DocId::new("east", "n1");
         let n1 = ObjectKey::new(ObjectKind::Node, None, "n1");
         let start_agent = |offset_ms: i64| {
             let (store, _) = Store::open(
@@ -848,7 +972,7 @@ async fn agent_with_a_clock_far_ahead_is_refused_told_and_recovers() {
                 },
             )
             .unwrap();
-            let id = certs::issue_identity(&ca, &agent_id("east", "w"), 1).unwrap();
+            let id = certs::issue_identity(&ca, &agent_id("east", "n1"), 1).unwrap();
             TestNode::start(fast_config(id, seeds.clone()), store, false)
         };
         let agent = start_agent(300 * DAY_MS).await;
@@ -876,7 +1000,7 @@ async fn agent_with_a_clock_far_ahead_is_refused_told_and_recovers() {
                 .peers()
                 .await
                 .into_iter()
-                .find(|p| p.identity == agent_id("east", "w"))
+                .find(|p| p.identity == agent_id("east", "n1"))
                 .and_then(|p| p.refused);
             if why.is_some() && agent.handle.counters().refusals_received > 0 {
                 break;
@@ -918,7 +1042,7 @@ async fn agent_with_a_clock_far_ahead_is_refused_told_and_recovers() {
             .peers()
             .await
             .into_iter()
-            .find(|p| p.identity == agent_id("east", "w"))
+            .find(|p| p.identity == agent_id("east", "n1"))
             .and_then(|p| p.refused);
         assert_eq!(refused_now, None);
         agent.handle.shutdown().await;

@@ -10,6 +10,7 @@ pub mod k8s;
 pub mod load;
 pub mod nodesel;
 pub mod object;
+pub mod owner;
 pub mod quantity;
 pub mod semver;
 pub mod taint;

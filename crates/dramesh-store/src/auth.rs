@@ -6,6 +6,7 @@
 //! (single changes, compressed changes, concatenated changes, or a whole saved document as sent
 //! by V2 messages) and refuses the whole message if any change has another author.
 
+use crate::attest::Carried;
 use crate::docid::{DocId, hex, writer_actor};
 use crate::error::StoreError;
 use automerge::sync::Message;
@@ -51,12 +52,12 @@ pub(crate) fn split_chunks(mut data: &[u8]) -> Result<Vec<(u8, &[u8])>, String> 
 }
 
 /// Verifies that every change in `msg` was authored by the writer of `doc` at `generation`.
-/// Returns the number of changes carried.
+/// Returns the changes carried (hash and dependencies), for the signature check.
 pub(crate) fn check_authors(
     doc: &DocId,
     generation: u64,
     msg: &Message,
-) -> Result<usize, StoreError> {
+) -> Result<Vec<Carried>, StoreError> {
     let expected = writer_actor(doc, generation);
     let malformed = |reason: String| StoreError::MalformedMessage {
         doc: doc.clone(),
@@ -68,7 +69,7 @@ pub(crate) fn check_authors(
         actor: hex(actor.to_bytes()),
         expected: hex(expected.to_bytes()),
     };
-    let mut checked = 0;
+    let mut checked = Vec::new();
     for blob in msg.changes.iter() {
         for (kind, chunk) in split_chunks(blob).map_err(malformed)? {
             match kind {
@@ -78,7 +79,10 @@ pub(crate) fn check_authors(
                     if change.actor_id() != &expected {
                         return Err(foreign(change.actor_id()));
                     }
-                    checked += 1;
+                    checked.push(Carried {
+                        hash: change.hash(),
+                        deps: change.deps().to_vec(),
+                    });
                 }
                 CHUNK_DOCUMENT => {
                     // A whole document (V2 shortcut): load it on the side and check every change.
@@ -93,7 +97,10 @@ pub(crate) fn check_authors(
                         if change.actor_id() != &expected {
                             return Err(foreign(change.actor_id()));
                         }
-                        checked += 1;
+                        checked.push(Carried {
+                            hash: change.hash(),
+                            deps: change.deps().to_vec(),
+                        });
                     }
                 }
                 other => {
@@ -152,11 +159,16 @@ mod tests {
             .map(|c| c.raw_bytes().to_vec())
             .collect();
         assert_eq!(
-            check_authors(&id, 3, &msg_with(vec![concatenated])).unwrap(),
+            check_authors(&id, 3, &msg_with(vec![concatenated]))
+                .unwrap()
+                .len(),
             3
         );
-        assert_eq!(check_authors(&id, 3, &msg_with(vec![whole])).unwrap(), 3);
-        assert_eq!(check_authors(&id, 3, &msg_with(single)).unwrap(), 3);
+        assert_eq!(
+            check_authors(&id, 3, &msg_with(vec![whole])).unwrap().len(),
+            3
+        );
+        assert_eq!(check_authors(&id, 3, &msg_with(single)).unwrap().len(), 3);
     }
 
     #[test]

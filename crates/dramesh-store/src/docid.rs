@@ -21,6 +21,12 @@ pub fn is_replica_scope(cluster: &str) -> bool {
     cluster == RESERVATION_SCOPE || cluster == RETIRED_SCOPE
 }
 
+/// Writer name of a cluster's whole-cluster publisher (`--source dir` agents: one writer
+/// publishes every node's records). `_` is not a valid node name, so no per-node identity can
+/// name it; every other writer of a member cluster publishes only its own node's records
+/// (see `Store`'s writer scopes).
+pub const CLUSTER_PUBLISHER: &str = "_cluster";
+
 /// Longest accepted name segment, matching a DNS subdomain name.
 const MAX_SEGMENT_LEN: usize = 253;
 
@@ -85,10 +91,21 @@ impl DocId {
         is_replica_scope(&self.cluster)
     }
 
-    /// Both parts are valid name segments ([`valid_segment`]), or the cluster is a replica
-    /// scope ([`DocId::is_replica_scope`]) and the writer a valid replica id.
+    /// Both parts are valid name segments ([`valid_segment`]) or the writer is
+    /// [`CLUSTER_PUBLISHER`], or the cluster is a replica scope ([`DocId::is_replica_scope`])
+    /// and the writer a valid replica id.
     pub fn is_valid(&self) -> bool {
-        (valid_segment(&self.cluster) || self.is_replica_scope()) && valid_segment(&self.writer)
+        if self.is_replica_scope() {
+            return valid_segment(&self.writer);
+        }
+        valid_segment(&self.cluster)
+            && (valid_segment(&self.writer) || self.writer == CLUSTER_PUBLISHER)
+    }
+
+    /// Whether this is a member cluster's whole-cluster publisher document
+    /// ([`CLUSTER_PUBLISHER`]).
+    pub fn is_cluster_publisher(&self) -> bool {
+        self.writer == CLUSTER_PUBLISHER && !self.is_replica_scope()
     }
 
     /// SHA-256 of the length-prefixed cluster and writer, stable across versions and processes.

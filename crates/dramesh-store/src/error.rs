@@ -49,6 +49,19 @@ pub enum StoreError {
         generation: u64,
     },
 
+    /// An incoming sync message carries changes that no verified signature of the writer
+    /// covers: unsigned, signed by a key or certificate the mesh does not trust for this
+    /// document, or not reachable from the signed heads. Nothing from the message was applied.
+    #[error("sync message for document {doc} generation {generation} refused: {reason}")]
+    BadSignature {
+        /// The document.
+        doc: DocId,
+        /// The generation of the message.
+        generation: u64,
+        /// What failed.
+        reason: String,
+    },
+
     /// A change in an incoming sync message was authored by an actor other than the document's
     /// writer. Nothing from the message was applied.
     #[error(

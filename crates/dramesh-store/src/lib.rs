@@ -3,7 +3,9 @@
 //! Each member cluster is described by a few automerge documents, one per writer (an agent).
 //! A document is a flat map from object keys (`node/<name>`, `pod/<ns>/<name>`, ...; see
 //! [`keys`]) to one trimmed Kubernetes object as compact JSON bytes. Only the writer's derived
-//! actor may author a document ([`writer_actor`]); replicas check this for every incoming change.
+//! actor may author a document ([`writer_actor`]), and with [`Trust`] installed every incoming
+//! change must be covered by the writer's verified signature ([`attest`]); replicas show a node
+//! writer's records only for its own node ([`CLUSTER_PUBLISHER`] publishes whole clusters).
 //! History is bounded by generation rollover, documents persist as CRC-framed append-only files,
 //! and every mutation reports exactly the visible object changes it caused.
 //!
@@ -11,6 +13,7 @@
 //! [`Store::generate_sync_message`] and feeds received ones to [`Store::receive_sync_message`].
 //! The document model and its invariants are described in the repository's `ARCHITECTURE.md`.
 
+pub mod attest;
 mod auth;
 mod digest;
 mod docid;
@@ -22,10 +25,11 @@ mod store;
 mod sync_state;
 mod view;
 
+pub use attest::{Attestation, HeadsSigner, HeadsVerifier, Trust};
 pub use digest::{DIGEST_BUCKETS, Digest, DocEntry};
 pub use docid::{
-    DocId, HeadsHash, RESERVATION_SCOPE, RETIRED_SCOPE, heads_hash, hex, is_replica_scope,
-    valid_segment, writer_actor,
+    CLUSTER_PUBLISHER, DocId, HeadsHash, RESERVATION_SCOPE, RETIRED_SCOPE, heads_hash, hex,
+    is_replica_scope, valid_segment, writer_actor,
 };
 pub use error::StoreError;
 pub use object::{ObjectChange, ObjectKey, ObjectKind};

@@ -41,6 +41,9 @@ pub(crate) const KIND_HEADER: u8 = 1;
 pub(crate) const KIND_SNAPSHOT: u8 = 2;
 pub(crate) const KIND_CHANGES: u8 = 3;
 pub(crate) const KIND_PACKED_SNAPSHOT: u8 = 4;
+/// The writer's signature over the heads up to this point (`attest::Attestation::encode`); the
+/// last one in a file is the document's proof of authorship.
+pub(crate) const KIND_SIGNED: u8 = 5;
 
 /// Largest document a packed snapshot may inflate to; a longer one is reported as corruption
 /// instead of exhausting memory.
@@ -112,6 +115,8 @@ pub(crate) struct LoadedFile {
     pub valid_len: u64,
     /// Bytes of a torn tail that must be truncated (0 when the file ended cleanly).
     pub torn_tail: u64,
+    /// Payload of the last signed-heads record, if any.
+    pub signed: Option<Vec<u8>>,
 }
 
 pub(crate) fn doc_path(dir: &Path, doc: &DocId) -> PathBuf {
@@ -155,6 +160,7 @@ pub(crate) fn write_new(
     dir: &Path,
     header: &FileHeader,
     snapshot: &[u8],
+    signed: Option<&[u8]>,
     durability: Durability,
 ) -> Result<u64, crate::StoreError> {
     let path = doc_path(dir, &header.doc);
@@ -168,6 +174,9 @@ pub(crate) fn write_new(
     buf.extend_from_slice(MAGIC);
     encode_record(&mut buf, KIND_HEADER, &header_json).map_err(io_err(&path))?;
     encode_record(&mut buf, KIND_PACKED_SNAPSHOT, snapshot).map_err(io_err(&path))?;
+    if let Some(signed) = signed {
+        encode_record(&mut buf, KIND_SIGNED, signed).map_err(io_err(&path))?;
+    }
     {
         let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
         f.write_all(&buf).map_err(io_err(&tmp))?;
@@ -180,14 +189,20 @@ pub(crate) fn write_new(
     Ok(buf.len() as u64)
 }
 
-/// Appends one change record; returns the number of bytes appended.
+/// Appends one change record, then the signed heads that cover it if given; returns the number
+/// of bytes appended.
 pub(crate) fn append_changes(
     path: &Path,
     changes: &[u8],
+    signed: Option<&[u8]>,
     durability: Durability,
 ) -> Result<u64, crate::StoreError> {
-    let mut buf = Vec::with_capacity(RECORD_HEADER + changes.len());
+    let mut buf =
+        Vec::with_capacity(2 * RECORD_HEADER + changes.len() + signed.map_or(0, <[u8]>::len));
     encode_record(&mut buf, KIND_CHANGES, changes).map_err(io_err(path))?;
+    if let Some(signed) = signed {
+        encode_record(&mut buf, KIND_SIGNED, signed).map_err(io_err(path))?;
+    }
     let mut f = OpenOptions::new()
         .append(true)
         .open(path)
@@ -317,6 +332,7 @@ fn parse_records(bytes: &[u8], header_out: &mut Option<FileHeader>) -> Result<Lo
     let mut snapshot_record_len = 0u64;
     let mut index = 0usize;
     let mut torn_tail = 0u64;
+    let mut signed = None;
     while pos < bytes.len() {
         let rest = &bytes[pos..];
         if rest.len() < RECORD_HEADER || rest.iter().all(|b| *b == 0) {
@@ -362,6 +378,7 @@ fn parse_records(bytes: &[u8], header_out: &mut Option<FileHeader>) -> Result<Lo
                 snapshot_record_len = len as u64;
             }
             (i, KIND_CHANGES) if i >= 2 => automerge_bytes.extend_from_slice(payload),
+            (i, KIND_SIGNED) if i >= 2 => signed = Some(payload.to_vec()),
             (i, k) => {
                 return Err(format!(
                     "unexpected record kind {k} at position {i} (offset {pos})"
@@ -384,6 +401,7 @@ fn parse_records(bytes: &[u8], header_out: &mut Option<FileHeader>) -> Result<Lo
         snapshot_record_len,
         valid_len: pos as u64,
         torn_tail,
+        signed,
     })
 }
 

@@ -16,6 +16,7 @@
 //! - Every call that changes documents returns exactly the object keys whose visible value
 //!   changed, decoded only for those keys.
 
+use crate::attest::{self, Attestation, Carried, Trust};
 use crate::auth::check_authors;
 use crate::digest::{Digest, DocEntry, fingerprint};
 use crate::docid::{DocId, heads_hash, writer_actor};
@@ -31,6 +32,8 @@ use automerge::{
     Automerge, ChangeHash, LoadOptions, OnPartialLoad, PatchAction, Prop, ROOT, ReadDoc,
     ScalarValue, Value, VerificationMode, patches::TextRepresentation,
 };
+use dramesh_model::owner::Owner;
+use dramesh_model::{ClusterObject, ObjectKind};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -206,11 +209,21 @@ struct Held {
     /// root map, so the rollover check counts again only when the lower bound this gives
     /// (each op deletes at most one key) no longer rules a rollover out.
     keys_counted: (u64, u64),
+    /// The writer's signature over these heads: verified for a replica copy (what it proves
+    /// its relays with), the signature cache for an own document.
+    signed: Option<Attestation>,
+    /// A verified signature over heads not reached yet (changes queued for a missing
+    /// dependency); it becomes `signed` when they are.
+    signed_ahead: Option<Attestation>,
+    /// `signed` changed since the file last recorded it.
+    signed_unsaved: bool,
 }
 
 struct Pending {
     generation: u64,
     doc: Automerge,
+    /// The newest verified signature of this generation (see [`Held::signed`]).
+    signed: Option<Attestation>,
 }
 
 /// State of the changed document before the mutation being reconciled.
@@ -246,6 +259,11 @@ pub struct Store {
     compactions: u64,
     /// Retired member clusters: generations begun at or before this time (ms) are refused.
     retired: BTreeMap<String, u64>,
+    /// Signs own documents and verifies received changes (see [`Store::set_trust`]).
+    trust: Option<Trust>,
+    /// Records held outside their writer's scope and therefore not visible (see
+    /// [`Store::out_of_scope_records`]).
+    out_of_scope: u64,
 }
 
 fn wall_millis(offset_ms: i64) -> u64 {
@@ -259,6 +277,34 @@ fn wall_millis(offset_ms: i64) -> u64 {
 /// Generations are wall-clock milliseconds; one further ahead than this is not believed (it
 /// would let a peer push a writer's generation counter to its end).
 pub const MAX_FUTURE_GENERATION_MS: u64 = 30 * 24 * 3600 * 1000;
+
+/// Whether the record `key` = `value` of replica copy `doc` lies within its writer's scope: a
+/// node's writer publishes only records [`ClusterObject::owner`] assigns to that node; records
+/// owned by the cluster (or by nobody) only a writer holding the cluster's highest lease term
+/// (`max_term`), i.e. the current Lease holder; [`crate::CLUSTER_PUBLISHER`] everything. A value that
+/// does not decode as its kind is outside every scope.
+fn in_writer_scope(doc: &DocId, term: u64, max_term: u64, key: &str, value: &[u8]) -> bool {
+    if doc.is_replica_scope() || doc.is_cluster_publisher() {
+        return true;
+    }
+    let Some(k) = parse_doc_key(key) else {
+        return true;
+    };
+    let owner = match k.kind {
+        ObjectKind::Node => Some(Owner::Node(k.name.clone())),
+        ObjectKind::DeviceClass | ObjectKind::DeviceTaintRule | ObjectKind::ClusterInfo => {
+            Some(Owner::Cluster)
+        }
+        _ => match ClusterObject::from_json(k.kind, value) {
+            Ok(obj) => obj.owner(),
+            Err(_) => return false,
+        },
+    };
+    match owner {
+        Some(Owner::Node(n)) => n == doc.writer,
+        Some(Owner::Cluster) | None => term >= max_term,
+    }
+}
 
 /// Refuses a document id the mesh could not name on the wire (see [`DocId::is_valid`]).
 fn check_doc_id(doc: &DocId) -> Result<(), StoreError> {
@@ -511,6 +557,8 @@ impl Store {
             compaction_rest_until: Instant::now(),
             compactions: 0,
             retired: BTreeMap::new(),
+            trust: None,
+            out_of_scope: 0,
         }
     }
 
@@ -620,6 +668,17 @@ impl Store {
             let heads = doc.get_heads();
             let hh = heads_hash(&heads);
             let part = fingerprint(&id, generation, &hh);
+            // The file's CRC vouches for the record; a record that does not decode is the
+            // proof of a different format, and the copy is then relayed unproven until the
+            // writer's next signature arrives.
+            let signed = match file.signed.as_deref().map(Attestation::decode) {
+                Some(Ok(a)) if !owned => Some(a),
+                Some(Err(reason)) => {
+                    tracing::warn!(path = %path.display(), %reason, "ignoring unreadable signed-heads record");
+                    None
+                }
+                _ => None,
+            };
             let (changes, num_ops) = history(&doc);
             let entry = Held {
                 generation,
@@ -639,17 +698,29 @@ impl Store {
                 num_ops,
                 not_durable: false,
                 keys_counted: (0, 0),
+                signed,
+                signed_ahead: None,
+                signed_unsaved: false,
                 doc,
             };
             store.digest.xor(id.bucket(), part);
             store.view.set_term(&id.cluster, &id.writer, entry.term);
-            for key in object_keys(&entry.doc, None) {
-                if read_value(&entry.doc, &key, None).is_some() {
+            store.docs.insert(id, entry);
+            report.loaded += 1;
+        }
+        // Presence once every writer's term is known (the Lease holder's scope depends on it).
+        let ids: Vec<DocId> = store.docs.keys().cloned().collect();
+        for id in ids {
+            let keys = store
+                .docs
+                .get(&id)
+                .map(|e| object_keys(&e.doc, None))
+                .unwrap_or_default();
+            for (key, present) in store.presence(&id, &keys) {
+                if present {
                     store.view.set_present(&id.cluster, &id.writer, &key, true);
                 }
             }
-            store.docs.insert(id, entry);
-            report.loaded += 1;
         }
         Ok((store, report))
     }
@@ -677,7 +748,9 @@ impl Store {
         owned: bool,
         snapshot: &[u8],
         fresh_bytes: Option<u64>,
+        signed: Option<&Attestation>,
     ) -> Result<(u64, u64), StoreError> {
+        let signed = signed.map(Attestation::encode);
         let base = framed_len(snapshot.len());
         let header = FileHeader {
             format: 1,
@@ -688,10 +761,20 @@ impl Store {
         };
         match &self.dir {
             Some(dir) => {
-                let total = persist::write_new(dir, &header, snapshot, self.config.durability)?;
+                let total = persist::write_new(
+                    dir,
+                    &header,
+                    snapshot,
+                    signed.as_deref(),
+                    self.config.durability,
+                )?;
                 Ok((total, base))
             }
-            None => Ok((base + persist::header_overhead(&header), base)),
+            None => Ok((
+                base + persist::header_overhead(&header)
+                    + signed.map_or(0, |s| framed_len(s.len())),
+                base,
+            )),
         }
     }
 
@@ -720,16 +803,20 @@ impl Store {
         for c in e.doc.get_changes(&e.saved_heads) {
             bytes.extend_from_slice(c.raw_bytes());
         }
+        let signed = (e.signed_unsaved && !e.owned)
+            .then(|| e.signed.as_ref().map(Attestation::encode))
+            .flatten();
         let appended = match path {
-            Some(p) => match persist::append_changes(&p, &bytes, durability) {
+            Some(p) => match persist::append_changes(&p, &bytes, signed.as_deref(), durability) {
                 Ok(n) => n,
                 Err(err) => {
                     e.not_durable = true;
                     return Err(err);
                 }
             },
-            None => framed_len(bytes.len()),
+            None => framed_len(bytes.len()) + signed.as_ref().map_or(0, |s| framed_len(s.len())),
         };
+        e.signed_unsaved = false;
         e.stored_bytes += appended;
         e.saved_heads = heads;
         e.not_durable = false;
@@ -818,8 +905,14 @@ impl Store {
             .map_or(0, |p| p.generation.saturating_add(1));
         let generation = self.now_millis().max(min_gen).max(1);
         let fresh = build_fresh(doc, &Automerge::new(), generation)?;
-        let (stored, base) =
-            self.write_snapshot(doc, generation, true, &persist::pack_snapshot(&fresh), None)?;
+        let (stored, base) = self.write_snapshot(
+            doc,
+            generation,
+            true,
+            &persist::pack_snapshot(&fresh),
+            None,
+            None,
+        )?;
         self.pending.remove(doc);
         let heads = fresh.get_heads();
         let entry = Held {
@@ -836,6 +929,9 @@ impl Store {
             num_ops: history(&fresh).1,
             not_durable: false,
             keys_counted: (0, 0),
+            signed: None,
+            signed_ahead: None,
+            signed_unsaved: false,
             doc: fresh,
         };
         self.docs.insert(doc.clone(), entry);
@@ -1019,10 +1115,13 @@ impl Store {
             return Ok(true);
         }
         let (generation, owned, fresh) = (e.generation, e.owned, e.fresh_bytes);
-        let (stored, base) = self.write_snapshot(doc, generation, owned, &snapshot, Some(fresh))?;
+        let signed = if owned { None } else { e.signed.as_ref() };
+        let (stored, base) =
+            self.write_snapshot(doc, generation, owned, &snapshot, Some(fresh), signed)?;
         if let Some(e) = self.docs.get_mut(doc) {
             e.stored_bytes = stored;
             e.base_bytes = base;
+            e.signed_unsaved = false;
         }
         self.compactions += 1;
         if !owned {
@@ -1107,8 +1206,14 @@ impl Store {
         };
         let generation = next.max(min_generation).max(self.now_millis()).max(1);
         let fresh = build_fresh(doc, &e.doc, generation)?;
-        let (stored, base) =
-            self.write_snapshot(doc, generation, true, &persist::pack_snapshot(&fresh), None)?;
+        let (stored, base) = self.write_snapshot(
+            doc,
+            generation,
+            true,
+            &persist::pack_snapshot(&fresh),
+            None,
+            None,
+        )?;
         let heads = fresh.get_heads();
         let num_ops = history(&fresh).1;
         if let Some(e) = self.docs.get_mut(doc) {
@@ -1213,7 +1318,23 @@ impl Store {
         generation: u64,
         state: &mut SyncState,
     ) -> Result<Option<Vec<u8>>, StoreError> {
-        if let Some(e) = self.docs.get(doc) {
+        Ok(self
+            .generate_signed_sync_message(doc, generation, state)?
+            .map(|(m, _)| m))
+    }
+
+    /// [`Store::generate_sync_message`], with the writer's signature over the heads the message
+    /// leads to when it carries changes: for an own document this store signs (once per heads,
+    /// with [`Trust::signer`]), for a replica copy it is the signature it verified when it
+    /// received them. `None` when the message carries no changes or no signature is held.
+    pub fn generate_signed_sync_message(
+        &mut self,
+        doc: &DocId,
+        generation: u64,
+        state: &mut SyncState,
+    ) -> Result<Option<(Vec<u8>, Option<Attestation>)>, StoreError> {
+        let signer = self.trust.as_ref().and_then(|t| t.signer.clone());
+        if let Some(e) = self.docs.get_mut(doc) {
             if generation < e.generation {
                 return Ok(None);
             }
@@ -1221,10 +1342,37 @@ impl Store {
                 if e.owned && e.not_durable {
                     return Ok(None);
                 }
-                return Ok(e
-                    .doc
-                    .generate_sync_message(&mut state.0)
-                    .map(encode_message));
+                let Some(msg) = e.doc.generate_sync_message(&mut state.0) else {
+                    return Ok(None);
+                };
+                if msg.changes.is_empty() {
+                    return Ok(Some((encode_message(msg), None)));
+                }
+                let heads = e.doc.get_heads();
+                let fresh = e.signed.as_ref().is_some_and(|a| a.signs_heads(&heads));
+                if e.owned
+                    && !fresh
+                    && let Some(signer) = signer
+                {
+                    let hs: Vec<[u8; 32]> = heads.iter().map(|h| h.0).collect();
+                    let statement = attest::statement(doc, e.generation, &hs);
+                    let signature =
+                        signer
+                            .sign(&statement)
+                            .map_err(|reason| StoreError::BadSignature {
+                                doc: doc.clone(),
+                                generation,
+                                reason: format!("cannot sign own heads: {reason}"),
+                            })?;
+                    e.signed = Some(Attestation::new(hs, signature, signer.signer()).map_err(
+                        |reason| StoreError::BadSignature {
+                            doc: doc.clone(),
+                            generation,
+                            reason,
+                        },
+                    )?);
+                }
+                return Ok(Some((encode_message(msg), e.signed.clone())));
             }
             if e.owned {
                 // A peer holds a newer generation of our own document (we lost our disk and the
@@ -1239,8 +1387,13 @@ impl Store {
             return Ok(None);
         }
         let p = self.pending_for(doc, generation)?;
-        Ok(p.and_then(|p| p.doc.generate_sync_message(&mut state.0))
-            .map(encode_message))
+        Ok(p.and_then(|p| {
+            let msg = p.doc.generate_sync_message(&mut state.0)?;
+            let signed = (!msg.changes.is_empty())
+                .then(|| p.signed.clone())
+                .flatten();
+            Some((encode_message(msg), signed))
+        }))
     }
 
     fn pending_for(
@@ -1267,6 +1420,7 @@ impl Store {
             Pending {
                 generation,
                 doc: Automerge::new(),
+                signed: None,
             },
         );
         Ok(self.pending.get_mut(doc))
@@ -1288,6 +1442,27 @@ impl Store {
         generation: u64,
         state: &mut SyncState,
         message: &[u8],
+        may_deliver: &dyn Fn(&DocId) -> bool,
+    ) -> Result<Vec<(String, ObjectChange)>, StoreError> {
+        self.receive_signed_sync_message(doc, generation, state, message, None, may_deliver)
+    }
+
+    /// [`Store::receive_sync_message`] with the sender's attestation of the changes carried.
+    ///
+    /// With [`Trust`] installed ([`Store::set_trust`]), a message carrying changes for a
+    /// document this store does not write is applied only if `signed` verifies (a credential
+    /// the verifier trusts, allowed to write `doc`, signing `doc`, `generation` and the heads)
+    /// and every carried change is one of those heads or their ancestor through the message;
+    /// otherwise it is refused with [`StoreError::BadSignature`] and nothing changes. A
+    /// signature equal to the one already held is not verified again. The newest verified
+    /// signature whose heads the document reached is kept (and persisted) for relaying.
+    pub fn receive_signed_sync_message(
+        &mut self,
+        doc: &DocId,
+        generation: u64,
+        state: &mut SyncState,
+        message: &[u8],
+        signed: Option<&Attestation>,
         may_deliver: &dyn Fn(&DocId) -> bool,
     ) -> Result<Vec<(String, ObjectChange)>, StoreError> {
         if message.len() > self.config.max_message_bytes {
@@ -1329,7 +1504,11 @@ impl Store {
             doc: doc.clone(),
             reason: e.to_string(),
         })?;
-        check_authors(doc, generation, &msg)?;
+        let carried = check_authors(doc, generation, &msg)?;
+        let signed = match current {
+            Some((_, true)) => None,
+            _ => self.check_signed(doc, generation, &carried, signed)?,
+        };
         let am = |source: automerge::AutomergeError| StoreError::Automerge {
             doc: doc.clone(),
             source: Box::new(source),
@@ -1348,12 +1527,15 @@ impl Store {
                 }
                 Ok(std::mem::take(&mut self.undelivered))
             }
-            Some((g, false)) if g == generation => self.receive_current(doc, state, msg),
+            Some((g, false)) if g == generation => self.receive_current(doc, state, msg, signed),
             _ => {
                 let Some(p) = self.pending_for(doc, generation)? else {
                     return Ok(Vec::new());
                 };
                 p.doc.receive_sync_message(&mut state.0, msg).map_err(am)?;
+                if let Some(a) = signed {
+                    p.signed = Some(a);
+                }
                 let complete =
                     !p.doc.get_heads().is_empty() && p.doc.get_missing_deps(&[]).is_empty();
                 if complete {
@@ -1365,11 +1547,85 @@ impl Store {
         }
     }
 
+    /// Installs what this store signs its own documents with and verifies received changes
+    /// against (see [`Store::receive_signed_sync_message`]). The mesh node installs it from its
+    /// certificate when it starts.
+    pub fn set_trust(&mut self, trust: Trust) {
+        self.trust = Some(trust);
+    }
+
+    /// The signature this store holds over the current heads of `doc` (a replica copy's proof
+    /// of authorship), if any.
+    pub fn signed_heads(&self, doc: &DocId) -> Option<&Attestation> {
+        self.docs
+            .get(doc)
+            .and_then(|e| e.signed.as_ref())
+            .filter(|a| {
+                self.docs
+                    .get(doc)
+                    .is_some_and(|e| a.signs_heads(&e.doc.get_heads()))
+            })
+    }
+
+    /// Verifies that `signed` covers every carried change (see
+    /// [`Store::receive_signed_sync_message`]); returns the attestation to keep, if any.
+    fn check_signed(
+        &self,
+        doc: &DocId,
+        generation: u64,
+        carried: &[Carried],
+        signed: Option<&Attestation>,
+    ) -> Result<Option<Attestation>, StoreError> {
+        let Some(trust) = &self.trust else {
+            return Ok(None);
+        };
+        if carried.is_empty() {
+            return Ok(None);
+        }
+        let bad = |reason: String| StoreError::BadSignature {
+            doc: doc.clone(),
+            generation,
+            reason,
+        };
+        let Some(a) = signed else {
+            return Err(bad(format!(
+                "{} change(s) carry no signature of the writer",
+                carried.len()
+            )));
+        };
+        let known = self
+            .docs
+            .get(doc)
+            .filter(|e| e.generation == generation)
+            .map(|e| (e.signed.as_ref(), e.signed_ahead.as_ref()))
+            .or_else(|| {
+                self.pending
+                    .get(doc)
+                    .filter(|p| p.generation == generation)
+                    .map(|p| (p.signed.as_ref(), None))
+            });
+        let seen = known.is_some_and(|(s, ahead)| s == Some(a) || ahead == Some(a));
+        if !seen {
+            let statement = attest::statement(doc, generation, &a.heads);
+            trust
+                .verifier
+                .verify(doc, &statement, &a.signature, &a.signer)
+                .map_err(|e| bad(format!("signature does not verify: {e}")))?;
+        }
+        attest::covered(carried, &a.heads).map_err(|h| {
+            bad(format!(
+                "change {h} is not covered by the writer's signed heads"
+            ))
+        })?;
+        Ok(Some(a.clone()))
+    }
+
     fn receive_current(
         &mut self,
         doc: &DocId,
         state: &mut SyncState,
         msg: Message,
+        signed: Option<Attestation>,
     ) -> Result<Vec<(String, ObjectChange)>, StoreError> {
         let am = |source: automerge::AutomergeError| StoreError::Automerge {
             doc: doc.clone(),
@@ -1381,6 +1637,15 @@ impl Store {
         let before = e.doc.get_heads();
         e.doc.receive_sync_message(&mut state.0, msg).map_err(am)?;
         let after = e.doc.get_heads();
+        if let Some(a) = signed {
+            e.signed_ahead = Some(a);
+        }
+        if let Some(a) = e.signed_ahead.take_if(|a| a.signs_heads(&after)) {
+            if e.signed.as_ref() != Some(&a) {
+                e.signed = Some(a);
+                e.signed_unsaved = true;
+            }
+        }
         if after == before {
             return Ok(std::mem::take(&mut self.undelivered));
         }
@@ -1422,6 +1687,7 @@ impl Store {
             false,
             &persist::pack_snapshot(&p.doc),
             None,
+            p.signed.as_ref(),
         ) {
             Ok(v) => v,
             Err(err) => {
@@ -1444,6 +1710,9 @@ impl Store {
             num_ops: 0,
             not_durable: false,
             keys_counted: (0, 0),
+            signed: p.signed.filter(|a| a.signs_heads(&p.doc.get_heads())),
+            signed_ahead: None,
+            signed_unsaved: false,
             doc: p.doc,
         };
         let mut keys: BTreeSet<String> = object_keys(&entry.doc, None).into_iter().collect();
@@ -1520,17 +1789,13 @@ impl Store {
             };
             self.capture(doc, &keys, &own_old)
         };
-        let presence: Vec<bool> = {
-            let current = self.docs.get(doc);
-            keys.iter()
-                .map(|k| current.is_some_and(|e| read_value(&e.doc, k, None).is_some()))
-                .collect()
-        };
-        for (k, present) in keys.iter().zip(presence) {
-            self.view.set_present(&doc.cluster, &doc.writer, k, present);
-        }
+        let old_max = self.view.max_term(&doc.cluster);
         if let Some(t) = new_term {
             self.view.set_term(&doc.cluster, &doc.writer, t);
+        }
+        for (k, present) in self.presence(doc, &keys) {
+            self.view
+                .set_present(&doc.cluster, &doc.writer, &k, present);
         }
         let after = {
             let current = self.docs.get(doc);
@@ -1550,6 +1815,18 @@ impl Store {
                 None => ObjectChange::Delete { key },
             };
             out.push((doc.cluster.clone(), change));
+        }
+        if self.view.max_term(&doc.cluster) != old_max {
+            // The Lease changed hands: every other writer's cluster-owned records change scope.
+            let others: Vec<(DocId, Vec<String>, Vec<ChangeHash>)> = self
+                .docs
+                .iter()
+                .filter(|(id, _)| id.cluster == doc.cluster && *id != doc)
+                .map(|(id, e)| (id.clone(), object_keys(&e.doc, None), e.doc.get_heads()))
+                .collect();
+            for (other, keys, heads) in others {
+                out.extend(self.reconcile(&other, keys, Old::At(heads)));
+            }
         }
         out
     }
@@ -1600,6 +1877,42 @@ impl Store {
     /// Retired clusters and the time each was retired at ([`Store::retire_cluster`]).
     pub fn retired_clusters(&self) -> &BTreeMap<String, u64> {
         &self.retired
+    }
+
+    /// Whether each of `keys` of `doc` counts as present in the view: held, and for a replica
+    /// copy within its writer's scope ([`in_writer_scope`]). Records outside it are counted
+    /// ([`Store::out_of_scope_records`]) and logged; the view keeps the previous holder's value.
+    fn presence(&mut self, doc: &DocId, keys: &[String]) -> Vec<(String, bool)> {
+        let max = self.view.max_term(&doc.cluster);
+        let Some(e) = self.docs.get(doc) else {
+            return keys.iter().map(|k| (k.clone(), false)).collect();
+        };
+        let mut refused: Vec<&str> = Vec::new();
+        let out = keys
+            .iter()
+            .map(|k| {
+                let present = read_value(&e.doc, k, None).is_some_and(|v| {
+                    let ok = e.owned || in_writer_scope(doc, e.term, max, k, &v);
+                    if !ok {
+                        refused.push(k);
+                    }
+                    ok
+                });
+                (k.clone(), present)
+            })
+            .collect();
+        if let Some(first) = refused.first() {
+            tracing::warn!(doc = %doc, records = refused.len(), first = %first, term = e.term, lease_term = max, "records outside their writer's scope refused: a node's writer publishes only that node's records, cluster records only the Lease holder");
+        }
+        self.out_of_scope += refused.len() as u64;
+        out
+    }
+
+    /// Records refused so far for lying outside their writer's scope (a node agent publishing
+    /// another node's records, or cluster records without holding the Lease). Each evaluation
+    /// of such a record counts once.
+    pub fn out_of_scope_records(&self) -> u64 {
+        self.out_of_scope
     }
 
     /// Every visible object, as upserts (the initial load of an estimation view).

@@ -101,6 +101,14 @@ impl View {
             .unwrap_or(0)
     }
 
+    /// The highest lease term any writer of `cluster` declares (the current Lease holder's).
+    pub(crate) fn max_term(&self, cluster: &str) -> u64 {
+        self.clusters
+            .get(cluster)
+            .and_then(|c| c.terms.iter().max().copied())
+            .unwrap_or(0)
+    }
+
     pub(crate) fn set_term(&mut self, cluster: &str, writer: &str, term: u64) {
         let c = self.clusters.entry(cluster.to_string()).or_default();
         let w = c.intern(writer);

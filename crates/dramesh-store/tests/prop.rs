@@ -13,7 +13,9 @@ use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-const WRITERS: [(&str, &str); 3] = [("c1", "agent-a"), ("c1", "agent-b"), ("c2", "agent-a")];
+/// Node writers: each may publish only its own node's records (`node/kX`, the pod bound to
+/// `k0`); cluster records (the class) only while it holds its cluster's highest lease term.
+const WRITERS: [(&str, &str); 3] = [("c1", "k0"), ("c1", "k1"), ("c2", "k0")];
 
 fn key(i: usize) -> ObjectKey {
     match i {
@@ -65,12 +67,33 @@ fn pair(peers: &mut [Peer], a: usize, b: usize) -> Option<(&mut Peer, &mut Peer)
     Some((&mut left[lo], &mut right[0]))
 }
 
-/// Expected visible state: per key, the value of the holder with the highest (term, writer).
+/// Whether writer `w` may publish key `k` (see [`WRITERS`]).
+fn in_scope(w: usize, k: usize, terms: &[u64]) -> bool {
+    let (cluster, writer) = WRITERS[w];
+    match k {
+        0 => writer == "k0",
+        1 => writer == "k1",
+        2 => {
+            let max = WRITERS
+                .iter()
+                .zip(terms)
+                .filter(|((c, _), _)| *c == cluster)
+                .map(|(_, t)| *t)
+                .max()
+                .unwrap_or(0);
+            terms[w] == max
+        }
+        _ => writer == "k0",
+    }
+}
+
+/// Expected visible state: per key, the value of the in-scope holder with the highest
+/// (term, writer).
 fn expected(values: &[BTreeMap<usize, Arc<[u8]>>], terms: &[u64]) -> ViewModel {
     type Ranked<'a> = ((u64, &'a str), Arc<[u8]>);
     let mut best: BTreeMap<(String, ObjectKey), Ranked> = BTreeMap::new();
     for (w, (cluster, writer)) in WRITERS.iter().enumerate() {
-        for (k, v) in &values[w] {
+        for (k, v) in values[w].iter().filter(|(k, _)| in_scope(w, **k, terms)) {
             let rank = (terms[w], *writer);
             let slot = (cluster.to_string(), key(*k));
             match best.get(&slot) {
@@ -112,7 +135,11 @@ proptest! {
                         values[w].remove(&k);
                         ObjectChange::Delete { key: key(k) }
                     } else {
-                        let v: Arc<[u8]> = Arc::from(format!("{{\"w\":{w},\"n\":{counter}}}").as_bytes());
+                        let v: Arc<[u8]> = if k == 3 {
+                            Arc::from(format!(r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"p","namespace":"ns","annotations":{{"n":"{w}-{counter}"}}}},"spec":{{"nodeName":"k0","containers":[]}}}}"#).as_bytes())
+                        } else {
+                            Arc::from(format!("{{\"w\":{w},\"n\":{counter}}}").as_bytes())
+                        };
                         values[w].insert(k, v.clone());
                         ObjectChange::Upsert { key: key(k), json: v }
                     };

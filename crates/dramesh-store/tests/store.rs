@@ -7,7 +7,8 @@ use automerge::transaction::Transactable;
 use automerge::{ActorId, ROOT};
 use common::*;
 use dramesh_store::{
-    DocId, Durability, ObjectChange, RolloverPolicy, Store, StoreConfig, StoreError, SyncState,
+    CLUSTER_PUBLISHER, DocId, Durability, ObjectChange, RolloverPolicy, Store, StoreConfig,
+    StoreError, SyncState,
 };
 
 fn agent(doc: &DocId, config: StoreConfig) -> Peer {
@@ -30,7 +31,7 @@ fn full_sync(a: &mut Peer, b: &mut Peer) {
 
 #[test]
 fn writer_to_replica_materializes_only_changed_keys() {
-    let d = DocId::new("c1", "agent-n1");
+    let d = DocId::new("c1", CLUSTER_PUBLISHER);
     let mut a = agent(&d, test_config());
     let mut r = Peer::replica(Store::in_memory(test_config()));
     let w = a
@@ -105,7 +106,7 @@ fn writer_to_replica_materializes_only_changed_keys() {
 
 #[test]
 fn newer_generation_replaces_older_and_older_is_ignored() {
-    let d = DocId::new("c1", "agent-n1");
+    let d = DocId::new("c1", CLUSTER_PUBLISHER);
     let mut a = agent(&d, test_config());
     let mut r = Peer::replica(Store::in_memory(test_config()));
     a.store
@@ -151,7 +152,7 @@ fn newer_generation_replaces_older_and_older_is_ignored() {
 
 #[test]
 fn automatic_rollover_bounds_history() {
-    let d = DocId::new("c1", "agent-n1");
+    let d = DocId::new("c1", CLUSTER_PUBLISHER);
     let config = StoreConfig {
         rollover: RolloverPolicy {
             min_stored_bytes: 0,
@@ -217,7 +218,7 @@ fn write_until_compaction_deferred(a: &mut Peer, r: &mut Peer, d: &DocId, node_n
 
 #[test]
 fn replica_compactions_beyond_the_budget_wait_and_stay_bounded() {
-    let d = DocId::new("c1", "agent-n1");
+    let d = DocId::new("c1", CLUSTER_PUBLISHER);
     let dir = tempfile::tempdir().unwrap();
     let mut a = agent(
         &d,
@@ -318,7 +319,7 @@ fn replica_compactions_beyond_the_budget_wait_and_stay_bounded() {
 
 #[test]
 fn foreign_author_is_refused_and_state_unchanged() {
-    let d = DocId::new("c1", "agent-n1");
+    let d = DocId::new("c1", CLUSTER_PUBLISHER);
     let mut a = agent(&d, test_config());
     let mut r = Peer::replica(Store::in_memory(test_config()));
     a.store.apply(&d, vec![upsert(node("n1"), "good")]).unwrap();
@@ -465,7 +466,7 @@ fn cluster_scoped_keys_prefer_higher_term_then_writer() {
 fn restart_from_disk_keeps_acknowledged_writes() {
     let dir = tempfile::tempdir().unwrap();
     let rdir = tempfile::tempdir().unwrap();
-    let d = DocId::new("c1", "agent-n1");
+    let d = DocId::new("c1", CLUSTER_PUBLISHER);
     let config = StoreConfig {
         durability: Durability::Fsync,
         ..StoreConfig::default()
@@ -529,7 +530,7 @@ fn restart_from_disk_keeps_acknowledged_writes() {
 #[test]
 fn group_commit_defers_fsync_until_sync_pending_and_keeps_changes() {
     let rdir = tempfile::tempdir().unwrap();
-    let d = DocId::new("c1", "agent-n1");
+    let d = DocId::new("c1", CLUSTER_PUBLISHER);
     let config = StoreConfig {
         durability: Durability::Fsync,
         ..StoreConfig::default()
@@ -607,7 +608,7 @@ fn writer_with_history(dir: &std::path::Path, d: &DocId) -> (Store, Vec<u64>) {
 #[test]
 fn truncated_tail_is_cut_and_reported() {
     let dir = tempfile::tempdir().unwrap();
-    let d = DocId::new("c1", "agent-n1");
+    let d = DocId::new("c1", CLUSTER_PUBLISHER);
     let (s, ends) = writer_with_history(dir.path(), &d);
     drop(s);
     let path = doc_file(dir.path());
@@ -644,7 +645,7 @@ fn truncated_tail_is_cut_and_reported() {
 #[test]
 fn flipped_byte_is_reported_dropped_and_resynced() {
     let dir = tempfile::tempdir().unwrap();
-    let d = DocId::new("c1", "agent-n1");
+    let d = DocId::new("c1", CLUSTER_PUBLISHER);
     let (s, ends) = writer_with_history(dir.path(), &d);
     // Keep an intact replica copy to resync from.
     let mut a = Peer {
@@ -723,7 +724,7 @@ fn digest_buckets_locate_differences() {
 
 #[test]
 fn large_batches_on_large_documents_report_exactly_the_changed_keys() {
-    let d = DocId::new("c1", "agent-dir");
+    let d = DocId::new("c1", CLUSTER_PUBLISHER);
     let mut a = agent(&d, test_config());
     let mut r = Peer::replica(Store::in_memory(test_config()));
     let fill: Vec<ObjectChange> = (0..2100)
@@ -780,7 +781,7 @@ fn large_batches_on_large_documents_report_exactly_the_changed_keys() {
 
 #[test]
 fn implausible_future_generation_is_refused() {
-    let d = DocId::new("c1", "agent-n1");
+    let d = DocId::new("c1", CLUSTER_PUBLISHER);
     let mut a = agent(&d, test_config());
     let g = a.store.entry(&d).unwrap().generation;
     let mut st = SyncState::new();
@@ -822,7 +823,7 @@ fn implausible_future_generation_is_refused() {
 #[test]
 fn writer_recovers_from_a_clock_that_ran_ahead() {
     const DAY_MS: i64 = 24 * 3600 * 1000;
-    let d = DocId::new("c1", "agent-n1");
+    let d = DocId::new("c1", CLUSTER_PUBLISHER);
     let dir = tempfile::tempdir().unwrap();
     let mut replica = Peer::replica(Store::in_memory(test_config()));
     // Before the fault: generation g0 reaches the replica.
@@ -900,7 +901,7 @@ fn store_can_move_to_a_blocking_thread() {
     fn assert_send<T: Send + 'static>() {}
     assert_send::<Store>();
     assert_send::<StoreError>();
-    let d = DocId::new("c1", "agent-n1");
+    let d = DocId::new("c1", CLUSTER_PUBLISHER);
     let handle = std::thread::spawn(move || {
         let mut s = Store::in_memory(test_config());
         s.open_writer(&d).unwrap();
@@ -918,7 +919,7 @@ fn store_can_move_to_a_blocking_thread() {
 #[test]
 fn changes_queued_for_a_missing_dependency_are_reported_when_applied() {
     use automerge::sync::{Message, MessageVersion};
-    let d = DocId::new("c1", "agent-n1");
+    let d = DocId::new("c1", CLUSTER_PUBLISHER);
     let mut a = agent(&d, test_config());
     let mut r = Peer::replica(Store::in_memory(test_config()));
     a.store

@@ -324,7 +324,7 @@ pub(crate) async fn run(serve: bool) -> anyhow::Result<()> {
             &ca,
             &PeerIdentity::Agent {
                 cluster: cluster.clone(),
-                node: "folder".into(),
+                node: dramesh_mesh::identity::CLUSTER_PUBLISHER.into(),
             },
             1,
         )?;

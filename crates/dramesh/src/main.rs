@@ -591,6 +591,13 @@ fn main() -> ExitCode {
                     );
                 }
                 let source = match source {
+                    SourceKind::Dir if agent_name != dramesh_mesh::identity::CLUSTER_PUBLISHER => {
+                        anyhow::bail!(
+                            "--source dir publishes every node of the cluster, which only the whole-cluster publisher may: use --agent-name {} (certificate dramesh://cluster/{cluster}/agent/{}); replicas refuse other nodes' records from per-node agents",
+                            dramesh_mesh::identity::CLUSTER_PUBLISHER,
+                            dramesh_mesh::identity::CLUSTER_PUBLISHER
+                        );
+                    }
                     SourceKind::Dir => dramesh_agent::AgentSource::Dir {
                         path: dir
                             .ok_or_else(|| anyhow::anyhow!("--source dir needs --dir PATH"))?,

@@ -154,7 +154,7 @@ async fn replicas_converge_and_answer_like_the_cli() {
     let workload = tmp.path().join("workload.yaml");
     std::fs::write(&workload, WORKLOAD).expect("workload");
     let certs = tmp.path().join("certs");
-    let agents: Vec<String> = clusters.iter().map(|c| format!("{c}/folder")).collect();
+    let agents: Vec<String> = clusters.iter().map(|c| format!("{c}/_cluster")).collect();
     make_certs(&certs, &["r1", "r2", "r3"], &agents);
 
     let mut procs = Procs::default();

@@ -130,7 +130,7 @@ fn concurrent_reservations_resolve_identically_on_every_replica() {
     std::fs::write(cluster_dir.join("nodes.yaml"), NODE).expect("node");
     std::fs::write(cluster_dir.join("devices.yaml"), devices()).expect("devices");
     let certs = tmp.path().join("certs");
-    make_certs(&certs, &["r1", "r2", "r3"], &["gpu/folder".to_string()]);
+    make_certs(&certs, &["r1", "r2", "r3"], &["gpu/_cluster".to_string()]);
 
     let ids = ["r1", "r2", "r3"];
     let replicas: Vec<ReplicaListen> = ids.iter().map(|_| ReplicaListen::free()).collect();

@@ -90,7 +90,7 @@ fn replica_exits_within_5s_of_sigterm_with_requests_in_flight() {
 fn agent_exits_within_5s_of_sigterm_while_its_replica_is_frozen() {
     let tmp = tempfile::tempdir().expect("tmp");
     let certs = tmp.path().join("certs");
-    make_certs(&certs, &["r1"], &["c1/folder".to_string()]);
+    make_certs(&certs, &["r1"], &["c1/_cluster".to_string()]);
     let at = ReplicaListen::free();
     let mut procs = Procs::default();
     procs

@@ -190,7 +190,7 @@ fn status_page_shows_the_demo_in_chromium() {
     }
     for name in demo_clusters() {
         assert!(
-            peers.contains(&format!("data-peer=\"cluster/{name}/agent/folder\"")),
+            peers.contains(&format!("data-peer=\"cluster/{name}/agent/_cluster\"")),
             "the agent of {name} is a peer:\n{peers}"
         );
         assert!(

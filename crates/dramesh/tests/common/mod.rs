@@ -438,7 +438,7 @@ pub(crate) fn spawn_replica_with(
     spawn_meshed(cmd, certs, &stem)
 }
 
-/// `dramesh agent` named `folder` for `cluster`, publishing the folder `dir` to the replicas'
+/// `dramesh agent` named `_cluster` (the whole-cluster publisher) for `cluster`, publishing the folder `dir` to the replicas'
 /// mesh addresses, its state in `data`.
 pub(crate) fn spawn_folder_agent(
     cluster: &str,
@@ -459,9 +459,9 @@ pub(crate) fn spawn_folder_agent_with(
     replicas: &[SocketAddr],
     extra: &[&str],
 ) -> Child {
-    let stem = format!("agent-{cluster}-folder");
+    let stem = format!("agent-{cluster}-_cluster");
     let mut cmd = Command::new(BIN);
-    cmd.args(["agent", "--cluster", cluster, "--agent-name", "folder"])
+    cmd.args(["agent", "--cluster", cluster, "--agent-name", "_cluster"])
         .args(extra)
         .args(["--source", "dir", "--dir", &dir.display().to_string()])
         .args(["--listen", "127.0.0.1:0"])
@@ -538,7 +538,7 @@ impl TwoReplicas {
             write_node_cluster(&fleet.join(c), &format!("n{i}"));
         }
         let certs = tmp.join("certs");
-        let agents: Vec<String> = clusters.iter().map(|c| format!("{c}/folder")).collect();
+        let agents: Vec<String> = clusters.iter().map(|c| format!("{c}/_cluster")).collect();
         make_certs(&certs, &["r1", "r2"], &agents);
         let (r1, r2) = (ReplicaListen::free(), ReplicaListen::free());
         let mut procs = Procs::default();

@@ -1,0 +1,221 @@
+//! Signed heads with mesh identities: the store's [`HeadsSigner`] and [`HeadsVerifier`] backed by
+//! the node's TLS certificate and the mesh CA.
+//!
+//! A writer signs with the private key of its mesh certificate; the signer credential that
+//! travels with the signature is its certificate chain. A receiver accepts a signature only if
+//! the chain verifies against the mesh CA exactly as a TLS client certificate would (same
+//! rustls/webpki verifier, so expiry and key usage are enforced), the leaf's identity URI owns
+//! the document ([`PeerIdentity::owns`]), and the signature over the statement verifies with the
+//! leaf's key under the TLS 1.3 signature scheme it names.
+//!
+//! Wire encodings (opaque to the store): signature = scheme (TLS `SignatureScheme`, u16 big
+//! endian) ‖ signature bytes; signer = for each certificate, leaf first: length (u32 big
+//! endian) ‖ DER.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dramesh_store::{DocId, HeadsSigner, HeadsVerifier, Trust};
+use rustls::SignatureScheme;
+use rustls::crypto::WebPkiSupportedAlgorithms;
+use rustls::pki_types::{CertificateDer, UnixTime};
+use rustls::server::danger::ClientCertVerifier;
+use rustls::sign::{Signer, SigningKey};
+use sha2::{Digest as _, Sha256};
+
+use crate::certs::TlsIdentity;
+use crate::identity::PeerIdentity;
+
+/// Schemes a writer may sign with, in order of preference (those of the mesh's certificates).
+const SCHEMES: &[SignatureScheme] = &[
+    SignatureScheme::ECDSA_NISTP256_SHA256,
+    SignatureScheme::ED25519,
+    SignatureScheme::ECDSA_NISTP384_SHA384,
+    SignatureScheme::RSA_PSS_SHA256,
+];
+/// Most certificates in a signer chain.
+const MAX_CHAIN: usize = 4;
+/// How long a verified chain is trusted without verifying it again (expiry is re-checked then).
+const CHAIN_CACHE_TTL: Duration = Duration::from_secs(60);
+/// Most verified chains remembered.
+const CHAIN_CACHE_ENTRIES: usize = 4096;
+
+/// Why signing material could not be built from a TLS identity.
+#[derive(Debug, thiserror::Error)]
+pub enum SigningError {
+    /// The private key is of a kind rustls cannot sign with, or offers none of the schemes.
+    #[error("mesh private key cannot sign: {0}")]
+    Key(String),
+    /// The CA certificates do not form a usable trust store.
+    #[error("mesh CA unusable for verifying signatures: {0}")]
+    Ca(String),
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Encodes a certificate chain as a signer credential.
+pub fn encode_chain(chain: &[CertificateDer<'_>]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for c in chain {
+        out.extend_from_slice(&(c.len() as u32).to_be_bytes());
+        out.extend_from_slice(c);
+    }
+    out
+}
+
+fn decode_chain(mut bytes: &[u8]) -> Result<Vec<CertificateDer<'_>>, String> {
+    let mut out = Vec::new();
+    while !bytes.is_empty() {
+        if out.len() == MAX_CHAIN {
+            return Err(format!(
+                "signer chain holds more than {MAX_CHAIN} certificates"
+            ));
+        }
+        let len = bytes
+            .get(..4)
+            .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
+            .ok_or("signer chain is cut short")?;
+        let der = bytes
+            .get(4..4 + len)
+            .ok_or("signer chain certificate is cut short")?;
+        out.push(CertificateDer::from(der));
+        bytes = &bytes[4 + len..];
+    }
+    if out.is_empty() {
+        return Err("signer chain is empty".into());
+    }
+    Ok(out)
+}
+
+/// Signs with the node's mesh key (see the module docs).
+pub struct MeshSigner {
+    signer: Box<dyn Signer>,
+    chain: Arc<[u8]>,
+}
+
+impl MeshSigner {
+    /// The signer of `id`: its private key and certificate chain.
+    pub fn new(id: &TlsIdentity) -> Result<MeshSigner, SigningError> {
+        let key: Arc<dyn SigningKey> = rustls::crypto::ring::sign::any_supported_type(&id.key)
+            .map_err(|e| SigningError::Key(e.to_string()))?;
+        let signer = key
+            .choose_scheme(SCHEMES)
+            .ok_or_else(|| SigningError::Key(format!("none of {SCHEMES:?} is offered")))?;
+        Ok(MeshSigner {
+            signer,
+            chain: encode_chain(&id.cert_chain).into(),
+        })
+    }
+}
+
+impl HeadsSigner for MeshSigner {
+    fn signer(&self) -> Arc<[u8]> {
+        self.chain.clone()
+    }
+
+    fn sign(&self, statement: &[u8]) -> Result<Vec<u8>, String> {
+        let sig = self.signer.sign(statement).map_err(|e| e.to_string())?;
+        let mut out = Vec::with_capacity(2 + sig.len());
+        out.extend_from_slice(&u16::from(self.signer.scheme()).to_be_bytes());
+        out.extend_from_slice(&sig);
+        Ok(out)
+    }
+}
+
+/// Verifies writers' signatures against the mesh CA (see the module docs).
+pub struct MeshVerifier {
+    chains: Arc<dyn ClientCertVerifier>,
+    algorithms: WebPkiSupportedAlgorithms,
+    /// SHA-256 of a signer chain -> its identity and when it was verified.
+    verified: Mutex<HashMap<[u8; 32], (PeerIdentity, Instant)>>,
+}
+
+impl MeshVerifier {
+    /// A verifier trusting `ca_certs`.
+    pub fn new(ca_certs: &[CertificateDer<'static>]) -> Result<MeshVerifier, SigningError> {
+        let mut roots = rustls::RootCertStore::empty();
+        for c in ca_certs {
+            roots
+                .add(c.clone())
+                .map_err(|e| SigningError::Ca(e.to_string()))?;
+        }
+        let provider = provider();
+        let algorithms = provider.signature_verification_algorithms;
+        let chains =
+            rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| SigningError::Ca(e.to_string()))?;
+        Ok(MeshVerifier {
+            chains,
+            algorithms,
+            verified: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The identity of a signer chain that verifies against the CA now.
+    fn identity(&self, signer: &[u8]) -> Result<PeerIdentity, String> {
+        let key: [u8; 32] = Sha256::digest(signer).into();
+        let now = Instant::now();
+        if let Some((id, at)) = crate::node::lock(&self.verified).get(&key)
+            && now.duration_since(*at) < CHAIN_CACHE_TTL
+        {
+            return Ok(id.clone());
+        }
+        let chain = decode_chain(signer)?;
+        let (leaf, intermediates) = chain.split_first().ok_or("signer chain is empty")?;
+        self.chains
+            .verify_client_cert(leaf, intermediates, UnixTime::now())
+            .map_err(|e| format!("signer certificate does not verify against the mesh CA: {e}"))?;
+        let id = PeerIdentity::from_certificate_der(leaf).map_err(|e| e.to_string())?;
+        let mut cache = crate::node::lock(&self.verified);
+        if cache.len() >= CHAIN_CACHE_ENTRIES {
+            cache.clear();
+        }
+        cache.insert(key, (id.clone(), now));
+        Ok(id)
+    }
+}
+
+impl HeadsVerifier for MeshVerifier {
+    fn verify(
+        &self,
+        doc: &DocId,
+        statement: &[u8],
+        signature: &[u8],
+        signer: &[u8],
+    ) -> Result<(), String> {
+        let id = self.identity(signer)?;
+        if !id.owns(doc) {
+            return Err(format!("signer {id} may not write {doc}"));
+        }
+        let (scheme, sig) = match signature {
+            [a, b, rest @ ..] => (SignatureScheme::from(u16::from_be_bytes([*a, *b])), rest),
+            _ => return Err("signature is cut short".into()),
+        };
+        let algs = self
+            .algorithms
+            .mapping
+            .iter()
+            .find(|(s, _)| *s == scheme)
+            .map(|(_, algs)| *algs)
+            .ok_or_else(|| format!("signature scheme {scheme:?} is not accepted"))?;
+        let chain = decode_chain(signer)?;
+        let leaf = webpki::EndEntityCert::try_from(&chain[0])
+            .map_err(|e| format!("signer certificate: {e}"))?;
+        let alg = algs.first().ok_or("signature scheme has no algorithm")?;
+        leaf.verify_signature(*alg, statement, sig)
+            .map_err(|e| format!("signature by {id} does not verify: {e}"))
+    }
+}
+
+/// The trust a mesh node installs into its store: signing with `id`'s key, verifying against
+/// its CA.
+pub fn trust(id: &TlsIdentity) -> Result<Trust, SigningError> {
+    Ok(Trust {
+        signer: Some(Arc::new(MeshSigner::new(id)?)),
+        verifier: Arc::new(MeshVerifier::new(&id.ca_certs)?),
+    })
+}

@@ -1016,8 +1016,9 @@ fn a_retired_cluster_is_dropped_from_memory_digest_and_disk_until_a_newer_genera
         durability: Durability::Fsync,
         ..StoreConfig::default()
     };
-    let gone = DocId::new("c1", "agent-n1");
-    let stays = DocId::new("c2", "agent-m1");
+    // Writers named after their nodes: a node's writer may publish only its own Node.
+    let gone = DocId::new("c1", "n1");
+    let stays = DocId::new("c2", "m1");
     let mut a = agent(&gone, test_config());
     let mut b = agent(&stays, test_config());
     a.store.apply(&gone, vec![upsert(node("n1"), "1")]).unwrap();
@@ -1044,7 +1045,7 @@ fn a_retired_cluster_is_dropped_from_memory_digest_and_disk_until_a_newer_genera
     assert_eq!(r.store.retired_clusters().get("c1"), Some(&at));
 
     // The old generation cannot come back, whoever offers it.
-    a.store.apply(&gone, vec![upsert(node("n2"), "3")]).unwrap();
+    a.store.apply(&gone, vec![upsert(node("n1"), "3")]).unwrap();
     let mut sa = SyncState::new();
     let msg = a
         .store
@@ -1078,5 +1079,5 @@ fn a_retired_cluster_is_dropped_from_memory_digest_and_disk_until_a_newer_genera
     assert!(new_gen > at);
     full_sync(&mut a, &mut r);
     assert_eq!(r.store.entry(&gone).unwrap().generation, new_gen);
-    assert_eq!(r.store.get("c1", &node("n2")).as_deref(), Some(&b"3"[..]));
+    assert_eq!(r.store.get("c1", &node("n1")).as_deref(), Some(&b"3"[..]));
 }

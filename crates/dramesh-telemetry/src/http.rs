@@ -9,6 +9,9 @@
 //!   closed at once. Both are counted in `dramesh_http_connections_closed_total`;
 //! * a request's headers must be complete within [`HttpLimits::header_timeout`] of the accept
 //!   or of the end of the previous response, which also closes idle keep-alive connections;
+//! * with [`serve_bounded_with`], a handshake (TLS) per connection within
+//!   [`HttpLimits::header_timeout`] of the accept, off the accept loop, its result (the peer's
+//!   identity) in every request's extensions;
 //! * TCP_NODELAY on every accepted socket (answers are small writes that Nagle plus the
 //!   client's delayed ACK would hold about 40 ms);
 //! * at shutdown, accepting stops, idle connections close at once and the others after their

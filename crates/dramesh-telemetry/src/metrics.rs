@@ -170,7 +170,7 @@ pub struct Metrics {
     /// `{listener}`: open connections of an HTTP listener.
     pub http_connections: Arc<GaugeVec<1>>,
     /// `{listener,reason}`: HTTP connections the server closed (`evicted_idle` to make room at
-    /// the cap, `refused_at_cap`, `header_timeout`).
+    /// the cap, `refused_at_cap`, `header_timeout`, `handshake_failed`).
     pub http_connections_closed_total: Arc<CounterVec<2>>,
     /// Open gRPC connections.
     pub grpc_connections: Arc<Gauge>,
@@ -325,7 +325,7 @@ impl Metrics {
         let http_connections_closed_total = r
             .counter_vec(
                 HTTP_CONNECTIONS_CLOSED_TOTAL,
-                "HTTP connections closed by the server: evicted_idle (to make room at the cap), refused_at_cap, header_timeout.",
+                "HTTP connections closed by the server: evicted_idle (to make room at the cap), refused_at_cap, header_timeout, handshake_failed.",
                 ["listener", "reason"],
             )
             .expect(REGISTERED);

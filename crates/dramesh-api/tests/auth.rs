@@ -453,3 +453,60 @@ async fn http_verbs_tokens_and_open_health_endpoints() {
     }
     srv.stop().await;
 }
+
+#[tokio::test]
+async fn native_grpc_reservations_need_a_writer_and_carry_the_caller() {
+    let p = pki();
+    let st = state(
+        &p,
+        Policy {
+            writers: vec![Subject::Group("team-a".into())],
+            ..Policy::default()
+        },
+    );
+    let srv = start_grpc(ApiState {
+        backend: Arc::new(ReservingBackend::new()),
+        ..st
+    })
+    .await;
+    let reserve = || dramesh_api::proto::native::ReserveRequest {
+        workload: Some(dramesh_api::proto::native::Workload {
+            manifests: vec!["kind: Deployment\n".into()],
+        }),
+        cluster: "member-2".into(),
+        replicas: Some(1),
+        priority: None,
+        ttl_seconds: Some(60),
+    };
+    let client = dramesh_api::proto::native::dramesh_client::DrameshClient::new;
+    let c = tls_channel(srv.addr, Verify::Ca(&p.ca, None))
+        .await
+        .unwrap();
+    let e = client(c.clone())
+        .reserve(reserve())
+        .await
+        .expect_err("anonymous");
+    assert_eq!(e.code(), Code::Unauthenticated, "{e}");
+    let as_token = |t: &str| {
+        let mut r = tonic::Request::new(reserve());
+        r.metadata_mut()
+            .insert("authorization", format!("Bearer {t}").parse().unwrap());
+        r
+    };
+    let e = client(c.clone())
+        .reserve(as_token("reader-token"))
+        .await
+        .expect_err("a reader");
+    assert_eq!(e.code(), Code::PermissionDenied, "{e}");
+    let ok = client(c.clone())
+        .reserve(as_token("writer-token"))
+        .await
+        .expect("a writer reserves");
+    assert!(!ok.into_inner().id.is_empty());
+    let mut bad = tonic::Request::new(dramesh_api::proto::native::StatusRequest {});
+    bad.metadata_mut()
+        .insert("authorization", "Basic d3Jvbmc=".parse().unwrap());
+    let e = client(c).status(bad).await.expect_err("not a bearer token");
+    assert_eq!(e.code(), Code::Unauthenticated, "{e}");
+    srv.stop().await;
+}

@@ -188,6 +188,13 @@ impl Fleet {
                 "--mesh-ca".into(),
                 ca.clone(),
             ]);
+            // The harness calls the APIs over plain HTTP, anonymously, from inside the lab, and
+            // retires clusters (admin) in `retire-in-partition`.
+            a.extend([
+                "--api-insecure".into(),
+                "--api-admins".into(),
+                "group:system:unauthenticated".into(),
+            ]);
             a.extend(cfg.replica_extra_args.iter().cloned());
             let mut env = vec![("RUST_LOG".to_string(), "info".to_string())];
             if let Some(off) = cfg.clock_offsets.get(r) {

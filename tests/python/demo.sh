@@ -6,13 +6,23 @@
 #   bin         the dramesh binary
 #   grpc_addrs  the replicas' gRPC addresses, one per line
 #   fleet       the fleet folder the demo's agents publish (one folder per member cluster)
+# With demo_tls=1 set before the call, the APIs serve TLS with certificates `dramesh certs` writes
+# into $work/tls (ca.crt, api-server.crt/.key, api-client-interop.crt/.key), and only clients
+# with a client certificate of that CA are answered.
 # Usage: start_demo [--release]
 start_demo() {
   bin="$(python3 tests/python/find_dramesh.py "$@")"
   work="$(mktemp -d)"
   server=""
   trap 'if [ -n "$server" ]; then kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; fi; rm -rf "$work"' EXIT
-  "$bin" demo --serve >"$work/demo.out" 2>"$work/demo.err" &
+  local tls_args=()
+  if [ "${demo_tls:-0}" = 1 ]; then
+    "$bin" certs --out "$work/tls" --api-server 127.0.0.1 --api-server localhost \
+      --api-client interop >/dev/null
+    tls_args=(--api-cert "$work/tls/api-server.crt" --api-key "$work/tls/api-server.key"
+      --api-client-ca "$work/tls/ca.crt")
+  fi
+  "$bin" demo --serve "${tls_args[@]}" >"$work/demo.out" 2>"$work/demo.err" &
   server=$!
   # One "replica rN: HTTP ... gRPC ADDR ..." line per replica once converged, then the folder.
   local _

@@ -110,6 +110,13 @@ def main():
                    help="also ask about this cluster and require 0 (empty string to skip)")
     p.add_argument("--proto-root", default=default_root)
     p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument("--ca", help="TLS: CA bundle the server certificate must chain to "
+                   "(karmada-scheduler --scheduler-estimator-ca-file)")
+    p.add_argument("--cert", help="TLS client certificate (--scheduler-estimator-cert-file)")
+    p.add_argument("--key", help="its private key (--scheduler-estimator-key-file)")
+    p.add_argument("--expect-code", default="",
+                   help="instead of answers, require every call to fail with this gRPC status "
+                        "code name (e.g. UNAUTHENTICATED)")
     args = p.parse_args()
 
     import grpc  # noqa: E402  (after argparse so --help works without grpcio)
@@ -127,16 +134,35 @@ def main():
         failures = []
         answers = {}
         metadata = [("object", "kind=Deployment, name=default/interop")]
-        with grpc.insecure_channel(args.address) as channel:
+        if args.ca:
+            def read(path):
+                with open(path, "rb") as f:
+                    return f.read()
+            creds = grpc.ssl_channel_credentials(
+                root_certificates=read(args.ca),
+                private_key=read(args.key) if args.key else None,
+                certificate_chain=read(args.cert) if args.cert else None)
+            channel = grpc.secure_channel(args.address, creds)
+        else:
+            channel = grpc.insecure_channel(args.address)
+        with channel:
             grpc.channel_ready_future(channel).result(timeout=args.timeout)
             stub = svc.EstimatorStub(channel)
             for style, req in build_requests(pb, core, res, args).items():
                 try:
                     r = stub.MaxAvailableReplicas(req, timeout=args.timeout, metadata=metadata)
-                    answers[style] = r.maxReplicas
+                    if args.expect_code:
+                        failures.append(f"{style}: answered {r.maxReplicas}, want {args.expect_code}")
+                    else:
+                        answers[style] = r.maxReplicas
                 except grpc.RpcError as e:
-                    failures.append(f"{style}: RPC failed: {e.code()} {e.details()}")
-            if args.unknown_cluster:
+                    if e.code().name != args.expect_code:
+                        failures.append(f"{style}: RPC failed: {e.code()} {e.details()}")
+                    else:
+                        print(f"{style}: refused as expected: {e.code().name} {e.details()}")
+            if args.expect_code:
+                pass
+            elif args.unknown_cluster:
                 req = build_requests(pb, core, res, args)["v1.19"]
                 req.cluster = args.unknown_cluster
                 try:
@@ -156,6 +182,9 @@ def main():
         for f in failures:
             print("FAIL:", f, file=sys.stderr)
         return 1
+    if args.expect_code:
+        print(f"OK: every request style was refused with {args.expect_code}")
+        return 0
     print(f"OK: all request styles answered {args.expected} for cluster {args.cluster!r}")
     return 0
 

@@ -1,17 +1,15 @@
-//! The kube source against an in-process fake API server (see `common/mod.rs`), driven by
+//! The kube source against an in-process fake API server (`dramesh-fakeapi`), driven by
 //! the real kube client: initial chunked list, watch events, dropped watches, 410 re-lists,
 //! node deletion, and Lease handover between two agents.
-
-mod common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::time::Duration;
 
-use common::FakeApi;
 use dramesh_agent::{
     Batch, CoalesceConfig, KubeSourceConfig, LeaseConfig, Scope, run_kube_source, spawn_coalescer,
 };
+use dramesh_fakeapi::FakeApi;
 use dramesh_model::{ClusterObject, ObjectChange, ObjectKey, ObjectKind};
 use dramesh_sim::{ClusterSpec, NodeGroup, NodeShape};
 use serde_json::{Value, json};

@@ -3,11 +3,12 @@
 //! tested without a mesh.
 //!
 //! Usage: `cargo run -p dramesh-api --example fake_estimator -- [GRPC_ADDR] [HTTP_ADDR]`
-//! (default gRPC `127.0.0.1:10352`, no HTTP). Stops on Ctrl-C.
+//! (default gRPC `127.0.0.1:10352`, no HTTP, plaintext, anonymous reads allowed). Stops on Ctrl-C.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use dramesh_api::auth::{AUTHENTICATED, Auth, Policy, Subject, UNAUTHENTICATED};
 use dramesh_api::table::demo_table;
 use dramesh_api::{ApiState, serve_grpc, serve_http};
 
@@ -25,7 +26,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or("127.0.0.1:10352")
         .parse()?;
     let http: Option<SocketAddr> = args.next().map(|a| a.parse()).transpose()?;
-    let state = ApiState::new(Arc::new(demo_table()));
+    // A fake on loopback: anyone, anonymous included, may read (never write).
+    let state = ApiState::new(Arc::new(demo_table())).with_auth(Auth::new(Policy {
+        readers: vec![
+            Subject::Group(UNAUTHENTICATED.into()),
+            Subject::Group(AUTHENTICATED.into()),
+        ],
+        writers: Vec::new(),
+        admins: Vec::new(),
+    }));
     state.set_ready(true);
     let (tx, rx) = tokio::sync::watch::channel(false);
     let stop = move || {

@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use crate::auth::Caller;
 use crate::native::{
     EstimateRequest, EstimateResponse, PlaceRequest, PlaceResponse, PreemptRequest,
     PreemptResponse, ReservationStatus, ReserveRequest, RetiredCluster, StatusReport,
@@ -56,6 +57,10 @@ pub enum ApiError {
     /// Anything else: gRPC Internal, HTTP 500.
     #[error("internal error: {0}")]
     Internal(String),
+    /// Refused for who the caller is: HTTP 401/403/429, gRPC
+    /// UNAUTHENTICATED/PERMISSION_DENIED/RESOURCE_EXHAUSTED (see [`crate::auth`]).
+    #[error("{0}")]
+    Refused(crate::auth::Refusal),
 }
 
 /// What a replica computes. See the module docs for the calling convention.
@@ -74,15 +79,19 @@ pub trait Backend: Send + Sync + 'static {
     fn preempt(&self, req: &PreemptRequest) -> Result<PreemptResponse, ApiError>;
     /// The replica's view. The server overwrites `ready` with its ready flag.
     fn status(&self) -> StatusReport;
-    /// Writes an in-flight reservation owned by this replica and returns its state after
-    /// overcommit resolution on this replica.
-    fn reserve(&self, req: &ReserveRequest) -> Result<ReservationStatus, ApiError> {
-        let _ = req;
+    /// Writes an in-flight reservation owned by this replica and created by `caller`, within
+    /// the caller's caps, and returns its state after overcommit resolution on this replica.
+    fn reserve(
+        &self,
+        caller: &Caller,
+        req: &ReserveRequest,
+    ) -> Result<ReservationStatus, ApiError> {
+        let _ = (caller, req);
         Err(no_reservations())
     }
-    /// Releases a reservation this replica owns.
-    fn release(&self, id: &str) -> Result<ReservationStatus, ApiError> {
-        let _ = id;
+    /// Releases a reservation this replica owns, if `caller` created it or is an admin.
+    fn release(&self, caller: &Caller, id: &str) -> Result<ReservationStatus, ApiError> {
+        let _ = (caller, id);
         Err(no_reservations())
     }
     /// One reservation (own or merged from another replica), or a recently ended one.

@@ -16,6 +16,7 @@ use tracing::Instrument;
 
 use dramesh_telemetry::spans::fields;
 
+use crate::auth::{Caller, Credentials, RefusalKind, Verb};
 use crate::backend::{ApiError, Backend};
 use crate::metrics::{API_KARMADA, API_NATIVE_GRPC, Method};
 use crate::proto::karmada as kpb;
@@ -36,6 +37,37 @@ fn object_of<T>(r: &Request<T>) -> String {
         .and_then(|v| v.to_str().ok())
         .map(|s| s.chars().take(256).collect())
         .unwrap_or_default()
+}
+
+/// The credentials a gRPC request presents, taken out of it before it is consumed.
+struct Creds {
+    certificate: Option<crate::auth::Identity>,
+    authorization: Option<String>,
+}
+
+impl Creds {
+    fn of<T>(r: &Request<T>) -> Creds {
+        Creds {
+            certificate: r
+                .extensions()
+                .get::<crate::server::GrpcConnInfo>()
+                .and_then(|i| i.certificate.0.clone()),
+            // A value that is not ASCII cannot be a bearer token: kept (as empty) so it is
+            // refused rather than ignored.
+            authorization: r
+                .metadata()
+                .get("authorization")
+                .map(|v| v.to_str().unwrap_or_default().to_owned()),
+        }
+    }
+
+    async fn check(&self, state: &ApiState, verb: Verb, m: Method) -> Result<Caller, Status> {
+        let creds = Credentials {
+            certificate: self.certificate.as_ref(),
+            authorization: self.authorization.as_deref(),
+        };
+        Ok(state.caller(&creds, verb, m).await?)
+    }
 }
 
 /// Serves one RPC inside an `api.request` span, recording its count, latency and code.
@@ -97,9 +129,11 @@ impl Estimator for KarmadaEstimator {
             object = %object_of(&request),
             "request"
         );
+        let creds = Creds::of(&request);
         let req = request.into_inner();
         let cluster = req.cluster.clone();
         observed(&self.state, API_KARMADA, m, Some(&cluster), async move {
+            creds.check(&self.state, Verb::Read, m).await?;
             let q = ReplicaQuery::from_proto(req).map_err(|e| self.invalid(m, e))?;
             let cluster = q.cluster.clone();
             let n = self
@@ -122,9 +156,11 @@ impl Estimator for KarmadaEstimator {
             object = %object_of(&request),
             "request"
         );
+        let creds = Creds::of(&request);
         let req = request.into_inner();
         let cluster = req.cluster.clone();
         observed(&self.state, API_KARMADA, m, Some(&cluster), async move {
+            creds.check(&self.state, Verb::Read, m).await?;
             let q = ComponentSetQuery::from_proto(req).map_err(|e| self.invalid(m, e))?;
             let cluster = q.cluster.clone();
             let n = self
@@ -147,9 +183,11 @@ impl Estimator for KarmadaEstimator {
             object = %object_of(&request),
             "request"
         );
+        let creds = Creds::of(&request);
         let req = request.into_inner();
         let cluster = req.cluster.clone();
         observed(&self.state, API_KARMADA, m, Some(&cluster), async move {
+            creds.check(&self.state, Verb::Read, m).await?;
             let q = UnschedulableQuery::from_proto(req);
             let cluster = q.cluster.clone();
             let n = self
@@ -171,6 +209,11 @@ impl From<ApiError> for Status {
             ApiError::NotFound(m) => Status::not_found(m),
             ApiError::Unavailable(m) => Status::unavailable(m),
             ApiError::Internal(m) => Status::internal(m),
+            ApiError::Refused(r) => match r.kind {
+                RefusalKind::Unauthenticated => Status::unauthenticated(r.message),
+                RefusalKind::Forbidden => Status::permission_denied(r.message),
+                RefusalKind::OverCap => Status::resource_exhausted(r.message),
+            },
         }
     }
 }
@@ -191,16 +234,20 @@ impl NativeService {
     /// limits, and its answer converted to the wire message.
     async fn call<T, W, F>(
         &self,
+        creds: Creds,
+        verb: Verb,
         m: Method,
         cluster: Option<&str>,
         f: F,
     ) -> Result<Response<W>, Status>
     where
         T: Into<W> + Send + 'static,
-        F: FnOnce(&dyn Backend) -> Result<T, ApiError> + Send + 'static,
+        F: FnOnce(&dyn Backend, &Caller) -> Result<T, ApiError> + Send + 'static,
     {
         observed(&self.state, API_NATIVE_GRPC, m, cluster, async move {
-            Ok(self.state.call_native(m, f).await?.into())
+            let caller = creds.check(&self.state, verb, m).await?;
+            let r = self.state.call_native(m, move |b| f(b, &caller)).await;
+            Ok(self.state.note_refusal(r)?.into())
         })
         .await
     }
@@ -212,34 +259,46 @@ impl Dramesh for NativeService {
         &self,
         request: Request<npb::EstimateRequest>,
     ) -> Result<Response<npb::EstimateResponse>, Status> {
+        let creds = Creds::of(&request);
         let req = crate::native::EstimateRequest::from(request.into_inner());
-        self.call(Method::EstimateAll, None, move |b| b.estimate_all(&req))
-            .await
+        self.call(creds, Verb::Read, Method::EstimateAll, None, move |b, _| {
+            b.estimate_all(&req)
+        })
+        .await
     }
 
     async fn place(
         &self,
         request: Request<npb::PlaceRequest>,
     ) -> Result<Response<npb::PlaceResponse>, Status> {
+        let creds = Creds::of(&request);
         let req = crate::native::PlaceRequest::from(request.into_inner());
-        self.call(Method::Place, None, move |b| b.place(&req)).await
+        self.call(creds, Verb::Read, Method::Place, None, move |b, _| {
+            b.place(&req)
+        })
+        .await
     }
 
     async fn preempt(
         &self,
         request: Request<npb::PreemptRequest>,
     ) -> Result<Response<npb::PreemptResponse>, Status> {
+        let creds = Creds::of(&request);
         let req = crate::native::PreemptRequest::from(request.into_inner());
-        self.call(Method::Preempt, None, move |b| b.preempt(&req))
-            .await
+        self.call(creds, Verb::Read, Method::Preempt, None, move |b, _| {
+            b.preempt(&req)
+        })
+        .await
     }
 
     async fn status(
         &self,
-        _request: Request<npb::StatusRequest>,
+        request: Request<npb::StatusRequest>,
     ) -> Result<Response<npb::StatusResponse>, Status> {
         let m = Method::Status;
+        let creds = Creds::of(&request);
         observed(&self.state, API_NATIVE_GRPC, m, None, async move {
+            creds.check(&self.state, Verb::Read, m).await?;
             let mut r = self.state.call_native(m, |b| Ok(b.status())).await?;
             r.ready = self.state.is_ready();
             Ok(r.into())
@@ -251,22 +310,34 @@ impl Dramesh for NativeService {
         &self,
         request: Request<npb::ReserveRequest>,
     ) -> Result<Response<npb::Reservation>, Status> {
+        let creds = Creds::of(&request);
         let req = crate::native::ReserveRequest::from(request.into_inner());
         let cluster = req.cluster.clone();
-        self.call(Method::Reserve, Some(&cluster), move |b| b.reserve(&req))
-            .await
+        self.call(
+            creds,
+            Verb::Write,
+            Method::Reserve,
+            Some(&cluster),
+            move |b, caller| b.reserve(caller, &req),
+        )
+        .await
     }
 
     async fn release(
         &self,
         request: Request<npb::ReleaseRequest>,
     ) -> Result<Response<npb::Reservation>, Status> {
+        let creds = Creds::of(&request);
         let id = request.into_inner().id;
         let m = Method::Release;
         observed(&self.state, API_NATIVE_GRPC, m, None, async move {
+            let caller = creds.check(&self.state, Verb::Write, m).await?;
             let id = required_id(m, id)?;
-            let r = self.state.call_native(m, move |b| b.release(&id)).await?;
-            Ok(r.into())
+            let r = self
+                .state
+                .call_native(m, move |b| b.release(&caller, &id))
+                .await;
+            Ok(self.state.note_refusal(r)?.into())
         })
         .await
     }
@@ -275,9 +346,11 @@ impl Dramesh for NativeService {
         &self,
         request: Request<npb::GetReservationRequest>,
     ) -> Result<Response<npb::Reservation>, Status> {
+        let creds = Creds::of(&request);
         let id = request.into_inner().id;
         let m = Method::GetReservation;
         observed(&self.state, API_NATIVE_GRPC, m, None, async move {
+            creds.check(&self.state, Verb::Read, m).await?;
             let id = required_id(m, id)?;
             let r = self
                 .state
@@ -290,10 +363,12 @@ impl Dramesh for NativeService {
 
     async fn list_reservations(
         &self,
-        _request: Request<npb::ListReservationsRequest>,
+        request: Request<npb::ListReservationsRequest>,
     ) -> Result<Response<npb::ListReservationsResponse>, Status> {
         let m = Method::ListReservations;
+        let creds = Creds::of(&request);
         observed(&self.state, API_NATIVE_GRPC, m, None, async move {
+            creds.check(&self.state, Verb::Read, m).await?;
             let reservations = self.state.call_native(m, |b| b.reservations()).await?;
             Ok(crate::native::ReservationList { reservations }.into())
         })
@@ -345,7 +420,12 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     if let Ok(a) = listener.local_addr() {
-        tracing::info!(addr = %a, "gRPC API listening (Karmada Estimator + dramesh.v1)");
+        tracing::info!(
+            addr = %a,
+            tls = state.config.tls.is_some(),
+            client_certificates = state.config.tls.as_ref().is_some_and(|t| t.client_auth()),
+            "gRPC API listening (Karmada Estimator + dramesh.v1)"
+        );
     }
     // The server-side timeout backs up the per-call timeouts for the wire part of a request.
     let wire_timeout = state.config.request_timeout + std::time::Duration::from_secs(5);
@@ -357,7 +437,12 @@ where
         .add_service(karmada_service(&state))
         .add_service(native_service(&state))
         .serve_with_incoming_shutdown(
-            crate::server::GrpcIncoming::new(listener, limits, state.metrics.clone()),
+            crate::server::GrpcIncoming::new(
+                listener,
+                limits,
+                state.metrics.clone(),
+                state.config.tls.clone(),
+            ),
             shutdown,
         )
         .await?;

@@ -28,7 +28,7 @@ use std::net::SocketAddr;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, Extension, Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -36,12 +36,14 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
+use crate::auth::{Caller, Credentials, RefusalKind, http_verb};
 use crate::backend::ApiError;
 use crate::metrics::Method;
 use crate::native::{
     EstimateRequest, PlaceRequest, PreemptRequest, ReservationList, ReserveRequest,
 };
 use crate::server::{ApiState, ServeError, bind};
+use crate::tls::PeerCert;
 
 fn error_body(status: StatusCode, message: &str) -> Response {
     (status, axum::Json(serde_json::json!({ "error": message }))).into_response()
@@ -54,8 +56,20 @@ impl IntoResponse for ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Refused(r) => match r.kind {
+                RefusalKind::Unauthenticated => StatusCode::UNAUTHORIZED,
+                RefusalKind::Forbidden => StatusCode::FORBIDDEN,
+                RefusalKind::OverCap => StatusCode::TOO_MANY_REQUESTS,
+            },
         };
-        error_body(status, &self.to_string())
+        let mut r = error_body(status, &self.to_string());
+        if status == StatusCode::UNAUTHORIZED {
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+        }
+        r
     }
 }
 
@@ -137,17 +151,21 @@ async fn status(State(state): State<ApiState>) -> Response {
     )
 }
 
-async fn reserve(State(state): State<ApiState>, body: Bytes) -> Response {
+async fn reserve(
+    State(state): State<ApiState>,
+    Extension(caller): Extension<Caller>,
+    body: Bytes,
+) -> Response {
     let req: ReserveRequest = match parse(Method::Reserve, &body) {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
     let span = tracing::info_span!("http", method = "Reserve", cluster = %req.cluster);
-    match state
-        .call_native(Method::Reserve, move |b| b.reserve(&req))
+    let r = state
+        .call_native(Method::Reserve, move |b| b.reserve(&caller, &req))
         .instrument(span)
-        .await
-    {
+        .await;
+    match state.note_refusal(r) {
         Ok(r) => (StatusCode::CREATED, axum::Json(r)).into_response(),
         Err(e) => e.into_response(),
     }
@@ -176,21 +194,70 @@ async fn get_reservation(State(state): State<ApiState>, Path(id): Path<String>) 
     )
 }
 
-async fn release_reservation(State(state): State<ApiState>, Path(id): Path<String>) -> Response {
+async fn release_reservation(
+    State(state): State<ApiState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Response {
     let span = tracing::info_span!("http", method = "Release", id = %id);
-    json(
-        state
-            .call_native(Method::Release, move |b| b.release(&id))
-            .instrument(span)
-            .await,
-    )
+    let r = state
+        .call_native(Method::Release, move |b| b.release(&caller, &id))
+        .instrument(span)
+        .await;
+    json(state.note_refusal(r))
 }
 
-async fn retire_cluster(State(state): State<ApiState>, Path(name): Path<String>) -> Response {
+/// Authenticates and authorizes every request by [`http_verb`] (health, readiness and metrics
+/// pass without credentials) and hands the [`Caller`] to the handler; refuses with 401/403.
+async fn authenticate(
+    State(state): State<ApiState>,
+    mut req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let Some(verb) = http_verb(req.method(), req.uri().path()) else {
+        return next.run(req).await;
+    };
+    let certificate = req.extensions().get::<PeerCert>().and_then(|p| p.0.clone());
+    // A header that is not ASCII cannot carry a token: kept (as empty) so it is refused.
+    let authorization = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(|v| v.to_str().unwrap_or_default().to_owned());
+    let path: String = req.uri().path().chars().take(200).collect();
+    let what = format!("{} {path}", req.method());
+    let creds = Credentials {
+        certificate: certificate.as_ref(),
+        authorization: authorization.as_deref(),
+    };
+    match state.auth.check(&state.metrics, &creds, verb, &what).await {
+        Ok(caller) => {
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `router` with every request authenticated and authorized by `state`'s [`crate::auth::Auth`]
+/// (see [`crate::auth`]). The daemon applies it once, around all its routes.
+pub fn with_auth(router: Router, state: &ApiState) -> Router {
+    router.layer(axum::middleware::from_fn_with_state(
+        state.clone(),
+        authenticate,
+    ))
+}
+
+async fn retire_cluster(
+    State(state): State<ApiState>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Response {
     let span = tracing::info_span!("http", method = "RetireCluster", cluster = %name);
     json(
         state
-            .call_native(Method::RetireCluster, move |b| b.retire_cluster(&name, ""))
+            .call_native(Method::RetireCluster, move |b| {
+                b.retire_cluster(&name, &caller.identity.user)
+            })
             .instrument(span)
             .await,
     )
@@ -307,18 +374,48 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     if let Ok(a) = listener.local_addr() {
-        tracing::info!(addr = %a, "HTTP API listening");
+        tracing::info!(addr = %a, tls = state.config.tls.is_some(), "HTTP API listening");
     }
-    let limits = state.config.http;
-    let metrics = state.metrics.clone();
-    dramesh_telemetry::serve_bounded(
+    serve_router(
         listener,
-        http_router(state),
-        crate::server::HTTP_API_LISTENER,
-        limits,
-        metrics,
+        with_auth(http_router(state.clone()), &state),
+        &state,
         shutdown,
     )
     .await
+}
+
+/// Serves `router` (already wrapped by [`with_auth`]) on `listener` with the state's HTTP
+/// bounds, over TLS when the state's config has it.
+pub async fn serve_router<F>(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    state: &ApiState,
+    shutdown: F,
+) -> Result<(), ServeError>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let limits = state.config.http;
+    let metrics = state.metrics.clone();
+    let name = crate::server::HTTP_API_LISTENER;
+    match &state.config.tls {
+        Some(tls) => {
+            dramesh_telemetry::serve_bounded_with(
+                listener,
+                router,
+                tls.http_handshake(),
+                name,
+                limits,
+                metrics,
+                shutdown,
+            )
+            .await
+        }
+        None => {
+            dramesh_telemetry::serve_bounded(listener, router, name, limits, metrics, shutdown)
+                .await
+        }
+    }
     .map_err(ServeError::Http)
 }

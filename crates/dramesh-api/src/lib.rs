@@ -6,6 +6,10 @@
 //!   Kubernetes messages) and v1.18+ (`*Bytes` fields), answering for any cluster of the view;
 //!   plus the native `dramesh.v1.Dramesh` service on the same port.
 //! * [`http`]: the native API as HTTP/JSON, with `/healthz`, `/readyz` and `/metrics`.
+//! * [`auth`]: who calls (client certificate, bearer token, TokenReview) and whether they may
+//!   (read, write, admin), per-identity caps, counted and rate-limited refusal logs.
+//! * [`tokenreview`]: bearer tokens reviewed by a Kubernetes API server (TokenReview).
+//! * [`tls`]: TLS of both listeners (server certificate, optional client CA, ALPN).
 //! * [`backend`]: the [`Backend`] trait the caller implements; this crate does no estimation
 //!   (it depends on the estimator only for its result types).
 //! * [`query`]: plain Rust forms of the Karmada requests, converted from either wire generation.
@@ -16,6 +20,7 @@
 //!   crate's tests, the interop test and `examples/fake_estimator`.
 //! * [`proto`]: generated protobuf code (schema in `proto/karmada` and `proto/dramesh/v1`).
 
+pub mod auth;
 pub mod backend;
 pub mod codec;
 mod convert;
@@ -29,10 +34,12 @@ pub mod query;
 pub mod server;
 #[cfg(feature = "test-util")]
 pub mod table;
+pub mod tls;
+pub mod tokenreview;
 
 pub use backend::{ApiError, Backend, ReplicaAnswer};
 pub use convert::FreshnessMap;
 pub use grpc::{KARMADA_ESTIMATOR_PORT, serve_grpc, serve_grpc_on};
-pub use http::{http_router, serve_http, serve_http_on};
+pub use http::{http_router, serve_http, serve_http_on, serve_router, with_auth};
 pub use metrics::{Method, MethodCounts, Metrics, ZeroReason};
-pub use server::{ApiConfig, ApiState, GrpcLimits, HTTP_API_LISTENER, ServeError};
+pub use server::{ApiConfig, ApiState, GrpcConnInfo, GrpcLimits, HTTP_API_LISTENER, ServeError};

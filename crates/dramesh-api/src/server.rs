@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use dramesh_telemetry::spans::fields;
 
+use crate::auth::{Auth, Caller, Credentials, Verb};
 use crate::backend::{ApiError, Backend, ReplicaAnswer};
 use crate::metrics::{Method, Metrics, ZeroReason};
 
@@ -30,6 +31,9 @@ pub struct ApiConfig {
     pub http: dramesh_telemetry::HttpLimits,
     /// Bounds of the gRPC listener (connections, preface timeout, keepalive).
     pub grpc: GrpcLimits,
+    /// TLS of both listeners; `None` serves plaintext (the daemon allows that only when asked
+    /// explicitly).
+    pub tls: Option<crate::tls::ApiTls>,
 }
 
 impl Default for ApiConfig {
@@ -40,6 +44,7 @@ impl Default for ApiConfig {
             karmada_timeout: Duration::from_millis(2500),
             http: dramesh_telemetry::HttpLimits::default(),
             grpc: GrpcLimits::default(),
+            tls: None,
         }
     }
 }
@@ -55,6 +60,8 @@ pub struct ApiState {
     pub config: ApiConfig,
     /// `GET /readyz` answers 200 once this is set (by the caller, e.g. after the first sync).
     pub ready: Arc<AtomicBool>,
+    /// Who may call what.
+    pub auth: Arc<Auth>,
 }
 
 impl ApiState {
@@ -65,6 +72,38 @@ impl ApiState {
             metrics: Arc::new(Metrics::new()),
             config: ApiConfig::default(),
             ready: Arc::new(AtomicBool::new(false)),
+            auth: Arc::new(Auth::default()),
+        }
+    }
+
+    /// The same state with `auth` (the default lets authenticated callers read, nobody write).
+    pub fn with_auth(mut self, auth: impl Into<Arc<Auth>>) -> ApiState {
+        self.auth = auth.into();
+        self
+    }
+
+    /// Authenticates and authorizes a call for `verb`, counting and logging a refusal.
+    pub(crate) async fn caller(
+        &self,
+        creds: &Credentials<'_>,
+        verb: Verb,
+        method: Method,
+    ) -> Result<Caller, ApiError> {
+        self.auth
+            .check(
+                &self.metrics,
+                creds,
+                verb,
+                &format!("call {}", method.as_str()),
+            )
+            .await
+    }
+
+    /// Counts and logs a refusal the backend made (ownership, caps).
+    pub(crate) fn note_refusal<T>(&self, r: Result<T, ApiError>) -> Result<T, ApiError> {
+        match r {
+            Err(ApiError::Refused(refusal)) => Err(self.auth.refused(&self.metrics, refusal)),
+            other => other,
         }
     }
 
@@ -151,7 +190,11 @@ impl ApiState {
                 self.config.request_timeout
             ))),
         };
-        if let Err(e) = &out {
+        // Refusals are logged by `auth::Refusals`, at most once a minute per identity and
+        // reason, so a flood of them cannot flood the log.
+        if let Err(e) = &out
+            && !matches!(e, ApiError::Refused(_))
+        {
             tracing::warn!(method = method.as_str(), error = %e, "request failed");
         }
         out
@@ -317,10 +360,27 @@ impl Default for GrpcLimits {
 /// The HTTP/2 client preface every gRPC connection starts with, in bytes.
 const H2_PREFACE_LEN: u64 = 24;
 
+/// The stream of an accepted gRPC connection.
+enum GrpcIo {
+    Plain(tokio::net::TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>),
+}
+
+/// What tonic puts into the extensions of every request of a connection
+/// (`Request::extensions().get::<GrpcConnInfo>()`).
+#[derive(Debug, Clone, Default)]
+pub struct GrpcConnInfo {
+    /// The peer's address.
+    pub remote: Option<SocketAddr>,
+    /// The identity of its verified client certificate, if any.
+    pub certificate: crate::tls::PeerCert,
+}
+
 /// An accepted gRPC connection: holds its place under the cap while open, and fails reads
-/// when the HTTP/2 preface has not arrived within the preface timeout.
+/// when the HTTP/2 preface has not arrived within the preface timeout of the accept.
 pub(crate) struct GrpcConn {
-    io: tokio::net::TcpStream,
+    io: GrpcIo,
+    info: GrpcConnInfo,
     _permit: tokio::sync::OwnedSemaphorePermit,
     metrics: Arc<Metrics>,
     preface_left: u64,
@@ -331,6 +391,15 @@ impl Drop for GrpcConn {
     fn drop(&mut self) {
         self.metrics.grpc_connections.dec();
     }
+}
+
+macro_rules! io_call {
+    ($self:expr, $io:ident => $e:expr) => {
+        match &mut $self.io {
+            GrpcIo::Plain($io) => $e,
+            GrpcIo::Tls($io) => $e,
+        }
+    };
 }
 
 impl tokio::io::AsyncRead for GrpcConn {
@@ -348,7 +417,7 @@ impl tokio::io::AsyncRead for GrpcConn {
             )));
         }
         let before = buf.filled().len();
-        let r = std::pin::Pin::new(&mut this.io).poll_read(cx, buf);
+        let r = io_call!(this, io => std::pin::Pin::new(io).poll_read(cx, buf));
         if let Poll::Ready(Ok(())) = &r {
             let n = (buf.filled().len() - before) as u64;
             this.preface_left = this.preface_left.saturating_sub(n);
@@ -363,21 +432,21 @@ impl tokio::io::AsyncWrite for GrpcConn {
         cx: &mut std::task::Context<'_>,
         buf: &[u8],
     ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+        io_call!(self, io => std::pin::Pin::new(io).poll_write(cx, buf))
     }
 
     fn poll_flush(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+        io_call!(self, io => std::pin::Pin::new(io).poll_flush(cx))
     }
 
     fn poll_shutdown(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+        io_call!(self, io => std::pin::Pin::new(io).poll_shutdown(cx))
     }
 
     fn poll_write_vectored(
@@ -385,33 +454,34 @@ impl tokio::io::AsyncWrite for GrpcConn {
         cx: &mut std::task::Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        io_call!(self, io => std::pin::Pin::new(io).poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
+        match &self.io {
+            GrpcIo::Plain(io) => io.is_write_vectored(),
+            GrpcIo::Tls(io) => io.is_write_vectored(),
+        }
     }
 }
 
 impl tonic::transport::server::Connected for GrpcConn {
-    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+    type ConnectInfo = GrpcConnInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.io.connect_info()
+        self.info.clone()
     }
 }
 
 /// Accepted connections of a listener for tonic's `serve_with_incoming*`: TCP_NODELAY set
 /// (tonic's own `tcp_nodelay` applies only to listeners it binds itself), at most
-/// `limits.max_connections` open, each bound by the preface timeout. Accept errors are logged
-/// and retried after 50 ms, so a persistent one (no descriptors left) neither spins nor stops
-/// the server.
+/// `limits.max_connections` open (closed on accept beyond it), each bound by the preface
+/// timeout from its accept, which with TLS also bounds the handshake. Handshakes run in their
+/// own tasks, so a slow one never delays the accept of others. Accept errors are logged and
+/// retried after 50 ms, so a persistent one (no descriptors left) neither spins nor stops the
+/// server. The accept task ends, closing the listener, when tonic drops this stream.
 pub(crate) struct GrpcIncoming {
-    listener: tokio::net::TcpListener,
-    limits: GrpcLimits,
-    slots: Arc<tokio::sync::Semaphore>,
-    metrics: Arc<Metrics>,
-    backoff: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    rx: tokio::sync::mpsc::Receiver<std::io::Result<GrpcConn>>,
 }
 
 impl GrpcIncoming {
@@ -419,13 +489,90 @@ impl GrpcIncoming {
         listener: tokio::net::TcpListener,
         limits: GrpcLimits,
         metrics: Arc<Metrics>,
+        tls: Option<crate::tls::ApiTls>,
     ) -> GrpcIncoming {
-        GrpcIncoming {
-            listener,
-            slots: Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1))),
-            limits,
-            metrics,
-            backoff: None,
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        tokio::spawn(accept_grpc(listener, limits, metrics, tls, tx));
+        GrpcIncoming { rx }
+    }
+}
+
+async fn accept_grpc(
+    listener: tokio::net::TcpListener,
+    limits: GrpcLimits,
+    metrics: Arc<Metrics>,
+    tls: Option<crate::tls::ApiTls>,
+    tx: tokio::sync::mpsc::Sender<std::io::Result<GrpcConn>>,
+) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let acceptor = tls.as_ref().map(crate::tls::ApiTls::grpc_acceptor);
+    loop {
+        let (stream, remote) = tokio::select! {
+            () = tx.closed() => return,
+            r = listener.accept() => match r {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "gRPC accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            metrics.grpc_connections_refused_total.inc();
+            tracing::debug!(
+                max = limits.max_connections,
+                "gRPC connection refused: connection cap reached"
+            );
+            continue;
+        };
+        dramesh_telemetry::http::no_delay(&stream);
+        let deadline = tokio::time::Instant::now() + limits.preface_timeout;
+        // Counted as open once it is handed to the server; a connection whose handshake fails
+        // drops this closure, and the permit in it, without having been counted.
+        let metrics = metrics.clone();
+        let conn = move |io, certificate| {
+            metrics.grpc_connections.inc();
+            GrpcConn {
+                io,
+                info: GrpcConnInfo {
+                    remote: Some(remote),
+                    certificate,
+                },
+                _permit: permit,
+                metrics,
+                preface_left: H2_PREFACE_LEN,
+                preface_deadline: Box::pin(tokio::time::sleep_until(deadline)),
+            }
+        };
+        match &acceptor {
+            None => {
+                if tx
+                    .send(Ok(conn(GrpcIo::Plain(stream), Default::default())))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            Some(acceptor) => {
+                let accept = acceptor.accept(stream);
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    match tokio::time::timeout_at(deadline, accept).await {
+                        Ok(Ok(s)) => {
+                            let peer = crate::tls::PeerCert::of(s.get_ref().1);
+                            let _ = tx.send(Ok(conn(GrpcIo::Tls(Box::new(s)), peer))).await;
+                        }
+                        Ok(Err(e)) => {
+                            tracing::debug!(%remote, error = %e, "gRPC TLS handshake failed");
+                        }
+                        Err(_) => {
+                            tracing::debug!(%remote, "gRPC TLS handshake timed out");
+                        }
+                    }
+                });
+            }
         }
     }
 }
@@ -437,41 +584,6 @@ impl tokio_stream::Stream for GrpcIncoming {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Self::Item>> {
-        use std::task::Poll;
-        let this = &mut *self;
-        loop {
-            if let Some(b) = &mut this.backoff {
-                if b.as_mut().poll(cx).is_pending() {
-                    return Poll::Pending;
-                }
-                this.backoff = None;
-            }
-            let stream = match this.listener.poll_accept(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Ok((s, _))) => s,
-                Poll::Ready(Err(e)) => {
-                    tracing::warn!(error = %e, "gRPC accept failed");
-                    this.backoff = Some(Box::pin(tokio::time::sleep(Duration::from_millis(50))));
-                    continue;
-                }
-            };
-            let Ok(permit) = this.slots.clone().try_acquire_owned() else {
-                this.metrics.grpc_connections_refused_total.inc();
-                tracing::debug!(
-                    max = this.limits.max_connections,
-                    "gRPC connection refused: connection cap reached"
-                );
-                continue;
-            };
-            dramesh_telemetry::http::no_delay(&stream);
-            this.metrics.grpc_connections.inc();
-            return Poll::Ready(Some(Ok(GrpcConn {
-                io: stream,
-                _permit: permit,
-                metrics: this.metrics.clone(),
-                preface_left: H2_PREFACE_LEN,
-                preface_deadline: Box::pin(tokio::time::sleep(this.limits.preface_timeout)),
-            })));
-        }
+        self.rx.poll_recv(cx)
     }
 }

@@ -161,9 +161,9 @@ impl Backend for GivingUp {
 
 #[tokio::test]
 async fn a_zero_from_a_give_up_is_counted_apart_from_other_zeros() {
-    let srv = start_grpc(ApiState::new(Arc::new(GivingUp(
+    let srv = start_grpc(common::open(ApiState::new(Arc::new(GivingUp(
         dramesh_api::table::demo_table(),
-    ))))
+    )))))
     .await;
     let mut c = EstimatorClient::new(channel(srv.addr).await);
     let mut q = member1_query();
@@ -407,7 +407,7 @@ fn native(r: npb::Reservation) -> ReservationStatus {
 #[tokio::test]
 async fn reservations_round_trip_over_the_native_service() {
     let backend = Arc::new(ReservingBackend::new());
-    let srv = start_grpc(ApiState::new(backend.clone())).await;
+    let srv = start_grpc(common::open(ApiState::new(backend.clone()))).await;
     let mut c = DrameshClient::new(channel(srv.addr).await);
 
     let first = c

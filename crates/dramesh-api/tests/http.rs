@@ -137,8 +137,8 @@ async fn bad_json_and_backend_errors_are_reported_as_json() {
 
 #[tokio::test]
 async fn unknown_body_fields_are_refused_by_name() {
-    let srv = start_http(dramesh_api::ApiState::new(std::sync::Arc::new(
-        ReservingBackend::new(),
+    let srv = start_http(common::open(dramesh_api::ApiState::new(
+        std::sync::Arc::new(ReservingBackend::new()),
     )))
     .await;
     let w = serde_json::json!({"manifests": ["kind: Deployment\n"]});
@@ -199,8 +199,8 @@ async fn oversized_bodies_are_refused() {
 
 #[tokio::test]
 async fn reservation_routes_create_list_get_and_release() {
-    let srv = start_http(dramesh_api::ApiState::new(std::sync::Arc::new(
-        ReservingBackend::new(),
+    let srv = start_http(common::open(dramesh_api::ApiState::new(
+        std::sync::Arc::new(ReservingBackend::new()),
     )))
     .await;
     let body = serde_json::json!({

@@ -426,7 +426,42 @@ fn replica_statefulset_has_storage_probes_and_spread() {
             .expect("HTTP probe");
         assert_eq!(http.path.as_deref(), Some(path));
         assert_eq!(http.port, IntOrString::String("api".into()));
+        assert_eq!(
+            http.scheme.as_deref(),
+            Some("HTTPS"),
+            "the API port serves TLS"
+        );
     }
+    assert!(
+        !args(c).iter().any(|a| a.starts_with("--api-insecure")),
+        "the deployed APIs never serve plaintext"
+    );
+    assert_eq!(
+        flag_values(c, "--api-cert"),
+        ["/etc/dramesh/api-tls/tls.crt"]
+    );
+    assert_eq!(
+        flag_values(c, "--api-key"),
+        ["/etc/dramesh/api-tls/tls.key"]
+    );
+    assert_eq!(
+        flag_values(c, "--api-client-ca"),
+        ["/etc/dramesh/api-tls/ca.crt"]
+    );
+    let api_mount = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.mount_path == "/etc/dramesh/api-tls")
+        .expect("API TLS mount");
+    let api_volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == api_mount.name)
+        .and_then(|v| v.secret.as_ref())
+        .expect("API TLS Secret volume");
+    assert_eq!(api_volume.secret_name.as_deref(), Some("dramesh-api-tls"));
     let api_port = c
         .ports
         .iter()
@@ -742,4 +777,53 @@ fn agent_node_certificate_example_carries_a_node_identity() {
             .iter()
             .any(|i| { name_of(&i.metadata) == cert.spec.issuer_ref.name && i.spec.ca.is_some() })
     );
+}
+
+#[test]
+fn api_certificates_serve_the_names_karmada_scheduler_dials_and_name_its_client() {
+    let objs = checked("overlays/example/host");
+    let certs: BTreeMap<&str, &Certificate> = all!(objs, Certificate)
+        .into_iter()
+        .map(|c| (c.spec.secret_name.as_str(), c))
+        .collect();
+    let issuers: BTreeMap<&str, &Issuer> = all!(objs, Issuer)
+        .into_iter()
+        .map(|i| (name_of(&i.metadata), i))
+        .collect();
+    let server = certs
+        .get("dramesh-api-tls")
+        .expect("the API server Certificate");
+    let dns = server.spec.dns_names.as_deref().unwrap_or_default();
+    assert!(
+        dns.iter()
+            .any(|d| d == "dramesh-replica.karmada-system.svc.cluster.local"),
+        "the name karmada-scheduler dials through the ExternalName Services"
+    );
+    assert!(
+        server.spec.uris.is_none(),
+        "an API certificate is no mesh identity"
+    );
+    let usages = server.spec.usages.as_deref().unwrap_or_default();
+    assert!(usages.iter().any(|u| u == "server auth"));
+    let client = certs
+        .get("karmada-scheduler-estimator-client-tls")
+        .expect("karmada-scheduler's client Certificate");
+    assert_eq!(
+        client.spec.common_name.as_deref(),
+        Some("karmada-scheduler")
+    );
+    let usages = client.spec.usages.as_deref().unwrap_or_default();
+    assert!(usages.iter().any(|u| u == "client auth"));
+    // Both from the API CA, which is not the mesh CA: a mesh certificate is no API caller.
+    for c in [server, client] {
+        let issuer = issuers
+            .get(c.spec.issuer_ref.name.as_str())
+            .unwrap_or_else(|| panic!("no Issuer {}", c.spec.issuer_ref.name));
+        let ca_secret = &issuer.spec.ca.as_ref().expect("a CA Issuer").secret_name;
+        assert_eq!(ca_secret, "dramesh-api-ca");
+    }
+    let mesh = certs
+        .get("dramesh-replica-0-tls")
+        .expect("a mesh Certificate");
+    assert_ne!(mesh.spec.issuer_ref.name, server.spec.issuer_ref.name);
 }

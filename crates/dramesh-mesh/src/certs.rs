@@ -322,6 +322,78 @@ pub fn issue_identity(
     identity_from_pem(&leaf.cert_pem, &leaf.key_pem, &ca.cert_pem, &identity.uri())
 }
 
+/// A certificate of the replicas' API listeners (not a mesh identity): a server certificate
+/// for `hosts` (DNS names or IP addresses), or a client certificate naming a caller the way
+/// Kubernetes does (CommonName = user, Organizations = groups).
+#[derive(Debug, Clone)]
+pub struct ApiLeaf {
+    /// The certificate, PEM.
+    pub cert_pem: String,
+    /// Its private key, PEM.
+    pub key_pem: String,
+}
+
+/// Issues an API certificate signed by `ca`: a server certificate when `hosts` is not empty
+/// (each an IP address or a DNS name), else a client certificate for `user` in `groups`.
+/// rcgen keeps one value per subject attribute type, so only the last group is written.
+pub fn issue_api_leaf(
+    ca: &CaBundle,
+    user: &str,
+    groups: &[String],
+    hosts: &[String],
+    valid_days: u32,
+) -> Result<ApiLeaf, CertError> {
+    let what = format!("API certificate {user}");
+    let ca_key = KeyPair::from_pem(&ca.key_pem).map_err(gen_err("CA key PEM"))?;
+    let issuer = Issuer::from_ca_cert_pem(&ca.cert_pem, ca_key).map_err(gen_err("CA cert PEM"))?;
+    let key = KeyPair::generate().map_err(gen_err(&what))?;
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, user);
+    for g in groups {
+        dn.push(DnType::OrganizationName, g.as_str());
+    }
+    params.distinguished_name = dn;
+    params.subject_alt_names = hosts
+        .iter()
+        .map(|h| match h.parse::<std::net::IpAddr>() {
+            Ok(ip) => Ok(SanType::IpAddress(ip)),
+            Err(_) => Ok(SanType::DnsName(
+                h.clone().try_into().map_err(gen_err(&what))?,
+            )),
+        })
+        .collect::<Result<_, CertError>>()?;
+    params.is_ca = IsCa::ExplicitNoCa;
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![if hosts.is_empty() {
+        ExtendedKeyUsagePurpose::ClientAuth
+    } else {
+        ExtendedKeyUsagePurpose::ServerAuth
+    }];
+    params.use_authority_key_identifier_extension = true;
+    set_validity(&mut params, valid_days);
+    let cert = params.signed_by(&key, &issuer).map_err(gen_err(&what))?;
+    Ok(ApiLeaf {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    })
+}
+
+/// Writes `<stem>.crt` and `<stem>.key` (mode 0600) into `dir` (created if needed).
+pub fn write_api_leaf(dir: &Path, stem: &str, leaf: &ApiLeaf) -> Result<PemPaths, CertError> {
+    std::fs::create_dir_all(dir).map_err(|source| CertError::Write {
+        path: dir.to_owned(),
+        source,
+    })?;
+    let paths = PemPaths {
+        cert: dir.join(format!("{stem}.crt")),
+        key: dir.join(format!("{stem}.key")),
+    };
+    write(&paths.cert, &leaf.cert_pem, false)?;
+    write(&paths.key, &leaf.key_pem, true)?;
+    Ok(paths)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

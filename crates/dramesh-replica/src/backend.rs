@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use dramesh_api::auth::Caller;
 use dramesh_api::native::{
     EstimateRequest, EstimateResponse, PlaceRequest, PlaceResponse, PreemptRequest,
     PreemptResponse, ReservationStatus, ReserveRequest, RetiredCluster, StatusReport,
@@ -150,12 +151,16 @@ impl Backend for ReplicaBackend {
         self.state.status_report()
     }
 
-    fn reserve(&self, req: &ReserveRequest) -> Result<ReservationStatus, ApiError> {
-        self.state.reserve(req)
+    fn reserve(
+        &self,
+        caller: &Caller,
+        req: &ReserveRequest,
+    ) -> Result<ReservationStatus, ApiError> {
+        self.state.reserve(caller, req)
     }
 
-    fn release(&self, id: &str) -> Result<ReservationStatus, ApiError> {
-        self.state.release(id)
+    fn release(&self, caller: &Caller, id: &str) -> Result<ReservationStatus, ApiError> {
+        self.state.release(caller, id)
     }
 
     fn reservation(&self, id: &str) -> Result<ReservationStatus, ApiError> {

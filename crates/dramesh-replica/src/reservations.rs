@@ -73,6 +73,10 @@ pub(crate) fn record_key(id: &str) -> ObjectKey {
 pub(crate) struct Record {
     pub(crate) id: String,
     pub(crate) owner: String,
+    /// The identity that created it (the API caller's user name); only it or an admin may
+    /// release it. Empty in records of replicas that predate it: then only an admin may.
+    #[serde(default)]
+    pub(crate) creator: String,
     pub(crate) cluster: String,
     pub(crate) workload: WorkloadRef,
     /// The per-replica requirements: the workload manifests of the request.
@@ -325,6 +329,7 @@ mod tests {
         Record {
             id: id.into(),
             owner: owner.into(),
+            creator: "alice".into(),
             cluster: "c".into(),
             workload: WorkloadRef {
                 namespace: "ml".into(),

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use dramesh_api::ApiError;
+use dramesh_api::auth::{Caller, Caps, Refusal, RefusalKind};
 use dramesh_api::native::{ReservationState, ReservationStatus, ReserveRequest, WorkloadRef};
 use dramesh_estimator::{Admission, AssumedWorkload, Reservation, Workload};
 use dramesh_model::ObjectChange;
@@ -15,6 +16,7 @@ use dramesh_model::ObjectChange;
 use crate::requests::workload_from_manifests;
 use crate::reservations::{self as resv, Record, Table};
 use crate::state::{ReplicaState, check_clusters};
+use dramesh_mesh::lock;
 
 /// Inputs a resolution depends on; equal keys give equal resolutions.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -216,8 +218,87 @@ impl ReplicaState {
         })
     }
 
-    /// Writes a reservation owned by this replica (see [`crate::reservations`]).
-    pub fn reserve(&self, req: &ReserveRequest) -> Result<ReservationStatus, ApiError> {
+    /// Refuses a reservation of `bytes` manifest bytes for `replicas` replicas and `ttl_seconds`
+    /// that would take `caller` over one of its caps; counts every live reservation it
+    /// created, on any replica.
+    fn check_caps(
+        &self,
+        caps: &Caps,
+        caller: &Caller,
+        replicas: i64,
+        bytes: usize,
+        ttl_seconds: u64,
+    ) -> Result<(), ApiError> {
+        let user = &caller.identity.user;
+        let now = Instant::now();
+        let (count, held, held_bytes) = self.with_table(|table| {
+            table
+                .entries()
+                .filter(|(_, e)| e.record.creator == *user && now < table.expiry(e))
+                .fold((0usize, 0i64, 0usize), |(n, r, b), (_, e)| {
+                    let m: usize = e.record.manifests.iter().map(String::len).sum();
+                    (
+                        n + 1,
+                        r.saturating_add(e.record.replicas),
+                        b.saturating_add(m),
+                    )
+                })
+        });
+        let over = |reason: &'static str, message: String| {
+            Err(ApiError::Refused(Refusal {
+                kind: RefusalKind::OverCap,
+                reason,
+                identity: user.clone(),
+                message,
+            }))
+        };
+        if ttl_seconds > caps.max_ttl.as_secs() {
+            return over(
+                "cap_ttl",
+                format!(
+                    "{user}: reservation ttlSeconds {ttl_seconds} is over the cap of {} s per reservation",
+                    caps.max_ttl.as_secs()
+                ),
+            );
+        }
+        if count >= caps.max_reservations {
+            return over(
+                "cap_reservations",
+                format!(
+                    "{user} holds {count} live reservations, the cap of live reservations per identity is {}",
+                    caps.max_reservations
+                ),
+            );
+        }
+        if held.saturating_add(replicas) > caps.max_reserved_replicas {
+            return over(
+                "cap_replicas",
+                format!(
+                    "{user} holds {held} reserved replicas; {replicas} more would exceed the cap of reserved replicas per identity, {}",
+                    caps.max_reserved_replicas
+                ),
+            );
+        }
+        if held_bytes.saturating_add(bytes) > caps.max_manifest_bytes {
+            return over(
+                "cap_manifest_bytes",
+                format!(
+                    "{user} holds {held_bytes} bytes of reserved workload manifests; {bytes} more would exceed the cap of manifest bytes per identity, {}",
+                    caps.max_manifest_bytes
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    /// Writes a reservation owned by this replica and created by `caller`, within its caps
+    /// (see [`crate::reservations`]). A refused reservation is never written, so it never
+    /// reaches the replicated document.
+    pub fn reserve(
+        &self,
+        caller: &Caller,
+        req: &ReserveRequest,
+    ) -> Result<ReservationStatus, ApiError> {
         if req.cluster.is_empty() {
             return Err(ApiError::InvalidRequest(
                 "reservation: field cluster is required".into(),
@@ -250,10 +331,14 @@ impl ReplicaState {
             view.cluster(&req.cluster)
                 .map_or(0, |c| resv::bound_pods(c, &workload))
         };
+        let caps = lock(&self.caps);
+        let bytes: usize = req.workload.manifests.iter().map(String::len).sum();
+        self.check_caps(&caps, caller, replicas, bytes, ttl_seconds)?;
         let id = self.with_table(Table::next_id);
         let record = Record {
             id: id.clone(),
             owner: self.replica.clone(),
+            creator: caller.identity.user.clone(),
             cluster: req.cluster.clone(),
             workload,
             manifests: req.workload.manifests.clone(),
@@ -275,20 +360,41 @@ impl ReplicaState {
             key: resv::record_key(&id),
             json: Arc::from(json.as_slice()),
         }])?;
-        tracing::info!(id = %id, cluster = %record.cluster, replicas, "reservation written");
+        drop(caps);
+        tracing::info!(id = %id, cluster = %record.cluster, replicas, creator = %record.creator, "reservation written");
         self.reservation_status(&id)
             .ok_or_else(|| ApiError::Internal(format!("reservation {id} vanished after writing")))
     }
 
-    /// Releases a reservation this replica owns; releasing an ended one returns how it ended.
-    pub fn release(&self, id: &str) -> Result<ReservationStatus, ApiError> {
-        let (owner, ended) = self.with_table(|table| match table.get(id) {
-            Some(e) => (Some(e.record.owner.clone()), None),
+    /// Releases a reservation this replica owns, if `caller` created it or is an admin;
+    /// releasing an ended one returns how it ended.
+    pub fn release(&self, caller: &Caller, id: &str) -> Result<ReservationStatus, ApiError> {
+        let (found, ended) = self.with_table(|table| match table.get(id) {
+            Some(e) => (
+                Some((e.record.owner.clone(), e.record.creator.clone())),
+                None,
+            ),
             None => (None, table.ended(id).cloned()),
         });
-        let Some(owner) = owner else {
+        let Some((owner, creator)) = found else {
             return ended.ok_or_else(|| ApiError::NotFound(format!("reservation {id}")));
         };
+        let user = &caller.identity.user;
+        if creator != *user && !caller.admin {
+            let by = if creator.is_empty() {
+                "an unrecorded identity".to_string()
+            } else {
+                creator
+            };
+            return Err(ApiError::Refused(Refusal {
+                kind: RefusalKind::Forbidden,
+                reason: "not_creator",
+                identity: user.clone(),
+                message: format!(
+                    "{user} may not release reservation {id}: it was created by {by} (only its creator or an admin may)"
+                ),
+            }));
+        }
         if owner != self.replica {
             return Err(ApiError::InvalidRequest(format!(
                 "reservation {id} is owned by replica {owner}; release it there"

@@ -66,8 +66,12 @@ pub struct ReplicaConfig {
     /// How long a starting replica waits for a peer replica to be reachable before it counts
     /// as caught up from its disk alone (see the module docs).
     pub ready_timeout: Duration,
-    /// Limits, deadlines and connection bounds of the HTTP and gRPC APIs.
+    /// Limits, deadlines, connection bounds and TLS of the HTTP and gRPC APIs.
     pub api_config: dramesh_api::ApiConfig,
+    /// Who may call the APIs (credentials, verbs).
+    pub auth: Arc<dramesh_api::auth::Auth>,
+    /// Per-identity caps of reservations.
+    pub caps: dramesh_api::auth::Caps,
 }
 
 /// Default of [`ReplicaConfig::ready_timeout`] (and of `--ready-timeout`).
@@ -113,9 +117,11 @@ impl Replica {
             let id = id.clone();
             let stale = config.stale_after;
             let cache_bytes = config.estimate_cache_bytes;
+            let caps = config.caps;
             tokio::task::spawn_blocking(move || {
                 let state = ReplicaState::new(&id, stale, store);
                 state.set_estimate_cache_bytes(cache_bytes);
+                state.set_caps(caps);
                 state
             })
             .await
@@ -130,7 +136,8 @@ impl Replica {
             state: state.clone(),
         }))
         .with_metrics(metrics.clone())
-        .with_config(config.api_config.clone());
+        .with_config(config.api_config.clone())
+        .with_auth(config.auth.clone());
         let mut node = NodeConfig::new(config.identity.clone(), config.listen_mesh);
         node.seeds = config.seeds.clone();
         node.protocol = config.protocol.clone();
@@ -154,19 +161,11 @@ impl Replica {
         let mut tasks = JoinSet::new();
         {
             let router = crate::routes::router(api.clone(), state.clone(), observer.clone());
+            let router = dramesh_api::with_auth(router, &api);
             let shutdown = stopped(stop_rx.clone());
-            let (limits, metrics) = (api.config.http, api.metrics.clone());
+            let api = api.clone();
             tasks.spawn(async move {
-                if let Err(e) = dramesh_telemetry::serve_bounded(
-                    http,
-                    router,
-                    dramesh_api::HTTP_API_LISTENER,
-                    limits,
-                    metrics,
-                    shutdown,
-                )
-                .await
-                {
+                if let Err(e) = dramesh_api::serve_router(http, router, &api, shutdown).await {
                     tracing::error!(error = %e, "HTTP API failed");
                 }
             });
@@ -204,6 +203,7 @@ impl Replica {
             mesh = %mesh.local_addr(),
             http = %http_addr,
             grpc = %grpc_addr,
+            api_tls = api.config.tls.is_some(),
             clusters = loaded_clusters,
             nodes = loaded_nodes,
             ready = api.is_ready(),

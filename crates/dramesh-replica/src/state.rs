@@ -19,7 +19,9 @@
 //!
 //! # Lock order
 //!
-//! Seven locks, always taken in this order, and each only inside a small method of this module:
+//! Seven locks, always taken in this order, and each only inside a small method of this module
+//! (plus `caps`, taken first and only by `reserve`, so that checking a creator's caps and
+//! writing its reservation are one step):
 //!
 //! 1. `feed`: serializes draining the store's queue with applying it (and writing this
 //!    replica's reservation document), so batches reach the view in the order the store
@@ -117,6 +119,9 @@ pub struct ReplicaState {
     /// Signalled after this replica wrote its reservation or retirement document (the mesh
     /// pushes both).
     pub(crate) own_docs_changed: Arc<tokio::sync::Notify>,
+    /// Per-identity caps of reservations, and the lock that makes checking them and writing
+    /// a reservation one step (taken before `feed`).
+    pub(crate) caps: Mutex<dramesh_api::auth::Caps>,
 }
 
 impl ReplicaState {
@@ -142,6 +147,7 @@ impl ReplicaState {
             retired: Mutex::new(Retired::default()),
             reservations_writable: writable,
             own_docs_changed: Arc::new(tokio::sync::Notify::new()),
+            caps: Mutex::new(dramesh_api::auth::Caps::default()),
             replica: replica.to_string(),
             stale_after,
             store,
@@ -177,6 +183,11 @@ impl ReplicaState {
 
     /// The estimator and resolution cache; taking it requires holding the indexes, which
     /// fixes the order indexes → compute.
+    /// Sets the per-identity caps of reservations created from now on.
+    pub fn set_caps(&self, caps: dramesh_api::auth::Caps) {
+        *lock(&self.caps) = caps;
+    }
+
     /// Bounds the estimator's caches by `bytes` (default
     /// [`dramesh_estimator::DEFAULT_CACHE_BYTES`]); the caches start over empty.
     pub fn set_estimate_cache_bytes(&self, bytes: usize) {

@@ -9,6 +9,9 @@
 //!   closed at once. Both are counted in `dramesh_http_connections_closed_total`;
 //! * a request's headers must be complete within [`HttpLimits::header_timeout`] of the accept
 //!   or of the end of the previous response, which also closes idle keep-alive connections;
+//! * with [`serve_bounded_with`], a handshake (TLS) per connection within
+//!   [`HttpLimits::header_timeout`] of the accept, off the accept loop, its result (the peer's
+//!   identity) in every request's extensions;
 //! * TCP_NODELAY on every accepted socket (answers are small writes that Nagle plus the
 //!   client's delayed ACK would hold about 40 ms);
 //! * at shutdown, accepting stops, idle connections close at once and the others after their
@@ -166,11 +169,58 @@ impl Slots {
     }
 }
 
+/// What a listener does with an accepted socket before HTTP starts on it: nothing
+/// ([`Plain`]), or a TLS handshake. Whatever it learns about the peer (e.g. the identity in a
+/// client certificate) is put into the extensions of every request of the connection.
+pub trait Handshake: Clone + Send + Sync + 'static {
+    /// The stream HTTP runs over.
+    type Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static;
+    /// What requests of the connection carry in their extensions.
+    type Peer: Clone + Send + Sync + 'static;
+    /// Turns an accepted socket into the stream HTTP runs over. [`serve_bounded_with`] bounds
+    /// it by [`HttpLimits::header_timeout`].
+    fn handshake(
+        &self,
+        stream: tokio::net::TcpStream,
+    ) -> impl Future<Output = std::io::Result<(Self::Io, Self::Peer)>> + Send;
+}
+
+/// Plain TCP: no handshake; requests carry `()`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Plain;
+
+impl Handshake for Plain {
+    type Io = tokio::net::TcpStream;
+    type Peer = ();
+    async fn handshake(
+        &self,
+        stream: tokio::net::TcpStream,
+    ) -> std::io::Result<(tokio::net::TcpStream, ())> {
+        Ok((stream, ()))
+    }
+}
+
 /// Serves `router` over HTTP/1.1 on `listener` with `limits` until `shutdown` resolves;
 /// `name` labels this listener's connection metrics in `metrics`. See the module doc.
 pub async fn serve_bounded(
     listener: tokio::net::TcpListener,
     router: Router,
+    name: &'static str,
+    limits: HttpLimits,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    serve_bounded_with(listener, router, Plain, name, limits, metrics, shutdown).await
+}
+
+/// [`serve_bounded`] with `handshake` run on every accepted socket first (e.g. TLS). The
+/// handshake must finish within [`HttpLimits::header_timeout`] of the accept (the connection
+/// counts as idle meanwhile, so it is the first evicted at the cap); a failed or late one is
+/// counted as `handshake_failed` in `dramesh_http_connections_closed_total`.
+pub async fn serve_bounded_with<H: Handshake>(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    handshake: H,
     name: &'static str,
     limits: HttpLimits,
     metrics: Arc<Metrics>,
@@ -223,14 +273,43 @@ pub async fn serve_bounded(
         );
         slots.lock().insert(id, slot);
         open.inc();
+        let handshake = handshake.clone();
         let router = router.clone();
         let slots = slots.clone();
         let metrics = metrics.clone();
         let open = open.clone();
         let mut stop = stop_rx.clone();
         conns.spawn(async move {
+            let shaken = tokio::select! {
+                r = tokio::time::timeout(limits.header_timeout, handshake.handshake(stream)) => match r {
+                    Ok(Ok(s)) => Ok(s),
+                    Ok(Err(e)) => {
+                        tracing::debug!(listener = name, %peer, error = %e, "handshake failed");
+                        Err(true)
+                    }
+                    Err(_) => {
+                        tracing::debug!(listener = name, %peer, "handshake timed out");
+                        Err(true)
+                    }
+                },
+                // Evicted (already counted) or stopping.
+                () = close.notified() => Err(false),
+                _ = stop.wait_for(|v| *v) => Err(false),
+            };
+            let (stream, peer_info) = match shaken {
+                Ok(s) => s,
+                Err(failed) => {
+                    if failed {
+                        metrics.http_connection_closed(name, "handshake_failed");
+                    }
+                    slots.lock().remove(&id);
+                    open.dec();
+                    return;
+                }
+            };
             let inner = hyper_util::service::TowerToHyperService::new(router);
-            let svc = hyper::service::service_fn(move |req| {
+            let svc = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(peer_info.clone());
                 let guard = Busy::enter(&busy, &idle_since);
                 let fut = hyper::service::Service::call(&inner, req);
                 async move {

@@ -36,7 +36,10 @@ pub mod metrics;
 pub mod registry;
 pub mod spans;
 
-pub use http::{HttpLimits, METRICS_PATH, metrics_router, serve_bounded, serve_metrics};
+pub use http::{
+    Handshake, HttpLimits, METRICS_PATH, Plain, metrics_router, serve_bounded, serve_bounded_with,
+    serve_metrics,
+};
 pub use init::{
     OTLP_ENDPOINT_ENV, SERVICE_AGENT, SERVICE_REPLICA, ScopedTelemetry, TelemetryConfig,
     TelemetryError, TelemetryGuard, init, init_for_tests, subscriber,

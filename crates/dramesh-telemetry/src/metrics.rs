@@ -52,6 +52,8 @@ pub mod names {
     pub const GRPC_CONNECTIONS: &str = "dramesh_grpc_connections";
     /// `dramesh_grpc_connections_refused_total`.
     pub const GRPC_CONNECTIONS_REFUSED_TOTAL: &str = "dramesh_grpc_connections_refused_total";
+    /// See [`super::Metrics::api_refusals_total`].
+    pub const API_REFUSALS_TOTAL: &str = "dramesh_api_refusals_total";
 
     /// Every name above, in registration order.
     pub const ALL: &[&str] = &[
@@ -75,6 +77,7 @@ pub mod names {
         HTTP_CONNECTIONS_CLOSED_TOTAL,
         GRPC_CONNECTIONS,
         GRPC_CONNECTIONS_REFUSED_TOTAL,
+        API_REFUSALS_TOTAL,
     ];
 }
 
@@ -167,12 +170,15 @@ pub struct Metrics {
     /// `{listener}`: open connections of an HTTP listener.
     pub http_connections: Arc<GaugeVec<1>>,
     /// `{listener,reason}`: HTTP connections the server closed (`evicted_idle` to make room at
-    /// the cap, `refused_at_cap`, `header_timeout`).
+    /// the cap, `refused_at_cap`, `header_timeout`, `handshake_failed`).
     pub http_connections_closed_total: Arc<CounterVec<2>>,
     /// Open gRPC connections.
     pub grpc_connections: Arc<Gauge>,
     /// gRPC connections closed on accept because the cap was reached.
     pub grpc_connections_refused_total: Arc<Counter>,
+    /// `{identity,reason}`: API requests refused as unauthenticated (401), forbidden (403) or
+    /// over a per-identity cap (429).
+    pub api_refusals_total: Arc<CounterVec<2>>,
 }
 
 impl Default for Metrics {
@@ -319,7 +325,7 @@ impl Metrics {
         let http_connections_closed_total = r
             .counter_vec(
                 HTTP_CONNECTIONS_CLOSED_TOTAL,
-                "HTTP connections closed by the server: evicted_idle (to make room at the cap), refused_at_cap, header_timeout.",
+                "HTTP connections closed by the server: evicted_idle (to make room at the cap), refused_at_cap, header_timeout, handshake_failed.",
                 ["listener", "reason"],
             )
             .expect(REGISTERED);
@@ -330,6 +336,13 @@ impl Metrics {
             .counter(
                 GRPC_CONNECTIONS_REFUSED_TOTAL,
                 "gRPC connections closed on accept because the connection cap was reached.",
+            )
+            .expect(REGISTERED);
+        let api_refusals_total = r
+            .counter_vec(
+                API_REFUSALS_TOTAL,
+                "API requests refused (unauthenticated, forbidden, over a per-identity cap), by identity and reason.",
+                ["identity", "reason"],
             )
             .expect(REGISTERED);
         // Fixed label values are always present so a dashboard sees 0 rather than no data.
@@ -364,6 +377,7 @@ impl Metrics {
             http_connections_closed_total,
             grpc_connections,
             grpc_connections_refused_total,
+            api_refusals_total,
         }
     }
 

@@ -49,6 +49,11 @@ const EXPECTED: &[(&str, &str, &[&str])] = &[
     ),
     (names::GRPC_CONNECTIONS, "gauge", &[]),
     (names::GRPC_CONNECTIONS_REFUSED_TOTAL, "counter", &[]),
+    (
+        names::API_REFUSALS_TOTAL,
+        "counter",
+        &["identity", "reason"],
+    ),
 ];
 
 const NASTY_PEER: &str = "peer \"b\"\\west\nzone";
@@ -58,6 +63,7 @@ fn record(m: &Metrics) {
     m.http_connection_closed("api", "evicted_idle");
     m.grpc_connections.inc();
     m.grpc_connections_refused_total.inc();
+    m.api_refusals_total.with(["alice", "forbidden"]).inc();
     m.observe_api_request(
         "karmada-estimator",
         "MaxAvailableReplicas",

@@ -10,10 +10,12 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use dramesh_agent::CoalesceConfig;
+use dramesh_api::auth::{AUTHENTICATED, Auth, Caps, Policy, Subject, UNAUTHENTICATED};
 use dramesh_mesh::PeerIdentity;
 use dramesh_mesh::certs;
 use dramesh_mesh::protocol::ProtocolConfig;
@@ -272,8 +274,24 @@ fn progress(r: &Replica, expected: &BTreeMap<String, usize>) -> (Progress, bool)
 }
 
 /// Runs the demo (see the module docs).
-pub(crate) async fn run(serve: bool) -> anyhow::Result<()> {
+pub(crate) async fn run(serve: bool, tls: crate::apiauth::TlsArgs) -> anyhow::Result<()> {
     let started = Instant::now();
+    let api_tls = tls.load()?;
+    // In-process on 127.0.0.1: plaintext lets anyone read and reserve; with TLS only
+    // authenticated callers (a client certificate from --api-client-ca) may.
+    let everyone = if api_tls.is_some() {
+        vec![Subject::Group(AUTHENTICATED.into())]
+    } else {
+        vec![
+            Subject::Group(AUTHENTICATED.into()),
+            Subject::Group(UNAUTHENTICATED.into()),
+        ]
+    };
+    let auth = Arc::new(Auth::new(Policy {
+        readers: Vec::new(),
+        writers: everyone,
+        admins: Vec::new(),
+    }));
     let tmp = tempfile::tempdir().context("creating a temporary folder")?;
     let fleet_dir = tmp.path().join("fleet");
     let mut expected = BTreeMap::new();
@@ -312,7 +330,12 @@ pub(crate) async fn run(serve: bool) -> anyhow::Result<()> {
             estimate_cache_bytes: dramesh_estimator::DEFAULT_CACHE_BYTES,
             protocol: ProtocolConfig::default(),
             ready_timeout: dramesh_replica::DEFAULT_READY_TIMEOUT,
-            api_config: dramesh_api::ApiConfig::default(),
+            api_config: dramesh_api::ApiConfig {
+                tls: api_tls.clone(),
+                ..dramesh_api::ApiConfig::default()
+            },
+            auth: auth.clone(),
+            caps: Caps::default(),
         })
         .await?;
         replicas.push(r);
@@ -453,9 +476,10 @@ pub(crate) async fn run(serve: bool) -> anyhow::Result<()> {
 
     if serve {
         println!("\nserving (ctrl-c to stop):");
+        let scheme = if api_tls.is_some() { "https" } else { "http" };
         for r in &replicas {
             println!(
-                "  replica {}: HTTP http://{}  (status page /, GET /v1/status, POST /v1/estimate, /metrics)  gRPC {} (Karmada Estimator + dramesh.v1)  mesh {}",
+                "  replica {}: HTTP {scheme}://{}  (status page /, GET /v1/status, POST /v1/estimate, /metrics)  gRPC {} (Karmada Estimator + dramesh.v1)  mesh {}",
                 r.id, r.http_addr, r.grpc_addr, r.mesh_addr
             );
         }

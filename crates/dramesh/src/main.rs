@@ -4,6 +4,7 @@
 //! read or is not valid, 1 for any other failure.
 
 mod allocate;
+mod apiauth;
 mod certs;
 mod demo;
 mod fds;
@@ -94,7 +95,8 @@ enum Command {
         output: Output,
     },
     /// Write a development CA and mesh certificates (ca.crt/ca.key, replica-<id>.crt/.key,
-    /// agent-<cluster>-<name>.crt/.key). An existing CA in the folder is reused.
+    /// agent-<cluster>-<name>.crt/.key), and API certificates (api-server.crt/.key,
+    /// api-client-<user>.crt/.key). An existing CA in the folder is reused.
     Certs {
         #[arg(long)]
         out: PathBuf,
@@ -104,6 +106,14 @@ enum Command {
         /// CLUSTER/NAME (identity dramesh://cluster/<cluster>/agent/<name>). Repeatable.
         #[arg(long = "agent")]
         agents: Vec<String>,
+        /// Host (DNS name or IP address) of the replicas' API server certificate
+        /// (api-server.crt). Repeatable: one certificate for all.
+        #[arg(long = "api-server")]
+        api_servers: Vec<String>,
+        /// USER or USER=GROUP: an API client certificate (api-client-<user>.crt) with
+        /// CommonName USER and Organization GROUP. Repeatable.
+        #[arg(long = "api-client")]
+        api_clients: Vec<String>,
         /// Validity of every certificate, in days.
         #[arg(long, default_value_t = 365)]
         days: u32,
@@ -154,6 +164,8 @@ enum Command {
         chaos_disable_peer_exchange: bool,
         #[command(flatten)]
         limits: ApiLimitArgs,
+        #[command(flatten)]
+        security: Box<apiauth::ApiAuthArgs>,
         /// OTLP/gRPC collector for spans (http://host:4317); default $OTEL_EXPORTER_OTLP_ENDPOINT, else no export.
         #[arg(long)]
         otlp_endpoint: Option<String>,
@@ -220,12 +232,22 @@ enum Command {
     Retire {
         /// The member cluster.
         cluster: String,
-        /// HTTP API of any replica (host:port or http://host:port).
+        /// HTTP API of any replica: https://host:port (or http://host:port, or host:port for
+        /// plain HTTP).
         #[arg(long)]
         api: String,
         /// File holding a bearer token sent as `Authorization: Bearer <token>`.
         #[arg(long)]
         token_file: Option<PathBuf>,
+        /// CA certificate (PEM) that signed the replica's API certificate (https).
+        #[arg(long)]
+        ca_file: Option<PathBuf>,
+        /// Client certificate (PEM) presented to the replica (https), with --key-file.
+        #[arg(long, requires = "key_file")]
+        cert_file: Option<PathBuf>,
+        /// Private key (PEM) of --cert-file.
+        #[arg(long, requires = "cert_file")]
+        key_file: Option<PathBuf>,
         /// Seconds to wait for the answer.
         #[arg(long, default_value_t = 10)]
         timeout: u64,
@@ -235,6 +257,11 @@ enum Command {
         /// Keep everything running and print the API addresses.
         #[arg(long)]
         serve: bool,
+        /// With --api-cert, the demo's APIs serve TLS and answer authenticated callers only
+        /// (any client certificate from --api-client-ca); without, plaintext on 127.0.0.1
+        /// to anyone.
+        #[command(flatten)]
+        tls: apiauth::TlsArgs,
         /// OTLP/gRPC collector for spans (http://host:4317); default $OTEL_EXPORTER_OTLP_ENDPOINT, else no export.
         #[arg(long)]
         otlp_endpoint: Option<String>,
@@ -428,6 +455,8 @@ fn run_certs(
     out: &std::path::Path,
     replicas: &[String],
     agents: &[String],
+    api_servers: &[String],
+    api_clients: &[String],
     days: u32,
 ) -> Result<(), Failure> {
     let mut ids = Vec::new();
@@ -437,7 +466,15 @@ fn run_certs(
     for a in agents {
         ids.push(certs::agent_identity(a).map_err(|e| Failure::input(format!("{e:#}")))?);
     }
-    let written = certs::write_all(out, &ids, days).map_err(|e| Failure {
+    let api = certs::ApiCerts {
+        servers: api_servers.to_vec(),
+        clients: api_clients
+            .iter()
+            .map(|c| certs::api_client(c))
+            .collect::<anyhow::Result<_>>()
+            .map_err(|e| Failure::input(format!("{e:#}")))?,
+    };
+    let written = certs::write_all(out, &ids, &api, days).map_err(|e| Failure {
         code: 1,
         message: format!("{e:#}"),
     })?;
@@ -477,8 +514,10 @@ fn main() -> ExitCode {
             out,
             replicas,
             agents,
+            api_servers,
+            api_clients,
             days,
-        } => run_certs(&out, &replicas, &agents, days),
+        } => run_certs(&out, &replicas, &agents, &api_servers, &api_clients, days),
         Command::Replica {
             id,
             listen_mesh,
@@ -496,6 +535,7 @@ fn main() -> ExitCode {
             chaos_disable_push,
             chaos_disable_peer_exchange,
             limits,
+            security,
             otlp_endpoint,
         } => daemon(
             telemetry(
@@ -506,6 +546,7 @@ fn main() -> ExitCode {
             ),
             async move {
                 let identity = dramesh_mesh::certs::load_identity(&mesh_cert, &mesh_key, &mesh_ca)?;
+                let security = security.build().await?;
                 let want = dramesh_mesh::PeerIdentity::Replica { id: id.clone() };
                 if identity.identity != want {
                     anyhow::bail!(
@@ -542,7 +583,12 @@ fn main() -> ExitCode {
                     estimate_cache_bytes,
                     protocol,
                     ready_timeout: Duration::from_secs(ready_timeout),
-                    api_config: limits.config(fds::raise_nofile()),
+                    api_config: dramesh_api::ApiConfig {
+                        tls: security.tls,
+                        ..limits.config(fds::raise_nofile())
+                    },
+                    auth: security.auth,
+                    caps: security.caps,
                 })
                 .await?;
                 shutdown_signal().await;
@@ -637,15 +683,24 @@ fn main() -> ExitCode {
             cluster,
             api,
             token_file,
+            ca_file,
+            cert_file,
+            key_file,
             timeout,
         } => retire::run(
             &cluster,
             &api,
-            token_file.as_deref(),
+            &retire::Credentials {
+                token_file,
+                ca_file,
+                cert_file,
+                key_file,
+            },
             Duration::from_secs(timeout.max(1)),
         ),
         Command::Demo {
             serve,
+            tls,
             otlp_endpoint,
         } => daemon(
             telemetry(
@@ -654,7 +709,7 @@ fn main() -> ExitCode {
                 "warn",
                 otlp_endpoint,
             ),
-            demo::run(serve),
+            demo::run(serve, tls),
         ),
     };
     match result {

@@ -1,8 +1,10 @@
 //! `dramesh retire`: asks one replica's HTTP API to retire a member cluster
 //! (`DELETE /v1/clusters/{name}`) and prints what it answered.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use ureq::tls::{Certificate, ClientCert, PrivateKey, RootCerts, TlsConfig, TlsProvider};
 
 use crate::Failure;
 
@@ -13,25 +15,72 @@ fn failure(message: String) -> Failure {
     Failure { code: 1, message }
 }
 
+/// How the command authenticates to the replica.
+pub(crate) struct Credentials {
+    /// Bearer token file.
+    pub(crate) token_file: Option<PathBuf>,
+    /// CA of the replica's API certificate (https).
+    pub(crate) ca_file: Option<PathBuf>,
+    /// Client certificate (https), with its key.
+    pub(crate) cert_file: Option<PathBuf>,
+    /// Key of the client certificate.
+    pub(crate) key_file: Option<PathBuf>,
+}
+
 /// The base URL of `api`: `host:port` gets `http://`.
 fn base_url(api: &str) -> Result<String, Failure> {
     let api = api.trim_end_matches('/');
     if api.is_empty() {
         return Err(Failure::input("--api: empty address"));
     }
-    if api.starts_with("http://") {
+    if api.starts_with("http://") || api.starts_with("https://") {
         Ok(api.to_string())
-    } else if api.starts_with("https://") {
-        Err(Failure::input(format!(
-            "--api {api}: https is not supported by this command yet; use the replica's plain HTTP listener"
-        )))
     } else if api.contains("://") {
         Err(Failure::input(format!(
-            "--api {api}: only http:// URLs are supported"
+            "--api {api}: only http:// and https:// URLs are supported"
         )))
     } else {
         Ok(format!("http://{api}"))
     }
+}
+
+fn read_file(flag: &str, path: &Path) -> Result<Vec<u8>, Failure> {
+    std::fs::read(path).map_err(|e| Failure::input(format!("{flag} {}: {e}", path.display())))
+}
+
+/// The PEM certificates in `path`, at least one.
+fn certificates(flag: &str, path: &Path) -> Result<Vec<Certificate<'static>>, Failure> {
+    let pem = read_file(flag, path)?;
+    let certs: Vec<Certificate<'static>> = ureq::tls::parse_pem(&pem)
+        .filter_map(|item| match item {
+            Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+            _ => None,
+        })
+        .collect();
+    if certs.is_empty() {
+        return Err(Failure::input(format!(
+            "{flag} {}: no PEM certificate in it",
+            path.display()
+        )));
+    }
+    Ok(certs)
+}
+
+/// The TLS settings of `creds`: the CA as the only root (else the public web roots), and the
+/// client certificate when given.
+fn tls_config(creds: &Credentials) -> Result<TlsConfig, Failure> {
+    let mut b = TlsConfig::builder().provider(TlsProvider::Rustls);
+    if let Some(ca) = &creds.ca_file {
+        b = b.root_certs(RootCerts::new_with_certs(&certificates("--ca-file", ca)?));
+    }
+    if let (Some(cert), Some(key)) = (&creds.cert_file, &creds.key_file) {
+        let chain = certificates("--cert-file", cert)?;
+        let key_pem = read_file("--key-file", key)?;
+        let key = PrivateKey::from_pem(&key_pem)
+            .map_err(|e| Failure::input(format!("--key-file {}: {e}", key.display())))?;
+        b = b.client_cert(Some(ClientCert::new_with_certs(&chain, key)));
+    }
+    Ok(b.build())
 }
 
 /// Reads a bearer token: the file's first line, trimmed.
@@ -52,7 +101,7 @@ fn read_token(path: &Path) -> Result<String, Failure> {
 pub(crate) fn run(
     cluster: &str,
     api: &str,
-    token_file: Option<&Path>,
+    creds: &Credentials,
     timeout: Duration,
 ) -> Result<(), Failure> {
     if !dramesh_store::valid_segment(cluster) {
@@ -60,11 +109,19 @@ pub(crate) fn run(
             "cluster {cluster:?}: not a valid cluster name (1-253 chars of [a-z0-9.-], starting and ending alphanumeric)"
         )));
     }
-    let url = format!("{}/v1/clusters/{cluster}", base_url(api)?);
-    let token = token_file.map(read_token).transpose()?;
+    let base = base_url(api)?;
+    if base.starts_with("https://") && creds.ca_file.is_none() {
+        // This build trusts no public roots: the replicas' API CA is the operator's own.
+        return Err(Failure::input(format!(
+            "--api {base}: https needs --ca-file, the CA that signed the replica's API certificate"
+        )));
+    }
+    let url = format!("{base}/v1/clusters/{cluster}");
+    let token = creds.token_file.as_deref().map(read_token).transpose()?;
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(timeout))
         .http_status_as_error(false)
+        .tls_config(tls_config(creds)?)
         .build()
         .into();
     let mut req = agent.delete(&url).header("Accept", "application/json");

@@ -163,3 +163,57 @@ fn allocate_runs_a_conformance_case_file() {
     let v = json_exit_0(&out);
     assert_eq!(v["allocated"], true);
 }
+
+/// A replica without API TLS and without `--api-insecure` refuses to start, naming both ways
+/// out; a token file with a bad line names the file and line.
+#[test]
+fn replica_refuses_plaintext_apis_unless_asked_and_names_bad_token_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let certs = tmp.path().join("certs");
+    common::make_certs(&certs, &["r1"], &[]);
+    let c = |f: &str| certs.join(f).display().to_string();
+    let base = |extra: &[&str]| {
+        let mut a: Vec<String> = [
+            "replica",
+            "--id",
+            "r1",
+            "--listen-mesh",
+            "127.0.0.1:0",
+            "--api",
+            "127.0.0.1:0",
+            "--grpc",
+            "127.0.0.1:0",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        a.extend([
+            "--data-dir".into(),
+            tmp.path().join("data").display().to_string(),
+            "--mesh-cert".into(),
+            c("replica-r1.crt"),
+            "--mesh-key".into(),
+            c("replica-r1.key"),
+            "--mesh-ca".into(),
+            c("ca.crt"),
+        ]);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        let out = Command::new(BIN).args(&a).output().expect("run dramesh");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, err) = base(&[]);
+    assert!(!ok);
+    assert!(
+        err.contains("--api-cert") && err.contains("--api-insecure"),
+        "{err}"
+    );
+    let tokens = write(tmp.path(), "tokens.csv", "t1,alice,1\nt2\n");
+    let (ok, err) = base(&["--api-insecure", "--api-token-file", &tokens]);
+    assert!(!ok);
+    assert!(err.contains("tokens.csv, line 2"), "{err}");
+    let (ok, err) = base(&["--api-insecure", "--api-cert", &c("replica-r1.crt")]);
+    assert!(!ok, "{err}");
+}

@@ -22,7 +22,7 @@ fn ready(addr: SocketAddr) -> bool {
 fn a_restarted_replica_is_ready_only_once_it_holds_what_its_peer_holds() {
     let tmp = tempfile::tempdir().expect("tmp");
     let tmp = tmp.path();
-    let mut f = TwoReplicas::start(tmp, &["keep", "late"]);
+    let mut f = TwoReplicas::start(tmp, &["keep", "late"], common::OPEN_API);
     let (h1, h2) = (f.r1.http, f.r2.http);
     f.agent(tmp, "keep", &[f.r1.mesh, f.r2.mesh], &[]);
     for h in [h1, h2] {

@@ -18,7 +18,15 @@ use common::{BIN, TwoReplicas, http, status_names, wait_for};
 fn a_retired_cluster_leaves_every_replica_and_comes_back_only_by_rejoining() {
     let tmp = tempfile::tempdir().expect("tmp");
     let tmp = tmp.path();
-    let mut f = TwoReplicas::start(tmp, &["keep", "gone"]);
+    // Anyone may read and reserve; only the token file's `admin` may retire.
+    let tokens = tmp.join("tokens.csv");
+    std::fs::write(&tokens, "s3cret-admin,admin,1\n").expect("token file");
+    let admin_token = tmp.join("admin-token");
+    std::fs::write(&admin_token, "s3cret-admin\n").expect("token");
+    let tokens_arg = tokens.display().to_string();
+    let mut args = common::OPEN_API.to_vec();
+    args.extend(["--api-token-file", &tokens_arg, "--api-admins", "admin"]);
+    let mut f = TwoReplicas::start(tmp, &["keep", "gone"], &args);
     let (h1, h2) = (f.r1.http, f.r2.http);
     let meshes = [f.r1.mesh, f.r2.mesh];
     f.agent(tmp, "keep", &meshes, &[]);
@@ -32,12 +40,21 @@ fn a_retired_cluster_leaves_every_replica_and_comes_back_only_by_rejoining() {
     }
 
     // A name no replica knows is refused, naming it; nothing is retired.
-    let (code, body) = http(h1, "DELETE", "/v1/clusters/nope", None);
+    let (code, body) =
+        common::try_request_as(h1, Some("s3cret-admin"), "DELETE", "/v1/clusters/nope", "")
+            .expect("DELETE");
     assert_eq!(code, 404, "{body}");
     assert!(body.contains("nope"), "{body}");
 
+    // Retiring is an admin's call: anonymous callers are refused and nothing is retired.
+    let (code, body) = http(h1, "DELETE", "/v1/clusters/gone", None);
+    assert_eq!(code, 401, "{body}");
+    assert!(body.contains("needs the admin permission"), "{body}");
+    assert_eq!(status_names(h1, "retired"), Some(vec![]));
+
     let out = Command::new(BIN)
         .args(["retire", "gone", "--api", &h1.to_string()])
+        .args(["--token-file", &admin_token.display().to_string()])
         .output()
         .expect("run dramesh retire");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -47,6 +64,8 @@ fn a_retired_cluster_leaves_every_replica_and_comes_back_only_by_rejoining() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("retired cluster gone"), "{stdout}");
+    let (_, status) = common::http_json(h1, "GET", "/v1/status", None);
+    assert_eq!(status["retired"][0]["by"], "admin", "{status}");
 
     let only_keep = |h| {
         let listed = status_names(h, "clusters")?;
@@ -98,4 +117,95 @@ fn a_retired_cluster_leaves_every_replica_and_comes_back_only_by_rejoining() {
             || status_names(h, "clusters").filter(|c| c.len() == 2),
         );
     }
+}
+
+#[test]
+fn dramesh_retire_speaks_tls_with_a_client_certificate() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let tmp = tmp.path();
+    let certs = tmp.join("certs");
+    common::run_ok(&[
+        "certs",
+        "--out",
+        &certs.display().to_string(),
+        "--replica",
+        "r1",
+        "--api-server",
+        "127.0.0.1",
+        "--api-client",
+        "admin",
+    ]);
+    let file = |name: &str| certs.join(name).display().to_string();
+    let at = common::ReplicaListen::free();
+    let mut procs = common::Procs::default();
+    procs.0.push(common::spawn_replica_with(
+        tmp,
+        &certs,
+        "r1",
+        &at,
+        &[],
+        &[
+            "--api-cert",
+            &file("api-server.crt"),
+            "--api-key",
+            &file("api-server.key"),
+            "--api-client-ca",
+            &file("ca.crt"),
+            "--api-admins",
+            "admin",
+        ],
+    ));
+    let url = format!("https://{}", at.http);
+    let retire = |extra: &[&str]| {
+        let out = Command::new(BIN)
+            .args(["retire", "nope", "--api", &url, "--timeout", "5"])
+            .args(extra)
+            .output()
+            .expect("run dramesh retire");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let ca = file("ca.crt");
+    let (cert, key) = (file("api-client-admin.crt"), file("api-client-admin.key"));
+    // The admin's certificate gets through TLS and authorization to the replica's answer:
+    // no such cluster.
+    let (code, err) = wait_for("the TLS API answers", Duration::from_secs(60), || {
+        let (code, err) = retire(&["--ca-file", &ca, "--cert-file", &cert, "--key-file", &key]);
+        err.contains("HTTP").then_some((code, err))
+    });
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("HTTP 404") && err.contains("nope"), "{err}");
+    // Without a client certificate the caller is anonymous.
+    let (code, err) = retire(&["--ca-file", &ca]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("HTTP 401"), "{err}");
+    // https without the CA that signed the replica's certificate is a usage error.
+    let (code, err) = retire(&["--cert-file", &cert, "--key-file", &key]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("needs --ca-file"), "{err}");
+    // A CA that did not sign it fails the handshake, before any HTTP exchange.
+    let other = tmp.join("other");
+    common::run_ok(&[
+        "certs",
+        "--out",
+        &other.display().to_string(),
+        "--replica",
+        "x",
+    ]);
+    let other_ca = other.join("ca.crt").display().to_string();
+    let (code, err) = retire(&[
+        "--ca-file",
+        &other_ca,
+        "--cert-file",
+        &cert,
+        "--key-file",
+        &key,
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(!err.contains("HTTP 4"), "{err}");
+    // A key without its certificate is a usage error.
+    let (code, _) = retire(&["--key-file", &key]);
+    assert_eq!(code, Some(2));
 }

@@ -158,7 +158,14 @@ fn replica_healthz_answers_with_idle_connections_beyond_its_cap() {
         "r1",
         &at,
         &[],
-        &["--max-http-connections", "16", "--header-timeout", "60"],
+        &[
+            "--max-http-connections",
+            "16",
+            "--header-timeout",
+            "60",
+            "--api-writers",
+            "group:system:unauthenticated",
+        ],
     ));
     wait_for("replica /healthz", Duration::from_secs(30), || {
         healthy(at.http).then_some(())

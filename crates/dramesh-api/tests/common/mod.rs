@@ -43,7 +43,21 @@ impl Running {
 }
 
 pub(crate) fn demo_state() -> ApiState {
-    ApiState::new(Arc::new(dramesh_api::table::demo_table()))
+    open(ApiState::new(Arc::new(dramesh_api::table::demo_table())))
+}
+
+/// `state` letting every caller, anonymous included, read and write: for the tests of what
+/// the API answers; the tests of who may ask set their own policy.
+pub(crate) fn open(state: ApiState) -> ApiState {
+    use dramesh_api::auth::{AUTHENTICATED, Auth, Policy, Subject, UNAUTHENTICATED};
+    state.with_auth(Auth::new(Policy {
+        readers: Vec::new(),
+        writers: vec![
+            Subject::Group(UNAUTHENTICATED.into()),
+            Subject::Group(AUTHENTICATED.into()),
+        ],
+        admins: Vec::new(),
+    }))
 }
 
 pub(crate) async fn start_grpc(state: ApiState) -> Running {
@@ -196,7 +210,11 @@ impl Backend for ReservingBackend {
         }
     }
 
-    fn reserve(&self, req: &ReserveRequest) -> Result<ReservationStatus, ApiError> {
+    fn reserve(
+        &self,
+        _caller: &dramesh_api::auth::Caller,
+        req: &ReserveRequest,
+    ) -> Result<ReservationStatus, ApiError> {
         *self.last_reserve.lock().expect("lock") = Some(req.clone());
         if req.workload.manifests.is_empty() {
             return Err(ApiError::InvalidRequest(
@@ -238,7 +256,11 @@ impl Backend for ReservingBackend {
         Ok(status)
     }
 
-    fn release(&self, id: &str) -> Result<ReservationStatus, ApiError> {
+    fn release(
+        &self,
+        _caller: &dramesh_api::auth::Caller,
+        id: &str,
+    ) -> Result<ReservationStatus, ApiError> {
         let mut table = self.reservations.lock().expect("lock");
         let r = table
             .get_mut(id)

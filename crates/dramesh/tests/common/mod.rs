@@ -170,12 +170,26 @@ pub(crate) fn try_request(
     path: &str,
     body: &str,
 ) -> Result<(u16, String), String> {
+    try_request_as(addr, None, method, path, body)
+}
+
+/// [`try_request`] with `Authorization: Bearer <token>` when `token` is given.
+pub(crate) fn try_request_as(
+    addr: SocketAddr,
+    token: Option<&str>,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> Result<(u16, String), String> {
     let mut s = TcpStream::connect_timeout(&addr, HTTP_CONNECT_TIMEOUT)
         .map_err(|e| format!("connect {addr}: {e}"))?;
     s.set_read_timeout(Some(HTTP_READ_TIMEOUT))
         .map_err(|e| format!("read timeout on {addr}: {e}"))?;
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
     let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes())
@@ -403,8 +417,12 @@ impl ReplicaListen {
     }
 }
 
+/// Lets every caller, anonymous included, read and write: for the tests of what a replica
+/// answers (tests/api_auth.rs tests who may ask).
+pub(crate) const OPEN_API: &[&str] = &["--api-writers", "group:system:unauthenticated"];
+
 /// `dramesh replica --id id` with the certificates of `make_certs`, its data in `data/<id>`,
-/// joining the mesh through `seeds`.
+/// joining the mesh through `seeds`; plaintext APIs open to anyone ([`OPEN_API`]).
 pub(crate) fn spawn_replica(
     data: &Path,
     certs: &Path,
@@ -412,10 +430,10 @@ pub(crate) fn spawn_replica(
     at: &ReplicaListen,
     seeds: &[SocketAddr],
 ) -> Child {
-    spawn_replica_with(data, certs, id, at, seeds, &[])
+    spawn_replica_with(data, certs, id, at, seeds, OPEN_API)
 }
 
-/// [`spawn_replica`] with `extra` arguments.
+/// `dramesh replica` with `extra` arguments; `--api-insecure` unless they name `--api-cert`.
 pub(crate) fn spawn_replica_with(
     data: &Path,
     certs: &Path,
@@ -426,9 +444,11 @@ pub(crate) fn spawn_replica_with(
 ) -> Child {
     let stem = format!("replica-{id}");
     let mut cmd = Command::new(BIN);
-    cmd.args(["replica", "--id", id])
-        .args(extra)
-        .args(["--listen-mesh", &at.mesh.to_string()])
+    cmd.args(["replica", "--id", id]).args(extra);
+    if !extra.contains(&"--api-cert") {
+        cmd.arg("--api-insecure");
+    }
+    cmd.args(["--listen-mesh", &at.mesh.to_string()])
         .args(["--api", &at.http.to_string()])
         .args(["--grpc", &at.grpc.to_string()])
         .args(["--data-dir", &data.join(id).display().to_string()]);
@@ -529,10 +549,13 @@ pub(crate) struct TwoReplicas {
     pub(crate) r2: ReplicaListen,
     /// r1 then r2, then whatever the test adds.
     pub(crate) procs: Procs,
+    /// The replicas' extra arguments.
+    extra: Vec<String>,
 }
 
 impl TwoReplicas {
-    pub(crate) fn start(tmp: &Path, clusters: &[&str]) -> TwoReplicas {
+    /// The two replicas with `extra` arguments (for example `OPEN_API`).
+    pub(crate) fn start(tmp: &Path, clusters: &[&str], extra: &[&str]) -> TwoReplicas {
         let fleet = tmp.join("fleet");
         for (i, c) in clusters.iter().enumerate() {
             write_node_cluster(&fleet.join(c), &format!("n{i}"));
@@ -542,16 +565,24 @@ impl TwoReplicas {
         make_certs(&certs, &["r1", "r2"], &agents);
         let (r1, r2) = (ReplicaListen::free(), ReplicaListen::free());
         let mut procs = Procs::default();
-        procs.0.push(spawn_replica(tmp, &certs, "r1", &r1, &[]));
         procs
             .0
-            .push(spawn_replica(tmp, &certs, "r2", &r2, &[r1.mesh]));
+            .push(spawn_replica_with(tmp, &certs, "r1", &r1, &[], extra));
+        procs.0.push(spawn_replica_with(
+            tmp,
+            &certs,
+            "r2",
+            &r2,
+            &[r1.mesh],
+            extra,
+        ));
         TwoReplicas {
             certs,
             fleet,
             r1,
             r2,
             procs,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
         }
     }
 
@@ -584,6 +615,8 @@ impl TwoReplicas {
     /// Restarts r2 from its data directory, seeded with r1.
     pub(crate) fn restart_r2(&mut self, tmp: &Path) {
         self.kill(1);
-        self.procs.0[1] = spawn_replica(tmp, &self.certs, "r2", &self.r2, &[self.r1.mesh]);
+        let args: Vec<&str> = self.extra.iter().map(String::as_str).collect();
+        self.procs.0[1] =
+            spawn_replica_with(tmp, &self.certs, "r2", &self.r2, &[self.r1.mesh], &args);
     }
 }

@@ -1,5 +1,6 @@
-//! An in-process fake Kubernetes API server speaking the list/watch protocol over plain
-//! HTTP/1.1, for driving the real kube client in tests.
+//! Tests only (a dev-dependency, never published): an in-process fake Kubernetes API server
+//! speaking the list/watch protocol over plain HTTP/1.1, for driving the real kube client in
+//! tests (the agent's watchers and Leases, the replica's TokenReview).
 //!
 //! Implemented faithfully enough for kube-runtime's watcher and our Lease code:
 //! - collection GET with `limit`/`continue` chunking (the continue token pins the first page's
@@ -15,13 +16,14 @@
 //!   close after half an event line), [`FakeApi::compact`] forgets the event log;
 //! - single-object GET/POST/PUT (Leases) with `resourceVersion` optimistic concurrency: 409
 //!   Conflict on a stale version, 409 AlreadyExists on a duplicate create;
+//! - `POST /apis/authentication.k8s.io/v1/tokenreviews`: `authenticated: true` with the user
+//!   and groups of a token registered by [`FakeApi::add_token`], else `authenticated: false`
+//!   with an error; [`FakeApi::token_reviews`] counts the reviews;
 //! - `/version`.
 //!
 //! Not implemented: label selectors (400), DELETE/PATCH over HTTP (tests mutate state
 //! directly), consistent snapshots across list pages (later pages read current state; the
 //! watch from the pinned version replays whatever changed, as a real watch would).
-
-#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -43,7 +45,6 @@ struct Res {
     plural: &'static str,
     group_version: &'static str,
     kind: &'static str,
-    namespaced: bool,
 }
 
 const RESOURCES: &[Res] = &[
@@ -51,43 +52,36 @@ const RESOURCES: &[Res] = &[
         plural: "nodes",
         group_version: "v1",
         kind: "Node",
-        namespaced: false,
     },
     Res {
         plural: "pods",
         group_version: "v1",
         kind: "Pod",
-        namespaced: true,
     },
     Res {
         plural: "resourceslices",
         group_version: "resource.k8s.io/v1",
         kind: "ResourceSlice",
-        namespaced: false,
     },
     Res {
         plural: "deviceclasses",
         group_version: "resource.k8s.io/v1",
         kind: "DeviceClass",
-        namespaced: false,
     },
     Res {
         plural: "resourceclaims",
         group_version: "resource.k8s.io/v1",
         kind: "ResourceClaim",
-        namespaced: true,
     },
     Res {
         plural: "devicetaintrules",
         group_version: "resource.k8s.io/v1beta2",
         kind: "DeviceTaintRule",
-        namespaced: false,
     },
     Res {
         plural: "leases",
         group_version: "coordination.k8s.io/v1",
         kind: "Lease",
-        namespaced: true,
     },
 ];
 
@@ -119,15 +113,20 @@ struct St {
     drop_gen: u64,
     requests: Vec<String>,
     lease_writes: u64,
+    /// Token -> (user, groups) for TokenReview.
+    tokens: BTreeMap<String, (String, Vec<String>)>,
+    token_reviews: u64,
 }
 
 /// The fake API server. Cloning shares the state.
 #[derive(Clone)]
-pub(crate) struct FakeApi {
+pub struct FakeApi {
     st: Arc<Mutex<St>>,
     changed: Arc<watch::Sender<u64>>,
-    pub(crate) url: String,
-    pub(crate) bookmark_every: Duration,
+    /// `http://127.0.0.1:<port>`.
+    pub url: String,
+    /// Interval of BOOKMARK events on watches that ask for them.
+    pub bookmark_every: Duration,
 }
 
 fn key_of(v: &Value) -> ObjKey {
@@ -248,7 +247,7 @@ fn selects(sel: &Selector, ns: Option<&str>, v: &Value) -> bool {
 
 impl FakeApi {
     /// Starts the server on 127.0.0.1 with an ephemeral port.
-    pub(crate) async fn start() -> FakeApi {
+    pub async fn start() -> FakeApi {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let api = FakeApi {
@@ -282,7 +281,7 @@ impl FakeApi {
     }
 
     /// A kube client for this server.
-    pub(crate) fn client(&self) -> kube::Client {
+    pub fn client(&self) -> kube::Client {
         let cfg = kube::Config::new(self.url.parse().unwrap());
         kube::Client::try_from(cfg).unwrap()
     }
@@ -333,7 +332,7 @@ impl FakeApi {
     }
 
     /// Creates or replaces an object (as a controller would).
-    pub(crate) fn apply(&self, obj: Value) -> u64 {
+    pub fn apply(&self, obj: Value) -> u64 {
         let kind = obj["kind"].as_str().unwrap_or_default().to_string();
         let res = res_by_kind(&kind);
         let rv = {
@@ -345,7 +344,7 @@ impl FakeApi {
     }
 
     /// Deletes an object; returns whether it existed.
-    pub(crate) fn delete(&self, kind: &str, ns: Option<&str>, name: &str) -> bool {
+    pub fn delete(&self, kind: &str, ns: Option<&str>, name: &str) -> bool {
         let res = res_by_kind(kind);
         let key = (ns.unwrap_or("").to_string(), name.to_string());
         let rv = {
@@ -363,7 +362,8 @@ impl FakeApi {
         true
     }
 
-    pub(crate) fn get(&self, kind: &str, ns: Option<&str>, name: &str) -> Option<Value> {
+    /// The stored object, if any.
+    pub fn get(&self, kind: &str, ns: Option<&str>, name: &str) -> Option<Value> {
         let res = res_by_kind(kind);
         self.lock()
             .objects
@@ -374,18 +374,19 @@ impl FakeApi {
 
     /// Cuts every open watch connection mid-event, then runs `f` before any watch can resume
     /// (the watchers see `f`'s changes only through replay on reconnect).
-    pub(crate) fn drop_watches_and<R>(&self, f: impl FnOnce(&FakeApi) -> R) -> R {
+    pub fn drop_watches_and<R>(&self, f: impl FnOnce(&FakeApi) -> R) -> R {
         self.lock().drop_gen += 1;
         self.notify(0);
         f(self)
     }
 
-    pub(crate) fn drop_watches(&self) {
+    /// Cuts every open watch connection mid-event.
+    pub fn drop_watches(&self) {
         self.drop_watches_and(|_| ());
     }
 
     /// Forgets the event log up to now: watches resuming from older versions get 410.
-    pub(crate) fn compact(&self) {
+    pub fn compact(&self) {
         let mut st = self.lock();
         st.compacted = st.rv;
         let c = st.compacted;
@@ -393,12 +394,58 @@ impl FakeApi {
     }
 
     /// Requests seen so far, as `METHOD path?query`.
-    pub(crate) fn requests(&self) -> Vec<String> {
+    pub fn requests(&self) -> Vec<String> {
         self.lock().requests.clone()
     }
 
-    pub(crate) fn lease_writes(&self) -> u64 {
+    /// Lease creations and updates accepted so far.
+    pub fn lease_writes(&self) -> u64 {
         self.lock().lease_writes
+    }
+
+    /// Makes TokenReview accept `token` as `user` in `groups`.
+    pub fn add_token(&self, token: &str, user: &str, groups: &[&str]) {
+        self.lock().tokens.insert(
+            token.to_owned(),
+            (
+                user.to_owned(),
+                groups.iter().map(|g| g.to_string()).collect(),
+            ),
+        );
+    }
+
+    /// TokenReviews answered so far.
+    pub fn token_reviews(&self) -> u64 {
+        self.lock().token_reviews
+    }
+
+    /// Answers a TokenReview as the API server's token authenticators would.
+    fn review(&self, body: &[u8]) -> Response<Body> {
+        let Ok(review) = serde_json::from_slice::<Value>(body) else {
+            return err(400, "BadRequest", "the request body is not JSON");
+        };
+        let Some(token) = review["spec"]["token"].as_str() else {
+            return err(422, "Invalid", "spec.token: Required value");
+        };
+        let mut st = self.lock();
+        st.token_reviews += 1;
+        let status = match st.tokens.get(token) {
+            Some((user, groups)) => json!({
+                "authenticated": true,
+                "user": {"username": user, "uid": format!("uid-{user}"), "groups": groups},
+            }),
+            None => json!({"authenticated": false, "error": "invalid bearer token"}),
+        };
+        full(
+            StatusCode::CREATED,
+            &json!({
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenReview",
+                "metadata": {"creationTimestamp": null},
+                "spec": review["spec"].clone(),
+                "status": status,
+            }),
+        )
     }
 
     async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
@@ -419,6 +466,15 @@ impl FakeApi {
                     "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.25",
                     "compiler": "gc", "platform": "linux/amd64"}),
             );
+        }
+        if method == Method::POST && path == "/apis/authentication.k8s.io/v1/tokenreviews" {
+            let body = req
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            return self.review(&body);
         }
         let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
         let (gv, rest): (String, &[&str]) = match segs.as_slice() {
@@ -826,6 +882,6 @@ fn tokio_stream_from(
 }
 
 /// The kind's plural served by the fake (for request-log assertions).
-pub(crate) fn plural(kind: &str) -> &'static str {
+pub fn plural(kind: &str) -> &'static str {
     res_by_kind(kind).plural
 }

@@ -14,7 +14,9 @@ use std::collections::BTreeMap;
 use automerge::sync::{self, SyncDoc};
 use automerge::transaction::Transactable;
 use automerge::{Automerge, ROOT, ReadDoc};
-use dramesh_store::{Attestation, Digest, DocEntry, DocId, SyncState, heads_hash, writer_actor};
+use dramesh_store::{
+    Attestation, Digest, DocEntry, DocId, SignedMessage, SyncState, heads_hash, writer_actor,
+};
 
 use crate::identity::PeerIdentity;
 use crate::store::{DocStore, RejectReason};
@@ -152,7 +154,7 @@ impl DocStore for MemStore {
         &mut self,
         doc: &DocId,
         state: &mut SyncState,
-    ) -> Option<(Vec<u8>, Option<Attestation>)> {
+    ) -> Option<SignedMessage> {
         let held = self.docs.get(doc)?;
         held.doc
             .generate_sync_message(state.automerge_mut())

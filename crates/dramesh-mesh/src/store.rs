@@ -6,7 +6,7 @@
 //! Stores implement [`DocStore`]; the protocol holds `&mut` access only for the duration of one
 //! call, so a store can be shared with the application behind a mutex.
 
-use dramesh_store::{Attestation, Digest, DocEntry, DocId, SyncState, Trust};
+use dramesh_store::{Attestation, Digest, DocEntry, DocId, SignedMessage, SyncState, Trust};
 
 use crate::identity::PeerIdentity;
 
@@ -73,7 +73,7 @@ pub trait DocStore {
         &mut self,
         doc: &DocId,
         state: &mut SyncState,
-    ) -> Option<(Vec<u8>, Option<Attestation>)>;
+    ) -> Option<SignedMessage>;
     /// Applies a sync message received from `from`, whose changes `signed` must cover (see
     /// [`dramesh_store::Store::receive_signed_sync_message`]).
     fn receive_sync_message(

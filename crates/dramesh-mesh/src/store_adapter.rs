@@ -17,8 +17,8 @@
 //!   [`Store::snapshot`] instead of silently missing updates.
 
 use dramesh_store::{
-    Attestation, Digest, DocEntry, DocId, ObjectChange, Store, StoreError, SyncState, Trust,
-    WriteOutcome,
+    Attestation, Digest, DocEntry, DocId, ObjectChange, SignedMessage, Store, StoreError,
+    SyncState, Trust, WriteOutcome,
 };
 
 use crate::identity::PeerIdentity;
@@ -163,7 +163,7 @@ impl DocStore for MeshStore {
         &mut self,
         doc: &DocId,
         state: &mut SyncState,
-    ) -> Option<(Vec<u8>, Option<Attestation>)> {
+    ) -> Option<SignedMessage> {
         let generation = self.store.entry(doc)?.generation;
         let out = match self
             .store

@@ -156,6 +156,10 @@ pub fn statement(doc: &DocId, generation: u64, heads: &[[u8; 32]]) -> Vec<u8> {
     out
 }
 
+/// An encoded sync message and the signature over the heads it leads to (when it carries
+/// changes and one is held).
+pub type SignedMessage = (Vec<u8>, Option<Attestation>);
+
 /// Signs statements with the key of this node's mesh identity.
 pub trait HeadsSigner: Send + Sync {
     /// The signer credential to ship with signatures (the certificate chain).

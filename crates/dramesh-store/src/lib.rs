@@ -25,7 +25,7 @@ mod store;
 mod sync_state;
 mod view;
 
-pub use attest::{Attestation, HeadsSigner, HeadsVerifier, Trust};
+pub use attest::{Attestation, HeadsSigner, HeadsVerifier, SignedMessage, Trust};
 pub use digest::{DIGEST_BUCKETS, Digest, DocEntry};
 pub use docid::{
     CLUSTER_PUBLISHER, DocId, HeadsHash, RESERVATION_SCOPE, RETIRED_SCOPE, heads_hash, hex,

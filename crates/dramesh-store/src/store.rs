@@ -16,7 +16,7 @@
 //! - Every call that changes documents returns exactly the object keys whose visible value
 //!   changed, decoded only for those keys.
 
-use crate::attest::{self, Attestation, Carried, Trust};
+use crate::attest::{self, Attestation, Carried, SignedMessage, Trust};
 use crate::auth::check_authors;
 use crate::digest::{Digest, DocEntry, fingerprint};
 use crate::docid::{DocId, heads_hash, writer_actor};
@@ -1332,7 +1332,7 @@ impl Store {
         doc: &DocId,
         generation: u64,
         state: &mut SyncState,
-    ) -> Result<Option<(Vec<u8>, Option<Attestation>)>, StoreError> {
+    ) -> Result<Option<SignedMessage>, StoreError> {
         let signer = self.trust.as_ref().and_then(|t| t.signer.clone());
         if let Some(e) = self.docs.get_mut(doc) {
             if generation < e.generation {
@@ -1640,11 +1640,11 @@ impl Store {
         if let Some(a) = signed {
             e.signed_ahead = Some(a);
         }
-        if let Some(a) = e.signed_ahead.take_if(|a| a.signs_heads(&after)) {
-            if e.signed.as_ref() != Some(&a) {
-                e.signed = Some(a);
-                e.signed_unsaved = true;
-            }
+        if let Some(a) = e.signed_ahead.take_if(|a| a.signs_heads(&after))
+            && e.signed.as_ref() != Some(&a)
+        {
+            e.signed = Some(a);
+            e.signed_unsaved = true;
         }
         if after == before {
             return Ok(std::mem::take(&mut self.undelivered));

@@ -320,10 +320,11 @@ async fn a_computation_past_its_deadline_is_told_to_stop() {
         stopped: tx,
     };
     let timeout = std::time::Duration::from_millis(300);
-    let state = dramesh_api::ApiState::new(std::sync::Arc::new(backend)).with_config(ApiConfig {
-        request_timeout: timeout,
-        ..ApiConfig::default()
-    });
+    let state =
+        open(dramesh_api::ApiState::new(std::sync::Arc::new(backend))).with_config(ApiConfig {
+            request_timeout: timeout,
+            ..ApiConfig::default()
+        });
     let srv = start_http(state).await;
     let start = std::time::Instant::now();
     let (code, body) = call(

@@ -97,7 +97,7 @@ fn reservations_need_a_writer_its_creator_to_release_and_stay_under_caps() {
     std::fs::create_dir_all(&cluster_dir).expect("mkdir");
     std::fs::write(cluster_dir.join("nodes.yaml"), NODE).expect("node");
     let certs = tmp.path().join("certs");
-    make_certs(&certs, &["r1", "r2"], &["east/folder".to_string()]);
+    make_certs(&certs, &["r1", "r2"], &["east/_cluster".to_string()]);
     let tokens = tmp.path().join("tokens.csv");
     std::fs::write(
         &tokens,

@@ -204,6 +204,7 @@ impl DocStore for MeshStore {
             state,
             msg,
             signed,
+            from.owns(doc),
             &may_deliver,
         ) {
             Ok(changes) => {

@@ -203,8 +203,10 @@ impl DocStore for MeshStore {
             generation,
             state,
             msg,
-            signed,
-            from.owns(doc),
+            dramesh_store::Proof {
+                signed,
+                from_writer: from.owns(doc),
+            },
             &may_deliver,
         ) {
             Ok(changes) => {

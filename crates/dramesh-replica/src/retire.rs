@@ -97,7 +97,7 @@ impl ReplicaState {
             )));
         }
         let known = self.with_view(|v| v.cluster(name).is_some())
-            || self.with_store(|s| s.store().entries().iter().any(|e| e.doc.cluster == name));
+            || self.with_store(|s| s.store().holds_cluster(name));
         if !known {
             return Err(ApiError::NotFound(format!(
                 "retire: cluster {name} is not in this replica's view"
@@ -169,8 +169,7 @@ impl ReplicaState {
                     Vec::new()
                 }
             };
-            let remaining =
-                self.with_store(|s| s.store().entries().iter().any(|e| e.doc.cluster == cluster));
+            let remaining = self.with_store(|s| s.store().holds_cluster(&cluster));
             self.apply_view_changes(&dropped.iter().collect::<Vec<_>>());
             if !remaining {
                 self.forget_cluster(&cluster);

@@ -35,7 +35,7 @@ pub use error::StoreError;
 pub use object::{ObjectChange, ObjectKey, ObjectKind};
 pub use persist::Durability;
 pub use store::{
-    CorruptDoc, DocStats, MAX_FUTURE_GENERATION_MS, OpenReport, RolloverPolicy, Store, StoreConfig,
-    TruncatedTail, WriteOutcome,
+    CorruptDoc, DocStats, MAX_FUTURE_GENERATION_MS, OpenReport, Proof, RolloverPolicy, Store,
+    StoreConfig, TruncatedTail, WriteOutcome,
 };
 pub use sync_state::SyncState;

@@ -236,6 +236,16 @@ enum Old {
     Absent,
 }
 
+/// What vouches for the changes of a received sync message
+/// ([`Store::receive_signed_sync_message`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Proof<'a> {
+    /// The sender's attestation of the writer's heads.
+    pub signed: Option<&'a Attestation>,
+    /// The message comes over the writer's own authenticated session.
+    pub from_writer: bool,
+}
+
 /// The document store. Not thread-safe by itself: wrap it in a mutex, and run it off the async
 /// reactor (`spawn_blocking`) because loads and large sync messages take milliseconds to seconds.
 pub struct Store {
@@ -1444,20 +1454,27 @@ impl Store {
         message: &[u8],
         may_deliver: &dyn Fn(&DocId) -> bool,
     ) -> Result<Vec<(String, ObjectChange)>, StoreError> {
-        self.receive_signed_sync_message(doc, generation, state, message, None, false, may_deliver)
+        self.receive_signed_sync_message(
+            doc,
+            generation,
+            state,
+            message,
+            Proof::default(),
+            may_deliver,
+        )
     }
 
     /// [`Store::receive_sync_message`] with the sender's attestation of the changes carried.
     ///
     /// With [`Trust`] installed ([`Store::set_trust`]), a message carrying changes for a
-    /// document this store does not write is applied only if `signed` verifies (a credential
+    /// document this store does not write is applied only if `proof.signed` verifies (a credential
     /// the verifier trusts, allowed to write `doc`, signing `doc`, `generation` and the heads)
     /// and every carried change is one of those heads or their ancestor through the message;
     /// otherwise it is refused with [`StoreError::BadSignature`] and nothing changes. A
     /// signature equal to the one already held is not verified again. The newest verified
     /// signature whose heads the document reached is kept (and persisted) for relaying.
     ///
-    /// `from_writer` says the message comes over the writer's own authenticated session. Its
+    /// `proof.from_writer` says the message comes over the writer's own authenticated session. Its
     /// signature must still verify, but carried changes need not be reachable from the signed
     /// heads through the message: automerge's sync leaves out changes the receiver's Bloom
     /// filter claims (about 1 % false positives), and only the writer resends them when asked,
@@ -1470,10 +1487,13 @@ impl Store {
         generation: u64,
         state: &mut SyncState,
         message: &[u8],
-        signed: Option<&Attestation>,
-        from_writer: bool,
+        proof: Proof<'_>,
         may_deliver: &dyn Fn(&DocId) -> bool,
     ) -> Result<Vec<(String, ObjectChange)>, StoreError> {
+        let Proof {
+            signed,
+            from_writer,
+        } = proof;
         if message.len() > self.config.max_message_bytes {
             return Err(StoreError::MessageTooLarge {
                 doc: doc.clone(),
@@ -1887,6 +1907,14 @@ impl Store {
             out.extend(self.reconcile(&doc, keys, Old::Doc(Box::new(old.doc))));
         }
         Ok(out)
+    }
+
+    /// Whether any document of member cluster `cluster` is held (a range lookup, not a scan).
+    pub fn holds_cluster(&self, cluster: &str) -> bool {
+        self.docs
+            .range(DocId::new(cluster, "")..)
+            .next()
+            .is_some_and(|(d, _)| d.cluster == cluster)
     }
 
     /// Retired clusters and the time each was retired at ([`Store::retire_cluster`]).

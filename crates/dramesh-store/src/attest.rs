@@ -204,6 +204,8 @@ impl std::fmt::Debug for Trust {
 pub(crate) struct Carried {
     pub hash: ChangeHash,
     pub deps: Vec<ChangeHash>,
+    /// The chunk as it arrived, when it arrived compressed (kept for sending it on).
+    pub packed: Option<Arc<[u8]>>,
 }
 
 /// Whether every carried change is `heads` or an ancestor of them through carried changes.
@@ -239,6 +241,7 @@ mod tests {
             .map(|i| Carried {
                 hash: h(i),
                 deps: if i == 1 { vec![] } else { vec![h(i - 1)] },
+                packed: None,
             })
             .collect()
     }
@@ -255,6 +258,7 @@ mod tests {
         forged.push(Carried {
             hash: h(7),
             deps: vec![h(2)],
+            packed: None,
         });
         assert_eq!(covered(&forged, &[[3; 32]]), Err(h(7)));
     }

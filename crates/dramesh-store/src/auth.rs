@@ -11,6 +11,7 @@ use crate::docid::{DocId, hex, writer_actor};
 use crate::error::StoreError;
 use automerge::sync::Message;
 use automerge::{ActorId, Automerge, Change, LoadOptions, OnPartialLoad, VerificationMode};
+use std::sync::Arc;
 
 const MAGIC: [u8; 4] = [0x85, 0x6f, 0x4a, 0x83];
 const CHUNK_DOCUMENT: u8 = 0;
@@ -82,6 +83,7 @@ pub(crate) fn check_authors(
                     checked.push(Carried {
                         hash: change.hash(),
                         deps: change.deps().to_vec(),
+                        packed: (kind == CHUNK_COMPRESSED).then(|| Arc::from(chunk)),
                     });
                 }
                 CHUNK_DOCUMENT => {
@@ -100,6 +102,7 @@ pub(crate) fn check_authors(
                         checked.push(Carried {
                             hash: change.hash(),
                             deps: change.deps().to_vec(),
+                            packed: None,
                         });
                     }
                 }

@@ -20,6 +20,7 @@ mod docid;
 mod error;
 pub mod keys;
 pub mod object;
+mod packed;
 mod persist;
 mod store;
 mod sync_state;

@@ -54,7 +54,8 @@ pub use placement::{
     tie_ascending, webster,
 };
 pub use policy::{
-    AffinityTerm, ClusterAffinity, LabelRequirement, Policy, PolicyError, SpreadConstraint, Strategy,
+    AffinityTerm, ClusterAffinity, LabelRequirement, Policy, PolicyError, SpreadConstraint,
+    Strategy,
 };
 pub use preempt::{ClusterPreemption, PreemptionResult, Victim, preempt};
 pub use quota::{ClusterQuota, DeviceClassMapping, MappingSource, QuotaError, QuotaSet};

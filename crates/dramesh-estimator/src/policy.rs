@@ -255,13 +255,10 @@ impl Policy {
             None => None,
         };
         let mut affinities = Vec::new();
-        if let Some(terms) = placement
-            .get("clusterAffinities")
-            .filter(|x| !x.is_null())
-        {
-            let terms = terms.as_array().ok_or_else(|| {
-                err("spec.placement.clusterAffinities", "not a list".into())
-            })?;
+        if let Some(terms) = placement.get("clusterAffinities").filter(|x| !x.is_null()) {
+            let terms = terms
+                .as_array()
+                .ok_or_else(|| err("spec.placement.clusterAffinities", "not a list".into()))?;
             if affinity.is_some() && !terms.is_empty() {
                 return Err(err(
                     "spec.placement.clusterAffinities",
@@ -275,7 +272,10 @@ impl Policy {
                     .and_then(Value::as_str)
                     .filter(|n| !n.is_empty())
                     .ok_or_else(|| err(&format!("{f}.affinityName"), "required".into()))?;
-                if affinities.iter().any(|a: &AffinityTerm| a.name == term_name) {
+                if affinities
+                    .iter()
+                    .any(|a: &AffinityTerm| a.name == term_name)
+                {
                     return Err(err(
                         &format!("{f}.affinityName"),
                         format!("duplicate affinityName {term_name:?}"),
@@ -287,10 +287,7 @@ impl Policy {
                 });
             }
         }
-        let tolerations = match placement
-            .get("clusterTolerations")
-            .filter(|x| !x.is_null())
-        {
+        let tolerations = match placement.get("clusterTolerations").filter(|x| !x.is_null()) {
             Some(t) => serde_json::from_value(t.clone())
                 .map_err(|e| err("spec.placement.clusterTolerations", e.to_string()))?,
             None => Vec::new(),

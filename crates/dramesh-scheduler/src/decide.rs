@@ -208,19 +208,32 @@ fn schedule_once(
     let mut feasible: Vec<&Cluster> = Vec::new();
     for c in fleet.clusters.values() {
         if c.deleting {
-            attempt.excluded.insert(c.name.clone(), "being deleted".into());
+            attempt
+                .excluded
+                .insert(c.name.clone(), "being deleted".into());
             continue;
         }
         let used = b.clusters.iter().any(|t| t.name == c.name);
         let untolerated = c.effective_taints().into_iter().find(|t| {
             (t.effect == "NoExecute" || (!used && t.effect == "NoSchedule"))
-                && !b.policy.tolerations.iter().any(|tol| taint::tolerates(tol, t))
+                && !b
+                    .policy
+                    .tolerations
+                    .iter()
+                    .any(|tol| taint::tolerates(tol, t))
         });
         let reason = if let Some(t) = untolerated {
-            Some(format!("cluster(s) had untolerated taint {{{}}}", taint_string(&t)))
+            Some(format!(
+                "cluster(s) had untolerated taint {{{}}}",
+                taint_string(&t)
+            ))
         } else if !affinity.is_none_or(|a| a.matches(&c.name, &ClusterInfo::from(c))) {
             Some("cluster(s) did not match the placement cluster affinity constraint".into())
-        } else if b.graceful_eviction_tasks.iter().any(|t| t.from_cluster == c.name) {
+        } else if b
+            .graceful_eviction_tasks
+            .iter()
+            .any(|t| t.from_cluster == c.name)
+        {
             Some("cluster(s) is in the process of eviction".into())
         } else if fleet.view.cluster(&c.name).is_some() && opts.stale.contains(&c.name) {
             attempt.stale.push(c.name.clone());
@@ -264,7 +277,14 @@ fn schedule_once(
                 attempt.excluded.insert(ce.name.clone(), err.clone());
             }
             if let Some(c) = in_view.iter().find(|c| c.name == ce.name) {
-                est.insert(&c.name, if ce.error.is_some() { 0 } else { ce.max_replicas });
+                est.insert(
+                    &c.name,
+                    if ce.error.is_some() {
+                        0
+                    } else {
+                        ce.max_replicas
+                    },
+                );
             }
         }
     }
@@ -301,7 +321,11 @@ fn schedule_once(
             // replicas.
             let a = match demand {
                 Demand::Nothing => replicas,
-                _ => est.get(c.name.as_str()).copied().unwrap_or(0).min(i64::from(i32::MAX)),
+                _ => est
+                    .get(c.name.as_str())
+                    .copied()
+                    .unwrap_or(0)
+                    .min(i64::from(i32::MAX)),
             };
             Candidate {
                 name: c.name.clone(),
@@ -346,8 +370,10 @@ fn schedule_once(
                 (Demand::Components(_), _) => Some(1),
                 _ => Some(replicas),
             };
-            let pairs: Vec<(String, i64)> =
-                ranked.iter().map(|c| (c.name.clone(), c.available)).collect();
+            let pairs: Vec<(String, i64)> = ranked
+                .iter()
+                .map(|c| (c.name.clone(), c.available))
+                .collect();
             let chosen = select_by_cluster(&pairs, by_cluster[0], need)
                 .map_err(|e| Failure::Error(format!("failed to select clusters: {e}")))?;
             ranked
@@ -423,10 +449,7 @@ fn stale_note(stale: &[String]) -> String {
     if stale.is_empty() {
         String::new()
     } else {
-        format!(
-            " Not considered, dramesh data stale: {}.",
-            stale.join(", ")
-        )
+        format!(" Not considered, dramesh data stale: {}.", stale.join(", "))
     }
 }
 

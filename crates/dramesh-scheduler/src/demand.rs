@@ -49,8 +49,14 @@ fn claim_templates(
 ) -> Result<HashMap<(String, String), Arc<ResourceClaimTemplate>>, InputError> {
     let mut out = HashMap::new();
     for v in values {
-        let ns = v.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("");
-        let name = v.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
+        let ns = v
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let name = v
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or("");
         let object = format!("ResourceClaimTemplate {ns}/{name}");
         let api = v.get("apiVersion").and_then(Value::as_str).unwrap_or("");
         if api != "resource.k8s.io/v1" {
@@ -108,7 +114,11 @@ fn may_preempt(b: &Binding, spec: &PodSpec, classes: &BTreeMap<String, PriorityC
     if spec.preemption_policy.as_deref() == Some("Never") {
         return false;
     }
-    match spec.priority_class_name.as_deref().filter(|n| !n.is_empty()) {
+    match spec
+        .priority_class_name
+        .as_deref()
+        .filter(|n| !n.is_empty())
+    {
         Some(name) => classes
             .get(name)
             .is_some_and(|pc| pc.preemption_policy.as_deref() != Some("Never")),
@@ -257,22 +267,31 @@ mod tests {
     #[test]
     fn a_deployment_with_a_claim_template_needs_devices() {
         let b = binding();
-        let t = deployment(json!({"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]}));
+        let t = deployment(
+            json!({"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]}),
+        );
         let d = demand(&b, Some(&t), &[gpu_template()], &BTreeMap::new()).expect("demand");
-        let Demand::Replicas(w) = &d else { panic!("{d:?}") };
+        let Demand::Replicas(w) = &d else {
+            panic!("{d:?}")
+        };
         assert!(d.needs_devices());
         assert_eq!(w.replicas, 4, "replicas come from the binding");
         assert_eq!(w.templates.len(), 1);
         assert_eq!(w.uid.as_deref(), Some("d-uid"));
         assert_eq!(w.priority, 1000);
-        assert!(!w.preempt_lower_priority, "no class, no preemptionPolicy: never");
+        assert!(
+            !w.preempt_lower_priority,
+            "no class, no preemptionPolicy: never"
+        );
         assert_eq!(w.requests.get(&dramesh_estimator::ResName::Cpu), 500);
     }
 
     #[test]
     fn a_missing_claim_template_is_named() {
         let b = binding();
-        let t = deployment(json!({"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "two-gpus"}]}));
+        let t = deployment(
+            json!({"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "two-gpus"}]}),
+        );
         let e = demand(&b, Some(&t), &[gpu_template()], &BTreeMap::new()).expect_err("missing");
         assert_eq!(e.object, "Deployment default/web");
         assert!(e.message.contains("two-gpus"), "{e}");
@@ -287,10 +306,15 @@ mod tests {
     fn bad_template_fields_are_named() {
         let b = binding();
         let mut t = deployment(json!({}));
-        t["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] = json!(["x"]);
+        t["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] =
+            json!(["x"]);
         let e = demand(&b, Some(&t), &[], &BTreeMap::new()).expect_err("cpu");
         assert_eq!(e.object, "Deployment default/web");
-        assert!(e.field.starts_with("spec.template.spec.containers[0].resources"), "{e}");
+        assert!(
+            e.field
+                .starts_with("spec.template.spec.containers[0].resources"),
+            "{e}"
+        );
         let e = demand(&b, None, &[], &BTreeMap::new()).expect_err("no template");
         assert_eq!(e.field, "spec.resource");
     }
@@ -309,17 +333,21 @@ mod tests {
         };
         let t = deployment(json!({"priorityClassName": "high"}));
         let b = binding();
-        let preempts = |b: &Binding, classes| match demand(b, Some(&t), &[], &classes).expect("demand") {
-            Demand::Replicas(w) => w.preempt_lower_priority,
-            d => panic!("{d:?}"),
-        };
+        let preempts =
+            |b: &Binding, classes| match demand(b, Some(&t), &[], &classes).expect("demand") {
+                Demand::Replicas(w) => w.preempt_lower_priority,
+                d => panic!("{d:?}"),
+            };
         assert!(preempts(&b, class(None)));
         assert!(!preempts(&b, class(Some("Never"))));
         assert!(!preempts(&b, BTreeMap::new()), "unknown class");
         let mut v = server_binding();
         v["spec"]["schedulePriority"]["preemptionPolicy"] = json!("Never");
         let never = Binding::from_value(BindingKind::ResourceBinding, &v).expect("binding");
-        assert!(!preempts(&never, class(None)), "the binding's own field wins");
+        assert!(
+            !preempts(&never, class(None)),
+            "the binding's own field wins"
+        );
     }
 
     #[test]
@@ -340,9 +368,13 @@ mod tests {
         let mut v = server_binding();
         v["spec"]["replicas"] = json!(0);
         v["spec"]["replicaRequirements"] = json!(null);
-        v["spec"]["resource"] = json!({"apiVersion": "v1", "kind": "ConfigMap", "namespace": "default", "name": "cfg"});
+        v["spec"]["resource"] =
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "namespace": "default", "name": "cfg"});
         let b = Binding::from_value(BindingKind::ResourceBinding, &v).expect("binding");
-        assert!(matches!(demand(&b, None, &[], &BTreeMap::new()), Ok(Demand::Nothing)));
+        assert!(matches!(
+            demand(&b, None, &[], &BTreeMap::new()),
+            Ok(Demand::Nothing)
+        ));
     }
 
     #[test]
@@ -351,7 +383,8 @@ mod tests {
         v["spec"]["resource"]["kind"] = json!("RayCluster");
         let b = Binding::from_value(BindingKind::ResourceBinding, &v).expect("binding");
         let t = json!({"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "web", "namespace": "default"}, "spec": {}});
-        let Demand::Replicas(w) = demand(&b, Some(&t), &[], &BTreeMap::new()).expect("demand") else {
+        let Demand::Replicas(w) = demand(&b, Some(&t), &[], &BTreeMap::new()).expect("demand")
+        else {
             panic!("replicas")
         };
         assert_eq!(w.requests.get(&dramesh_estimator::ResName::Memory), 1 << 30);

@@ -191,7 +191,11 @@ pub struct GracefulEvictionTask {
     /// `fromCluster`.
     pub from_cluster: String,
     /// `purgeMode`.
-    #[serde(default, deserialize_with = "nd", skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "nd",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub purge_mode: String,
     /// `replicas`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -200,7 +204,11 @@ pub struct GracefulEvictionTask {
     #[serde(default, deserialize_with = "nd")]
     pub reason: String,
     /// `message`.
-    #[serde(default, deserialize_with = "nd", skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "nd",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub message: String,
     /// `producer`.
     #[serde(default, deserialize_with = "nd")]
@@ -222,7 +230,11 @@ pub struct GracefulEvictionTask {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub creation_timestamp: Option<Time>,
     /// `clustersBeforeFailover`.
-    #[serde(default, deserialize_with = "nd", skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "nd",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub clusters_before_failover: Vec<String>,
 }
 
@@ -274,7 +286,11 @@ pub struct BindingStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_scheduled_time: Option<Time>,
     /// `conditions`.
-    #[serde(default, deserialize_with = "nd", skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "nd",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub conditions: Vec<Condition>,
 }
 
@@ -382,7 +398,10 @@ impl Binding {
             return Err(err("metadata.name", "required".into()));
         }
         if kind == BindingKind::ResourceBinding && raw.metadata.namespace.is_empty() {
-            return Err(err("metadata.namespace", "required for a ResourceBinding".into()));
+            return Err(err(
+                "metadata.namespace",
+                "required for a ResourceBinding".into(),
+            ));
         }
         let placement_value = v
             .pointer("/spec/placement")
@@ -796,7 +815,6 @@ pub(crate) mod tests_support {
             }
         })
     }
-
 }
 
 #[cfg(test)]
@@ -807,8 +825,8 @@ mod tests {
 
     #[test]
     fn a_binding_as_the_server_returns_it_loads() {
-        let b = Binding::from_value(BindingKind::ResourceBinding, &server_binding())
-            .expect("loads");
+        let b =
+            Binding::from_value(BindingKind::ResourceBinding, &server_binding()).expect("loads");
         assert_eq!(b.id(), "ResourceBinding default/web-deployment");
         assert_eq!(b.metadata.generation, 3);
         assert_eq!(b.metadata.resource_version, "812");
@@ -822,7 +840,10 @@ mod tests {
         assert_eq!(b.status.scheduler_observed_generation, 2);
         assert_eq!(b.status.conditions[0].reason, "Success");
         assert!(b.reschedule_triggered_at.is_none());
-        assert_eq!(b.policy.strategy, dramesh_estimator::Strategy::DynamicWeight);
+        assert_eq!(
+            b.policy.strategy,
+            dramesh_estimator::Strategy::DynamicWeight
+        );
         assert_eq!(b.policy.tolerations.len(), 1);
         assert!(b.handled_by("dramesh-scheduler"));
         assert!(!b.handled_by("default-scheduler"));
@@ -915,7 +936,10 @@ mod tests {
         let c = Cluster::from_value(&v).expect("loads");
         assert_eq!(c.readiness, Readiness::NotReady);
         let t = c.effective_taints();
-        assert!(t.iter().any(|t| t.key == TAINT_NOT_READY && t.effect == "NoExecute"));
+        assert!(
+            t.iter()
+                .any(|t| t.key == TAINT_NOT_READY && t.effect == "NoExecute")
+        );
 
         let mut v = server_cluster();
         v["status"]["resourceSummary"]["allocatable"]["cpu"] = json!("lots");
@@ -933,8 +957,10 @@ mod tests {
         }))
         .expect("loads");
         assert_eq!(pc.value, Some(1000));
-        let e = priority_class_from_value(&json!({"metadata": {"name": "x"}, "value": 1, "preemptionPolicy": "Sometimes"}))
-            .expect_err("policy");
+        let e = priority_class_from_value(
+            &json!({"metadata": {"name": "x"}, "value": 1, "preemptionPolicy": "Sometimes"}),
+        )
+        .expect_err("policy");
         assert_eq!(e.field, "preemptionPolicy");
         let e = priority_class_from_value(&json!({"metadata": {"name": "x"}})).expect_err("value");
         assert_eq!(e.object, "PriorityClass x");

@@ -173,7 +173,10 @@ fn clusters_value(clusters: &[TargetCluster]) -> Value {
     )
 }
 
-fn spec_fields(annotations: &std::collections::BTreeMap<String, String>, clusters: &[TargetCluster]) -> Value {
+fn spec_fields(
+    annotations: &std::collections::BTreeMap<String, String>,
+    clusters: &[TargetCluster],
+) -> Value {
     let mut meta = Map::new();
     if !annotations.is_empty() {
         meta.insert("annotations".into(), json!(annotations));
@@ -265,7 +268,10 @@ mod tests {
 
     #[test]
     fn go_escapes_html_characters() {
-        assert_eq!(go_json(r#"{"m":"a<b>&c"}"#), r#"{"m":"a\u003cb\u003e\u0026c"}"#);
+        assert_eq!(
+            go_json(r#"{"m":"a<b>&c"}"#),
+            r#"{"m":"a\u003cb\u003e\u0026c"}"#
+        );
         assert_eq!(go_json("{}"), "{}");
     }
 
@@ -277,8 +283,14 @@ mod tests {
         let p = schedule_result(
             &b,
             &[
-                TargetCluster { name: "m1".into(), replicas: 2 },
-                TargetCluster { name: "m2".into(), replicas: 2 },
+                TargetCluster {
+                    name: "m1".into(),
+                    replicas: 2,
+                },
+                TargetCluster {
+                    name: "m2".into(),
+                    replicas: 2,
+                },
             ],
         )
         .expect("patch");
@@ -305,7 +317,14 @@ mod tests {
         let p = schedule_result(&b, &[]).expect("patch");
         assert_eq!(p.body, r#"{"spec":{"clusters":null}}"#);
         // Zero replicas are omitted as Go's omitempty does.
-        let p = schedule_result(&b, &[TargetCluster { name: "m1".into(), replicas: 0 }]).expect("patch");
+        let p = schedule_result(
+            &b,
+            &[TargetCluster {
+                name: "m1".into(),
+                replicas: 0,
+            }],
+        )
+        .expect("patch");
         assert_eq!(p.body, r#"{"spec":{"clusters":[{"name":"m1"}]}}"#);
     }
 
@@ -324,9 +343,7 @@ mod tests {
         // transition time stays.
         assert_eq!(
             p.body,
-            concat!(
-                r#"{"status":{"lastScheduledTime":"2026-11-25T12:00:00Z","schedulerObservedGeneration":3}}"#
-            )
+            r#"{"status":{"lastScheduledTime":"2026-11-25T12:00:00Z","schedulerObservedGeneration":3}}"#
         );
     }
 
@@ -363,7 +380,10 @@ mod tests {
             },
             &now,
         );
-        assert_eq!(scheduled_condition(&again, &fail, &at("2026-11-25T12:05:00Z")), None);
+        assert_eq!(
+            scheduled_condition(&again, &fail, &at("2026-11-25T12:05:00Z")),
+            None
+        );
     }
 
     #[test]

@@ -18,16 +18,32 @@ use crate::object::nd;
 #[serde(rename_all = "camelCase")]
 pub struct Toleration {
     /// `key`.
-    #[serde(default, deserialize_with = "nd", skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "nd",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub key: String,
     /// `operator`.
-    #[serde(default, deserialize_with = "nd", skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "nd",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub operator: String,
     /// `value`.
-    #[serde(default, deserialize_with = "nd", skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "nd",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub value: String,
     /// `effect`.
-    #[serde(default, deserialize_with = "nd", skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "nd",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub effect: String,
     /// `tolerationSeconds`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -44,7 +60,11 @@ pub struct Requirement {
     #[serde(default, deserialize_with = "nd")]
     pub operator: String,
     /// `values`.
-    #[serde(default, deserialize_with = "nd", skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "nd",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub values: Vec<String>,
 }
 
@@ -60,7 +80,11 @@ pub struct LabelSelector {
     )]
     pub match_labels: BTreeMap<String, String>,
     /// `matchExpressions`.
-    #[serde(default, deserialize_with = "nd", skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "nd",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub match_expressions: Vec<Requirement>,
 }
 
@@ -69,7 +93,11 @@ pub struct LabelSelector {
 #[serde(rename_all = "camelCase")]
 pub struct FieldSelector {
     /// `matchExpressions`.
-    #[serde(default, deserialize_with = "nd", skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "nd",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub match_expressions: Vec<Requirement>,
 }
 
@@ -84,10 +112,18 @@ pub struct ClusterAffinity {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub field_selector: Option<FieldSelector>,
     /// `clusterNames`.
-    #[serde(default, deserialize_with = "nd", skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "nd",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub cluster_names: Vec<String>,
     /// `exclude`.
-    #[serde(default, deserialize_with = "nd", skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "nd",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub exclude: Vec<String>,
 }
 
@@ -114,7 +150,11 @@ pub struct ClusterAffinityTerm {
     #[serde(flatten)]
     pub affinity: ClusterAffinity,
     /// `overflowAffinities`.
-    #[serde(default, deserialize_with = "nd", skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "nd",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub overflow_affinities: Vec<OverflowAffinity>,
 }
 
@@ -123,10 +163,18 @@ pub struct ClusterAffinityTerm {
 #[serde(rename_all = "camelCase")]
 pub struct SpreadConstraint {
     /// `spreadByField`.
-    #[serde(default, deserialize_with = "nd", skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "nd",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub spread_by_field: String,
     /// `spreadByLabel`.
-    #[serde(default, deserialize_with = "nd", skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "nd",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub spread_by_label: String,
     /// `maxGroups`.
     #[serde(default, deserialize_with = "nd", skip_serializing_if = "is_zero")]
@@ -157,10 +205,18 @@ pub struct StaticClusterWeight {
 #[serde(rename_all = "camelCase")]
 pub struct ClusterPreferences {
     /// `staticWeightList`.
-    #[serde(default, deserialize_with = "nd", skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "nd",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub static_weight_list: Vec<StaticClusterWeight>,
     /// `dynamicWeight`.
-    #[serde(default, deserialize_with = "nd", skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "nd",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub dynamic_weight: String,
 }
 
@@ -169,10 +225,18 @@ pub struct ClusterPreferences {
 #[serde(rename_all = "camelCase")]
 pub struct ReplicaScheduling {
     /// `replicaSchedulingType`.
-    #[serde(default, deserialize_with = "nd", skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "nd",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub replica_scheduling_type: String,
     /// `replicaDivisionPreference`.
-    #[serde(default, deserialize_with = "nd", skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "nd",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub replica_division_preference: String,
     /// `weightPreference`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -208,13 +272,25 @@ pub struct Placement {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_affinity: Option<ClusterAffinity>,
     /// `clusterAffinities`.
-    #[serde(default, deserialize_with = "nd", skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "nd",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub cluster_affinities: Vec<ClusterAffinityTerm>,
     /// `clusterTolerations`.
-    #[serde(default, deserialize_with = "nd", skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "nd",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub cluster_tolerations: Vec<Toleration>,
     /// `spreadConstraints`.
-    #[serde(default, deserialize_with = "nd", skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "nd",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub spread_constraints: Vec<SpreadConstraint>,
     /// `replicaScheduling`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -323,7 +399,10 @@ mod tests {
         let same = p.to_go_json();
         assert!(p.changed_since(None, "a"), "never applied");
         assert!(!p.changed_since(Some(&same), "a"));
-        assert!(!p.changed_since(Some("not json"), "a"), "unreadable: unchanged");
+        assert!(
+            !p.changed_since(Some("not json"), "a"),
+            "unreadable: unchanged"
+        );
         // Term b changed; the binding runs with term a: unchanged.
         let mut q = p.clone();
         q.cluster_affinities[1].affinity.cluster_names = vec!["m3".into()];

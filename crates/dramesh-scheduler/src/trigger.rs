@@ -90,7 +90,11 @@ fn leaving(b: &Binding, clusters: &BTreeMap<String, Cluster>) -> Option<Trigger>
         }
         let untolerated = c.effective_taints().into_iter().find(|taint| {
             taint.effect == "NoExecute"
-                && !b.policy.tolerations.iter().any(|tol| taint::tolerates(tol, taint))
+                && !b
+                    .policy
+                    .tolerations
+                    .iter()
+                    .any(|tol| taint::tolerates(tol, taint))
         });
         if let Some(taint) = untolerated {
             let readiness_taint = taint.key == crate::object::TAINT_NOT_READY
@@ -115,9 +119,12 @@ pub fn plan(b: &Binding, clusters: &BTreeMap<String, Cluster>, scheduler: &str) 
     if b.metadata.deletion_timestamp.is_some() {
         return Action::Ignore("being deleted");
     }
-    let applied = b.metadata.annotations.get(APPLIED_PLACEMENT).map(String::as_str);
-    if b
-        .placement
+    let applied = b
+        .metadata
+        .annotations
+        .get(APPLIED_PLACEMENT)
+        .map(String::as_str);
+    if b.placement
         .changed_since(applied, &b.status.scheduler_observed_affinity_name)
     {
         return Action::Schedule(Trigger::PlacementChanged);
@@ -200,7 +207,13 @@ impl Backoff {
     }
 
     /// The retry state after a failed attempt at `now` on view `view`.
-    pub fn failed(&self, previous: Option<&Retry>, now: Instant, view: u64, unschedulable: bool) -> Retry {
+    pub fn failed(
+        &self,
+        previous: Option<&Retry>,
+        now: Instant,
+        view: u64,
+        unschedulable: bool,
+    ) -> Retry {
         Retry {
             attempts: previous.map_or(0, |r| r.attempts).saturating_add(1),
             at: now,
@@ -223,8 +236,8 @@ impl Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::object::tests_support::server_binding;
     use crate::object::BindingKind;
+    use crate::object::tests_support::server_binding;
     use serde_json::{Value, json};
 
     fn cluster(name: &str, ready: &str, taints: Value) -> Cluster {
@@ -257,15 +270,24 @@ mod tests {
     #[test]
     fn a_settled_binding_needs_nothing() {
         let b = settled(|_| {});
-        assert_eq!(plan(&b, &fleet(), "dramesh-scheduler"), Action::Nothing(None));
+        assert_eq!(
+            plan(&b, &fleet(), "dramesh-scheduler"),
+            Action::Nothing(None)
+        );
     }
 
     #[test]
     fn other_schedulers_and_deleting_bindings_are_ignored() {
         let b = settled(|_| {});
-        assert!(matches!(plan(&b, &fleet(), "default-scheduler"), Action::Ignore(_)));
+        assert!(matches!(
+            plan(&b, &fleet(), "default-scheduler"),
+            Action::Ignore(_)
+        ));
         let b = settled(|v| v["metadata"]["deletionTimestamp"] = json!("2026-11-25T11:00:00Z"));
-        assert!(matches!(plan(&b, &fleet(), "dramesh-scheduler"), Action::Ignore(_)));
+        assert!(matches!(
+            plan(&b, &fleet(), "dramesh-scheduler"),
+            Action::Ignore(_)
+        ));
     }
 
     #[test]
@@ -274,11 +296,17 @@ mod tests {
         v["metadata"]["annotations"][APPLIED_PLACEMENT] =
             json!(r#"{"clusterAffinity":{"clusterNames":["m1"]}}"#);
         let b = Binding::from_value(BindingKind::ResourceBinding, &v).expect("binding");
-        assert_eq!(plan(&b, &fleet(), "dramesh-scheduler"), Action::Schedule(Trigger::PlacementChanged));
+        assert_eq!(
+            plan(&b, &fleet(), "dramesh-scheduler"),
+            Action::Schedule(Trigger::PlacementChanged)
+        );
         let mut v = server_binding();
         v["metadata"]["annotations"] = json!({});
         let b = Binding::from_value(BindingKind::ResourceBinding, &v).expect("binding");
-        assert_eq!(plan(&b, &fleet(), "dramesh-scheduler"), Action::Schedule(Trigger::PlacementChanged));
+        assert_eq!(
+            plan(&b, &fleet(), "dramesh-scheduler"),
+            Action::Schedule(Trigger::PlacementChanged)
+        );
     }
 
     #[test]
@@ -294,10 +322,16 @@ mod tests {
     #[test]
     fn a_newer_reschedule_request_triggers_and_an_older_one_does_not() {
         let b = settled(|v| v["spec"]["rescheduleTriggeredAt"] = json!("2026-11-25T11:00:00Z"));
-        assert_eq!(plan(&b, &fleet(), "dramesh-scheduler"), Action::Schedule(Trigger::RescheduleRequested));
+        assert_eq!(
+            plan(&b, &fleet(), "dramesh-scheduler"),
+            Action::Schedule(Trigger::RescheduleRequested)
+        );
         assert!(reschedule_required(&b));
         let b = settled(|v| v["spec"]["rescheduleTriggeredAt"] = json!("2026-11-25T09:00:00Z"));
-        assert_eq!(plan(&b, &fleet(), "dramesh-scheduler"), Action::Nothing(None));
+        assert_eq!(
+            plan(&b, &fleet(), "dramesh-scheduler"),
+            Action::Nothing(None)
+        );
         // Never before a first success.
         let b = settled(|v| {
             v["spec"]["rescheduleTriggeredAt"] = json!("2026-11-25T11:00:00Z");
@@ -309,22 +343,35 @@ mod tests {
     #[test]
     fn duplicated_and_non_workloads_always_schedule() {
         let b = settled(|v| {
-            v["spec"]["placement"]["replicaScheduling"] = json!({"replicaSchedulingType": "Duplicated"});
-            v["spec"]["clusters"] = json!([{"name": "m1", "replicas": 4}, {"name": "m2", "replicas": 4}]);
+            v["spec"]["placement"]["replicaScheduling"] =
+                json!({"replicaSchedulingType": "Duplicated"});
+            v["spec"]["clusters"] =
+                json!([{"name": "m1", "replicas": 4}, {"name": "m2", "replicas": 4}]);
         });
-        assert_eq!(plan(&b, &fleet(), "dramesh-scheduler"), Action::Schedule(Trigger::Duplicated));
+        assert_eq!(
+            plan(&b, &fleet(), "dramesh-scheduler"),
+            Action::Schedule(Trigger::Duplicated)
+        );
         // A Duplicated cluster with other replicas is a replica change first.
         let b = settled(|v| {
-            v["spec"]["placement"]["replicaScheduling"] = json!({"replicaSchedulingType": "Duplicated"});
-            v["spec"]["clusters"] = json!([{"name": "m1", "replicas": 4}, {"name": "m2", "replicas": 3}]);
+            v["spec"]["placement"]["replicaScheduling"] =
+                json!({"replicaSchedulingType": "Duplicated"});
+            v["spec"]["clusters"] =
+                json!([{"name": "m1", "replicas": 4}, {"name": "m2", "replicas": 3}]);
         });
-        assert_eq!(plan(&b, &fleet(), "dramesh-scheduler"), Action::Schedule(Trigger::ReplicasChanged));
+        assert_eq!(
+            plan(&b, &fleet(), "dramesh-scheduler"),
+            Action::Schedule(Trigger::ReplicasChanged)
+        );
         let b = settled(|v| {
             v["spec"]["replicas"] = json!(0);
             v["spec"]["replicaRequirements"] = json!(null);
             v["spec"]["clusters"] = json!([]);
         });
-        assert_eq!(plan(&b, &fleet(), "dramesh-scheduler"), Action::Schedule(Trigger::Duplicated));
+        assert_eq!(
+            plan(&b, &fleet(), "dramesh-scheduler"),
+            Action::Schedule(Trigger::Duplicated)
+        );
     }
 
     #[test]
@@ -332,25 +379,51 @@ mod tests {
         let b = settled(|_| {});
         let mut f = fleet();
         f.remove("m2");
-        assert_eq!(plan(&b, &f, "dramesh-scheduler"), Action::Schedule(Trigger::ClusterGone("m2".into())));
+        assert_eq!(
+            plan(&b, &f, "dramesh-scheduler"),
+            Action::Schedule(Trigger::ClusterGone("m2".into()))
+        );
 
         let mut f = fleet();
         f.insert("m1".into(), cluster("m1", "False", json!([])));
-        assert_eq!(plan(&b, &f, "dramesh-scheduler"), Action::Schedule(Trigger::ClusterNotReady("m1".into())));
+        assert_eq!(
+            plan(&b, &f, "dramesh-scheduler"),
+            Action::Schedule(Trigger::ClusterNotReady("m1".into()))
+        );
 
         let mut f = fleet();
-        f.insert("m2".into(), cluster("m2", "True", json!([{"key": "maintenance", "effect": "NoExecute"}])));
-        assert_eq!(plan(&b, &f, "dramesh-scheduler"), Action::Schedule(Trigger::ClusterTainted("m2".into())));
+        f.insert(
+            "m2".into(),
+            cluster(
+                "m2",
+                "True",
+                json!([{"key": "maintenance", "effect": "NoExecute"}]),
+            ),
+        );
+        assert_eq!(
+            plan(&b, &f, "dramesh-scheduler"),
+            Action::Schedule(Trigger::ClusterTainted("m2".into()))
+        );
         // NoSchedule only keeps new work away: no reschedule.
         let mut f = fleet();
-        f.insert("m2".into(), cluster("m2", "True", json!([{"key": "maintenance", "effect": "NoSchedule"}])));
+        f.insert(
+            "m2".into(),
+            cluster(
+                "m2",
+                "True",
+                json!([{"key": "maintenance", "effect": "NoSchedule"}]),
+            ),
+        );
         assert_eq!(plan(&b, &f, "dramesh-scheduler"), Action::Nothing(None));
 
         let mut f = fleet();
         let mut deleting = cluster("m1", "True", json!([]));
         deleting.deleting = true;
         f.insert("m1".into(), deleting);
-        assert_eq!(plan(&b, &f, "dramesh-scheduler"), Action::Schedule(Trigger::ClusterDeleting("m1".into())));
+        assert_eq!(
+            plan(&b, &f, "dramesh-scheduler"),
+            Action::Schedule(Trigger::ClusterDeleting("m1".into()))
+        );
         // A cluster the binding does not use changes nothing.
         let mut f = fleet();
         f.insert("m3".into(), cluster("m3", "False", json!([])));
@@ -367,7 +440,14 @@ mod tests {
         });
         let mut f = fleet();
         f.insert("m1".into(), cluster("m1", "False", json!([])));
-        f.insert("m2".into(), cluster("m2", "True", json!([{"key": "maintenance", "effect": "NoExecute"}])));
+        f.insert(
+            "m2".into(),
+            cluster(
+                "m2",
+                "True",
+                json!([{"key": "maintenance", "effect": "NoExecute"}]),
+            ),
+        );
         assert_eq!(plan(&b, &f, "dramesh-scheduler"), Action::Nothing(None));
     }
 

@@ -491,6 +491,48 @@ mod tests {
     }
 
     #[test]
+    fn cluster_affinities_and_tolerations_are_read() {
+        let p = Policy::from_value(&serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {"placement": {
+                "clusterAffinities": [
+                    {"affinityName": "primary", "clusterNames": ["a"]},
+                    {"affinityName": "backup", "labelSelector": {"matchLabels": {"tier": "spare"}}}
+                ],
+                "clusterTolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
+            }}
+        }))
+        .expect("valid");
+        let names: Vec<&str> = p.affinities.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["primary", "backup"]);
+        assert_eq!(p.affinities[0].affinity.cluster_names, ["a"]);
+        assert_eq!(p.tolerations[0].key.as_deref(), Some("gpu"));
+        let bad = |placement: Value| {
+            Policy::from_value(
+                &serde_json::json!({"metadata": {"name": "p"}, "spec": {"placement": placement}}),
+            )
+            .expect_err("invalid")
+        };
+        let e = bad(serde_json::json!({"clusterAffinities": [{"clusterNames": ["a"]}]}));
+        assert_eq!(e.field, "spec.placement.clusterAffinities[0].affinityName");
+        let e = bad(serde_json::json!({"clusterAffinities": [
+            {"affinityName": "x"}, {"affinityName": "x"}]}));
+        assert_eq!(e.field, "spec.placement.clusterAffinities[1].affinityName");
+        let e = bad(
+            serde_json::json!({"clusterAffinity": {}, "clusterAffinities": [{"affinityName": "x"}]}),
+        );
+        assert_eq!(e.field, "spec.placement.clusterAffinities");
+        let e = bad(serde_json::json!({"clusterTolerations": [{"key": 1}]}));
+        assert_eq!(e.field, "spec.placement.clusterTolerations");
+        let e = bad(serde_json::json!({"clusterAffinities": [
+            {"affinityName": "x", "labelSelector": {"matchExpressions": [{"key": "k", "operator": "In"}]}}]}));
+        assert_eq!(
+            e.field,
+            "spec.placement.clusterAffinities[0].labelSelector.matchExpressions[0].values"
+        );
+    }
+
+    #[test]
     fn well_formed_requirements_match_as_kubernetes() {
         let info = |tier: Option<&str>| ClusterInfo {
             labels: tier

@@ -593,3 +593,52 @@ pub fn decide(
     let record = matches!(f, Failure::Fit { .. });
     failure(&f, events, attempt, record)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list(v: &[(&str, i64)]) -> ResList {
+        let mut l = ResList::new();
+        for (n, a) in v {
+            l.set(ResName::parse(n), *a);
+        }
+        l
+    }
+
+    #[test]
+    fn general_estimate_is_karmadas() {
+        let s = ResourceSummary {
+            allocatable: list(&[("cpu", 10_000), ("memory", 64 << 30), ("pods", 20)]),
+            allocated: list(&[("cpu", 3_000), ("memory", 8 << 30), ("pods", 5)]),
+            allocating: list(&[("cpu", 1_000), ("pods", 1)]),
+            modelings: Vec::new(),
+        };
+        // cpu (10 - 3 - 1) / 0.5 = 12; memory 56 Gi / 2 Gi = 28; pods 14.
+        let per = list(&[("cpu", 500), ("memory", 2 << 30)]);
+        assert_eq!(general_estimate(Some(&s), &per, 1), 12);
+        // Pod slots bound it: 14 slots, 2 pods per set.
+        let small = list(&[("cpu", 10)]);
+        assert_eq!(general_estimate(Some(&s), &small, 2), 7);
+        // A resource the cluster does not have: 0.
+        let gpu = list(&[("nvidia.com/gpu", 1)]);
+        assert_eq!(general_estimate(Some(&s), &gpu, 1), 0);
+        // No summary, or no pod slots left: 0.
+        assert_eq!(general_estimate(None, &per, 1), 0);
+        let mut full = s.clone();
+        full.allocated.set(ResName::Pods, 19);
+        assert_eq!(general_estimate(Some(&full), &per, 1), 0);
+    }
+
+    #[test]
+    fn taints_print_as_kubernetes_does() {
+        let t = |value: Option<&str>| Taint {
+            key: "k".into(),
+            value: value.map(str::to_string),
+            effect: "NoSchedule".into(),
+            time_added: None,
+        };
+        assert_eq!(taint_string(&t(None)), "k:NoSchedule");
+        assert_eq!(taint_string(&t(Some("v"))), "k=v:NoSchedule");
+    }
+}

@@ -181,29 +181,22 @@ struct Candidate {
     score: i64,
 }
 
-struct Attempt {
-    available: BTreeMap<String, i64>,
-    excluded: BTreeMap<String, String>,
-    stale: Vec<String>,
+#[derive(Default)]
+pub(crate) struct Attempt {
+    pub(crate) available: BTreeMap<String, i64>,
+    pub(crate) excluded: BTreeMap<String, String>,
+    pub(crate) stale: Vec<String>,
 }
 
-/// One `Schedule` run with `affinity` as the cluster affinity.
-fn schedule_once(
+/// Karmada's filter plugins (and dramesh's staleness): the clusters that pass, and the
+/// count of clusters per reason for those that do not.
+pub(crate) fn filter<'a>(
     b: &Binding,
-    demand: &Demand,
     affinity: Option<&ClusterAffinity>,
-    fleet: Fleet<'_>,
-    estimator: &mut Estimator,
+    fleet: Fleet<'a>,
     opts: &EstimateOptions,
     attempt: &mut Attempt,
-) -> Result<Vec<TargetCluster>, Failure> {
-    attempt.available.clear();
-    attempt.excluded.clear();
-    attempt.stale.clear();
-    if opts.past_deadline() {
-        return Err(Failure::Error(DEADLINE_EXCEEDED.into()));
-    }
-    // 1. Filter.
+) -> (Vec<&'a Cluster>, BTreeMap<String, usize>) {
     let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
     let mut feasible: Vec<&Cluster> = Vec::new();
     for c in fleet.clusters.values() {
@@ -249,6 +242,27 @@ fn schedule_once(
             None => feasible.push(c),
         }
     }
+    (feasible, reasons)
+}
+
+/// One `Schedule` run with `affinity` as the cluster affinity.
+fn schedule_once(
+    b: &Binding,
+    demand: &Demand,
+    affinity: Option<&ClusterAffinity>,
+    fleet: Fleet<'_>,
+    estimator: &mut Estimator,
+    opts: &EstimateOptions,
+    attempt: &mut Attempt,
+) -> Result<Vec<TargetCluster>, Failure> {
+    attempt.available.clear();
+    attempt.excluded.clear();
+    attempt.stale.clear();
+    if opts.past_deadline() {
+        return Err(Failure::Error(DEADLINE_EXCEEDED.into()));
+    }
+    // 1. Filter.
+    let (feasible, reasons) = filter(b, affinity, fleet, opts, attempt);
     if feasible.is_empty() {
         return Err(Failure::Fit {
             total: fleet.clusters.len(),

@@ -13,12 +13,14 @@
 //! - [`trigger`]: when to schedule ([`plan`]) and when to retry ([`Backoff`]).
 //! - [`decide`](mod@decide): filter, estimate, select, assign ([`decide()`]).
 //! - [`patch`]: the bodies of the writes.
+//! - [`preempt`](mod@preempt): which lower-priority bindings to evict, and their patches.
 
 pub mod decide;
 pub mod demand;
 pub mod object;
 pub mod patch;
 pub mod placement;
+pub mod preempt;
 pub mod trigger;
 
 pub use decide::{Decision, Event, Fleet, Retry, decide, general_estimate};
@@ -26,4 +28,5 @@ pub use demand::{Demand, demand};
 pub use object::{Binding, BindingKind, Cluster, InputError, Readiness};
 pub use patch::{Patch, Reason, ScheduledCondition};
 pub use placement::Placement;
+pub use preempt::{Eviction, PreemptionPlan, plan_preemption};
 pub use trigger::{Action, Backoff, Trigger, plan};

@@ -207,7 +207,7 @@ pub(crate) fn filter<'a>(
             continue;
         }
         let used = b.clusters.iter().any(|t| t.name == c.name);
-        let untolerated = c.effective_taints().into_iter().find(|t| {
+        let untolerated = c.effective_taints().find(|t| {
             (t.effect == "NoExecute" || (!used && t.effect == "NoSchedule"))
                 && !b
                     .policy
@@ -218,9 +218,9 @@ pub(crate) fn filter<'a>(
         let reason = if let Some(t) = untolerated {
             Some(format!(
                 "cluster(s) had untolerated taint {{{}}}",
-                taint_string(&t)
+                taint_string(t)
             ))
-        } else if !affinity.is_none_or(|a| a.matches(&c.name, &ClusterInfo::from(c))) {
+        } else if !affinity.is_none_or(|a| a.matches(&c.name, &c.info)) {
             Some("cluster(s) did not match the placement cluster affinity constraint".into())
         } else if b
             .graceful_eviction_tasks
@@ -422,7 +422,7 @@ fn schedule_once(
     let infos: BTreeMap<String, ClusterInfo> = selected
         .iter()
         .filter_map(|c| fleet.clusters.get(&c.name))
-        .map(|c| (c.name.clone(), ClusterInfo::from(c)))
+        .map(|c| (c.name.clone(), c.info.clone()))
         .collect();
     let fresh = reschedule_required(b);
     let previous = Previous {

@@ -593,24 +593,21 @@ struct RawCluster {
 pub struct Cluster {
     /// `metadata.name`.
     pub name: String,
-    /// `metadata.labels`.
-    pub labels: BTreeMap<String, String>,
+    /// `metadata.labels` and `spec.provider`, `spec.region`, `spec.zone` (else the only entry
+    /// of `spec.zones`): what cluster affinity matches.
+    pub info: dramesh_model::ClusterInfo,
     /// `metadata.generation`.
     pub generation: i64,
     /// `metadata.deletionTimestamp` is set.
     pub deleting: bool,
-    /// `spec.provider`.
-    pub provider: String,
-    /// `spec.region`.
-    pub region: String,
-    /// `spec.zone`, else the only entry of `spec.zones`.
-    pub zone: String,
     /// `spec.taints`.
     pub taints: Vec<Taint>,
     /// The `Ready` condition.
     pub readiness: Readiness,
     /// `status.resourceSummary`, if reported.
     pub summary: Option<ResourceSummary>,
+    /// The readiness taints Karmada would add that `spec.taints` lacks.
+    readiness_taints: Vec<Taint>,
 }
 
 /// The taints Karmada's cluster controller puts on a cluster that is not ready
@@ -682,17 +679,23 @@ impl Cluster {
         } else {
             spec.zone
         };
+        let opt = |s: String| (!s.is_empty()).then_some(s);
+        let readiness_taints = readiness_taints(&spec.taints, readiness);
         Ok(Cluster {
             name: raw.metadata.name,
-            labels: raw.metadata.labels,
+            info: dramesh_model::ClusterInfo {
+                kubernetes_version: None,
+                labels: raw.metadata.labels,
+                provider: opt(spec.provider),
+                region: opt(spec.region),
+                zone: opt(zone),
+            },
             generation: raw.metadata.generation,
             deleting: raw.metadata.deletion_timestamp.is_some(),
-            provider: spec.provider,
-            region: spec.region,
-            zone,
             taints: spec.taints,
             readiness,
             summary,
+            readiness_taints,
         })
     }
 
@@ -700,38 +703,27 @@ impl Cluster {
     /// not ready (NoSchedule and NoExecute), when they are not there already: readiness is
     /// judged the way Karmada's taint-based eviction judges it, so a placement that tolerates
     /// `cluster.karmada.io/not-ready` still lands on such a cluster.
-    pub fn effective_taints(&self) -> Vec<Taint> {
-        let mut out = self.taints.clone();
-        let key = match self.readiness {
-            Readiness::Ready => return out,
-            Readiness::NotReady => TAINT_NOT_READY,
-            Readiness::Unknown => TAINT_UNREACHABLE,
-        };
-        for effect in ["NoSchedule", "NoExecute"] {
-            if !out.iter().any(|t| t.key == key && t.effect == effect) {
-                out.push(Taint {
-                    key: key.to_string(),
-                    effect: effect.to_string(),
-                    time_added: None,
-                    value: None,
-                });
-            }
-        }
-        out
+    pub fn effective_taints(&self) -> impl Iterator<Item = &Taint> {
+        self.taints.iter().chain(&self.readiness_taints)
     }
 }
 
-impl From<&Cluster> for dramesh_model::ClusterInfo {
-    fn from(c: &Cluster) -> Self {
-        let opt = |s: &str| (!s.is_empty()).then(|| s.to_string());
-        dramesh_model::ClusterInfo {
-            kubernetes_version: None,
-            labels: c.labels.clone(),
-            provider: opt(&c.provider),
-            region: opt(&c.region),
-            zone: opt(&c.zone),
-        }
-    }
+fn readiness_taints(taints: &[Taint], readiness: Readiness) -> Vec<Taint> {
+    let key = match readiness {
+        Readiness::Ready => return Vec::new(),
+        Readiness::NotReady => TAINT_NOT_READY,
+        Readiness::Unknown => TAINT_UNREACHABLE,
+    };
+    ["NoSchedule", "NoExecute"]
+        .into_iter()
+        .filter(|effect| !taints.iter().any(|t| t.key == key && t.effect == *effect))
+        .map(|effect| Taint {
+            key: key.to_string(),
+            effect: effect.to_string(),
+            time_added: None,
+            value: None,
+        })
+        .collect()
 }
 
 /// Reads a `scheduling.k8s.io/v1` PriorityClass as the API server returns it.
@@ -923,23 +915,25 @@ mod tests {
     fn a_cluster_as_the_server_returns_it_loads() {
         let c = Cluster::from_value(&server_cluster()).expect("loads");
         assert_eq!(c.name, "m1");
-        assert_eq!(c.zone, "eu-west-1a");
         assert_eq!(c.readiness, Readiness::Ready);
         let s = c.summary.as_ref().expect("summary");
         assert_eq!(s.allocatable.get(&dramesh_estimator::ResName::Cpu), 24_000);
         assert_eq!(s.allocated.get(&dramesh_estimator::ResName::Cpu), 10_500);
         assert_eq!(s.modelings, vec![(0, 3)]);
-        assert_eq!(c.effective_taints().len(), 1, "ready: only its own taints");
+        assert_eq!(
+            c.effective_taints().count(),
+            1,
+            "ready: only its own taints"
+        );
+        assert_eq!(c.info.zone.as_deref(), Some("eu-west-1a"));
+        assert_eq!(c.info.labels.get("tier").map(String::as_str), Some("gpu"));
 
         let mut v = server_cluster();
         v["status"]["conditions"][0]["status"] = json!("False");
         let c = Cluster::from_value(&v).expect("loads");
         assert_eq!(c.readiness, Readiness::NotReady);
-        let t = c.effective_taints();
-        assert!(
-            t.iter()
-                .any(|t| t.key == TAINT_NOT_READY && t.effect == "NoExecute")
-        );
+        let mut t = c.effective_taints();
+        assert!(t.any(|t| t.key == TAINT_NOT_READY && t.effect == "NoExecute"));
 
         let mut v = server_cluster();
         v["status"]["resourceSummary"]["allocatable"]["cpu"] = json!("lots");

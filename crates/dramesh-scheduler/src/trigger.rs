@@ -88,7 +88,7 @@ fn leaving(b: &Binding, clusters: &BTreeMap<String, Cluster>) -> Option<Trigger>
         if c.deleting {
             return Some(Trigger::ClusterDeleting(t.name.clone()));
         }
-        let untolerated = c.effective_taints().into_iter().find(|taint| {
+        let untolerated = c.effective_taints().find(|taint| {
             taint.effect == "NoExecute"
                 && !b
                     .policy

@@ -65,7 +65,7 @@ impl Event {
     }
 }
 
-/// How a binding that was not scheduled is retried (see [`crate::Backoff`]).
+/// How a binding that was not scheduled is retried (timed by [`crate::Backoff`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Retry {
     /// Scheduled: nothing to retry.

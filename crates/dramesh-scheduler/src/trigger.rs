@@ -179,7 +179,7 @@ impl Default for Backoff {
 
 /// The retry state of one binding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Retry {
+pub struct RetryState {
     /// Failed attempts in a row.
     pub attempts: u32,
     /// When the last attempt failed.
@@ -209,12 +209,12 @@ impl Backoff {
     /// The retry state after a failed attempt at `now` on view `view`.
     pub fn failed(
         &self,
-        previous: Option<&Retry>,
+        previous: Option<&RetryState>,
         now: Instant,
         view: u64,
         unschedulable: bool,
-    ) -> Retry {
-        Retry {
+    ) -> RetryState {
+        RetryState {
             attempts: previous.map_or(0, |r| r.attempts).saturating_add(1),
             at: now,
             view,
@@ -223,7 +223,7 @@ impl Backoff {
     }
 
     /// When the binding may be tried again, given the view's change counter now.
-    pub fn next_attempt(&self, r: &Retry, view_now: u64) -> Instant {
+    pub fn next_attempt(&self, r: &RetryState, view_now: u64) -> Instant {
         let backoff = r.at + self.delay(r.attempts);
         if r.unschedulable && view_now == r.view {
             r.at + self.unschedulable_max

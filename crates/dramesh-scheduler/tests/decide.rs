@@ -519,3 +519,51 @@ fn a_past_deadline_is_an_error_to_retry() {
     assert_eq!(d.retry, Retry::Error);
     assert_eq!(d.clusters, None);
 }
+
+#[test]
+fn cluster_resource_bindings_get_karmadas_event_wording() {
+    let view = view();
+    let cl = clusters();
+    let b = Binding::from_value(
+        BindingKind::ClusterResourceBinding,
+        &json!({
+            "metadata": {"name": "train-crb", "generation": 1,
+                         "labels": {"clusterpropagationpolicy.karmada.io/permanent-id": "p"}},
+            "spec": {
+                "resource": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "default", "name": "train"},
+                "replicas": 2,
+                "placement": dynamic(),
+                "schedulerName": "dramesh-scheduler"
+            }
+        }),
+    )
+    .expect("binding");
+    assert_eq!(b.id(), "ClusterResourceBinding train-crb");
+    let d = decide(
+        &b,
+        &gpu_demand(&b),
+        Fleet {
+            clusters: &cl,
+            view: &view,
+        },
+        &mut Estimator::new(),
+        &EstimateOptions::default(),
+    );
+    assert_eq!(
+        d.clusters
+            .clone()
+            .expect("result")
+            .iter()
+            .map(|c| c.replicas)
+            .sum::<i64>(),
+        2
+    );
+    // ClusterResourceBindings: "Result {" without the colon, as karmada-scheduler writes it.
+    assert!(
+        d.events[0]
+            .message
+            .starts_with("Binding has been scheduled successfully. Result {c"),
+        "{}",
+        d.events[0].message
+    );
+}

@@ -427,6 +427,20 @@ impl Binding {
         if raw.spec.replicas < 0 {
             return Err(err("spec.replicas", "must not be negative".into()));
         }
+        for (i, c) in raw.spec.components.iter().enumerate() {
+            if c.name.is_empty() {
+                return Err(err(
+                    &format!("spec.components[{i}].name"),
+                    "required".into(),
+                ));
+            }
+            if c.replicas < 0 {
+                return Err(err(
+                    &format!("spec.components[{i}].replicas"),
+                    "must not be negative".into(),
+                ));
+            }
+        }
         Ok(Binding {
             kind,
             resource: raw.spec.resource,
@@ -863,6 +877,11 @@ mod tests {
             e.field,
             "spec.placement.clusterAffinity.labelSelector.matchExpressions[0].values"
         );
+
+        let mut v = server_binding();
+        v["spec"]["components"] = json!([{"name": "a", "replicas": -2}]);
+        let e = Binding::from_value(BindingKind::ResourceBinding, &v).expect_err("component");
+        assert_eq!(e.field, "spec.components[0].replicas");
 
         let mut v = server_binding();
         v["spec"]["clusters"] = json!([{"name": "m1", "replicas": -1}]);

@@ -158,7 +158,8 @@ fn status_patch(old: &BindingStatus, new: &BindingStatus) -> Option<Patch> {
     })
 }
 
-fn clusters_value(clusters: &[TargetCluster]) -> Value {
+/// `spec.clusters` as Go marshals it (`replicas` omitted when 0).
+pub(crate) fn clusters_value(clusters: &[TargetCluster]) -> Value {
     Value::Array(
         clusters
             .iter()

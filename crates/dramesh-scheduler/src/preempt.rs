@@ -23,7 +23,7 @@ use serde_json::{Map, Value, json};
 use crate::decide::{Attempt, Event, Fleet, filter};
 use crate::demand::Demand;
 use crate::object::{Binding, GracefulEvictionTask};
-use crate::patch::{Patch, go_json, merge_diff};
+use crate::patch::{Patch, clusters_value, go_json, merge_diff};
 
 /// `GracefulEvictionTask.reason` of a preemption (PR 7327 `EvictionReasonBindingPreempted`).
 pub const EVICTION_REASON: &str = "BindingPreempted";
@@ -91,21 +91,7 @@ pub fn eviction_patch(victim: &Binding, cluster: &str, message: &str, now: &Time
     let spec = |clusters: &[dramesh_estimator::TargetCluster], tasks: &[GracefulEvictionTask]| {
         let mut m = Map::new();
         if !clusters.is_empty() {
-            m.insert(
-                "clusters".into(),
-                Value::Array(
-                    clusters
-                        .iter()
-                        .map(|c| {
-                            if c.replicas == 0 {
-                                json!({"name": c.name})
-                            } else {
-                                json!({"name": c.name, "replicas": c.replicas})
-                            }
-                        })
-                        .collect(),
-                ),
-            );
+            m.insert("clusters".into(), clusters_value(clusters));
         }
         if !tasks.is_empty() {
             m.insert(

@@ -94,7 +94,7 @@ fn bench(c: &mut Criterion) {
         clusters: &karmada,
         view: &view,
     };
-    let opts = EstimateOptions::default();
+    let mut opts = EstimateOptions::default();
     let b_json = binding_json();
     let t_json = template();
     let claims = [claim_template()];
@@ -106,20 +106,20 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group(format!("decide_{clusters}x{nodes}x8"));
     g.sample_size(10);
     let mut warm = Estimator::new();
-    let first = decide(&b, &d, fleet, &mut warm, &opts);
+    let first = decide(&b, &d, fleet, &mut warm, &mut opts);
     assert!(first.condition.status, "{:?}", first.condition);
     g.bench_function("warm", |bench| {
-        bench.iter(|| black_box(decide(&b, &d, fleet, &mut warm, &opts)))
+        bench.iter(|| black_box(decide(&b, &d, fleet, &mut warm, &mut opts)))
     });
     g.bench_function("cold", |bench| {
-        bench.iter(|| black_box(decide(&b, &d, fleet, &mut Estimator::new(), &opts)))
+        bench.iter(|| black_box(decide(&b, &d, fleet, &mut Estimator::new(), &mut opts)))
     });
     g.bench_function("pipeline_warm", |bench| {
         bench.iter(|| {
             let b = Binding::from_value(BindingKind::ResourceBinding, &b_json).expect("binding");
             let _ = black_box(plan(&b, &karmada, "dramesh-scheduler"));
             let d = demand(&b, Some(&t_json), &claims, &classes).expect("demand");
-            let decision = decide(&b, &d, fleet, &mut warm, &opts);
+            let decision = decide(&b, &d, fleet, &mut warm, &mut opts);
             black_box(decision.patches(&b, &now))
         })
     });

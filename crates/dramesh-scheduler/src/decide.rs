@@ -245,6 +245,19 @@ pub(crate) fn filter<'a>(
     (feasible, reasons)
 }
 
+/// Runs `f` with `opts.clusters` set to `clusters`, restoring it after: the caller's options
+/// (with their in-flight workloads) are used as they are, not copied per decision.
+pub(crate) fn with_clusters<R>(
+    opts: &mut EstimateOptions,
+    clusters: Vec<String>,
+    f: impl FnOnce(&EstimateOptions) -> R,
+) -> R {
+    let saved = std::mem::replace(&mut opts.clusters, clusters);
+    let r = f(opts);
+    opts.clusters = saved;
+    r
+}
+
 /// One `Schedule` run with `affinity` as the cluster affinity.
 fn schedule_once(
     b: &Binding,
@@ -252,7 +265,7 @@ fn schedule_once(
     affinity: Option<&ClusterAffinity>,
     fleet: Fleet<'_>,
     estimator: &mut Estimator,
-    opts: &EstimateOptions,
+    opts: &mut EstimateOptions,
     attempt: &mut Attempt,
 ) -> Result<Vec<TargetCluster>, Failure> {
     attempt.available.clear();
@@ -275,14 +288,22 @@ fn schedule_once(
         .iter()
         .partition(|c| fleet.view.cluster(&c.name).is_some());
     let mut est: BTreeMap<&str, i64> = BTreeMap::new();
+    let (in_view, left_out): (Vec<&Cluster>, Vec<&Cluster>) = in_view
+        .into_iter()
+        .partition(|c| opts.clusters.is_empty() || opts.clusters.contains(&c.name));
+    for c in left_out {
+        attempt
+            .excluded
+            .insert(c.name.clone(), "not among the clusters asked for".into());
+        est.insert(&c.name, 0);
+    }
     if !in_view.is_empty() {
-        let mut o = opts.clone();
-        o.clusters = in_view.iter().map(|c| c.name.clone()).collect();
-        let e = match demand {
-            Demand::Replicas(w) => Some(estimator.estimate(fleet.view, w, &o)),
-            Demand::Components(cs) => Some(estimate_component_sets(fleet.view, cs, &o)),
+        let names = in_view.iter().map(|c| c.name.clone()).collect();
+        let e = with_clusters(opts, names, |o| match demand {
+            Demand::Replicas(w) => Some(estimator.estimate(fleet.view, w, o)),
+            Demand::Components(cs) => Some(estimate_component_sets(fleet.view, cs, o)),
             Demand::Nothing => None,
-        };
+        });
         for ce in e.iter().flat_map(|e| &e.clusters) {
             if ce.error.as_deref() == Some(DEADLINE_EXCEEDED) {
                 return Err(Failure::Error(DEADLINE_EXCEEDED.into()));
@@ -290,7 +311,9 @@ fn schedule_once(
             if let Some(err) = &ce.error {
                 attempt.excluded.insert(ce.name.clone(), err.clone());
             }
-            if let Some(c) = in_view.iter().find(|c| c.name == ce.name) {
+            // `in_view` is in name order (the clusters map's).
+            if let Ok(i) = in_view.binary_search_by(|c| c.name.as_str().cmp(&ce.name)) {
+                let c = in_view[i];
                 est.insert(
                     &c.name,
                     if ce.error.is_some() {
@@ -533,13 +556,15 @@ fn failure(f: &Failure, mut events: Vec<Event>, attempt: Attempt, record: bool) 
 }
 
 /// Decides where `b` goes. `demand` is what it asks for ([`crate::demand`]); `opts` carries
-/// the stale clusters, the deadline and the in-flight workloads (reservations) to deduct.
+/// the stale clusters, the deadline and the in-flight workloads (reservations) to deduct;
+/// a non-empty `opts.clusters` further restricts the clusters dramesh estimates (it is
+/// borrowed mutably only to narrow that list during the call, and left as it was).
 pub fn decide(
     b: &Binding,
     demand: &Demand,
     fleet: Fleet<'_>,
     estimator: &mut Estimator,
-    opts: &EstimateOptions,
+    opts: &mut EstimateOptions,
 ) -> Decision {
     let mut attempt = Attempt {
         available: BTreeMap::new(),

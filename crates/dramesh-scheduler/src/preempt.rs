@@ -20,7 +20,7 @@ use dramesh_estimator::{EstimateOptions, Estimator, preempt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{Map, Value, json};
 
-use crate::decide::{Attempt, Event, Fleet, filter};
+use crate::decide::{Attempt, Event, Fleet, filter, with_clusters};
 use crate::demand::Demand;
 use crate::object::{Binding, GracefulEvictionTask};
 use crate::patch::{Patch, clusters_value, go_json, merge_diff};
@@ -111,13 +111,14 @@ pub fn eviction_patch(victim: &Binding, cluster: &str, message: &str, now: &Time
 
 /// Plans the preemption for `preemptor`, which fits nowhere, among `bindings` (every binding
 /// the replica knows; the preemptor itself is skipped). `Err` says why nothing is evicted.
+/// `opts` is used as [`crate::decide()`] uses it.
 pub fn plan_preemption(
     preemptor: &Binding,
     demand: &Demand,
     bindings: &[Binding],
     fleet: Fleet<'_>,
     estimator: &mut Estimator,
-    opts: &EstimateOptions,
+    opts: &mut EstimateOptions,
     now: &Time,
 ) -> Result<PreemptionPlan, String> {
     let Demand::Replicas(w) = demand else {
@@ -141,15 +142,18 @@ pub fn plan_preemption(
     );
     let mut candidates: Vec<String> = feasible
         .iter()
-        .filter(|c| fleet.view.cluster(&c.name).is_some())
+        .filter(|c| {
+            fleet.view.cluster(&c.name).is_some()
+                && (opts.clusters.is_empty() || opts.clusters.contains(&c.name))
+        })
         .map(|c| c.name.clone())
         .collect();
     let priority = preemptor.priority();
     let mut refused: Vec<String> = Vec::new();
     while !candidates.is_empty() {
-        let mut o = opts.clone();
-        o.clusters = candidates.clone();
-        let r = preempt(fleet.view, w, estimator, &o);
+        let r = with_clusters(opts, candidates.clone(), |o| {
+            preempt(fleet.view, w, estimator, o)
+        });
         if let Some(c) = r.fits_without_preemption {
             return Err(format!("the binding fits on {c} without preemption"));
         }

@@ -132,7 +132,7 @@ fn a_device_workload_lands_only_where_its_devices_fit() {
             view: &view,
         },
         &mut Estimator::new(),
-        &EstimateOptions::default(),
+        &mut EstimateOptions::default(),
     );
     assert_eq!(d.condition.reason, Reason::Success, "{:?}", d.condition);
     assert_eq!(d.retry, Retry::No);
@@ -176,7 +176,7 @@ fn a_cluster_without_an_agent_is_estimated_from_its_resource_summary() {
             view: &view,
         },
         &mut Estimator::new(),
-        &EstimateOptions::default(),
+        &mut EstimateOptions::default(),
     );
     // (64 - 4) cpu / 1 = 60, (256 - 16) Gi / 4 Gi = 60, 100 pod slots: 60.
     assert_eq!(d.available.get("s0"), Some(&60));
@@ -197,7 +197,7 @@ fn scale_up_keeps_the_previous_clusters() {
             view: &view,
         },
         &mut Estimator::new(),
-        &EstimateOptions::default(),
+        &mut EstimateOptions::default(),
     );
     assert_eq!(
         sorted(d.clusters.expect("result")),
@@ -217,7 +217,7 @@ fn scale_up_keeps_the_previous_clusters() {
             view: &view,
         },
         &mut Estimator::new(),
-        &EstimateOptions::default(),
+        &mut EstimateOptions::default(),
     );
     assert_eq!(
         sorted(d.clusters.expect("result")),
@@ -239,7 +239,7 @@ fn a_cluster_going_not_ready_loses_its_replicas() {
             view: &view,
         },
         &mut Estimator::new(),
-        &EstimateOptions::default(),
+        &mut EstimateOptions::default(),
     );
     assert_eq!(d.clusters.expect("result"), tc(&[("c1", 4)]));
     assert_eq!(
@@ -261,7 +261,7 @@ fn no_fit_clears_the_result_with_karmadas_histogram() {
         ),
     );
     let placement = json!({"clusterAffinity": {"clusterNames": ["c1", "c2"]}, "replicaScheduling": dynamic()["replicaScheduling"]});
-    let opts = EstimateOptions {
+    let mut opts = EstimateOptions {
         stale: vec!["c2".into()],
         ..EstimateOptions::default()
     };
@@ -274,7 +274,7 @@ fn no_fit_clears_the_result_with_karmadas_histogram() {
             view: &view,
         },
         &mut Estimator::new(),
-        &opts,
+        &mut opts,
     );
     assert_eq!(d.condition.reason, Reason::NoClusterFit);
     assert!(!d.condition.status);
@@ -304,7 +304,7 @@ fn too_few_devices_is_unschedulable_and_keeps_the_spec() {
             view: &view,
         },
         &mut Estimator::new(),
-        &EstimateOptions::default(),
+        &mut EstimateOptions::default(),
     );
     assert_eq!(d.condition.reason, Reason::Unschedulable);
     assert_eq!(
@@ -319,7 +319,7 @@ fn too_few_devices_is_unschedulable_and_keeps_the_spec() {
 fn stale_clusters_get_nothing_and_the_message_says_so() {
     let view = view();
     let cl = clusters();
-    let opts = EstimateOptions {
+    let mut opts = EstimateOptions {
         stale: vec!["c0".into()],
         ..EstimateOptions::default()
     };
@@ -332,13 +332,36 @@ fn stale_clusters_get_nothing_and_the_message_says_so() {
             view: &view,
         },
         &mut Estimator::new(),
-        &opts,
+        &mut opts,
     );
     assert_eq!(d.clusters.expect("result"), tc(&[("c1", 2)]));
     assert_eq!(
         d.condition.message,
         "Binding has been scheduled successfully. Not considered, dramesh data stale: c0."
     );
+    assert_eq!(opts.stale, ["c0"]);
+    assert!(
+        opts.clusters.is_empty(),
+        "the caller's options are left as they were"
+    );
+    // A caller's cluster list restricts what dramesh estimates.
+    let mut only_c0 = EstimateOptions {
+        clusters: vec!["c0".into()],
+        ..EstimateOptions::default()
+    };
+    let d = decide(
+        &b,
+        &gpu_demand(&b),
+        Fleet {
+            clusters: &cl,
+            view: &view,
+        },
+        &mut Estimator::new(),
+        &mut only_c0,
+    );
+    assert_eq!(d.clusters.expect("result"), tc(&[("c0", 2)]));
+    assert_eq!(d.excluded["c1"], "not among the clusters asked for");
+    assert_eq!(only_c0.clusters, ["c0"]);
 }
 
 #[test]
@@ -361,7 +384,7 @@ fn cluster_affinities_are_tried_in_order() {
             view: &view,
         },
         &mut Estimator::new(),
-        &EstimateOptions::default(),
+        &mut EstimateOptions::default(),
     );
     assert_eq!(d.condition.reason, Reason::Success);
     assert_eq!(d.affinity_name.as_deref(), Some("spare"));
@@ -405,7 +428,7 @@ fn cluster_affinities_are_tried_in_order() {
             view: &view,
         },
         &mut Estimator::new(),
-        &EstimateOptions::default(),
+        &mut EstimateOptions::default(),
     );
     assert_eq!(d.condition.reason, Reason::Unschedulable);
     assert_eq!(d.clusters, None);
@@ -429,7 +452,7 @@ fn duplicated_and_static_weights() {
             view: &view,
         },
         &mut Estimator::new(),
-        &EstimateOptions::default(),
+        &mut EstimateOptions::default(),
     );
     assert_eq!(d.clusters.expect("result"), tc(&[("c0", 3), ("c1", 3)]));
 
@@ -446,7 +469,7 @@ fn duplicated_and_static_weights() {
             view: &view,
         },
         &mut Estimator::new(),
-        &EstimateOptions::default(),
+        &mut EstimateOptions::default(),
     );
     assert_eq!(
         sorted(d.clusters.expect("result")),
@@ -470,7 +493,7 @@ fn spread_by_cluster_limits_the_groups() {
             view: &view,
         },
         &mut Estimator::new(),
-        &EstimateOptions::default(),
+        &mut EstimateOptions::default(),
     );
     assert_eq!(d.clusters.expect("result"), tc(&[("c0", 4)]));
     // 9 replicas cannot fit in one cluster: a selection error.
@@ -483,7 +506,7 @@ fn spread_by_cluster_limits_the_groups() {
             view: &view,
         },
         &mut Estimator::new(),
-        &EstimateOptions::default(),
+        &mut EstimateOptions::default(),
     );
     assert_eq!(d.condition.reason, Reason::SchedulerError);
     assert!(
@@ -500,7 +523,7 @@ fn spread_by_cluster_limits_the_groups() {
 fn a_past_deadline_is_an_error_to_retry() {
     let view = view();
     let cl = clusters();
-    let opts = EstimateOptions {
+    let mut opts = EstimateOptions {
         deadline: Some(std::time::Instant::now()),
         ..EstimateOptions::default()
     };
@@ -513,7 +536,7 @@ fn a_past_deadline_is_an_error_to_retry() {
             view: &view,
         },
         &mut Estimator::new(),
-        &opts,
+        &mut opts,
     );
     assert_eq!(d.condition.reason, Reason::SchedulerError);
     assert_eq!(d.retry, Retry::Error);
@@ -547,7 +570,7 @@ fn cluster_resource_bindings_get_karmadas_event_wording() {
             view: &view,
         },
         &mut Estimator::new(),
-        &EstimateOptions::default(),
+        &mut EstimateOptions::default(),
     );
     assert_eq!(
         d.clusters

@@ -120,7 +120,7 @@ fn a_high_priority_gpu_binding_evicts_the_lowest_binding() {
             view: &view,
         },
         &mut Estimator::new(),
-        &EstimateOptions::default(),
+        &mut EstimateOptions::default(),
         &now(),
     )
     .expect("plan");
@@ -165,7 +165,7 @@ fn clusters_whose_victims_are_not_lower_bindings_are_not_chosen() {
             view: &view,
         },
         &mut Estimator::new(),
-        &EstimateOptions::default(),
+        &mut EstimateOptions::default(),
         &now(),
     )
     .expect("plan");
@@ -188,7 +188,7 @@ fn clusters_whose_victims_are_not_lower_bindings_are_not_chosen() {
             view: &view,
         },
         &mut Estimator::new(),
-        &EstimateOptions::default(),
+        &mut EstimateOptions::default(),
         &now(),
     )
     .expect_err("no lower priority");
@@ -218,7 +218,7 @@ fn nothing_is_evicted_when_evicting_everything_would_not_make_room() {
             view: &view,
         },
         &mut Estimator::new(),
-        &EstimateOptions::default(),
+        &mut EstimateOptions::default(),
         &now(),
     )
     .expect_err("cannot make room");
@@ -243,7 +243,7 @@ fn preemption_policy_never_is_honoured() {
             view: &view,
         },
         &mut Estimator::new(),
-        &EstimateOptions::default(),
+        &mut EstimateOptions::default(),
         &now(),
     )
     .expect_err("never");

@@ -29,4 +29,4 @@ pub use object::{Binding, BindingKind, Cluster, InputError, Readiness};
 pub use patch::{Patch, Reason, ScheduledCondition};
 pub use placement::Placement;
 pub use preempt::{Eviction, PreemptionPlan, plan_preemption};
-pub use trigger::{Action, Backoff, RetryState, Trigger, plan};
+pub use trigger::{Action, Backoff, RetryState, Trigger, affected_by_cluster, plan};

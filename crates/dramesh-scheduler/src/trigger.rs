@@ -147,6 +147,32 @@ pub fn plan(b: &Binding, clusters: &BTreeMap<String, Cluster>, scheduler: &str) 
     Action::Nothing(None)
 }
 
+/// Karmada `enqueueAffectedBindings`: whether a change of `cluster` (joined, labels or spec
+/// changed, being deleted) should requeue `b` for [`plan`]: the binding is this scheduler's
+/// and its cluster affinity in use (the observed `clusterAffinities` term, or any while the
+/// binding has not been scheduled at its generation) is absent or matches the cluster. The
+/// clusters `b` already uses are requeued too, so that leaving ones are noticed.
+pub fn affected_by_cluster(b: &Binding, cluster: &Cluster, scheduler: &str) -> bool {
+    if !b.handled_by(scheduler) {
+        return false;
+    }
+    if b.clusters.iter().any(|t| t.name == cluster.name) {
+        return true;
+    }
+    let terms = &b.policy.affinities;
+    let affinity = if terms.is_empty() {
+        b.policy.affinity.as_ref()
+    } else {
+        if b.status.scheduler_observed_generation != b.metadata.generation {
+            return true;
+        }
+        let observed = &b.status.scheduler_observed_affinity_name;
+        let i = terms.iter().position(|t| t.name == *observed).unwrap_or(0);
+        Some(&terms[i].affinity)
+    };
+    affinity.is_none_or(|a| a.matches(&cluster.name, &cluster.info))
+}
+
 /// When to retry a binding that was not scheduled, with karmada-scheduler's queue values
 /// (`pkg/scheduler/internal/queue`): a backoff of 1 s doubling per attempt up to 10 s, and
 /// an unschedulable binding left alone for at most 5 minutes.
@@ -461,6 +487,34 @@ mod tests {
             panic!("expected the generation patch")
         };
         assert_eq!(p.body, r#"{"status":{"schedulerObservedGeneration":3}}"#);
+    }
+
+    #[test]
+    fn cluster_changes_requeue_the_bindings_whose_affinity_matches() {
+        let b = settled(|v| {
+            v["spec"]["placement"]["clusterAffinity"] =
+                json!({"labelSelector": {"matchLabels": {"tier": "gpu"}}})
+        });
+        let gpu =
+            Cluster::from_value(&json!({"metadata": {"name": "new", "labels": {"tier": "gpu"}}}))
+                .expect("cluster");
+        let cpu = Cluster::from_value(&json!({"metadata": {"name": "other"}})).expect("cluster");
+        assert!(affected_by_cluster(&b, &gpu, "dramesh-scheduler"));
+        assert!(!affected_by_cluster(&b, &cpu, "dramesh-scheduler"));
+        assert!(!affected_by_cluster(&b, &gpu, "default-scheduler"));
+        // A cluster in use is always looked at.
+        let used = Cluster::from_value(&json!({"metadata": {"name": "m1"}})).expect("cluster");
+        assert!(affected_by_cluster(&b, &used, "dramesh-scheduler"));
+        // clusterAffinities: the observed term decides.
+        let b = settled(|v| {
+            v["spec"]["placement"]["clusterAffinity"] = json!(null);
+            v["spec"]["placement"]["clusterAffinities"] = json!([
+                {"affinityName": "a", "clusterNames": ["other"]},
+                {"affinityName": "b", "clusterNames": ["new"]}]);
+            v["status"]["schedulerObservingAffinityName"] = json!("b");
+        });
+        assert!(affected_by_cluster(&b, &gpu, "dramesh-scheduler"));
+        assert!(!affected_by_cluster(&b, &cpu, "dramesh-scheduler"));
     }
 
     #[test]

@@ -51,10 +51,11 @@ pub use estimate::{
 pub use filter::{Exclusion, NodeClaim, NodeFacts};
 pub use placement::{
     PlacementResult, Previous, TargetCluster, assign, assign_keeping, place, select_by_cluster,
-    webster,
+    tie_ascending, webster,
 };
 pub use policy::{
-    ClusterAffinity, LabelRequirement, Policy, PolicyError, SpreadConstraint, Strategy,
+    AffinityTerm, ClusterAffinity, LabelRequirement, Policy, PolicyError, SpreadConstraint,
+    Strategy,
 };
 pub use preempt::{ClusterPreemption, PreemptionResult, Victim, preempt};
 pub use quota::{ClusterQuota, DeviceClassMapping, MappingSource, QuotaError, QuotaSet};

@@ -21,12 +21,14 @@ use crate::policy::{Policy, SpreadConstraint, Strategy};
 use crate::view::View;
 use crate::workload::Workload;
 
-/// Replicas assigned to one cluster.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+/// Replicas assigned to one cluster (Karmada `TargetCluster`, as a binding's `spec.clusters`
+/// holds it; `replicas` is omitted there when 0).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TargetCluster {
     /// Cluster name.
     pub name: String,
     /// Replicas assigned to it.
+    #[serde(default)]
     pub replicas: i64,
 }
 
@@ -135,8 +137,9 @@ pub fn webster(seats: i64, parties: &[(String, i64, i64)], ascending: bool) -> V
         .collect()
 }
 
-/// The name order of ties for this workload (see the module docs).
-pub(crate) fn tie_ascending(w: &Workload) -> bool {
+/// The name order of ties for this workload (see the module docs): Karmada's dispenser
+/// seeds it with the resource template's UID.
+pub fn tie_ascending(w: &Workload) -> bool {
     let id = w
         .uid
         .clone()
@@ -335,8 +338,10 @@ fn divide(
 ) -> Result<Vec<(String, i64)>, String> {
     let total: i64 = available.iter().map(|(_, a)| (*a).max(0)).sum();
     if total < target {
+        // Karmada's wording (`dynamicDivideReplicas`), which the scheduler role writes into
+        // the binding's condition.
         return Err(format!(
-            "clusters available replicas {total} are not enough to schedule {target}"
+            "Clusters available replicas {total} are not enough to schedule."
         ));
     }
     available.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));

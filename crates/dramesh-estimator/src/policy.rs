@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use dramesh_model::k8s::Toleration;
 use dramesh_model::{ClusterInfo, nodesel};
 use serde_json::Value;
 
@@ -199,6 +200,15 @@ pub struct SpreadConstraint {
     pub min_groups: usize,
 }
 
+/// One of `placement.clusterAffinities`: a named affinity, tried in order.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct AffinityTerm {
+    /// `affinityName`.
+    pub name: String,
+    /// The term's cluster affinity.
+    pub affinity: ClusterAffinity,
+}
+
 /// The parts of a (Cluster)PropagationPolicy placement dramesh acts on.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Policy {
@@ -206,6 +216,11 @@ pub struct Policy {
     pub name: String,
     /// `placement.clusterAffinity`.
     pub affinity: Option<ClusterAffinity>,
+    /// `placement.clusterAffinities`: Karmada tries them in order and keeps the first that
+    /// schedules (never together with `clusterAffinity`).
+    pub affinities: Vec<AffinityTerm>,
+    /// `placement.clusterTolerations`, matched against cluster taints.
+    pub tolerations: Vec<Toleration>,
     /// How replicas are assigned.
     pub strategy: Strategy,
     /// `placement.spreadConstraints`.
@@ -218,14 +233,19 @@ impl Policy {
         let name = v
             .pointer("/metadata/name")
             .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string();
+            .unwrap_or("");
+        Policy::from_placement(name, v.pointer("/spec/placement").unwrap_or(&Value::Null))
+    }
+
+    /// Reads a `spec.placement` (of a policy, or of a ResourceBinding, which carries the
+    /// policy's placement); errors name the field as `spec.placement.…` and `name` as the policy.
+    pub fn from_placement(name: &str, placement: &Value) -> Result<Policy, PolicyError> {
+        let name = name.to_string();
         let err = |f: &str, m: String| PolicyError {
             policy: name.clone(),
             field: f.to_string(),
             message: m,
         };
-        let placement = v.pointer("/spec/placement").cloned().unwrap_or(Value::Null);
         let affinity = match placement.get("clusterAffinity").filter(|x| !x.is_null()) {
             Some(a) => Some(ClusterAffinity::from_value(
                 a,
@@ -233,6 +253,44 @@ impl Policy {
                 &name,
             )?),
             None => None,
+        };
+        let mut affinities = Vec::new();
+        if let Some(terms) = placement.get("clusterAffinities").filter(|x| !x.is_null()) {
+            let terms = terms
+                .as_array()
+                .ok_or_else(|| err("spec.placement.clusterAffinities", "not a list".into()))?;
+            if affinity.is_some() && !terms.is_empty() {
+                return Err(err(
+                    "spec.placement.clusterAffinities",
+                    "clusterAffinities can not co-exist with clusterAffinity".into(),
+                ));
+            }
+            for (i, t) in terms.iter().enumerate() {
+                let f = format!("spec.placement.clusterAffinities[{i}]");
+                let term_name = t
+                    .get("affinityName")
+                    .and_then(Value::as_str)
+                    .filter(|n| !n.is_empty())
+                    .ok_or_else(|| err(&format!("{f}.affinityName"), "required".into()))?;
+                if affinities
+                    .iter()
+                    .any(|a: &AffinityTerm| a.name == term_name)
+                {
+                    return Err(err(
+                        &format!("{f}.affinityName"),
+                        format!("duplicate affinityName {term_name:?}"),
+                    ));
+                }
+                affinities.push(AffinityTerm {
+                    name: term_name.to_string(),
+                    affinity: ClusterAffinity::from_value(t, &f, &name)?,
+                });
+            }
+        }
+        let tolerations = match placement.get("clusterTolerations").filter(|x| !x.is_null()) {
+            Some(t) => serde_json::from_value(t.clone())
+                .map_err(|e| err("spec.placement.clusterTolerations", e.to_string()))?,
+            None => Vec::new(),
         };
         let rs = placement.get("replicaScheduling").filter(|x| !x.is_null());
         let strategy = match rs {
@@ -363,6 +421,8 @@ impl Policy {
         Ok(Policy {
             name,
             affinity,
+            affinities,
+            tolerations,
             strategy,
             spread,
         })
@@ -427,6 +487,48 @@ mod tests {
             e.field
                 .ends_with("fieldSelector.matchExpressions[1].values"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn cluster_affinities_and_tolerations_are_read() {
+        let p = Policy::from_value(&serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {"placement": {
+                "clusterAffinities": [
+                    {"affinityName": "primary", "clusterNames": ["a"]},
+                    {"affinityName": "backup", "labelSelector": {"matchLabels": {"tier": "spare"}}}
+                ],
+                "clusterTolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
+            }}
+        }))
+        .expect("valid");
+        let names: Vec<&str> = p.affinities.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["primary", "backup"]);
+        assert_eq!(p.affinities[0].affinity.cluster_names, ["a"]);
+        assert_eq!(p.tolerations[0].key.as_deref(), Some("gpu"));
+        let bad = |placement: Value| {
+            Policy::from_value(
+                &serde_json::json!({"metadata": {"name": "p"}, "spec": {"placement": placement}}),
+            )
+            .expect_err("invalid")
+        };
+        let e = bad(serde_json::json!({"clusterAffinities": [{"clusterNames": ["a"]}]}));
+        assert_eq!(e.field, "spec.placement.clusterAffinities[0].affinityName");
+        let e = bad(serde_json::json!({"clusterAffinities": [
+            {"affinityName": "x"}, {"affinityName": "x"}]}));
+        assert_eq!(e.field, "spec.placement.clusterAffinities[1].affinityName");
+        let e = bad(
+            serde_json::json!({"clusterAffinity": {}, "clusterAffinities": [{"affinityName": "x"}]}),
+        );
+        assert_eq!(e.field, "spec.placement.clusterAffinities");
+        let e = bad(serde_json::json!({"clusterTolerations": [{"key": 1}]}));
+        assert_eq!(e.field, "spec.placement.clusterTolerations");
+        let e = bad(serde_json::json!({"clusterAffinities": [
+            {"affinityName": "x", "labelSelector": {"matchExpressions": [{"key": "k", "operator": "In"}]}}]}));
+        assert_eq!(
+            e.field,
+            "spec.placement.clusterAffinities[0].labelSelector.matchExpressions[0].values"
         );
     }
 

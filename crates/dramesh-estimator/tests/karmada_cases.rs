@@ -422,7 +422,7 @@ fn dynamic_strategies_keep_previous_assignments_as_karmada_does() {
     )
     .unwrap_err();
     assert!(
-        err.contains("available replicas 2 are not enough to schedule 3"),
+        err.contains("Clusters available replicas 2 are not enough to schedule."),
         "{err}"
     );
     // A requested reschedule divides everything again, counting what each cluster holds as

@@ -1,0 +1,32 @@
+//! dramesh-scheduler: the pure core of the Karmada scheduler role. A dramesh replica
+//! schedules the ResourceBindings and ClusterResourceBindings whose `spec.schedulerName`
+//! names it, as karmada-scheduler would, with device-aware estimates from its own view.
+//!
+//! JSON objects as the Karmada API server returns them go in ([`Binding`], [`Cluster`],
+//! PriorityClasses, resource templates and ResourceClaimTemplates); decisions and the merge
+//! patch bodies karmada-scheduler would send come out. No async runtime, no client, no
+//! clock: the time of a write is an argument.
+//!
+//! - [`object`]: typed input, lenient with what servers emit, strict where a decision needs it.
+//! - [`placement`]: Karmada's `Placement` in Go's field order (the applied-placement annotation).
+//! - [`demand`]: what one replica needs, from the resource template.
+//! - [`trigger`]: when to schedule ([`plan`]) and when to retry ([`Backoff`]).
+//! - [`decide`](mod@decide): filter, estimate, select, assign ([`decide()`]).
+//! - [`patch`]: the bodies of the writes.
+//! - [`preempt`](mod@preempt): which lower-priority bindings to evict, and their patches.
+
+pub mod decide;
+pub mod demand;
+pub mod object;
+pub mod patch;
+pub mod placement;
+pub mod preempt;
+pub mod trigger;
+
+pub use decide::{Decision, Event, Fleet, Retry, decide, general_estimate};
+pub use demand::{Demand, demand};
+pub use object::{Binding, BindingKind, Cluster, InputError, Readiness};
+pub use patch::{Patch, Reason, ScheduledCondition};
+pub use placement::Placement;
+pub use preempt::{Eviction, PreemptionPlan, plan_preemption};
+pub use trigger::{Action, Backoff, RetryState, Trigger, affected_by_cluster, plan};

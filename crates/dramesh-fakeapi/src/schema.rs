@@ -265,10 +265,8 @@ impl Schema {
             Value::String(s) => self.check_string(s, path, causes),
             Value::Number(_) => self.check_number(v, path, causes),
             Value::Array(items) => self.check_array(items, path, causes),
-            Value::Object(m) => {
-                if self.ty == Some(Type::Object) || !self.properties.is_empty() {
-                    self.object_fields(m, path, causes, &[]);
-                }
+            Value::Object(m) if self.ty == Some(Type::Object) || !self.properties.is_empty() => {
+                self.object_fields(m, path, causes, &[]);
             }
             _ => {}
         }
@@ -371,7 +369,7 @@ impl Schema {
         }
     }
 
-    fn check_array(&self, items: &mut Vec<Value>, path: &str, causes: &mut Vec<Cause>) {
+    fn check_array(&self, items: &mut [Value], path: &str, causes: &mut Vec<Cause>) {
         let n = items.len() as u64;
         if let Some(max) = self.max_items
             && n > max

@@ -1513,3 +1513,64 @@ fn discovery(path: &str) -> Option<Response<Body>> {
 pub fn plural(kind: &str) -> &'static str {
     res_by_kind(kind).plural
 }
+
+#[cfg(test)]
+mod tests {
+    use super::merge_patch;
+    use serde_json::json;
+
+    /// The examples of RFC 7386, appendix A.
+    #[test]
+    fn merge_patch_follows_rfc_7386() {
+        let cases = [
+            (json!({"a": "b"}), json!({"a": "c"}), json!({"a": "c"})),
+            (
+                json!({"a": "b"}),
+                json!({"b": "c"}),
+                json!({"a": "b", "b": "c"}),
+            ),
+            (json!({"a": "b"}), json!({"a": null}), json!({})),
+            (
+                json!({"a": "b", "b": "c"}),
+                json!({"a": null}),
+                json!({"b": "c"}),
+            ),
+            (json!({"a": ["b"]}), json!({"a": "c"}), json!({"a": "c"})),
+            (json!({"a": "c"}), json!({"a": ["b"]}), json!({"a": ["b"]})),
+            (
+                json!({"a": {"b": "c"}}),
+                json!({"a": {"b": "d", "c": null}}),
+                json!({"a": {"b": "d"}}),
+            ),
+            (
+                json!({"a": [{"b": "c"}]}),
+                json!({"a": [1]}),
+                json!({"a": [1]}),
+            ),
+            (json!(["a", "b"]), json!(["c", "d"]), json!(["c", "d"])),
+            (json!({"a": "b"}), json!(["c"]), json!(["c"])),
+            (json!({"a": "foo"}), json!(null), json!(null)),
+            (json!({"a": "foo"}), json!("bar"), json!("bar")),
+            (
+                json!({"e": null}),
+                json!({"a": 1}),
+                json!({"e": null, "a": 1}),
+            ),
+            (
+                json!([1, 2]),
+                json!({"a": "b", "c": null}),
+                json!({"a": "b"}),
+            ),
+            (
+                json!({}),
+                json!({"a": {"bb": {"ccc": null}}}),
+                json!({"a": {"bb": {}}}),
+            ),
+        ];
+        for (target, patch, want) in cases {
+            let mut got = target.clone();
+            merge_patch(&mut got, &patch);
+            assert_eq!(got, want, "{target} + {patch}");
+        }
+    }
+}

@@ -353,3 +353,70 @@ async fn other_patch_types_are_unsupported_and_discovery_finds_kinds() {
     let (code, _, _) = kube_status(wrong.get("m1").await.unwrap_err());
     assert_eq!(code, 404);
 }
+
+/// A binding as Karmada's own controllers leave it (detector, scheduler, failover, status
+/// aggregation): everything a real API server returns must load and pass the schema.
+#[tokio::test]
+async fn bindings_as_karmada_writes_them_pass_the_schema() {
+    let fake = FakeApi::start().await;
+    if !crds(&fake) {
+        return;
+    }
+    let full = json!({"apiVersion": "work.karmada.io/v1alpha2", "kind": "ClusterResourceBinding",
+        "metadata": {"name": "trainer-deployment", "labels": {"propagationpolicy.karmada.io/permanent-id": "x"},
+            "annotations": {"policy.karmada.io/applied-placement": "{}"},
+            "finalizers": ["karmada.io/binding-controller"],
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "trainer",
+                "uid": "d-1", "controller": true, "blockOwnerDeletion": true}]},
+        "spec": {
+            "resource": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "ml",
+                "name": "trainer", "uid": "d-1", "resourceVersion": "12"},
+            "replicas": 4,
+            "replicaRequirements": {"resourceRequest": {"cpu": "100m", "memory": "1Gi", "nvidia.com/gpu": 1},
+                "nodeClaim": {"nodeSelector": {"gpu": "true"},
+                    "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+                "priorityClassName": "high"},
+            "schedulerName": "dramesh-scheduler",
+            "schedulePriority": {"priority": 1000},
+            "placement": {
+                "clusterAffinities": [{"affinityName": "primary", "clusterNames": ["m1"]},
+                    {"affinityName": "backup", "labelSelector": {"matchLabels": {"region": "eu"}}}],
+                "clusterTolerations": [{"key": "cluster.karmada.io/not-ready", "operator": "Exists",
+                    "effect": "NoExecute", "tolerationSeconds": 300}],
+                "spreadConstraints": [{"spreadByField": "cluster", "maxGroups": 2, "minGroups": 1}],
+                "replicaScheduling": {"replicaSchedulingType": "Divided",
+                    "replicaDivisionPreference": "Weighted",
+                    "weightPreference": {"staticWeightList": [
+                        {"targetCluster": {"clusterNames": ["m1"]}, "weight": 2}]}}},
+            "clusters": [{"name": "m1", "replicas": 4}],
+            "gracefulEvictionTasks": [{"fromCluster": "m2", "replicas": 2, "reason": "Preempted",
+                "message": "preempted by ml/urgent", "producer": "dramesh-scheduler",
+                "purgeMode": "Gracefully", "creationTimestamp": "2026-11-25T12:00:00Z"}],
+            "rescheduleTriggeredAt": "2026-11-25T11:00:00Z"},
+        "status": {
+            "schedulerObservedGeneration": 3,
+            "schedulerObservingAffinityName": "primary",
+            "lastScheduledTime": "2026-11-25T12:00:00Z",
+            "conditions": [{"type": "Scheduled", "status": "True", "reason": "Success",
+                "message": "Binding has been scheduled successfully.", "observedGeneration": 3,
+                "lastTransitionTime": "2026-11-25T12:00:00Z"}],
+            "aggregatedStatus": [{"clusterName": "m1", "applied": true, "health": "Healthy",
+                "status": {"readyReplicas": 4, "anything": {"nested": [1]}}}]}});
+    fake.try_apply(full.clone())
+        .unwrap_or_else(|s| panic!("a binding as Karmada writes it was refused: {s}"));
+    let stored = fake
+        .get("ClusterResourceBinding", None, "trainer-deployment")
+        .unwrap();
+    assert_eq!(
+        stored["spec"]["gracefulEvictionTasks"][0]["reason"],
+        "Preempted"
+    );
+    // A reason Karmada's pattern refuses (spaces) is named.
+    let mut bad = full;
+    bad["spec"]["gracefulEvictionTasks"][0]["reason"] = json!("preempted by urgent");
+    let s = fake.try_apply(bad).unwrap_err();
+    assert_eq!(
+        s["details"]["causes"][0]["field"], "spec.gracefulEvictionTasks[0].reason",
+        "{s}"
+    );
+}

@@ -461,3 +461,84 @@ async fn events_are_recorded_on_bindings_with_the_note_cut_to_the_limit() {
     assert_eq!(e.status(), Some(422), "{e}");
     assert!(e.to_string().contains("ResourceBinding ml/rb"), "{e}");
 }
+
+#[tokio::test]
+async fn cluster_resource_bindings_are_watched_patched_and_get_events() {
+    let fake = FakeApi::start().await;
+    let mut crb = binding("ml", "shared", ME);
+    crb["kind"] = json!("ClusterResourceBinding");
+    crb["metadata"].as_object_mut().unwrap().remove("namespace");
+    fake.apply(crb);
+    let c = client(&fake).await;
+    let mut w = c.watch(Kind::ClusterResourceBinding);
+    let Change::Applied(o) = next(&mut w).await else {
+        panic!("expected the binding")
+    };
+    assert!(matches!(next(&mut w).await, Change::Synced));
+    assert_eq!(o.key().namespace, None);
+    let at = BindingRef::of(Kind::ClusterResourceBinding, &o).unwrap();
+    let done = c
+        .patch(
+            &at,
+            &json!({"spec": {"clusters": [{"name": "m1", "replicas": 3}]}}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(done.value()["spec"]["clusters"][0]["name"], "m1");
+    // The watch sees our own write.
+    let Change::Applied(seen) = next(&mut w).await else {
+        panic!("expected the patched binding")
+    };
+    assert_eq!(seen.meta().resource_version, done.meta().resource_version);
+    let at = BindingRef::of(Kind::ClusterResourceBinding, &done).unwrap();
+    c.patch_status(
+        &at,
+        &json!({"status": {"schedulerObservedGeneration": done.meta().generation}}),
+    )
+    .await
+    .unwrap();
+    c.event(
+        &Kind::ClusterResourceBinding.reference(&done),
+        &EventNote {
+            warning: false,
+            reason: "ScheduleBindingSucceed".into(),
+            action: "Scheduling".into(),
+            message: "Binding has been scheduled successfully. Result {m1:3}".into(),
+        },
+    )
+    .await
+    .unwrap();
+    let events = fake.list_objects("events.k8s.io/v1", "Event");
+    assert_eq!(events.len(), 1);
+    // Cluster-scoped objects' Events live in `default`, as kube's Recorder puts them.
+    assert_eq!(events[0]["metadata"]["namespace"], "default");
+    assert_eq!(events[0]["regarding"]["kind"], "ClusterResourceBinding");
+}
+
+#[tokio::test]
+async fn a_failing_watch_says_why() {
+    // A port nothing listens on.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let cfg = kube::Config::new(format!("http://127.0.0.1:{port}").parse().unwrap());
+    let c = KarmadaClient::new(
+        kube::Client::try_from(cfg).unwrap(),
+        KarmadaOptions::new(ME, "r"),
+    );
+    let w = c.watch(Kind::Cluster);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let why = loop {
+        if let Some(why) = w.failing() {
+            break why;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no error reported");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(why.contains("clusters"), "{why}");
+    // A read against the same server is an error naming the object, not a hang.
+    let e = c.get(Kind::Cluster, None, "m1").await.err().unwrap();
+    assert!(e.to_string().starts_with("Cluster m1"), "{e}");
+    assert_eq!(e.status(), None);
+}

@@ -4,7 +4,7 @@
 //! deleted while the watch was away is reported deleted.
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use futures::StreamExt;
 use kube::Api;
@@ -80,6 +80,7 @@ impl Cache {
 /// A running watch. Dropping it stops the watch.
 pub struct Watch {
     cache: Cache,
+    failing: Arc<Mutex<Option<String>>>,
     changes: mpsc::Receiver<Change>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -88,6 +89,15 @@ impl Watch {
     /// The cache (shared; updated before each change is sent).
     pub fn cache(&self) -> Cache {
         self.cache.clone()
+    }
+
+    /// The error the watch is retrying after, if its last attempt failed (403 Forbidden from
+    /// missing RBAC, an unreachable server); cleared by the next event it receives.
+    pub fn failing(&self) -> Option<String> {
+        self.failing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// The next change; `None` only if the watch task ended.
@@ -110,15 +120,23 @@ fn ours(obj: &Object, scheduler: Option<&str>) -> bool {
 pub(super) fn start(api: Api<Object>, scheduler: Option<String>, buffer: usize) -> Watch {
     let cache = Cache::default();
     let (tx, changes) = mpsc::channel(buffer.max(1));
-    let task = tokio::spawn(run(api, scheduler, cache.clone(), tx));
+    let failing = Arc::new(Mutex::new(None));
+    let task = tokio::spawn(run(api, scheduler, cache.clone(), failing.clone(), tx));
     Watch {
         cache,
+        failing,
         changes,
         task,
     }
 }
 
-async fn run(api: Api<Object>, scheduler: Option<String>, cache: Cache, tx: mpsc::Sender<Change>) {
+async fn run(
+    api: Api<Object>,
+    scheduler: Option<String>,
+    cache: Cache,
+    failing: Arc<Mutex<Option<String>>>,
+    tx: mpsc::Sender<Change>,
+) {
     let kind = api.resource_url().to_string();
     let mut events = watcher(api, watcher::Config::default())
         .default_backoff()
@@ -126,6 +144,8 @@ async fn run(api: Api<Object>, scheduler: Option<String>, cache: Cache, tx: mpsc
     // The objects of a relist in progress.
     let mut relist: Option<HashMap<ObjectKey, Arc<Object>>> = None;
     while let Some(ev) = events.next().await {
+        *failing.lock().unwrap_or_else(|e| e.into_inner()) =
+            ev.as_ref().err().map(|e| format!("watch {kind}: {e}"));
         let out: Vec<Change> = match ev {
             Err(e) => {
                 tracing::warn!(watch = %kind, error = %e, "karmada watch failed; retrying with backoff");

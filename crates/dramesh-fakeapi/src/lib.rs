@@ -1,8 +1,10 @@
 //! Tests only (a dev-dependency, never published): an in-process fake Kubernetes API server
 //! speaking the list/watch protocol over plain HTTP/1.1, for driving the real kube client in
-//! tests (the agent's watchers and Leases, the replica's TokenReview).
+//! tests (the agent's watchers and Leases, the replica's TokenReview, the scheduler's Karmada
+//! client).
 //!
-//! Implemented faithfully enough for kube-runtime's watcher and our Lease code:
+//! Implemented faithfully enough for kube-runtime's watcher, kube's event `Recorder` and our
+//! Lease and Karmada code:
 //! - collection GET with `limit`/`continue` chunking (the continue token pins the first page's
 //!   resourceVersion; an expired token answers 410 `Expired`), `fieldSelector` on
 //!   `metadata.name`, `metadata.namespace`, `spec.nodeName` (`=`, `==`, `!=`, comma-joined),
@@ -13,21 +15,43 @@
 //!   when `allowWatchBookmarks=true`, `timeoutSeconds`, an ERROR event with a 410 Status when
 //!   the requested version has been compacted away;
 //! - test controls: [`FakeApi::drop_watches`] cuts every open watch mid-chunk (an abrupt
-//!   close after half an event line), [`FakeApi::compact`] forgets the event log;
-//! - single-object GET/POST/PUT (Leases) with `resourceVersion` optimistic concurrency: 409
-//!   Conflict on a stale version, 409 AlreadyExists on a duplicate create;
+//!   close after half an event line), [`FakeApi::compact`] forgets the event log,
+//!   [`FakeApi::conflict_next_writes`] makes the next writes to an object answer 409, and
+//!   [`FakeApi::writes`] reads back every write request in order;
+//! - single-object GET/POST/PUT/PATCH with `resourceVersion` optimistic concurrency: 409
+//!   Conflict (a `Status` with reason `Conflict`) when the body's `metadata.resourceVersion`
+//!   is not current, 409 AlreadyExists on a duplicate create. PATCH takes
+//!   `application/merge-patch+json` (RFC 7386); other patch types answer 415 (no kube code
+//!   path we use sends them: kube's event `Recorder` and our Karmada client merge-patch);
+//! - the `/status` subresource where the kind has one: the main resource ignores `status`
+//!   changes and `/status` ignores everything but `status`; `metadata.generation` counts
+//!   changes outside `metadata` and `status` (kinds that track it); every write sets
+//!   `resourceVersion`, creations `uid` and `creationTimestamp`;
+//! - Karmada kinds (`work.karmada.io/v1alpha2` ResourceBinding and ClusterResourceBinding,
+//!   `cluster.karmada.io/v1alpha1` Cluster) besides the core, apps, batch, scheduling, DRA and
+//!   events kinds. Every object written to a binding kind is validated against the real CRD's
+//!   `openAPIV3Schema` ([`schema`], from `shared/fixtures/karmada/crds` beside the repository;
+//!   see [`karmada_crds_dir`]), with a 422 `Invalid` whose `details.causes` name the fields.
+//!   Fields the schema does not know are refused (the API server prunes them; tests want to
+//!   know). Cluster's CRD is not among the fixtures: Clusters are stored as written.
+//!   `events.k8s.io/v1` Events get the API server's field checks (required fields, `type`,
+//!   lengths, `note` at most 1 kB);
+//! - discovery as far as kube's `discovery::pinned_kind` needs it (`/api/v1`, `/apis/<g>/<v>`);
 //! - `POST /apis/authentication.k8s.io/v1/tokenreviews`: `authenticated: true` with the user
 //!   and groups of a token registered by [`FakeApi::add_token`], else `authenticated: false`
 //!   with an error; [`FakeApi::token_reviews`] counts the reviews;
 //! - `/version`.
 //!
-//! Not implemented: label selectors (400), DELETE/PATCH over HTTP (tests mutate state
-//! directly), consistent snapshots across list pages (later pages read current state; the
+//! Not implemented: label selectors (400), DELETE over HTTP (tests mutate state directly),
+//! `generateName`, consistent snapshots across list pages (later pages read current state; the
 //! watch from the pinned version replays whatever changed, as a real watch would).
+
+pub mod schema;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -45,44 +69,136 @@ struct Res {
     plural: &'static str,
     group_version: &'static str,
     kind: &'static str,
+    namespaced: bool,
+    /// Has a `/status` subresource: the main resource ignores `status`, `/status` all else.
+    status: bool,
+    /// Tracks `metadata.generation` (bumped on changes outside `metadata` and `status`).
+    generation: bool,
+    /// The CRD manifest (under [`karmada_crds_dir`]) whose schema every write must pass.
+    crd: Option<&'static str>,
 }
 
+const fn res(
+    plural: &'static str,
+    group_version: &'static str,
+    kind: &'static str,
+    namespaced: bool,
+    status: bool,
+    generation: bool,
+) -> Res {
+    Res {
+        plural,
+        group_version,
+        kind,
+        namespaced,
+        status,
+        generation,
+        crd: None,
+    }
+}
+
+const fn crd(
+    plural: &'static str,
+    kind: &'static str,
+    namespaced: bool,
+    file: &'static str,
+) -> Res {
+    Res {
+        plural,
+        group_version: "work.karmada.io/v1alpha2",
+        kind,
+        namespaced,
+        status: true,
+        generation: true,
+        crd: Some(file),
+    }
+}
+
+/// Served kinds. Where two share a kind (Event), the first is what kind-only lookups mean.
 const RESOURCES: &[Res] = &[
-    Res {
-        plural: "nodes",
-        group_version: "v1",
-        kind: "Node",
-    },
-    Res {
-        plural: "pods",
-        group_version: "v1",
-        kind: "Pod",
-    },
-    Res {
-        plural: "resourceslices",
-        group_version: "resource.k8s.io/v1",
-        kind: "ResourceSlice",
-    },
-    Res {
-        plural: "deviceclasses",
-        group_version: "resource.k8s.io/v1",
-        kind: "DeviceClass",
-    },
-    Res {
-        plural: "resourceclaims",
-        group_version: "resource.k8s.io/v1",
-        kind: "ResourceClaim",
-    },
-    Res {
-        plural: "devicetaintrules",
-        group_version: "resource.k8s.io/v1beta2",
-        kind: "DeviceTaintRule",
-    },
-    Res {
-        plural: "leases",
-        group_version: "coordination.k8s.io/v1",
-        kind: "Lease",
-    },
+    res("nodes", "v1", "Node", false, true, false),
+    res("pods", "v1", "Pod", true, true, false),
+    res(
+        "resourceslices",
+        "resource.k8s.io/v1",
+        "ResourceSlice",
+        false,
+        false,
+        false,
+    ),
+    res(
+        "deviceclasses",
+        "resource.k8s.io/v1",
+        "DeviceClass",
+        false,
+        false,
+        false,
+    ),
+    res(
+        "resourceclaims",
+        "resource.k8s.io/v1",
+        "ResourceClaim",
+        true,
+        true,
+        false,
+    ),
+    res(
+        "resourceclaimtemplates",
+        "resource.k8s.io/v1",
+        "ResourceClaimTemplate",
+        true,
+        false,
+        false,
+    ),
+    res(
+        "devicetaintrules",
+        "resource.k8s.io/v1beta2",
+        "DeviceTaintRule",
+        false,
+        true,
+        false,
+    ),
+    res(
+        "leases",
+        "coordination.k8s.io/v1",
+        "Lease",
+        true,
+        false,
+        false,
+    ),
+    res("deployments", "apps/v1", "Deployment", true, true, true),
+    res("statefulsets", "apps/v1", "StatefulSet", true, true, true),
+    res("jobs", "batch/v1", "Job", true, true, true),
+    res(
+        "priorityclasses",
+        "scheduling.k8s.io/v1",
+        "PriorityClass",
+        false,
+        false,
+        false,
+    ),
+    res("events", "events.k8s.io/v1", "Event", true, false, false),
+    res("events", "v1", "Event", true, false, false),
+    res(
+        "clusters",
+        "cluster.karmada.io/v1alpha1",
+        "Cluster",
+        false,
+        true,
+        true,
+    ),
+    crd(
+        "resourcebindings",
+        "ResourceBinding",
+        true,
+        "work.karmada.io_resourcebindings.yaml",
+    ),
+    crd(
+        "clusterresourcebindings",
+        "ClusterResourceBinding",
+        false,
+        "work.karmada.io_clusterresourcebindings.yaml",
+    ),
 ];
 
 fn res_by_kind(kind: &str) -> Res {
@@ -92,11 +208,88 @@ fn res_by_kind(kind: &str) -> Res {
         .unwrap_or_else(|| panic!("fake api: unknown kind {kind}"))
 }
 
+fn res_by_gvk(api_version: &str, kind: &str) -> Res {
+    *RESOURCES
+        .iter()
+        .find(|r| r.kind == kind && r.group_version == api_version)
+        .unwrap_or_else(|| panic!("fake api: unknown kind {api_version} {kind}"))
+}
+
+/// Where the Karmada CRD manifests are: `shared/fixtures/karmada/crds` in the nearest ancestor
+/// of this crate that has one (the repository's `../shared`, also from a git worktree nested
+/// deeper). `None` when absent: binding writes are then stored unvalidated, and tests that
+/// need validation must print a skip message ([`FakeApi::validates_karmada_crds`]).
+pub fn karmada_crds_dir() -> Option<PathBuf> {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .map(|a| a.join("shared/fixtures/karmada/crds"))
+        .find(|d| d.is_dir())
+}
+
+/// The compiled schemas by CRD file name, loaded once per process.
+fn crd_schemas() -> Option<&'static BTreeMap<&'static str, schema::Crd>> {
+    static SCHEMAS: OnceLock<Option<BTreeMap<&'static str, schema::Crd>>> = OnceLock::new();
+    SCHEMAS
+        .get_or_init(|| {
+            let dir = karmada_crds_dir()?;
+            let mut out = BTreeMap::new();
+            for r in RESOURCES {
+                if let Some(file) = r.crd {
+                    let version = r.group_version.split('/').nth(1).unwrap_or_default();
+                    // A fixture that does not load is a broken test setup: say so loudly.
+                    let c = schema::load_crd(&dir.join(file), version)
+                        .unwrap_or_else(|e| panic!("fake api: {e}"));
+                    out.insert(file, c);
+                }
+            }
+            Some(out)
+        })
+        .as_ref()
+}
+
+/// One write request as the fake received it, for asserting exact bodies and their order.
+#[derive(Clone, Debug)]
+pub struct Write {
+    /// `POST`, `PUT` or `PATCH`.
+    pub method: String,
+    /// The served kind (`ResourceBinding`, `Event`, ...).
+    pub kind: &'static str,
+    /// The kind's `apiVersion`.
+    pub api_version: &'static str,
+    /// The namespace in the URL.
+    pub namespace: Option<String>,
+    /// The object's name (from the URL, or the body's for a create).
+    pub name: String,
+    /// `Some("status")` for the status subresource.
+    pub subresource: Option<String>,
+    /// The request's `content-type`.
+    pub content_type: String,
+    /// The request body (`Null` if it was not JSON).
+    pub body: Value,
+    /// The HTTP status the fake answered.
+    pub code: u16,
+}
+
 type ObjKey = (String, String); // (namespace or "", name)
+/// A served resource's identity: (group/version, plural).
+type ResId = (&'static str, &'static str);
+
+impl Res {
+    fn id(&self) -> ResId {
+        (self.group_version, self.plural)
+    }
+
+    fn group(&self) -> &'static str {
+        self.group_version
+            .split_once('/')
+            .map(|(g, _)| g)
+            .unwrap_or("")
+    }
+}
 
 struct LogEvent {
     rv: u64,
-    plural: &'static str,
+    res: ResId,
     /// Object before the change (None for creations).
     old: Option<Value>,
     /// Object after the change (None for deletions).
@@ -106,7 +299,7 @@ struct LogEvent {
 #[derive(Default)]
 struct St {
     rv: u64,
-    objects: BTreeMap<&'static str, BTreeMap<ObjKey, Value>>,
+    objects: BTreeMap<ResId, BTreeMap<ObjKey, Value>>,
     log: Vec<LogEvent>,
     /// Events at or below this version are forgotten.
     compacted: u64,
@@ -116,6 +309,12 @@ struct St {
     /// Token -> (user, groups) for TokenReview.
     tokens: BTreeMap<String, (String, Vec<String>)>,
     token_reviews: u64,
+    /// Every write request, in order.
+    writes: Vec<Write>,
+    /// Writes to these objects still to be refused with 409 Conflict.
+    conflicts: BTreeMap<(ResId, ObjKey), u32>,
+    /// Counter for `uid`s (unique across deletions and re-creations).
+    uids: u64,
 }
 
 /// The fake API server. Cloning shares the state.
@@ -294,17 +493,14 @@ impl FakeApi {
         self.changed.send_replace(rv);
     }
 
-    fn write(st: &mut St, plural: &'static str, obj: Option<Value>, key: ObjKey) -> u64 {
+    fn write(st: &mut St, res: Res, obj: Option<Value>, key: ObjKey) -> u64 {
         st.rv += 1;
         let rv = st.rv;
-        let objects = st.objects.entry(plural).or_default();
+        let objects = st.objects.entry(res.id()).or_default();
         let old = objects.get(&key).cloned();
         let new = match obj {
             Some(mut o) => {
                 o["metadata"]["resourceVersion"] = json!(rv.to_string());
-                if o["metadata"]["uid"].is_null() {
-                    o["metadata"]["uid"] = json!(format!("uid-{plural}-{}-{}", key.0, key.1));
-                }
                 objects.insert(key, o.clone());
                 Some(o)
             }
@@ -324,23 +520,112 @@ impl FakeApi {
         };
         st.log.push(LogEvent {
             rv,
-            plural,
+            res: res.id(),
             old,
             new,
         });
         rv
     }
 
-    /// Creates or replaces an object (as a controller would).
+    /// Sets the server-managed metadata of `obj` about to replace `cur` (None: a creation):
+    /// `uid` and `creationTimestamp` kept from `cur` or given on creation, and
+    /// `metadata.generation` where the kind tracks it.
+    fn stamp(st: &mut St, res: Res, cur: Option<&Value>, obj: &mut Value) {
+        if !obj["metadata"].is_object() {
+            obj["metadata"] = json!({});
+        }
+        match cur {
+            Some(c) => {
+                obj["metadata"]["uid"] = c["metadata"]["uid"].clone();
+                obj["metadata"]["creationTimestamp"] = c["metadata"]["creationTimestamp"].clone();
+            }
+            None => {
+                if obj["metadata"]["uid"].as_str().is_none_or(str::is_empty) {
+                    st.uids += 1;
+                    obj["metadata"]["uid"] = json!(format!(
+                        "{:08x}-fake-{}-{}",
+                        st.uids,
+                        res.plural,
+                        obj["metadata"]["name"].as_str().unwrap_or("")
+                    ));
+                }
+                if obj["metadata"]["creationTimestamp"].is_null() {
+                    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+                    let now = k8s_openapi::jiff::Timestamp::from_second(now).unwrap_or_default();
+                    obj["metadata"]["creationTimestamp"] = json!(now.to_string());
+                }
+            }
+        }
+        if res.generation {
+            let generation = match cur {
+                None => 1,
+                Some(c) => {
+                    let g = c["metadata"]["generation"].as_i64().unwrap_or(1);
+                    if spec_of(c) == spec_of(obj) { g } else { g + 1 }
+                }
+            };
+            obj["metadata"]["generation"] = json!(generation);
+        }
+    }
+
+    /// Validates `obj` as the API server would for its kind: the CRD schema (pruning nulls and
+    /// filling defaults, as the API server does) or the built-in rules the fake knows.
+    fn validate(res: Res, obj: &mut Value) -> Vec<schema::Cause> {
+        let mut causes = Vec::new();
+        if obj["metadata"]["name"].as_str().is_none_or(str::is_empty) {
+            causes.push(schema::Cause {
+                reason: "FieldValueRequired",
+                message: "Required value: name or generateName is required".into(),
+                field: "metadata.name".into(),
+            });
+        }
+        if let Some(file) = res.crd
+            && let Some(c) = crd_schemas().and_then(|m| m.get(file))
+        {
+            causes.extend(c.schema.validate_root(obj));
+        }
+        if res.group_version == "events.k8s.io/v1" {
+            causes.extend(event_causes(obj));
+        }
+        causes
+    }
+
+    /// Creates or replaces an object (as a controller would: the whole object, status
+    /// included). Server-managed metadata is set as for any write; objects of a CRD kind must
+    /// pass its schema.
+    ///
+    /// # Panics
+    /// When the object is invalid for its kind (a broken test).
     pub fn apply(&self, obj: Value) -> u64 {
+        match self.try_apply(obj) {
+            Ok(rv) => rv,
+            Err(status) => panic!("fake api: apply refused: {}", status["message"]),
+        }
+    }
+
+    /// [`FakeApi::apply`], answering the 422 `Status` instead of panicking when the object is
+    /// invalid.
+    pub fn try_apply(&self, mut obj: Value) -> Result<u64, Value> {
         let kind = obj["kind"].as_str().unwrap_or_default().to_string();
-        let res = res_by_kind(&kind);
+        let api_version = obj["apiVersion"].as_str().unwrap_or_default();
+        let res = RESOURCES
+            .iter()
+            .find(|r| r.kind == kind && r.group_version == api_version)
+            .copied()
+            .unwrap_or_else(|| res_by_kind(&kind));
+        let key = key_of(&obj);
         let rv = {
             let mut st = self.lock();
-            Self::write(&mut st, res.plural, Some(obj.clone()), key_of(&obj))
+            let cur = st.objects.get(&res.id()).and_then(|m| m.get(&key)).cloned();
+            Self::stamp(&mut st, res, cur.as_ref(), &mut obj);
+            let causes = Self::validate(res, &mut obj);
+            if !causes.is_empty() {
+                return Err(invalid_status(res, &key.1, &causes));
+            }
+            Self::write(&mut st, res, Some(obj), key)
         };
         self.notify(rv);
-        rv
+        Ok(rv)
     }
 
     /// Deletes an object; returns whether it existed.
@@ -351,25 +636,49 @@ impl FakeApi {
             let mut st = self.lock();
             if !st
                 .objects
-                .get(res.plural)
+                .get(&res.id())
                 .is_some_and(|m| m.contains_key(&key))
             {
                 return false;
             }
-            Self::write(&mut st, res.plural, None, key)
+            Self::write(&mut st, res, None, key)
         };
         self.notify(rv);
         true
     }
 
-    /// The stored object, if any.
+    /// The stored object, if any (`kind` alone: for Event, `events.k8s.io/v1`).
     pub fn get(&self, kind: &str, ns: Option<&str>, name: &str) -> Option<Value> {
-        let res = res_by_kind(kind);
+        self.get_raw(res_by_kind(kind), ns, name)
+    }
+
+    /// Every stored object of `api_version` `kind`, ordered by namespace and name.
+    pub fn list_objects(&self, api_version: &str, kind: &str) -> Vec<Value> {
+        let res = res_by_gvk(api_version, kind);
         self.lock()
             .objects
-            .get(res.plural)
-            .and_then(|m| m.get(&(ns.unwrap_or("").to_string(), name.to_string())))
-            .cloned()
+            .get(&res.id())
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Makes the next `n` writes (PUT or PATCH, main resource or `/status`) to the object
+    /// answer 409 Conflict, as when another writer got there first.
+    pub fn conflict_next_writes(&self, kind: &str, ns: Option<&str>, name: &str, n: u32) {
+        let res = res_by_kind(kind);
+        let key = (ns.unwrap_or("").to_string(), name.to_string());
+        self.lock().conflicts.insert((res.id(), key), n);
+    }
+
+    /// Every write request (POST, PUT, PATCH) received so far, in order, with the answer's code.
+    pub fn writes(&self) -> Vec<Write> {
+        self.lock().writes.clone()
+    }
+
+    /// Whether writes to the Karmada binding kinds are validated against the CRD schemas
+    /// (false when the fixtures are absent; see [`karmada_crds_dir`]).
+    pub fn validates_karmada_crds(&self) -> bool {
+        crd_schemas().is_some()
     }
 
     /// Cuts every open watch connection mid-event, then runs `f` before any watch can resume
@@ -476,42 +785,53 @@ impl FakeApi {
                 .unwrap_or_default();
             return self.review(&body);
         }
+        if method == Method::GET
+            && let Some(found) = discovery(&path)
+        {
+            return found;
+        }
         let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
         let (gv, rest): (String, &[&str]) = match segs.as_slice() {
             ["api", v, rest @ ..] => (v.to_string(), rest),
             ["apis", g, v, rest @ ..] => (format!("{g}/{v}"), rest),
-            _ => {
-                return err(
-                    404,
-                    "NotFound",
-                    "the server could not find the requested resource",
-                );
-            }
+            _ => return not_found(),
         };
-        let (ns, plural, name) = match rest {
-            ["namespaces", ns, plural] => (Some(*ns), *plural, None),
-            ["namespaces", ns, plural, name] => (Some(*ns), *plural, Some(*name)),
-            [plural] => (None, *plural, None),
-            [plural, name] => (None, *plural, Some(*name)),
-            _ => {
-                return err(
-                    404,
-                    "NotFound",
-                    "the server could not find the requested resource",
-                );
-            }
+        let (ns, plural, name, sub) = match rest {
+            ["namespaces", ns, plural] => (Some(*ns), *plural, None, None),
+            ["namespaces", ns, plural, name] => (Some(*ns), *plural, Some(*name), None),
+            ["namespaces", ns, plural, name, sub] => (Some(*ns), *plural, Some(*name), Some(*sub)),
+            [plural] => (None, *plural, None, None),
+            [plural, name] => (None, *plural, Some(*name), None),
+            [plural, name, sub] => (None, *plural, Some(*name), Some(*sub)),
+            _ => return not_found(),
         };
         let Some(res) = RESOURCES
             .iter()
             .find(|r| r.plural == plural && r.group_version == gv)
             .copied()
         else {
-            return err(
-                404,
-                "NotFound",
-                "the server could not find the requested resource",
-            );
+            return not_found();
         };
+        // A namespaced kind's single objects live under a namespace; a cluster-scoped kind has none.
+        let scope_ok = if res.namespaced {
+            (name.is_none() && method != Method::POST) || ns.is_some()
+        } else {
+            ns.is_none()
+        };
+        let sub_ok = match sub {
+            None => true,
+            Some("status") => res.status,
+            Some(_) => false,
+        };
+        if !scope_ok || !sub_ok {
+            return not_found();
+        }
+        let content_type = req
+            .headers()
+            .get("content-type")
+            .and_then(|c| c.to_str().ok())
+            .unwrap_or("")
+            .to_string();
         match (method, name) {
             (Method::GET, None) if q.get("watch").is_some_and(|w| w == "true" || w == "1") => {
                 self.watch(res, ns, &q)
@@ -522,26 +842,46 @@ impl FakeApi {
                 None => err(
                     404,
                     "NotFound",
-                    &format!("{} \"{name}\" not found", res.plural),
+                    &format!("{} \"{name}\" not found", qualified(res)),
                 ),
             },
-            (Method::POST, None) => {
+            (m @ (Method::POST | Method::PUT | Method::PATCH), name) => {
+                let create = m == Method::POST;
+                if create != name.is_none() {
+                    return err(
+                        405,
+                        "MethodNotAllowed",
+                        "the server does not allow this method on the requested resource",
+                    );
+                }
                 let body = req
                     .into_body()
                     .collect()
                     .await
                     .map(|b| b.to_bytes())
                     .unwrap_or_default();
-                self.create(res, ns, &body)
-            }
-            (Method::PUT, Some(name)) => {
-                let body = req
-                    .into_body()
-                    .collect()
-                    .await
-                    .map(|b| b.to_bytes())
-                    .unwrap_or_default();
-                self.replace(res, ns, name, &body)
+                let parsed = serde_json::from_slice::<Value>(&body).ok();
+                let write = Op {
+                    method: m.clone(),
+                    res,
+                    ns,
+                    name: name.map(str::to_string),
+                    sub: sub.map(str::to_string),
+                    content_type: content_type.clone(),
+                };
+                let (resp, code, obj_name) = self.commit(&write, parsed.as_ref());
+                self.lock().writes.push(Write {
+                    method: m.to_string(),
+                    kind: res.kind,
+                    api_version: res.group_version,
+                    namespace: ns.map(str::to_string),
+                    name: obj_name,
+                    subresource: write.sub,
+                    content_type,
+                    body: parsed.unwrap_or(Value::Null),
+                    code,
+                });
+                resp
             }
             _ => err(
                 405,
@@ -554,7 +894,7 @@ impl FakeApi {
     fn get_raw(&self, res: Res, ns: Option<&str>, name: &str) -> Option<Value> {
         self.lock()
             .objects
-            .get(res.plural)
+            .get(&res.id())
             .and_then(|m| m.get(&(ns.unwrap_or("").to_string(), name.to_string())))
             .cloned()
     }
@@ -599,7 +939,7 @@ impl FakeApi {
             None => (st.rv, None),
         };
         let empty = BTreeMap::new();
-        let objects = st.objects.get(res.plural).unwrap_or(&empty);
+        let objects = st.objects.get(&res.id()).unwrap_or(&empty);
         let mut items = Vec::new();
         let mut next = None;
         for (k, v) in objects {
@@ -626,83 +966,166 @@ impl FakeApi {
         )
     }
 
-    fn create(&self, res: Res, ns: Option<&str>, body: &[u8]) -> Response<Body> {
-        let Ok(mut obj) = serde_json::from_slice::<Value>(body) else {
-            return err(400, "BadRequest", "invalid JSON body");
+    /// One write (create, replace or merge patch, main resource or `/status`), as the API
+    /// server runs it. Returns the answer, its code and the object's name.
+    fn commit(&self, op: &Op, body: Option<&Value>) -> (Response<Body>, u16, String) {
+        let res = op.res;
+        let url_name = op.name.clone().unwrap_or_default();
+        let fail = |code: u16, reason: &str, msg: &str, name: &str| {
+            (err(code, reason, msg), code, name.to_string())
         };
-        if let Some(ns) = ns {
-            obj["metadata"]["namespace"] = json!(ns);
+        let is_patch = op.method == Method::PATCH;
+        if is_patch && op.content_type != "application/merge-patch+json" {
+            return fail(
+                415,
+                "UnsupportedMediaType",
+                &format!(
+                    "the body of the request was in an unknown format - accepted media types include: application/merge-patch+json (the fake serves no other patch type; got {:?})",
+                    op.content_type
+                ),
+                &url_name,
+            );
         }
-        obj["apiVersion"] = json!(res.group_version);
-        obj["kind"] = json!(res.kind);
-        let key = key_of(&obj);
-        let rv = {
-            let mut st = self.lock();
-            if st
-                .objects
-                .get(res.plural)
-                .is_some_and(|m| m.contains_key(&key))
-            {
-                return err(
+        let Some(body) = body.filter(|b| b.is_object()) else {
+            return fail(
+                400,
+                "BadRequest",
+                "the request body is not a JSON object",
+                &url_name,
+            );
+        };
+        let name = op
+            .name
+            .clone()
+            .or_else(|| body["metadata"]["name"].as_str().map(str::to_string))
+            .unwrap_or_default();
+        let key = (op.ns.unwrap_or("").to_string(), name.clone());
+        let mut st = self.lock();
+        let cur = st.objects.get(&res.id()).and_then(|m| m.get(&key)).cloned();
+        let mut obj = match (&cur, op.method.clone()) {
+            (Some(_), Method::POST) => {
+                return fail(
                     409,
                     "AlreadyExists",
-                    &format!("{} \"{}\" already exists", res.plural, key.1),
+                    &format!("{} \"{name}\" already exists", qualified(res)),
+                    &name,
                 );
             }
-            if res.plural == "leases" {
-                st.lease_writes += 1;
-            }
-            Self::write(&mut st, res.plural, Some(obj), key.clone())
-        };
-        self.notify(rv);
-        full(
-            StatusCode::CREATED,
-            &self.get_raw(res, ns, &key.1).unwrap_or(Value::Null),
-        )
-    }
-
-    fn replace(&self, res: Res, ns: Option<&str>, name: &str, body: &[u8]) -> Response<Body> {
-        let Ok(mut obj) = serde_json::from_slice::<Value>(body) else {
-            return err(400, "BadRequest", "invalid JSON body");
-        };
-        if let Some(ns) = ns {
-            obj["metadata"]["namespace"] = json!(ns);
-        }
-        obj["apiVersion"] = json!(res.group_version);
-        obj["kind"] = json!(res.kind);
-        let key = (ns.unwrap_or("").to_string(), name.to_string());
-        let rv = {
-            let mut st = self.lock();
-            let Some(cur) = st.objects.get(res.plural).and_then(|m| m.get(&key)) else {
-                return err(
+            (None, Method::POST) => body.clone(),
+            (None, _) => {
+                return fail(
                     404,
                     "NotFound",
-                    &format!("{} \"{name}\" not found", res.plural),
+                    &format!("{} \"{name}\" not found", qualified(res)),
+                    &name,
                 );
-            };
+            }
+            (Some(c), _) if is_patch => {
+                let mut o = c.clone();
+                merge_patch(&mut o, body);
+                o
+            }
+            (Some(_), _) => body.clone(),
+        };
+        let conflict = format!(
+            "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
+            qualified(res)
+        );
+        if let Some(c) = &cur {
+            let forced = st.conflicts.get_mut(&(res.id(), key.clone()));
+            if let Some(n) = forced.filter(|n| **n > 0) {
+                *n -= 1;
+                return fail(409, "Conflict", &conflict, &name);
+            }
             let want = obj["metadata"]["resourceVersion"].as_str().unwrap_or("");
-            if !want.is_empty() && want != cur["metadata"]["resourceVersion"].as_str().unwrap_or("")
-            {
-                return err(
+            if !want.is_empty() && want != c["metadata"]["resourceVersion"].as_str().unwrap_or("") {
+                return fail(409, "Conflict", &conflict, &name);
+            }
+            let uid = obj["metadata"]["uid"].as_str().unwrap_or("");
+            if !uid.is_empty() && uid != c["metadata"]["uid"].as_str().unwrap_or("") {
+                return fail(
                     409,
                     "Conflict",
                     &format!(
-                        "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
-                        res.plural
+                        "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                        c["metadata"]["uid"].as_str().unwrap_or("")
                     ),
+                    &name,
                 );
             }
-            obj["metadata"]["uid"] = cur["metadata"]["uid"].clone();
-            if res.plural == "leases" {
-                st.lease_writes += 1;
+        }
+        if obj["metadata"]["name"].as_str().is_some_and(|n| n != name) && !name.is_empty() {
+            return fail(
+                400,
+                "BadRequest",
+                &format!(
+                    "the name of the object ({}) does not match the name on the URL ({name})",
+                    obj["metadata"]["name"].as_str().unwrap_or("")
+                ),
+                &name,
+            );
+        }
+        match (op.ns, obj["metadata"]["namespace"].as_str()) {
+            (Some(want), Some(got)) if want != got => {
+                return fail(
+                    400,
+                    "BadRequest",
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                    &name,
+                );
             }
-            Self::write(&mut st, res.plural, Some(obj), key)
-        };
+            _ => {}
+        }
+        if !obj["metadata"].is_object() {
+            obj["metadata"] = json!({});
+        }
+        obj["metadata"]["name"] = json!(name);
+        if let Some(ns) = op.ns {
+            obj["metadata"]["namespace"] = json!(ns);
+        }
+        obj["apiVersion"] = json!(res.group_version);
+        obj["kind"] = json!(res.kind);
+        // The status subresource splits what each endpoint may change.
+        if let Some(c) = &cur
+            && res.status
+        {
+            if op.sub.is_some() {
+                let status = obj.get("status").cloned();
+                obj = c.clone();
+                set_or_remove(&mut obj, "status", status);
+            } else {
+                set_or_remove(&mut obj, "status", c.get("status").cloned());
+            }
+        } else if op.method == Method::POST && res.status {
+            // A create through the main resource carries no status (the API server drops it).
+            if let Some(m) = obj.as_object_mut() {
+                m.remove("status");
+            }
+        }
+        Self::stamp(&mut st, res, cur.as_ref(), &mut obj);
+        let causes = Self::validate(res, &mut obj);
+        if !causes.is_empty() {
+            let status = invalid_status(res, &name, &causes);
+            return (full(StatusCode::UNPROCESSABLE_ENTITY, &status), 422, name);
+        }
+        if res.plural == "leases" {
+            st.lease_writes += 1;
+        }
+        let rv = Self::write(&mut st, res, Some(obj), key.clone());
+        let stored = st
+            .objects
+            .get(&res.id())
+            .and_then(|m| m.get(&key))
+            .cloned()
+            .unwrap_or(Value::Null);
+        drop(st);
         self.notify(rv);
-        full(
-            StatusCode::OK,
-            &self.get_raw(res, ns, name).unwrap_or(Value::Null),
-        )
+        let code = if cur.is_none() {
+            StatusCode::CREATED
+        } else {
+            StatusCode::OK
+        };
+        (full(code, &stored), code.as_u16(), name)
     }
 
     fn watch(&self, res: Res, ns: Option<&str>, q: &BTreeMap<String, String>) -> Response<Body> {
@@ -752,7 +1175,7 @@ impl FakeApi {
                     ),
                     Some(rv) => (st.drop_gen, rv, None),
                     None => {
-                        if let Some(m) = st.objects.get(res.plural) {
+                        if let Some(m) = st.objects.get(&res.id()) {
                             for v in m.values().filter(|v| selects(&sel, ns.as_deref(), v)) {
                                 initial.push(line("ADDED", v));
                             }
@@ -791,11 +1214,7 @@ impl FakeApi {
                             st.compacted + 1
                         ));
                     } else {
-                        for e in st
-                            .log
-                            .iter()
-                            .filter(|e| e.rv > cursor && e.plural == res.plural)
-                        {
+                        for e in st.log.iter().filter(|e| e.rv > cursor && e.res == res.id()) {
                             let was = e
                                 .old
                                 .as_ref()
@@ -881,7 +1300,277 @@ fn tokio_stream_from(
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
+/// A write request, routed.
+struct Op<'a> {
+    method: Method,
+    res: Res,
+    ns: Option<&'a str>,
+    name: Option<String>,
+    sub: Option<String>,
+    content_type: String,
+}
+
+fn not_found() -> Response<Body> {
+    err(
+        404,
+        "NotFound",
+        "the server could not find the requested resource",
+    )
+}
+
+/// `plural.group` as the API server names a resource in messages (`pods` for the core group).
+fn qualified(res: Res) -> String {
+    match res.group() {
+        "" => res.plural.to_string(),
+        g => format!("{}.{g}", res.plural),
+    }
+}
+
+/// Everything `metadata.generation` counts: the object without `metadata` and `status`.
+fn spec_of(v: &Value) -> Value {
+    let mut v = v.clone();
+    if let Some(m) = v.as_object_mut() {
+        m.remove("metadata");
+        m.remove("status");
+    }
+    v
+}
+
+fn set_or_remove(obj: &mut Value, field: &str, v: Option<Value>) {
+    if let Some(m) = obj.as_object_mut() {
+        match v {
+            Some(v) => {
+                m.insert(field.to_string(), v);
+            }
+            None => {
+                m.remove(field);
+            }
+        }
+    }
+}
+
+/// RFC 7386 JSON merge patch: objects merge key by key, `null` removes, anything else replaces.
+pub fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(p) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    if let Value::Object(t) = target {
+        for (k, v) in p {
+            if v.is_null() {
+                t.remove(k);
+            } else {
+                merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
+    }
+}
+
+/// The 422 `Status` the API server answers for an invalid object.
+fn invalid_status(res: Res, name: &str, causes: &[schema::Cause]) -> Value {
+    let kind = match res.group() {
+        "" => res.kind.to_string(),
+        g => format!("{}.{g}", res.kind),
+    };
+    let listed: Vec<String> = causes
+        .iter()
+        .map(|c| format!("{}: {}", c.field, c.message))
+        .collect();
+    let what = if listed.len() == 1 {
+        listed[0].clone()
+    } else {
+        format!("[{}]", listed.join(", "))
+    };
+    let causes: Vec<Value> = causes
+        .iter()
+        .map(|c| json!({"reason": c.reason, "message": c.message, "field": c.field}))
+        .collect();
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": format!("{kind} \"{name}\" is invalid: {what}"),
+        "reason": "Invalid",
+        "details": {"name": name, "group": res.group(), "kind": res.kind, "causes": causes},
+        "code": 422})
+}
+
+/// The API server's field checks for `events.k8s.io/v1` Events (`ValidateEventCreate`).
+fn event_causes(ev: &Value) -> Vec<schema::Cause> {
+    let mut out = Vec::new();
+    let mut cause = |reason, message: String, field: &str| {
+        out.push(schema::Cause {
+            reason,
+            message,
+            field: field.to_string(),
+        })
+    };
+    for (f, max) in [
+        ("reportingController", 253),
+        ("reportingInstance", 128),
+        ("action", 128),
+        ("reason", 128),
+    ] {
+        match ev[f].as_str() {
+            None | Some("") => cause("FieldValueRequired", "Required value".into(), f),
+            Some(s) if s.len() > max => cause(
+                "FieldValueTooLong",
+                format!("Too long: may not be more than {max} bytes"),
+                f,
+            ),
+            Some(_) => {}
+        }
+    }
+    if ev["eventTime"].as_str().is_none_or(str::is_empty) {
+        cause("FieldValueRequired", "Required value".into(), "eventTime");
+    }
+    match ev["type"].as_str() {
+        Some("Normal" | "Warning") => {}
+        t => cause(
+            "FieldValueInvalid",
+            format!(
+                "Invalid value: {t:?}: has invalid value, supported values are Normal and Warning"
+            ),
+            "type",
+        ),
+    }
+    if ev["note"].as_str().is_some_and(|n| n.len() > 1024) {
+        cause(
+            "FieldValueInvalid",
+            "Invalid value: can have at most 1024 characters".into(),
+            "note",
+        );
+    }
+    if ev["regarding"]["namespace"]
+        .as_str()
+        .is_some_and(|n| !n.is_empty() && Some(n) != ev["metadata"]["namespace"].as_str())
+    {
+        cause(
+            "FieldValueInvalid",
+            "Invalid value: does not match event.namespace".into(),
+            "regarding.namespace",
+        );
+    }
+    out
+}
+
+/// Discovery documents (`/api`, `/api/v1`, `/apis`, `/apis/<group>/<version>`) for the served kinds.
+fn discovery(path: &str) -> Option<Response<Body>> {
+    let path = path.trim_end_matches('/');
+    let resources = |gv: &str| -> Vec<Value> {
+        let mut out = Vec::new();
+        for r in RESOURCES.iter().filter(|r| r.group_version == gv) {
+            let verbs = ["create", "get", "list", "patch", "update", "watch"];
+            out.push(
+                json!({"name": r.plural, "singularName": r.kind.to_lowercase(),
+                "namespaced": r.namespaced, "kind": r.kind, "verbs": verbs}),
+            );
+            if r.status {
+                out.push(json!({"name": format!("{}/status", r.plural), "singularName": "",
+                    "namespaced": r.namespaced, "kind": r.kind, "verbs": ["get", "patch", "update"]}));
+            }
+        }
+        out
+    };
+    let doc = match path {
+        "/api" => json!({"kind": "APIVersions", "versions": ["v1"],
+            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]}),
+        "/api/v1" => json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "v1",
+            "resources": resources("v1")}),
+        "/apis" => {
+            let mut groups: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+            for r in RESOURCES.iter().filter(|r| !r.group().is_empty()) {
+                let v = groups.entry(r.group()).or_default();
+                if !v.contains(&r.group_version) {
+                    v.push(r.group_version);
+                }
+            }
+            let groups: Vec<Value> = groups
+                .into_iter()
+                .map(|(g, gvs)| {
+                    let versions: Vec<Value> = gvs
+                        .iter()
+                        .map(|gv| json!({"groupVersion": gv, "version": gv.split_once('/').map(|(_, v)| v).unwrap_or(gv)}))
+                        .collect();
+                    json!({"name": g, "versions": versions, "preferredVersion": versions[0]})
+                })
+                .collect();
+            json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+        }
+        p => {
+            let gv = p.strip_prefix("/apis/")?;
+            if gv.split('/').count() != 2 || !RESOURCES.iter().any(|r| r.group_version == gv) {
+                return None;
+            }
+            json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv,
+                "resources": resources(gv)})
+        }
+    };
+    Some(full(StatusCode::OK, &doc))
+}
+
 /// The kind's plural served by the fake (for request-log assertions).
 pub fn plural(kind: &str) -> &'static str {
     res_by_kind(kind).plural
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merge_patch;
+    use serde_json::json;
+
+    /// The examples of RFC 7386, appendix A.
+    #[test]
+    fn merge_patch_follows_rfc_7386() {
+        let cases = [
+            (json!({"a": "b"}), json!({"a": "c"}), json!({"a": "c"})),
+            (
+                json!({"a": "b"}),
+                json!({"b": "c"}),
+                json!({"a": "b", "b": "c"}),
+            ),
+            (json!({"a": "b"}), json!({"a": null}), json!({})),
+            (
+                json!({"a": "b", "b": "c"}),
+                json!({"a": null}),
+                json!({"b": "c"}),
+            ),
+            (json!({"a": ["b"]}), json!({"a": "c"}), json!({"a": "c"})),
+            (json!({"a": "c"}), json!({"a": ["b"]}), json!({"a": ["b"]})),
+            (
+                json!({"a": {"b": "c"}}),
+                json!({"a": {"b": "d", "c": null}}),
+                json!({"a": {"b": "d"}}),
+            ),
+            (
+                json!({"a": [{"b": "c"}]}),
+                json!({"a": [1]}),
+                json!({"a": [1]}),
+            ),
+            (json!(["a", "b"]), json!(["c", "d"]), json!(["c", "d"])),
+            (json!({"a": "b"}), json!(["c"]), json!(["c"])),
+            (json!({"a": "foo"}), json!(null), json!(null)),
+            (json!({"a": "foo"}), json!("bar"), json!("bar")),
+            (
+                json!({"e": null}),
+                json!({"a": 1}),
+                json!({"e": null, "a": 1}),
+            ),
+            (
+                json!([1, 2]),
+                json!({"a": "b", "c": null}),
+                json!({"a": "b"}),
+            ),
+            (
+                json!({}),
+                json!({"a": {"bb": {"ccc": null}}}),
+                json!({"a": {"bb": {}}}),
+            ),
+        ];
+        for (target, patch, want) in cases {
+            let mut got = target.clone();
+            merge_patch(&mut got, &patch);
+            assert_eq!(got, want, "{target} + {patch}");
+        }
+    }
 }

@@ -13,11 +13,14 @@
 //! - `backend`: [`ReplicaBackend`], the API crate's `Backend` over the state.
 //! - `pending`: unbound pods for `GetUnschedulableReplicas`; `devstatus`: device counts by
 //!   class for the status report.
+//! - [`karmada`]: the scheduler role's Karmada API client (watches, reads, merge patches,
+//!   Events; kube I/O only).
 //! - `routes`, `status_page`, `observe`: the replica's own HTTP routes, the status page and the
 //!   reservation metrics.
 
 mod backend;
 mod devstatus;
+pub mod karmada;
 mod observe;
 mod pending;
 mod requests;

@@ -72,6 +72,8 @@ pub struct ReplicaConfig {
     pub auth: Arc<dramesh_api::auth::Auth>,
     /// Per-identity caps of reservations.
     pub caps: dramesh_api::auth::Caps,
+    /// The Karmada scheduler role, when this replica schedules bindings.
+    pub scheduler: Option<crate::SchedulerRole>,
 }
 
 /// Default of [`ReplicaConfig::ready_timeout`] (and of `--ready-timeout`).
@@ -156,6 +158,20 @@ impl Replica {
             .with_context(|| format!("replica {id}: binding the gRPC API on {}", config.grpc))?;
         let http_addr = http.local_addr()?;
         let grpc_addr = grpc.local_addr()?;
+        let karmada = match &config.scheduler {
+            Some(role) => {
+                let opts = crate::karmada::KarmadaOptions::new(&role.name, &id);
+                let client = crate::karmada::KarmadaClient::from_kubeconfig(&role.kubeconfig, opts)
+                    .await
+                    .with_context(|| format!("replica {id}: the scheduler role"))?;
+                Some((
+                    Arc::new(client),
+                    role.clone(),
+                    crate::scheduler::SchedulerMetrics::register(&metrics),
+                ))
+            }
+            None => None,
+        };
         let observer = Observer::new(metrics, mesh.clone(), store.clone());
         let (stop, stop_rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
@@ -197,6 +213,15 @@ impl Replica {
             stop_rx.clone(),
         ));
         tasks.spawn(push_own_docs(mesh.clone(), state.clone(), stop_rx.clone()));
+        if let Some((client, role, metrics)) = karmada {
+            tasks.spawn(crate::scheduler::run(
+                state.clone(),
+                client,
+                role,
+                metrics,
+                stop_rx.clone(),
+            ));
+        }
         tasks.spawn(watch_agents(mesh.clone(), state.clone(), stop_rx));
         tracing::info!(
             replica = %id,

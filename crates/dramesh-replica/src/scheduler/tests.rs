@@ -80,6 +80,11 @@ fn claim_template() -> Value {
 
 /// A binding for Deployment `name`, divided by available replicas over c0 and c1.
 fn binding(name: &str, replicas: i64) -> Value {
+    binding_for(name, replicas, ME)
+}
+
+/// [`binding`] for the scheduler named `scheduler`.
+fn binding_for(name: &str, replicas: i64, scheduler: &str) -> Value {
     json!({"apiVersion": "work.karmada.io/v1alpha2", "kind": "ResourceBinding",
         "metadata": {"name": format!("{name}-deployment"), "namespace": NS,
             "labels": {"propagationpolicy.karmada.io/permanent-id": "p-1"}},
@@ -87,7 +92,7 @@ fn binding(name: &str, replicas: i64) -> Value {
             "resource": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": NS,
                 "name": name, "uid": format!("uid-{name}")},
             "replicas": replicas,
-            "schedulerName": ME,
+            "schedulerName": scheduler,
             "placement": {"clusterAffinity": {"clusterNames": ["c0", "c1"]},
                 "replicaScheduling": {"replicaSchedulingType": "Divided",
                     "replicaDivisionPreference": "Weighted",
@@ -115,14 +120,18 @@ impl Running {
 }
 
 fn start(fake: &FakeApi, state: Arc<ReplicaState>, settle: Duration) -> Running {
+    start_as(fake, state, settle, ME)
+}
+
+fn start_as(fake: &FakeApi, state: Arc<ReplicaState>, settle: Duration, name: &str) -> Running {
     let id = state.replica.clone();
     let client = Arc::new(KarmadaClient::new(
         fake.client(),
-        KarmadaOptions::new(ME, &id),
+        KarmadaOptions::new(name, &id),
     ));
     let role = SchedulerRole {
         kubeconfig: PathBuf::new(),
-        name: ME.into(),
+        name: name.into(),
         settle,
     };
     let metrics = SchedulerMetrics::register(&dramesh_telemetry::Metrics::new())
@@ -358,4 +367,126 @@ async fn a_binding_that_fits_nowhere_is_no_cluster_fit() {
     );
     assert!(running.count("unschedulable") >= 1);
     running.stop().await;
+}
+
+/// Delivers each state's own reservation document to the other state's reservation table
+/// every `delay`, as the mesh would (without QUIC: the loop under test is the same).
+fn bridge(
+    a: Arc<ReplicaState>,
+    b: Arc<ReplicaState>,
+    delay: Duration,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut seen: [HashMap<String, Arc<[u8]>>; 2] = Default::default();
+        loop {
+            tokio::time::sleep(delay).await;
+            for (i, (from, to)) in [(&a, &b), (&b, &a)].into_iter().enumerate() {
+                let now: HashMap<String, Arc<[u8]>> = from
+                    .with_store(|s| s.store().snapshot())
+                    .into_iter()
+                    .filter(|(c, _)| resv::is_scope(c))
+                    .filter_map(|(_, ch)| match ch {
+                        ObjectChange::Upsert { key, json } => Some((key.name.clone(), json)),
+                        ObjectChange::Delete { .. } => None,
+                    })
+                    .collect();
+                let mut changes = Vec::new();
+                for (id, json) in &now {
+                    if seen[i].get(id) != Some(json) {
+                        changes.push((
+                            resv::doc_id(&from.replica).cluster.clone(),
+                            ObjectChange::Upsert {
+                                key: resv::record_key(id),
+                                json: json.clone(),
+                            },
+                        ));
+                    }
+                }
+                for id in seen[i].keys().filter(|id| !now.contains_key(*id)) {
+                    changes.push((
+                        resv::doc_id(&from.replica).cluster.clone(),
+                        ObjectChange::Delete {
+                            key: resv::record_key(id),
+                        },
+                    ));
+                }
+                to.apply_changes(&changes);
+                seen[i] = now;
+            }
+        }
+    })
+}
+
+#[tokio::test]
+async fn two_replicas_competing_for_the_last_gpus_never_bind_more_than_fit() {
+    let fake = FakeApi::start().await;
+    if !fake.validates_karmada_crds() {
+        eprintln!("skipped: ../shared/fixtures/karmada/crds is absent, writes cannot be validated");
+        return;
+    }
+    let (a, b) = (state("ra"), state("rb"));
+    for st in [&a, &b] {
+        publish(st, 0, 0, None); // c0: 8 free GPUs
+        publish(st, 1, 4, None); // c1: none
+    }
+    setup(&fake);
+    // Four bindings of 5 GPU replicas: only one fits c0's 8 GPUs. Each replica schedules
+    // two of them (by scheduler name), so the two decide different bindings at the same
+    // time on views that both show 8 free GPUs: the race the reservations must resolve.
+    let names: Vec<String> = (0..4).map(|i| format!("job{i}")).collect();
+    const OTHER: &str = "dramesh-scheduler-b";
+    for (i, n) in names.iter().enumerate() {
+        fake.apply(deployment(n));
+        let mut b = binding_for(n, 5, if i % 2 == 0 { ME } else { OTHER });
+        b["spec"]["placement"]["replicaScheduling"] = json!({"replicaSchedulingType": "Divided",
+            "replicaDivisionPreference": "Aggregated"});
+        fake.apply(b);
+    }
+    // Reservations travel in 40 ms; each decision waits 120 ms for earlier ones.
+    let mesh = bridge(a.clone(), b.clone(), Duration::from_millis(40));
+    let settle = Duration::from_millis(120);
+    let (ra, rb) = (
+        start_as(&fake, a.clone(), settle, ME),
+        start_as(&fake, b.clone(), settle, OTHER),
+    );
+    let bound = |fake: &FakeApi| -> (i64, usize) {
+        let mut on_c0 = 0;
+        let mut decided = 0;
+        for n in &names {
+            let b = get_binding(fake, n);
+            on_c0 += targets(&b)
+                .iter()
+                .filter(|(c, _)| c == "c0")
+                .map(|(_, r)| r)
+                .sum::<i64>();
+            assert!(targets(&b).iter().all(|(c, _)| c == "c0"), "{b:#}");
+            decided += usize::from(scheduled(&b).is_some());
+        }
+        (on_c0, decided)
+    };
+    // Sampled throughout: never more replicas bound on c0 than it has GPUs.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (on_c0, decided) = bound(&fake);
+        assert!(on_c0 <= 8, "{on_c0} replicas bound on c0, which has 8 GPUs");
+        if decided == names.len() && on_c0 == 5 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not settled: {on_c0} bound, {decided} decided"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    // Quiet for a while: still one binding of five.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(bound(&fake).0, 5);
+    let success = names
+        .iter()
+        .filter(|n| is_success_at_generation(&get_binding(&fake, n)))
+        .count();
+    assert_eq!(success, 1);
+    mesh.abort();
+    ra.stop().await;
+    rb.stop().await;
 }

@@ -156,7 +156,15 @@ enum Outcome {
     /// Written as unschedulable: retry when the view changes.
     Unschedulable,
     /// Failed: retry after the backoff.
-    Error(&'static str),
+    Error,
+}
+
+/// Why a decision is not held.
+enum Hold {
+    /// Overcommit resolution admitted another replica's reservation instead: plan again.
+    Lost(String),
+    /// The reservation could not be written.
+    Failed(String),
 }
 
 /// Why a write sequence stopped.
@@ -246,8 +254,9 @@ fn binding_kind(kind: Kind) -> BindingKind {
     }
 }
 
-/// The metadata and status an object keeps when it goes into a reservation record: what
-/// other replicas need to decode the workload, without the server's bookkeeping.
+/// `v` as a reservation manifest: what other replicas need to decode the workload, without
+/// the server's bookkeeping (`status`, `managedFields`, the last-applied annotation), which
+/// would only spend the record's size bound.
 fn manifest_of(v: &Value) -> String {
     let mut v = v.clone();
     if let Some(m) = v.as_object_mut() {
@@ -389,7 +398,7 @@ impl Loop {
             Outcome::Unchanged => "unchanged",
             Outcome::Dropped => "dropped",
             Outcome::Unschedulable => "unschedulable",
-            Outcome::Error(why) => why,
+            Outcome::Error => "error",
         };
         if let Some(m) = &self.metrics {
             m.count(result);
@@ -401,7 +410,7 @@ impl Loop {
             Outcome::Scheduled | Outcome::Unchanged | Outcome::Dropped => {
                 self.retry.remove(&key);
             }
-            Outcome::Unschedulable | Outcome::Error(_) => {
+            Outcome::Unschedulable | Outcome::Error => {
                 let unschedulable = outcome == Outcome::Unschedulable;
                 let r =
                     self.backoff
@@ -440,7 +449,7 @@ impl Loop {
                         Ok(_) => Outcome::Unchanged,
                         Err(e) => {
                             tracing::warn!(binding = %b.id(), error = %e, "observed generation not written");
-                            Outcome::Error("error")
+                            Outcome::Error
                         }
                     };
                 }
@@ -452,10 +461,15 @@ impl Loop {
                 Err(message) => {
                     let d = Decision::error(message);
                     return match self.write(*kind, &obj, &b, &d).await {
-                        Ok(_) | Err(WriteError::Conflict(_)) => Outcome::Error("error"),
+                        Ok(written) => {
+                            self.events(*kind, &written, &b, &d).await;
+                            Outcome::Error
+                        }
+                        // Changed meanwhile: its change event queues it again.
+                        Err(WriteError::Conflict(_)) => Outcome::Error,
                         Err(WriteError::Failed(e)) => {
                             tracing::warn!(binding = %b.id(), error = %e, "scheduler error not written");
-                            Outcome::Error("error")
+                            Outcome::Error
                         }
                     };
                 }
@@ -477,12 +491,17 @@ impl Loop {
             };
             let held = match self.hold(&b, &demand, &manifests, &decision).await {
                 Ok(ids) => ids,
-                Err(lost) => {
+                Err(Hold::Lost(lost)) => {
                     tracing::info!(binding = %b.id(), lost = %lost, "reservation lost; planning again");
                     if let Some(m) = &self.metrics {
                         m.count("reservation_lost");
                     }
                     continue;
+                }
+                Err(Hold::Failed(e)) => {
+                    // Never written unheld: another replica could take the same devices.
+                    tracing::warn!(binding = %b.id(), error = %e, "the decision could not be held; not written");
+                    return Outcome::Error;
                 }
             };
             match self.write(*kind, &obj, &b, &decision).await {
@@ -491,7 +510,7 @@ impl Loop {
                     return match decision.retry {
                         Retry::No => Outcome::Scheduled,
                         Retry::Unschedulable => Outcome::Unschedulable,
-                        Retry::Error => Outcome::Error("error"),
+                        Retry::Error => Outcome::Error,
                     };
                 }
                 Err(WriteError::Conflict(fresh)) => {
@@ -504,11 +523,11 @@ impl Loop {
                 Err(WriteError::Failed(e)) => {
                     self.release(&held);
                     tracing::warn!(binding = %b.id(), error = %e, "schedule result not written");
-                    return Outcome::Error("error");
+                    return Outcome::Error;
                 }
             }
         }
-        Outcome::Error("error")
+        Outcome::Error
     }
 
     /// The binding's demand and, for a workload, the manifests a reservation carries (its
@@ -573,7 +592,7 @@ impl Loop {
         demand: &Demand,
         manifests: &[String],
         decision: &Decision,
-    ) -> Result<Vec<String>, String> {
+    ) -> Result<Vec<String>, Hold> {
         let (Some(clusters), Demand::Replicas(w)) = (&decision.clusters, demand) else {
             return Ok(Vec::new());
         };
@@ -589,8 +608,9 @@ impl Loop {
         let workload = match workload_from_manifests(manifests) {
             Ok(w) => w,
             Err(e) => {
-                tracing::warn!(binding = %b.id(), error = %e, "the workload cannot be carried in a reservation; scheduling without holding it");
-                return Ok(Vec::new());
+                return Err(Hold::Failed(format!(
+                    "the workload cannot be carried in a reservation: {e}"
+                )));
             }
         };
         let creator = self.role.creator();
@@ -609,7 +629,10 @@ impl Loop {
                 Ok(id) => ids.push(id),
                 Err(e) => {
                     self.release(&ids);
-                    return Err(format!("writing a reservation on {}: {e}", t.name));
+                    return Err(Hold::Failed(format!(
+                        "writing a reservation on {}: {e}",
+                        t.name
+                    )));
                 }
             }
         }
@@ -618,11 +641,11 @@ impl Loop {
             let st = self.state.reservation_status(id);
             if let Some(st) = st.filter(|s| s.status == ReservationState::Conflicted) {
                 self.release(&ids);
-                return Err(format!(
+                return Err(Hold::Lost(format!(
                     "reservation {id} on {} lost to {}",
                     st.cluster,
                     st.winner.as_deref().unwrap_or("an unreadable reservation")
-                ));
+                )));
             }
         }
         Ok(ids)

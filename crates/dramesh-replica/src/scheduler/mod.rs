@@ -189,6 +189,8 @@ struct Loop {
     queue: VecDeque<Key>,
     queued: HashSet<Key>,
     retry: HashMap<Key, RetryState>,
+    /// Per binding, versions this loop wrote and then wrote over (see [`Loop::wrote`]).
+    superseded: HashMap<Key, Vec<String>>,
 }
 
 /// Runs the scheduler loop until `stop` turns true (or a watch task dies).
@@ -217,6 +219,7 @@ pub(crate) async fn run(
         queue: VecDeque::new(),
         queued: HashSet::new(),
         retry: HashMap::new(),
+        superseded: HashMap::new(),
     };
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -304,6 +307,7 @@ impl Loop {
             Some(Change::Applied(o)) => self.enqueue((kind, o.key())),
             Some(Change::Deleted(o)) => {
                 self.retry.remove(&(kind, o.key()));
+                self.superseded.remove(&(kind, o.key()));
             }
             Some(Change::Synced) => self.enqueue_all(kind),
         }
@@ -427,6 +431,11 @@ impl Loop {
         let Some(mut obj) = self.cache(*kind).get(k.namespace.as_deref(), &k.name) else {
             return Outcome::Dropped;
         };
+        // A version this loop wrote and then wrote over: the newer one's event follows.
+        let rv = obj.meta().resource_version.as_ref();
+        if rv.is_some_and(|rv| self.superseded.get(key).is_some_and(|s| s.contains(rv))) {
+            return Outcome::Unchanged;
+        }
         for _ in 0..MAX_ATTEMPTS {
             let b = match Binding::from_value(binding_kind(*kind), obj.value()) {
                 Ok(b) => b,
@@ -446,7 +455,10 @@ impl Loop {
                         _ => Vec::new(),
                     };
                     return match self.write_status(*kind, &obj, patch).await {
-                        Ok(_) => Outcome::Unchanged,
+                        Ok((_, versions)) => {
+                            self.wrote(key, versions);
+                            Outcome::Unchanged
+                        }
                         Err(e) => {
                             tracing::warn!(binding = %b.id(), error = %e, "observed generation not written");
                             Outcome::Error
@@ -461,7 +473,8 @@ impl Loop {
                 Err(message) => {
                     let d = Decision::error(message);
                     return match self.write(*kind, &obj, &b, &d).await {
-                        Ok(written) => {
+                        Ok((written, versions)) => {
+                            self.wrote(key, versions);
                             self.events(*kind, &written, &b, &d).await;
                             Outcome::Error
                         }
@@ -505,7 +518,8 @@ impl Loop {
                 }
             };
             match self.write(*kind, &obj, &b, &decision).await {
-                Ok(written) => {
+                Ok((written, versions)) => {
+                    self.wrote(key, versions);
                     self.events(*kind, &written, &b, &decision).await;
                     return match decision.retry {
                         Retry::No => Outcome::Scheduled,
@@ -660,23 +674,27 @@ impl Loop {
     }
 
     /// Writes `decision` on `obj` (read as `b`): the spec patch, then the status patch.
-    /// Returns the binding as last written.
+    /// Returns the binding as last written and the resourceVersions of every write.
     async fn write(
         &self,
         kind: Kind,
         obj: &Arc<Object>,
         b: &Binding,
         decision: &Decision,
-    ) -> Result<Arc<Object>, WriteError> {
+    ) -> Result<(Arc<Object>, Vec<String>), WriteError> {
         let at = now();
         let mut current = obj.clone();
+        let mut written = Vec::new();
         for p in decision.patches(b, &at).into_iter().filter(|p| !p.status) {
             let body: Value = serde_json::from_str(&p.body)
                 .map_err(|e| WriteError::Failed(format!("spec patch body: {e}")))?;
             let r = BindingRef::of(kind, &current)
                 .ok_or_else(|| WriteError::Failed("the binding has no resourceVersion".into()))?;
             match self.client.patch(&r, &body).await {
-                Ok(o) => current = Arc::new(o),
+                Ok(o) => {
+                    written.extend(o.meta().resource_version.clone());
+                    current = Arc::new(o);
+                }
                 Err(KarmadaError::Conflict { .. }) => {
                     return Err(WriteError::Conflict(self.reread(kind, &r).await?));
                 }
@@ -692,7 +710,22 @@ impl Loop {
                 .collect()
         })
         .await
+        .map(|(o, mut more)| {
+            written.append(&mut more);
+            (o, written)
+        })
         .map_err(WriteError::Failed)
+    }
+
+    /// Remembers the versions this loop wrote on its way to the last one: their watch
+    /// events are not worth planning (the last one's event follows).
+    fn wrote(&mut self, key: &Key, mut versions: Vec<String>) {
+        versions.pop();
+        if versions.is_empty() {
+            self.superseded.remove(key);
+        } else {
+            self.superseded.insert(key.clone(), versions);
+        }
     }
 
     /// Writes the status patches `patches` computes for the binding, one at a time, each
@@ -703,24 +736,29 @@ impl Loop {
         kind: Kind,
         obj: &Arc<Object>,
         patches: impl Fn(&Binding) -> Vec<dramesh_scheduler::Patch>,
-    ) -> Result<Arc<Object>, String> {
+    ) -> Result<(Arc<Object>, Vec<String>), String> {
         let mut current = obj.clone();
+        let mut written = Vec::new();
         let mut conflicts = 0;
-        // Each round writes one patch or re-reads after a conflict; the patches shrink as
-        // they are written, so this ends.
-        while conflicts < MAX_ATTEMPTS {
+        // Each round writes one patch or re-reads after a conflict. Written patches are not
+        // computed again, so the rounds are bounded by the patches plus the conflicts; the
+        // bound also stops a server that would not keep what was written.
+        for _ in 0..2 * MAX_ATTEMPTS + 2 {
             let b = Binding::from_value(binding_kind(kind), current.value())
                 .map_err(|e| e.to_string())?;
             let Some(p) = patches(&b).into_iter().next() else {
-                return Ok(current);
+                return Ok((current, written));
             };
             let body: Value =
                 serde_json::from_str(&p.body).map_err(|e| format!("status patch body: {e}"))?;
             let r = BindingRef::of(kind, &current)
                 .ok_or_else(|| "the binding has no resourceVersion".to_string())?;
             match self.client.patch_status(&r, &body).await {
-                Ok(o) => current = Arc::new(o),
-                Err(KarmadaError::Conflict { .. }) => {
+                Ok(o) => {
+                    written.extend(o.meta().resource_version.clone());
+                    current = Arc::new(o);
+                }
+                Err(KarmadaError::Conflict { .. }) if conflicts + 1 < MAX_ATTEMPTS => {
                     conflicts += 1;
                     current = match self.reread(kind, &r).await {
                         Ok(o) => o,
@@ -732,7 +770,8 @@ impl Loop {
             }
         }
         Err(format!(
-            "the status write conflicted {MAX_ATTEMPTS} times in a row"
+            "the status was not written within {} tries ({conflicts} conflicts)",
+            2 * MAX_ATTEMPTS + 2
         ))
     }
 

@@ -8,9 +8,10 @@
 
 mod common;
 
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{TwoReplicas, status_names, wait_for};
+use common::{BIN, ReplicaListen, TwoReplicas, status_names, wait_exit, wait_for};
 use dramesh_fakeapi::FakeApi;
 use serde_json::{Value, json};
 
@@ -124,4 +125,59 @@ async fn replicas_with_the_scheduler_role_schedule_bindings_that_name_them() {
         scrape.contains("dramesh_scheduler_bindings_total"),
         "no scheduler metrics on /metrics"
     );
+}
+
+/// `dramesh replica` with the certificates under `tmp/certs`, its data in `tmp/data`, and
+/// `extra` arguments.
+fn replica_command(tmp: &std::path::Path, extra: &[&str]) -> Command {
+    let certs = tmp.join("certs");
+    let at = ReplicaListen::free();
+    let file = |f: &str| certs.join(f).display().to_string();
+    let mut cmd = Command::new(BIN);
+    cmd.args(["replica", "--id", "r1", "--api-insecure"])
+        .args(common::OPEN_API)
+        .args(["--listen-mesh", &at.mesh.to_string()])
+        .args(["--api", &at.http.to_string()])
+        .args(["--grpc", &at.grpc.to_string()])
+        .args(["--data-dir", &tmp.join("data").display().to_string()])
+        .args(["--mesh-cert", &file("replica-r1.crt")])
+        .args(["--mesh-key", &file("replica-r1.key")])
+        .args(["--mesh-ca", &file("ca.crt")])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+#[test]
+fn the_scheduler_flags_are_checked_before_a_replica_starts() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let tmp = tmp.path();
+    common::make_certs(&tmp.join("certs"), &["r1"], &[]);
+
+    // An unreadable kubeconfig: the replica does not start, and says which file.
+    let missing = tmp.join("no-such-karmada.yaml").display().to_string();
+    let (status, stderr) = run_to_exit(replica_command(tmp, &["--karmada-kubeconfig", &missing]));
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "the replica ran with a missing kubeconfig: {stderr}"
+    );
+    assert!(stderr.contains("no-such-karmada.yaml"), "{stderr}");
+
+    // A scheduler name without a kubeconfig is refused by the argument parser.
+    let (status, stderr) = run_to_exit(replica_command(tmp, &["--scheduler-name", "mine"]));
+    assert!(status.is_some_and(|s| !s.success()), "{stderr}");
+    assert!(stderr.contains("--karmada-kubeconfig"), "{stderr}");
+}
+
+/// Runs `cmd` for at most 30 s (killed then): its exit status, `None` if it was still
+/// running, and its stderr.
+fn run_to_exit(mut cmd: Command) -> (Option<std::process::ExitStatus>, String) {
+    let mut child = cmd.spawn().expect("spawn dramesh");
+    let status = wait_exit(&mut child, Duration::from_secs(30));
+    if status.is_none() {
+        let _ = child.kill();
+    }
+    let out = child.wait_with_output().expect("stderr");
+    (status, String::from_utf8_lossy(&out.stderr).into_owned())
 }

@@ -23,7 +23,8 @@
 //!   before ours have then reached this replica's resolution) each must be admitted by
 //!   overcommit resolution; if one is not, all are released and the binding is planned
 //!   again (the winners are then deducted). Reservations end when the member cluster reports
-//!   the pods, or at their TTL. See ARCHITECTURE.md, "Scheduler role", for the limits.
+//!   the pods, or at their TTL. See ARCHITECTURE.md, "The loop on the replica", for the
+//!   protocol's limits.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
@@ -116,7 +117,7 @@ impl SchedulerMetrics {
         let made = r
             .counter_vec(
                 "dramesh_scheduler_bindings_total",
-                "Bindings the scheduler role worked on, by result (scheduled, unschedulable, error, unchanged, reservation_lost, conflict).",
+                "Bindings the scheduler role worked on, by result (scheduled, unschedulable, error, unchanged, dropped), and re-plans (conflict, reservation_lost).",
                 ["result"],
             )
             .and_then(|bindings| {
@@ -272,6 +273,15 @@ fn manifest_of(v: &Value) -> String {
         }
     }
     v.to_string()
+}
+
+/// Ends this replica's reservations `ids` as released.
+fn release_all(st: &ReplicaState, ids: &[String]) {
+    for id in ids {
+        if let Err(e) = st.end_own(id, ReservationState::Released) {
+            tracing::warn!(id, error = %e, "releasing a reservation failed; it ends at its TTL");
+        }
+    }
 }
 
 /// `Time` now.
@@ -528,14 +538,14 @@ impl Loop {
                     };
                 }
                 Err(WriteError::Conflict(fresh)) => {
-                    self.release(&held);
+                    self.release(&held).await;
                     if let Some(m) = &self.metrics {
                         m.count("conflict");
                     }
                     obj = fresh;
                 }
                 Err(WriteError::Failed(e)) => {
-                    self.release(&held);
+                    self.release(&held).await;
                     tracing::warn!(binding = %b.id(), error = %e, "schedule result not written");
                     return Outcome::Error;
                 }
@@ -618,58 +628,89 @@ impl Loop {
         if added.is_empty() {
             return Ok(Vec::new());
         }
-        // The record's workload is what other replicas decode from the manifests.
-        let workload = match workload_from_manifests(manifests) {
-            Ok(w) => w,
-            Err(e) => {
-                return Err(Hold::Failed(format!(
-                    "the workload cannot be carried in a reservation: {e}"
-                )));
-            }
-        };
+        let adds: Vec<(String, i64)> = added
+            .iter()
+            .map(|t| (t.name.clone(), t.replicas - b.assigned(&t.name)))
+            .collect();
         let creator = self.role.creator();
-        let mut ids = Vec::new();
-        for t in added {
-            let own = Own {
-                creator: &creator,
-                cluster: &t.name,
-                workload: &workload,
-                manifests,
-                replicas: (t.replicas - b.assigned(&t.name)).min(resv::MAX_REPLICAS),
-                priority: w.priority,
-                ttl_seconds: resv::DEFAULT_TTL_SECONDS,
-            };
-            match self.state.write_own(&own) {
-                Ok(id) => ids.push(id),
-                Err(e) => {
-                    self.release(&ids);
-                    return Err(Hold::Failed(format!(
-                        "writing a reservation on {}: {e}",
-                        t.name
-                    )));
+        let manifests = manifests.to_vec();
+        let priority = w.priority;
+        // Writing goes to the store (fsync with a data directory): off the reactor.
+        let ids = self
+            .blocking(move |st| {
+                // The record's workload is what other replicas decode from the manifests.
+                let workload = workload_from_manifests(&manifests)
+                    .map_err(|e| format!("the workload cannot be carried in a reservation: {e}"))?;
+                let mut ids = Vec::new();
+                for (cluster, replicas) in &adds {
+                    let own = Own {
+                        creator: &creator,
+                        cluster,
+                        workload: &workload,
+                        manifests: &manifests,
+                        replicas: (*replicas).min(resv::MAX_REPLICAS),
+                        priority,
+                        ttl_seconds: resv::DEFAULT_TTL_SECONDS,
+                    };
+                    match st.write_own(&own) {
+                        Ok(id) => ids.push(id),
+                        Err(e) => {
+                            release_all(st, &ids);
+                            return Err(format!("writing a reservation on {cluster}: {e}"));
+                        }
+                    }
                 }
-            }
-        }
+                Ok(ids)
+            })
+            .await
+            .and_then(|r| r)
+            .map_err(Hold::Failed)?;
         tokio::time::sleep(self.role.settle).await;
-        for id in &ids {
-            let st = self.state.reservation_status(id);
-            if let Some(st) = st.filter(|s| s.status == ReservationState::Conflicted) {
-                self.release(&ids);
-                return Err(Hold::Lost(format!(
-                    "reservation {id} on {} lost to {}",
-                    st.cluster,
-                    st.winner.as_deref().unwrap_or("an unreadable reservation")
-                )));
-            }
+        // Resolution runs the estimator: off the reactor too.
+        let checked = ids.clone();
+        let lost = self
+            .blocking(move |st| {
+                let lost = checked.iter().find_map(|id| {
+                    let s = st.reservation_status(id)?;
+                    (s.status == ReservationState::Conflicted).then(|| {
+                        format!(
+                            "reservation {id} on {} lost to {}",
+                            s.cluster,
+                            s.winner.as_deref().unwrap_or("an unreadable reservation")
+                        )
+                    })
+                });
+                if lost.is_some() {
+                    release_all(st, &checked);
+                }
+                lost
+            })
+            .await
+            .map_err(Hold::Failed)?;
+        match lost {
+            Some(why) => Err(Hold::Lost(why)),
+            None => Ok(ids),
         }
-        Ok(ids)
     }
 
-    fn release(&self, ids: &[String]) {
-        for id in ids {
-            if let Err(e) = self.state.end_own(id, ReservationState::Released) {
-                tracing::warn!(id, error = %e, "releasing a reservation failed; it ends at its TTL");
-            }
+    /// Runs `f` on the replica state on a blocking thread.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&ReplicaState) -> T + Send + 'static,
+    ) -> Result<T, String> {
+        let state = self.state.clone();
+        tokio::task::spawn_blocking(move || f(&state))
+            .await
+            .map_err(|e| format!("a blocking task failed: {e}"))
+    }
+
+    async fn release(&self, ids: &[String]) {
+        if ids.is_empty() {
+            return;
+        }
+        let ids = ids.to_vec();
+        if let Err(e) = self.blocking(move |st| release_all(st, &ids)).await {
+            tracing::warn!(error = %e, "releasing reservations failed; they end at their TTL");
         }
     }
 

@@ -491,3 +491,44 @@ async fn two_replicas_competing_for_the_last_gpus_never_bind_more_than_fit() {
     ra.stop().await;
     rb.stop().await;
 }
+
+#[tokio::test]
+async fn a_cluster_resource_binding_of_a_non_workload_goes_to_every_matching_cluster() {
+    let fake = FakeApi::start().await;
+    if !fake.validates_karmada_crds() {
+        eprintln!("skipped: ../shared/fixtures/karmada/crds is absent, writes cannot be validated");
+        return;
+    }
+    let st = state("r1");
+    publish(&st, 0, 4, None);
+    publish(&st, 1, 4, None);
+    setup(&fake);
+    fake.apply(cluster("c2", true));
+    fake.apply(
+        json!({"apiVersion": "work.karmada.io/v1alpha2", "kind": "ClusterResourceBinding",
+        "metadata": {"name": "ml-namespace",
+            "labels": {"clusterpropagationpolicy.karmada.io/permanent-id": "cp-1"}},
+        "spec": {
+            "resource": {"apiVersion": "v1", "kind": "Namespace", "name": "ml", "uid": "uid-ml"},
+            "schedulerName": ME,
+            "placement": {"clusterAffinity": {"clusterNames": ["c0", "c1"]}}}}),
+    );
+    let running = start(&fake, st.clone(), Duration::from_millis(20));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let b = loop {
+        let b = fake
+            .get("ClusterResourceBinding", None, "ml-namespace")
+            .expect("binding exists");
+        if is_success_at_generation(&b) {
+            break b;
+        }
+        assert!(Instant::now() < deadline, "not scheduled: {b:#}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // Full GPUs do not matter to a Namespace; c2 is not in the affinity.
+    let names: Vec<String> = targets(&b).into_iter().map(|(c, _)| c).collect();
+    assert_eq!(names, ["c0", "c1"], "{b:#}");
+    // Nothing to hold: no reservation was written.
+    assert!(st.reservation_list(true).is_empty());
+    running.stop().await;
+}

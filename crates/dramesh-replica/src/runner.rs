@@ -134,6 +134,21 @@ impl Replica {
             (nodes, v.clusters().count())
         });
         let metrics = Arc::new(dramesh_telemetry::Metrics::new());
+        // Before anything listens: an unusable kubeconfig fails the start cleanly.
+        let karmada = match &config.scheduler {
+            Some(role) => {
+                let opts = crate::karmada::KarmadaOptions::new(&role.name, &id);
+                let client = crate::karmada::KarmadaClient::from_kubeconfig(&role.kubeconfig, opts)
+                    .await
+                    .with_context(|| format!("replica {id}: the scheduler role"))?;
+                Some((
+                    Arc::new(client),
+                    role.clone(),
+                    crate::scheduler::SchedulerMetrics::register(&metrics),
+                ))
+            }
+            None => None,
+        };
         let api = ApiState::new(Arc::new(ReplicaBackend {
             state: state.clone(),
         }))
@@ -158,20 +173,6 @@ impl Replica {
             .with_context(|| format!("replica {id}: binding the gRPC API on {}", config.grpc))?;
         let http_addr = http.local_addr()?;
         let grpc_addr = grpc.local_addr()?;
-        let karmada = match &config.scheduler {
-            Some(role) => {
-                let opts = crate::karmada::KarmadaOptions::new(&role.name, &id);
-                let client = crate::karmada::KarmadaClient::from_kubeconfig(&role.kubeconfig, opts)
-                    .await
-                    .with_context(|| format!("replica {id}: the scheduler role"))?;
-                Some((
-                    Arc::new(client),
-                    role.clone(),
-                    crate::scheduler::SchedulerMetrics::register(&metrics),
-                ))
-            }
-            None => None,
-        };
         let observer = Observer::new(metrics, mesh.clone(), store.clone());
         let (stop, stop_rx) = watch::channel(false);
         let mut tasks = JoinSet::new();

@@ -15,6 +15,8 @@
 //!   class for the status report.
 //! - [`karmada`]: the scheduler role's Karmada API client (watches, reads, merge patches,
 //!   Events; kube I/O only).
+//! - `scheduler`: the scheduler role's loop ([`SchedulerRole`]): Karmada bindings whose
+//!   `spec.schedulerName` names this replica are decided on its view and written back.
 //! - `routes`, `status_page`, `observe`: the replica's own HTTP routes, the status page and the
 //!   reservation metrics.
 
@@ -29,9 +31,11 @@ mod reserve;
 mod retire;
 mod routes;
 pub mod runner;
+mod scheduler;
 pub mod state;
 mod status_page;
 
 pub use backend::ReplicaBackend;
 pub use runner::{DEFAULT_READY_TIMEOUT, Replica, ReplicaConfig};
+pub use scheduler::{DEFAULT_SCHEDULER_NAME, DEFAULT_SETTLE, SchedulerRole};
 pub use state::ReplicaState;

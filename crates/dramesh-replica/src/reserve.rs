@@ -18,6 +18,24 @@ use crate::reservations::{self as resv, Record, Table};
 use crate::state::{ReplicaState, check_clusters};
 use dramesh_mesh::lock;
 
+/// A reservation this replica writes for itself.
+pub(crate) struct Own<'a> {
+    /// Who asked for it (an API caller's identity, or the scheduler role's).
+    pub(crate) creator: &'a str,
+    /// The member cluster.
+    pub(crate) cluster: &'a str,
+    /// The workload decoded from `manifests`.
+    pub(crate) workload: &'a Workload,
+    /// The manifests other replicas decode the workload from.
+    pub(crate) manifests: &'a [String],
+    /// Replicas held (1..=[`resv::MAX_REPLICAS`]).
+    pub(crate) replicas: i64,
+    /// Priority in overcommit resolution.
+    pub(crate) priority: i32,
+    /// Lifetime (1..=[`resv::MAX_TTL_SECONDS`]).
+    pub(crate) ttl_seconds: u64,
+}
+
 /// Inputs a resolution depends on; equal keys give equal resolutions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ResolveKey {
@@ -291,6 +309,51 @@ impl ReplicaState {
         Ok(())
     }
 
+    /// Writes a reservation owned by this replica (no caps: the caller checked them, or is
+    /// the replica's own scheduler role); returns its id.
+    pub(crate) fn write_own(&self, r: &Own<'_>) -> Result<String, ApiError> {
+        let workload = WorkloadRef {
+            namespace: r.workload.namespace.clone(),
+            kind: r.workload.kind.clone(),
+            name: r.workload.name.clone(),
+        };
+        let bound_at_creation = {
+            let indexes = self.indexes();
+            let view = &indexes.view;
+            check_clusters(view, &[r.cluster.to_string()])?;
+            view.cluster(r.cluster)
+                .map_or(0, |c| resv::bound_pods(c, &workload))
+        };
+        let id = self.with_table(Table::next_id);
+        let record = Record {
+            id: id.clone(),
+            owner: self.replica.clone(),
+            creator: r.creator.to_string(),
+            cluster: r.cluster.to_string(),
+            workload,
+            manifests: r.manifests.to_vec(),
+            replicas: r.replicas,
+            priority: r.priority,
+            ttl_seconds: r.ttl_seconds,
+            bound_at_creation,
+        };
+        let json = serde_json::to_vec(&record)
+            .map_err(|e| ApiError::Internal(format!("encoding reservation {id}: {e}")))?;
+        if json.len() > resv::MAX_RECORD_BYTES {
+            return Err(ApiError::InvalidRequest(format!(
+                "reservation: the workload manifests make a record of {} bytes, more than {}",
+                json.len(),
+                resv::MAX_RECORD_BYTES
+            )));
+        }
+        self.write_reservations(vec![ObjectChange::Upsert {
+            key: resv::record_key(&id),
+            json: Arc::from(json.as_slice()),
+        }])?;
+        tracing::info!(id = %id, cluster = %record.cluster, replicas = record.replicas, creator = %record.creator, "reservation written");
+        Ok(id)
+    }
+
     /// Writes a reservation owned by this replica and created by `caller`, within its caps
     /// (see [`crate::reservations`]). A refused reservation is never written, so it never
     /// reaches the replicated document.
@@ -319,49 +382,19 @@ impl ReplicaState {
                 resv::MAX_TTL_SECONDS
             )));
         }
-        let workload = WorkloadRef {
-            namespace: w.namespace.clone(),
-            kind: w.kind.clone(),
-            name: w.name.clone(),
-        };
-        let bound_at_creation = {
-            let indexes = self.indexes();
-            let view = &indexes.view;
-            check_clusters(view, std::slice::from_ref(&req.cluster))?;
-            view.cluster(&req.cluster)
-                .map_or(0, |c| resv::bound_pods(c, &workload))
-        };
         let caps = lock(&self.caps);
         let bytes: usize = req.workload.manifests.iter().map(String::len).sum();
         self.check_caps(&caps, caller, replicas, bytes, ttl_seconds)?;
-        let id = self.with_table(Table::next_id);
-        let record = Record {
-            id: id.clone(),
-            owner: self.replica.clone(),
-            creator: caller.identity.user.clone(),
-            cluster: req.cluster.clone(),
-            workload,
-            manifests: req.workload.manifests.clone(),
+        let id = self.write_own(&Own {
+            creator: &caller.identity.user,
+            cluster: &req.cluster,
+            workload: &w,
+            manifests: &req.workload.manifests,
             replicas,
             priority: req.priority.unwrap_or(w.priority),
             ttl_seconds,
-            bound_at_creation,
-        };
-        let json = serde_json::to_vec(&record)
-            .map_err(|e| ApiError::Internal(format!("encoding reservation {id}: {e}")))?;
-        if json.len() > resv::MAX_RECORD_BYTES {
-            return Err(ApiError::InvalidRequest(format!(
-                "reservation: the workload manifests make a record of {} bytes, more than {}",
-                json.len(),
-                resv::MAX_RECORD_BYTES
-            )));
-        }
-        self.write_reservations(vec![ObjectChange::Upsert {
-            key: resv::record_key(&id),
-            json: Arc::from(json.as_slice()),
-        }])?;
+        })?;
         drop(caps);
-        tracing::info!(id = %id, cluster = %record.cluster, replicas, creator = %record.creator, "reservation written");
         self.reservation_status(&id)
             .ok_or_else(|| ApiError::Internal(format!("reservation {id} vanished after writing")))
     }
@@ -406,7 +439,7 @@ impl ReplicaState {
     }
 
     /// Deletes an own reservation, remembering how it ended.
-    fn end_own(&self, id: &str, how: ReservationState) -> Result<(), ApiError> {
+    pub(crate) fn end_own(&self, id: &str, how: ReservationState) -> Result<(), ApiError> {
         let known = self.with_table(|table| {
             let Some(e) = table.get(id) else {
                 return false;

@@ -72,6 +72,8 @@ pub struct ReplicaConfig {
     pub auth: Arc<dramesh_api::auth::Auth>,
     /// Per-identity caps of reservations.
     pub caps: dramesh_api::auth::Caps,
+    /// The Karmada scheduler role, when this replica schedules bindings.
+    pub scheduler: Option<crate::SchedulerRole>,
 }
 
 /// Default of [`ReplicaConfig::ready_timeout`] (and of `--ready-timeout`).
@@ -132,6 +134,21 @@ impl Replica {
             (nodes, v.clusters().count())
         });
         let metrics = Arc::new(dramesh_telemetry::Metrics::new());
+        // Before anything listens: an unusable kubeconfig fails the start cleanly.
+        let karmada = match &config.scheduler {
+            Some(role) => {
+                let opts = crate::karmada::KarmadaOptions::new(&role.name, &id);
+                let client = crate::karmada::KarmadaClient::from_kubeconfig(&role.kubeconfig, opts)
+                    .await
+                    .with_context(|| format!("replica {id}: the scheduler role"))?;
+                Some((
+                    Arc::new(client),
+                    role.clone(),
+                    crate::scheduler::SchedulerMetrics::register(&metrics),
+                ))
+            }
+            None => None,
+        };
         let api = ApiState::new(Arc::new(ReplicaBackend {
             state: state.clone(),
         }))
@@ -197,6 +214,15 @@ impl Replica {
             stop_rx.clone(),
         ));
         tasks.spawn(push_own_docs(mesh.clone(), state.clone(), stop_rx.clone()));
+        if let Some((client, role, metrics)) = karmada {
+            tasks.spawn(crate::scheduler::run(
+                state.clone(),
+                client,
+                role,
+                metrics,
+                stop_rx.clone(),
+            ));
+        }
         tasks.spawn(watch_agents(mesh.clone(), state.clone(), stop_rx));
         tracing::info!(
             replica = %id,

@@ -41,7 +41,7 @@
 //! The mesh holds `store` too (the same mutex) and takes no lock of this state.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
@@ -110,6 +110,9 @@ pub struct ReplicaState {
     compute: Mutex<Compute>,
     /// Byte bound of the estimator's caches.
     cache_bytes: AtomicUsize,
+    /// Counts changes that can free or take capacity (view changes, a cluster forgotten,
+    /// reservation changes): the scheduler role retries unschedulable bindings when it moved.
+    changes: AtomicU64,
     /// Last time each cluster's writers were heard from (a change or a heartbeat).
     fresh: Mutex<HashMap<String, Instant>>,
     /// The latest tombstone of each retired cluster.
@@ -155,6 +158,7 @@ impl ReplicaState {
             indexes: RwLock::new(Indexes::default()),
             compute: Mutex::new(Compute::new(DEFAULT_CACHE_BYTES)),
             cache_bytes: AtomicUsize::new(DEFAULT_CACHE_BYTES),
+            changes: AtomicU64::new(0),
             fresh: Mutex::new(HashMap::new()),
         });
         state.rebuild_from_store();
@@ -203,6 +207,11 @@ impl ReplicaState {
     /// Runs `f` on the view (under the indexes' read lock).
     pub fn with_view<R>(&self, f: impl FnOnce(&View) -> R) -> R {
         f(&self.indexes().view)
+    }
+
+    /// How many batches of changes that can free or take capacity were applied so far.
+    pub(crate) fn change_count(&self) -> u64 {
+        self.changes.load(Ordering::Relaxed)
     }
 
     /// Runs `f` with the feed serialized (lock 1); used by the reservation writer.
@@ -280,6 +289,8 @@ impl ReplicaState {
         if !tombstones.is_empty() {
             self.apply_tombstones(&tombstones);
         }
+        // Counted after applying, so a reader that sees the new count sees the new view.
+        self.changes.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Applies member-cluster changes to the view and its side indexes and marks their
@@ -310,6 +321,7 @@ impl ReplicaState {
     pub(crate) fn forget_cluster(&self, cluster: &str) {
         write(&self.indexes).view.remove_cluster(cluster);
         lock(&self.fresh).remove(cluster);
+        self.changes.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Records that `cluster`'s writers were heard from at `at`. A retired cluster is not
@@ -468,6 +480,33 @@ impl ReplicaState {
         }
         let p = dramesh_estimator::preempt(view, &w, &mut self.compute(&indexes).estimator, &opts);
         in_time(&opts, p)
+    }
+
+    /// The scheduler role's decision for binding `b` on the current view: admitted
+    /// reservations deducted, stale clusters never chosen, the estimator's work stopped at
+    /// `deadline`. Blocking: call it off the async reactor.
+    pub(crate) fn decide_binding(
+        &self,
+        b: &dramesh_scheduler::Binding,
+        demand: &dramesh_scheduler::Demand,
+        clusters: &std::collections::BTreeMap<String, dramesh_scheduler::Cluster>,
+        deadline: Instant,
+    ) -> dramesh_scheduler::Decision {
+        let assumed = self.reserved();
+        let stale = self.stale_clusters();
+        let indexes = self.indexes();
+        let mut opts = EstimateOptions {
+            assumed,
+            stale,
+            deadline: Some(deadline),
+            ..EstimateOptions::default()
+        };
+        let fleet = dramesh_scheduler::Fleet {
+            clusters,
+            view: &indexes.view,
+        };
+        let mut compute = self.compute(&indexes);
+        dramesh_scheduler::decide(b, demand, fleet, &mut compute.estimator, &mut opts)
     }
 
     /// Known, fresh cluster, or the Karmada answer explaining why not.

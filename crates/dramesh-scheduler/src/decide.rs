@@ -97,6 +97,22 @@ pub struct Decision {
 }
 
 impl Decision {
+    /// A `SchedulerError` for a binding that could not be decided (its resource template
+    /// could not be read or decoded, ...): Karmada's failure condition and Event, retried
+    /// after the backoff, the spec left alone.
+    pub fn error(message: String) -> Decision {
+        failure(
+            &Failure::Error(message),
+            Vec::new(),
+            Attempt {
+                available: BTreeMap::new(),
+                excluded: BTreeMap::new(),
+                stale: Vec::new(),
+            },
+            true,
+        )
+    }
+
     /// The writes, in karmada-scheduler's order: the schedule result, the affinity term name,
     /// then the condition (with, on success, the observed generation and `lastScheduledTime`
     /// = `now`). Empty patches are left out.

@@ -72,6 +72,39 @@ fn claim_templates(
     Ok(out)
 }
 
+/// Most ResourceClaimTemplates one resource template may reference (the API server allows
+/// far fewer claims per pod); more are left out, and [`demand`] then names the missing one.
+pub const MAX_CLAIM_TEMPLATES: usize = 32;
+
+/// The names of the ResourceClaimTemplates `template` (a resource template of kind `kind`,
+/// as the API server returns it) references from its pod template, in order, without
+/// repeats: what the caller must read before calling [`demand`].
+pub fn claim_template_names(kind: &str, template: &Value) -> Vec<String> {
+    let spec = if kind == "Pod" {
+        template.get("spec")
+    } else {
+        pod_template_path(kind)
+            .and_then(|p| template.pointer(p))
+            .and_then(|t| t.get("spec"))
+    };
+    let mut out: Vec<String> = Vec::new();
+    let claims = spec
+        .and_then(|s| s.get("resourceClaims"))
+        .and_then(Value::as_array);
+    for c in claims.into_iter().flatten() {
+        let Some(name) = c.get("resourceClaimTemplateName").and_then(Value::as_str) else {
+            continue;
+        };
+        if !name.is_empty() && !out.iter().any(|n| n == name) {
+            out.push(name.to_string());
+        }
+        if out.len() == MAX_CLAIM_TEMPLATES {
+            break;
+        }
+    }
+    out
+}
+
 /// A pod spec with one container requesting what Karmada's interpreter recorded in
 /// `spec.replicaRequirements`: for resource kinds without a pod template Karmada knows.
 fn spec_from_requirements(r: &ReplicaRequirements) -> PodSpec {
@@ -262,6 +295,22 @@ mod tests {
 
     fn binding() -> Binding {
         Binding::from_value(BindingKind::ResourceBinding, &server_binding()).expect("binding")
+    }
+
+    #[test]
+    fn claim_template_names_come_from_the_pod_template() {
+        let d = deployment(json!({"resourceClaims": [
+            {"name": "a", "resourceClaimTemplateName": "one-gpu"},
+            {"name": "b", "resourceClaimName": "shared"},
+            {"name": "c", "resourceClaimTemplateName": "one-gpu"},
+            {"name": "d", "resourceClaimTemplateName": "nic"}]}));
+        assert_eq!(claim_template_names("Deployment", &d), ["one-gpu", "nic"]);
+        let pod =
+            json!({"spec": {"resourceClaims": [{"name": "a", "resourceClaimTemplateName": "x"}]}});
+        assert_eq!(claim_template_names("Pod", &pod), ["x"]);
+        // A kind without a pod template, or no claims: nothing to read.
+        assert!(claim_template_names("ConfigMap", &d).is_empty());
+        assert!(claim_template_names("Deployment", &deployment(json!({}))).is_empty());
     }
 
     #[test]

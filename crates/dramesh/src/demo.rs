@@ -336,6 +336,7 @@ pub(crate) async fn run(serve: bool, tls: crate::apiauth::TlsArgs) -> anyhow::Re
             },
             auth: auth.clone(),
             caps: Caps::default(),
+            scheduler: None,
         })
         .await?;
         replicas.push(r);

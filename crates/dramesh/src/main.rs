@@ -166,6 +166,18 @@ enum Command {
         limits: ApiLimitArgs,
         #[command(flatten)]
         security: Box<apiauth::ApiAuthArgs>,
+        /// Kubeconfig of the Karmada API server: this replica then schedules the
+        /// ResourceBindings and ClusterResourceBindings whose spec.schedulerName is
+        /// --scheduler-name.
+        #[arg(long)]
+        karmada_kubeconfig: Option<PathBuf>,
+        /// The scheduler name this replica answers to (with --karmada-kubeconfig).
+        #[arg(long, default_value = dramesh_replica::DEFAULT_SCHEDULER_NAME, requires = "karmada_kubeconfig")]
+        scheduler_name: String,
+        /// Milliseconds a scheduling decision's reservations wait for other replicas'
+        /// earlier ones before their admission is checked (with --karmada-kubeconfig).
+        #[arg(long, default_value_t = dramesh_replica::DEFAULT_SETTLE.as_millis() as u64, requires = "karmada_kubeconfig")]
+        scheduler_settle_ms: u64,
         /// OTLP/gRPC collector for spans (http://host:4317); default $OTEL_EXPORTER_OTLP_ENDPOINT, else no export.
         #[arg(long)]
         otlp_endpoint: Option<String>,
@@ -536,6 +548,9 @@ fn main() -> ExitCode {
             chaos_disable_peer_exchange,
             limits,
             security,
+            karmada_kubeconfig,
+            scheduler_name,
+            scheduler_settle_ms,
             otlp_endpoint,
         } => daemon(
             telemetry(
@@ -589,6 +604,13 @@ fn main() -> ExitCode {
                     },
                     auth: security.auth,
                     caps: security.caps,
+                    scheduler: karmada_kubeconfig.map(|kubeconfig| {
+                        dramesh_replica::SchedulerRole {
+                            kubeconfig,
+                            name: scheduler_name,
+                            settle: Duration::from_millis(scheduler_settle_ms),
+                        }
+                    }),
                 })
                 .await?;
                 shutdown_signal().await;

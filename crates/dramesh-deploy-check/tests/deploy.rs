@@ -827,3 +827,92 @@ fn api_certificates_serve_the_names_karmada_scheduler_dials_and_name_its_client(
         .expect("a mesh Certificate");
     assert_ne!(mesh.spec.issuer_ref.name, server.spec.issuer_ref.name);
 }
+
+#[test]
+fn scheduler_role_rbac_grants_what_the_loop_uses_and_the_overlay_mounts_its_kubeconfig() {
+    let objs = checked("karmada-scheduler");
+    let cr: &ClusterRole = one(all!(objs, ClusterRole), "ClusterRole");
+    let got = rule_set(cr.rules.as_deref().unwrap_or_default());
+    let mut want = BTreeSet::new();
+    let mut grant = |g: &str, resources: &[&str], verbs: &[&str]| {
+        for r in resources {
+            for v in verbs {
+                want.insert((g.to_string(), r.to_string(), v.to_string()));
+            }
+        }
+    };
+    let bindings = ["resourcebindings", "clusterresourcebindings"];
+    grant(
+        "work.karmada.io",
+        &bindings,
+        &["get", "list", "watch", "patch"],
+    );
+    grant(
+        "work.karmada.io",
+        &["resourcebindings/status", "clusterresourcebindings/status"],
+        &["patch"],
+    );
+    grant("cluster.karmada.io", &["clusters"], &["list", "watch"]);
+    grant(
+        "scheduling.k8s.io",
+        &["priorityclasses"],
+        &["list", "watch"],
+    );
+    grant(
+        "apps",
+        &["deployments", "statefulsets", "replicasets", "daemonsets"],
+        &["get"],
+    );
+    grant("batch", &["jobs", "cronjobs"], &["get"]);
+    grant("", &["pods"], &["get"]);
+    grant("resource.k8s.io", &["resourceclaimtemplates"], &["get"]);
+    grant("events.k8s.io", &["events"], &["create", "patch"]);
+    assert_eq!(
+        got, want,
+        "exactly what the scheduler loop reads and writes"
+    );
+    let crb: &ClusterRoleBinding = one(all!(objs, ClusterRoleBinding), "ClusterRoleBinding");
+    assert_eq!(crb.role_ref.name, name_of(&cr.metadata));
+    let s = crb.subjects.as_deref().unwrap_or_default();
+    assert_eq!(s.len(), 1);
+    assert_eq!(
+        (s[0].kind.as_str(), s[0].name.as_str()),
+        ("User", "dramesh-scheduler")
+    );
+
+    // The overlay: every replica reads its kubeconfig from a mounted Secret.
+    let objs = checked("overlays/example/host-scheduler");
+    let sts: &StatefulSet = one(all!(objs, StatefulSet), "StatefulSet");
+    let pod = pod_spec_sts(sts);
+    let c = pod
+        .containers
+        .iter()
+        .find(|c| c.name == "replica")
+        .expect("replica container");
+    let paths = flag_values(c, "--karmada-kubeconfig");
+    assert_eq!(paths.len(), 1, "exactly one --karmada-kubeconfig");
+    let path = paths[0];
+    let mount = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| path.starts_with(&format!("{}/", m.mount_path)))
+        .unwrap_or_else(|| panic!("{path} is not under a mounted volume"));
+    let volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == mount.name)
+        .expect("the mount's volume");
+    assert_eq!(
+        volume
+            .secret
+            .as_ref()
+            .and_then(|s| s.secret_name.as_deref()),
+        Some("dramesh-karmada-kubeconfig")
+    );
+    assert!(
+        path.ends_with("/kubeconfig"),
+        "the Secret's key is kubeconfig"
+    );
+}

@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 
 use dramesh_api::native::ReservationState;
 use dramesh_estimator::TargetCluster;
+use dramesh_model::k8s::PriorityClass;
 use dramesh_scheduler::object::priority_class_from_value;
 use dramesh_scheduler::{
     Action, Backoff, Binding, BindingKind, Cluster, Decision, Demand, Retry, RetryState,
@@ -184,7 +185,9 @@ struct Loop {
     metrics: Option<SchedulerMetrics>,
     bindings: Cache,
     cluster_bindings: Cache,
-    classes: Cache,
+    class_cache: Cache,
+    /// PriorityClasses by name, decoded when they change (not for every binding).
+    classes: BTreeMap<String, PriorityClass>,
     cluster_cache: Cache,
     clusters: Arc<BTreeMap<String, Cluster>>,
     queue: VecDeque<Key>,
@@ -214,7 +217,8 @@ pub(crate) async fn run(
         metrics,
         bindings: rb.cache(),
         cluster_bindings: crb.cache(),
-        classes: pc.cache(),
+        class_cache: pc.cache(),
+        classes: BTreeMap::new(),
         cluster_cache: cl.cache(),
         clusters: Arc::new(BTreeMap::new()),
         queue: VecDeque::new(),
@@ -235,7 +239,7 @@ pub(crate) async fn run(
             c = rb.next() => l.binding_change(Kind::ResourceBinding, c),
             c = crb.next() => l.binding_change(Kind::ClusterResourceBinding, c),
             c = cl.next() => l.cluster_change(c),
-            c = pc.next() => c.is_none(),
+            c = pc.next() => l.class_change(c),
             _ = tick.tick() => { l.due(); false }
             _ = std::future::ready(()), if busy => { l.work_one().await; false }
         };
@@ -321,6 +325,22 @@ impl Loop {
             }
             Some(Change::Synced) => self.enqueue_all(kind),
         }
+        false
+    }
+
+    /// Decodes the PriorityClasses again after any change of them (they are few and rarely
+    /// change); returns true when the watch ended.
+    fn class_change(&mut self, c: Option<Change>) -> bool {
+        if c.is_none() {
+            return true;
+        }
+        self.classes = self
+            .class_cache
+            .list()
+            .iter()
+            .filter_map(|o| priority_class_from_value(o.value()).ok())
+            .filter_map(|pc| pc.metadata.name.clone().map(|n| (n, pc)))
+            .collect();
         false
     }
 
@@ -557,15 +577,9 @@ impl Loop {
     /// The binding's demand and, for a workload, the manifests a reservation carries (its
     /// template and ResourceClaimTemplates).
     async fn demand(&self, b: &Binding) -> Result<(Demand, Vec<String>), String> {
-        let classes: BTreeMap<_, _> = self
-            .classes
-            .list()
-            .iter()
-            .filter_map(|o| priority_class_from_value(o.value()).ok())
-            .filter_map(|pc| pc.metadata.name.clone().map(|n| (n, pc)))
-            .collect();
+        let classes = &self.classes;
         if !b.is_workload() || b.components.len() > 1 {
-            return demand(b, None, &[], &classes)
+            return demand(b, None, &[], classes)
                 .map(|d| (d, Vec::new()))
                 .map_err(|e| e.to_string());
         }
@@ -599,7 +613,7 @@ impl Loop {
                 Err(e) => return Err(e.to_string()),
             }
         }
-        let d = demand(b, Some(template.value()), &claims, &classes).map_err(|e| e.to_string())?;
+        let d = demand(b, Some(template.value()), &claims, classes).map_err(|e| e.to_string())?;
         let manifests = std::iter::once(template.value())
             .chain(claims.iter())
             .map(manifest_of)

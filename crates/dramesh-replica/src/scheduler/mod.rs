@@ -195,6 +195,9 @@ struct Loop {
     retry: HashMap<Key, RetryState>,
     /// Per binding, versions this loop wrote and then wrote over (see [`Loop::wrote`]).
     superseded: HashMap<Key, Vec<String>>,
+    /// Bindings decoded, by key, with the `resourceVersion` decoded: a cluster change looks
+    /// at every binding, and Clusters change with every status report.
+    decoded: HashMap<Key, (String, Arc<Binding>)>,
 }
 
 /// Runs the scheduler loop until `stop` turns true (or a watch task dies).
@@ -225,6 +228,7 @@ pub(crate) async fn run(
         queued: HashSet::new(),
         retry: HashMap::new(),
         superseded: HashMap::new(),
+        decoded: HashMap::new(),
     };
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -301,6 +305,23 @@ impl Loop {
         }
     }
 
+    /// `o`, the binding `key`, decoded (once per `resourceVersion`).
+    fn decode(
+        &mut self,
+        key: &Key,
+        o: &Object,
+    ) -> Result<Arc<Binding>, dramesh_scheduler::InputError> {
+        let rv = o.meta().resource_version.clone().unwrap_or_default();
+        if let Some((v, b)) = self.decoded.get(key)
+            && *v == rv
+        {
+            return Ok(b.clone());
+        }
+        let b = Arc::new(Binding::from_value(binding_kind(key.0), o.value())?);
+        self.decoded.insert(key.clone(), (rv, b.clone()));
+        Ok(b)
+    }
+
     fn enqueue(&mut self, key: Key) {
         if self.queued.insert(key.clone()) {
             self.queue.push_back(key);
@@ -322,6 +343,7 @@ impl Loop {
             Some(Change::Deleted(o)) => {
                 self.retry.remove(&(kind, o.key()));
                 self.superseded.remove(&(kind, o.key()));
+                self.decoded.remove(&(kind, o.key()));
             }
             Some(Change::Synced) => self.enqueue_all(kind),
         }
@@ -390,14 +412,15 @@ impl Loop {
         };
         for kind in [Kind::ResourceBinding, Kind::ClusterResourceBinding] {
             for o in self.cache(kind).list() {
-                let Ok(b) = Binding::from_value(binding_kind(kind), o.value()) else {
+                let key = (kind, o.key());
+                let Ok(b) = self.decode(&key, &o) else {
                     continue;
                 };
                 if changed
                     .iter()
                     .any(|c| affected_by_cluster(&b, c, &self.role.name))
                 {
-                    self.enqueue((kind, o.key()));
+                    self.enqueue(key);
                 }
             }
         }
@@ -467,7 +490,7 @@ impl Loop {
             return Outcome::Unchanged;
         }
         for _ in 0..MAX_ATTEMPTS {
-            let b = match Binding::from_value(binding_kind(*kind), obj.value()) {
+            let b = match self.decode(key, &obj) {
                 Ok(b) => b,
                 Err(e) => {
                     tracing::warn!(error = %e, "binding not scheduled");

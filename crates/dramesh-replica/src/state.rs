@@ -484,10 +484,12 @@ impl ReplicaState {
 
     /// The scheduler role's decision for binding `b` on the current view: admitted
     /// reservations deducted, stale clusters never chosen, the estimator's work stopped at
-    /// `deadline`. Blocking: call it off the async reactor.
+    /// `deadline`; with `kept`, `b` without replicas its reservations lost, decided as
+    /// [`dramesh_scheduler::decide_after_loss`] does. Blocking: call it off the async reactor.
     pub(crate) fn decide_binding(
         &self,
         b: &dramesh_scheduler::Binding,
+        kept: Option<&dramesh_scheduler::Binding>,
         demand: &dramesh_scheduler::Demand,
         clusters: &std::collections::BTreeMap<String, dramesh_scheduler::Cluster>,
         deadline: Instant,
@@ -506,7 +508,16 @@ impl ReplicaState {
             view: &indexes.view,
         };
         let mut compute = self.compute(&indexes);
-        dramesh_scheduler::decide(b, demand, fleet, &mut compute.estimator, &mut opts)
+        match kept {
+            Some(k) => dramesh_scheduler::decide_after_loss(
+                k,
+                demand,
+                fleet,
+                &mut compute.estimator,
+                &mut opts,
+            ),
+            None => dramesh_scheduler::decide(b, demand, fleet, &mut compute.estimator, &mut opts),
+        }
     }
 
     /// Known, fresh cluster, or the Karmada answer explaining why not.

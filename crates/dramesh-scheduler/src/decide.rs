@@ -649,6 +649,25 @@ pub fn decide(
     failure(&f, events, attempt, record)
 }
 
+/// Decides `b` again after overcommit resolution gave some replicas this scheduler had
+/// added to it to other schedulers' reservations: `kept` is `b` without them. The missing
+/// replicas are placed as on a scale up (what `kept` has stays where it is). When they fit
+/// nowhere, the result goes back to `kept`: the lost replicas are released, never left on
+/// a cluster whose room another scheduler holds.
+pub fn decide_after_loss(
+    kept: &Binding,
+    demand: &Demand,
+    fleet: Fleet<'_>,
+    estimator: &mut Estimator,
+    opts: &mut EstimateOptions,
+) -> Decision {
+    let mut d = decide(kept, demand, fleet, estimator, opts);
+    if d.retry != Retry::No || d.clusters.is_none() {
+        d.clusters = Some(kept.clusters.clone());
+    }
+    d
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -23,7 +23,7 @@ pub mod placement;
 pub mod preempt;
 pub mod trigger;
 
-pub use decide::{Decision, Event, Fleet, Retry, decide, general_estimate};
+pub use decide::{Decision, Event, Fleet, Retry, decide, decide_after_loss, general_estimate};
 pub use demand::{Demand, claim_template_names, demand};
 pub use object::{Binding, BindingKind, Cluster, InputError, Readiness};
 pub use patch::{Patch, Reason, ScheduledCondition};

@@ -178,6 +178,11 @@ enum Command {
         /// earlier ones before their admission is checked (with --karmada-kubeconfig).
         #[arg(long, default_value_t = dramesh_replica::DEFAULT_SETTLE.as_millis() as u64, requires = "karmada_kubeconfig")]
         scheduler_settle_ms: u64,
+        /// When a decision's reservations are confirmed against other replicas':
+        /// after-write (write at once; a loser's replicas move one settle window later) or
+        /// before-write (wait the settle window first; never more written than fits).
+        #[arg(long, default_value = "after-write", requires = "karmada_kubeconfig")]
+        scheduler_confirm: dramesh_replica::Confirm,
         /// OTLP/gRPC collector for spans (http://host:4317); default $OTEL_EXPORTER_OTLP_ENDPOINT, else no export.
         #[arg(long)]
         otlp_endpoint: Option<String>,
@@ -551,6 +556,7 @@ fn main() -> ExitCode {
             karmada_kubeconfig,
             scheduler_name,
             scheduler_settle_ms,
+            scheduler_confirm,
             otlp_endpoint,
         } => daemon(
             telemetry(
@@ -609,6 +615,7 @@ fn main() -> ExitCode {
                             kubeconfig,
                             name: scheduler_name,
                             settle: Duration::from_millis(scheduler_settle_ms),
+                            confirm: scheduler_confirm,
                         }
                     }),
                 })

@@ -3,62 +3,64 @@
 //! [`crate::karmada`]'s; this module only connects them.
 //!
 //! - **Queue.** Binding keys, fed by binding changes (every binding after a complete list),
-//!   by cluster changes that matter to scheduling (`affected_by_cluster`), and by retries:
-//!   a binding that failed waits for its [`Backoff`]; one that was unschedulable also waits
-//!   for the replica's view or reservations to change ([`ReplicaState::change_count`]), at
-//!   most 5 minutes. One binding is worked on at a time.
-//! - **Per binding.** Re-read from the watch cache; [`plan`]; when it must be scheduled, read
-//!   the resource template and its ResourceClaimTemplates, [`demand`], decide on this
-//!   replica's view off the async reactor ([`ReplicaState::decide_binding`]), hold the new
-//!   replicas as reservations (below), then write as karmada-scheduler does: the spec patch,
-//!   the status patch, the Events (on the binding and its resource template).
+//!   by cluster changes that matter to scheduling (`affected_by_cluster`), by retries (a
+//!   binding that failed waits for its [`Backoff`]; one that was unschedulable also waits
+//!   for the replica's view or reservations to change, [`ReplicaState::change_count`], at
+//!   most 5 minutes), and by lost reservations (below).
+//! - **Many bindings at once.** Up to [`MAX_IN_FLIGHT`] bindings are worked on concurrently,
+//!   each in its own task ([`task`]), a binding never twice at a time (a change arriving
+//!   meanwhile queues it again when its task ends). Per binding: read from the watch cache;
+//!   [`plan`](dramesh_scheduler::plan); when it must be scheduled, read the resource
+//!   template and its ResourceClaimTemplates, [`demand`](dramesh_scheduler::demand), then decide on this replica's view and write the
+//!   replicas the decision adds to dramesh-reported clusters as this replica's reservations
+//!   (creator [`SchedulerRole::creator`]). Deciding and reserving happen one binding at a
+//!   time, so every decision deducts the reservations of the decisions before it; the
+//!   Karmada reads and writes of different bindings overlap. Then the writes, as
+//!   karmada-scheduler makes them: the spec patch, the status patch, and the Events (in
+//!   the background, on the binding and its resource template).
 //! - **Conflicts.** Every write is conditional on the version read. A conflicting spec write
 //!   re-reads the binding and plans again; a conflicting status write re-reads and recomputes
 //!   the status patch against the fresh binding (Karmada's `RetryOnConflict`). At most
 //!   [`MAX_ATTEMPTS`] tries, then the binding backs off as an error. Nothing is overwritten.
-//! - **No double-booking across replicas.** Before writing a decision, the replicas it adds
-//!   to each dramesh-reported cluster are written as this replica's reservations (creator
-//!   [`SchedulerRole::creator`], the template and ResourceClaimTemplates as manifests, the
-//!   binding's priority). After [`SchedulerRole::settle`] (reservations other replicas wrote
-//!   before ours have then reached this replica's resolution) each must be admitted by
-//!   overcommit resolution; if one is not, all are released and the binding is planned
-//!   again (the winners are then deducted). Reservations end when the member cluster reports
-//!   the pods, or at their TTL. See ARCHITECTURE.md, "The loop on the replica", for the
-//!   protocol's limits.
+//! - **No double-booking across replicas.** Another replica may have reserved the same room
+//!   just before: its reservation reaches this replica within the settle window
+//!   ([`SchedulerRole::settle`]). When the window has passed, every reservation written for
+//!   a decision must be admitted by overcommit resolution. A lost one is released and its
+//!   binding placed again without the lost replicas ([`dramesh_scheduler::decide_after_loss`]):
+//!   they move to clusters with room, or are taken off the binding when none has any.
+//!   With [`Confirm::BeforeWrite`] the reservations are confirmed before the decision is
+//!   written instead, and a lost one makes the binding planned again before anything is
+//!   written.
+//!   Reservations end when the member cluster reports the pods, or at their TTL. See
+//!   ARCHITECTURE.md, "The loop on the replica", for the protocol and its limits.
+
+mod task;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dramesh_api::native::ReservationState;
-use dramesh_estimator::TargetCluster;
 use dramesh_model::k8s::PriorityClass;
 use dramesh_scheduler::object::priority_class_from_value;
-use dramesh_scheduler::{
-    Action, Backoff, Binding, BindingKind, Cluster, Decision, Demand, Retry, RetryState,
-    affected_by_cluster, claim_template_names, demand, plan,
-};
+use dramesh_scheduler::{Backoff, Binding, BindingKind, Cluster, RetryState, affected_by_cluster};
 use dramesh_telemetry::registry::{CounterVec, Histogram};
-use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use serde_json::Value;
-use tokio::sync::watch;
+use tokio::sync::{Mutex, Semaphore, watch};
+use tokio::task::JoinSet;
 
-use crate::karmada::{
-    BindingRef, Cache, Change, EventNote, KarmadaClient, KarmadaError, Kind, Object, ObjectKey,
-    TemplateRef, Watch,
-};
-use crate::requests::workload_from_manifests;
-use crate::reservations as resv;
-use crate::reserve::Own;
+use crate::karmada::{Cache, Change, KarmadaClient, Kind, ObjectKey, Watch};
 use crate::state::ReplicaState;
+use task::{Ctx, Done, Held, Job, MAX_EVENT_WRITES, Outcome, blocking, lost_of};
 
 #[cfg(test)]
 mod tests;
 
-/// Tries per binding (a conflicting write or a lost reservation starts another).
+/// Tries per binding (a conflicting write starts another).
 pub(crate) const MAX_ATTEMPTS: u32 = 3;
+
+/// Bindings worked on at once: enough to keep the Karmada API server's round trips of
+/// different bindings overlapping while one decision is computed.
+pub(crate) const MAX_IN_FLIGHT: usize = 64;
 
 /// Default of [`SchedulerRole::settle`]: the replica applies received changes at least every
 /// 250 ms, so two of those periods cover a reservation written elsewhere just before ours
@@ -67,9 +69,6 @@ pub const DEFAULT_SETTLE: Duration = Duration::from_millis(500);
 
 /// Default scheduler name (`--scheduler-name`).
 pub const DEFAULT_SCHEDULER_NAME: &str = "dramesh-scheduler";
-
-/// Longest estimator work for one decision.
-const DECIDE_DEADLINE: Duration = Duration::from_secs(5);
 
 /// How often retries are looked at.
 const TICK: Duration = Duration::from_millis(250);
@@ -81,9 +80,41 @@ pub struct SchedulerRole {
     pub kubeconfig: PathBuf,
     /// Bindings whose `spec.schedulerName` equals this are scheduled here.
     pub name: String,
-    /// How long a written reservation waits for earlier reservations of other replicas
-    /// before its admission is checked ([`DEFAULT_SETTLE`]).
+    /// How long after a decision is written its reservations are checked against
+    /// overcommit resolution, so that reservations other replicas wrote before it have
+    /// arrived ([`DEFAULT_SETTLE`]).
     pub settle: Duration,
+    /// Whether a decision is written before or after its reservations are confirmed.
+    pub confirm: Confirm,
+}
+
+/// When a decision's reservations are confirmed by overcommit resolution, relative to
+/// writing the decision to the binding.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Confirm {
+    /// Write at once, confirm when the settle window has passed: a binding is written within
+    /// milliseconds. When two replicas reserved the same room, the loser's binding holds more
+    /// than fits until its check (one settle window), then its replicas move or are taken
+    /// off, so member clusters may briefly see pods that stay pending.
+    #[default]
+    AfterWrite,
+    /// Wait out the settle window and confirm before writing: no binding ever holds more than
+    /// fits, and every decision that reserves takes at least one settle window.
+    BeforeWrite,
+}
+
+impl std::str::FromStr for Confirm {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Confirm, String> {
+        match s {
+            "after-write" => Ok(Confirm::AfterWrite),
+            "before-write" => Ok(Confirm::BeforeWrite),
+            other => Err(format!(
+                "{other:?} is not a confirmation mode (after-write or before-write)"
+            )),
+        }
+    }
 }
 
 impl SchedulerRole {
@@ -93,6 +124,7 @@ impl SchedulerRole {
             kubeconfig,
             name: name.to_string(),
             settle: DEFAULT_SETTLE,
+            confirm: Confirm::default(),
         }
     }
 
@@ -107,7 +139,8 @@ impl SchedulerRole {
 pub(crate) struct SchedulerMetrics {
     /// `{result}`: bindings worked on, by outcome.
     bindings: Arc<CounterVec<1>>,
-    /// Time from taking a binding off the queue to its last write.
+    /// Time from queueing a binding (its watch event, retry or lost reservation) to its
+    /// last write.
     latency: Arc<Histogram>,
 }
 
@@ -124,7 +157,7 @@ impl SchedulerMetrics {
             .and_then(|bindings| {
                 let latency = r.histogram(
                     "dramesh_scheduler_decision_seconds",
-                    "Time from taking a binding off the queue to its last write.",
+                    "Time from queueing a binding (its watch event, retry or lost reservation) to its last write.",
                     &[0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0],
                 )?;
                 Ok(SchedulerMetrics { bindings, latency })
@@ -146,58 +179,50 @@ impl SchedulerMetrics {
 /// A binding in the queue.
 type Key = (Kind, ObjectKey);
 
-/// How working on one binding ended.
-#[derive(Debug, PartialEq, Eq)]
-enum Outcome {
-    /// Scheduled and written.
-    Scheduled,
-    /// Nothing to schedule (maybe the observed generation written).
-    Unchanged,
-    /// Gone, not ours any more, or undecodable: nothing until it changes.
-    Dropped,
-    /// Written as unschedulable: retry when the view changes.
-    Unschedulable,
-    /// Failed: retry after the backoff.
-    Error,
+/// A decision's reservations waiting for the settle window to pass.
+struct Check {
+    due: Instant,
+    key: Key,
+    held: Held,
 }
 
-/// Why a decision is not held.
-enum Hold {
-    /// Overcommit resolution admitted another replica's reservation instead: plan again.
-    Lost(String),
-    /// The reservation could not be written.
-    Failed(String),
-}
-
-/// Why a write sequence stopped.
-enum WriteError {
-    /// The spec write conflicted: plan again on the fresh binding.
-    Conflict(Arc<Object>),
-    /// Anything else.
-    Failed(String),
+/// A binding being worked on.
+struct Running {
+    queued_at: Instant,
+    view: u64,
+    lost: Option<BTreeMap<String, i64>>,
 }
 
 struct Loop {
-    state: Arc<ReplicaState>,
-    client: Arc<KarmadaClient>,
-    role: SchedulerRole,
+    ctx: Arc<Ctx>,
     backoff: Backoff,
-    metrics: Option<SchedulerMetrics>,
     bindings: Cache,
     cluster_bindings: Cache,
     class_cache: Cache,
     /// PriorityClasses by name, decoded when they change (not for every binding).
-    classes: BTreeMap<String, PriorityClass>,
+    classes: Arc<BTreeMap<String, PriorityClass>>,
     cluster_cache: Cache,
     clusters: Arc<BTreeMap<String, Cluster>>,
     queue: VecDeque<Key>,
-    queued: HashSet<Key>,
+    /// Queued bindings and when they were queued.
+    queued: HashMap<Key, Instant>,
     retry: HashMap<Key, RetryState>,
     /// Per binding, versions this loop wrote and then wrote over (see [`Loop::wrote`]).
     superseded: HashMap<Key, Vec<String>>,
     /// Bindings decoded, by key, with the `resourceVersion` decoded: a cluster change looks
     /// at every binding, and Clusters change with every status report.
     decoded: HashMap<Key, (String, Arc<Binding>)>,
+    /// Bindings being worked on: when they were queued, the view's change count then, and
+    /// the lost replicas handed to the task (kept for another try if it fails).
+    running: HashMap<Key, Running>,
+    tasks: JoinSet<(Key, Done)>,
+    task_keys: HashMap<tokio::task::Id, Key>,
+    /// Running bindings queued again meanwhile.
+    again: HashSet<Key>,
+    /// Decisions' reservations, in the order they are due.
+    checks: VecDeque<Check>,
+    /// Replicas to take back, by binding and cluster (lost reservations).
+    lost: HashMap<Key, BTreeMap<String, i64>>,
 }
 
 /// Runs the scheduler loop until `stop` turns true (or a watch task dies).
@@ -213,29 +238,41 @@ pub(crate) async fn run(
     let mut cl = client.watch(Kind::Cluster);
     let mut pc = client.watch(Kind::PriorityClass);
     let mut l = Loop {
-        state,
-        client,
-        role,
+        ctx: Arc::new(Ctx {
+            state,
+            client,
+            role,
+            metrics,
+            decide: Mutex::new(()),
+            events: Arc::new(Semaphore::new(MAX_EVENT_WRITES)),
+        }),
         backoff: Backoff::default(),
-        metrics,
         bindings: rb.cache(),
         cluster_bindings: crb.cache(),
         class_cache: pc.cache(),
-        classes: BTreeMap::new(),
+        classes: Arc::new(BTreeMap::new()),
         cluster_cache: cl.cache(),
         clusters: Arc::new(BTreeMap::new()),
         queue: VecDeque::new(),
-        queued: HashSet::new(),
+        queued: HashMap::new(),
         retry: HashMap::new(),
         superseded: HashMap::new(),
         decoded: HashMap::new(),
+        running: HashMap::new(),
+        tasks: JoinSet::new(),
+        task_keys: HashMap::new(),
+        again: HashSet::new(),
+        checks: VecDeque::new(),
+        lost: HashMap::new(),
     };
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    tracing::info!(scheduler = %l.role.name, "scheduler role started");
+    tracing::info!(scheduler = %l.ctx.role.name, "scheduler role started");
     loop {
-        let busy = !l.queue.is_empty();
-        // Changes first; with work queued, take one binding when no change is waiting.
+        let can_start = !l.queue.is_empty() && l.running.len() < MAX_IN_FLIGHT;
+        let next_check = l.checks.front().map(|c| c.due);
+        // Changes first; then finished work and due checks; with room, start one binding
+        // when nothing else is waiting.
         let ended = tokio::select! {
             biased;
             // The guard `wait_for` returns is not Send: dropped inside.
@@ -244,13 +281,22 @@ pub(crate) async fn run(
             c = crb.next() => l.binding_change(Kind::ClusterResourceBinding, c),
             c = cl.next() => l.cluster_change(c),
             c = pc.next() => l.class_change(c),
+            Some(r) = l.tasks.join_next_with_id(), if !l.tasks.is_empty() => { l.finished(r); false }
+            _ = sleep_until(next_check), if next_check.is_some() => { l.check().await; false }
             _ = tick.tick() => { l.due(); false }
-            _ = std::future::ready(()), if busy => { l.work_one().await; false }
+            _ = std::future::ready(()), if can_start => { l.start_next(); false }
         };
         if ended {
             report_dead(&[&rb, &crb, &cl, &pc]);
             return;
         }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -266,37 +312,6 @@ fn binding_kind(kind: Kind) -> BindingKind {
     }
 }
 
-/// `v` as a reservation manifest: what other replicas need to decode the workload, without
-/// the server's bookkeeping (`status`, `managedFields`, the last-applied annotation), which
-/// would only spend the record's size bound.
-fn manifest_of(v: &Value) -> String {
-    let mut v = v.clone();
-    if let Some(m) = v.as_object_mut() {
-        m.remove("status");
-        if let Some(meta) = m.get_mut("metadata").and_then(Value::as_object_mut) {
-            meta.remove("managedFields");
-            if let Some(a) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
-                a.remove("kubectl.kubernetes.io/last-applied-configuration");
-            }
-        }
-    }
-    v.to_string()
-}
-
-/// Ends this replica's reservations `ids` as released.
-fn release_all(st: &ReplicaState, ids: &[String]) {
-    for id in ids {
-        if let Err(e) = st.end_own(id, ReservationState::Released) {
-            tracing::warn!(id, error = %e, "releasing a reservation failed; it ends at its TTL");
-        }
-    }
-}
-
-/// `Time` now.
-fn now() -> Time {
-    Time(jiff::Timestamp::now())
-}
-
 impl Loop {
     fn cache(&self, kind: Kind) -> &Cache {
         match kind {
@@ -309,7 +324,7 @@ impl Loop {
     fn decode(
         &mut self,
         key: &Key,
-        o: &Object,
+        o: &crate::karmada::Object,
     ) -> Result<Arc<Binding>, dramesh_scheduler::InputError> {
         let rv = o.meta().resource_version.clone().unwrap_or_default();
         if let Some((v, b)) = self.decoded.get(key)
@@ -323,7 +338,8 @@ impl Loop {
     }
 
     fn enqueue(&mut self, key: Key) {
-        if self.queued.insert(key.clone()) {
+        if !self.queued.contains_key(&key) {
+            self.queued.insert(key.clone(), Instant::now());
             self.queue.push_back(key);
         }
     }
@@ -341,9 +357,11 @@ impl Loop {
             None => return true,
             Some(Change::Applied(o)) => self.enqueue((kind, o.key())),
             Some(Change::Deleted(o)) => {
-                self.retry.remove(&(kind, o.key()));
-                self.superseded.remove(&(kind, o.key()));
-                self.decoded.remove(&(kind, o.key()));
+                let key = (kind, o.key());
+                self.retry.remove(&key);
+                self.superseded.remove(&key);
+                self.decoded.remove(&key);
+                self.lost.remove(&key);
             }
             Some(Change::Synced) => self.enqueue_all(kind),
         }
@@ -356,13 +374,14 @@ impl Loop {
         if c.is_none() {
             return true;
         }
-        self.classes = self
-            .class_cache
-            .list()
-            .iter()
-            .filter_map(|o| priority_class_from_value(o.value()).ok())
-            .filter_map(|pc| pc.metadata.name.clone().map(|n| (n, pc)))
-            .collect();
+        self.classes = Arc::new(
+            self.class_cache
+                .list()
+                .iter()
+                .filter_map(|o| priority_class_from_value(o.value()).ok())
+                .filter_map(|pc| pc.metadata.name.clone().map(|n| (n, pc)))
+                .collect(),
+        );
         false
     }
 
@@ -418,7 +437,7 @@ impl Loop {
                 };
                 if changed
                     .iter()
-                    .any(|c| affected_by_cluster(&b, c, &self.role.name))
+                    .any(|c| affected_by_cluster(&b, c, &self.ctx.role.name))
                 {
                     self.enqueue(key);
                 }
@@ -430,7 +449,7 @@ impl Loop {
     /// Queues the bindings whose retry is due.
     fn due(&mut self) {
         let now = Instant::now();
-        let view = self.state.change_count();
+        let view = self.ctx.state.change_count();
         let due: Vec<Key> = self
             .retry
             .iter()
@@ -442,357 +461,171 @@ impl Loop {
         }
     }
 
-    async fn work_one(&mut self) {
+    /// Starts a task for the binding at the head of the queue, unless it needs none.
+    fn start_next(&mut self) {
         let Some(key) = self.queue.pop_front() else {
             return;
         };
-        self.queued.remove(&key);
-        let started = Instant::now();
-        let view = self.state.change_count();
-        let outcome = self.attempt(&key).await;
-        let result = match &outcome {
-            Outcome::Scheduled => "scheduled",
-            Outcome::Unchanged => "unchanged",
-            Outcome::Dropped => "dropped",
-            Outcome::Unschedulable => "unschedulable",
-            Outcome::Error => "error",
+        let queued_at = self.queued.remove(&key).unwrap_or_else(Instant::now);
+        if self.running.contains_key(&key) {
+            self.again.insert(key);
+            return;
+        }
+        let view = self.ctx.state.change_count();
+        let (kind, k) = &key;
+        let Some(obj) = self.cache(*kind).get(k.namespace.as_deref(), &k.name) else {
+            self.settle(&key, Outcome::Dropped, queued_at, view);
+            return;
         };
-        if let Some(m) = &self.metrics {
-            m.count(result);
+        // A version this loop wrote and then wrote over: the newer one's event follows.
+        let rv = obj.meta().resource_version.as_ref();
+        if rv.is_some_and(|rv| self.superseded.get(&key).is_some_and(|s| s.contains(rv))) {
+            self.settle(&key, Outcome::Unchanged, queued_at, view);
+            return;
+        }
+        let binding = match self.decode(&key, &obj) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(error = %e, "binding not scheduled");
+                self.settle(&key, Outcome::Dropped, queued_at, view);
+                return;
+            }
+        };
+        let lost = self.lost.remove(&key);
+        let job = Job {
+            key: key.clone(),
+            obj,
+            binding,
+            clusters: self.clusters.clone(),
+            classes: self.classes.clone(),
+            lost: lost.clone(),
+        };
+        let ctx = self.ctx.clone();
+        let id = self
+            .tasks
+            .spawn(async move {
+                let key = job.key.clone();
+                (key, ctx.work(job).await)
+            })
+            .id();
+        self.task_keys.insert(id, key.clone());
+        self.running.insert(
+            key,
+            Running {
+                queued_at,
+                view,
+                lost,
+            },
+        );
+    }
+
+    /// Takes in a finished task.
+    fn finished(&mut self, r: Result<(tokio::task::Id, (Key, Done)), tokio::task::JoinError>) {
+        let (key, done) = match r {
+            Ok((id, (key, done))) => {
+                self.task_keys.remove(&id);
+                (key, done)
+            }
+            Err(e) => {
+                let Some(key) = self.task_keys.remove(&e.id()) else {
+                    return;
+                };
+                tracing::error!(error = %e, "a binding's task failed");
+                (
+                    key,
+                    Done {
+                        outcome: Outcome::Error,
+                        versions: Vec::new(),
+                        held: None,
+                    },
+                )
+            }
+        };
+        let Some(run) = self.running.remove(&key) else {
+            return;
+        };
+        self.wrote(&key, done.versions);
+        // Replicas to take back stay noted until a try gets through.
+        if let (Outcome::Error, Some(lost)) = (done.outcome, run.lost) {
+            self.note_lost(&key, lost);
+        }
+        if let Some(held) = done.held {
+            self.checks.push_back(Check {
+                due: Instant::now() + self.ctx.role.settle,
+                key: key.clone(),
+                held,
+            });
+        }
+        self.settle(&key, done.outcome, run.queued_at, run.view);
+        if self.again.remove(&key) {
+            self.enqueue(key);
+        }
+    }
+
+    /// Counts an outcome and sets the binding's retry.
+    fn settle(&mut self, key: &Key, outcome: Outcome, queued_at: Instant, view: u64) {
+        if let Some(m) = &self.ctx.metrics {
+            m.count(outcome.as_str());
             if outcome != Outcome::Dropped {
-                m.latency.observe(started.elapsed().as_secs_f64());
+                m.latency.observe(queued_at.elapsed().as_secs_f64());
             }
         }
         match outcome {
             Outcome::Scheduled | Outcome::Unchanged | Outcome::Dropped => {
-                self.retry.remove(&key);
+                self.retry.remove(key);
             }
             Outcome::Unschedulable | Outcome::Error => {
                 let unschedulable = outcome == Outcome::Unschedulable;
                 let r =
                     self.backoff
-                        .failed(self.retry.get(&key), Instant::now(), view, unschedulable);
-                self.retry.insert(key, r);
+                        .failed(self.retry.get(key), Instant::now(), view, unschedulable);
+                self.retry.insert(key.clone(), r);
             }
         }
     }
 
-    /// Plans, decides, reserves and writes one binding, re-planning after a conflict or a
-    /// lost reservation.
-    async fn attempt(&mut self, key: &Key) -> Outcome {
-        let (kind, k) = key;
-        let Some(mut obj) = self.cache(*kind).get(k.namespace.as_deref(), &k.name) else {
-            return Outcome::Dropped;
-        };
-        // A version this loop wrote and then wrote over: the newer one's event follows.
-        let rv = obj.meta().resource_version.as_ref();
-        if rv.is_some_and(|rv| self.superseded.get(key).is_some_and(|s| s.contains(rv))) {
-            return Outcome::Unchanged;
-        }
-        for _ in 0..MAX_ATTEMPTS {
-            let b = match self.decode(key, &obj) {
-                Ok(b) => b,
-                Err(e) => {
-                    tracing::warn!(error = %e, "binding not scheduled");
-                    return Outcome::Dropped;
-                }
-            };
-            let trigger = match plan(&b, &self.clusters, &self.role.name) {
-                Action::Ignore(_) => return Outcome::Dropped,
-                Action::Nothing(None) => return Outcome::Unchanged,
-                Action::Nothing(Some(_)) => {
-                    // Recomputed against a re-read binding after a conflict.
-                    let patch = |fresh: &Binding| match plan(fresh, &self.clusters, &self.role.name)
-                    {
-                        Action::Nothing(Some(p)) => vec![p],
-                        _ => Vec::new(),
-                    };
-                    return match self.write_status(*kind, &obj, patch).await {
-                        Ok((_, versions)) => {
-                            self.wrote(key, versions);
-                            Outcome::Unchanged
-                        }
-                        Err(e) => {
-                            tracing::warn!(binding = %b.id(), error = %e, "observed generation not written");
-                            Outcome::Error
-                        }
-                    };
-                }
-                Action::Schedule(t) => t,
-            };
-            tracing::debug!(binding = %b.id(), trigger = ?trigger, "scheduling");
-            let (demand, manifests) = match self.demand(&b).await {
-                Ok(d) => d,
-                Err(message) => {
-                    let d = Decision::error(message);
-                    return match self.write(*kind, &obj, &b, &d).await {
-                        Ok((written, versions)) => {
-                            self.wrote(key, versions);
-                            self.events(*kind, &written, &b, &d).await;
-                            Outcome::Error
-                        }
-                        // Changed meanwhile: its change event queues it again.
-                        Err(WriteError::Conflict(_)) => Outcome::Error,
-                        Err(WriteError::Failed(e)) => {
-                            tracing::warn!(binding = %b.id(), error = %e, "scheduler error not written");
-                            Outcome::Error
-                        }
-                    };
-                }
-            };
-            let decision = {
-                let state = self.state.clone();
-                let clusters = self.clusters.clone();
-                let b = b.clone();
-                let demand = demand.clone();
-                let deadline = Instant::now() + DECIDE_DEADLINE;
-                match tokio::task::spawn_blocking(move || {
-                    state.decide_binding(&b, &demand, &clusters, deadline)
-                })
-                .await
-                {
-                    Ok(d) => d,
-                    Err(e) => Decision::error(format!("the decision failed: {e}")),
-                }
-            };
-            let held = match self.hold(&b, &demand, &manifests, &decision).await {
-                Ok(ids) => ids,
-                Err(Hold::Lost(lost)) => {
-                    tracing::info!(binding = %b.id(), lost = %lost, "reservation lost; planning again");
-                    if let Some(m) = &self.metrics {
-                        m.count("reservation_lost");
-                    }
-                    continue;
-                }
-                Err(Hold::Failed(e)) => {
-                    // Never written unheld: another replica could take the same devices.
-                    tracing::warn!(binding = %b.id(), error = %e, "the decision could not be held; not written");
-                    return Outcome::Error;
-                }
-            };
-            match self.write(*kind, &obj, &b, &decision).await {
-                Ok((written, versions)) => {
-                    self.wrote(key, versions);
-                    self.events(*kind, &written, &b, &decision).await;
-                    return match decision.retry {
-                        Retry::No => Outcome::Scheduled,
-                        Retry::Unschedulable => Outcome::Unschedulable,
-                        Retry::Error => Outcome::Error,
-                    };
-                }
-                Err(WriteError::Conflict(fresh)) => {
-                    self.release(&held).await;
-                    if let Some(m) = &self.metrics {
-                        m.count("conflict");
-                    }
-                    obj = fresh;
-                }
-                Err(WriteError::Failed(e)) => {
-                    self.release(&held).await;
-                    tracing::warn!(binding = %b.id(), error = %e, "schedule result not written");
-                    return Outcome::Error;
-                }
+    /// Checks the reservations of the decisions whose settle window has passed; the lost
+    /// ones are released and their bindings queued to place those replicas again.
+    async fn check(&mut self) {
+        let now = Instant::now();
+        let mut due = Vec::new();
+        while self.checks.front().is_some_and(|c| c.due <= now) {
+            if let Some(c) = self.checks.pop_front() {
+                due.push(c);
             }
         }
-        Outcome::Error
-    }
-
-    /// The binding's demand and, for a workload, the manifests a reservation carries (its
-    /// template and ResourceClaimTemplates).
-    async fn demand(&self, b: &Binding) -> Result<(Demand, Vec<String>), String> {
-        let classes = &self.classes;
-        if !b.is_workload() || b.components.len() > 1 {
-            return demand(b, None, &[], classes)
-                .map(|d| (d, Vec::new()))
-                .map_err(|e| e.to_string());
-        }
-        let r = &b.resource;
-        let t = TemplateRef {
-            api_version: r.api_version.clone(),
-            kind: r.kind.clone(),
-            namespace: (!r.namespace.is_empty()).then(|| r.namespace.clone()),
-            name: r.name.clone(),
-        };
-        let template = match self.client.template(&t).await {
-            Ok(Some(t)) => t,
-            Ok(None) => {
-                return Err(format!(
-                    "the resource template {} {}/{} does not exist",
-                    r.kind, r.namespace, r.name
-                ));
-            }
-            Err(e) => return Err(e.to_string()),
-        };
-        let mut claims = Vec::new();
-        for name in claim_template_names(&r.kind, template.value()) {
-            match self
-                .client
-                .resource_claim_template(&r.namespace, &name)
-                .await
-            {
-                Ok(Some(c)) => claims.push(c.value().clone()),
-                // `demand` names the missing template.
-                Ok(None) => {}
-                Err(e) => return Err(e.to_string()),
-            }
-        }
-        let d = demand(b, Some(template.value()), &claims, classes).map_err(|e| e.to_string())?;
-        let manifests = std::iter::once(template.value())
-            .chain(claims.iter())
-            .map(manifest_of)
-            .collect();
-        Ok((d, manifests))
-    }
-
-    /// Holds the replicas `decision` adds to dramesh-reported clusters as reservations and
-    /// checks, after the settle window, that overcommit resolution admits every one. On a
-    /// lost one, releases them all and says which.
-    async fn hold(
-        &self,
-        b: &Binding,
-        demand: &Demand,
-        manifests: &[String],
-        decision: &Decision,
-    ) -> Result<Vec<String>, Hold> {
-        let (Some(clusters), Demand::Replicas(w)) = (&decision.clusters, demand) else {
-            return Ok(Vec::new());
-        };
-        let added: Vec<&TargetCluster> = clusters
-            .iter()
-            .filter(|t| t.replicas > b.assigned(&t.name))
-            .filter(|t| self.state.with_view(|v| v.cluster(&t.name).is_some()))
-            .collect();
-        if added.is_empty() {
-            return Ok(Vec::new());
-        }
-        let adds: Vec<(String, i64)> = added
-            .iter()
-            .map(|t| (t.name.clone(), t.replicas - b.assigned(&t.name)))
-            .collect();
-        let creator = self.role.creator();
-        let manifests = manifests.to_vec();
-        let priority = w.priority;
-        // Writing goes to the store (fsync with a data directory): off the reactor.
-        let ids = self
-            .blocking(move |st| {
-                // The record's workload is what other replicas decode from the manifests.
-                let workload = workload_from_manifests(&manifests)
-                    .map_err(|e| format!("the workload cannot be carried in a reservation: {e}"))?;
-                let mut ids = Vec::new();
-                for (cluster, replicas) in &adds {
-                    let own = Own {
-                        creator: &creator,
-                        cluster,
-                        workload: &workload,
-                        manifests: &manifests,
-                        replicas: (*replicas).min(resv::MAX_REPLICAS),
-                        priority,
-                        ttl_seconds: resv::DEFAULT_TTL_SECONDS,
-                    };
-                    match st.write_own(&own) {
-                        Ok(id) => ids.push(id),
-                        Err(e) => {
-                            release_all(st, &ids);
-                            return Err(format!("writing a reservation on {cluster}: {e}"));
-                        }
-                    }
-                }
-                Ok(ids)
-            })
-            .await
-            .and_then(|r| r)
-            .map_err(Hold::Failed)?;
-        tokio::time::sleep(self.role.settle).await;
-        // Resolution runs the estimator: off the reactor too.
-        let checked = ids.clone();
-        let lost = self
-            .blocking(move |st| {
-                let lost = checked.iter().find_map(|id| {
-                    let s = st.reservation_status(id)?;
-                    (s.status == ReservationState::Conflicted).then(|| {
-                        format!(
-                            "reservation {id} on {} lost to {}",
-                            s.cluster,
-                            s.winner.as_deref().unwrap_or("an unreadable reservation")
-                        )
-                    })
-                });
-                if lost.is_some() {
-                    release_all(st, &checked);
-                }
-                lost
-            })
-            .await
-            .map_err(Hold::Failed)?;
-        match lost {
-            Some(why) => Err(Hold::Lost(why)),
-            None => Ok(ids),
-        }
-    }
-
-    /// Runs `f` on the replica state on a blocking thread.
-    async fn blocking<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&ReplicaState) -> T + Send + 'static,
-    ) -> Result<T, String> {
-        let state = self.state.clone();
-        tokio::task::spawn_blocking(move || f(&state))
-            .await
-            .map_err(|e| format!("a blocking task failed: {e}"))
-    }
-
-    async fn release(&self, ids: &[String]) {
-        if ids.is_empty() {
+        if due.is_empty() {
             return;
         }
-        let ids = ids.to_vec();
-        if let Err(e) = self.blocking(move |st| release_all(st, &ids)).await {
-            tracing::warn!(error = %e, "releasing reservations failed; they end at their TTL");
+        // Resolution runs the estimator: off the reactor.
+        let lost = blocking(&self.ctx.state, move |st| {
+            due.into_iter()
+                .map(|c| (c.key, lost_of(st, &c.held)))
+                .filter(|(_, l)| !l.is_empty())
+                .collect::<Vec<_>>()
+        })
+        .await;
+        let lost = match lost {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(error = %e, "reservations not checked; they end at their TTL");
+                return;
+            }
+        };
+        for (key, clusters) in lost {
+            if let Some(m) = &self.ctx.metrics {
+                m.count("reservation_lost");
+            }
+            self.note_lost(&key, clusters);
+            self.enqueue(key);
         }
     }
 
-    /// Writes `decision` on `obj` (read as `b`): the spec patch, then the status patch.
-    /// Returns the binding as last written and the resourceVersions of every write.
-    async fn write(
-        &self,
-        kind: Kind,
-        obj: &Arc<Object>,
-        b: &Binding,
-        decision: &Decision,
-    ) -> Result<(Arc<Object>, Vec<String>), WriteError> {
-        let at = now();
-        let mut current = obj.clone();
-        let mut written = Vec::new();
-        for p in decision.patches(b, &at).into_iter().filter(|p| !p.status) {
-            let body: Value = serde_json::from_str(&p.body)
-                .map_err(|e| WriteError::Failed(format!("spec patch body: {e}")))?;
-            let r = BindingRef::of(kind, &current)
-                .ok_or_else(|| WriteError::Failed("the binding has no resourceVersion".into()))?;
-            match self.client.patch(&r, &body).await {
-                Ok(o) => {
-                    written.extend(o.meta().resource_version.clone());
-                    current = Arc::new(o);
-                }
-                Err(KarmadaError::Conflict { .. }) => {
-                    return Err(WriteError::Conflict(self.reread(kind, &r).await?));
-                }
-                Err(e) => return Err(WriteError::Failed(e.to_string())),
-            }
+    fn note_lost(&mut self, key: &Key, clusters: BTreeMap<String, i64>) {
+        let note = self.lost.entry(key.clone()).or_default();
+        for (c, n) in clusters {
+            *note.entry(c).or_default() += n;
         }
-        let decision = decision.clone();
-        self.write_status(kind, &current, move |fresh| {
-            decision
-                .patches(fresh, &at)
-                .into_iter()
-                .filter(|p| p.status)
-                .collect()
-        })
-        .await
-        .map(|(o, mut more)| {
-            written.append(&mut more);
-            (o, written)
-        })
-        .map_err(WriteError::Failed)
     }
 
     /// Remembers the versions this loop wrote on its way to the last one: their watch
@@ -803,90 +636,6 @@ impl Loop {
             self.superseded.remove(key);
         } else {
             self.superseded.insert(key.clone(), versions);
-        }
-    }
-
-    /// Writes the status patches `patches` computes for the binding, one at a time, each
-    /// computed against the binding as last written or re-read (so a conflict re-reads and
-    /// recomputes, never overwrites). Returns the binding as last written.
-    async fn write_status(
-        &self,
-        kind: Kind,
-        obj: &Arc<Object>,
-        patches: impl Fn(&Binding) -> Vec<dramesh_scheduler::Patch>,
-    ) -> Result<(Arc<Object>, Vec<String>), String> {
-        let mut current = obj.clone();
-        let mut written = Vec::new();
-        let mut conflicts = 0;
-        // Each round writes one patch or re-reads after a conflict. Written patches are not
-        // computed again, so the rounds are bounded by the patches plus the conflicts; the
-        // bound also stops a server that would not keep what was written.
-        for _ in 0..2 * MAX_ATTEMPTS + 2 {
-            let b = Binding::from_value(binding_kind(kind), current.value())
-                .map_err(|e| e.to_string())?;
-            let Some(p) = patches(&b).into_iter().next() else {
-                return Ok((current, written));
-            };
-            let body: Value =
-                serde_json::from_str(&p.body).map_err(|e| format!("status patch body: {e}"))?;
-            let r = BindingRef::of(kind, &current)
-                .ok_or_else(|| "the binding has no resourceVersion".to_string())?;
-            match self.client.patch_status(&r, &body).await {
-                Ok(o) => {
-                    written.extend(o.meta().resource_version.clone());
-                    current = Arc::new(o);
-                }
-                Err(KarmadaError::Conflict { .. }) if conflicts + 1 < MAX_ATTEMPTS => {
-                    conflicts += 1;
-                    current = match self.reread(kind, &r).await {
-                        Ok(o) => o,
-                        Err(WriteError::Failed(e)) => return Err(e),
-                        Err(WriteError::Conflict(o)) => o,
-                    };
-                }
-                Err(e) => return Err(e.to_string()),
-            }
-        }
-        Err(format!(
-            "the status was not written within {} tries ({conflicts} conflicts)",
-            2 * MAX_ATTEMPTS + 2
-        ))
-    }
-
-    async fn reread(&self, kind: Kind, r: &BindingRef) -> Result<Arc<Object>, WriteError> {
-        match self.client.get(kind, r.namespace.as_deref(), &r.name).await {
-            Ok(Some(o)) => Ok(Arc::new(o)),
-            Ok(None) => Err(WriteError::Failed("the binding was deleted".into())),
-            Err(e) => Err(WriteError::Failed(e.to_string())),
-        }
-    }
-
-    /// Records the decision's Events on the binding and on its resource template, as
-    /// karmada-scheduler does. Failures are logged: an Event is not worth a retry.
-    async fn events(&self, kind: Kind, written: &Object, b: &Binding, decision: &Decision) {
-        let on_binding = kind.reference(written);
-        let r = &b.resource;
-        let on_template = ObjectReference {
-            api_version: Some(r.api_version.clone()),
-            kind: Some(r.kind.clone()),
-            namespace: (!r.namespace.is_empty()).then(|| r.namespace.clone()),
-            name: Some(r.name.clone()),
-            uid: (!r.uid.is_empty()).then(|| r.uid.clone()),
-            resource_version: None,
-            field_path: None,
-        };
-        for e in &decision.events {
-            let note = EventNote {
-                warning: e.type_ == "Warning",
-                reason: e.reason.to_string(),
-                action: "Scheduling".into(),
-                message: e.message.clone(),
-            };
-            for regarding in [&on_binding, &on_template] {
-                if let Err(err) = self.client.event(regarding, &note).await {
-                    tracing::debug!(binding = %b.id(), error = %err, "event not recorded");
-                }
-            }
         }
     }
 }

@@ -1,0 +1,663 @@
+//! One binding's work, run as its own task so that many bindings are in flight at once: the
+//! Karmada reads and writes of one binding overlap with the decisions of the others, and
+//! only the decision and the reservations that hold it are made one at a time (under
+//! [`Ctx::decide`]), so that every decision deducts the ones made before it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dramesh_api::native::ReservationState;
+use dramesh_estimator::TargetCluster;
+use dramesh_model::k8s::PriorityClass;
+use dramesh_scheduler::{
+    Action, Binding, Cluster, Decision, Demand, Retry, claim_template_names, demand, plan,
+};
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use serde_json::Value;
+use tokio::sync::{Mutex, Semaphore};
+
+use super::{Confirm, Key, MAX_ATTEMPTS, SchedulerMetrics, SchedulerRole, binding_kind};
+use crate::karmada::{
+    BindingRef, EventNote, KarmadaClient, KarmadaError, Kind, Object, TemplateRef,
+};
+use crate::requests::workload_from_manifests;
+use crate::reservations as resv;
+use crate::reserve::Own;
+use crate::state::ReplicaState;
+
+/// Longest estimator work for one decision.
+const DECIDE_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Event writes in flight at most; beyond it an Event is dropped (logged), as client-go's
+/// event broadcaster drops when its queue is full: an Event is never worth slowing
+/// scheduling down.
+pub(super) const MAX_EVENT_WRITES: usize = 256;
+
+/// What every binding task shares.
+pub(super) struct Ctx {
+    pub(super) state: Arc<ReplicaState>,
+    pub(super) client: Arc<KarmadaClient>,
+    pub(super) role: SchedulerRole,
+    pub(super) metrics: Option<SchedulerMetrics>,
+    /// Held while deciding and writing the reservations that hold the decision.
+    pub(super) decide: Mutex<()>,
+    /// Permits for Event writes.
+    pub(super) events: Arc<Semaphore>,
+}
+
+/// A binding handed to a task, with the loop's view of the fleet when it was handed out.
+pub(super) struct Job {
+    pub(super) key: Key,
+    pub(super) obj: Arc<Object>,
+    pub(super) binding: Arc<Binding>,
+    pub(super) clusters: Arc<BTreeMap<String, Cluster>>,
+    pub(super) classes: Arc<BTreeMap<String, PriorityClass>>,
+    /// Replicas this replica added, by cluster, whose reservations overcommit resolution
+    /// then gave to others: they are taken back and placed again.
+    pub(super) lost: Option<BTreeMap<String, i64>>,
+}
+
+/// How working on one binding ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Outcome {
+    /// Scheduled and written.
+    Scheduled,
+    /// Nothing to schedule (maybe the observed generation written).
+    Unchanged,
+    /// Gone, not ours any more, or undecodable: nothing until it changes.
+    Dropped,
+    /// Written as unschedulable: retry when the view changes.
+    Unschedulable,
+    /// Failed: retry after the backoff.
+    Error,
+}
+
+impl Outcome {
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Scheduled => "scheduled",
+            Outcome::Unchanged => "unchanged",
+            Outcome::Dropped => "dropped",
+            Outcome::Unschedulable => "unschedulable",
+            Outcome::Error => "error",
+        }
+    }
+}
+
+/// Reservations written for a decision that was then written to the binding: checked
+/// against overcommit resolution once the settle window has passed.
+#[derive(Debug, Clone)]
+pub(super) struct Held {
+    /// Reservation id and the replicas it added, by cluster.
+    pub(super) by_cluster: BTreeMap<String, (String, i64)>,
+}
+
+/// What a task reports back to the loop.
+pub(super) struct Done {
+    pub(super) outcome: Outcome,
+    /// The resourceVersions written, in order.
+    pub(super) versions: Vec<String>,
+    pub(super) held: Option<Held>,
+}
+
+impl Done {
+    fn of(outcome: Outcome) -> Done {
+        Done {
+            outcome,
+            versions: Vec::new(),
+            held: None,
+        }
+    }
+}
+
+/// Why a write sequence stopped.
+enum WriteError {
+    /// The spec write conflicted: plan again on the fresh binding.
+    Conflict(Arc<Object>),
+    /// Anything else.
+    Failed(String),
+}
+
+/// `v` as a reservation manifest: what other replicas need to decode the workload, without
+/// the server's bookkeeping (`status`, `managedFields`, the last-applied annotation), which
+/// would only spend the record's size bound.
+fn manifest_of(v: &Value) -> String {
+    let mut v = v.clone();
+    if let Some(m) = v.as_object_mut() {
+        m.remove("status");
+        if let Some(meta) = m.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.remove("managedFields");
+            if let Some(a) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
+                a.remove("kubectl.kubernetes.io/last-applied-configuration");
+            }
+        }
+    }
+    v.to_string()
+}
+
+/// Ends this replica's reservations `ids` as released.
+pub(super) fn release_all<'a>(st: &ReplicaState, ids: impl IntoIterator<Item = &'a String>) {
+    for id in ids {
+        if let Err(e) = st.end_own(id, ReservationState::Released) {
+            tracing::warn!(id, error = %e, "releasing a reservation failed; it ends at its TTL");
+        }
+    }
+}
+
+/// `Time` now.
+fn now() -> Time {
+    Time(jiff::Timestamp::now())
+}
+
+/// Runs `f` on the replica state on a blocking thread.
+pub(super) async fn blocking<T: Send + 'static>(
+    state: &Arc<ReplicaState>,
+    f: impl FnOnce(&ReplicaState) -> T + Send + 'static,
+) -> Result<T, String> {
+    let state = state.clone();
+    tokio::task::spawn_blocking(move || f(&state))
+        .await
+        .map_err(|e| format!("a blocking task failed: {e}"))
+}
+
+impl Ctx {
+    /// Plans, decides, reserves and writes one binding, re-planning after a conflict.
+    pub(super) async fn work(self: Arc<Self>, job: Job) -> Done {
+        let Job {
+            key,
+            mut obj,
+            binding,
+            clusters,
+            classes,
+            lost,
+        } = job;
+        let kind = key.0;
+        let mut b = binding;
+        for attempt in 0..MAX_ATTEMPTS {
+            if attempt > 0 {
+                b = match Binding::from_value(binding_kind(kind), obj.value()) {
+                    Ok(b) => Arc::new(b),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "binding not scheduled");
+                        return Done::of(Outcome::Dropped);
+                    }
+                };
+            }
+            // A binding whose added replicas were lost is placed again even though it was
+            // scheduled for its generation; `kept` is it without them.
+            let kept = lost.as_ref().and_then(|l| without(&b, l));
+            let trigger = match plan(&b, &clusters, &self.role.name) {
+                Action::Ignore(_) => return Done::of(Outcome::Dropped),
+                Action::Nothing(_) if kept.is_some() => None,
+                Action::Nothing(None) => return Done::of(Outcome::Unchanged),
+                Action::Nothing(Some(_)) => {
+                    // Recomputed against a re-read binding after a conflict.
+                    let name = self.role.name.clone();
+                    let patch = |fresh: &Binding| match plan(fresh, &clusters, &name) {
+                        Action::Nothing(Some(p)) => vec![p],
+                        _ => Vec::new(),
+                    };
+                    return match self.write_status(kind, &obj, patch).await {
+                        Ok((_, versions)) => Done {
+                            outcome: Outcome::Unchanged,
+                            versions,
+                            held: None,
+                        },
+                        Err(e) => {
+                            tracing::warn!(binding = %b.id(), error = %e, "observed generation not written");
+                            Done::of(Outcome::Error)
+                        }
+                    };
+                }
+                Action::Schedule(t) => Some(t),
+            };
+            tracing::debug!(binding = %b.id(), trigger = ?trigger, lost = ?lost, "scheduling");
+            let (demand, manifests) = match self.demand(&b, &classes).await {
+                Ok(d) => d,
+                Err(message) => {
+                    let d = Decision::error(message);
+                    return match self.write(kind, &obj, &b, &d).await {
+                        Ok((written, versions)) => {
+                            self.events(kind, &written, &b, &d);
+                            Done {
+                                outcome: Outcome::Error,
+                                versions,
+                                held: None,
+                            }
+                        }
+                        // Changed meanwhile: its change event queues it again.
+                        Err(WriteError::Conflict(_)) => Done::of(Outcome::Error),
+                        Err(WriteError::Failed(e)) => {
+                            tracing::warn!(binding = %b.id(), error = %e, "scheduler error not written");
+                            Done::of(Outcome::Error)
+                        }
+                    };
+                }
+            };
+            let (decision, held) = match self
+                .decide_and_hold(&b, kept.clone(), &demand, manifests, &clusters)
+                .await
+            {
+                Ok(d) => d,
+                Err(e) => {
+                    // Never written unheld: another replica could take the same devices.
+                    tracing::warn!(binding = %b.id(), error = %e, "the decision could not be held; not written");
+                    return Done::of(Outcome::Error);
+                }
+            };
+            if let (Confirm::BeforeWrite, Some(h)) = (self.role.confirm, &held) {
+                tokio::time::sleep(self.role.settle).await;
+                let h = h.clone();
+                match blocking(&self.state, move |st| lost_of(st, &h)).await {
+                    Ok(lost) if lost.is_empty() => {}
+                    Ok(_) => {
+                        // The lost ones were released by `lost_of`; the rest go too.
+                        self.release(held).await;
+                        if let Some(m) = &self.metrics {
+                            m.count("reservation_lost");
+                        }
+                        continue;
+                    }
+                    Err(e) => {
+                        self.release(held).await;
+                        tracing::warn!(binding = %b.id(), error = %e, "reservations not confirmed; not written");
+                        return Done::of(Outcome::Error);
+                    }
+                }
+            }
+            match self.write(kind, &obj, &b, &decision).await {
+                Ok((written, versions)) => {
+                    self.events(kind, &written, &b, &decision);
+                    let outcome = match decision.retry {
+                        Retry::No => Outcome::Scheduled,
+                        Retry::Unschedulable => Outcome::Unschedulable,
+                        Retry::Error => Outcome::Error,
+                    };
+                    return Done {
+                        outcome,
+                        versions,
+                        held,
+                    };
+                }
+                Err(WriteError::Conflict(fresh)) => {
+                    self.release(held).await;
+                    if let Some(m) = &self.metrics {
+                        m.count("conflict");
+                    }
+                    obj = fresh;
+                }
+                Err(WriteError::Failed(e)) => {
+                    self.release(held).await;
+                    tracing::warn!(binding = %b.id(), error = %e, "schedule result not written");
+                    return Done::of(Outcome::Error);
+                }
+            }
+        }
+        Done::of(Outcome::Error)
+    }
+
+    /// The binding's demand and, for a workload, the manifests a reservation carries (its
+    /// template and ResourceClaimTemplates).
+    async fn demand(
+        &self,
+        b: &Binding,
+        classes: &BTreeMap<String, PriorityClass>,
+    ) -> Result<(Demand, Vec<String>), String> {
+        if !b.is_workload() || b.components.len() > 1 {
+            return demand(b, None, &[], classes)
+                .map(|d| (d, Vec::new()))
+                .map_err(|e| e.to_string());
+        }
+        let r = &b.resource;
+        let t = TemplateRef {
+            api_version: r.api_version.clone(),
+            kind: r.kind.clone(),
+            namespace: (!r.namespace.is_empty()).then(|| r.namespace.clone()),
+            name: r.name.clone(),
+        };
+        let template = match self.client.template(&t).await {
+            Ok(Some(t)) => t,
+            Ok(None) => {
+                return Err(format!(
+                    "the resource template {} {}/{} does not exist",
+                    r.kind, r.namespace, r.name
+                ));
+            }
+            Err(e) => return Err(e.to_string()),
+        };
+        let mut claims = Vec::new();
+        for name in claim_template_names(&r.kind, template.value()) {
+            match self
+                .client
+                .resource_claim_template(&r.namespace, &name)
+                .await
+            {
+                Ok(Some(c)) => claims.push(c.value().clone()),
+                // `demand` names the missing template.
+                Ok(None) => {}
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        let d = demand(b, Some(template.value()), &claims, classes).map_err(|e| e.to_string())?;
+        let manifests = std::iter::once(template.value())
+            .chain(claims.iter())
+            .map(manifest_of)
+            .collect();
+        Ok((d, manifests))
+    }
+
+    /// Decides `b` (placing the replicas `kept` lacks when it is given: see
+    /// [`dramesh_scheduler::decide_after_loss`]) on this replica's view, and writes the
+    /// replicas the decision adds to dramesh-reported clusters as this replica's
+    /// reservations, one decision at a time. Off the async reactor: the estimator computes
+    /// and the store fsyncs.
+    async fn decide_and_hold(
+        &self,
+        b: &Arc<Binding>,
+        kept: Option<Binding>,
+        demand: &Demand,
+        manifests: Vec<String>,
+        clusters: &Arc<BTreeMap<String, Cluster>>,
+    ) -> Result<(Decision, Option<Held>), String> {
+        let _one_at_a_time = self.decide.lock().await;
+        let b = b.clone();
+        let demand = demand.clone();
+        let clusters = clusters.clone();
+        let creator = self.role.creator();
+        blocking(&self.state, move |st| {
+            let deadline = Instant::now() + DECIDE_DEADLINE;
+            let decision = st.decide_binding(&b, kept.as_ref(), &demand, &clusters, deadline);
+            // Replicas are held relative to what the binding keeps: a lost cluster's
+            // replicas placed on it again are held again.
+            let base = kept.as_ref().unwrap_or(&b);
+            let held = hold(st, base, &demand, &manifests, &decision, &creator)?;
+            Ok((decision, held))
+        })
+        .await
+        .and_then(|r| r)
+    }
+
+    async fn release(&self, held: Option<Held>) {
+        let Some(h) = held else {
+            return;
+        };
+        let r = blocking(&self.state, move |st| {
+            release_all(st, h.by_cluster.values().map(|(id, _)| id))
+        });
+        if let Err(e) = r.await {
+            tracing::warn!(error = %e, "releasing reservations failed; they end at their TTL");
+        }
+    }
+
+    /// Writes `decision` on `obj` (read as `b`): the spec patch, then the status patch.
+    /// Returns the binding as last written and the resourceVersions of every write.
+    async fn write(
+        &self,
+        kind: Kind,
+        obj: &Arc<Object>,
+        b: &Binding,
+        decision: &Decision,
+    ) -> Result<(Arc<Object>, Vec<String>), WriteError> {
+        let at = now();
+        let mut current = obj.clone();
+        let mut written = Vec::new();
+        for p in decision.patches(b, &at).into_iter().filter(|p| !p.status) {
+            let body: Value = serde_json::from_str(&p.body)
+                .map_err(|e| WriteError::Failed(format!("spec patch body: {e}")))?;
+            let r = BindingRef::of(kind, &current)
+                .ok_or_else(|| WriteError::Failed("the binding has no resourceVersion".into()))?;
+            match self.client.patch(&r, &body).await {
+                Ok(o) => {
+                    written.extend(o.meta().resource_version.clone());
+                    current = Arc::new(o);
+                }
+                Err(KarmadaError::Conflict { .. }) => {
+                    return Err(WriteError::Conflict(self.reread(kind, &r).await?));
+                }
+                Err(e) => return Err(WriteError::Failed(e.to_string())),
+            }
+        }
+        let decision = decision.clone();
+        self.write_status(kind, &current, move |fresh| {
+            decision
+                .patches(fresh, &at)
+                .into_iter()
+                .filter(|p| p.status)
+                .collect()
+        })
+        .await
+        .map(|(o, mut more)| {
+            written.append(&mut more);
+            (o, written)
+        })
+        .map_err(WriteError::Failed)
+    }
+
+    /// Writes the status patches `patches` computes for the binding, one at a time, each
+    /// computed against the binding as last written or re-read (so a conflict re-reads and
+    /// recomputes, never overwrites). Returns the binding as last written.
+    async fn write_status(
+        &self,
+        kind: Kind,
+        obj: &Arc<Object>,
+        patches: impl Fn(&Binding) -> Vec<dramesh_scheduler::Patch>,
+    ) -> Result<(Arc<Object>, Vec<String>), String> {
+        let mut current = obj.clone();
+        let mut written = Vec::new();
+        let mut conflicts = 0;
+        // Each round writes one patch or re-reads after a conflict. Written patches are not
+        // computed again, so the rounds are bounded by the patches plus the conflicts; the
+        // bound also stops a server that would not keep what was written.
+        for _ in 0..2 * MAX_ATTEMPTS + 2 {
+            let b = Binding::from_value(binding_kind(kind), current.value())
+                .map_err(|e| e.to_string())?;
+            let Some(p) = patches(&b).into_iter().next() else {
+                return Ok((current, written));
+            };
+            let body: Value =
+                serde_json::from_str(&p.body).map_err(|e| format!("status patch body: {e}"))?;
+            let r = BindingRef::of(kind, &current)
+                .ok_or_else(|| "the binding has no resourceVersion".to_string())?;
+            match self.client.patch_status(&r, &body).await {
+                Ok(o) => {
+                    written.extend(o.meta().resource_version.clone());
+                    current = Arc::new(o);
+                }
+                Err(KarmadaError::Conflict { .. }) if conflicts + 1 < MAX_ATTEMPTS => {
+                    conflicts += 1;
+                    current = match self.reread(kind, &r).await {
+                        Ok(o) => o,
+                        Err(WriteError::Failed(e)) => return Err(e),
+                        Err(WriteError::Conflict(o)) => o,
+                    };
+                }
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        Err(format!(
+            "the status was not written within {} tries ({conflicts} conflicts)",
+            2 * MAX_ATTEMPTS + 2
+        ))
+    }
+
+    async fn reread(&self, kind: Kind, r: &BindingRef) -> Result<Arc<Object>, WriteError> {
+        match self.client.get(kind, r.namespace.as_deref(), &r.name).await {
+            Ok(Some(o)) => Ok(Arc::new(o)),
+            Ok(None) => Err(WriteError::Failed("the binding was deleted".into())),
+            Err(e) => Err(WriteError::Failed(e.to_string())),
+        }
+    }
+
+    /// Records the decision's Events on the binding and on its resource template, as
+    /// karmada-scheduler does, in the background. Failures are logged: an Event is not worth
+    /// a retry, nor a delay of the next binding.
+    fn events(&self, kind: Kind, written: &Object, b: &Binding, decision: &Decision) {
+        let on_binding = kind.reference(written);
+        let r = &b.resource;
+        let on_template = ObjectReference {
+            api_version: Some(r.api_version.clone()),
+            kind: Some(r.kind.clone()),
+            namespace: (!r.namespace.is_empty()).then(|| r.namespace.clone()),
+            name: Some(r.name.clone()),
+            uid: (!r.uid.is_empty()).then(|| r.uid.clone()),
+            resource_version: None,
+            field_path: None,
+        };
+        for e in &decision.events {
+            let note = EventNote {
+                warning: e.type_ == "Warning",
+                reason: e.reason.to_string(),
+                action: "Scheduling".into(),
+                message: e.message.clone(),
+            };
+            for regarding in [&on_binding, &on_template] {
+                let Ok(permit) = self.events.clone().try_acquire_owned() else {
+                    tracing::debug!(binding = %b.id(), reason = %note.reason, "event dropped: too many event writes in flight");
+                    continue;
+                };
+                let client = self.client.clone();
+                let (regarding, note, id) = (regarding.clone(), note.clone(), b.id());
+                tokio::spawn(async move {
+                    if let Err(err) = client.event(&regarding, &note).await {
+                        tracing::debug!(binding = %id, error = %err, "event not recorded");
+                    }
+                    drop(permit);
+                });
+            }
+        }
+    }
+}
+
+/// `b` without the replicas in `lost` (by cluster), or `None` when it has none of them left
+/// (the binding changed meanwhile and nothing is to be taken back).
+fn without(b: &Binding, lost: &BTreeMap<String, i64>) -> Option<Binding> {
+    let mut changed = false;
+    let clusters: Vec<TargetCluster> = b
+        .clusters
+        .iter()
+        .filter_map(|t| {
+            let take = lost.get(&t.name).copied().unwrap_or(0).clamp(0, t.replicas);
+            changed |= take > 0;
+            let left = t.replicas - take;
+            (left > 0).then(|| TargetCluster {
+                name: t.name.clone(),
+                replicas: left,
+            })
+        })
+        .collect();
+    changed.then(|| Binding {
+        clusters,
+        ..b.clone()
+    })
+}
+
+/// The reservations of `held` that overcommit resolution gave to others, by cluster, with
+/// the replicas they held; each is released.
+pub(super) fn lost_of(st: &ReplicaState, held: &Held) -> BTreeMap<String, i64> {
+    let mut lost = BTreeMap::new();
+    for (cluster, (id, replicas)) in &held.by_cluster {
+        let Some(s) = st.reservation_status(id) else {
+            continue;
+        };
+        if s.status != ReservationState::Conflicted {
+            continue;
+        }
+        tracing::info!(
+            id = %id,
+            cluster = %cluster,
+            winner = s.winner.as_deref().unwrap_or("an unreadable reservation"),
+            "reservation lost"
+        );
+        release_all(st, [id]);
+        lost.insert(cluster.clone(), *replicas);
+    }
+    lost
+}
+
+/// Holds the replicas `decision` adds to `b` on dramesh-reported clusters as reservations of
+/// this replica; on a failed write releases those written.
+fn hold(
+    st: &ReplicaState,
+    b: &Binding,
+    demand: &Demand,
+    manifests: &[String],
+    decision: &Decision,
+    creator: &str,
+) -> Result<Option<Held>, String> {
+    let (Some(clusters), Demand::Replicas(w)) = (&decision.clusters, demand) else {
+        return Ok(None);
+    };
+    let adds: Vec<(&str, i64)> = clusters
+        .iter()
+        .filter(|t| t.replicas > b.assigned(&t.name))
+        .filter(|t| st.with_view(|v| v.cluster(&t.name).is_some()))
+        .map(|t| (t.name.as_str(), t.replicas - b.assigned(&t.name)))
+        .collect();
+    if adds.is_empty() {
+        return Ok(None);
+    }
+    // The record's workload is what other replicas decode from the manifests.
+    let workload = workload_from_manifests(manifests)
+        .map_err(|e| format!("the workload cannot be carried in a reservation: {e}"))?;
+    let mut by_cluster = BTreeMap::new();
+    for (cluster, replicas) in adds {
+        let own = Own {
+            creator,
+            cluster,
+            workload: &workload,
+            manifests,
+            replicas: replicas.min(resv::MAX_REPLICAS),
+            priority: w.priority,
+            ttl_seconds: resv::DEFAULT_TTL_SECONDS,
+        };
+        match st.write_own(&own) {
+            Ok(id) => {
+                by_cluster.insert(cluster.to_string(), (id, replicas));
+            }
+            Err(e) => {
+                release_all(st, by_cluster.values().map(|(id, _)| id));
+                return Err(format!("writing a reservation on {cluster}: {e}"));
+            }
+        }
+    }
+    Ok(Some(Held { by_cluster }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn binding(clusters: &[(&str, i64)]) -> Binding {
+        let clusters: Vec<Value> = clusters
+            .iter()
+            .map(|(n, r)| json!({"name": n, "replicas": r}))
+            .collect();
+        Binding::from_value(
+            dramesh_scheduler::BindingKind::ResourceBinding,
+            &json!({"apiVersion": "work.karmada.io/v1alpha2", "kind": "ResourceBinding",
+                "metadata": {"name": "b", "namespace": "ns", "generation": 1},
+                "spec": {"placement": {}, "resource": {"apiVersion": "apps/v1", "kind": "Deployment",
+                    "namespace": "ns", "name": "w"}, "replicas": 5, "clusters": clusters}}),
+        )
+        .expect("binding")
+    }
+
+    #[test]
+    fn lost_replicas_are_taken_back_from_the_binding() {
+        let b = binding(&[("a", 3), ("b", 2)]);
+        let lost = BTreeMap::from([("a".to_string(), 2), ("b".to_string(), 5)]);
+        let kept = without(&b, &lost).expect("changed");
+        let left: Vec<(String, i64)> = kept
+            .clusters
+            .iter()
+            .map(|t| (t.name.clone(), t.replicas))
+            .collect();
+        assert_eq!(left, vec![("a".to_string(), 1)]);
+        // Nothing of the loss left on the binding: nothing to take back.
+        let moved = binding(&[("c", 5)]);
+        assert!(without(&moved, &lost).is_none());
+    }
+}

@@ -268,6 +268,8 @@ pub struct Write {
     pub body: Value,
     /// The HTTP status the fake answered.
     pub code: u16,
+    /// When the write was answered.
+    pub at: std::time::Instant,
 }
 
 type ObjKey = (String, String); // (namespace or "", name)
@@ -880,6 +882,7 @@ impl FakeApi {
                     content_type,
                     body: parsed.unwrap_or(Value::Null),
                     code,
+                    at: std::time::Instant::now(),
                 });
                 resp
             }

@@ -37,5 +37,5 @@ mod status_page;
 
 pub use backend::ReplicaBackend;
 pub use runner::{DEFAULT_READY_TIMEOUT, Replica, ReplicaConfig};
-pub use scheduler::{Confirm, DEFAULT_SCHEDULER_NAME, DEFAULT_SETTLE, SchedulerRole};
+pub use scheduler::{Confirm, DEFAULT_SCHEDULER_NAME, DEFAULT_SETTLE, SchedulerRole, serve};
 pub use state::ReplicaState;

@@ -14,7 +14,7 @@ use dramesh_estimator::{Admission, AssumedWorkload, Reservation, Workload};
 use dramesh_model::ObjectChange;
 
 use crate::requests::workload_from_manifests;
-use crate::reservations::{self as resv, Record, Table};
+use crate::reservations::{self as resv, Record};
 use crate::state::{ReplicaState, check_clusters};
 use dramesh_mesh::lock;
 
@@ -312,46 +312,75 @@ impl ReplicaState {
     /// Writes a reservation owned by this replica (no caps: the caller checked them, or is
     /// the replica's own scheduler role); returns its id.
     pub(crate) fn write_own(&self, r: &Own<'_>) -> Result<String, ApiError> {
-        let workload = WorkloadRef {
-            namespace: r.workload.namespace.clone(),
-            kind: r.workload.kind.clone(),
-            name: r.workload.name.clone(),
-        };
-        let bound_at_creation = {
+        let mut ids = self.write_own_all(std::slice::from_ref(r))?;
+        ids.pop()
+            .ok_or_else(|| ApiError::Internal("no reservation id was assigned".into()))
+    }
+
+    /// Writes reservations owned by this replica as one change of its reservation document
+    /// (one durable write for all of them), as [`ReplicaState::write_own`] does each; returns
+    /// their ids in order. Nothing is written when one of them is refused.
+    pub(crate) fn write_own_all(&self, all: &[Own<'_>]) -> Result<Vec<String>, ApiError> {
+        let workloads: Vec<WorkloadRef> = all
+            .iter()
+            .map(|r| WorkloadRef {
+                namespace: r.workload.namespace.clone(),
+                kind: r.workload.kind.clone(),
+                name: r.workload.name.clone(),
+            })
+            .collect();
+        let bound: Vec<i64> = {
             let indexes = self.indexes();
             let view = &indexes.view;
-            check_clusters(view, &[r.cluster.to_string()])?;
-            view.cluster(r.cluster)
-                .map_or(0, |c| resv::bound_pods(c, &workload))
+            let mut bound = Vec::with_capacity(all.len());
+            for (r, w) in all.iter().zip(&workloads) {
+                check_clusters(view, &[r.cluster.to_string()])?;
+                bound.push(
+                    view.cluster(r.cluster)
+                        .map_or(0, |c| resv::bound_pods(c, w)),
+                );
+            }
+            bound
         };
-        let id = self.with_table(Table::next_id);
-        let record = Record {
-            id: id.clone(),
-            owner: self.replica.clone(),
-            creator: r.creator.to_string(),
-            cluster: r.cluster.to_string(),
-            workload,
-            manifests: r.manifests.to_vec(),
-            replicas: r.replicas,
-            priority: r.priority,
-            ttl_seconds: r.ttl_seconds,
-            bound_at_creation,
-        };
-        let json = serde_json::to_vec(&record)
-            .map_err(|e| ApiError::Internal(format!("encoding reservation {id}: {e}")))?;
-        if json.len() > resv::MAX_RECORD_BYTES {
-            return Err(ApiError::InvalidRequest(format!(
-                "reservation: the workload manifests make a record of {} bytes, more than {}",
-                json.len(),
-                resv::MAX_RECORD_BYTES
-            )));
+        // The table (lock 3) is not taken with the indexes (lock 4) held.
+        let ids: Vec<String> = self.with_table(|t| all.iter().map(|_| t.next_id()).collect());
+        let mut changes = Vec::with_capacity(all.len());
+        let mut records = Vec::with_capacity(all.len());
+        for (((r, workload), bound_at_creation), id) in
+            all.iter().zip(workloads).zip(bound).zip(&ids)
+        {
+            let record = Record {
+                id: id.clone(),
+                owner: self.replica.clone(),
+                creator: r.creator.to_string(),
+                cluster: r.cluster.to_string(),
+                workload,
+                manifests: r.manifests.to_vec(),
+                replicas: r.replicas,
+                priority: r.priority,
+                ttl_seconds: r.ttl_seconds,
+                bound_at_creation,
+            };
+            let json = serde_json::to_vec(&record)
+                .map_err(|e| ApiError::Internal(format!("encoding reservation {id}: {e}")))?;
+            if json.len() > resv::MAX_RECORD_BYTES {
+                return Err(ApiError::InvalidRequest(format!(
+                    "reservation: the workload manifests make a record of {} bytes, more than {}",
+                    json.len(),
+                    resv::MAX_RECORD_BYTES
+                )));
+            }
+            changes.push(ObjectChange::Upsert {
+                key: resv::record_key(id),
+                json: Arc::from(json.as_slice()),
+            });
+            records.push(record);
         }
-        self.write_reservations(vec![ObjectChange::Upsert {
-            key: resv::record_key(&id),
-            json: Arc::from(json.as_slice()),
-        }])?;
-        tracing::info!(id = %id, cluster = %record.cluster, replicas = record.replicas, creator = %record.creator, "reservation written");
-        Ok(id)
+        self.write_reservations(changes)?;
+        for record in &records {
+            tracing::info!(id = %record.id, cluster = %record.cluster, replicas = record.replicas, creator = %record.creator, "reservation written");
+        }
+        Ok(ids)
     }
 
     /// Writes a reservation owned by this replica and created by `caller`, within its caps

@@ -225,6 +225,18 @@ struct Loop {
     lost: HashMap<Key, BTreeMap<String, i64>>,
 }
 
+/// Runs the scheduler role on `state` through `client` until `stop` turns true or a watch
+/// ends: what a [`crate::Replica`] started with a [`SchedulerRole`] does, for programs that
+/// build their own [`ReplicaState`] (the scheduler benchmark does).
+pub async fn serve(
+    state: Arc<ReplicaState>,
+    client: Arc<KarmadaClient>,
+    role: SchedulerRole,
+    stop: watch::Receiver<bool>,
+) {
+    run(state, client, role, None, stop).await;
+}
+
 /// Runs the scheduler loop until `stop` turns true (or a watch task dies).
 pub(crate) async fn run(
     state: Arc<ReplicaState>,

@@ -577,7 +577,7 @@ pub(super) fn lost_of(st: &ReplicaState, held: &Held) -> BTreeMap<String, i64> {
 }
 
 /// Holds the replicas `decision` adds to `b` on dramesh-reported clusters as reservations of
-/// this replica; on a failed write releases those written.
+/// this replica, written together (all or none).
 fn hold(
     st: &ReplicaState,
     b: &Binding,
@@ -601,27 +601,26 @@ fn hold(
     // The record's workload is what other replicas decode from the manifests.
     let workload = workload_from_manifests(manifests)
         .map_err(|e| format!("the workload cannot be carried in a reservation: {e}"))?;
-    let mut by_cluster = BTreeMap::new();
-    for (cluster, replicas) in adds {
-        let own = Own {
+    let own: Vec<Own<'_>> = adds
+        .iter()
+        .map(|(cluster, replicas)| Own {
             creator,
             cluster,
             workload: &workload,
             manifests,
-            replicas: replicas.min(resv::MAX_REPLICAS),
+            replicas: (*replicas).min(resv::MAX_REPLICAS),
             priority: w.priority,
             ttl_seconds: resv::DEFAULT_TTL_SECONDS,
-        };
-        match st.write_own(&own) {
-            Ok(id) => {
-                by_cluster.insert(cluster.to_string(), (id, replicas));
-            }
-            Err(e) => {
-                release_all(st, by_cluster.values().map(|(id, _)| id));
-                return Err(format!("writing a reservation on {cluster}: {e}"));
-            }
-        }
-    }
+        })
+        .collect();
+    let ids = st
+        .write_own_all(&own)
+        .map_err(|e| format!("writing the reservations: {e}"))?;
+    let by_cluster = adds
+        .iter()
+        .zip(ids)
+        .map(|((cluster, replicas), id)| (cluster.to_string(), (id, *replicas)))
+        .collect();
     Ok(Some(Held { by_cluster }))
 }
 

@@ -1,0 +1,321 @@
+//! Bindings scheduled per second by one replica's scheduler role, from the binding's watch
+//! event to its written status, on the fleet: 100 clusters, each reported with
+//! 1,000 nodes x 8 GPUs (0-4 in use per node), all Ready in Karmada.
+//!
+//! Everything runs in this process: the replica's state (reservations written to a store
+//! in a temporary data directory, fsync included), its scheduler loop with the real kube
+//! client, and the fake Karmada API server over loopback HTTP, which validates every
+//! binding write against Karmada's CRD schemas when `../shared/fixtures/karmada/crds` is
+//! present. Each binding is a Deployment of 4 replicas, each claiming one GPU through a
+//! ResourceClaimTemplate, divided by available replicas; the loop reads the template and the
+//! claim template, decides, reserves, then writes the spec and the status patch.
+//!
+//! Phases, each on fresh bindings:
+//! - `warm`: 200 bindings (estimator caches built; not reported).
+//! - `steady`: bindings created at `SCHED_RATE`/s (default 500) for `SCHED_SECS` (default
+//!   10): achieved rate and per-binding latency (creation to the status write).
+//! - `burst`: `SCHED_BURST` bindings (default 5,000) created at once: the drain rate.
+//!
+//! `cargo bench -p dramesh-replica --bench scheduler`. `SCHED_FLEET=clusters,nodes` changes
+//! the fleet (default `100,1000`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dramesh_fakeapi::FakeApi;
+use dramesh_mesh::store_adapter::MeshStore;
+use dramesh_model::ObjectChange;
+use dramesh_replica::karmada::{KarmadaClient, KarmadaOptions};
+use dramesh_replica::{ReplicaState, SchedulerRole};
+use dramesh_sim::typed::{FleetSpec, cluster_objects};
+use serde_json::{Value, json};
+
+const NS: &str = "ml";
+const SCHEDULER: &str = "dramesh-scheduler";
+
+fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn fleet() -> (usize, usize) {
+    std::env::var("SCHED_FLEET")
+        .ok()
+        .and_then(|s| {
+            let (c, n) = s.split_once(',')?;
+            Some((c.trim().parse().ok()?, n.trim().parse().ok()?))
+        })
+        .unwrap_or((100, 1000))
+}
+
+fn cluster(name: &str, region: usize) -> Value {
+    json!({"apiVersion": "cluster.karmada.io/v1alpha1", "kind": "Cluster",
+        "metadata": {"name": name, "labels": {"fleet": "gpu"}},
+        "spec": {"syncMode": "Push", "region": format!("region-{region}")},
+        "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "ClusterReady",
+            "message": "cluster is healthy and ready to accept workloads",
+            "lastTransitionTime": "2026-11-25T09:00:00Z"}]}})
+}
+
+fn deployment(name: &str) -> Value {
+    json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": NS, "uid": format!("uid-{name}")},
+        "spec": {"replicas": 4, "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": {
+                "containers": [{"name": "main", "image": "trainer",
+                    "resources": {"requests": {"cpu": "1", "memory": "4Gi"}}}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]}}}})
+}
+
+fn binding(name: &str) -> Value {
+    json!({"apiVersion": "work.karmada.io/v1alpha2", "kind": "ResourceBinding",
+        "metadata": {"name": format!("{name}-deployment"), "namespace": NS, "generation": 1,
+            "labels": {"propagationpolicy.karmada.io/permanent-id": "bench"}},
+        "spec": {
+            "resource": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": NS,
+                "name": name, "uid": format!("uid-{name}")},
+            "replicas": 4,
+            "schedulerName": SCHEDULER,
+            "placement": {"clusterAffinity": {"labelSelector": {"matchLabels": {"fleet": "gpu"}}},
+                "replicaScheduling": {"replicaSchedulingType": "Divided",
+                    "replicaDivisionPreference": "Weighted",
+                    "weightPreference": {"dynamicWeight": "AvailableReplicas"}}}}})
+}
+
+/// The status writes of bindings, by binding name: when their `Scheduled` condition was
+/// first written, and with which reason.
+fn scheduled_at(fake: &FakeApi) -> HashMap<String, (Instant, String)> {
+    let mut out = HashMap::new();
+    for w in fake.writes() {
+        if w.kind != "ResourceBinding"
+            || w.subresource.as_deref() != Some("status")
+            || w.code >= 300
+        {
+            continue;
+        }
+        let Some(conds) = w
+            .body
+            .pointer("/status/conditions")
+            .and_then(Value::as_array)
+        else {
+            continue;
+        };
+        let Some(reason) = conds
+            .iter()
+            .find(|c| c["type"] == "Scheduled")
+            .and_then(|c| c["reason"].as_str())
+        else {
+            continue;
+        };
+        out.entry(w.name.clone())
+            .or_insert((w.at, reason.to_string()));
+    }
+    out
+}
+
+struct Phase {
+    created: HashMap<String, Instant>,
+    started: Instant,
+}
+
+impl Phase {
+    fn new() -> Phase {
+        Phase {
+            created: HashMap::new(),
+            started: Instant::now(),
+        }
+    }
+
+    fn create(&mut self, fake: &FakeApi, name: &str) {
+        fake.apply(deployment(name));
+        fake.apply(binding(name));
+        self.created
+            .insert(format!("{name}-deployment"), Instant::now());
+    }
+
+    /// Waits until every binding of the phase has a status (at most `limit`); returns the
+    /// latencies, sorted, the time the last one took from the phase's start, and the
+    /// reasons other than `Success`.
+    async fn wait(
+        &self,
+        fake: &FakeApi,
+        limit: Duration,
+    ) -> (Vec<Duration>, Duration, Vec<String>) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let done = scheduled_at(fake);
+            let ours: Vec<(&String, &(Instant, String))> = done
+                .iter()
+                .filter(|(n, _)| self.created.contains_key(*n))
+                .collect();
+            if ours.len() == self.created.len() {
+                let mut lat: Vec<Duration> = ours
+                    .iter()
+                    .map(|(n, (at, _))| at.saturating_duration_since(self.created[*n]))
+                    .collect();
+                lat.sort();
+                let last = ours
+                    .iter()
+                    .map(|(_, (at, _))| at.saturating_duration_since(self.started))
+                    .max()
+                    .unwrap_or_default();
+                let failed = ours
+                    .iter()
+                    .filter(|(_, (_, r))| r != "Success")
+                    .map(|(n, (_, r))| format!("{n}: {r}"))
+                    .collect();
+                return (lat, last, failed);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} of {} bindings have a status after {limit:?}",
+                ours.len(),
+                self.created.len()
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}
+
+fn pct(lat: &[Duration], p: f64) -> f64 {
+    let i = ((lat.len() as f64 * p).ceil() as usize).clamp(1, lat.len()) - 1;
+    lat[i].as_secs_f64() * 1e3
+}
+
+fn report(label: &str, n: usize, last: Duration, lat: &[Duration], failed: &[String]) {
+    println!(
+        "{label}: {n} bindings in {:.2} s = {:.0} bindings/s; latency p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        last.as_secs_f64(),
+        n as f64 / last.as_secs_f64(),
+        pct(lat, 0.50),
+        pct(lat, 0.90),
+        pct(lat, 0.99),
+        pct(lat, 1.0),
+    );
+    if !failed.is_empty() {
+        println!(
+            "  {} not scheduled, e.g. {}",
+            failed.len(),
+            failed
+                .iter()
+                .take(3)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let (clusters, nodes) = fleet();
+    let rate: u64 = env("SCHED_RATE", 500);
+    let secs: u64 = env("SCHED_SECS", 10);
+    let burst: usize = env("SCHED_BURST", 5000);
+    let _log = dramesh_telemetry::init(&dramesh_telemetry::TelemetryConfig {
+        default_filter: "warn".into(),
+        ..dramesh_telemetry::TelemetryConfig::new("scheduler-bench")
+    })
+    .expect("log");
+
+    let dir = tempfile::tempdir().expect("temporary data directory");
+    let store = dramesh_mesh::daemon::open_store(Some(dir.path()), "bench").expect("store");
+    let store = Arc::new(Mutex::new(MeshStore::new(store, true)));
+    let state = ReplicaState::new("bench", Duration::from_secs(3600), store);
+
+    let t = Instant::now();
+    let spec = FleetSpec {
+        clusters,
+        nodes_per_cluster: nodes,
+        gpus_per_node: 8,
+        owners_per_cluster: 4,
+        kubernetes_version: "1.36".into(),
+    };
+    for c in 0..clusters {
+        let name = format!("c{c}");
+        let mut changes = Vec::new();
+        cluster_objects(&spec, c, &|n| n % 5, |o| {
+            changes.push((name.clone(), ObjectChange::upsert(&o)));
+        });
+        state.apply_changes(&changes);
+    }
+    eprintln!(
+        "fleet: {clusters} clusters x {nodes} nodes x 8 GPUs loaded in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+
+    let fake = FakeApi::start().await;
+    if !fake.validates_karmada_crds() {
+        eprintln!("note: ../shared/fixtures/karmada/crds is absent; writes are not schema-checked");
+    }
+    for c in 0..clusters {
+        fake.apply(cluster(&format!("c{c}"), c % 4));
+    }
+    fake.apply(
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "one-gpu", "namespace": NS},
+        "spec": {"spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}]}}}}),
+    );
+
+    let client = Arc::new(KarmadaClient::new(
+        fake.client(),
+        KarmadaOptions::new(SCHEDULER, "bench"),
+    ));
+    let role = SchedulerRole::new(std::path::PathBuf::new(), SCHEDULER);
+    let (stop, rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(dramesh_replica::serve(state.clone(), client, role, rx));
+
+    let mut next = 0usize;
+    let mut name = || {
+        next += 1;
+        format!("w{next}")
+    };
+
+    let mut warm = Phase::new();
+    for _ in 0..200 {
+        warm.create(&fake, &name());
+    }
+    let (lat, last, failed) = warm.wait(&fake, Duration::from_secs(300)).await;
+    eprintln!(
+        "warm: 200 bindings in {:.2} s ({} not scheduled), p50 {:.2} ms",
+        last.as_secs_f64(),
+        failed.len(),
+        pct(&lat, 0.5)
+    );
+
+    let mut steady = Phase::new();
+    let n = (rate * secs) as usize;
+    let period = Duration::from_secs_f64(1.0 / rate as f64);
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    for _ in 0..n {
+        tick.tick().await;
+        steady.create(&fake, &name());
+    }
+    let offered = steady.started.elapsed();
+    let (lat, last, failed) = steady.wait(&fake, Duration::from_secs(600)).await;
+    println!(
+        "steady: offered {n} bindings over {:.2} s ({:.0}/s)",
+        offered.as_secs_f64(),
+        n as f64 / offered.as_secs_f64()
+    );
+    report("steady", n, last, &lat, &failed);
+
+    let mut b = Phase::new();
+    for _ in 0..burst {
+        b.create(&fake, &name());
+    }
+    let (lat, last, failed) = b.wait(&fake, Duration::from_secs(600)).await;
+    report("burst", burst, last, &lat, &failed);
+    println!(
+        "reservations live at the end: {}",
+        state.reservation_list(false).len()
+    );
+
+    let _ = stop.send(true);
+    let _ = task.await;
+}

@@ -36,6 +36,19 @@ pub(crate) struct Own<'a> {
     pub(crate) ttl_seconds: u64,
 }
 
+/// A live preemption hold (see [`crate::reservations::Record::preemptor`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PreemptionHold {
+    /// The reservation id.
+    pub(crate) id: String,
+    /// The cluster whose room it holds.
+    pub(crate) cluster: String,
+    /// Replicas held.
+    pub(crate) replicas: i64,
+    /// Whether this replica owns it (and may release it).
+    pub(crate) own: bool,
+}
+
 /// Inputs a resolution depends on; equal keys give equal resolutions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ResolveKey {
@@ -52,6 +65,8 @@ pub(crate) struct Resolved {
     remaining: BTreeMap<String, i64>,
     expired: BTreeSet<String>,
     assumed: Vec<AssumedWorkload>,
+    /// The id of each entry of `assumed`.
+    assumed_ids: Vec<String>,
 }
 
 impl ReplicaState {
@@ -146,6 +161,7 @@ impl ReplicaState {
             remaining,
             expired,
             assumed: r.assumed,
+            assumed_ids: r.assumed_ids,
         });
         compute.resolved = Some(resolved.clone());
         resolved
@@ -154,6 +170,46 @@ impl ReplicaState {
     /// Deductions of the admitted reservations, for estimates.
     pub(crate) fn reserved(&self) -> Vec<AssumedWorkload> {
         self.resolution().assumed.clone()
+    }
+
+    /// [`ReplicaState::reserved`] for a decision of the binding `preemptor` (`Binding::id`):
+    /// the preemption holds written for it are left out (the room they hold is its own);
+    /// every other admitted reservation is deducted, ranked as resolution ranked it.
+    pub(crate) fn reserved_for(&self, preemptor: &str) -> Vec<AssumedWorkload> {
+        let res = self.resolution();
+        let holds: BTreeSet<String> = self
+            .preemption_holds(preemptor)
+            .into_iter()
+            .map(|h| h.id)
+            .collect();
+        if holds.is_empty() {
+            return res.assumed.clone();
+        }
+        res.assumed
+            .iter()
+            .zip(&res.assumed_ids)
+            .filter(|(_, id)| !holds.contains(*id))
+            .map(|(a, _)| a.clone())
+            .collect()
+    }
+
+    /// The unexpired preemption holds written for the binding `preemptor` (`Binding::id`),
+    /// by any replica, ordered by id.
+    pub(crate) fn preemption_holds(&self, preemptor: &str) -> Vec<PreemptionHold> {
+        let now = Instant::now();
+        self.with_table(|table| {
+            table
+                .entries()
+                .filter(|(_, e)| e.record.preemptor.as_deref() == Some(preemptor))
+                .filter(|(_, e)| now < table.expiry(e))
+                .map(|(id, e)| PreemptionHold {
+                    id: id.clone(),
+                    cluster: e.record.cluster.clone(),
+                    replicas: e.record.replicas,
+                    own: e.record.owner == self.replica,
+                })
+                .collect()
+        })
     }
 
     fn status_of(&self, id: &str, res: &Resolved, now: Instant) -> Option<ReservationStatus> {
@@ -312,6 +368,21 @@ impl ReplicaState {
     /// Writes a reservation owned by this replica (no caps: the caller checked them, or is
     /// the replica's own scheduler role); returns its id.
     pub(crate) fn write_own(&self, r: &Own<'_>) -> Result<String, ApiError> {
+        self.write_record(r, None)
+    }
+
+    /// Writes the scheduler role's preemption hold for the binding `preemptor`
+    /// (`Binding::id`): a reservation like [`ReplicaState::write_own`]'s that decisions of
+    /// that binding leave out ([`ReplicaState::reserved_for`]); returns its id.
+    pub(crate) fn write_preemption_hold(
+        &self,
+        r: &Own<'_>,
+        preemptor: &str,
+    ) -> Result<String, ApiError> {
+        self.write_record(r, Some(preemptor))
+    }
+
+    fn write_record(&self, r: &Own<'_>, preemptor: Option<&str>) -> Result<String, ApiError> {
         let workload = WorkloadRef {
             namespace: r.workload.namespace.clone(),
             kind: r.workload.kind.clone(),
@@ -336,6 +407,7 @@ impl ReplicaState {
             priority: r.priority,
             ttl_seconds: r.ttl_seconds,
             bound_at_creation,
+            preemptor: preemptor.map(str::to_string),
         };
         let json = serde_json::to_vec(&record)
             .map_err(|e| ApiError::Internal(format!("encoding reservation {id}: {e}")))?;

@@ -37,7 +37,7 @@ use dramesh_model::k8s::PriorityClass;
 use dramesh_scheduler::object::priority_class_from_value;
 use dramesh_scheduler::{
     Action, Backoff, Binding, BindingKind, Cluster, Decision, Demand, Retry, RetryState,
-    affected_by_cluster, claim_template_names, demand, plan,
+    affected_by_cluster, claim_template_names, demand, plan, priority_class_name,
 };
 use dramesh_telemetry::registry::{CounterVec, Histogram};
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -54,6 +54,7 @@ use crate::reservations as resv;
 use crate::reserve::Own;
 use crate::state::ReplicaState;
 
+mod preempt;
 #[cfg(test)]
 mod tests;
 
@@ -322,6 +323,19 @@ impl Loop {
         Ok(b)
     }
 
+    /// Every cached binding of both kinds, decoded (undecodable ones left out).
+    fn decoded_all(&mut self) -> Vec<Arc<Binding>> {
+        let mut out = Vec::new();
+        for kind in [Kind::ResourceBinding, Kind::ClusterResourceBinding] {
+            for o in self.cache(kind).list() {
+                if let Ok(b) = self.decode(&(kind, o.key()), &o) {
+                    out.push(b);
+                }
+            }
+        }
+        out
+    }
+
     fn enqueue(&mut self, key: Key) {
         if self.queued.insert(key.clone()) {
             self.queue.push_back(key);
@@ -555,6 +569,21 @@ impl Loop {
                     Err(e) => Decision::error(format!("the decision failed: {e}")),
                 }
             };
+            let bindings = if preempt::wants_bindings(&b, &demand, &decision) {
+                self.decoded_all()
+            } else {
+                Vec::new()
+            };
+            let cx = preempt::Context {
+                state: &self.state,
+                client: &self.client,
+                role: &self.role,
+                clusters: &self.clusters,
+                binding: &b,
+                demand: &demand,
+                manifests: &manifests,
+            };
+            let decision = preempt::follow_up(cx, &bindings, decision).await;
             let held = match self.hold(&b, &demand, &manifests, &decision).await {
                 Ok(ids) => ids,
                 Err(Hold::Lost(lost)) => {
@@ -637,8 +666,12 @@ impl Loop {
             }
         }
         let d = demand(b, Some(template.value()), &claims, classes).map_err(|e| e.to_string())?;
+        // The PriorityClass the pods name: a reservation's workload does not decode without it.
+        let class = priority_class_name(&r.kind, template.value())
+            .and_then(|n| self.class_cache.get(None, &n));
         let manifests = std::iter::once(template.value())
             .chain(claims.iter())
+            .chain(class.as_ref().map(|c| c.value()))
             .map(manifest_of)
             .collect();
         Ok((d, manifests))
@@ -657,18 +690,20 @@ impl Loop {
         let (Some(clusters), Demand::Replicas(w)) = (&decision.clusters, demand) else {
             return Ok(Vec::new());
         };
+        // Replicas a preemption hold of the binding keeps room for are held already.
+        let covered = preempt::covered(&self.state, b);
+        let new = |t: &TargetCluster| {
+            t.replicas - b.assigned(&t.name) - covered.get(&t.name).copied().unwrap_or(0)
+        };
         let added: Vec<&TargetCluster> = clusters
             .iter()
-            .filter(|t| t.replicas > b.assigned(&t.name))
+            .filter(|t| new(t) > 0)
             .filter(|t| self.state.with_view(|v| v.cluster(&t.name).is_some()))
             .collect();
         if added.is_empty() {
             return Ok(Vec::new());
         }
-        let adds: Vec<(String, i64)> = added
-            .iter()
-            .map(|t| (t.name.clone(), t.replicas - b.assigned(&t.name)))
-            .collect();
+        let adds: Vec<(String, i64)> = added.iter().map(|t| (t.name.clone(), new(t))).collect();
         let creator = self.role.creator();
         let manifests = manifests.to_vec();
         let priority = w.priority;

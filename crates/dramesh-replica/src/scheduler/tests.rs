@@ -12,6 +12,8 @@ use serde_json::json;
 use super::*;
 use crate::karmada::KarmadaOptions;
 
+mod preempt;
+
 const ME: &str = "dramesh-scheduler";
 const NS: &str = "default";
 

@@ -690,10 +690,12 @@ impl Loop {
         let (Some(clusters), Demand::Replicas(w)) = (&decision.clusters, demand) else {
             return Ok(Vec::new());
         };
-        // Replicas a preemption hold of the binding keeps room for are held already.
+        // The first replicas on a cluster where a preemption hold of the binding keeps room
+        // for it are held already.
         let covered = preempt::covered(&self.state, b);
         let new = |t: &TargetCluster| {
-            t.replicas - b.assigned(&t.name) - covered.get(&t.name).copied().unwrap_or(0)
+            let held = covered.get(&t.name).copied().unwrap_or(0);
+            t.replicas - b.assigned(&t.name).max(held)
         };
         let added: Vec<&TargetCluster> = clusters
             .iter()

@@ -70,7 +70,8 @@ fn capacity_failure(decision: &Decision) -> bool {
 }
 
 /// Replicas of `b` that its admitted preemption holds already keep room for, by cluster: a
-/// decision landing there writes no second reservation for them.
+/// decision landing there writes no second reservation for its first that many replicas
+/// there (assigned ones included: they are the same replicas).
 pub(crate) fn covered(state: &ReplicaState, b: &Binding) -> BTreeMap<String, i64> {
     let mut out = BTreeMap::new();
     for h in state.preemption_holds(&b.id()) {

@@ -248,13 +248,24 @@ async fn a_high_priority_gpu_binding_evicts_a_lower_one_holds_the_room_and_lands
         "the held room was taken: {late:#}"
     );
     // Never more GPU replicas bound on the held cluster than it has GPUs.
-    let on_held: i64 = ["llm", "train-0", "train-1", "late"]
-        .iter()
-        .flat_map(|n| targets(&get_binding(&fake, n)))
-        .filter(|(c, _)| *c == held)
-        .map(|(_, r)| r)
-        .sum();
-    assert_eq!(on_held, 8);
+    let on_held = || -> i64 {
+        ["llm", "train-0", "train-1", "late"]
+            .iter()
+            .flat_map(|n| targets(&get_binding(&fake, n)))
+            .filter(|(c, _)| *c == held)
+            .map(|(_, r)| r)
+            .sum()
+    };
+    assert_eq!(on_held(), 8);
+
+    // Scaling up while the hold is live: the hold covers the 4 assigned replicas, not the 2
+    // new ones, which find no room of their own anywhere.
+    let mut scaled = get_binding(&fake, "llm");
+    scaled["spec"]["replicas"] = json!(6);
+    fake.apply(scaled);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(on_held(), 8);
+    assert_eq!(targets(&get_binding(&fake, "llm")), [(held.clone(), 4)]);
     running.stop().await;
 }
 

@@ -71,6 +71,8 @@ pub struct Resolution {
     pub admissions: BTreeMap<String, Admission>,
     /// The admitted reservations as estimator deductions, in rank order per cluster.
     pub assumed: Vec<AssumedWorkload>,
+    /// The id of each entry of `assumed` (same order), so a caller can leave one out.
+    pub assumed_ids: Vec<String>,
 }
 
 impl Resolution {
@@ -95,6 +97,7 @@ pub fn resolve(view: &View, estimator: &mut Estimator, reservations: &[Reservati
     for (cluster, mut list) in by_cluster {
         list.sort_by(|a, b| rank(a, b));
         let mut admitted: Vec<AssumedWorkload> = Vec::new();
+        let mut ids: Vec<String> = Vec::new();
         let mut first_winner: Option<String> = None;
         for r in list {
             if r.replicas <= 0 {
@@ -120,6 +123,7 @@ pub fn resolve(view: &View, estimator: &mut Estimator, reservations: &[Reservati
                     &r.workload,
                     r.replicas,
                 ));
+                ids.push(r.id.clone());
                 first_winner.get_or_insert_with(|| r.id.clone());
                 out.admissions.insert(r.id.clone(), Admission::Admitted);
             } else {
@@ -134,6 +138,7 @@ pub fn resolve(view: &View, estimator: &mut Estimator, reservations: &[Reservati
             }
         }
         out.assumed.extend(admitted);
+        out.assumed_ids.extend(ids);
     }
     out
 }
@@ -342,6 +347,9 @@ mod tests {
             })
         );
         assert_eq!(gpus_left(&v, &r), 2);
+        // Only the admitted one is deducted, and it is named.
+        assert_eq!(r.assumed_ids, ["b"]);
+        assert_eq!(r.assumed.len(), 1);
     }
 
     #[test]

@@ -86,6 +86,12 @@ pub(crate) struct Record {
     pub(crate) ttl_seconds: u64,
     /// Pods of the workload bound in the cluster when the reservation was written.
     pub(crate) bound_at_creation: i64,
+    /// Set on a preemption hold: the binding (`Kind ns/name`, `Binding::id`) whose
+    /// preemption frees the room it holds. Decisions of that binding leave it out (the room
+    /// is theirs); every other estimate deducts it like any reservation. Absent in records of
+    /// replicas that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) preemptor: Option<String>,
 }
 
 impl Record {
@@ -341,6 +347,7 @@ mod tests {
             priority: 0,
             ttl_seconds: ttl,
             bound_at_creation: 0,
+            preemptor: None,
         }
     }
 
@@ -387,6 +394,18 @@ mod tests {
         );
         assert_eq!(t.ended("r1-1").unwrap().status, ReservationState::Released);
         assert!(t.get("r1-1").is_none());
+    }
+
+    #[test]
+    fn the_preemptor_mark_is_optional_on_the_wire() {
+        // A record of a replica that predates the mark decodes, unmarked.
+        let plain = serde_json::to_vec(&record("r1", "r1-1", 60)).unwrap();
+        assert!(!String::from_utf8_lossy(&plain).contains("preemptor"));
+        assert_eq!(Record::decode(&plain).unwrap().preemptor, None);
+        let mut hold = record("r1", "r1-2", 60);
+        hold.preemptor = Some("ResourceBinding ml/llm".into());
+        let json = serde_json::to_vec(&hold).unwrap();
+        assert_eq!(Record::decode(&json).unwrap(), hold);
     }
 
     #[test]

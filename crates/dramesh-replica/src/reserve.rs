@@ -36,6 +36,19 @@ pub(crate) struct Own<'a> {
     pub(crate) ttl_seconds: u64,
 }
 
+/// A live preemption hold (see [`crate::reservations::Record::preemptor`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PreemptionHold {
+    /// The reservation id.
+    pub(crate) id: String,
+    /// The cluster whose room it holds.
+    pub(crate) cluster: String,
+    /// Replicas held.
+    pub(crate) replicas: i64,
+    /// Whether this replica owns it (and may release it).
+    pub(crate) own: bool,
+}
+
 /// Inputs a resolution depends on; equal keys give equal resolutions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ResolveKey {
@@ -52,6 +65,8 @@ pub(crate) struct Resolved {
     remaining: BTreeMap<String, i64>,
     expired: BTreeSet<String>,
     assumed: Vec<AssumedWorkload>,
+    /// The id of each entry of `assumed`.
+    assumed_ids: Vec<String>,
 }
 
 impl ReplicaState {
@@ -146,6 +161,7 @@ impl ReplicaState {
             remaining,
             expired,
             assumed: r.assumed,
+            assumed_ids: r.assumed_ids,
         });
         compute.resolved = Some(resolved.clone());
         resolved
@@ -154,6 +170,56 @@ impl ReplicaState {
     /// Deductions of the admitted reservations, for estimates.
     pub(crate) fn reserved(&self) -> Vec<AssumedWorkload> {
         self.resolution().assumed.clone()
+    }
+
+    /// [`ReplicaState::reserved`] for a decision of the binding `b`: of each preemption hold
+    /// written for it, only the replicas `b` has assigned on the hold's cluster are deducted
+    /// (the decision counts those as the binding's own again); the rest of the room the hold
+    /// keeps is `b`'s to take. Every other admitted reservation is deducted, ranked as
+    /// resolution ranked it.
+    pub(crate) fn reserved_for(&self, b: &dramesh_scheduler::Binding) -> Vec<AssumedWorkload> {
+        let res = self.resolution();
+        let holds: BTreeMap<String, String> = self
+            .preemption_holds(&b.id())
+            .into_iter()
+            .map(|h| (h.id, h.cluster))
+            .collect();
+        if holds.is_empty() {
+            return res.assumed.clone();
+        }
+        res.assumed
+            .iter()
+            .zip(&res.assumed_ids)
+            .filter_map(|(a, id)| match holds.get(id) {
+                None => Some(a.clone()),
+                Some(cluster) => {
+                    let used = a.replicas.min(b.assigned(cluster));
+                    (used > 0).then(|| AssumedWorkload {
+                        replicas: used,
+                        ..a.clone()
+                    })
+                }
+            })
+            .collect()
+    }
+
+    /// The unexpired preemption holds written for the binding `preemptor` (`Binding::id`),
+    /// by any replica, ordered by id.
+    pub(crate) fn preemption_holds(&self, preemptor: &str) -> Vec<PreemptionHold> {
+        let now = Instant::now();
+        self.with_table(|table| {
+            table
+                .entries()
+                .filter(|(_, e)| e.record.preemptor.as_deref() == Some(preemptor))
+                .filter(|(_, e)| now < table.expiry(e))
+                .map(|(id, e)| PreemptionHold {
+                    id: id.clone(),
+                    cluster: e.record.cluster.clone(),
+                    replicas: e.record.replicas,
+                    own: e.record.owner == self.replica,
+                })
+                .collect()
+        })
     }
 
     fn status_of(&self, id: &str, res: &Resolved, now: Instant) -> Option<ReservationStatus> {
@@ -312,15 +378,33 @@ impl ReplicaState {
     /// Writes a reservation owned by this replica (no caps: the caller checked them, or is
     /// the replica's own scheduler role); returns its id.
     pub(crate) fn write_own(&self, r: &Own<'_>) -> Result<String, ApiError> {
-        let mut ids = self.write_own_all(std::slice::from_ref(r))?;
+        let mut ids = self.write_own_all(std::slice::from_ref(r), None)?;
+        ids.pop()
+            .ok_or_else(|| ApiError::Internal("no reservation id was assigned".into()))
+    }
+
+    /// Writes the scheduler role's preemption hold for the binding `preemptor`
+    /// (`Binding::id`): a reservation like [`ReplicaState::write_own`]'s that decisions of
+    /// that binding leave out ([`ReplicaState::reserved_for`]); returns its id.
+    pub(crate) fn write_preemption_hold(
+        &self,
+        r: &Own<'_>,
+        preemptor: &str,
+    ) -> Result<String, ApiError> {
+        let mut ids = self.write_own_all(std::slice::from_ref(r), Some(preemptor))?;
         ids.pop()
             .ok_or_else(|| ApiError::Internal("no reservation id was assigned".into()))
     }
 
     /// Writes reservations owned by this replica as one change of its reservation document
-    /// (one durable write for all of them), as [`ReplicaState::write_own`] does each; returns
-    /// their ids in order. Nothing is written when one of them is refused.
-    pub(crate) fn write_own_all(&self, all: &[Own<'_>]) -> Result<Vec<String>, ApiError> {
+    /// (one durable write for all of them), as [`ReplicaState::write_own`] does each (as
+    /// preemption holds of `preemptor` when given); returns their ids in order. Nothing is
+    /// written when one of them is refused.
+    pub(crate) fn write_own_all(
+        &self,
+        all: &[Own<'_>],
+        preemptor: Option<&str>,
+    ) -> Result<Vec<String>, ApiError> {
         let workloads: Vec<WorkloadRef> = all
             .iter()
             .map(|r| WorkloadRef {
@@ -360,6 +444,7 @@ impl ReplicaState {
                 priority: r.priority,
                 ttl_seconds: r.ttl_seconds,
                 bound_at_creation,
+                preemptor: preemptor.map(str::to_string),
             };
             let json = serde_json::to_vec(&record)
                 .map_err(|e| ApiError::Internal(format!("encoding reservation {id}: {e}")))?;

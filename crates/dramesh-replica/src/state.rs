@@ -483,8 +483,9 @@ impl ReplicaState {
     }
 
     /// The scheduler role's decision for binding `b` on the current view: admitted
-    /// reservations deducted, stale clusters never chosen, the estimator's work stopped at
-    /// `deadline`; with `kept`, `b` without replicas its reservations lost, decided as
+    /// reservations deducted (of the preemption holds written for `b`, only what `b` has
+    /// assigned on their cluster: the rest is `b`'s room), stale clusters never chosen, the estimator's work stopped at `deadline`; with
+    /// `kept`, `b` without replicas its reservations lost, decided as
     /// [`dramesh_scheduler::decide_after_loss`] does. Blocking: call it off the async reactor.
     pub(crate) fn decide_binding(
         &self,
@@ -494,7 +495,7 @@ impl ReplicaState {
         clusters: &std::collections::BTreeMap<String, dramesh_scheduler::Cluster>,
         deadline: Instant,
     ) -> dramesh_scheduler::Decision {
-        let assumed = self.reserved();
+        let assumed = self.reserved_for(kept.unwrap_or(b));
         let stale = self.stale_clusters();
         let indexes = self.indexes();
         let mut opts = EstimateOptions {
@@ -518,6 +519,49 @@ impl ReplicaState {
             ),
             None => dramesh_scheduler::decide(b, demand, fleet, &mut compute.estimator, &mut opts),
         }
+    }
+
+    /// The scheduler role's preemption plan for binding `preemptor`, which fits nowhere,
+    /// among `bindings` (every binding the role knows): [`dramesh_scheduler::plan_preemption`]
+    /// on the current view with every admitted reservation deducted, stale clusters never
+    /// chosen, the estimator's work stopped at `deadline` (then `Err`). Blocking: call it off
+    /// the async reactor.
+    pub(crate) fn preempt_binding<B: std::borrow::Borrow<dramesh_scheduler::Binding>>(
+        &self,
+        preemptor: &dramesh_scheduler::Binding,
+        demand: &dramesh_scheduler::Demand,
+        bindings: &[B],
+        clusters: &std::collections::BTreeMap<String, dramesh_scheduler::Cluster>,
+        deadline: Instant,
+        now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+    ) -> Result<dramesh_scheduler::PreemptionPlan, String> {
+        let assumed = self.reserved();
+        let stale = self.stale_clusters();
+        let indexes = self.indexes();
+        let mut opts = EstimateOptions {
+            assumed,
+            stale,
+            deadline: Some(deadline),
+            ..EstimateOptions::default()
+        };
+        let fleet = dramesh_scheduler::Fleet {
+            clusters,
+            view: &indexes.view,
+        };
+        let mut compute = self.compute(&indexes);
+        let plan = dramesh_scheduler::plan_preemption(
+            preemptor,
+            demand,
+            bindings,
+            fleet,
+            &mut compute.estimator,
+            &mut opts,
+            now,
+        );
+        if opts.past_deadline() {
+            return Err(dramesh_estimator::DEADLINE_EXCEEDED.into());
+        }
+        plan
     }
 
     /// Known, fresh cluster, or the Karmada answer explaining why not.

@@ -72,6 +72,27 @@ fn claim_templates(
     Ok(out)
 }
 
+/// The pod spec of `template`, a resource template of kind `kind`.
+fn pod_spec<'v>(kind: &str, template: &'v Value) -> Option<&'v Value> {
+    if kind == "Pod" {
+        template.get("spec")
+    } else {
+        pod_template_path(kind)
+            .and_then(|p| template.pointer(p))
+            .and_then(|t| t.get("spec"))
+    }
+}
+
+/// The PriorityClass `template` (a resource template of kind `kind`) names in its pod
+/// template, if any: what a reservation must carry beside the template to be decoded.
+pub fn priority_class_name(kind: &str, template: &Value) -> Option<String> {
+    pod_spec(kind, template)?
+        .get("priorityClassName")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
+}
+
 /// Most ResourceClaimTemplates one resource template may reference (the API server allows
 /// far fewer claims per pod); more are left out, and [`demand`] then names the missing one.
 pub const MAX_CLAIM_TEMPLATES: usize = 32;
@@ -80,13 +101,7 @@ pub const MAX_CLAIM_TEMPLATES: usize = 32;
 /// as the API server returns it) references from its pod template, in order, without
 /// repeats: what the caller must read before calling [`demand`].
 pub fn claim_template_names(kind: &str, template: &Value) -> Vec<String> {
-    let spec = if kind == "Pod" {
-        template.get("spec")
-    } else {
-        pod_template_path(kind)
-            .and_then(|p| template.pointer(p))
-            .and_then(|t| t.get("spec"))
-    };
+    let spec = pod_spec(kind, template);
     let mut out: Vec<String> = Vec::new();
     let claims = spec
         .and_then(|s| s.get("resourceClaims"))
@@ -311,6 +326,23 @@ mod tests {
         // A kind without a pod template, or no claims: nothing to read.
         assert!(claim_template_names("ConfigMap", &d).is_empty());
         assert!(claim_template_names("Deployment", &deployment(json!({}))).is_empty());
+    }
+
+    #[test]
+    fn the_priority_class_name_comes_from_the_pod_template() {
+        let d = deployment(json!({"priorityClassName": "high"}));
+        assert_eq!(
+            priority_class_name("Deployment", &d).as_deref(),
+            Some("high")
+        );
+        let pod = json!({"spec": {"priorityClassName": "low"}});
+        assert_eq!(priority_class_name("Pod", &pod).as_deref(), Some("low"));
+        assert_eq!(
+            priority_class_name("Deployment", &deployment(json!({}))),
+            None
+        );
+        let empty = deployment(json!({"priorityClassName": ""}));
+        assert_eq!(priority_class_name("Deployment", &empty), None);
     }
 
     #[test]

@@ -24,7 +24,7 @@ pub mod preempt;
 pub mod trigger;
 
 pub use decide::{Decision, Event, Fleet, Retry, decide, decide_after_loss, general_estimate};
-pub use demand::{Demand, claim_template_names, demand};
+pub use demand::{Demand, claim_template_names, demand, priority_class_name};
 pub use object::{Binding, BindingKind, Cluster, InputError, Readiness};
 pub use patch::{Patch, Reason, ScheduledCondition};
 pub use placement::Placement;

@@ -16,6 +16,8 @@
 //! from it. A cluster whose victims would include pods no such binding owns (pods Karmada
 //! did not place, or of bindings of equal or higher priority) is not chosen.
 
+use std::borrow::Borrow;
+
 use dramesh_estimator::{EstimateOptions, Estimator, preempt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{Map, Value, json};
@@ -112,10 +114,10 @@ pub fn eviction_patch(victim: &Binding, cluster: &str, message: &str, now: &Time
 /// Plans the preemption for `preemptor`, which fits nowhere, among `bindings` (every binding
 /// the replica knows; the preemptor itself is skipped). `Err` says why nothing is evicted.
 /// `opts` is used as [`crate::decide()`] uses it.
-pub fn plan_preemption(
+pub fn plan_preemption<B: Borrow<Binding>>(
     preemptor: &Binding,
     demand: &Demand,
-    bindings: &[Binding],
+    bindings: &[B],
     fleet: Fleet<'_>,
     estimator: &mut Estimator,
     opts: &mut EstimateOptions,
@@ -177,7 +179,7 @@ pub fn plan_preemption(
             .unwrap_or_default();
         let mut found = Vec::with_capacity(victims.len());
         for v in &victims {
-            let b = bindings.iter().position(|b| {
+            let b = bindings.iter().map(Borrow::borrow).position(|b: &Binding| {
                 !(b.kind == preemptor.kind
                     && b.metadata.namespace == preemptor.metadata.namespace
                     && b.metadata.name == preemptor.metadata.name)
@@ -207,7 +209,7 @@ pub fn plan_preemption(
         );
         let mut evictions = Vec::with_capacity(found.len());
         for i in found {
-            let b = &bindings[i];
+            let b: &Binding = bindings[i].borrow();
             let Some(patch) = eviction_patch(b, &chosen, &message, now) else {
                 continue;
             };
@@ -222,7 +224,10 @@ pub fn plan_preemption(
                 },
             });
         }
-        let names: Vec<String> = evictions.iter().map(|e| bindings[e.victim].key()).collect();
+        let names: Vec<String> = evictions
+            .iter()
+            .map(|e| bindings[e.victim].borrow().key())
+            .collect();
         return Ok(PreemptionPlan {
             event: Event {
                 type_: "Normal",

@@ -34,6 +34,7 @@
 //!   Reservations end when the member cluster reports the pods, or at their TTL. See
 //!   ARCHITECTURE.md, "The loop on the replica", for the protocol and its limits.
 
+mod preempt;
 mod task;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -257,6 +258,9 @@ pub(crate) async fn run(
             metrics,
             decide: Mutex::new(()),
             events: Arc::new(Semaphore::new(MAX_EVENT_WRITES)),
+            bindings: rb.cache(),
+            cluster_bindings: crb.cache(),
+            classes: pc.cache(),
         }),
         backoff: Backoff::default(),
         bindings: rb.cache(),

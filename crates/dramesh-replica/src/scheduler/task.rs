@@ -12,15 +12,16 @@ use dramesh_estimator::TargetCluster;
 use dramesh_model::k8s::PriorityClass;
 use dramesh_scheduler::{
     Action, Binding, Cluster, Decision, Demand, Retry, claim_template_names, demand, plan,
+    priority_class_name,
 };
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::Value;
 use tokio::sync::{Mutex, Semaphore};
 
-use super::{Confirm, Key, MAX_ATTEMPTS, SchedulerMetrics, SchedulerRole, binding_kind};
+use super::{Confirm, Key, MAX_ATTEMPTS, SchedulerMetrics, SchedulerRole, binding_kind, preempt};
 use crate::karmada::{
-    BindingRef, EventNote, KarmadaClient, KarmadaError, Kind, Object, TemplateRef,
+    BindingRef, Cache, EventNote, KarmadaClient, KarmadaError, Kind, Object, TemplateRef,
 };
 use crate::requests::workload_from_manifests;
 use crate::reservations as resv;
@@ -28,7 +29,7 @@ use crate::reserve::Own;
 use crate::state::ReplicaState;
 
 /// Longest estimator work for one decision.
-const DECIDE_DEADLINE: Duration = Duration::from_secs(5);
+pub(super) const DECIDE_DEADLINE: Duration = Duration::from_secs(5);
 
 /// Event writes in flight at most; beyond it an Event is dropped (logged), as client-go's
 /// event broadcaster drops when its queue is full: an Event is never worth slowing
@@ -45,6 +46,11 @@ pub(super) struct Ctx {
     pub(super) decide: Mutex<()>,
     /// Permits for Event writes.
     pub(super) events: Arc<Semaphore>,
+    /// The watch caches of both binding kinds (a preemption looks at every binding).
+    pub(super) bindings: Cache,
+    pub(super) cluster_bindings: Cache,
+    /// The PriorityClass watch cache (a reservation carries the class its pods name).
+    pub(super) classes: Cache,
 }
 
 /// A binding handed to a task, with the loop's view of the fleet when it was handed out.
@@ -147,7 +153,7 @@ pub(super) fn release_all<'a>(st: &ReplicaState, ids: impl IntoIterator<Item = &
 }
 
 /// `Time` now.
-fn now() -> Time {
+pub(super) fn now() -> Time {
     Time(jiff::Timestamp::now())
 }
 
@@ -237,7 +243,7 @@ impl Ctx {
                 }
             };
             let (decision, held) = match self
-                .decide_and_hold(&b, kept.clone(), &demand, manifests, &clusters)
+                .decide_and_hold(&b, kept.clone(), &demand, manifests.clone(), &clusters)
                 .await
             {
                 Ok(d) => d,
@@ -247,6 +253,21 @@ impl Ctx {
                     return Done::of(Outcome::Error);
                 }
             };
+            let bindings = if preempt::wants_bindings(&b, &demand, &decision) {
+                self.all_bindings()
+            } else {
+                Vec::new()
+            };
+            let cx = preempt::Context {
+                state: &self.state,
+                client: &self.client,
+                role: &self.role,
+                clusters: &clusters,
+                binding: &b,
+                demand: &demand,
+                manifests: &manifests,
+            };
+            let decision = preempt::follow_up(cx, &bindings, decision).await;
             if let (Confirm::BeforeWrite, Some(h)) = (self.role.confirm, &held) {
                 tokio::time::sleep(self.role.settle).await;
                 let h = h.clone();
@@ -298,6 +319,23 @@ impl Ctx {
         Done::of(Outcome::Error)
     }
 
+    /// Every cached binding of both kinds, decoded (undecodable ones left out).
+    fn all_bindings(&self) -> Vec<Arc<Binding>> {
+        [
+            (Kind::ResourceBinding, &self.bindings),
+            (Kind::ClusterResourceBinding, &self.cluster_bindings),
+        ]
+        .into_iter()
+        .flat_map(|(kind, cache)| {
+            cache
+                .list()
+                .into_iter()
+                .filter_map(move |o| Binding::from_value(binding_kind(kind), o.value()).ok())
+        })
+        .map(Arc::new)
+        .collect()
+    }
+
     /// The binding's demand and, for a workload, the manifests a reservation carries (its
     /// template and ResourceClaimTemplates).
     async fn demand(
@@ -341,8 +379,12 @@ impl Ctx {
             }
         }
         let d = demand(b, Some(template.value()), &claims, classes).map_err(|e| e.to_string())?;
+        // The PriorityClass the pods name: a reservation's workload does not decode without it.
+        let class =
+            priority_class_name(&r.kind, template.value()).and_then(|n| self.classes.get(None, &n));
         let manifests = std::iter::once(template.value())
             .chain(claims.iter())
+            .chain(class.as_ref().map(|c| c.value()))
             .map(manifest_of)
             .collect();
         Ok((d, manifests))
@@ -589,11 +631,18 @@ fn hold(
     let (Some(clusters), Demand::Replicas(w)) = (&decision.clusters, demand) else {
         return Ok(None);
     };
+    // The first replicas on a cluster where a preemption hold of the binding keeps room for
+    // it are held already.
+    let covered = preempt::covered(st, b);
+    let new = |t: &TargetCluster| {
+        let held = covered.get(&t.name).copied().unwrap_or(0);
+        t.replicas - b.assigned(&t.name).max(held)
+    };
     let adds: Vec<(&str, i64)> = clusters
         .iter()
-        .filter(|t| t.replicas > b.assigned(&t.name))
+        .filter(|t| new(t) > 0)
         .filter(|t| st.with_view(|v| v.cluster(&t.name).is_some()))
-        .map(|t| (t.name.as_str(), t.replicas - b.assigned(&t.name)))
+        .map(|t| (t.name.as_str(), new(t)))
         .collect();
     if adds.is_empty() {
         return Ok(None);
@@ -614,7 +663,7 @@ fn hold(
         })
         .collect();
     let ids = st
-        .write_own_all(&own)
+        .write_own_all(&own, None)
         .map_err(|e| format!("writing the reservations: {e}"))?;
     let by_cluster = adds
         .iter()

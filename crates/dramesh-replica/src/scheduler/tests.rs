@@ -14,6 +14,8 @@ use crate::karmada::KarmadaOptions;
 use crate::reservations as resv;
 use serde_json::Value;
 
+mod preempt;
+
 const ME: &str = "dramesh-scheduler";
 const NS: &str = "default";
 
@@ -177,6 +179,16 @@ async fn wait_binding(
     }
 }
 
+/// Waits (at most 20 s) until `ok` holds: for what the loop does after its last binding
+/// write (Events in the background, counting the outcome).
+async fn wait_until(what: &str, ok: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
 /// `spec.clusters` as (name, replicas), sorted.
 fn targets(b: &Value) -> Vec<(String, i64)> {
     let mut v: Vec<(String, i64)> = b["spec"]["clusters"]
@@ -274,17 +286,20 @@ async fn bindings_land_where_devices_fit_keep_clusters_and_survive_conflicts() {
             .map(|w| (&w.body, w.code))
             .collect::<Vec<_>>()
     );
-    // Events on the binding and on the Deployment.
-    let events = fake.list_objects("events.k8s.io/v1", "Event");
-    for kind in ["ResourceBinding", "Deployment"] {
-        assert!(
-            events
-                .iter()
-                .any(|e| e["regarding"]["kind"] == kind && e["reason"] == "ScheduleBindingSucceed"),
-            "no success Event on the {kind}: {events:#?}"
-        );
-    }
-    assert!(running.count("scheduled") >= 2);
+    // Events on the binding and on the Deployment (written in the background).
+    let succeeded = |kind: &str| {
+        fake.list_objects("events.k8s.io/v1", "Event")
+            .iter()
+            .any(|e| e["regarding"]["kind"] == kind && e["reason"] == "ScheduleBindingSucceed")
+    };
+    wait_until("success Events on the binding and the Deployment", || {
+        succeeded("ResourceBinding") && succeeded("Deployment")
+    })
+    .await;
+    wait_until("two scheduled outcomes counted", || {
+        running.count("scheduled") >= 2
+    })
+    .await;
     assert!(running.count("conflict") >= 1);
 
     // 3 of c0's 8 GPUs are held; 6 more fit nowhere: Unschedulable, the spec left alone.
@@ -375,7 +390,10 @@ async fn a_binding_that_fits_nowhere_is_no_cluster_fit() {
             .is_some_and(|m| m.starts_with("0/2 clusters are available")),
         "{c:#}"
     );
-    assert!(running.count("unschedulable") >= 1);
+    wait_until("the unschedulable outcome counted", || {
+        running.count("unschedulable") >= 1
+    })
+    .await;
     running.stop().await;
 }
 
@@ -464,9 +482,10 @@ async fn compete(confirm: Confirm) {
             "replicaDivisionPreference": "Aggregated"});
         fake.apply(b);
     }
-    // Reservations travel in 40 ms; each decision waits 120 ms for earlier ones.
-    let mesh = bridge(a.clone(), b.clone(), Duration::from_millis(40));
-    let settle = Duration::from_millis(120);
+    // Reservations travel in 200 ms, longer than the two loops' start and first decisions
+    // take (so they race); a decision's reservations are checked 400 ms after it.
+    let mesh = bridge(a.clone(), b.clone(), Duration::from_millis(200));
+    let settle = Duration::from_millis(400);
     let (ra, rb) = (
         start_as(&fake, a.clone(), settle, ME, confirm),
         start_as(&fake, b.clone(), settle, OTHER, confirm),

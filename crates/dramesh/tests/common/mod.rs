@@ -620,3 +620,17 @@ impl TwoReplicas {
             spawn_replica_with(tmp, &self.certs, "r2", &self.r2, &[self.r1.mesh], &args);
     }
 }
+
+/// Writes `dir/karmada.yaml`, a kubeconfig whose current context points at the Karmada API
+/// server `url` with a bearer token; returns its path.
+pub(crate) fn write_karmada_kubeconfig(dir: &Path, url: &str) -> String {
+    let path = dir.join("karmada.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: karmada\nclusters:\n- name: karmada\n  cluster:\n    server: {url}\ncontexts:\n- name: karmada\n  context:\n    cluster: karmada\n    user: sched\nusers:\n- name: sched\n  user:\n    token: t\n"
+        ),
+    )
+    .expect("kubeconfig");
+    path.display().to_string()
+}

@@ -18,6 +18,7 @@ pub mod kube_source;
 pub mod lease;
 pub mod mirror;
 pub mod publish;
+pub mod signer;
 pub mod trim;
 
 pub use batch::{Batch, Scope, SourceEvent};

@@ -36,6 +36,9 @@
 //!   know). Cluster's CRD is not among the fixtures: Clusters are stored as written.
 //!   `events.k8s.io/v1` Events get the API server's field checks (required fields, `type`,
 //!   lengths, `note` at most 1 kB);
+//! - `certificates.k8s.io/v1beta1` PodCertificateRequests with the status rules a signer could
+//!   break (one final condition; a final status is immutable; `Issued` carries the chain and its
+//!   times) and `fieldSelector` on `spec.signerName`;
 //! - discovery as far as kube's `discovery::pinned_kind` needs it (`/api/v1`, `/apis/<g>/<v>`);
 //! - `POST /apis/authentication.k8s.io/v1/tokenreviews`: `authenticated: true` with the user
 //!   and groups of a token registered by [`FakeApi::add_token`], else `authenticated: false`
@@ -164,6 +167,14 @@ const RESOURCES: &[Res] = &[
         "Lease",
         true,
         false,
+        false,
+    ),
+    res(
+        "podcertificaterequests",
+        "certificates.k8s.io/v1beta1",
+        "PodCertificateRequest",
+        true,
+        true,
         false,
     ),
     res("deployments", "apps/v1", "Deployment", true, true, true),
@@ -417,7 +428,10 @@ fn parse_selector(s: Option<&String>) -> Result<Selector, String> {
         } else {
             return Err(format!("invalid field selector {part:?}"));
         };
-        if !matches!(f, "metadata.name" | "metadata.namespace" | "spec.nodeName") {
+        if !matches!(
+            f,
+            "metadata.name" | "metadata.namespace" | "spec.nodeName" | "spec.signerName"
+        ) {
             return Err(format!("field label not supported: {f}"));
         }
         out.push((f.to_string(), v.to_string(), neg));
@@ -429,6 +443,7 @@ fn field(v: &Value, f: &str) -> String {
     let x = match f {
         "metadata.name" => &v["metadata"]["name"],
         "metadata.namespace" => &v["metadata"]["namespace"],
+        "spec.signerName" => &v["spec"]["signerName"],
         _ => &v["spec"]["nodeName"],
     };
     x.as_str().unwrap_or("").to_string()
@@ -1102,6 +1117,11 @@ impl FakeApi {
                 m.remove("status");
             }
         }
+        if res.plural == "podcertificaterequests"
+            && let Err(message) = pcr_status_update(cur.as_ref(), &obj)
+        {
+            return fail(422, "Invalid", &message, &name);
+        }
         Self::stamp(&mut st, res, cur.as_ref(), &mut obj);
         let causes = Self::validate(res, &mut obj);
         if !causes.is_empty() {
@@ -1324,6 +1344,50 @@ fn qualified(res: Res) -> String {
         "" => res.plural.to_string(),
         g => format!("{}.{g}", res.plural),
     }
+}
+
+/// The API server's rules for a PodCertificateRequest's status that a signer could break: at
+/// most one of the final conditions `Issued`, `Denied`, `Failed` (status `True`), a final
+/// status never changes again, and an `Issued` one carries the chain and its three times.
+fn pcr_status_update(cur: Option<&Value>, new: &Value) -> Result<(), String> {
+    const FINAL: [&str; 3] = ["Issued", "Denied", "Failed"];
+    let finals = |v: &Value| -> Vec<String> {
+        v["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["type"].as_str())
+            .filter(|t| FINAL.contains(t))
+            .map(str::to_owned)
+            .collect()
+    };
+    let now = finals(new);
+    if now.len() > 1 {
+        return Err(format!(
+            "status.conditions: there may be at most one condition with type \"Issued\", \"Denied\", or \"Failed\" (got {now:?})"
+        ));
+    }
+    if let Some(cur) = cur
+        && !finals(cur).is_empty()
+        && cur.get("status") != new.get("status")
+    {
+        return Err(
+            "status: immutable after PodCertificateRequest is issued, denied, or failed".into(),
+        );
+    }
+    if now.first().is_some_and(|t| t == "Issued") {
+        for f in [
+            "certificateChain",
+            "notBefore",
+            "notAfter",
+            "beginRefreshAt",
+        ] {
+            if new["status"][f].as_str().is_none_or(str::is_empty) {
+                return Err(format!("status.{f}: Required value"));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Everything `metadata.generation` counts: the object without `metadata` and `status`.

@@ -498,6 +498,15 @@ pub async fn run_signer(
     }
 }
 
+/// [`run_signer`] with the in-cluster configuration (or the kubeconfig), counting nothing.
+pub async fn run_with_default_client(config: SignerConfig) -> anyhow::Result<()> {
+    let client = kube::Client::try_default().await.map_err(|e| {
+        anyhow::anyhow!("building the Kubernetes client (in-cluster config or kubeconfig): {e}")
+    })?;
+    let (stats, _) = tokio::sync::watch::channel(SignerStats::default());
+    run_signer(client, config, stats).await
+}
+
 /// Reads the signing CA: `cert_pem` holds the signing certificate first and any
 /// intermediates after it; `key_pem` its private key. `what` names the source in errors.
 pub fn signing_ca(cert_pem: &str, key_pem: &str, what: &str) -> anyhow::Result<SigningCa> {

@@ -747,6 +747,29 @@ mod tests {
         }
     }
 
+    /// An RSA-3072 SubjectPublicKeyInfo (a key type the kubelet may generate; ring cannot).
+    const RSA_3072_SPKI: &str = concat!(
+        "MIIBojANBgkqhkiG9w0BAQEFAAOCAY8AMIIBigKCAYEAwKF8h5oTJ4WlM4xwvH5MSmHW02e54XNHn8806JrwUO81",
+        "ap/wIO2v9IZe65fn7zx7Q/P9sXCvYGWAtaaYMzsacyvvV6aiCJgTw1Mj284IBV6uoNh6vm7X69uZnlxRlbJywjMA",
+        "T7gg/nnbK0SOHjV+Seq5U0p60drRaaQjHv5N8LBfQR+PjotkiqEYjA+oBaakYveRQ9N4HZHHB5Rh+tMEgnhJP+pp",
+        "KsA4VmBSZqMsMx+BD6E7cZmCwrFk/8WM21TJmQcoO/yuPu61XWr4cc50MEXkkt1JrWsVSYqgqAmlE3ahE3DWVIj6",
+        "V7nsL5uogtdqximHZEWyK5omYNEbOlV3YSnb4TFZkfAy/e8cO4wIoA63JVw0H8zLAG2rroLVkifLPF3vfRdoh4cI",
+        "PnyvYbgDKfo9i6dVFQA8+1uJ+hKXMGPAi0pOULYqa4YdDAU1kOJSZ4wmBJlf8Je+kYdYFvLXE/2v0yqirZanI5jw",
+        "QKt8J7uwfI5+46b5UnjtWFTowpTTAgMBAAE=",
+    );
+
+    #[test]
+    fn key_types_the_mesh_does_not_sign_with_are_denied_as_unsupported() {
+        let key = KeyPair::generate().unwrap();
+        let mut req = legacy(&key, "uid-1");
+        req.spec.pkix_public_key =
+            Some(serde_json::from_value(serde_json::json!(RSA_3072_SPKI)).unwrap());
+        assert_eq!(
+            denial(&decide(&req, &policy(), &ca(), NOW)),
+            UNSUPPORTED_KEY_TYPE
+        );
+    }
+
     #[test]
     fn intermediates_follow_the_leaf() {
         let root = dramesh_mesh::certs::generate_ca("root", 1).unwrap();

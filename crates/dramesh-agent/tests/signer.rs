@@ -217,3 +217,78 @@ async fn signer_issues_node_identities_and_denies_everything_else() {
     );
     signer.abort();
 }
+
+/// The fake refuses the status writes a real API server refuses, so the signer's accepted
+/// writes above are evidence: a certificate for another key, times that disagree with the
+/// leaf, and any change after the request is final.
+#[tokio::test]
+async fn the_fake_refuses_statuses_the_api_server_refuses() {
+    use dramesh_agent::signer::{SignerPolicy, SigningCa, decide};
+    let api = FakeApi::start().await;
+    let ca = generate_ca("mesh CA", 1).unwrap();
+    let signing = SigningCa {
+        ca: ca.clone(),
+        chain_pem: String::new(),
+    };
+    let policy = SignerPolicy {
+        signer_name: SIGNER.into(),
+        cluster: "east".into(),
+        namespace: NS.into(),
+        service_account: "dramesh-agent".into(),
+        lifetime_secs: 86_400,
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let key = KeyPair::generate().unwrap();
+    let v = request(
+        "r",
+        NS,
+        "dramesh-agent",
+        "n1",
+        csr(&key, &CertificateParams::default()),
+    );
+    api.apply(v.clone());
+    let pcrs: kube::Api<PodCertificateRequest> = kube::Api::namespaced(api.client(), NS);
+    let status_of = |req: &PodCertificateRequest| match decide(req, &policy, &signing, now) {
+        dramesh_agent::signer::Decision::Write { status, .. } => status,
+        other => panic!("{other:?}"),
+    };
+    let write = |status: &k8s_openapi::api::certificates::v1beta1::PodCertificateRequestStatus| {
+        let pcrs = pcrs.clone();
+        let patch = serde_json::json!({ "status": status });
+        async move {
+            pcrs.patch_status("r", &Default::default(), &kube::api::Patch::Merge(&patch))
+                .await
+        }
+    };
+    let is_invalid = |r: Result<PodCertificateRequest, kube::Error>| matches!(r, Err(kube::Error::Api(ref s)) if s.code == 422);
+    let req: PodCertificateRequest = serde_json::from_value(v.clone()).unwrap();
+
+    // Issued to another key: the same request with a different CSR.
+    let other_key = KeyPair::generate().unwrap();
+    let mut other: PodCertificateRequest = req.clone();
+    other.spec.stub_pkc_s10_request = csr(&other_key, &CertificateParams::default());
+    assert!(
+        is_invalid(write(&status_of(&other)).await),
+        "a leaf for another key"
+    );
+
+    // notAfter that is not the leaf's.
+    let mut wrong = status_of(&req);
+    let na = wrong.not_after.as_ref().unwrap().0.as_second();
+    wrong.not_after = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::from_second(na - 60).unwrap(),
+    ));
+    assert!(is_invalid(write(&wrong).await), "notAfter not the leaf's");
+
+    // The right status lands; after that nothing changes it.
+    write(&status_of(&req)).await.unwrap();
+    let mut denied = req.clone();
+    denied.spec.service_account_name = "default".into();
+    assert!(
+        is_invalid(write(&status_of(&denied)).await),
+        "a final status changed"
+    );
+}

@@ -1375,17 +1375,106 @@ fn pcr_status_update(cur: Option<&Value>, new: &Value) -> Result<(), String> {
             "status: immutable after PodCertificateRequest is issued, denied, or failed".into(),
         );
     }
-    if now.first().is_some_and(|t| t == "Issued") {
-        for f in [
-            "certificateChain",
-            "notBefore",
-            "notAfter",
-            "beginRefreshAt",
-        ] {
-            if new["status"][f].as_str().is_none_or(str::is_empty) {
-                return Err(format!("status.{f}: Required value"));
+    match now.first().map(String::as_str) {
+        Some("Issued") => pcr_issued(new),
+        Some(_) => {
+            for f in [
+                "certificateChain",
+                "notBefore",
+                "notAfter",
+                "beginRefreshAt",
+            ] {
+                if !new["status"][f].is_null() {
+                    return Err(format!(
+                        "status.{f}: non-condition status fields must be empty when denying or failing the PodCertificateRequest"
+                    ));
+                }
             }
+            Ok(())
         }
+        None => Ok(()),
+    }
+}
+
+/// The API server's checks of an `Issued` status against the request and the leaf
+/// certificate: issued to the requested key, times equal to the leaf's, `notBefore` within
+/// 5 minutes of now, a lifetime in `[1h, maxExpirationSeconds]`, `beginRefreshAt` in
+/// `[notBefore+10m, notAfter-10m]`.
+fn pcr_issued(new: &Value) -> Result<(), String> {
+    use x509_parser::prelude::FromDer as _;
+    let st = &new["status"];
+    let time = |f: &str| -> Result<i64, String> {
+        st[f]
+            .as_str()
+            .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+            .map(|t| t.as_second())
+            .ok_or_else(|| {
+                format!("status.{f}: Required value: must be present and consistent with the issued certificate")
+            })
+    };
+    let (nb, na, refresh) = (
+        time("notBefore")?,
+        time("notAfter")?,
+        time("beginRefreshAt")?,
+    );
+    let chain = st["certificateChain"].as_str().unwrap_or_default();
+    let (_, pem) = x509_parser::pem::parse_x509_pem(chain.as_bytes()).map_err(|_| {
+        "status.certificateChain: issued certificate chain must contain at least one certificate"
+            .to_string()
+    })?;
+    let (_, leaf) = x509_parser::parse_x509_certificate(&pem.contents).map_err(|_| {
+        "status.certificateChain: leaf certificate does not parse as valid X.509".to_string()
+    })?;
+    let bytes = |f: &str| -> Vec<u8> {
+        serde_json::from_value::<k8s_openapi::ByteString>(new["spec"][f].clone())
+            .map(|b| b.0)
+            .unwrap_or_default()
+    };
+    let csr = bytes("stubPKCS10Request");
+    let want = if csr.is_empty() {
+        bytes("pkixPublicKey")
+    } else {
+        x509_parser::certification_request::X509CertificationRequest::from_der(&csr)
+            .map(|(_, r)| r.certification_request_info.subject_pki.raw.to_vec())
+            .unwrap_or_default()
+    };
+    if leaf.public_key().raw != want.as_slice() {
+        return Err(
+            "status.certificateChain: leaf certificate was not issued to the requested public key"
+                .into(),
+        );
+    }
+    if nb != leaf.validity().not_before.timestamp() {
+        return Err(
+            "status.notBefore: must be set to the NotBefore time encoded in the leaf certificate"
+                .into(),
+        );
+    }
+    if na != leaf.validity().not_after.timestamp() {
+        return Err(
+            "status.notAfter: must be set to the NotAfter time encoded in the leaf certificate"
+                .into(),
+        );
+    }
+    if (nb - k8s_openapi::jiff::Timestamp::now().as_second()).abs() >= 300 {
+        return Err(
+            "status.notBefore: must be set to within 5 minutes of kube-apiserver's current time"
+                .into(),
+        );
+    }
+    let max = new["spec"]["maxExpirationSeconds"]
+        .as_i64()
+        .unwrap_or(86_400);
+    if na - nb < 3600 || na - nb > max {
+        return Err(format!(
+            "status.certificateChain: leaf certificate lifetime must be >= 1 hour and <= spec.maxExpirationSeconds ({max})"
+        ));
+    }
+    if refresh < nb + 600 || refresh > na - 600 {
+        return Err(
+            "status.beginRefreshAt: must be at least 10 minutes after status.notBefore and before status.notAfter"
+                .into(),
+        );
     }
     Ok(())
 }

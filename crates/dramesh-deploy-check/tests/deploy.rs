@@ -291,7 +291,12 @@ fn agent_daemonset_runs_one_agent_per_node_with_probes() {
     assert_eq!(c.image.as_deref(), Some("ghcr.io/dramesh/dramesh:0.1.0"));
     let a = args(c);
     assert_eq!(a[0], "agent");
+    assert_eq!(flag_values(c, "--source"), ["kube"]);
     assert_eq!(flag_values(c, "--node-name"), ["$(NODE_NAME)"]);
+    // The writer is the node: the identity the signer issues names it.
+    assert_eq!(flag_values(c, "--agent-name"), ["$(NODE_NAME)"]);
+    // One agent per cluster publishes cluster-scoped records: the Lease holder.
+    assert_eq!(flag_values(c, "--lease-namespace"), ["$(POD_NAMESPACE)"]);
     assert_eq!(
         flag_values(c, "--mesh-credential-bundle"),
         ["/etc/dramesh/tls/credentialbundle.pem"]

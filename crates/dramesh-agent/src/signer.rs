@@ -148,8 +148,8 @@ pub fn decide(
     if spec.signer_name != policy.signer_name || final_condition(req.status.as_ref()).is_some() {
         return Decision::Skip;
     }
-    let verdict = match check(req, policy) {
-        Err(verdict) => verdict,
+    let refusal = match check(req, policy) {
+        Err(refusal) => refusal,
         Ok((identity, spki)) => match issue(spec, policy, ca, &identity, &spki, now) {
             Ok(status) => {
                 return Decision::Write {
@@ -157,13 +157,20 @@ pub fn decide(
                     verdict: Verdict::Issued(identity),
                 };
             }
-            Err(verdict) => verdict,
+            Err(refusal) => refusal,
         },
     };
-    let (type_, reason, message) = match &verdict {
-        Verdict::Denied { reason, message } => (DENIED, *reason, message.clone()),
-        Verdict::Failed { reason, message } => (FAILED, *reason, message.clone()),
-        Verdict::Issued(_) => unreachable!("issued requests returned above"),
+    let (type_, reason, message) = (refusal.type_, refusal.reason, refusal.message.clone());
+    let verdict = if refusal.type_ == DENIED {
+        Verdict::Denied {
+            reason: refusal.reason,
+            message: refusal.message,
+        }
+    } else {
+        Verdict::Failed {
+            reason: refusal.reason,
+            message: refusal.message,
+        }
     };
     Decision::Write {
         status: PodCertificateRequestStatus {
@@ -174,9 +181,26 @@ pub fn decide(
     }
 }
 
-fn denied(reason: &'static str, message: impl Into<String>) -> Verdict {
-    Verdict::Denied {
+/// Why a request gets no certificate: the condition type ([`DENIED`] or [`FAILED`]), its
+/// reason and message.
+struct Refusal {
+    type_: &'static str,
+    reason: &'static str,
+    message: String,
+}
+
+fn denied(reason: &'static str, message: impl Into<String>) -> Refusal {
+    Refusal {
+        type_: DENIED,
         reason,
+        message: message.into(),
+    }
+}
+
+fn failed(message: impl Into<String>) -> Refusal {
+    Refusal {
+        type_: FAILED,
+        reason: "SigningFailed",
         message: message.into(),
     }
 }
@@ -185,7 +209,7 @@ fn denied(reason: &'static str, message: impl Into<String>) -> Verdict {
 fn check(
     req: &PodCertificateRequest,
     policy: &SignerPolicy,
-) -> Result<(PeerIdentity, Vec<u8>), Verdict> {
+) -> Result<(PeerIdentity, Vec<u8>), Refusal> {
     let spec = &req.spec;
     let namespace = req.metadata.namespace.as_deref().unwrap_or("");
     if namespace != policy.namespace || spec.service_account_name != policy.service_account {
@@ -240,7 +264,7 @@ enum KeyType {
     EcdsaP384,
 }
 
-fn key_type(spki: &SubjectPublicKeyInfo<'_>) -> Result<KeyType, Verdict> {
+fn key_type(spki: &SubjectPublicKeyInfo<'_>) -> Result<KeyType, Refusal> {
     let alg = &spki.algorithm;
     if alg.algorithm == OID_SIG_ED25519 {
         return Ok(KeyType::Ed25519);
@@ -264,7 +288,7 @@ fn key_type(spki: &SubjectPublicKeyInfo<'_>) -> Result<KeyType, Verdict> {
 }
 
 /// The DER SubjectPublicKeyInfo whose private key the requester has proven to hold.
-fn proven_key(spec: &PodCertificateRequestSpec) -> Result<Vec<u8>, Verdict> {
+fn proven_key(spec: &PodCertificateRequestSpec) -> Result<Vec<u8>, Refusal> {
     let bad = |m: String| denied("BadProofOfPossession", m);
     let pkix = spec.pkix_public_key.as_ref().filter(|k| !k.0.is_empty());
     let csr = &spec.stub_pkc_s10_request.0;
@@ -316,13 +340,10 @@ fn proven_key(spec: &PodCertificateRequestSpec) -> Result<Vec<u8>, Verdict> {
     Ok(pkix.0.clone())
 }
 
-fn time(secs: i64) -> Result<Time, Verdict> {
+fn time(secs: i64) -> Result<Time, Refusal> {
     k8s_openapi::jiff::Timestamp::from_second(secs)
         .map(Time)
-        .map_err(|e| Verdict::Failed {
-            reason: "SigningFailed",
-            message: format!("time {secs} out of range: {e}"),
-        })
+        .map_err(|e| failed(format!("time {secs} out of range: {e}")))
 }
 
 fn condition(type_: &str, reason: &str, message: &str, now: i64) -> Condition {
@@ -344,7 +365,7 @@ fn issue(
     identity: &PeerIdentity,
     spki: &[u8],
     now: i64,
-) -> Result<PodCertificateRequestStatus, Verdict> {
+) -> Result<PodCertificateRequestStatus, Refusal> {
     let max = spec
         .max_expiration_seconds
         .map_or(DEFAULT_MAX_EXPIRATION_SECS, i64::from);
@@ -365,12 +386,8 @@ fn issue(
         not_before + REFRESH_MARGIN_SECS,
         not_after - REFRESH_MARGIN_SECS,
     );
-    let leaf = issue_leaf_for_key(&ca.ca, identity, spki, not_before, not_after).map_err(|e| {
-        Verdict::Failed {
-            reason: "SigningFailed",
-            message: e.to_string(),
-        }
-    })?;
+    let leaf = issue_leaf_for_key(&ca.ca, identity, spki, not_before, not_after)
+        .map_err(|e| failed(e.to_string()))?;
     let mut chain = leaf;
     if !ca.chain_pem.trim().is_empty() {
         if !chain.ends_with('\n') {

@@ -18,6 +18,7 @@ pub mod kube_source;
 pub mod lease;
 pub mod mirror;
 pub mod publish;
+pub mod signer;
 pub mod trim;
 
 pub use batch::{Batch, Scope, SourceEvent};
@@ -25,4 +26,4 @@ pub use coalesce::{CoalesceConfig, Coalescer, run_coalescer, spawn_coalescer};
 pub use dir_source::{DirConfig, run_dir_source};
 pub use kube_source::{AgentError, KubeSourceConfig, run_kube_source};
 pub use lease::{Leadership, LeaseConfig};
-pub use publish::{Agent, AgentConfig, AgentSource};
+pub use publish::{Agent, AgentConfig, AgentSource, CredentialFiles};

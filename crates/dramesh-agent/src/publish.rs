@@ -93,6 +93,25 @@ pub struct AgentConfig {
     /// of a cluster retired from the fleet comes back (replicas refuse the generations that
     /// began before the retirement).
     pub rejoin: bool,
+    /// Files the identity was read from, watched for a rotated credential; `None` never
+    /// reloads (demo, tests).
+    pub credentials: Option<CredentialFiles>,
+}
+
+/// Where the agent's mesh credential lives, read again every `every`: a certificate chain, its
+/// key and the CA. With Pod Certificates, `cert` and `key` are the same credential bundle (the
+/// kubelet writes the key and chain into one file, atomically); with a hostPath they are
+/// `tls.crt` and `tls.key`.
+#[derive(Debug, Clone)]
+pub struct CredentialFiles {
+    /// The certificate chain (leaf first).
+    pub cert: PathBuf,
+    /// The private key.
+    pub key: PathBuf,
+    /// The mesh CA.
+    pub ca: PathBuf,
+    /// How often the files are read again.
+    pub every: std::time::Duration,
 }
 
 /// A running agent.
@@ -309,6 +328,15 @@ impl Agent {
                 });
             }
         }
+        if let Some(files) = config.credentials.clone() {
+            let (mesh, store, stop) = (mesh.clone(), store.clone(), stopped(stop_rx.clone()));
+            tasks.spawn(async move {
+                tokio::select! {
+                    () = reload_credentials(files, mesh, store) => {}
+                    () = stop => {}
+                }
+            });
+        }
         let batches = Arc::new(AtomicU64::new(0));
         tasks.spawn(write_batches(
             batches_rx,
@@ -333,6 +361,46 @@ impl Agent {
     pub async fn shutdown(mut self) {
         dramesh_mesh::daemon::shutdown(&self.stop, &mut self.tasks, self.mesh).await;
         tracing::info!(cluster = %self.cluster, agent = %self.name, "agent stopped");
+    }
+}
+
+/// Reads `files` every `files.every` and, when their contents changed, switches the mesh to the
+/// new certificate (see [`MeshHandle::rotate_identity`]). A credential that does not load (a
+/// pair read mid-rotation, a certificate for another identity) is logged and tried again at the
+/// next read; the node keeps its current one meanwhile.
+pub async fn reload_credentials(
+    files: CredentialFiles,
+    mesh: Arc<MeshHandle>,
+    store: Arc<Mutex<MeshStore>>,
+) {
+    let read = |files: &CredentialFiles| -> Option<[u8; 32]> {
+        use sha2::Digest as _;
+        let mut h = sha2::Sha256::new();
+        for p in [&files.cert, &files.key, &files.ca] {
+            h.update(std::fs::read(p).ok()?);
+            h.update([0]);
+        }
+        Some(h.finalize().into())
+    };
+    let mut current = read(&files);
+    let mut tick = tokio::time::interval(files.every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let seen = read(&files);
+        if seen.is_none() || seen == current {
+            continue;
+        }
+        let loaded = dramesh_mesh::certs::load_identity(&files.cert, &files.key, &files.ca)
+            .map_err(|e| e.to_string())
+            .and_then(|id| mesh.rotate_identity(&id, &store).map_err(|e| e.to_string()));
+        match loaded {
+            Ok(()) => current = seen,
+            Err(error) => {
+                tracing::warn!(%error, cert = %files.cert.display(), "rotated mesh credential not loaded; keeping the current one");
+            }
+        }
     }
 }
 

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use dramesh_deploy_check::certmanager::{Certificate, Issuer};
 use dramesh_deploy_check::{Checked, Typed, check, kustomization_dirs, render};
-use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{Container, PodSpec, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
@@ -36,6 +36,23 @@ macro_rules! all {
 
 fn name_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> &str {
     meta.name.as_deref().unwrap_or("")
+}
+
+/// The object named `name` among `items` (exactly one).
+fn named<
+    'a,
+    T: k8s_openapi::Metadata<Ty = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>,
+>(
+    items: Vec<&'a T>,
+    name: &str,
+) -> &'a T {
+    one(
+        items
+            .into_iter()
+            .filter(|o| o.metadata().name.as_deref() == Some(name))
+            .collect(),
+        name,
+    )
 }
 
 fn one<'a, T>(items: Vec<&'a T>, what: &str) -> &'a T {
@@ -120,6 +137,7 @@ fn every_kustomization_renders_and_decodes() {
         .collect();
     for want in [
         "agent",
+        "agent-hostpath",
         "replica",
         "karmada-estimator-services",
         "cert-manager",
@@ -176,7 +194,7 @@ fn every_manifest_file_is_reached_by_some_kustomization() {
 #[test]
 fn agent_rbac_is_read_only_plus_a_namespaced_lease() {
     let objs = checked("agent");
-    let cr: &ClusterRole = one(all!(objs, ClusterRole), "ClusterRole");
+    let cr: &ClusterRole = named(all!(objs, ClusterRole), "dramesh-agent");
     let got = rule_set(cr.rules.as_deref().unwrap_or_default());
     let mut want = BTreeSet::new();
     for (g, res) in [
@@ -211,11 +229,11 @@ fn agent_rbac_is_read_only_plus_a_namespaced_lease() {
         .collect();
     assert_eq!(got, want, "the Role only manages Leases");
 
-    let sa: &ServiceAccount = one(all!(objs, ServiceAccount), "ServiceAccount");
+    let sa: &ServiceAccount = named(all!(objs, ServiceAccount), "dramesh-agent");
     let sa_name = name_of(&sa.metadata);
     let sa_ns = sa.metadata.namespace.as_deref();
 
-    let crb: &ClusterRoleBinding = one(all!(objs, ClusterRoleBinding), "ClusterRoleBinding");
+    let crb: &ClusterRoleBinding = named(all!(objs, ClusterRoleBinding), "dramesh-agent");
     assert_eq!(crb.role_ref.kind, "ClusterRole");
     assert_eq!(crb.role_ref.name, name_of(&cr.metadata));
     let rb: &RoleBinding = one(all!(objs, RoleBinding), "RoleBinding");
@@ -273,9 +291,17 @@ fn agent_daemonset_runs_one_agent_per_node_with_probes() {
     assert_eq!(c.image.as_deref(), Some("ghcr.io/dramesh/dramesh:0.1.0"));
     let a = args(c);
     assert_eq!(a[0], "agent");
+    assert_eq!(flag_values(c, "--source"), ["kube"]);
     assert_eq!(flag_values(c, "--node-name"), ["$(NODE_NAME)"]);
-    assert_eq!(flag_values(c, "--mesh-cert"), ["/etc/dramesh/tls/tls.crt"]);
-    assert_eq!(flag_values(c, "--mesh-key"), ["/etc/dramesh/tls/tls.key"]);
+    // The writer is the node: the identity the signer issues names it.
+    assert_eq!(flag_values(c, "--agent-name"), ["$(NODE_NAME)"]);
+    // One agent per cluster publishes cluster-scoped records: the Lease holder.
+    assert_eq!(flag_values(c, "--lease-namespace"), ["$(POD_NAMESPACE)"]);
+    assert_eq!(
+        flag_values(c, "--mesh-credential-bundle"),
+        ["/etc/dramesh/tls/credentialbundle.pem"]
+    );
+    assert!(flag_values(c, "--mesh-cert").is_empty() && flag_values(c, "--mesh-key").is_empty());
     assert_eq!(flag_values(c, "--mesh-ca"), ["/etc/dramesh/tls/ca.crt"]);
     assert_eq!(flag_values(c, "--data-dir"), ["/var/lib/dramesh"]);
 
@@ -342,11 +368,48 @@ fn agent_daemonset_runs_one_agent_per_node_with_probes() {
     assert_eq!(volumes[data], "/var/lib/dramesh");
     assert!(!ro, "the document store is written");
     let (tls, ro) = mounts["/etc/dramesh/tls"];
-    assert_eq!(
-        volumes[tls], "/etc/dramesh/tls",
-        "per-node certificates live on the node"
-    );
     assert!(ro, "certificates are mounted read-only");
+    // The identity is a Pod Certificate: the kubelet's key and the dramesh signer's chain in
+    // the bundle the agent reads, the mesh CA beside it.
+    let sources = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == tls)
+        .and_then(|v| v.projected.as_ref())
+        .and_then(|p| p.sources.as_ref())
+        .expect("the tls volume is projected");
+    let pc = one(
+        sources
+            .iter()
+            .filter_map(|s| s.pod_certificate.as_ref())
+            .collect(),
+        "podCertificate source",
+    );
+    assert_eq!(pc.signer_name, "dramesh.io/agent");
+    assert_eq!(pc.key_type, "ECDSAP256", "a key type the signer signs");
+    assert_eq!(
+        pc.credential_bundle_path.as_deref(),
+        Some("credentialbundle.pem")
+    );
+    assert!(
+        pc.max_expiration_seconds
+            .is_some_and(|s| (3600..=7_862_400).contains(&s)),
+        "maxExpirationSeconds within the API's range"
+    );
+    let ca = one(
+        sources
+            .iter()
+            .filter_map(|s| s.config_map.as_ref())
+            .collect(),
+        "configMap source",
+    );
+    assert!(
+        ca.items
+            .iter()
+            .flatten()
+            .any(|i| i.key == "ca.crt" && i.path == "ca.crt")
+    );
 
     let sc = c.security_context.as_ref().expect("securityContext");
     assert_eq!(sc.allow_privilege_escalation, Some(false));
@@ -373,8 +436,8 @@ fn member_overlays_name_their_cluster_and_every_replica() {
             assert_eq!(port, "7946", "{r}: the replica mesh port");
         }
         assert_eq!(c.image.as_deref(), Some("ghcr.io/dramesh/dramesh:0.1.0"));
-        // The overlay keeps the base's RBAC unchanged.
-        assert_eq!(all!(objs, ClusterRole).len(), 1);
+        // The overlay keeps the base's RBAC unchanged (the agent's and the signer's).
+        assert_eq!(all!(objs, ClusterRole).len(), 2);
         assert_eq!(all!(objs, Role).len(), 1);
     }
 }
@@ -914,5 +977,138 @@ fn scheduler_role_rbac_grants_what_the_loop_uses_and_the_overlay_mounts_its_kube
     assert!(
         path.ends_with("/kubeconfig"),
         "the Secret's key is kubeconfig"
+    );
+}
+
+#[test]
+fn signer_may_sign_only_its_name_for_the_agents_pods() {
+    let objs = checked("agent");
+    let ds: &DaemonSet = one(all!(objs, DaemonSet), "DaemonSet");
+    let pod = pod_spec_ds(ds);
+    let requested = pod
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| v.projected.as_ref())
+        .flat_map(|p| p.sources.iter().flatten())
+        .filter_map(|s| s.pod_certificate.as_ref())
+        .map(|p| p.signer_name.as_str())
+        .collect::<Vec<_>>();
+    let dep: &Deployment = named(all!(objs, Deployment), "dramesh-signer");
+    let dep_pod = dep.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    let c = one(dep_pod.containers.iter().collect(), "signer container");
+    assert_eq!(args(c)[0], "signer");
+    assert_eq!(flag_values(c, "--signer-name"), requested);
+    assert_eq!(
+        flag_values(c, "--agent-namespace"),
+        [ds.metadata.namespace.as_deref().unwrap()]
+    );
+    assert_eq!(
+        flag_values(c, "--agent-service-account"),
+        [pod.service_account_name.as_deref().unwrap()]
+    );
+    // The signing key is the signer's alone: no agent pod mounts a Secret.
+    assert!(
+        pod.volumes.iter().flatten().all(|v| v.secret.is_none()),
+        "an agent pod mounts a Secret (the signing key must stay off the nodes)"
+    );
+    let sa = dep_pod.service_account_name.as_deref().unwrap();
+    assert_ne!(Some(sa), pod.service_account_name.as_deref());
+
+    let cr: &ClusterRole = named(all!(objs, ClusterRole), "dramesh-signer");
+    let mut got = BTreeSet::new();
+    for r in cr.rules.iter().flatten() {
+        for g in r.api_groups.iter().flatten() {
+            for res in r.resources.iter().flatten() {
+                for v in &r.verbs {
+                    got.insert((
+                        g.clone(),
+                        res.clone(),
+                        v.clone(),
+                        r.resource_names.clone().unwrap_or_default(),
+                    ));
+                }
+            }
+        }
+    }
+    let g = "certificates.k8s.io".to_string();
+    let mut want = BTreeSet::new();
+    for v in ["get", "list", "watch"] {
+        want.insert((g.clone(), "podcertificaterequests".into(), v.into(), vec![]));
+    }
+    for v in ["patch", "update"] {
+        want.insert((
+            g.clone(),
+            "podcertificaterequests/status".into(),
+            v.into(),
+            vec![],
+        ));
+    }
+    want.insert((
+        g.clone(),
+        "signers".into(),
+        "sign".into(),
+        requested.iter().map(|s| s.to_string()).collect(),
+    ));
+    assert_eq!(
+        got, want,
+        "the signer reads requests, writes their status, and signs only its own name"
+    );
+    let crb: &ClusterRoleBinding = named(all!(objs, ClusterRoleBinding), "dramesh-signer");
+    assert_eq!(crb.role_ref.name, "dramesh-signer");
+    let s = one(crb.subjects.iter().flatten().collect(), "subject");
+    assert_eq!((s.kind.as_str(), s.name.as_str()), ("ServiceAccount", sa));
+    assert_eq!(s.namespace, dep.metadata.namespace);
+
+    for m in ["member1", "member2", "member3"] {
+        let objs = checked(&format!("overlays/example/{m}"));
+        let dep: &Deployment = named(all!(objs, Deployment), "dramesh-signer");
+        let c = &dep
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap()
+            .containers[0];
+        assert_eq!(
+            flag_values(c, "--cluster"),
+            [m],
+            "{m}: the signer names its cluster"
+        );
+    }
+}
+
+#[test]
+fn hostpath_variant_reads_node_files_and_runs_no_signer() {
+    let objs = checked("agent-hostpath");
+    let ds: &DaemonSet = one(all!(objs, DaemonSet), "DaemonSet");
+    let pod = pod_spec_ds(ds);
+    let c = one(pod.containers.iter().collect(), "container");
+    assert_eq!(flag_values(c, "--mesh-cert"), ["/etc/dramesh/tls/tls.crt"]);
+    assert_eq!(flag_values(c, "--mesh-key"), ["/etc/dramesh/tls/tls.key"]);
+    assert_eq!(flag_values(c, "--mesh-ca"), ["/etc/dramesh/tls/ca.crt"]);
+    assert!(flag_values(c, "--mesh-credential-bundle").is_empty());
+    let tls = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "tls")
+        .unwrap();
+    assert!(tls.projected.is_none());
+    let hp = tls.host_path.as_ref().expect("hostPath");
+    assert_eq!(
+        (hp.path.as_str(), hp.type_.as_deref()),
+        ("/etc/dramesh/tls", Some("Directory"))
+    );
+    assert!(
+        all!(objs, Deployment).is_empty(),
+        "no signer without Pod Certificates"
+    );
+    assert!(
+        all!(objs, ClusterRole)
+            .iter()
+            .all(|r| r.metadata.name.as_deref() != Some("dramesh-signer"))
     );
 }

@@ -36,6 +36,9 @@
 //!   know). Cluster's CRD is not among the fixtures: Clusters are stored as written.
 //!   `events.k8s.io/v1` Events get the API server's field checks (required fields, `type`,
 //!   lengths, `note` at most 1 kB);
+//! - `certificates.k8s.io/v1beta1` PodCertificateRequests with the status rules a signer could
+//!   break (one final condition; a final status is immutable; `Issued` carries the chain and its
+//!   times) and `fieldSelector` on `spec.signerName`;
 //! - discovery as far as kube's `discovery::pinned_kind` needs it (`/api/v1`, `/apis/<g>/<v>`);
 //! - `POST /apis/authentication.k8s.io/v1/tokenreviews`: `authenticated: true` with the user
 //!   and groups of a token registered by [`FakeApi::add_token`], else `authenticated: false`
@@ -164,6 +167,14 @@ const RESOURCES: &[Res] = &[
         "Lease",
         true,
         false,
+        false,
+    ),
+    res(
+        "podcertificaterequests",
+        "certificates.k8s.io/v1beta1",
+        "PodCertificateRequest",
+        true,
+        true,
         false,
     ),
     res("deployments", "apps/v1", "Deployment", true, true, true),
@@ -419,7 +430,10 @@ fn parse_selector(s: Option<&String>) -> Result<Selector, String> {
         } else {
             return Err(format!("invalid field selector {part:?}"));
         };
-        if !matches!(f, "metadata.name" | "metadata.namespace" | "spec.nodeName") {
+        if !matches!(
+            f,
+            "metadata.name" | "metadata.namespace" | "spec.nodeName" | "spec.signerName"
+        ) {
             return Err(format!("field label not supported: {f}"));
         }
         out.push((f.to_string(), v.to_string(), neg));
@@ -431,6 +445,7 @@ fn field(v: &Value, f: &str) -> String {
     let x = match f {
         "metadata.name" => &v["metadata"]["name"],
         "metadata.namespace" => &v["metadata"]["namespace"],
+        "spec.signerName" => &v["spec"]["signerName"],
         _ => &v["spec"]["nodeName"],
     };
     x.as_str().unwrap_or("").to_string()
@@ -1105,6 +1120,11 @@ impl FakeApi {
                 m.remove("status");
             }
         }
+        if res.plural == "podcertificaterequests"
+            && let Err(message) = pcr_status_update(cur.as_ref(), &obj)
+        {
+            return fail(422, "Invalid", &message, &name);
+        }
         Self::stamp(&mut st, res, cur.as_ref(), &mut obj);
         let causes = Self::validate(res, &mut obj);
         if !causes.is_empty() {
@@ -1327,6 +1347,139 @@ fn qualified(res: Res) -> String {
         "" => res.plural.to_string(),
         g => format!("{}.{g}", res.plural),
     }
+}
+
+/// The API server's rules for a PodCertificateRequest's status that a signer could break: at
+/// most one of the final conditions `Issued`, `Denied`, `Failed` (status `True`), a final
+/// status never changes again, and an `Issued` one carries the chain and its three times.
+fn pcr_status_update(cur: Option<&Value>, new: &Value) -> Result<(), String> {
+    const FINAL: [&str; 3] = ["Issued", "Denied", "Failed"];
+    let finals = |v: &Value| -> Vec<String> {
+        v["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["type"].as_str())
+            .filter(|t| FINAL.contains(t))
+            .map(str::to_owned)
+            .collect()
+    };
+    let now = finals(new);
+    if now.len() > 1 {
+        return Err(format!(
+            "status.conditions: there may be at most one condition with type \"Issued\", \"Denied\", or \"Failed\" (got {now:?})"
+        ));
+    }
+    if let Some(cur) = cur
+        && !finals(cur).is_empty()
+        && cur.get("status") != new.get("status")
+    {
+        return Err(
+            "status: immutable after PodCertificateRequest is issued, denied, or failed".into(),
+        );
+    }
+    match now.first().map(String::as_str) {
+        Some("Issued") => pcr_issued(new),
+        Some(_) => {
+            for f in [
+                "certificateChain",
+                "notBefore",
+                "notAfter",
+                "beginRefreshAt",
+            ] {
+                if !new["status"][f].is_null() {
+                    return Err(format!(
+                        "status.{f}: non-condition status fields must be empty when denying or failing the PodCertificateRequest"
+                    ));
+                }
+            }
+            Ok(())
+        }
+        None => Ok(()),
+    }
+}
+
+/// The API server's checks of an `Issued` status against the request and the leaf
+/// certificate: issued to the requested key, times equal to the leaf's, `notBefore` within
+/// 5 minutes of now, a lifetime in `[1h, maxExpirationSeconds]`, `beginRefreshAt` in
+/// `[notBefore+10m, notAfter-10m]`.
+fn pcr_issued(new: &Value) -> Result<(), String> {
+    use x509_parser::prelude::FromDer as _;
+    let st = &new["status"];
+    let time = |f: &str| -> Result<i64, String> {
+        st[f]
+            .as_str()
+            .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+            .map(|t| t.as_second())
+            .ok_or_else(|| {
+                format!("status.{f}: Required value: must be present and consistent with the issued certificate")
+            })
+    };
+    let (nb, na, refresh) = (
+        time("notBefore")?,
+        time("notAfter")?,
+        time("beginRefreshAt")?,
+    );
+    let chain = st["certificateChain"].as_str().unwrap_or_default();
+    let (_, pem) = x509_parser::pem::parse_x509_pem(chain.as_bytes()).map_err(|_| {
+        "status.certificateChain: issued certificate chain must contain at least one certificate"
+            .to_string()
+    })?;
+    let (_, leaf) = x509_parser::parse_x509_certificate(&pem.contents).map_err(|_| {
+        "status.certificateChain: leaf certificate does not parse as valid X.509".to_string()
+    })?;
+    let bytes = |f: &str| -> Vec<u8> {
+        serde_json::from_value::<k8s_openapi::ByteString>(new["spec"][f].clone())
+            .map(|b| b.0)
+            .unwrap_or_default()
+    };
+    let csr = bytes("stubPKCS10Request");
+    let want = if csr.is_empty() {
+        bytes("pkixPublicKey")
+    } else {
+        x509_parser::certification_request::X509CertificationRequest::from_der(&csr)
+            .map(|(_, r)| r.certification_request_info.subject_pki.raw.to_vec())
+            .unwrap_or_default()
+    };
+    if leaf.public_key().raw != want.as_slice() {
+        return Err(
+            "status.certificateChain: leaf certificate was not issued to the requested public key"
+                .into(),
+        );
+    }
+    if nb != leaf.validity().not_before.timestamp() {
+        return Err(
+            "status.notBefore: must be set to the NotBefore time encoded in the leaf certificate"
+                .into(),
+        );
+    }
+    if na != leaf.validity().not_after.timestamp() {
+        return Err(
+            "status.notAfter: must be set to the NotAfter time encoded in the leaf certificate"
+                .into(),
+        );
+    }
+    if (nb - k8s_openapi::jiff::Timestamp::now().as_second()).abs() >= 300 {
+        return Err(
+            "status.notBefore: must be set to within 5 minutes of kube-apiserver's current time"
+                .into(),
+        );
+    }
+    let max = new["spec"]["maxExpirationSeconds"]
+        .as_i64()
+        .unwrap_or(86_400);
+    if na - nb < 3600 || na - nb > max {
+        return Err(format!(
+            "status.certificateChain: leaf certificate lifetime must be >= 1 hour and <= spec.maxExpirationSeconds ({max})"
+        ));
+    }
+    if refresh < nb + 600 || refresh > na - 600 {
+        return Err(
+            "status.beginRefreshAt: must be at least 10 minutes after status.notBefore and before status.notAfter"
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 /// Everything `metadata.generation` counts: the object without `metadata` and `status`.

@@ -161,6 +161,20 @@ pub fn issue_leaf(
     let ca_key = KeyPair::from_pem(&ca.key_pem).map_err(gen_err("CA key PEM"))?;
     let issuer = Issuer::from_ca_cert_pem(&ca.cert_pem, ca_key).map_err(gen_err("CA cert PEM"))?;
     let key = KeyPair::generate().map_err(gen_err(&what))?;
+    let mut params = leaf_params(identity)?;
+    set_validity(&mut params, valid_days);
+    let cert = params.signed_by(&key, &issuer).map_err(gen_err(&what))?;
+    Ok(LeafBundle {
+        identity: identity.clone(),
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    })
+}
+
+/// What every mesh leaf carries: the identity URI SAN (also the CommonName), the DNS SAN
+/// [`MESH_SERVER_NAME`], digital signature for both server and client authentication.
+fn leaf_params(identity: &PeerIdentity) -> Result<CertificateParams, CertError> {
+    let what = identity.uri();
     let mut params = CertificateParams::default();
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, what.as_str());
@@ -176,13 +190,43 @@ pub fn issue_leaf(
         ExtendedKeyUsagePurpose::ClientAuth,
     ];
     params.use_authority_key_identifier_extension = true;
-    set_validity(&mut params, valid_days);
+    Ok(params)
+}
+
+/// Checks that `ca` can sign: its certificate and key parse and the key is of a kind rcgen
+/// signs with.
+pub fn check_ca(ca: &CaBundle) -> Result<(), CertError> {
+    let ca_key = KeyPair::from_pem(&ca.key_pem).map_err(gen_err("CA key PEM"))?;
+    Issuer::from_ca_cert_pem(&ca.cert_pem, ca_key).map_err(gen_err("CA cert PEM"))?;
+    Ok(())
+}
+
+/// Issues a mesh leaf for `identity` to a public key whose private key is held elsewhere (a
+/// Pod Certificates request: the kubelet keeps the key), signed by `ca` and valid exactly from
+/// `not_before` to `not_after` (Unix seconds; the API checks both against the certificate).
+/// `spki_der` is the requester's DER SubjectPublicKeyInfo. Returns the leaf, PEM.
+pub fn issue_leaf_for_key(
+    ca: &CaBundle,
+    identity: &PeerIdentity,
+    spki_der: &[u8],
+    not_before: i64,
+    not_after: i64,
+) -> Result<String, CertError> {
+    let what = identity.uri();
+    let ca_key = KeyPair::from_pem(&ca.key_pem).map_err(gen_err("CA key PEM"))?;
+    let issuer = Issuer::from_ca_cert_pem(&ca.cert_pem, ca_key).map_err(gen_err("CA cert PEM"))?;
+    let key = rcgen::SubjectPublicKeyInfo::from_der(spki_der).map_err(gen_err(&what))?;
+    let mut params = leaf_params(identity)?;
+    let at = |secs: i64| {
+        time::OffsetDateTime::from_unix_timestamp(secs).map_err(|e| CertError::Generate {
+            what: what.clone(),
+            source: rcgen::Error::X509(format!("validity time {secs}: {e}")),
+        })
+    };
+    params.not_before = at(not_before)?;
+    params.not_after = at(not_after)?;
     let cert = params.signed_by(&key, &issuer).map_err(gen_err(&what))?;
-    Ok(LeafBundle {
-        identity: identity.clone(),
-        cert_pem: cert.pem(),
-        key_pem: key.serialize_pem(),
-    })
+    Ok(cert.pem())
 }
 
 fn write(path: &Path, contents: &str, private: bool) -> Result<(), CertError> {

@@ -97,6 +97,14 @@ pub enum NodeError {
     /// The certificate's key cannot sign, or the CA cannot verify, signed heads.
     #[error(transparent)]
     Signing(#[from] crate::signing::SigningError),
+    /// A rotated credential names another identity than the running node's.
+    #[error("rotated certificate is for {to}, but this node is {from}")]
+    IdentityChanged {
+        /// The node's identity.
+        from: PeerIdentity,
+        /// The identity the new certificate names.
+        to: PeerIdentity,
+    },
 }
 
 /// A remote change the node applied.
@@ -246,6 +254,8 @@ enum Event {
 /// Handle to a running node.
 pub struct MeshHandle {
     identity: PeerIdentity,
+    transport_config: TransportConfig,
+    client: Arc<Mutex<quinn::ClientConfig>>,
     local_addr: SocketAddr,
     endpoint: quinn::Endpoint,
     socket: Option<transport::SocketWatch>,
@@ -310,8 +320,13 @@ impl MeshHandle {
                 .map_err(NodeError::Thread)?
         };
         let mut tasks = JoinSet::new();
+        let client = Arc::new(Mutex::new(transport::client_config(
+            &config.identity,
+            &config.transport,
+        )?));
         let ctx = Ctx {
             endpoint: endpoint.clone(),
+            client: client.clone(),
             events: events_tx.clone(),
             shared: shared.clone(),
             transport: config.transport.clone(),
@@ -337,6 +352,8 @@ impl MeshHandle {
         info!(%identity, %local_addr, "mesh node started");
         Ok(MeshHandle {
             identity,
+            transport_config: config.transport.clone(),
+            client,
             local_addr,
             endpoint,
             socket: Some(socket),
@@ -346,6 +363,31 @@ impl MeshHandle {
             tasks,
             driver: Some(driver),
         })
+    }
+
+    /// Switches to a renewed certificate and key of the same identity (a rotated credential
+    /// file): connections accepted or dialed from now on present it, established ones keep the
+    /// one they were made with until they close, and changes written from now on are signed
+    /// with the new key. Refused, changing nothing, if it names another identity.
+    pub fn rotate_identity<S: DocStore>(
+        &self,
+        id: &TlsIdentity,
+        store: &Mutex<S>,
+    ) -> Result<(), NodeError> {
+        if id.identity != self.identity {
+            return Err(NodeError::IdentityChanged {
+                from: self.identity.clone(),
+                to: id.identity.clone(),
+            });
+        }
+        let server = transport::server_config(id, &self.transport_config)?;
+        let client = transport::client_config(id, &self.transport_config)?;
+        let trust = crate::signing::trust(id)?;
+        lock(store).set_trust(trust);
+        self.endpoint.set_server_config(Some(server));
+        *lock(&self.client) = client;
+        info!(identity = %self.identity, "mesh certificate rotated");
+        Ok(())
     }
 
     /// This node's identity.
@@ -706,6 +748,8 @@ fn peer_statuses(protocol: &Protocol, conns: &HashMap<ConnId, ConnEntry>) -> Vec
 #[derive(Clone)]
 struct Ctx {
     endpoint: quinn::Endpoint,
+    /// What dials present; replaced when the certificate rotates.
+    client: Arc<Mutex<quinn::ClientConfig>>,
     events: mpsc::Sender<Event>,
     shared: Arc<Shared>,
     transport: TransportConfig,
@@ -1059,9 +1103,10 @@ type Dialed = (
 );
 
 async fn dial_once(ctx: &Ctx, addr: SocketAddr) -> Result<Dialed, DialError> {
+    let client = lock(&ctx.client).clone();
     let connecting = ctx
         .endpoint
-        .connect(addr, MESH_SERVER_NAME)
+        .connect_with(client, addr, MESH_SERVER_NAME)
         .map_err(|e| DialError::Other(e.to_string()))?;
     let connection = tokio::time::timeout(ctx.transport.connect_timeout, connecting)
         .await

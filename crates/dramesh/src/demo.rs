@@ -367,6 +367,7 @@ pub(crate) async fn run(serve: bool, tls: crate::apiauth::TlsArgs) -> anyhow::Re
                 metrics: None,
                 http: Default::default(),
                 rejoin: false,
+                credentials: None,
             })
             .await?,
         );

@@ -221,12 +221,22 @@ enum Command {
         listen: String,
         #[arg(long)]
         data_dir: PathBuf,
-        #[arg(long)]
-        mesh_cert: PathBuf,
-        #[arg(long)]
-        mesh_key: PathBuf,
+        /// Certificate chain file (with --mesh-key), e.g. a node's hostPath tls.crt.
+        #[arg(long, requires = "mesh_key")]
+        mesh_cert: Option<PathBuf>,
+        /// Private key file (with --mesh-cert).
+        #[arg(long, requires = "mesh_cert")]
+        mesh_key: Option<PathBuf>,
+        /// The kubelet's Pod Certificates credential bundle (the private key, then the chain
+        /// the dramesh signer issued), instead of --mesh-cert and --mesh-key.
+        #[arg(long, conflicts_with_all = ["mesh_cert", "mesh_key"], required_unless_present = "mesh_cert")]
+        mesh_credential_bundle: Option<PathBuf>,
         #[arg(long)]
         mesh_ca: PathBuf,
+        /// Seconds between reads of the credential files: a rotated certificate is used for
+        /// new connections without a restart (0: never read again).
+        #[arg(long, default_value_t = 60)]
+        mesh_reload_secs: u64,
         /// Serve Prometheus /metrics on this TCP address (the agent has no other HTTP listener).
         #[arg(long)]
         metrics: Option<String>,
@@ -243,6 +253,35 @@ enum Command {
         /// `dramesh retire` comes back (replicas refuse what was published before).
         #[arg(long)]
         rejoin: bool,
+    },
+    /// Run the Pod Certificates signer of a member cluster: issues each agent pod the identity
+    /// dramesh://cluster/<cluster>/agent/<node> of the node the API server attests.
+    Signer {
+        /// Member cluster named in every identity.
+        #[arg(long)]
+        cluster: String,
+        /// Signer name the agent DaemonSet's podCertificate volume requests.
+        #[arg(long, default_value = "dramesh.io/agent")]
+        signer_name: String,
+        /// Namespace of the agent DaemonSet.
+        #[arg(long, default_value = "dramesh-system")]
+        agent_namespace: String,
+        /// Service account of the agent DaemonSet.
+        #[arg(long, default_value = "dramesh-agent")]
+        agent_service_account: String,
+        /// Signing CA certificate (PEM; intermediates up to the mesh CA may follow it).
+        #[arg(long)]
+        ca_cert: PathBuf,
+        /// Signing CA private key (PEM).
+        #[arg(long)]
+        ca_key: PathBuf,
+        /// Longest certificate lifetime in seconds (shortened to a request's
+        /// maxExpirationSeconds; at least 3600).
+        #[arg(long, default_value_t = 86_400)]
+        lifetime_secs: i64,
+        /// OTLP/gRPC collector for spans (http://host:4317); default $OTEL_EXPORTER_OTLP_ENDPOINT, else no export.
+        #[arg(long)]
+        otlp_endpoint: Option<String>,
     },
     /// Retire a member cluster from the fleet: every replica drops its data, now and after
     /// partitions heal and restarts, until one of its agents starts with --rejoin.
@@ -639,7 +678,9 @@ fn main() -> ExitCode {
             data_dir,
             mesh_cert,
             mesh_key,
+            mesh_credential_bundle,
             mesh_ca,
+            mesh_reload_secs,
             metrics,
             max_http_connections,
             header_timeout,
@@ -653,7 +694,20 @@ fn main() -> ExitCode {
                 otlp_endpoint,
             ),
             async move {
+                let (mesh_cert, mesh_key) = match (mesh_credential_bundle, mesh_cert, mesh_key) {
+                    (Some(bundle), None, None) => (bundle.clone(), bundle),
+                    (None, Some(cert), Some(key)) => (cert, key),
+                    _ => anyhow::bail!(
+                        "give --mesh-credential-bundle, or both --mesh-cert and --mesh-key"
+                    ),
+                };
                 let identity = dramesh_mesh::certs::load_identity(&mesh_cert, &mesh_key, &mesh_ca)?;
+                let credentials = (mesh_reload_secs > 0).then(|| dramesh_agent::CredentialFiles {
+                    cert: mesh_cert.clone(),
+                    key: mesh_key.clone(),
+                    ca: mesh_ca.clone(),
+                    every: Duration::from_secs(mesh_reload_secs),
+                });
                 let want = dramesh_mesh::PeerIdentity::Agent {
                     cluster: cluster.clone(),
                     node: agent_name.clone(),
@@ -701,11 +755,53 @@ fn main() -> ExitCode {
                         header_timeout: Duration::from_secs(header_timeout.max(1)),
                     },
                     rejoin,
+                    credentials,
                 })
                 .await?;
                 shutdown_signal().await;
                 stop_within("agent", a.shutdown()).await;
                 Ok(())
+            },
+        ),
+        Command::Signer {
+            cluster,
+            signer_name,
+            agent_namespace,
+            agent_service_account,
+            ca_cert,
+            ca_key,
+            lifetime_secs,
+            otlp_endpoint,
+        } => daemon(
+            telemetry("dramesh-signer", cluster.clone(), "info", otlp_endpoint),
+            async move {
+                let read = |p: &PathBuf| {
+                    std::fs::read_to_string(p)
+                        .map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()))
+                };
+                let ca = dramesh_agent::signer::signing_ca(
+                    &read(&ca_cert)?,
+                    &read(&ca_key)?,
+                    &ca_cert.display().to_string(),
+                )?;
+                if !dramesh_store::valid_segment(&cluster) {
+                    anyhow::bail!("--cluster {cluster:?} is not a valid identity segment");
+                }
+                let config = dramesh_agent::signer::SignerConfig {
+                    policy: dramesh_agent::signer::SignerPolicy {
+                        signer_name,
+                        cluster,
+                        namespace: agent_namespace,
+                        service_account: agent_service_account,
+                        lifetime_secs: lifetime_secs.max(dramesh_agent::signer::MIN_LIFETIME_SECS),
+                    },
+                    ca,
+                    retry_every: Duration::from_secs(5),
+                };
+                tokio::select! {
+                    r = dramesh_agent::signer::run_with_default_client(config) => r,
+                    () = shutdown_signal() => Ok(()),
+                }
             },
         ),
         Command::Retire {

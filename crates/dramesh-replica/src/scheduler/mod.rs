@@ -14,7 +14,8 @@
 //!   the status patch, the Events (on the binding and its resource template).
 //! - **Conflicts.** Every write is conditional on the version read. A conflicting spec write
 //!   re-reads the binding and plans again; a conflicting status write re-reads and recomputes
-//!   the status patch against the fresh binding (Karmada's `RetryOnConflict`). At most
+//!   the status patch against the fresh binding (Karmada's `RetryOnConflict`) while its
+//!   generation is the one decided on, and plans again once it moved on. At most
 //!   [`MAX_ATTEMPTS`] tries, then the binding backs off as an error. Nothing is overwritten.
 //! - **No double-booking across replicas.** Before writing a decision, the replicas it adds
 //!   to each dramesh-reported cluster are written as this replica's reservations (creator
@@ -779,20 +780,29 @@ impl Loop {
                 Err(e) => return Err(WriteError::Failed(e.to_string())),
             }
         }
+        // The status describes a decision for this generation. Recomputed on a binding whose
+        // spec moved on meanwhile (another replica's decision, a scale), it would put a stale
+        // verdict over a newer one: plan again instead.
+        let basis = current.meta().generation;
         let decision = decision.clone();
-        self.write_status(kind, &current, move |fresh| {
-            decision
-                .patches(fresh, &at)
-                .into_iter()
-                .filter(|p| p.status)
-                .collect()
-        })
-        .await
-        .map(|(o, mut more)| {
-            written.append(&mut more);
-            (o, written)
-        })
-        .map_err(WriteError::Failed)
+        let (o, mut more) = self
+            .write_status(kind, &current, move |fresh| {
+                if basis.is_some_and(|g| g != fresh.metadata.generation) {
+                    return Vec::new();
+                }
+                decision
+                    .patches(fresh, &at)
+                    .into_iter()
+                    .filter(|p| p.status)
+                    .collect()
+            })
+            .await
+            .map_err(WriteError::Failed)?;
+        if basis.is_some() && o.meta().generation != basis {
+            return Err(WriteError::Conflict(o));
+        }
+        written.append(&mut more);
+        Ok((o, written))
     }
 
     /// Remembers the versions this loop wrote on its way to the last one: their watch

@@ -483,6 +483,15 @@ impl FakeApi {
         api
     }
 
+    /// A kubeconfig (YAML text) whose current context points at this server with a bearer
+    /// token, for code under test that reads kubeconfig files.
+    pub fn kubeconfig(&self) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: fake\nclusters:\n- name: fake\n  cluster:\n    server: {}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: tester\nusers:\n- name: tester\n  user:\n    token: t\n",
+            self.url
+        )
+    }
+
     /// A kube client for this server.
     pub fn client(&self) -> kube::Client {
         let cfg = kube::Config::new(self.url.parse().unwrap());

@@ -93,14 +93,7 @@ async fn kubeconfig_errors_name_the_file() {
     let fake = FakeApi::start().await;
     fake.apply(binding("ml", "rb", ME));
     let good = dir.path().join("karmada.yaml");
-    std::fs::write(
-        &good,
-        format!(
-            "apiVersion: v1\nkind: Config\ncurrent-context: karmada\nclusters:\n- name: karmada\n  cluster:\n    server: {}\ncontexts:\n- name: karmada\n  context:\n    cluster: karmada\n    user: sched\nusers:\n- name: sched\n  user:\n    token: t\n",
-            fake.url
-        ),
-    )
-    .unwrap();
+    std::fs::write(&good, fake.kubeconfig()).unwrap();
     let c = KarmadaClient::from_kubeconfig(&good, KarmadaOptions::new(ME, "r"))
         .await
         .unwrap();
@@ -546,14 +539,7 @@ async fn a_failing_watch_says_why() {
 /// A client made from a kubeconfig for `fake` (the replica's path), with `limits`.
 async fn bounded_client(fake: &FakeApi, dir: &std::path::Path, limits: Limits) -> KarmadaClient {
     let path = dir.join("karmada.yaml");
-    std::fs::write(
-        &path,
-        format!(
-            "apiVersion: v1\nkind: Config\ncurrent-context: karmada\nclusters:\n- name: karmada\n  cluster:\n    server: {}\ncontexts:\n- name: karmada\n  context:\n    cluster: karmada\n    user: sched\nusers:\n- name: sched\n  user:\n    token: t\n",
-            fake.url
-        ),
-    )
-    .unwrap();
+    std::fs::write(&path, fake.kubeconfig()).unwrap();
     let mut opts = KarmadaOptions::new(ME, "r");
     opts.limits = limits;
     KarmadaClient::from_kubeconfig(&path, opts).await.unwrap()

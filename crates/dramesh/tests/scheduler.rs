@@ -134,14 +134,7 @@ async fn replicas_with_the_scheduler_role_schedule_bindings_that_name_them() {
 /// A kubeconfig for `fake` written to `tmp/karmada.yaml`; returns its path.
 fn write_kubeconfig(tmp: &Path, fake: &FakeApi) -> String {
     let kubeconfig = tmp.join("karmada.yaml");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\ncurrent-context: karmada\nclusters:\n- name: karmada\n  cluster:\n    server: {}\ncontexts:\n- name: karmada\n  context:\n    cluster: karmada\n    user: sched\nusers:\n- name: sched\n  user:\n    token: t\n",
-            fake.url
-        ),
-    )
-    .expect("kubeconfig");
+    std::fs::write(&kubeconfig, fake.kubeconfig()).expect("kubeconfig");
     kubeconfig.display().to_string()
 }
 
@@ -406,6 +399,27 @@ fn decided(b: &Value) -> bool {
     }
 }
 
+/// Asserts the binding's `Scheduled` condition is a success.
+fn assert_success(b: &Value) {
+    assert_eq!(
+        scheduled(b).map(|c| &c["reason"]),
+        Some(&json!("Success")),
+        "{b:#}"
+    );
+}
+
+/// Asserts every cluster of `assigned` holds replicas (one A100 each), no more than its free
+/// A100s (so none where the claim fits no device).
+fn assert_within_free(what: &str, assigned: &BTreeMap<String, i64>) {
+    for (c, n) in assigned {
+        assert!(
+            *n > 0 && *n <= free_gpus(c),
+            "{what}: {n} replicas on {c}, whose free A100s are {}: {assigned:?}",
+            free_gpus(c)
+        );
+    }
+}
+
 /// `spec.clusters` as cluster → replicas.
 fn assigned(b: &Value) -> BTreeMap<String, i64> {
     b["spec"]["clusters"]
@@ -492,20 +506,10 @@ async fn a_dra_workload_lands_where_its_devices_fit_keeps_its_clusters_and_leave
     let got = settle(&m.fake, &names, "train and misfit decided", limit, |_| true).await;
 
     let train = &got["train"];
-    assert_eq!(
-        scheduled(train).map(|c| &c["reason"]),
-        Some(&json!("Success")),
-        "{train:#}"
-    );
+    assert_success(train);
     let first = assigned(train);
     assert_eq!(first.values().sum::<i64>(), 3, "{train:#}");
-    for (c, n) in &first {
-        assert!(
-            *n <= free_gpus(c) && *n > 0,
-            "train got {n} replicas on {c}, whose free A100s are {}: {first:?}",
-            free_gpus(c)
-        );
-    }
+    assert_within_free("train", &first);
     let misfit = &got["misfit"];
     let cond = scheduled(misfit).expect("condition");
     assert_eq!(cond["status"], "False", "{misfit:#}");
@@ -528,11 +532,7 @@ async fn a_dra_workload_lands_where_its_devices_fit_keeps_its_clusters_and_leave
     })
     .await;
     let train = &got["train"];
-    assert_eq!(
-        scheduled(train).map(|c| &c["reason"]),
-        Some(&json!("Success")),
-        "{train:#}"
-    );
+    assert_success(train);
     let scaled = assigned(train);
     for (c, n) in &first {
         assert!(
@@ -540,13 +540,7 @@ async fn a_dra_workload_lands_where_its_devices_fit_keeps_its_clusters_and_leave
             "scale up moved replicas away from {c}: {first:?} became {scaled:?}"
         );
     }
-    for (c, n) in &scaled {
-        assert!(
-            *n <= free_gpus(c),
-            "train got {n} replicas on {c}, whose free A100s are {}: {scaled:?}",
-            free_gpus(c)
-        );
-    }
+    assert_within_free("train scaled", &scaled);
 
     // The cluster holding most of `train` turns NotReady: its replicas move to the other
     // fitting cluster, which has room for all six.
@@ -566,11 +560,7 @@ async fn a_dra_workload_lands_where_its_devices_fit_keeps_its_clusters_and_leave
     )
     .await;
     let train = &got["train"];
-    assert_eq!(
-        scheduled(train).map(|c| &c["reason"]),
-        Some(&json!("Success")),
-        "{train:#}"
-    );
+    assert_success(train);
     assert_eq!(
         assigned(train),
         BTreeMap::from([(other.to_string(), 6)]),

@@ -9,7 +9,8 @@
 //!    [`dramesh_model::load::decode_value`], which re-encodes the value and reports any field
 //!    the type dropped as `unknown field`. cert-manager kinds, absent from `k8s-openapi`, are
 //!    decoded into the hand-written schema in [`certmanager`], which rejects unknown fields
-//!    too. A kind with no typed schema here is an error.
+//!    too; Karmada kinds are checked against Karmada's CRD schemas ([`karmada`]). A kind with
+//!    no typed schema here is an error.
 //!
 //! Every error is a [`LoadError`] naming the source file, the object and the field; a
 //! kustomize error names the kustomization file and carries kustomize's message.
@@ -18,6 +19,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod certmanager;
+pub mod karmada;
 mod render;
 mod typed;
 

@@ -13,9 +13,10 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBind
 
 use dramesh_model::load::{FieldError, decode_value};
 use dramesh_model::{LoadError, Source};
+use serde_json::Value;
 
-use crate::certmanager;
 use crate::render::Resource;
+use crate::{certmanager, karmada};
 
 /// A rendered object decoded into its type (one variant per entry of [`KNOWN_KINDS`]).
 #[derive(Debug, Clone, PartialEq)]
@@ -50,6 +51,10 @@ pub enum Typed {
     Issuer(Box<certmanager::Issuer>),
     /// A `certmanager::Certificate`.
     Certificate(Box<certmanager::Certificate>),
+    /// A Karmada `PropagationPolicy`, as the API server would store it (CRD defaults filled).
+    PropagationPolicy(Box<Value>),
+    /// A Karmada `ClusterPropagationPolicy`, as the API server would store it.
+    ClusterPropagationPolicy(Box<Value>),
 }
 
 /// A decoded object and where it came from.
@@ -62,7 +67,7 @@ pub struct Checked {
 }
 
 /// The `(apiVersion, kind)` pairs [`decode`] accepts.
-pub const KNOWN_KINDS: [(&str, &str); 15] = [
+pub const KNOWN_KINDS: [(&str, &str); 17] = [
     ("v1", "Namespace"),
     ("v1", "ServiceAccount"),
     ("v1", "Service"),
@@ -78,6 +83,8 @@ pub const KNOWN_KINDS: [(&str, &str); 15] = [
     ("policy/v1", "PodDisruptionBudget"),
     (certmanager::API_VERSION, "Issuer"),
     (certmanager::API_VERSION, "Certificate"),
+    (karmada::KARMADA_KINDS[0].0, karmada::KARMADA_KINDS[0].1),
+    (karmada::KARMADA_KINDS[1].0, karmada::KARMADA_KINDS[1].1),
 ];
 
 fn typed<T, F>(r: &Resource, wrap: F) -> Result<Typed, FieldError>
@@ -86,6 +93,24 @@ where
     F: FnOnce(Box<T>) -> Typed,
 {
     decode_value::<T>(r.value.clone()).map(|o| wrap(Box::new(o)))
+}
+
+/// A Karmada kind of [`KNOWN_KINDS`], checked against its CRD.
+fn karmada_typed(r: &Resource) -> Result<Typed, FieldError> {
+    let Some(checked) = karmada::validate(r.api_version(), r.kind(), &r.value) else {
+        return Err(FieldError {
+            field: "kind".into(),
+            message: format!(
+                "{}/{} is not a Karmada kind checked here",
+                r.api_version(),
+                r.kind()
+            ),
+        });
+    };
+    checked.map(|v| match r.kind() {
+        "ClusterPropagationPolicy" => Typed::ClusterPropagationPolicy(Box::new(v)),
+        _ => Typed::PropagationPolicy(Box::new(v)),
+    })
 }
 
 /// Decodes one rendered object strictly.
@@ -117,6 +142,11 @@ pub fn decode(r: &Resource) -> Result<Checked, LoadError> {
                 c.validate()?;
                 Ok(Typed::Certificate(Box::new(c)))
             })
+        }
+        (api_version, "PropagationPolicy" | "ClusterPropagationPolicy")
+            if api_version == karmada::KARMADA_KINDS[0].0 =>
+        {
+            karmada_typed(r)
         }
         (api_version, kind) => Err(FieldError {
             field: "kind".into(),

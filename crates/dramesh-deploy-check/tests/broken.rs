@@ -363,3 +363,57 @@ fn a_typo_in_a_copy_of_the_real_replica_manifests_is_caught() {
     );
     assert_eq!(e.field.as_deref(), Some("spec.servicename"));
 }
+
+#[test]
+fn a_mistake_in_a_copy_of_the_scheduler_policy_example_fails_karmadas_crd() {
+    if !dramesh_deploy_check::karmada::crds_available() {
+        eprintln!(
+            "skipped: ../shared/fixtures/karmada/crds is absent, Karmada objects cannot be checked"
+        );
+        return;
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../deploy/overlays/example/scheduler-policy");
+    let text = std::fs::read_to_string(src.join("propagationpolicy.yaml")).unwrap();
+    let kust = std::fs::read_to_string(src.join("kustomization.yaml")).unwrap();
+    let copy = |policy: &str| {
+        let t = tempfile::tempdir().unwrap();
+        let file = write(t.path(), "propagationpolicy.yaml", policy);
+        write(t.path(), "kustomization.yaml", &kust);
+        (t, file)
+    };
+    let (t, _) = copy(&text);
+    assert!(check(t.path()).is_ok(), "the unmodified copy is valid");
+    let cases = [
+        // A misspelt field the API server would prune: the policy would reach karmada-scheduler.
+        ("schedulerName:", "schedulerNmae:", "spec.schedulerNmae"),
+        (
+            "replicaSchedulingType: Divided",
+            "replicaSchedulingType: Split",
+            "spec.placement.replicaScheduling.replicaSchedulingType",
+        ),
+        (
+            "dynamicWeight: AvailableReplicas",
+            "dynamicWeight: Available",
+            "spec.placement.replicaScheduling.weightPreference.dynamicWeight",
+        ),
+        (
+            "      name: train",
+            "      nmae: train",
+            "spec.resourceSelectors[0].nmae",
+        ),
+    ];
+    for (from, to, field) in cases {
+        let broken = text.replacen(from, to, 1);
+        assert_ne!(text, broken, "{from} is in the example");
+        let (t, file) = copy(&broken);
+        let e = expect_err(t.path());
+        assert_eq!(e.file, file, "{e}");
+        assert_eq!(
+            e.object.as_deref(),
+            Some("PropagationPolicy ml/gpu-training"),
+            "{e}"
+        );
+        assert_eq!(e.field.as_deref(), Some(field), "{e}");
+    }
+}

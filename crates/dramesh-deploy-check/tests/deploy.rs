@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use dramesh_deploy_check::certmanager::{Certificate, Issuer};
-use dramesh_deploy_check::{Checked, Typed, check, kustomization_dirs, render};
+use dramesh_deploy_check::{Checked, Typed, check, karmada, kustomization_dirs, render};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{Container, PodSpec, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -147,10 +147,23 @@ fn every_kustomization_renders_and_decodes() {
         "overlays/example/member1",
         "overlays/example/member2",
         "overlays/example/member3",
+        "overlays/example/scheduler-policy",
     ] {
         assert!(rel.contains(want), "missing kustomization {want}: {rel:?}");
     }
     for dir in &dirs {
+        let karmada_objects = render(dir).unwrap().iter().any(|r| {
+            karmada::KARMADA_KINDS
+                .iter()
+                .any(|(v, k, _)| r.api_version() == *v && r.kind() == *k)
+        });
+        if karmada_objects && !karmada::crds_available() {
+            eprintln!(
+                "skipped {}: ../shared/fixtures/karmada/crds is absent, Karmada objects cannot be checked",
+                dir.display()
+            );
+            continue;
+        }
         let objs = check(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         assert!(!objs.is_empty(), "{} renders to nothing", dir.display());
     }
@@ -1111,4 +1124,24 @@ fn hostpath_variant_reads_node_files_and_runs_no_signer() {
             .iter()
             .all(|r| r.metadata.name.as_deref() != Some("dramesh-signer"))
     );
+}
+
+#[test]
+fn the_scheduler_policy_example_routes_to_dramesh_and_passes_karmadas_crd() {
+    if !karmada::crds_available() {
+        eprintln!(
+            "skipped: ../shared/fixtures/karmada/crds is absent, Karmada objects cannot be checked"
+        );
+        return;
+    }
+    let objs = checked("overlays/example/scheduler-policy");
+    let pp = one(all!(objs, PropagationPolicy), "PropagationPolicy");
+    // The name the replica's --scheduler-name defaults to.
+    assert_eq!(pp["spec"]["schedulerName"], "dramesh-scheduler", "{pp:#}");
+    assert_eq!(
+        pp["spec"]["placement"]["replicaScheduling"]["replicaSchedulingType"],
+        "Divided"
+    );
+    // The CRD's defaults were applied: the schema, not just the YAML, was checked.
+    assert_eq!(pp["spec"]["conflictResolution"], "Abort", "{pp:#}");
 }

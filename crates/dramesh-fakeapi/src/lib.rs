@@ -16,7 +16,9 @@
 //!   the requested version has been compacted away;
 //! - test controls: [`FakeApi::drop_watches`] cuts every open watch mid-chunk (an abrupt
 //!   close after half an event line), [`FakeApi::compact`] forgets the event log,
-//!   [`FakeApi::conflict_next_writes`] makes the next writes to an object answer 409, and
+//!   [`FakeApi::conflict_next_writes`] makes the next writes to an object answer 409,
+//!   [`FakeApi::apply_before_next_write`] lets another writer change an object just before
+//!   the next write to it, and
 //!   [`FakeApi::writes`] reads back every write request in order;
 //! - single-object GET/POST/PUT/PATCH with `resourceVersion` optimistic concurrency: 409
 //!   Conflict (a `Status` with reason `Conflict`) when the body's `metadata.resourceVersion`
@@ -326,6 +328,8 @@ struct St {
     writes: Vec<Write>,
     /// Writes to these objects still to be refused with 409 Conflict.
     conflicts: BTreeMap<(ResId, ObjKey), u32>,
+    /// Objects stored just before the next write to them is looked at.
+    before_write: BTreeMap<(ResId, ObjKey), Value>,
     /// Counter for `uid`s (unique across deletions and re-creations).
     uids: u64,
 }
@@ -494,6 +498,15 @@ impl FakeApi {
             }
         });
         api
+    }
+
+    /// A kubeconfig (YAML text) whose current context points at this server with a bearer
+    /// token, for code under test that reads kubeconfig files.
+    pub fn kubeconfig(&self) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: fake\nclusters:\n- name: fake\n  cluster:\n    server: {}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: tester\nusers:\n- name: tester\n  user:\n    token: t\n",
+            self.url
+        )
     }
 
     /// A kube client for this server.
@@ -685,6 +698,16 @@ impl FakeApi {
         let res = res_by_kind(kind);
         let key = (ns.unwrap_or("").to_string(), name.to_string());
         self.lock().conflicts.insert((res.id(), key), n);
+    }
+
+    /// Stores `obj` (as [`FakeApi::apply`] would) just before the next write to the same
+    /// object is looked at, as when another writer got there first: that write then meets
+    /// the new `resourceVersion`.
+    pub fn apply_before_next_write(&self, obj: Value) {
+        let kind = obj["kind"].as_str().unwrap_or_default();
+        let res = res_by_gvk(obj["apiVersion"].as_str().unwrap_or_default(), kind);
+        let key = key_of(&obj);
+        self.lock().before_write.insert((res.id(), key), obj);
     }
 
     /// Every write request (POST, PUT, PATCH) received so far, in order, with the answer's code.
@@ -1019,6 +1042,16 @@ impl FakeApi {
             .unwrap_or_default();
         let key = (op.ns.unwrap_or("").to_string(), name.clone());
         let mut st = self.lock();
+        if let Some(other) = st.before_write.remove(&(res.id(), key.clone())) {
+            drop(st);
+            if let Err(status) = self.try_apply(other) {
+                eprintln!(
+                    "fake api: apply before write refused: {}",
+                    status["message"]
+                );
+            }
+            st = self.lock();
+        }
         let cur = st.objects.get(&res.id()).and_then(|m| m.get(&key)).cloned();
         let mut obj = match (&cur, op.method.clone()) {
             (Some(_), Method::POST) => {

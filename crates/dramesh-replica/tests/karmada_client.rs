@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use dramesh_fakeapi::FakeApi;
 use dramesh_replica::karmada::{
-    BindingRef, Change, EventNote, KarmadaClient, KarmadaError, KarmadaOptions, Kind, TemplateRef,
-    Watch,
+    BindingRef, Change, EventNote, KarmadaClient, KarmadaError, KarmadaOptions, Kind, Limits,
+    TemplateRef, Watch,
 };
 use serde_json::{Value, json};
 
@@ -93,14 +93,7 @@ async fn kubeconfig_errors_name_the_file() {
     let fake = FakeApi::start().await;
     fake.apply(binding("ml", "rb", ME));
     let good = dir.path().join("karmada.yaml");
-    std::fs::write(
-        &good,
-        format!(
-            "apiVersion: v1\nkind: Config\ncurrent-context: karmada\nclusters:\n- name: karmada\n  cluster:\n    server: {}\ncontexts:\n- name: karmada\n  context:\n    cluster: karmada\n    user: sched\nusers:\n- name: sched\n  user:\n    token: t\n",
-            fake.url
-        ),
-    )
-    .unwrap();
+    std::fs::write(&good, fake.kubeconfig()).unwrap();
     let c = KarmadaClient::from_kubeconfig(&good, KarmadaOptions::new(ME, "r"))
         .await
         .unwrap();
@@ -541,4 +534,113 @@ async fn a_failing_watch_says_why() {
     let e = c.get(Kind::Cluster, None, "m1").await.err().unwrap();
     assert!(e.to_string().starts_with("Cluster m1"), "{e}");
     assert_eq!(e.status(), None);
+}
+
+/// A client made from a kubeconfig for `fake` (the replica's path), with `limits`.
+async fn bounded_client(fake: &FakeApi, dir: &std::path::Path, limits: Limits) -> KarmadaClient {
+    let path = dir.join("karmada.yaml");
+    std::fs::write(&path, fake.kubeconfig()).unwrap();
+    let mut opts = KarmadaOptions::new(ME, "r");
+    opts.limits = limits;
+    KarmadaClient::from_kubeconfig(&path, opts).await.unwrap()
+}
+
+/// `obj` with an annotation of `bytes` bytes.
+fn padded(mut obj: Value, bytes: usize) -> Value {
+    obj["metadata"]["annotations"] = json!({"example.com/padding": "x".repeat(bytes)});
+    obj
+}
+
+/// Polls `w.failing()` (at most 10 s) until it holds `want`; returns it.
+async fn failing_with(w: &Watch, want: &str) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(why) = w.failing().filter(|m| m.contains(want)) {
+            return why;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the watch is not failing with {want:?}: {:?}",
+            w.failing()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn answers_past_their_size_bound_fail_naming_the_object_and_the_bound() {
+    let fake = FakeApi::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let limits = Limits {
+        object: 64 << 10,
+        list: 1 << 20,
+    };
+    let c = bounded_client(&fake, dir.path(), limits).await;
+    fake.apply(cluster("small", true));
+    let mut w = c.watch(Kind::Cluster);
+    assert_eq!(applied(&next(&mut w).await).as_deref(), Some("small"));
+    assert!(matches!(next(&mut w).await, Change::Synced));
+    // Answers within the bounds pass.
+    assert!(c.get(Kind::Cluster, None, "small").await.unwrap().is_some());
+
+    // A watch event past the object bound: the watch fails (and keeps failing, since it
+    // resumes from before the event) instead of buffering it.
+    fake.apply(padded(cluster("huge", true), 100 << 10));
+    let why = failing_with(
+        &w,
+        "a watch event from GET /apis/cluster.karmada.io/v1alpha1/clusters exceeds the bound of 65536 bytes",
+    )
+    .await;
+    assert!(why.contains("watch"), "{why}");
+    assert!(w.cache().get(None, "huge").is_none());
+
+    // A get past the bound names the object.
+    let e = c.get(Kind::Cluster, None, "huge").await.unwrap_err();
+    assert!(matches!(e, KarmadaError::TooLarge { .. }), "{e:?}");
+    let msg = e.to_string();
+    assert!(msg.starts_with("Cluster huge: "), "{msg}");
+    assert!(
+        msg.contains(
+            "GET /apis/cluster.karmada.io/v1alpha1/clusters/huge exceeds the bound of 65536 bytes"
+        ),
+        "{msg}"
+    );
+
+    // A patch whose answer (the object as written) is past the bound.
+    fake.apply(padded(binding("ml", "rb", ME), 100 << 10));
+    let rb = fake.get("ResourceBinding", Some("ml"), "rb").unwrap();
+    let at = BindingRef {
+        kind: Kind::ResourceBinding,
+        namespace: Some("ml".into()),
+        name: "rb".into(),
+        resource_version: rb["metadata"]["resourceVersion"].as_str().unwrap().into(),
+    };
+    let e = c
+        .patch(
+            &at,
+            &json!({"spec": {"clusters": [{"name": "m1", "replicas": 3}]}}),
+        )
+        .await
+        .unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, KarmadaError::TooLarge { .. }), "{e:?}");
+    assert!(msg.starts_with("ResourceBinding ml/rb: "), "{msg}");
+    assert!(
+        msg.contains("PATCH") && msg.contains("65536 bytes"),
+        "{msg}"
+    );
+
+    // A list page past the list bound: the watch of a client with a smaller one never syncs.
+    let small = Limits {
+        object: 64 << 10,
+        list: 96 << 10,
+    };
+    let c2 = bounded_client(&fake, dir.path(), small).await;
+    let w2 = c2.watch(Kind::Cluster);
+    failing_with(
+        &w2,
+        "the answer from GET /apis/cluster.karmada.io/v1alpha1/clusters exceeds the bound of 98304 bytes",
+    )
+    .await;
+    assert!(w2.cache().is_empty());
 }

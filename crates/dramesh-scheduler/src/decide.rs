@@ -649,11 +649,11 @@ pub fn decide(
     failure(&f, events, attempt, record)
 }
 
-/// Decides `b` again after overcommit resolution gave some replicas this scheduler had
-/// added to it to other schedulers' reservations: `kept` is `b` without them. The missing
-/// replicas are placed as on a scale up (what `kept` has stays where it is). When they fit
-/// nowhere, the result goes back to `kept`: the lost replicas are released, never left on
-/// a cluster whose room another scheduler holds.
+/// Decides a binding again after overcommit resolution gave the room of replicas this
+/// scheduler had added to it to other schedulers' reservations: `kept` is the binding
+/// without them. The missing replicas are placed as on a scale up (what `kept` has stays
+/// where it is). When they do not fit, the result goes back to `kept`: they are taken off,
+/// never left on a cluster whose room another scheduler holds.
 pub fn decide_after_loss(
     kept: &Binding,
     demand: &Demand,

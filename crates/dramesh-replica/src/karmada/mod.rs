@@ -17,9 +17,11 @@
 //!
 //! Objects are handed over as the API server returned them ([`Object`]: the JSON value, its
 //! parsed `metadata` beside it); typing them is the scheduling core's job. Every request but a
-//! watch stops at [`KarmadaOptions::request_timeout`]; every error names the object and, when
+//! watch stops at [`KarmadaOptions::request_timeout`]; every answer is size-bounded
+//! ([`KarmadaOptions::limits`], see [`bounded`]); every error names the object and, when
 //! there was an answer, the HTTP status.
 
+pub mod bounded;
 mod watch;
 
 use std::collections::HashMap;
@@ -35,6 +37,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use serde::Deserialize;
 use serde_json::Value;
 
+pub use bounded::{Limits, TooLarge};
 pub use watch::{Cache, Change, ObjectKey, Watch};
 
 /// The longest `note` the API server accepts on an `events.k8s.io/v1` Event.
@@ -256,6 +259,8 @@ pub struct KarmadaOptions {
     pub request_timeout: Duration,
     /// Changes a watch buffers before it stops reading (back-pressure on a slow loop).
     pub change_buffer: usize,
+    /// Size bounds of the answers (clients made by [`KarmadaClient::from_kubeconfig`]).
+    pub limits: Limits,
 }
 
 impl KarmadaOptions {
@@ -267,6 +272,7 @@ impl KarmadaOptions {
             reporting_instance: instance.to_string(),
             request_timeout: Duration::from_secs(10),
             change_buffer: 1024,
+            limits: Limits::default(),
         }
     }
 }
@@ -310,6 +316,14 @@ pub enum KarmadaError {
         /// The client's error.
         message: String,
     },
+    /// The answer passed its size bound.
+    #[error("{object}: {bound}")]
+    TooLarge {
+        /// `Kind ns/name`.
+        object: String,
+        /// The request and the bound.
+        bound: TooLarge,
+    },
     /// No answer within the request deadline.
     #[error("{object}: no answer within {after:?}")]
     Timeout {
@@ -339,6 +353,16 @@ impl KarmadaError {
     }
 
     fn from_kube(object: String, e: kube::Error) -> KarmadaError {
+        if let Some(t) = too_large(&e) {
+            return KarmadaError::TooLarge {
+                object,
+                bound: TooLarge {
+                    what: t.what,
+                    request: t.request.clone(),
+                    limit: t.limit,
+                },
+            };
+        }
         match e {
             kube::Error::Api(s) if s.code == 409 && s.reason == "Conflict" => {
                 KarmadaError::Conflict {
@@ -360,6 +384,24 @@ impl KarmadaError {
     }
 }
 
+/// The [`TooLarge`] in `e`'s chain of causes, if any (an `io::Error` is looked into: its
+/// `source` skips the error it wraps).
+fn too_large<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a TooLarge> {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(t) = err.downcast_ref::<TooLarge>() {
+            return Some(t);
+        }
+        cur = match err.downcast_ref::<std::io::Error>() {
+            Some(io) => io
+                .get_ref()
+                .map(|inner| inner as &(dyn std::error::Error + 'static)),
+            None => err.source(),
+        };
+    }
+    None
+}
+
 /// The scheduler's Karmada API client. Cheap to share behind an `Arc`.
 pub struct KarmadaClient {
     client: kube::Client,
@@ -370,7 +412,8 @@ pub struct KarmadaClient {
 }
 
 impl KarmadaClient {
-    /// A client from a kubeconfig file's current context.
+    /// A client from a kubeconfig file's current context, its answers bounded by
+    /// `opts.limits`.
     pub async fn from_kubeconfig(
         path: &Path,
         opts: KarmadaOptions,
@@ -394,11 +437,15 @@ impl KarmadaClient {
         )
         .await
         .map_err(|e| fail(e.to_string()))?;
-        let client = kube::Client::try_from(config).map_err(|e| fail(e.to_string()))?;
+        let client = kube::client::ClientBuilder::try_from(config)
+            .map_err(|e| fail(e.to_string()))?
+            .with_layer(&bounded::BoundLayer(opts.limits))
+            .build();
         Ok(KarmadaClient::new(client, opts))
     }
 
-    /// A client over an existing kube client.
+    /// A client over an existing kube client (its answers are bounded only if that client's
+    /// are).
     pub fn new(client: kube::Client, opts: KarmadaOptions) -> KarmadaClient {
         let recorder = Recorder::new(
             client.clone(),

@@ -20,14 +20,16 @@
 //!   the background, on the binding and its resource template).
 //! - **Conflicts.** Every write is conditional on the version read. A conflicting spec write
 //!   re-reads the binding and plans again; a conflicting status write re-reads and recomputes
-//!   the status patch against the fresh binding (Karmada's `RetryOnConflict`). At most
+//!   the status patch against the fresh binding (Karmada's `RetryOnConflict`) while its
+//!   generation is the one decided on, and plans again once it moved on. At most
 //!   [`MAX_ATTEMPTS`] tries, then the binding backs off as an error. Nothing is overwritten.
 //! - **No double-booking across replicas.** Another replica may have reserved the same room
 //!   just before: its reservation reaches this replica within the settle window
 //!   ([`SchedulerRole::settle`]). When the window has passed, every reservation written for
-//!   a decision must be admitted by overcommit resolution. A lost one is released and its
-//!   binding placed again without the lost replicas ([`dramesh_scheduler::decide_after_loss`]):
-//!   they move to clusters with room, or are taken off the binding when none has any.
+//!   a decision must be admitted by overcommit resolution. If one lost, the decision lost:
+//!   its reservations are released and the replicas it added are placed again from what the
+//!   binding had before it ([`dramesh_scheduler::decide_after_loss`]): they go where there is
+//!   room, or are all taken off the binding when they no longer fit.
 //!   With [`Confirm::BeforeWrite`] the reservations are confirmed before the decision is
 //!   written instead, and a lost one makes the binding planned again before anything is
 //!   written.
@@ -51,7 +53,7 @@ use tokio::task::JoinSet;
 
 use crate::karmada::{Cache, Change, KarmadaClient, Kind, ObjectKey, Watch};
 use crate::state::ReplicaState;
-use task::{Ctx, Done, Held, Job, MAX_EVENT_WRITES, Outcome, blocking, lost_of};
+use task::{Ctx, Done, Held, Job, MAX_EVENT_WRITES, Outcome, Verdict, blocking, verdict};
 
 #[cfg(test)]
 mod tests;
@@ -222,6 +224,12 @@ struct Loop {
     again: HashSet<Key>,
     /// Decisions' reservations, in the order they are due.
     checks: VecDeque<Check>,
+    /// Decisions whose reservations were admitted at their check and still hold room: checked
+    /// again whenever the reservations or the view change, since a reservation another
+    /// replica wrote earlier may arrive after the settle window.
+    watched: HashMap<Key, Held>,
+    /// The change count of the last look at `watched`.
+    watched_view: u64,
     /// Replicas to take back, by binding and cluster (lost reservations).
     lost: HashMap<Key, BTreeMap<String, i64>>,
 }
@@ -279,6 +287,8 @@ pub(crate) async fn run(
         task_keys: HashMap::new(),
         again: HashSet::new(),
         checks: VecDeque::new(),
+        watched: HashMap::new(),
+        watched_view: 0,
         lost: HashMap::new(),
     };
     let mut tick = tokio::time::interval(TICK);
@@ -299,7 +309,7 @@ pub(crate) async fn run(
             c = pc.next() => l.class_change(c),
             Some(r) = l.tasks.join_next_with_id(), if !l.tasks.is_empty() => { l.finished(r); false }
             _ = sleep_until(next_check), if next_check.is_some() => { l.check().await; false }
-            _ = tick.tick() => { l.due(); false }
+            _ = tick.tick() => { l.due(); l.recheck().await; false }
             _ = std::future::ready(()), if can_start => { l.start_next(); false }
         };
         if ended {
@@ -378,6 +388,7 @@ impl Loop {
                 self.superseded.remove(&key);
                 self.decoded.remove(&key);
                 self.lost.remove(&key);
+                self.watched.remove(&key);
             }
             Some(Change::Synced) => self.enqueue_all(kind),
         }
@@ -600,40 +611,67 @@ impl Loop {
         }
     }
 
-    /// Checks the reservations of the decisions whose settle window has passed; the lost
-    /// ones are released and their bindings queued to place those replicas again.
+    /// Checks the reservations of the decisions whose settle window has passed.
     async fn check(&mut self) {
         let now = Instant::now();
         let mut due = Vec::new();
         while self.checks.front().is_some_and(|c| c.due <= now) {
             if let Some(c) = self.checks.pop_front() {
-                due.push(c);
+                due.push((c.key, c.held));
             }
         }
-        if due.is_empty() {
+        self.judge(due).await;
+    }
+
+    /// Checks the watched decisions again when the reservations or the view changed.
+    async fn recheck(&mut self) {
+        let view = self.ctx.state.change_count();
+        if self.watched.is_empty() || view == self.watched_view {
+            return;
+        }
+        self.watched_view = view;
+        let all: Vec<(Key, Held)> = self.watched.drain().collect();
+        self.judge(all).await;
+    }
+
+    /// Judges decisions' reservations: the bindings of lost ones are queued to place their
+    /// replicas again, admitted ones that still hold room are watched.
+    async fn judge(&mut self, decisions: Vec<(Key, Held)>) {
+        if decisions.is_empty() {
             return;
         }
         // Resolution runs the estimator: off the reactor.
-        let lost = blocking(&self.ctx.state, move |st| {
-            due.into_iter()
-                .map(|c| (c.key, lost_of(st, &c.held)))
-                .filter(|(_, l)| !l.is_empty())
+        let judged = blocking(&self.ctx.state, move |st| {
+            decisions
+                .into_iter()
+                .map(|(key, held)| {
+                    let v = verdict(st, &held);
+                    (key, held, v)
+                })
                 .collect::<Vec<_>>()
         })
         .await;
-        let lost = match lost {
-            Ok(l) => l,
+        let judged = match judged {
+            Ok(j) => j,
             Err(e) => {
                 tracing::error!(error = %e, "reservations not checked; they end at their TTL");
                 return;
             }
         };
-        for (key, clusters) in lost {
-            if let Some(m) = &self.ctx.metrics {
-                m.count("reservation_lost");
+        for (key, held, v) in judged {
+            match v {
+                Verdict::Lost(clusters) => {
+                    if let Some(m) = &self.ctx.metrics {
+                        m.count("reservation_lost");
+                    }
+                    self.note_lost(&key, clusters);
+                    self.enqueue(key);
+                }
+                Verdict::Live => {
+                    self.watched.insert(key, held);
+                }
+                Verdict::Ended => {}
             }
-            self.note_lost(&key, clusters);
-            self.enqueue(key);
         }
     }
 

@@ -274,8 +274,7 @@ impl Ctx {
                 match blocking(&self.state, move |st| lost_of(st, &h)).await {
                     Ok(lost) if lost.is_empty() => {}
                     Ok(_) => {
-                        // The lost ones were released by `lost_of`; the rest go too.
-                        self.release(held).await;
+                        // `lost_of` released them all.
                         if let Some(m) = &self.metrics {
                             m.count("reservation_lost");
                         }
@@ -461,20 +460,29 @@ impl Ctx {
                 Err(e) => return Err(WriteError::Failed(e.to_string())),
             }
         }
+        // The status describes a decision for this generation. Recomputed on a binding whose
+        // spec moved on meanwhile (another replica's decision, a scale), it would put a stale
+        // verdict over a newer one: plan again instead.
+        let basis = current.meta().generation;
         let decision = decision.clone();
-        self.write_status(kind, &current, move |fresh| {
-            decision
-                .patches(fresh, &at)
-                .into_iter()
-                .filter(|p| p.status)
-                .collect()
-        })
-        .await
-        .map(|(o, mut more)| {
-            written.append(&mut more);
-            (o, written)
-        })
-        .map_err(WriteError::Failed)
+        let (o, mut more) = self
+            .write_status(kind, &current, move |fresh| {
+                if basis.is_some_and(|g| g != fresh.metadata.generation) {
+                    return Vec::new();
+                }
+                decision
+                    .patches(fresh, &at)
+                    .into_iter()
+                    .filter(|p| p.status)
+                    .collect()
+            })
+            .await
+            .map_err(WriteError::Failed)?;
+        if basis.is_some() && o.meta().generation != basis {
+            return Err(WriteError::Conflict(o));
+        }
+        written.append(&mut more);
+        Ok((o, written))
     }
 
     /// Writes the status patches `patches` computes for the binding, one at a time, each
@@ -595,27 +603,52 @@ fn without(b: &Binding, lost: &BTreeMap<String, i64>) -> Option<Binding> {
     })
 }
 
-/// The reservations of `held` that overcommit resolution gave to others, by cluster, with
-/// the replicas they held; each is released.
+/// Whether overcommit resolution gave a reservation of `held` to others. If it did, the
+/// decision lost as a whole: every reservation of `held` is released and all the replicas
+/// it added are returned, by cluster, to be placed again from what the binding had before
+/// it (so a decision that no longer fits leaves nothing half placed). Empty when none lost.
 pub(super) fn lost_of(st: &ReplicaState, held: &Held) -> BTreeMap<String, i64> {
-    let mut lost = BTreeMap::new();
-    for (cluster, (id, replicas)) in &held.by_cluster {
-        let Some(s) = st.reservation_status(id) else {
-            continue;
-        };
-        if s.status != ReservationState::Conflicted {
-            continue;
-        }
-        tracing::info!(
-            id = %id,
-            cluster = %cluster,
-            winner = s.winner.as_deref().unwrap_or("an unreadable reservation"),
-            "reservation lost"
-        );
-        release_all(st, [id]);
-        lost.insert(cluster.clone(), *replicas);
+    let lost = held.by_cluster.iter().find_map(|(cluster, (id, _))| {
+        let s = st.reservation_status(id)?;
+        (s.status == ReservationState::Conflicted).then(|| (cluster, id, s.winner))
+    });
+    let Some((cluster, id, winner)) = lost else {
+        return BTreeMap::new();
+    };
+    tracing::info!(
+        id = %id,
+        cluster = %cluster,
+        winner = winner.as_deref().unwrap_or("an unreadable reservation"),
+        "reservation lost; its decision is placed again"
+    );
+    release_all(st, held.by_cluster.values().map(|(id, _)| id));
+    held.by_cluster
+        .iter()
+        .map(|(c, (_, n))| (c.clone(), *n))
+        .collect()
+}
+
+/// Where a written decision's reservations stand.
+pub(super) enum Verdict {
+    /// One lost: the replicas to place again (see [`lost_of`]).
+    Lost(BTreeMap<String, i64>),
+    /// Admitted, and some still hold room: watched while they do.
+    Live,
+    /// All ended (the pods are reported, or released, or expired).
+    Ended,
+}
+
+/// `held`'s [`Verdict`].
+pub(super) fn verdict(st: &ReplicaState, held: &Held) -> Verdict {
+    let lost = lost_of(st, held);
+    if !lost.is_empty() {
+        return Verdict::Lost(lost);
     }
-    lost
+    let live = held.by_cluster.values().any(|(id, _)| {
+        st.reservation_status(id)
+            .is_some_and(|s| s.status == ReservationState::Live)
+    });
+    if live { Verdict::Live } else { Verdict::Ended }
 }
 
 /// Holds the replicas `decision` adds to `b` on dramesh-reported clusters as reservations of

@@ -594,3 +594,56 @@ async fn a_cluster_resource_binding_of_a_non_workload_goes_to_every_matching_clu
     assert!(st.reservation_list(true).is_empty());
     running.stop().await;
 }
+
+#[tokio::test]
+async fn a_stale_verdict_is_not_written_over_a_newer_decision() {
+    let fake = FakeApi::start().await;
+    if !fake.validates_karmada_crds() {
+        eprintln!("skipped: ../shared/fixtures/karmada/crds is absent, writes cannot be validated");
+        return;
+    }
+    // No free GPU on this replica's view: its verdict is Unschedulable (a status write only).
+    let st = state("r1");
+    publish(&st, 0, 4, None);
+    publish(&st, 1, 4, None);
+    setup(&fake);
+    fake.apply(deployment("llm"));
+    let b = binding("llm", 2);
+    fake.apply(b.clone());
+    // Another replica, which saw c1 free, writes its decision just before ours arrives.
+    let placement = Binding::from_value(BindingKind::ResourceBinding, &b)
+        .expect("binding decodes")
+        .placement
+        .to_go_json();
+    let mut theirs = b;
+    theirs["metadata"]["annotations"][dramesh_scheduler::object::APPLIED_PLACEMENT] =
+        json!(placement);
+    theirs["spec"]["clusters"] = json!([{"name": "c1", "replicas": 2}]);
+    theirs["status"] = json!({"schedulerObservedGeneration": 2, "lastScheduledTime": "2026-11-25T12:00:00Z",
+        "conditions": [{"type": "Scheduled", "status": "True", "reason": "Success",
+            "message": "Binding has been scheduled successfully.", "lastTransitionTime": "2026-11-25T12:00:00Z"}]});
+    fake.apply_before_next_write(theirs);
+    let running = start(&fake, st, Duration::from_millis(20));
+
+    // Our status write meets the newer version (409); the binding moved on, so the loop
+    // plans again on it (nothing to do) instead of recomputing its stale verdict on top.
+    wait_binding(&fake, "llm", "our write answered 409", |_| {
+        fake.writes()
+            .iter()
+            .any(|w| w.kind == "ResourceBinding" && w.code == 409)
+    })
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while running.count("unchanged") + running.count("unschedulable") == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the loop did not finish the binding"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let b = get_binding(&fake, "llm");
+    assert!(is_success_at_generation(&b), "{b:#}");
+    assert_eq!(targets(&b), [("c1".to_string(), 2)]);
+    assert_eq!(running.count("unschedulable"), 0);
+    running.stop().await;
+}

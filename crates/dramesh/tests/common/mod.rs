@@ -634,3 +634,56 @@ pub(crate) fn write_karmada_kubeconfig(dir: &Path, url: &str) -> String {
     .expect("kubeconfig");
     path.display().to_string()
 }
+
+/// Replicas `ids` (each after the first seeded with the first) with their data under `tmp`,
+/// and certificates for a folder agent of each of `clusters`, whose folders under
+/// `tmp/fleet/<cluster>` the test writes. Processes are killed when it is dropped.
+pub(crate) struct Replicas {
+    pub(crate) certs: std::path::PathBuf,
+    pub(crate) fleet: std::path::PathBuf,
+    /// Where each replica listens, in the order of `ids`.
+    pub(crate) at: Vec<ReplicaListen>,
+    /// The replicas in the order of `ids`, then the agents.
+    pub(crate) procs: Procs,
+}
+
+impl Replicas {
+    /// Starts the replicas with `extra` arguments (for example `OPEN_API`).
+    pub(crate) fn start(tmp: &Path, ids: &[&str], clusters: &[&str], extra: &[&str]) -> Replicas {
+        let certs = tmp.join("certs");
+        let agents: Vec<String> = clusters.iter().map(|c| format!("{c}/_cluster")).collect();
+        make_certs(&certs, ids, &agents);
+        let at: Vec<ReplicaListen> = ids.iter().map(|_| ReplicaListen::free()).collect();
+        let mut procs = Procs::default();
+        for (i, id) in ids.iter().enumerate() {
+            let seeds: Vec<SocketAddr> = at.iter().take(i.min(1)).map(|a| a.mesh).collect();
+            procs
+                .0
+                .push(spawn_replica_with(tmp, &certs, id, &at[i], &seeds, extra));
+        }
+        Replicas {
+            certs,
+            fleet: tmp.join("fleet"),
+            at,
+            procs,
+        }
+    }
+
+    /// The replicas' mesh addresses.
+    pub(crate) fn meshes(&self) -> Vec<SocketAddr> {
+        self.at.iter().map(|a| a.mesh).collect()
+    }
+
+    /// Starts the folder agent of `cluster` (folder `fleet/<cluster>`, state in
+    /// `tmp/agent-<cluster>`) dialing every replica.
+    pub(crate) fn agent(&mut self, tmp: &Path, cluster: &str) {
+        let meshes = self.meshes();
+        self.procs.0.push(spawn_folder_agent(
+            cluster,
+            &self.fleet.join(cluster),
+            &tmp.join(format!("agent-{cluster}")),
+            &self.certs,
+            &meshes,
+        ));
+    }
+}

@@ -610,7 +610,7 @@ fn without(b: &Binding, lost: &BTreeMap<String, i64>) -> Option<Binding> {
 pub(super) fn lost_of(st: &ReplicaState, held: &Held) -> BTreeMap<String, i64> {
     let lost = held.by_cluster.iter().find_map(|(cluster, (id, _))| {
         let s = st.reservation_status(id)?;
-        (s.status == ReservationState::Conflicted).then(|| (cluster, id, s.winner))
+        (s.status == ReservationState::Conflicted).then_some((cluster, id, s.winner))
     });
     let Some((cluster, id, winner)) = lost else {
         return BTreeMap::new();

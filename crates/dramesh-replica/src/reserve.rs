@@ -57,6 +57,14 @@ pub(crate) struct ResolveKey {
     clusters: Vec<(String, u64)>,
 }
 
+/// What one cluster's part of a resolution depends on: the cluster's generation and its
+/// reservations (id, priority, replicas left), in id order.
+type ClusterKey = (u64, Vec<(String, i32, i64)>);
+
+/// Each cluster's part of the last resolution, with what it was computed from.
+pub(crate) type ClusterResolutions =
+    std::collections::HashMap<String, (ClusterKey, Arc<dramesh_estimator::Resolution>)>;
+
 /// One overcommit resolution of the unexpired reservations.
 #[derive(Debug)]
 pub(crate) struct Resolved {
@@ -153,15 +161,50 @@ impl ReplicaState {
                 }
             }
         }
-        let r = dramesh_estimator::resolve(view, &mut compute.estimator, &input);
-        admissions.extend(r.admissions);
+        // Resolution ranks and deducts within a cluster only: each cluster is resolved on
+        // its own, and again only when its reservations or its generation changed.
+        let mut by_cluster: BTreeMap<String, Vec<Reservation>> = BTreeMap::new();
+        for r in input {
+            by_cluster.entry(r.cluster.clone()).or_default().push(r);
+        }
+        compute
+            .per_cluster
+            .retain(|c, _| by_cluster.contains_key(c));
+        let mut assumed = Vec::new();
+        let mut assumed_ids = Vec::new();
+        for (cluster, mut list) in by_cluster {
+            list.sort_by(|a, b| a.id.cmp(&b.id));
+            let ckey: ClusterKey = (
+                view.cluster(&cluster).map_or(0, |v| v.generation()),
+                list.iter()
+                    .map(|r| (r.id.clone(), r.priority, r.replicas))
+                    .collect(),
+            );
+            let part = match compute.per_cluster.get(&cluster) {
+                Some((k, part)) if *k == ckey => part.clone(),
+                _ => {
+                    let part = Arc::new(dramesh_estimator::resolve(
+                        view,
+                        &mut compute.estimator,
+                        &list,
+                    ));
+                    compute
+                        .per_cluster
+                        .insert(cluster.clone(), (ckey, part.clone()));
+                    part
+                }
+            };
+            admissions.extend(part.admissions.iter().map(|(k, v)| (k.clone(), v.clone())));
+            assumed.extend(part.assumed.iter().cloned());
+            assumed_ids.extend(part.assumed_ids.iter().cloned());
+        }
         let resolved = Arc::new(Resolved {
             key,
             admissions,
             remaining,
             expired,
-            assumed: r.assumed,
-            assumed_ids: r.assumed_ids,
+            assumed,
+            assumed_ids,
         });
         compute.resolved = Some(resolved.clone());
         resolved

@@ -83,6 +83,9 @@ pub(crate) struct Indexes {
 pub(crate) struct Compute {
     pub(crate) estimator: Estimator,
     pub(crate) resolved: Option<Arc<Resolved>>,
+    /// Each cluster's part of the last resolution, by what it was computed from: a change
+    /// of one cluster's reservations resolves that cluster again, not all of them.
+    pub(crate) per_cluster: crate::reserve::ClusterResolutions,
 }
 
 impl Compute {
@@ -91,6 +94,7 @@ impl Compute {
         Compute {
             estimator: Estimator::with_cache_bytes(cache_bytes),
             resolved: None,
+            per_cluster: Default::default(),
         }
     }
 }

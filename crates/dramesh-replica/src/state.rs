@@ -488,8 +488,9 @@ impl ReplicaState {
 
     /// The scheduler role's decision for binding `b` on the current view: admitted
     /// reservations deducted (of the preemption holds written for `b`, only what `b` has
-    /// assigned on their cluster: the rest is `b`'s room), stale clusters never chosen, the estimator's work stopped at `deadline`; with
-    /// `kept`, `b` without replicas its reservations lost, decided as
+    /// assigned on their cluster: the rest is `b`'s room), stale clusters never chosen, the
+    /// estimator's work stopped at `deadline`; with `kept`, `b` without replicas its
+    /// reservations lost, decided as
     /// [`dramesh_scheduler::decide_after_loss`] does. Blocking: call it off the async reactor.
     pub(crate) fn decide_binding(
         &self,
@@ -500,6 +501,26 @@ impl ReplicaState {
         deadline: Instant,
     ) -> dramesh_scheduler::Decision {
         let assumed = self.reserved_for(kept.unwrap_or(b));
+        self.on_fleet(assumed, clusters, deadline, |fleet, est, opts| match kept {
+            Some(k) => dramesh_scheduler::decide_after_loss(k, demand, fleet, est, opts),
+            None => dramesh_scheduler::decide(b, demand, fleet, est, opts),
+        })
+    }
+
+    /// Runs `f` on the Karmada fleet `clusters` over the current view, with the estimator and
+    /// options deducting `assumed`, leaving out stale clusters and stopping at `deadline`;
+    /// returns `f`'s answer.
+    fn on_fleet<T>(
+        &self,
+        assumed: Vec<dramesh_estimator::AssumedWorkload>,
+        clusters: &std::collections::BTreeMap<String, dramesh_scheduler::Cluster>,
+        deadline: Instant,
+        f: impl FnOnce(
+            dramesh_scheduler::Fleet<'_>,
+            &mut dramesh_estimator::Estimator,
+            &mut EstimateOptions,
+        ) -> T,
+    ) -> T {
         let stale = self.stale_clusters();
         let indexes = self.indexes();
         let mut opts = EstimateOptions {
@@ -513,16 +534,7 @@ impl ReplicaState {
             view: &indexes.view,
         };
         let mut compute = self.compute(&indexes);
-        match kept {
-            Some(k) => dramesh_scheduler::decide_after_loss(
-                k,
-                demand,
-                fleet,
-                &mut compute.estimator,
-                &mut opts,
-            ),
-            None => dramesh_scheduler::decide(b, demand, fleet, &mut compute.estimator, &mut opts),
-        }
+        f(fleet, &mut compute.estimator, &mut opts)
     }
 
     /// The scheduler role's preemption plan for binding `preemptor`, which fits nowhere,
@@ -539,33 +551,15 @@ impl ReplicaState {
         deadline: Instant,
         now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
     ) -> Result<dramesh_scheduler::PreemptionPlan, String> {
-        let assumed = self.reserved();
-        let stale = self.stale_clusters();
-        let indexes = self.indexes();
-        let mut opts = EstimateOptions {
-            assumed,
-            stale,
-            deadline: Some(deadline),
-            ..EstimateOptions::default()
-        };
-        let fleet = dramesh_scheduler::Fleet {
-            clusters,
-            view: &indexes.view,
-        };
-        let mut compute = self.compute(&indexes);
-        let plan = dramesh_scheduler::plan_preemption(
-            preemptor,
-            demand,
-            bindings,
-            fleet,
-            &mut compute.estimator,
-            &mut opts,
-            now,
-        );
-        if opts.past_deadline() {
-            return Err(dramesh_estimator::DEADLINE_EXCEEDED.into());
-        }
-        plan
+        self.on_fleet(self.reserved(), clusters, deadline, |fleet, est, opts| {
+            let plan = dramesh_scheduler::plan_preemption(
+                preemptor, demand, bindings, fleet, est, opts, now,
+            );
+            if opts.past_deadline() {
+                return Err(dramesh_estimator::DEADLINE_EXCEEDED.into());
+            }
+            plan
+        })
     }
 
     /// Known, fresh cluster, or the Karmada answer explaining why not.

@@ -330,6 +330,8 @@ struct St {
     conflicts: BTreeMap<(ResId, ObjKey), u32>,
     /// Objects stored just before the next write to them is looked at.
     before_write: BTreeMap<(ResId, ObjKey), Value>,
+    /// Lists (not watches) of these kinds are answered only after the delay.
+    slow_lists: BTreeMap<&'static str, std::time::Duration>,
     /// Counter for `uid`s (unique across deletions and re-creations).
     uids: u64,
 }
@@ -710,6 +712,14 @@ impl FakeApi {
         self.lock().before_write.insert((res.id(), key), obj);
     }
 
+    /// Answers every later list (not watch) of `kind` only after `delay`, as a slow or large
+    /// collection would be: a client's watches of several kinds then sync in another order.
+    pub fn delay_lists(&self, kind: &str, delay: std::time::Duration) {
+        if let Some(r) = RESOURCES.iter().find(|r| r.kind == kind) {
+            self.lock().slow_lists.insert(r.kind, delay);
+        }
+    }
+
     /// Every write request (POST, PUT, PATCH) received so far, in order, with the answer's code.
     pub fn writes(&self) -> Vec<Write> {
         self.lock().writes.clone()
@@ -865,6 +875,13 @@ impl FakeApi {
         };
         if !scope_ok || !sub_ok {
             return not_found();
+        }
+        let watching = q.get("watch").is_some_and(|w| w == "true" || w == "1");
+        if method == Method::GET && name.is_none() && !watching {
+            let delay = self.lock().slow_lists.get(res.kind).copied();
+            if let Some(d) = delay {
+                tokio::time::sleep(d).await;
+            }
         }
         let content_type = req
             .headers()

@@ -280,12 +280,7 @@ async fn main() {
         warm.create(&fake, &name());
     }
     let (lat, last, failed) = warm.wait(&fake, Duration::from_secs(300)).await;
-    eprintln!(
-        "warm: 200 bindings in {:.2} s ({} not scheduled), p50 {:.2} ms",
-        last.as_secs_f64(),
-        failed.len(),
-        pct(&lat, 0.5)
-    );
+    report("warm", 200, last, &lat, &failed);
 
     let mut steady = Phase::new();
     let n = (rate * secs) as usize;

@@ -230,6 +230,11 @@ struct Loop {
     watched: HashMap<Key, Held>,
     /// The change count of the last look at `watched`.
     watched_view: u64,
+    /// Whether the Cluster and PriorityClass watches have listed everything once: nothing is
+    /// decided before (as karmada-scheduler waits for its caches), or early bindings would
+    /// be written `NoClusterFit` against an empty fleet.
+    clusters_synced: bool,
+    classes_synced: bool,
     /// Replicas to take back, by binding and cluster (lost reservations).
     lost: HashMap<Key, BTreeMap<String, i64>>,
 }
@@ -289,13 +294,18 @@ pub(crate) async fn run(
         checks: VecDeque::new(),
         watched: HashMap::new(),
         watched_view: 0,
+        clusters_synced: false,
+        classes_synced: false,
         lost: HashMap::new(),
     };
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     tracing::info!(scheduler = %l.ctx.role.name, "scheduler role started");
     loop {
-        let can_start = !l.queue.is_empty() && l.running.len() < MAX_IN_FLIGHT;
+        let can_start = l.clusters_synced
+            && l.classes_synced
+            && !l.queue.is_empty()
+            && l.running.len() < MAX_IN_FLIGHT;
         let next_check = l.checks.front().map(|c| c.due);
         // Changes first; then finished work and due checks; with room, start one binding
         // when nothing else is waiting.
@@ -398,8 +408,10 @@ impl Loop {
     /// Decodes the PriorityClasses again after any change of them (they are few and rarely
     /// change); returns true when the watch ended.
     fn class_change(&mut self, c: Option<Change>) -> bool {
-        if c.is_none() {
-            return true;
+        match c {
+            None => return true,
+            Some(Change::Synced) => self.classes_synced = true,
+            Some(_) => {}
         }
         self.classes = Arc::new(
             self.class_cache
@@ -417,6 +429,7 @@ impl Loop {
         let changed: Vec<Cluster> = match c {
             None => return true,
             Some(Change::Synced) => {
+                self.clusters_synced = true;
                 let all: BTreeMap<String, Cluster> = self
                     .cluster_cache
                     .list()

@@ -446,6 +446,33 @@ fn bridge(
 }
 
 #[tokio::test]
+async fn nothing_is_decided_before_the_clusters_are_listed() {
+    let fake = FakeApi::start().await;
+    if !fake.validates_karmada_crds() {
+        eprintln!("skipped: ../shared/fixtures/karmada/crds is absent, writes cannot be validated");
+        return;
+    }
+    let st = state("r1");
+    publish(&st, 0, 0, None);
+    publish(&st, 1, 0, None);
+    setup(&fake);
+    fake.apply(deployment("early"));
+    fake.apply(binding("early", 1));
+    // The bindings are listed long before the clusters.
+    fake.delay_lists("Cluster", Duration::from_millis(800));
+    let running = start(&fake, st, Duration::from_millis(20));
+    wait_binding(&fake, "early", "scheduled", is_success_at_generation).await;
+    let verdicts: Vec<Value> = fake
+        .writes()
+        .into_iter()
+        .filter(|w| w.name == "early-deployment" && w.subresource.as_deref() == Some("status"))
+        .map(|w| w.body["status"]["conditions"][0]["reason"].clone())
+        .collect();
+    assert_eq!(verdicts, [json!("Success")], "{verdicts:?}");
+    running.stop().await;
+}
+
+#[tokio::test]
 async fn two_replicas_confirming_before_writing_never_bind_more_than_fit() {
     compete(Confirm::BeforeWrite).await;
 }

@@ -297,6 +297,19 @@ impl ReplicaState {
         })
     }
 
+    /// The states of reservations `ids` on this replica, from one resolution (those it does
+    /// not know are left out).
+    pub(crate) fn reservation_statuses<'a>(
+        &self,
+        ids: impl IntoIterator<Item = &'a String>,
+    ) -> BTreeMap<String, ReservationStatus> {
+        let res = self.resolution();
+        let now = Instant::now();
+        ids.into_iter()
+            .filter_map(|id| Some((id.clone(), self.status_of(id, &res, now)?)))
+            .collect()
+    }
+
     /// One reservation's state on this replica.
     pub fn reservation_status(&self, id: &str) -> Option<ReservationStatus> {
         let res = self.resolution();

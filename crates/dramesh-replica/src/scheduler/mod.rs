@@ -46,14 +46,14 @@ use std::time::{Duration, Instant};
 
 use dramesh_model::k8s::PriorityClass;
 use dramesh_scheduler::object::priority_class_from_value;
-use dramesh_scheduler::{Backoff, Binding, BindingKind, Cluster, RetryState, affected_by_cluster};
+use dramesh_scheduler::{Backoff, BindingKind, Cluster, RetryState, affected_by_cluster};
 use dramesh_telemetry::registry::{CounterVec, Histogram};
 use tokio::sync::{Mutex, Semaphore, watch};
 use tokio::task::JoinSet;
 
 use crate::karmada::{Cache, Change, KarmadaClient, Kind, ObjectKey, Watch};
 use crate::state::ReplicaState;
-use task::{Ctx, Done, Held, Job, MAX_EVENT_WRITES, Outcome, Verdict, blocking, verdict};
+use task::{Ctx, Done, Held, Job, MAX_EVENT_WRITES, Outcome, Verdict, blocking};
 
 #[cfg(test)]
 mod tests;
@@ -212,9 +212,6 @@ struct Loop {
     retry: HashMap<Key, RetryState>,
     /// Per binding, versions this loop wrote and then wrote over (see [`Loop::wrote`]).
     superseded: HashMap<Key, Vec<String>>,
-    /// Bindings decoded, by key, with the `resourceVersion` decoded: a cluster change looks
-    /// at every binding, and Clusters change with every status report.
-    decoded: HashMap<Key, (String, Arc<Binding>)>,
     /// Bindings being worked on: when they were queued, the view's change count then, and
     /// the lost replicas handed to the task (kept for another try if it fails).
     running: HashMap<Key, Running>,
@@ -274,6 +271,7 @@ pub(crate) async fn run(
             bindings: rb.cache(),
             cluster_bindings: crb.cache(),
             classes: pc.cache(),
+            decoded: std::sync::Mutex::new(HashMap::new()),
         }),
         backoff: Backoff::default(),
         bindings: rb.cache(),
@@ -286,7 +284,6 @@ pub(crate) async fn run(
         queued: HashMap::new(),
         retry: HashMap::new(),
         superseded: HashMap::new(),
-        decoded: HashMap::new(),
         running: HashMap::new(),
         tasks: JoinSet::new(),
         task_keys: HashMap::new(),
@@ -356,23 +353,6 @@ impl Loop {
         }
     }
 
-    /// `o`, the binding `key`, decoded (once per `resourceVersion`).
-    fn decode(
-        &mut self,
-        key: &Key,
-        o: &crate::karmada::Object,
-    ) -> Result<Arc<Binding>, dramesh_scheduler::InputError> {
-        let rv = o.meta().resource_version.clone().unwrap_or_default();
-        if let Some((v, b)) = self.decoded.get(key)
-            && *v == rv
-        {
-            return Ok(b.clone());
-        }
-        let b = Arc::new(Binding::from_value(binding_kind(key.0), o.value())?);
-        self.decoded.insert(key.clone(), (rv, b.clone()));
-        Ok(b)
-    }
-
     fn enqueue(&mut self, key: Key) {
         if !self.queued.contains_key(&key) {
             self.queued.insert(key.clone(), Instant::now());
@@ -396,7 +376,7 @@ impl Loop {
                 let key = (kind, o.key());
                 self.retry.remove(&key);
                 self.superseded.remove(&key);
-                self.decoded.remove(&key);
+                self.ctx.forget(&key);
                 self.lost.remove(&key);
                 self.watched.remove(&key);
             }
@@ -472,7 +452,7 @@ impl Loop {
         for kind in [Kind::ResourceBinding, Kind::ClusterResourceBinding] {
             for o in self.cache(kind).list() {
                 let key = (kind, o.key());
-                let Ok(b) = self.decode(&key, &o) else {
+                let Ok(b) = self.ctx.decode(&key, &o) else {
                     continue;
                 };
                 if changed
@@ -523,7 +503,7 @@ impl Loop {
             self.settle(&key, Outcome::Unchanged, queued_at, view);
             return;
         }
-        let binding = match self.decode(&key, &obj) {
+        let binding = match self.ctx.decode(&key, &obj) {
             Ok(b) => b,
             Err(e) => {
                 tracing::warn!(error = %e, "binding not scheduled");
@@ -654,16 +634,7 @@ impl Loop {
             return;
         }
         // Resolution runs the estimator: off the reactor.
-        let judged = blocking(&self.ctx.state, move |st| {
-            decisions
-                .into_iter()
-                .map(|(key, held)| {
-                    let v = verdict(st, &held);
-                    (key, held, v)
-                })
-                .collect::<Vec<_>>()
-        })
-        .await;
+        let judged = blocking(&self.ctx.state, move |st| task::judge(st, decisions)).await;
         let judged = match judged {
             Ok(j) => j,
             Err(e) => {

@@ -3,7 +3,7 @@
 //! only the decision and the reservations that hold it are made one at a time (under
 //! [`Ctx::decide`]), so that every decision deducts the ones made before it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,6 +27,7 @@ use crate::requests::workload_from_manifests;
 use crate::reservations as resv;
 use crate::reserve::Own;
 use crate::state::ReplicaState;
+use dramesh_mesh::lock;
 
 /// Longest estimator work for one decision.
 pub(super) const DECIDE_DEADLINE: Duration = Duration::from_secs(5);
@@ -51,6 +52,9 @@ pub(super) struct Ctx {
     pub(super) cluster_bindings: Cache,
     /// The PriorityClass watch cache (a reservation carries the class its pods name).
     pub(super) classes: Cache,
+    /// Bindings decoded, by key, with the `resourceVersion` decoded: a cluster change and a
+    /// preemption look at every binding, and Clusters change with every status report.
+    pub(super) decoded: std::sync::Mutex<HashMap<Key, (String, Arc<Binding>)>>,
 }
 
 /// A binding handed to a task, with the loop's view of the fleet when it was handed out.
@@ -271,15 +275,16 @@ impl Ctx {
             if let (Confirm::BeforeWrite, Some(h)) = (self.role.confirm, &held) {
                 tokio::time::sleep(self.role.settle).await;
                 let h = h.clone();
-                match blocking(&self.state, move |st| lost_of(st, &h)).await {
-                    Ok(lost) if lost.is_empty() => {}
-                    Ok(_) => {
-                        // `lost_of` released them all.
+                let judged = blocking(&self.state, move |st| judge(st, vec![((), h)])).await;
+                match judged.map(|mut j| j.pop().map(|(_, _, v)| v)) {
+                    Ok(Some(Verdict::Lost(_))) => {
+                        // `judge` released them all.
                         if let Some(m) = &self.metrics {
                             m.count("reservation_lost");
                         }
                         continue;
                     }
+                    Ok(_) => {}
                     Err(e) => {
                         self.release(held).await;
                         tracing::warn!(binding = %b.id(), error = %e, "reservations not confirmed; not written");
@@ -329,10 +334,31 @@ impl Ctx {
             cache
                 .list()
                 .into_iter()
-                .filter_map(move |o| Binding::from_value(binding_kind(kind), o.value()).ok())
+                .filter_map(move |o| self.decode(&(kind, o.key()), &o).ok())
         })
-        .map(Arc::new)
         .collect()
+    }
+
+    /// `o`, the binding `key`, decoded (once per `resourceVersion`).
+    pub(super) fn decode(
+        &self,
+        key: &Key,
+        o: &Object,
+    ) -> Result<Arc<Binding>, dramesh_scheduler::InputError> {
+        let rv = o.meta().resource_version.clone().unwrap_or_default();
+        if let Some((v, b)) = lock(&self.decoded).get(key)
+            && *v == rv
+        {
+            return Ok(b.clone());
+        }
+        let b = Arc::new(Binding::from_value(binding_kind(key.0), o.value())?);
+        lock(&self.decoded).insert(key.clone(), (rv, b.clone()));
+        Ok(b)
+    }
+
+    /// Forgets the decoded binding `key` (deleted).
+    pub(super) fn forget(&self, key: &Key) {
+        lock(&self.decoded).remove(key);
     }
 
     /// The binding's demand and, for a workload, the manifests a reservation carries (its
@@ -603,34 +629,12 @@ fn without(b: &Binding, lost: &BTreeMap<String, i64>) -> Option<Binding> {
     })
 }
 
-/// Whether overcommit resolution gave a reservation of `held` to others. If it did, the
-/// decision lost as a whole: every reservation of `held` is released and all the replicas
-/// it added are returned, by cluster, to be placed again from what the binding had before
-/// it (so a decision that no longer fits leaves nothing half placed). Empty when none lost.
-pub(super) fn lost_of(st: &ReplicaState, held: &Held) -> BTreeMap<String, i64> {
-    let lost = held.by_cluster.iter().find_map(|(cluster, (id, _))| {
-        let s = st.reservation_status(id)?;
-        (s.status == ReservationState::Conflicted).then_some((cluster, id, s.winner))
-    });
-    let Some((cluster, id, winner)) = lost else {
-        return BTreeMap::new();
-    };
-    tracing::info!(
-        id = %id,
-        cluster = %cluster,
-        winner = winner.as_deref().unwrap_or("an unreadable reservation"),
-        "reservation lost; its decision is placed again"
-    );
-    release_all(st, held.by_cluster.values().map(|(id, _)| id));
-    held.by_cluster
-        .iter()
-        .map(|(c, (_, n))| (c.clone(), *n))
-        .collect()
-}
-
 /// Where a written decision's reservations stand.
 pub(super) enum Verdict {
-    /// One lost: the replicas to place again (see [`lost_of`]).
+    /// One was given to others by overcommit resolution: the decision lost as a whole. All
+    /// its reservations are released, and all the replicas it added, by cluster, are to be
+    /// placed again from what the binding had before it (so a decision that no longer fits
+    /// leaves nothing half placed).
     Lost(BTreeMap<String, i64>),
     /// Admitted, and some still hold room: watched while they do.
     Live,
@@ -638,17 +642,49 @@ pub(super) enum Verdict {
     Ended,
 }
 
-/// `held`'s [`Verdict`].
-pub(super) fn verdict(st: &ReplicaState, held: &Held) -> Verdict {
-    let lost = lost_of(st, held);
-    if !lost.is_empty() {
-        return Verdict::Lost(lost);
-    }
-    let live = held.by_cluster.values().any(|(id, _)| {
-        st.reservation_status(id)
-            .is_some_and(|s| s.status == ReservationState::Live)
-    });
-    if live { Verdict::Live } else { Verdict::Ended }
+/// The [`Verdict`] of each decision in `decisions`, all judged on one resolution; the
+/// reservations of lost ones are released.
+pub(super) fn judge<K>(st: &ReplicaState, decisions: Vec<(K, Held)>) -> Vec<(K, Held, Verdict)> {
+    let statuses = st.reservation_statuses(
+        decisions
+            .iter()
+            .flat_map(|(_, h)| h.by_cluster.values().map(|(id, _)| id)),
+    );
+    let state = |id: &String| statuses.get(id).map(|s| s.status);
+    decisions
+        .into_iter()
+        .map(|(key, held)| {
+            let lost = held
+                .by_cluster
+                .iter()
+                .find(|(_, (id, _))| state(id) == Some(ReservationState::Conflicted));
+            let v = if let Some((cluster, (id, _))) = lost {
+                let winner = statuses.get(id).and_then(|s| s.winner.as_deref());
+                tracing::info!(
+                    id = %id,
+                    cluster = %cluster,
+                    winner = winner.unwrap_or("an unreadable reservation"),
+                    "reservation lost; its decision is placed again"
+                );
+                release_all(st, held.by_cluster.values().map(|(id, _)| id));
+                Verdict::Lost(
+                    held.by_cluster
+                        .iter()
+                        .map(|(c, (_, n))| (c.clone(), *n))
+                        .collect(),
+                )
+            } else if held
+                .by_cluster
+                .values()
+                .any(|(id, _)| state(id) == Some(ReservationState::Live))
+            {
+                Verdict::Live
+            } else {
+                Verdict::Ended
+            };
+            (key, held, v)
+        })
+        .collect()
 }
 
 /// Holds the replicas `decision` adds to `b` on dramesh-reported clusters as reservations of

@@ -12,6 +12,7 @@ use serde_json::json;
 use super::*;
 use crate::karmada::KarmadaOptions;
 use crate::reservations as resv;
+use dramesh_scheduler::Binding;
 use serde_json::Value;
 
 mod preempt;

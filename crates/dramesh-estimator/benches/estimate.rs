@@ -91,15 +91,19 @@ fn one_cluster(c: &mut Criterion) {
     // 100 one-GPU replicas in flight (Karmada assumed workload or admitted reservations):
     // first-fit through the engine, then the estimate with those nodes uncached.
     let assumed = EstimateOptions {
-        assumed: vec![AssumedWorkload::from_workload("c0", &gpu_workload(1), 100)],
+        assumed: vec![AssumedWorkload::from_workload("c0", &gpu_workload(1), 100)].into(),
         ..EstimateOptions::default()
     };
     g.bench_function("warm_with_assumed_dra", |b| {
         b.iter(|| black_box(est.estimate(&view, &w, &assumed).total))
     });
     // The same replicas holding requests and pod slots only (no claims), for comparison.
-    let mut no_claims = assumed.clone();
-    no_claims.assumed[0].claims = None;
+    let mut bare = AssumedWorkload::from_workload("c0", &gpu_workload(1), 100);
+    bare.claims = None;
+    let no_claims = EstimateOptions {
+        assumed: vec![bare].into(),
+        ..EstimateOptions::default()
+    };
     g.bench_function("warm_with_assumed_no_claims", |b| {
         b.iter(|| black_box(est.estimate(&view, &w, &no_claims).total))
     });

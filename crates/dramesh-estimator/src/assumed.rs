@@ -43,6 +43,80 @@ impl AssumedWorkload {
     }
 }
 
+/// Assumed workloads by cluster, each cluster's in deduction order. Cheap to clone: each
+/// cluster's list is shared, and an estimator that saw a list before recognizes it by
+/// pointer without comparing its entries.
+#[derive(Debug, Clone, Default)]
+pub struct Assumed {
+    by_cluster: std::collections::BTreeMap<String, Arc<[AssumedWorkload]>>,
+}
+
+impl Assumed {
+    /// The assumed workloads of `cluster`, in deduction order (empty when none).
+    pub fn cluster(&self, cluster: &str) -> &[AssumedWorkload] {
+        self.by_cluster.get(cluster).map_or(&[], |l| l)
+    }
+
+    /// The shared list of `cluster`, when it has one.
+    pub(crate) fn shared(&self, cluster: &str) -> Option<&Arc<[AssumedWorkload]>> {
+        self.by_cluster.get(cluster)
+    }
+
+    /// Replaces the list of `cluster` (removes it when `list` is empty). Every entry must
+    /// name `cluster`.
+    pub fn set(&mut self, cluster: &str, list: Arc<[AssumedWorkload]>) {
+        debug_assert!(list.iter().all(|a| a.cluster == cluster));
+        if list.is_empty() {
+            self.by_cluster.remove(cluster);
+        } else {
+            self.by_cluster.insert(cluster.to_string(), list);
+        }
+    }
+
+    /// Appends `a` to its cluster's list.
+    pub fn push(&mut self, a: AssumedWorkload) {
+        let list = self.by_cluster.entry(a.cluster.clone()).or_default();
+        let mut v = list.to_vec();
+        v.push(a);
+        *list = v.into();
+    }
+
+    /// Every assumed workload, cluster by cluster in name order.
+    pub fn iter(&self) -> impl Iterator<Item = &AssumedWorkload> {
+        self.by_cluster.values().flat_map(|l| l.iter())
+    }
+
+    /// True when there is none.
+    pub fn is_empty(&self) -> bool {
+        self.by_cluster.is_empty()
+    }
+
+    /// How many there are.
+    pub fn len(&self) -> usize {
+        self.by_cluster.values().map(|l| l.len()).sum()
+    }
+}
+
+impl From<Vec<AssumedWorkload>> for Assumed {
+    /// Groups by cluster, keeping the order within each cluster.
+    fn from(list: Vec<AssumedWorkload>) -> Assumed {
+        let mut by: std::collections::BTreeMap<String, Vec<AssumedWorkload>> =
+            std::collections::BTreeMap::new();
+        for a in list {
+            by.entry(a.cluster.clone()).or_default().push(a);
+        }
+        Assumed {
+            by_cluster: by.into_iter().map(|(c, l)| (c, l.into())).collect(),
+        }
+    }
+}
+
+impl FromIterator<AssumedWorkload> for Assumed {
+    fn from_iter<I: IntoIterator<Item = AssumedWorkload>>(iter: I) -> Assumed {
+        Assumed::from(iter.into_iter().collect::<Vec<_>>())
+    }
+}
+
 /// Free capacity of one node after usage, overlay and assumed deductions.
 pub(crate) struct NodeFree {
     pub res: ResList,
@@ -80,55 +154,113 @@ pub(crate) fn node_free(
     }
 }
 
-/// What the assumed workloads of one cluster take.
+/// What the assumed workloads of one cluster take, built one workload at a time
+/// ([`Deductions::add`]) in their deduction order.
+#[derive(Debug, Default)]
 pub(crate) struct Deductions {
     /// node -> requests and pod slots held.
     pub res: FastMap<Arc<str>, (ResList, i64)>,
-    /// The device state with the assumed replicas' allocations; `None` when no assumed
-    /// replica holds a device.
-    pub devices: Option<AssumedDevices>,
+    /// The device state with the assumed replicas' allocations, once a workload with
+    /// claims was placed.
+    held: Option<AssumedDevices>,
     /// Replicas that fit nowhere (not deducted).
     pub unplaced: i64,
 }
 
-/// Karmada's first-fit deduction of assumed workloads: node by node in order, each takes
-/// as many replicas as fit. A replica of a workload with device claims fits a node when its
-/// requests fit and the engine allocates its claims there against the state holding every
-/// replica placed before it (on any node), the same count [`DeviceQuery::fit`] makes for
-/// the workload estimated; its allocation then stays for later replicas and the estimate.
-/// Without claims, replicas are deducted by requests and pod slots only. A workload whose
-/// devices cannot be evaluated in the cluster (a shared claim is missing, the cluster's
-/// version is invalid, the engine rejects the claims) places nothing.
-pub(crate) fn assumed_deductions(
-    c: &ClusterView,
-    assumed: &[AssumedWorkload],
-    overlay: Option<&Overlay>,
-    max_steps: Option<u64>,
-) -> Deductions {
-    let mut used: FastMap<Arc<str>, (ResList, i64)> = FastMap::default();
-    let mut held: Option<AssumedDevices> = None;
-    let mut unplaced = 0i64;
-    for a in assumed.iter().filter(|a| a.cluster == c.name) {
+/// Where first-fit of one workload shape may start: every node before it is known to take
+/// no replica of that shape. Deductions only grow, so what takes none now never takes one
+/// later in the same [`Deductions`].
+#[derive(Debug, Clone)]
+pub(crate) enum FirstFit {
+    /// No node before this one takes a replica.
+    From(Arc<str>),
+    /// No node takes a replica.
+    Full,
+}
+
+impl Deductions {
+    /// The device state holding the assumed replicas' allocations; `None` while no assumed
+    /// replica holds a device.
+    pub(crate) fn take_devices(&mut self) -> Option<AssumedDevices> {
+        if self
+            .held
+            .as_ref()
+            .is_some_and(AssumedDevices::holds_devices)
+        {
+            self.held.take()
+        } else {
+            None
+        }
+    }
+
+    /// Gives back what [`Deductions::take_devices`] took.
+    pub(crate) fn put_devices(&mut self, held: Option<AssumedDevices>) {
+        if held.is_some() {
+            self.held = held;
+        }
+    }
+
+    /// Karmada's first-fit deduction of one assumed workload after those already added:
+    /// node by node in name order (from `start`), each takes as many replicas as fit. A
+    /// replica of a workload with device claims fits a node when its requests fit and the
+    /// engine allocates its claims there against the state holding every replica placed
+    /// before it (on any node), the same count [`DeviceQuery::fit`] makes for the workload
+    /// estimated; its allocation then stays for later replicas and the estimate. Without
+    /// claims, replicas are deducted by requests and pod slots only. A workload whose
+    /// devices cannot be evaluated in the cluster (a shared claim is missing, the cluster's
+    /// version is invalid, the engine rejects the claims) places nothing.
+    ///
+    /// `touched` is called with each node deducted from. Returns where first-fit of the same
+    /// shape may start next time.
+    pub(crate) fn add(
+        &mut self,
+        c: &ClusterView,
+        a: &AssumedWorkload,
+        overlay: Option<&Overlay>,
+        max_steps: Option<u64>,
+        start: Option<&FirstFit>,
+        touched: &mut dyn FnMut(&Arc<str>),
+    ) -> FirstFit {
+        let from = match start {
+            Some(FirstFit::Full) => {
+                self.unplaced = self.unplaced.saturating_add(a.replicas.max(0));
+                return FirstFit::Full;
+            }
+            Some(FirstFit::From(n)) => Some(n.clone()),
+            None => None,
+        };
         let mut remaining = a.replicas.max(0);
         let mut devq = None;
         if let Some(dw) = a.claims.as_deref() {
-            held.get_or_insert_with(|| AssumedDevices::start(c, overlay));
-            match DeviceQuery::prepare(c, dw, overlay, None, &mut held, max_steps) {
+            self.held
+                .get_or_insert_with(|| AssumedDevices::start(c, overlay));
+            match DeviceQuery::prepare(c, dw, overlay, None, &mut self.held, max_steps) {
                 Ok(q) => devq = q,
                 Err(_) => {
-                    unplaced = unplaced.saturating_add(remaining);
-                    continue;
+                    self.unplaced = self.unplaced.saturating_add(remaining);
+                    return start.cloned().unwrap_or(FirstFit::Full);
                 }
             }
         }
-        for node in c.nodes.values() {
+        let nodes: Box<dyn Iterator<Item = &NodeEntry>> = match &from {
+            Some(n) => Box::new(
+                c.nodes
+                    .range::<str, _>((std::ops::Bound::Included(&**n), std::ops::Bound::Unbounded))
+                    .map(|(_, v)| v),
+            ),
+            None => Box::new(c.nodes.values()),
+        };
+        // The first node not proven to take none of this shape.
+        let mut next: Option<Arc<str>> = None;
+        for node in nodes {
             if remaining <= 0 {
+                next.get_or_insert_with(|| node.name.clone());
                 break;
             }
             if a.node_claim.check(&node.facts()).is_err() {
                 continue;
             }
-            let free = node_free(c, node, overlay, Some(&used));
+            let free = node_free(c, node, overlay, Some(&self.res));
             let fit = match &devq {
                 None => free.res.max_divided(&a.requests).0,
                 Some(q) => {
@@ -153,28 +285,175 @@ pub(crate) fn assumed_deductions(
             }
             if let Some(q) = devq.as_mut() {
                 match q.place(node, take) {
-                    // A give-up places what was found before it; the rest stays unplaced.
-                    Ok(fit) => take = fit.replicas,
+                    // A give-up places what was found before it; the rest stays unplaced. A
+                    // smaller state may not give up, so the node is not proven full.
+                    Ok(fit) => {
+                        if fit.gave_up {
+                            next.get_or_insert_with(|| node.name.clone());
+                        }
+                        take = fit.replicas;
+                    }
                     // The claims cannot be allocated anywhere: no further node either.
-                    Err(_) => break,
+                    Err(_) => {
+                        next.get_or_insert_with(|| node.name.clone());
+                        break;
+                    }
                 }
                 if take <= 0 {
                     continue;
                 }
             }
-            let e = used.entry(node.name.clone()).or_default();
+            next.get_or_insert_with(|| node.name.clone());
+            let e = self.res.entry(node.name.clone()).or_default();
             e.0.add_all(&a.requests.scaled(take));
             e.1 += take;
+            touched(&node.name);
             remaining -= take;
         }
         if let Some(q) = devq {
-            held = q.into_assumed();
+            self.held = q.into_assumed();
         }
-        unplaced = unplaced.saturating_add(remaining);
+        self.unplaced = self.unplaced.saturating_add(remaining);
+        next.map_or(FirstFit::Full, FirstFit::From)
     }
-    Deductions {
-        res: used,
-        devices: held.filter(AssumedDevices::holds_devices),
-        unplaced,
+}
+
+/// [`Deductions::add`] of each of `assumed` in `c`, in order.
+pub(crate) fn assumed_deductions(
+    c: &ClusterView,
+    assumed: &Assumed,
+    overlay: Option<&Overlay>,
+    max_steps: Option<u64>,
+) -> Deductions {
+    let mut d = Deductions::default();
+    for a in assumed.cluster(&c.name) {
+        d.add(c, a, overlay, max_steps, None, &mut |_| {});
+    }
+    d
+}
+
+/// True when `a` and `b` deduct the same: same cluster, replicas, requests, node claim and
+/// device claims (by workload fingerprint, which covers everything that affects fit).
+fn same_deduction(a: &AssumedWorkload, b: &AssumedWorkload) -> bool {
+    a.cluster == b.cluster
+        && a.replicas == b.replicas
+        && a.requests == b.requests
+        && a.node_claim == b.node_claim
+        && match (&a.claims, &b.claims) {
+            (None, None) => true,
+            (Some(x), Some(y)) => Arc::ptr_eq(x, y) || x.fingerprint == y.fingerprint,
+            _ => false,
+        }
+}
+
+/// The key of `a`'s shape for [`FirstFit`]: equal keys take the same per node. `None` for
+/// workloads without device claims (their first-fit reads only requests, which is cheap).
+fn shape_key(a: &AssumedWorkload) -> Option<u64> {
+    let w = a.claims.as_deref()?;
+    (a.node_claim == w.node_claim && a.requests == w.requests).then_some(w.fingerprint)
+}
+
+/// One cluster's deductions kept between estimates, extended when the assumed list grows at
+/// its end and built again when anything else changed (the view, an earlier entry).
+///
+/// A build is numbered; each extension is an epoch, and every node it deducted from is
+/// logged with it, so a memo made at (build, epoch) is brought up to date by revisiting
+/// the nodes logged after its epoch.
+#[derive(Debug)]
+pub(crate) struct DeductionLog {
+    view_gen: u64,
+    dev_counter: u64,
+    shared_gen: u64,
+    max_steps: Option<u64>,
+    /// Unique per build among an estimator's logs; never 0 (a memo without deductions).
+    pub(crate) build: u64,
+    /// The current epoch.
+    pub(crate) epoch: u64,
+    placed: Vec<AssumedWorkload>,
+    /// The list `placed` was last extended to: the same list again needs no comparison.
+    last: Option<Arc<[AssumedWorkload]>>,
+    pub(crate) ded: Deductions,
+    /// (epoch, node deducted from), in epoch order.
+    touched: Vec<(u64, Arc<str>)>,
+    /// Where first-fit of each device-claiming shape may start.
+    cursors: FastMap<u64, FirstFit>,
+}
+
+impl DeductionLog {
+    /// An empty log of `c` as it is now.
+    pub(crate) fn new(c: &ClusterView, max_steps: Option<u64>, build: u64) -> DeductionLog {
+        DeductionLog {
+            view_gen: c.generation,
+            dev_counter: c.devices.counter(),
+            shared_gen: c.devices.shared_gen,
+            max_steps,
+            build,
+            epoch: 0,
+            placed: Vec::new(),
+            last: None,
+            ded: Deductions::default(),
+            touched: Vec::new(),
+            cursors: FastMap::default(),
+        }
+    }
+
+    /// Whether extending this log gives the deductions of `list` in `c`: built on the same
+    /// view and budget, and what it placed is a prefix of `list`.
+    pub(crate) fn extends_to(
+        &self,
+        c: &ClusterView,
+        list: &Arc<[AssumedWorkload]>,
+        max_steps: Option<u64>,
+    ) -> bool {
+        self.view_gen == c.generation
+            && self.dev_counter == c.devices.counter()
+            && self.shared_gen == c.devices.shared_gen
+            && self.max_steps == max_steps
+            && (self.last.as_ref().is_some_and(|l| Arc::ptr_eq(l, list))
+                || (self.placed.len() <= list.len()
+                    && self
+                        .placed
+                        .iter()
+                        .zip(list.iter())
+                        .all(|(a, b)| same_deduction(a, b))))
+    }
+
+    /// Records that what is placed is all of `list`.
+    pub(crate) fn reached(&mut self, list: &Arc<[AssumedWorkload]>) {
+        self.last = Some(list.clone());
+    }
+
+    /// How many entries of the list are deducted.
+    pub(crate) fn placed(&self) -> usize {
+        self.placed.len()
+    }
+
+    /// Starts a new epoch (call once before the [`DeductionLog::add`]s of one extension).
+    pub(crate) fn next_epoch(&mut self) {
+        self.epoch += 1;
+    }
+
+    /// Deducts `a` after everything placed so far, in the current epoch.
+    pub(crate) fn add(&mut self, c: &ClusterView, a: &AssumedWorkload) {
+        let key = shape_key(a);
+        let start = key.and_then(|k| self.cursors.get(&k));
+        let epoch = self.epoch;
+        let touched = &mut self.touched;
+        let next = self.ded.add(c, a, None, self.max_steps, start, &mut |n| {
+            touched.push((epoch, n.clone()))
+        });
+        if let Some(k) = key {
+            self.cursors.insert(k, next);
+        }
+        self.placed.push(a.clone());
+    }
+
+    /// Nodes deducted from after `epoch` (with repeats).
+    pub(crate) fn touched_since(&self, epoch: u64) -> impl Iterator<Item = &Arc<str>> {
+        self.touched
+            .iter()
+            .rev()
+            .take_while(move |(e, _)| *e > epoch)
+            .map(|(_, n)| n)
     }
 }

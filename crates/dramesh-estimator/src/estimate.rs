@@ -20,9 +20,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::assumed::{AssumedWorkload, NodeFree, assumed_deductions, node_free};
+use crate::assumed::{
+    Assumed, AssumedWorkload, DeductionLog, NodeFree, assumed_deductions, node_free,
+};
 use crate::filter::NodeClaim;
-use crate::fit::{DeviceCache, DeviceQuery};
+use crate::fit::{AssumedDevices, DeviceCache, DeviceQuery};
 use crate::hash::{FastMap, FastSet};
 use crate::overlay::Overlay;
 use crate::quota::QuotaSet;
@@ -34,7 +36,7 @@ use crate::workload::Workload;
 #[derive(Debug, Clone, Default)]
 pub struct EstimateOptions {
     /// In-flight workloads deducted first (Karmada's assumed workloads).
-    pub assumed: Vec<AssumedWorkload>,
+    pub assumed: Assumed,
     /// Quota caps, when any.
     pub quotas: Option<QuotaSet>,
     /// Restrict to these clusters (all when empty).
@@ -170,6 +172,11 @@ pub struct Estimator {
     /// Sum of the memos' `bytes`.
     memo_bytes: usize,
     max_bytes: usize,
+    /// Per cluster: the deductions of its assumed workloads, kept for the next estimate
+    /// with the same assumed list or one that extends it.
+    deductions: FastMap<String, DeductionLog>,
+    /// Deduction builds made (numbers them).
+    builds: u64,
 }
 
 /// Default bound of an estimator's caches: 512 MiB, which with the view of a 100-cluster ×
@@ -222,6 +229,9 @@ impl Factor {
 /// recorded generations.
 #[derive(Debug, Default)]
 struct ClusterMemo {
+    /// The deduction build and epoch the answers count against (0: no deductions).
+    build: u64,
+    epoch: u64,
     view_gen: u64,
     dev_counter: u64,
     shared_gen: u64,
@@ -328,6 +338,8 @@ impl Estimator {
             lru: BTreeMap::new(),
             tick: 0,
             memo_bytes: 0,
+            deductions: FastMap::default(),
+            builds: 0,
             max_bytes,
         }
     }
@@ -404,11 +416,9 @@ impl Estimator {
                 clusters.push(error_estimate(c, DEADLINE_EXCEEDED.into()));
             } else if opts.disable_cache {
                 clusters.push(estimate_cluster(c, w, opts, None, None));
-            } else if opts.assumed.iter().any(|a| a.cluster == c.name) {
-                let cache = self.device_cache.entry(c.name.clone()).or_default();
-                clusters.push(estimate_cluster(c, w, opts, None, Some(cache)));
             } else {
-                clusters.push(self.estimate_memoized(c, w, opts));
+                let list = opts.assumed.shared(&c.name);
+                clusters.push(self.estimate_memoized(c, w, opts, list));
             }
         }
         let total = clusters
@@ -418,16 +428,49 @@ impl Estimator {
         self.trim();
         Estimate { clusters, total }
     }
+
+    /// The cluster's deductions of `list` (its assumed workloads, in order), taken out of
+    /// the kept logs: the kept log extended when `list` extends what it placed, else a new
+    /// build. `None` once the deadline passed (the kept log stays, a consistent prefix).
+    fn take_deductions(
+        &mut self,
+        c: &ClusterView,
+        list: &Arc<[AssumedWorkload]>,
+        opts: &EstimateOptions,
+    ) -> Option<DeductionLog> {
+        let steps = opts.max_allocation_steps;
+        let mut log = match self.deductions.remove(&c.name) {
+            Some(l) if l.extends_to(c, list, steps) => l,
+            _ => {
+                self.builds += 1;
+                DeductionLog::new(c, steps, self.builds)
+            }
+        };
+        if log.placed() < list.len() {
+            log.next_epoch();
+            for a in &list[log.placed()..] {
+                if opts.past_deadline() {
+                    self.deductions.insert(c.name.clone(), log);
+                    return None;
+                }
+                log.add(c, a);
+            }
+        }
+        log.reached(list);
+        Some(log)
+    }
 }
 
 impl Estimator {
     /// Brings the cluster's memo for `w` up to date by revisiting only the nodes changed
-    /// since it was made (all nodes the first time), then sums.
+    /// since it was made (in the view, or in the deductions of the assumed workloads
+    /// `list`), all nodes the first time, then sums.
     fn estimate_memoized(
         &mut self,
         c: &ClusterView,
         w: &Workload,
         opts: &EstimateOptions,
+        list: Option<&Arc<[AssumedWorkload]>>,
     ) -> ClusterEstimate {
         // Answers under another search budget are other answers.
         let key = (
@@ -437,103 +480,106 @@ impl Estimator {
             }),
         );
         let memo = self.take_memo(&key);
-        let cache = self.device_cache.entry(c.name.clone()).or_default();
-        let view_gen = c.generation;
-        let dev_counter = c.devices.counter();
-        let shared_gen = c.devices.shared_gen;
-        if let Some(mut m) = memo
-            && m.shared_gen == shared_gen
-            && let Some(changed) = changed_nodes(c, m.view_gen, m.dev_counter)
-            && changed.len() * 4 <= c.nodes.len() + 16
-        {
-            if changed.is_empty() {
-                let out = m.to_estimate(c, w, opts);
-                self.put_memo(key, m);
-                return out;
-            }
-            let mut devq = match DeviceQuery::prepare(
+        let mut log = match list {
+            None => None,
+            Some(list) => match self.take_deductions(c, list, opts) {
+                Some(l) => Some(l),
+                None => return error_estimate(c, DEADLINE_EXCEEDED.into()),
+            },
+        };
+        let (build, epoch, unplaced) = log
+            .as_ref()
+            .map_or((0, 0, 0), |l| (l.build, l.epoch, l.ded.unplaced));
+        let mut held = log.as_mut().and_then(|l| l.ded.take_devices());
+        if held.as_ref().is_some_and(AssumedDevices::holds_shared) {
+            // A held shared device makes every node's answer depend on every deduction:
+            // counted in full on a copy of the held state, never memoized.
+            let mut copy = held.clone();
+            let mut m = ClusterMemo::default();
+            let cache = self.device_cache.entry(c.name.clone()).or_default();
+            let counted = count_nodes(
                 c,
                 w,
+                opts,
+                log.as_ref().map(|l| &l.ded.res),
+                &mut copy,
+                cache,
+                &mut m,
                 None,
-                Some(cache),
-                &mut None,
-                opts.max_allocation_steps,
-            ) {
-                Ok(q) => q,
-                Err(e) => return error_estimate(c, e),
+            );
+            if let Some(mut l) = log {
+                l.ded.put_devices(held);
+                self.deductions.insert(c.name.clone(), l);
+            }
+            return match counted {
+                Ok(_) => {
+                    let mut out = m.to_estimate(c, w, opts);
+                    out.assumed_unplaced = unplaced;
+                    out
+                }
+                Err(e) => error_estimate(c, e),
             };
-            let mut ok = true;
-            for (i, name) in changed.iter().enumerate() {
-                if opts.past_deadline_at(i) {
-                    // The memo was taken out and is half updated: it is dropped.
-                    return error_estimate(c, DEADLINE_EXCEEDED.into());
-                }
-                if let Some(old) = m.per_node.remove(name) {
-                    m.add(&old, -1);
-                }
-                let Some(node) = c.nodes.get(name) else {
-                    continue;
-                };
-                match node_fit(c, w, node, None, None, devq.as_mut()) {
-                    Ok(o) => {
-                        m.add(&o, 1);
-                        m.per_node.insert(node.name.clone(), o);
-                    }
-                    Err(e) => return error_estimate(c, e),
-                }
-                if devq.as_ref().is_some_and(|q| q.order_dependent()) {
-                    ok = false;
-                    break;
-                }
-            }
-            if ok {
-                m.view_gen = view_gen;
-                m.dev_counter = dev_counter;
-                let out = m.to_estimate(c, w, opts);
-                self.put_memo(key, m);
-                return out;
-            }
         }
-        let cache = self.device_cache.entry(c.name.clone()).or_default();
-        let mut memo = ClusterMemo {
-            view_gen,
-            dev_counter,
-            shared_gen,
-            ..Default::default()
+        let changed = memo.as_ref().and_then(|m| {
+            if m.shared_gen != c.devices.shared_gen {
+                return None;
+            }
+            let mut changed = changed_nodes(c, m.view_gen, m.dev_counter)?;
+            match &log {
+                None if m.build == 0 => {}
+                Some(l) if m.build == l.build => changed.extend(l.touched_since(m.epoch).cloned()),
+                // Nodes never deducted from answer as without deductions.
+                Some(l) if m.build == 0 => changed.extend(l.touched_since(0).cloned()),
+                _ => return None,
+            }
+            changed.sort();
+            changed.dedup();
+            (changed.len() * 4 <= c.nodes.len() + 16).then_some(changed)
+        });
+        let (mut m, changed) = match (memo, changed) {
+            (Some(m), Some(changed)) => (m, Some(changed)),
+            _ => (ClusterMemo::default(), None),
         };
-        let mut devq = match DeviceQuery::prepare(
+        m.view_gen = c.generation;
+        m.dev_counter = c.devices.counter();
+        m.shared_gen = c.devices.shared_gen;
+        m.build = build;
+        m.epoch = epoch;
+        let cache = self.device_cache.entry(c.name.clone()).or_default();
+        let counted = count_nodes(
             c,
             w,
-            None,
-            Some(cache),
-            &mut None,
-            opts.max_allocation_steps,
-        ) {
-            Ok(q) => q,
-            Err(e) => return error_estimate(c, e),
-        };
-        if c.nodes.is_empty() {
-            let mut out = memo.to_estimate(c, w, opts);
-            out.limited_by = "no nodes".into();
-            return out;
-        }
-        for (i, node) in c.nodes.values().enumerate() {
-            if opts.past_deadline_at(i) {
-                return error_estimate(c, DEADLINE_EXCEEDED.into());
-            }
-            match node_fit(c, w, node, None, None, devq.as_mut()) {
-                Ok(o) => {
-                    memo.add(&o, 1);
-                    memo.per_node.insert(node.name.clone(), o);
+            opts,
+            log.as_ref().map(|l| &l.ded.res),
+            &mut held,
+            cache,
+            &mut m,
+            changed.as_deref(),
+        );
+        match counted {
+            Ok(Counted::Complete) => {
+                if let Some(mut l) = log {
+                    l.ded.put_devices(held);
+                    self.deductions.insert(c.name.clone(), l);
                 }
-                Err(e) => return error_estimate(c, e),
+                let mut out = m.to_estimate(c, w, opts);
+                out.assumed_unplaced = unplaced;
+                self.put_memo(key, m);
+                out
             }
+            // The query consumed a shared device (or allocates a shared claim): its answers
+            // depend on node order, and any held state it used now holds its allocations.
+            Ok(Counted::OrderDependent) if changed.is_none() => {
+                let mut out = m.to_estimate(c, w, opts);
+                out.assumed_unplaced = unplaced;
+                out
+            }
+            Ok(Counted::OrderDependent) => {
+                let cache = self.device_cache.entry(c.name.clone()).or_default();
+                estimate_cluster(c, w, opts, None, Some(cache))
+            }
+            Err(e) => error_estimate(c, e),
         }
-        let out = memo.to_estimate(c, w, opts);
-        if !devq.as_ref().is_some_and(|q| q.order_dependent()) {
-            self.put_memo(key, memo);
-        }
-        out
     }
 }
 
@@ -543,6 +589,75 @@ fn error_estimate(c: &ClusterView, e: String) -> ClusterEstimate {
         error: Some(e),
         ..blank_estimate(c)
     }
+}
+
+/// How [`count_nodes`] ended.
+enum Counted {
+    /// Every node asked for was counted, each independently of the others.
+    Complete,
+    /// The query's answers depend on node order: a partial count stopped early, a full
+    /// count is complete but must not be memoized.
+    OrderDependent,
+}
+
+/// Counts the nodes `only` of `c` (all nodes, into an empty memo, when `None`) into `m`,
+/// replacing their previous answers, with `res` and `held` (the assumed deductions and
+/// their device state, given back in `held`) deducted.
+#[allow(clippy::too_many_arguments)]
+fn count_nodes(
+    c: &ClusterView,
+    w: &Workload,
+    opts: &EstimateOptions,
+    res: Option<&FastMap<Arc<str>, (ResList, i64)>>,
+    held: &mut Option<AssumedDevices>,
+    cache: &mut DeviceCache,
+    m: &mut ClusterMemo,
+    only: Option<&[Arc<str>]>,
+) -> Result<Counted, String> {
+    let mut devq = DeviceQuery::prepare(c, w, None, Some(cache), held, opts.max_allocation_steps)?;
+    let mut order_dependent = false;
+    let nodes: Box<dyn Iterator<Item = (&Arc<str>, Option<&NodeEntry>)>> = match only {
+        Some(names) => Box::new(names.iter().map(|n| (n, c.nodes.get(n)))),
+        None => Box::new(c.nodes.iter().map(|(n, e)| (n, Some(e)))),
+    };
+    let mut result = Ok(());
+    for (i, (name, node)) in nodes.enumerate() {
+        if opts.past_deadline_at(i) {
+            result = Err(DEADLINE_EXCEEDED.to_string());
+            break;
+        }
+        if let Some(old) = m.per_node.remove(name) {
+            m.add(&old, -1);
+        }
+        let Some(node) = node else {
+            continue;
+        };
+        match node_fit(c, w, node, None, res, devq.as_mut()) {
+            Ok(o) => {
+                m.add(&o, 1);
+                m.per_node.insert(node.name.clone(), o);
+            }
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+        if devq.as_ref().is_some_and(|q| q.order_dependent()) {
+            order_dependent = true;
+            if only.is_some() {
+                break;
+            }
+        }
+    }
+    if let Some(q) = devq {
+        *held = q.into_assumed();
+    }
+    result?;
+    Ok(if order_dependent {
+        Counted::OrderDependent
+    } else {
+        Counted::Complete
+    })
 }
 
 /// Sets `limited_by` and `unknown_nodes` from the sums and applies the quota cap. A quota
@@ -688,10 +803,10 @@ pub(crate) fn estimate_cluster(
         out.limited_by = "no nodes".into();
         return out;
     }
-    let (assumed, mut held) = if opts.assumed.iter().any(|a| a.cluster == c.name) {
-        let d = assumed_deductions(c, &opts.assumed, overlay, opts.max_allocation_steps);
+    let (assumed, mut held) = if !opts.assumed.cluster(&c.name).is_empty() {
+        let mut d = assumed_deductions(c, &opts.assumed, overlay, opts.max_allocation_steps);
         out.assumed_unplaced = d.unplaced;
-        (Some(d.res), d.devices)
+        (Some(std::mem::take(&mut d.res)), d.take_devices())
     } else {
         (None, None)
     };

@@ -165,6 +165,11 @@ impl AssumedDevices {
         self.shared || !self.nodes.is_empty() || !self.claims.is_empty()
     }
 
+    /// True once an assumed replica holds a device not local to its node.
+    pub(crate) fn holds_shared(&self) -> bool {
+        self.shared
+    }
+
     fn hold(&mut self, node: &NodeEntry, local: bool) {
         if local {
             self.nodes.insert(node.name.clone());

@@ -525,7 +525,7 @@ fn simulate_incremental(
     cands: &[Candidate<'_>],
     cache: &mut DeviceCache,
 ) -> Option<Found> {
-    if c.nodes.is_empty() || opts.assumed.iter().any(|a| a.cluster == c.name) {
+    if c.nodes.is_empty() || !opts.assumed.cluster(&c.name).is_empty() {
         return None;
     }
     let devices = c.devices();

@@ -73,6 +73,8 @@ pub struct Resolution {
     pub assumed: Vec<AssumedWorkload>,
     /// The id of each entry of `assumed` (same order), so a caller can leave one out.
     pub assumed_ids: Vec<String>,
+    /// What was resolved, per cluster in rank order: (id, priority, replicas).
+    pub ranked: Vec<(String, i32, i64)>,
 }
 
 impl Resolution {
@@ -89,57 +91,108 @@ pub(crate) fn rank(a: &Reservation, b: &Reservation) -> Ordering {
 
 /// Decides which reservations hold capacity (see the module docs).
 pub fn resolve(view: &View, estimator: &mut Estimator, reservations: &[Reservation]) -> Resolution {
-    let mut by_cluster: BTreeMap<&str, Vec<&Reservation>> = BTreeMap::new();
+    let mut by_cluster: BTreeMap<&str, Vec<Reservation>> = BTreeMap::new();
     for r in reservations {
-        by_cluster.entry(r.cluster.as_str()).or_default().push(r);
+        by_cluster
+            .entry(r.cluster.as_str())
+            .or_default()
+            .push(r.clone());
     }
     let mut out = Resolution::default();
-    for (cluster, mut list) in by_cluster {
-        list.sort_by(|a, b| rank(a, b));
-        let mut admitted: Vec<AssumedWorkload> = Vec::new();
-        let mut ids: Vec<String> = Vec::new();
-        let mut first_winner: Option<String> = None;
-        for r in list {
-            if r.replicas <= 0 {
-                out.admissions.insert(r.id.clone(), Admission::Admitted);
-                continue;
-            }
-            let opts = EstimateOptions {
-                assumed: admitted.clone(),
-                clusters: vec![cluster.to_string()],
-                ..EstimateOptions::default()
-            };
-            let est = estimator.estimate(view, &r.workload, &opts);
-            let (available, reason) = match est.cluster(cluster) {
-                None => (0, Some(format!("cluster {cluster} is not in the view"))),
-                Some(c) => match &c.error {
-                    Some(e) => (0, Some(e.clone())),
-                    None => (c.max_replicas, None),
-                },
-            };
-            if reason.is_none() && available >= r.replicas {
-                admitted.push(AssumedWorkload::from_workload(
-                    cluster,
-                    &r.workload,
-                    r.replicas,
-                ));
-                ids.push(r.id.clone());
-                first_winner.get_or_insert_with(|| r.id.clone());
-                out.admissions.insert(r.id.clone(), Admission::Admitted);
-            } else {
-                out.admissions.insert(
-                    r.id.clone(),
-                    Admission::Conflicted {
-                        winner: first_winner.clone(),
-                        available,
-                        reason,
-                    },
-                );
+    for (cluster, list) in by_cluster {
+        let part = resolve_cluster(view, estimator, cluster, &list, None);
+        out.admissions.extend(part.admissions);
+        out.assumed.extend(part.assumed);
+        out.assumed_ids.extend(part.assumed_ids);
+        out.ranked.extend(part.ranked);
+    }
+    out
+}
+
+/// [`resolve`] of the reservations of one cluster, reusing `previous`, an earlier result
+/// of this function for the same cluster on the same view of it: the reservations ranked
+/// before the first difference between the two rankings keep their outcomes (an outcome
+/// depends only on the reservations ranked before it), and only the rest are checked.
+pub fn resolve_cluster(
+    view: &View,
+    estimator: &mut Estimator,
+    cluster: &str,
+    reservations: &[Reservation],
+    previous: Option<&Resolution>,
+) -> Resolution {
+    let mut list: Vec<&Reservation> = reservations
+        .iter()
+        .filter(|r| r.cluster == cluster)
+        .collect();
+    list.sort_by(|a, b| rank(a, b));
+    let ranked: Vec<(String, i32, i64)> = list
+        .iter()
+        .map(|r| (r.id.clone(), r.priority, r.replicas))
+        .collect();
+    let mut out = Resolution::default();
+    let mut first_winner: Option<String> = None;
+    let mut kept = 0;
+    if let Some(p) = previous {
+        kept = p
+            .ranked
+            .iter()
+            .zip(&ranked)
+            .take_while(|(a, b)| a == b)
+            .count();
+        for (id, _, _) in &p.ranked[..kept] {
+            if let Some(a) = p.admissions.get(id) {
+                out.admissions.insert(id.clone(), a.clone());
             }
         }
-        out.assumed.extend(admitted);
-        out.assumed_ids.extend(ids);
+        // `assumed` is in rank order: the admitted ones among the kept come first.
+        for (a, id) in p.assumed.iter().zip(&p.assumed_ids) {
+            if !matches!(out.admissions.get(id), Some(Admission::Admitted)) {
+                break;
+            }
+            out.assumed.push(a.clone());
+            out.assumed_ids.push(id.clone());
+        }
+        first_winner = out.assumed_ids.first().cloned();
     }
+    for r in &list[kept..] {
+        if r.replicas <= 0 {
+            out.admissions.insert(r.id.clone(), Admission::Admitted);
+            continue;
+        }
+        let opts = EstimateOptions {
+            assumed: out.assumed.clone().into(),
+            clusters: vec![cluster.to_string()],
+            ..EstimateOptions::default()
+        };
+        let est = estimator.estimate(view, &r.workload, &opts);
+        let (available, reason) = match est.cluster(cluster) {
+            None => (0, Some(format!("cluster {cluster} is not in the view"))),
+            Some(c) => match &c.error {
+                Some(e) => (0, Some(e.clone())),
+                None => (c.max_replicas, None),
+            },
+        };
+        if reason.is_none() && available >= r.replicas {
+            out.assumed.push(AssumedWorkload::from_workload(
+                cluster,
+                &r.workload,
+                r.replicas,
+            ));
+            out.assumed_ids.push(r.id.clone());
+            first_winner.get_or_insert_with(|| r.id.clone());
+            out.admissions.insert(r.id.clone(), Admission::Admitted);
+        } else {
+            out.admissions.insert(
+                r.id.clone(),
+                Admission::Conflicted {
+                    winner: first_winner.clone(),
+                    available,
+                    reason,
+                },
+            );
+        }
+    }
+    out.ranked = ranked;
     out
 }
 
@@ -192,7 +245,7 @@ mod tests {
     fn gpus_left(v: &View, r: &Resolution) -> i64 {
         let one = workload("probe", 1);
         let opts = EstimateOptions {
-            assumed: r.assumed.clone(),
+            assumed: r.assumed.clone().into(),
             ..EstimateOptions::default()
         };
         Estimator::new().estimate(v, &one, &opts).total
@@ -247,12 +300,87 @@ mod tests {
 
     fn dra_gpus_left(v: &View, r: &Resolution) -> i64 {
         let opts = EstimateOptions {
-            assumed: r.assumed.clone(),
+            assumed: r.assumed.clone().into(),
             ..EstimateOptions::default()
         };
         Estimator::new()
             .estimate(v, &dra_workload("probe", 1), &opts)
             .total
+    }
+
+    /// Resolving a cluster again from its previous resolution, as reservations arrive,
+    /// change and end anywhere in the ranking, gives what resolving from nothing gives.
+    #[test]
+    fn resolving_from_the_previous_resolution_equals_resolving_afresh() {
+        let spec = dramesh_sim::typed::FleetSpec {
+            clusters: 1,
+            nodes_per_cluster: 6,
+            gpus_per_node: 4,
+            owners_per_cluster: 1,
+            kubernetes_version: "1.36".into(),
+        };
+        let mut v = View::new();
+        dramesh_sim::typed::cluster_objects(&spec, 0, &|n| n % 3, |o| {
+            v.apply_object("c", o).unwrap();
+        });
+        let shapes = [dra_workload("one", 1), dra_workload("two", 2)];
+        let mut seed = 12345u64;
+        let mut next = |m: u64| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) % m
+        };
+        let mut live: Vec<Reservation> = Vec::new();
+        let mut est = Estimator::new();
+        let mut previous: Option<Resolution> = None;
+        let (mut conflicted, mut reused) = (0, 0);
+        for step in 0..60 {
+            match next(6) {
+                0 if !live.is_empty() => {
+                    let i = next(live.len() as u64) as usize;
+                    live.remove(i);
+                }
+                1 if !live.is_empty() => {
+                    let i = next(live.len() as u64) as usize;
+                    live[i].replicas = next(3) as i64;
+                }
+                _ => {
+                    let mut r = res(
+                        &format!("r{:04}", next(10_000)),
+                        next(3) as i32,
+                        1 + next(4) as i64,
+                        &shapes[next(2) as usize],
+                    );
+                    r.cluster = "c".into();
+                    live.push(r);
+                }
+            }
+            let fresh = resolve_cluster(&v, &mut Estimator::new(), "c", &live, None);
+            let again = resolve_cluster(&v, &mut est, "c", &live, previous.as_ref());
+            assert_eq!(again.admissions, fresh.admissions, "step {step}");
+            assert_eq!(again.assumed_ids, fresh.assumed_ids, "step {step}");
+            assert_eq!(again.ranked, fresh.ranked, "step {step}");
+            assert_eq!(dra_gpus_left(&v, &again), dra_gpus_left(&v, &fresh));
+            let whole = resolve(&v, &mut Estimator::new(), &live);
+            assert_eq!(whole.admissions, fresh.admissions, "step {step}");
+            if let Some(p) = &previous {
+                reused += p
+                    .ranked
+                    .iter()
+                    .zip(&fresh.ranked)
+                    .take_while(|(a, b)| a == b)
+                    .count();
+            }
+            conflicted += fresh
+                .admissions
+                .values()
+                .filter(|a| matches!(a, Admission::Conflicted { .. }))
+                .count();
+            previous = Some(again);
+        }
+        assert!(conflicted > 0, "the fleet should run out of GPUs");
+        assert!(reused > 100, "most steps should reuse a prefix ({reused})");
     }
 
     #[test]

@@ -107,7 +107,7 @@ fn network_slice(devices: usize) -> ClusterObject {
 
 fn opts(assumed: Vec<AssumedWorkload>) -> EstimateOptions {
     EstimateOptions {
-        assumed,
+        assumed: assumed.into(),
         ..EstimateOptions::default()
     }
 }
@@ -119,7 +119,7 @@ fn estimate(view: &View, w: &Workload, assumed: &[AssumedWorkload]) -> ClusterEs
         view,
         w,
         &EstimateOptions {
-            assumed: assumed.to_vec(),
+            assumed: assumed.to_vec().into(),
             disable_cache: true,
             ..EstimateOptions::default()
         },
@@ -259,7 +259,7 @@ fn preemption_counts_assumed_devices() {
     let assumed = vec![AssumedWorkload::from_workload("c0", &gpu1("inflight"), 2)];
     let run = |disable_cache: bool| {
         let o = EstimateOptions {
-            assumed: assumed.clone(),
+            assumed: assumed.clone().into(),
             disable_cache,
             ..EstimateOptions::default()
         };

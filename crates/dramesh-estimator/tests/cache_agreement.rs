@@ -102,7 +102,7 @@ fn compare_assumed(
     label: &str,
 ) -> i64 {
     let with = EstimateOptions {
-        assumed: assumed.to_vec(),
+        assumed: assumed.to_vec().into(),
         ..Default::default()
     };
     let naive = est.estimate(
@@ -151,6 +151,105 @@ fn cached_equals_naive_with_assumed_device_workloads() {
                 &assumed,
                 &format!("round {round} probe {probe}"),
             );
+        }
+    }
+    assert!(deducted > 0, "assumed devices should lower some estimates");
+}
+
+/// An assumed list that grows one workload at a time (as admitted reservations do), with
+/// now and then an entry dropped from the middle, a view change, and the list emptied: one
+/// long-lived estimator, whose kept deductions are extended or built again, answers every
+/// step as the naive path does.
+#[test]
+fn growing_assumed_lists_agree_with_naive() {
+    let mut rng = Lcg(47);
+    let mut deducted = 0;
+    for round in 0..4 {
+        let spec = random_spec(&mut rng, (4, 12), (2, 6), Some(3));
+        let nodes = spec.nodes_per_cluster;
+        let salt = rng.next(1000) as usize;
+        let alloc = move |n: usize| (n * 3 + salt) % 3;
+        let mut view = fleet(&spec, &alloc).unwrap();
+        if round % 2 == 1 {
+            view.apply_object("c2", shared_slice(1 + rng.next(3) as usize))
+                .unwrap();
+        }
+        let shapes = [
+            gpu_workload(1, "1"),
+            gpu_workload(2, "30"),
+            gpu_workload(1, "64"),
+        ];
+        let mut est = Estimator::new();
+        let mut assumed: Vec<AssumedWorkload> = Vec::new();
+        for step in 0..24 {
+            let label = format!("round {round} step {step}");
+            match rng.next(10) {
+                0 if !assumed.is_empty() => {
+                    let i = rng.next(assumed.len() as u64) as usize;
+                    assumed.remove(i);
+                }
+                1 => {
+                    let c = format!("c{}", rng.next(3));
+                    let node = format!("{c}-n{}", rng.next(nodes as u64));
+                    let pod: dramesh_model::k8s::Pod = serde_json::from_value(json!({
+                        "apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": format!("p{step}"), "namespace": "default"},
+                        "spec": {"nodeName": node, "containers": [{"name": "c",
+                            "resources": {"requests": {"cpu": "40"}}}]}
+                    }))
+                    .unwrap();
+                    view.apply(
+                        &c,
+                        &ObjectChange::upsert(&ClusterObject::Pod(Arc::new(pod))),
+                    )
+                    .unwrap();
+                }
+                2 => {
+                    // A workload without claims: requests and pod slots only.
+                    let mut a = AssumedWorkload::from_workload(
+                        &format!("c{}", rng.next(3)),
+                        &shapes[0],
+                        1 + rng.next(3) as i64,
+                    );
+                    a.claims = None;
+                    assumed.push(a);
+                }
+                _ => {
+                    let w = &shapes[rng.next(3) as usize];
+                    let c = format!("c{}", rng.next(3));
+                    assumed.push(AssumedWorkload::from_workload(
+                        &c,
+                        w,
+                        1 + rng.next(nodes as u64) as i64,
+                    ));
+                }
+            }
+            for probe in [&shapes[0], &shapes[1]] {
+                let with = EstimateOptions {
+                    assumed: assumed.clone().into(),
+                    ..Default::default()
+                };
+                let naive = Estimator::new().estimate(
+                    &view,
+                    probe,
+                    &EstimateOptions {
+                        disable_cache: true,
+                        ..with.clone()
+                    },
+                );
+                let cached = est.estimate(&view, probe, &with);
+                assert_eq!(cached, naive, "{label}: cached differs from naive");
+                let plain = est.estimate(&view, probe, &EstimateOptions::default());
+                deducted += plain.total - naive.total;
+            }
+            if step % 8 == 7 {
+                compare(
+                    &view,
+                    &mut est,
+                    &shapes[2],
+                    &format!("{label} without assumed"),
+                );
+            }
         }
     }
     assert!(deducted > 0, "assumed devices should lower some estimates");
@@ -361,9 +460,9 @@ fn preemption_with_caches_equals_naive_on_random_fleets() {
             // Every other probe also has workloads in flight (the reference path).
             let with = EstimateOptions {
                 assumed: if probe % 2 == 1 {
-                    random_assumed(&mut rng, 3, nodes)
+                    random_assumed(&mut rng, 3, nodes).into()
                 } else {
-                    Vec::new()
+                    Vec::new().into()
                 },
                 ..Default::default()
             };

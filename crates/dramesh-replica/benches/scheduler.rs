@@ -186,6 +186,10 @@ fn pct(lat: &[Duration], p: f64) -> f64 {
 }
 
 fn report(label: &str, n: usize, last: Duration, lat: &[Duration], failed: &[String]) {
+    if lat.is_empty() {
+        println!("{label}: no binding scheduled");
+        return;
+    }
     println!(
         "{label}: {n} bindings in {:.2} s = {:.0} bindings/s; latency p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
         last.as_secs_f64(),

@@ -41,9 +41,10 @@ impl Backend for ReplicaBackend {
             Ok(a) => a,
             Err(e) => return ReplicaAnswer::Failed(e),
         };
-        assumed.extend(reserved);
+        // Only this cluster is estimated: its reservations after Karmada's assumed ones.
+        assumed.extend(reserved.cluster(&q.cluster).iter().cloned());
         let opts = EstimateOptions {
-            assumed,
+            assumed: assumed.into(),
             clusters: vec![q.cluster.clone()],
             deadline: dramesh_api::deadline::current(),
             ..EstimateOptions::default()
@@ -90,9 +91,10 @@ impl Backend for ReplicaBackend {
             Ok(a) => a,
             Err(e) => return ReplicaAnswer::Failed(e),
         };
-        assumed.extend(reserved);
+        // Only this cluster is estimated: its reservations after Karmada's assumed ones.
+        assumed.extend(reserved.cluster(&q.cluster).iter().cloned());
         let opts = EstimateOptions {
-            assumed,
+            assumed: assumed.into(),
             clusters: vec![q.cluster.clone()],
             deadline: dramesh_api::deadline::current(),
             ..EstimateOptions::default()

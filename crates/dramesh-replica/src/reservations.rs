@@ -28,7 +28,7 @@
 //! - **Ended** reservations (released, expired, satisfied) are remembered for a while
 //!   (at most [`MAX_ENDED`]) so an owner can still be told what became of them.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -127,17 +127,47 @@ impl Record {
     }
 }
 
-/// Pods of `w` bound (and active) in `c`.
-pub(crate) fn bound_pods(c: &ClusterView, w: &WorkloadRef) -> i64 {
-    c.pods()
-        .filter(|(_, p)| {
-            p.active
-                && p.node.is_some()
-                && p.owner.namespace == w.namespace
-                && p.owner.kind == w.kind
-                && p.owner.name == w.name
-        })
-        .count() as i64
+/// Active bound pods per owner (namespace, kind, name) of each cluster, counted in one pass
+/// over the cluster's pods and kept until the cluster's generation changes.
+#[derive(Debug, Default)]
+pub(crate) struct BoundPods {
+    per_cluster: HashMap<String, (u64, HashMap<String, i64>)>,
+}
+
+/// The key of an owner: its names joined by NUL, which no Kubernetes name contains.
+fn owner_key(namespace: &str, kind: &str, name: &str) -> String {
+    format!("{namespace}\0{kind}\0{name}")
+}
+
+impl BoundPods {
+    /// Pods of `w` bound (and active) in `c`.
+    pub(crate) fn get(&mut self, c: &ClusterView, w: &WorkloadRef) -> i64 {
+        let g = c.generation();
+        let counts = match self.per_cluster.get(&c.name) {
+            Some((at, counts)) if *at == g => counts,
+            _ => {
+                let mut counts: HashMap<String, i64> = HashMap::new();
+                for (_, p) in c.pods() {
+                    if p.active && p.node.is_some() {
+                        *counts
+                            .entry(owner_key(&p.owner.namespace, &p.owner.kind, &p.owner.name))
+                            .or_default() += 1;
+                    }
+                }
+                self.per_cluster.insert(c.name.clone(), (g, counts));
+                &self.per_cluster[&c.name].1
+            }
+        };
+        counts
+            .get(&owner_key(&w.namespace, &w.kind, &w.name))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Forgets clusters not in `keep`.
+    pub(crate) fn retain(&mut self, keep: impl Fn(&str) -> bool) {
+        self.per_cluster.retain(|c, _| keep(c));
+    }
 }
 
 /// A known reservation.
@@ -159,6 +189,10 @@ pub(crate) struct Table {
     next_seq: u64,
     /// Bumped on every change of `entries`.
     pub(crate) version: u64,
+    /// Per cluster: the ids of its entries, and the `version` at their last change.
+    clusters: BTreeMap<String, (u64, BTreeSet<String>)>,
+    /// Per preemptor: the ids of the preemption holds written for it.
+    holds: BTreeMap<String, BTreeSet<String>>,
 }
 
 impl Table {
@@ -174,6 +208,8 @@ impl Table {
             ended_order: VecDeque::new(),
             next_seq: ms.max(1),
             version: 0,
+            clusters: BTreeMap::new(),
+            holds: BTreeMap::new(),
         }
     }
 
@@ -194,6 +230,63 @@ impl Table {
 
     pub(crate) fn get(&self, id: &str) -> Option<&Entry> {
         self.entries.get(id)
+    }
+
+    /// Each cluster that has entries, with the table version at their last change.
+    pub(crate) fn cluster_versions(&self) -> impl Iterator<Item = (&String, u64)> {
+        self.clusters.iter().map(|(c, (v, _))| (c, *v))
+    }
+
+    /// The entries of `cluster`, in id order, with the version at their last change.
+    pub(crate) fn cluster_entries(&self, cluster: &str) -> (u64, Vec<&Entry>) {
+        match self.clusters.get(cluster) {
+            None => (self.version, Vec::new()),
+            Some((v, ids)) => (
+                *v,
+                ids.iter().filter_map(|id| self.entries.get(id)).collect(),
+            ),
+        }
+    }
+
+    /// The preemption holds written for `preemptor`.
+    pub(crate) fn holds_for(&self, preemptor: &str) -> impl Iterator<Item = &Entry> {
+        self.holds
+            .get(preemptor)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.entries.get(id))
+    }
+
+    /// Records that `e` was added (`present`) or removed.
+    fn index(&mut self, e: &Record, present: bool) {
+        self.touch(&e.cluster, &e.id, present);
+        if let Some(p) = &e.preemptor {
+            let ids = self.holds.entry(p.clone()).or_default();
+            if present {
+                ids.insert(e.id.clone());
+            } else {
+                ids.remove(&e.id);
+                if ids.is_empty() {
+                    self.holds.remove(p);
+                }
+            }
+        }
+    }
+
+    /// Records a change of `id` in `cluster` (added when `present`, else removed).
+    fn touch(&mut self, cluster: &str, id: &str, present: bool) {
+        self.version += 1;
+        let version = self.version;
+        let e = self.clusters.entry(cluster.to_string()).or_default();
+        e.0 = version;
+        if present {
+            e.1.insert(id.to_string());
+        } else {
+            e.1.remove(id);
+            if e.1.is_empty() {
+                self.clusters.remove(cluster);
+            }
+        }
     }
 
     pub(crate) fn ended(&self, id: &str) -> Option<&ReservationStatus> {
@@ -233,7 +326,7 @@ impl Table {
         &mut self,
         change: &ObjectChange,
         now: Instant,
-        decode: &dyn Fn(&[String]) -> Result<Workload, String>,
+        decode: &mut dyn FnMut(&[String]) -> Result<Arc<Workload>, String>,
     ) {
         match change {
             ObjectChange::Upsert { key, json } => {
@@ -264,20 +357,23 @@ impl Table {
                 {
                     return;
                 }
-                let workload = decode(&record.manifests).map(Arc::new);
-                self.entries.insert(
+                let workload = decode(&record.manifests);
+                let indexed = record.clone();
+                if let Some(old) = self.entries.insert(
                     record.id.clone(),
                     Entry {
                         record,
                         workload,
                         seen,
                     },
-                );
-                self.version += 1;
+                ) {
+                    self.index(&old.record, false);
+                }
+                self.index(&indexed, true);
             }
             ObjectChange::Delete { key } => {
                 if let Some(e) = self.entries.remove(&key.name) {
-                    self.version += 1;
+                    self.index(&e.record, false);
                     if !self.ended.contains_key(&key.name) {
                         let state = if now >= self.expiry(&e) {
                             ReservationState::Expired
@@ -294,10 +390,16 @@ impl Table {
 
     /// Drops every entry whose id is not in `keep` (after a rebuild from the store).
     pub(crate) fn retain(&mut self, keep: &BTreeSet<String>) {
-        let before = self.entries.len();
-        self.entries.retain(|id, _| keep.contains(id));
-        if self.entries.len() != before {
-            self.version += 1;
+        let gone: Vec<String> = self
+            .entries
+            .keys()
+            .filter(|id| !keep.contains(*id))
+            .cloned()
+            .collect();
+        for id in gone {
+            if let Some(e) = self.entries.remove(&id) {
+                self.index(&e.record, false);
+            }
         }
     }
 }
@@ -358,7 +460,7 @@ mod tests {
         }
     }
 
-    fn no_workload(_: &[String]) -> Result<Workload, String> {
+    fn no_workload(_: &[String]) -> Result<Arc<Workload>, String> {
         Err("no manifests".into())
     }
 
@@ -366,15 +468,15 @@ mod tests {
     fn expiry_is_local_and_later_for_non_owners() {
         let mut t = Table::new("r1");
         let t0 = Instant::now();
-        t.apply(&upsert(&record("r1", "r1-1", 60)), t0, &no_workload);
-        t.apply(&upsert(&record("r2", "r2-1", 60)), t0, &no_workload);
+        t.apply(&upsert(&record("r1", "r1-1", 60)), t0, &mut no_workload);
+        t.apply(&upsert(&record("r2", "r2-1", 60)), t0, &mut no_workload);
         let own = t.get("r1-1").unwrap();
         assert_eq!(t.expiry(own), t0 + Duration::from_secs(60));
         let other = t.get("r2-1").unwrap();
         assert_eq!(t.expiry(other), t0 + Duration::from_secs(60) + EXPIRY_GRACE);
         // Seeing the same record again later keeps the first-seen time.
         let later = t0 + Duration::from_secs(30);
-        t.apply(&upsert(&record("r2", "r2-1", 60)), later, &no_workload);
+        t.apply(&upsert(&record("r2", "r2-1", 60)), later, &mut no_workload);
         assert_eq!(t.get("r2-1").unwrap().seen, t0);
         // A deletion after the local expiry is reported as expired, before it as released.
         t.apply(
@@ -382,7 +484,7 @@ mod tests {
                 key: record_key("r2-1"),
             },
             t0 + Duration::from_secs(100),
-            &no_workload,
+            &mut no_workload,
         );
         assert_eq!(t.ended("r2-1").unwrap().status, ReservationState::Expired);
         t.apply(
@@ -390,7 +492,7 @@ mod tests {
                 key: record_key("r1-1"),
             },
             t0 + Duration::from_secs(1),
-            &no_workload,
+            &mut no_workload,
         );
         assert_eq!(t.ended("r1-1").unwrap().status, ReservationState::Released);
         assert!(t.get("r1-1").is_none());
@@ -420,7 +522,7 @@ mod tests {
         assert!(Record::decode(&serde_json::to_vec(&bad).unwrap()).is_err());
         assert!(Record::decode(&vec![b' '; MAX_RECORD_BYTES + 1]).is_err());
         let mut t = Table::new("r1");
-        t.apply(&upsert(&bad), Instant::now(), &no_workload);
+        t.apply(&upsert(&bad), Instant::now(), &mut no_workload);
         assert_eq!(t.entries().count(), 0);
     }
 
@@ -434,7 +536,7 @@ mod tests {
         t.apply(
             &upsert(&record("r1", &far, 60)),
             Instant::now(),
-            &no_workload,
+            &mut no_workload,
         );
         assert!(t.next_id() > far);
     }

@@ -10,7 +10,7 @@ use std::time::Instant;
 use dramesh_api::ApiError;
 use dramesh_api::auth::{Caller, Caps, Refusal, RefusalKind};
 use dramesh_api::native::{ReservationState, ReservationStatus, ReserveRequest, WorkloadRef};
-use dramesh_estimator::{Admission, AssumedWorkload, Reservation, Workload};
+use dramesh_estimator::{Admission, Assumed, AssumedWorkload, Reservation, Workload};
 use dramesh_model::ObjectChange;
 
 use crate::requests::workload_from_manifests;
@@ -49,169 +49,180 @@ pub(crate) struct PreemptionHold {
     pub(crate) own: bool,
 }
 
-/// Inputs a resolution depends on; equal keys give equal resolutions.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ResolveKey {
-    version: u64,
-    live: Vec<String>,
-    clusters: Vec<(String, u64)>,
+/// One cluster's part of a resolution, with what it was computed from.
+#[derive(Debug)]
+pub(crate) struct ClusterPart {
+    /// Unique among the parts a replica computes, and increasing: a new number is a new
+    /// resolution of the cluster.
+    epoch: u64,
+    /// The table's version of the cluster's reservations.
+    table_version: u64,
+    /// The cluster's view generation.
+    view_gen: u64,
+    /// When the first of its live reservations expires: the part is computed again then.
+    until: Option<Instant>,
+    /// The resolution of its live reservations whose workloads decode.
+    resolution: Arc<dramesh_estimator::Resolution>,
+    /// The outcome of live reservations whose workloads do not decode (conflicted).
+    undecodable: BTreeMap<String, Admission>,
+    /// Replicas each live reservation still holds.
+    remaining: BTreeMap<String, i64>,
+    /// Reservations past their expiry, not yet deleted.
+    expired: BTreeSet<String>,
+    /// The admitted reservations as estimator deductions, shared with every estimate.
+    assumed: Arc<[AssumedWorkload]>,
 }
 
-/// What one cluster's part of a resolution depends on: the cluster's generation and its
-/// reservations (id, priority, replicas left), in id order.
-type ClusterKey = (u64, Vec<(String, i32, i64)>);
-
-/// Each cluster's part of the last resolution, with what it was computed from.
-pub(crate) type ClusterResolutions =
-    std::collections::HashMap<String, (ClusterKey, Arc<dramesh_estimator::Resolution>)>;
+/// Each cluster's part of the last resolution.
+pub(crate) type ClusterResolutions = std::collections::HashMap<String, Arc<ClusterPart>>;
 
 /// One overcommit resolution of the unexpired reservations.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct Resolved {
-    key: ResolveKey,
-    admissions: BTreeMap<String, Admission>,
-    remaining: BTreeMap<String, i64>,
-    expired: BTreeSet<String>,
-    assumed: Vec<AssumedWorkload>,
-    /// The id of each entry of `assumed`.
-    assumed_ids: Vec<String>,
+    parts: BTreeMap<String, Arc<ClusterPart>>,
+    assumed: Assumed,
+}
+
+impl Resolved {
+    /// The outcome of reservation `id` of `cluster` (`None`: seen after this resolution).
+    fn admission(&self, cluster: &str, id: &str) -> Option<&Admission> {
+        let p = self.parts.get(cluster)?;
+        p.resolution
+            .admissions
+            .get(id)
+            .or_else(|| p.undecodable.get(id))
+    }
+
+    /// Replicas reservation `id` of `cluster` still holds.
+    fn remaining(&self, cluster: &str, id: &str) -> Option<i64> {
+        self.parts.get(cluster)?.remaining.get(id).copied()
+    }
+
+    /// Whether reservation `id` of `cluster` had expired.
+    fn expired(&self, cluster: &str, id: &str) -> bool {
+        self.parts
+            .get(cluster)
+            .is_some_and(|p| p.expired.contains(id))
+    }
+}
+
+/// A live reservation as resolution reads it from the table.
+struct Live {
+    id: String,
+    priority: i32,
+    replicas: i64,
+    bound_at_creation: i64,
+    workload: WorkloadRef,
+    decoded: Result<Arc<Workload>, String>,
 }
 
 impl ReplicaState {
-    /// The current overcommit resolution (recomputed only when its inputs changed).
+    /// The current overcommit resolution. Each cluster's part is computed again only when
+    /// its reservations, its view generation or the first expiry among them changed, and
+    /// then from its previous part (see [`dramesh_estimator::resolve_cluster`]).
     fn resolution(&self) -> Arc<Resolved> {
         let now = Instant::now();
-        struct Live {
-            id: String,
-            cluster: String,
-            priority: i32,
-            replicas: i64,
-            bound_at_creation: i64,
-            workload: WorkloadRef,
-            decoded: Result<Arc<Workload>, String>,
-        }
-        let (version, live, expired) = {
-            self.with_table(|table| {
-                let mut live = Vec::new();
-                let mut expired = BTreeSet::new();
-                for (id, e) in table.entries() {
-                    if now >= table.expiry(e) {
-                        expired.insert(id.clone());
-                        continue;
-                    }
-                    live.push(Live {
-                        id: id.clone(),
-                        cluster: e.record.cluster.clone(),
-                        priority: e.record.priority,
-                        replicas: e.record.replicas,
-                        bound_at_creation: e.record.bound_at_creation,
-                        workload: e.record.workload.clone(),
-                        decoded: e.workload.clone(),
-                    });
-                }
-                (table.version, live, expired)
-            })
+        // The table (lock 3) is not taken with the indexes (lock 4) held: versions first,
+        // then the entries of the clusters that changed.
+        let versions: Vec<(String, u64)> =
+            self.with_table(|t| t.cluster_versions().map(|(c, v)| (c.clone(), v)).collect());
+        let stale: Vec<String> = {
+            let indexes = self.indexes();
+            let view = &indexes.view;
+            let compute = self.compute(&indexes);
+            let unchanged = compute.resolved.as_ref().is_some_and(|r| {
+                r.parts.len() == versions.len()
+                    && versions
+                        .iter()
+                        .all(|(c, v)| r.parts.get(c).is_some_and(|p| fresh(p, *v, view, c, now)))
+            });
+            if unchanged && let Some(r) = compute.resolved.as_ref() {
+                return r.clone();
+            }
+            versions
+                .iter()
+                .filter(|(c, v)| {
+                    !compute
+                        .per_cluster
+                        .get(c)
+                        .is_some_and(|p| fresh(p, *v, view, c, now))
+                })
+                .map(|(c, _)| c.clone())
+                .collect()
         };
+        type Read = (u64, Vec<Live>, BTreeSet<String>, Option<Instant>);
+        let read: Vec<(String, Read)> = self.with_table(|table| {
+            stale
+                .into_iter()
+                .map(|c| {
+                    let (version, entries) = table.cluster_entries(&c);
+                    let mut live = Vec::new();
+                    let mut expired = BTreeSet::new();
+                    let mut until: Option<Instant> = None;
+                    for e in entries {
+                        let expiry = table.expiry(e);
+                        if now >= expiry {
+                            expired.insert(e.record.id.clone());
+                            continue;
+                        }
+                        until = Some(until.map_or(expiry, |u| u.min(expiry)));
+                        live.push(Live {
+                            id: e.record.id.clone(),
+                            priority: e.record.priority,
+                            replicas: e.record.replicas,
+                            bound_at_creation: e.record.bound_at_creation,
+                            workload: e.record.workload.clone(),
+                            decoded: e.workload.clone(),
+                        });
+                    }
+                    (c, (version, live, expired, until))
+                })
+                .collect()
+        });
         let indexes = self.indexes();
         let view = &indexes.view;
         let mut compute = self.compute(&indexes);
-        let clusters: BTreeSet<&str> = live.iter().map(|l| l.cluster.as_str()).collect();
-        let key = ResolveKey {
-            version,
-            live: live.iter().map(|l| l.id.clone()).collect(),
-            clusters: clusters
-                .iter()
-                .map(|c| {
-                    let g = view.cluster(c).map_or(0, |v| v.generation());
-                    (c.to_string(), g)
-                })
-                .collect(),
-        };
-        if let Some(r) = compute.resolved.as_ref()
-            && r.key == key
-        {
-            return r.clone();
+        let compute = &mut *compute;
+        for (cluster, (table_version, live, expired, until)) in read {
+            let previous = compute.per_cluster.remove(&cluster);
+            let part = resolve_part(
+                compute,
+                view,
+                &cluster,
+                previous.as_deref(),
+                (table_version, live, expired, until),
+            );
+            compute.per_cluster.insert(cluster, Arc::new(part));
         }
-        let mut remaining = BTreeMap::new();
-        let mut admissions = BTreeMap::new();
-        let mut input = Vec::new();
-        for l in &live {
-            let bound = view
-                .cluster(&l.cluster)
-                .map_or(0, |c| resv::bound_pods(c, &l.workload));
-            let left = (l.replicas - (bound - l.bound_at_creation).max(0)).max(0);
-            remaining.insert(l.id.clone(), left);
-            match &l.decoded {
-                Ok(w) => input.push(Reservation {
-                    id: l.id.clone(),
-                    cluster: l.cluster.clone(),
-                    priority: l.priority,
-                    replicas: left,
-                    workload: w.clone(),
-                }),
-                Err(e) => {
-                    admissions.insert(
-                        l.id.clone(),
-                        Admission::Conflicted {
-                            winner: None,
-                            available: 0,
-                            reason: Some(format!("workload manifests: {e}")),
-                        },
-                    );
-                }
-            }
-        }
-        // Resolution ranks and deducts within a cluster only: each cluster is resolved on
-        // its own, and again only when its reservations or its generation changed.
-        let mut by_cluster: BTreeMap<String, Vec<Reservation>> = BTreeMap::new();
-        for r in input {
-            by_cluster.entry(r.cluster.clone()).or_default().push(r);
-        }
+        let known: BTreeSet<&str> = versions.iter().map(|(c, _)| c.as_str()).collect();
         compute
             .per_cluster
-            .retain(|c, _| by_cluster.contains_key(c));
-        let mut assumed = Vec::new();
-        let mut assumed_ids = Vec::new();
-        for (cluster, mut list) in by_cluster {
-            list.sort_by(|a, b| a.id.cmp(&b.id));
-            let ckey: ClusterKey = (
-                view.cluster(&cluster).map_or(0, |v| v.generation()),
-                list.iter()
-                    .map(|r| (r.id.clone(), r.priority, r.replicas))
-                    .collect(),
-            );
-            let part = match compute.per_cluster.get(&cluster) {
-                Some((k, part)) if *k == ckey => part.clone(),
-                _ => {
-                    let part = Arc::new(dramesh_estimator::resolve(
-                        view,
-                        &mut compute.estimator,
-                        &list,
-                    ));
-                    compute
-                        .per_cluster
-                        .insert(cluster.clone(), (ckey, part.clone()));
-                    part
-                }
-            };
-            admissions.extend(part.admissions.iter().map(|(k, v)| (k.clone(), v.clone())));
-            assumed.extend(part.assumed.iter().cloned());
-            assumed_ids.extend(part.assumed_ids.iter().cloned());
+            .retain(|c, _| known.contains(c.as_str()));
+        compute.bound.retain(|c| known.contains(c));
+        let mut resolved = Resolved::default();
+        for (cluster, part) in &compute.per_cluster {
+            resolved.assumed.set(cluster, part.assumed.clone());
+            resolved.parts.insert(cluster.clone(), part.clone());
         }
-        let resolved = Arc::new(Resolved {
-            key,
-            admissions,
-            remaining,
-            expired,
-            assumed,
-            assumed_ids,
-        });
+        let resolved = Arc::new(resolved);
         compute.resolved = Some(resolved.clone());
         resolved
     }
 
+    /// Per cluster with live or expired reservations: its resolution's epoch, which
+    /// changes whenever the cluster is resolved again (its reservations, its view or an
+    /// expiry changed), and so whenever a reservation status there may have changed.
+    /// Blocking (it resolves): call it off the async reactor.
+    pub(crate) fn resolution_epochs(&self) -> BTreeMap<String, u64> {
+        let res = self.resolution();
+        res.parts
+            .iter()
+            .map(|(c, p)| (c.clone(), p.epoch))
+            .collect()
+    }
+
     /// Deductions of the admitted reservations, for estimates.
-    pub(crate) fn reserved(&self) -> Vec<AssumedWorkload> {
+    pub(crate) fn reserved(&self) -> Assumed {
         self.resolution().assumed.clone()
     }
 
@@ -220,30 +231,34 @@ impl ReplicaState {
     /// (the decision counts those as the binding's own again); the rest of the room the hold
     /// keeps is `b`'s to take. Every other admitted reservation is deducted, ranked as
     /// resolution ranked it.
-    pub(crate) fn reserved_for(&self, b: &dramesh_scheduler::Binding) -> Vec<AssumedWorkload> {
+    pub(crate) fn reserved_for(&self, b: &dramesh_scheduler::Binding) -> Assumed {
         let res = self.resolution();
-        let holds: BTreeMap<String, String> = self
-            .preemption_holds(&b.id())
-            .into_iter()
-            .map(|h| (h.id, h.cluster))
-            .collect();
-        if holds.is_empty() {
-            return res.assumed.clone();
-        }
-        res.assumed
-            .iter()
-            .zip(&res.assumed_ids)
-            .filter_map(|(a, id)| match holds.get(id) {
-                None => Some(a.clone()),
-                Some(cluster) => {
+        let holds = self.preemption_holds(&b.id());
+        let mut assumed = res.assumed.clone();
+        let clusters: BTreeSet<&str> = holds.iter().map(|h| h.cluster.as_str()).collect();
+        for cluster in clusters {
+            let Some(part) = res.parts.get(cluster) else {
+                continue;
+            };
+            let r = &part.resolution;
+            let list: Vec<AssumedWorkload> = r
+                .assumed
+                .iter()
+                .zip(&r.assumed_ids)
+                .filter_map(|(a, id)| {
+                    if !holds.iter().any(|h| h.id == *id) {
+                        return Some(a.clone());
+                    }
                     let used = a.replicas.min(b.assigned(cluster));
                     (used > 0).then(|| AssumedWorkload {
                         replicas: used,
                         ..a.clone()
                     })
-                }
-            })
-            .collect()
+                })
+                .collect();
+            assumed.set(cluster, list.into());
+        }
+        assumed
     }
 
     /// The unexpired preemption holds written for the binding `preemptor` (`Binding::id`),
@@ -252,11 +267,10 @@ impl ReplicaState {
         let now = Instant::now();
         self.with_table(|table| {
             table
-                .entries()
-                .filter(|(_, e)| e.record.preemptor.as_deref() == Some(preemptor))
-                .filter(|(_, e)| now < table.expiry(e))
-                .map(|(id, e)| PreemptionHold {
-                    id: id.clone(),
+                .holds_for(preemptor)
+                .filter(|e| now < table.expiry(e))
+                .map(|e| PreemptionHold {
+                    id: e.record.id.clone(),
                     cluster: e.record.cluster.clone(),
                     replicas: e.record.replicas,
                     own: e.record.owner == self.replica,
@@ -266,35 +280,7 @@ impl ReplicaState {
     }
 
     fn status_of(&self, id: &str, res: &Resolved, now: Instant) -> Option<ReservationStatus> {
-        self.with_table(|table| {
-            let Some(e) = table.get(id) else {
-                return table.ended(id).cloned();
-            };
-            let expiry = table.expiry(e);
-            let remaining = res.remaining.get(id).copied().unwrap_or(e.record.replicas);
-            let mut st = resv::base_status(&e.record, ReservationState::Live);
-            st.remaining = remaining;
-            if res.expired.contains(id) || now >= expiry {
-                st.status = ReservationState::Expired;
-                st.remaining = 0;
-                return Some(st);
-            }
-            st.expires_in_seconds = Some(expiry.saturating_duration_since(now).as_secs_f64());
-            match res.admissions.get(id) {
-                Some(Admission::Admitted) if remaining == 0 => {
-                    st.status = ReservationState::Satisfied;
-                }
-                Some(Admission::Admitted) => {}
-                Some(Admission::Conflicted { winner, reason, .. }) => {
-                    st.status = ReservationState::Conflicted;
-                    st.winner = winner.clone();
-                    st.reason = reason.clone();
-                }
-                // Seen after the resolution was computed: not yet decided.
-                None => {}
-            }
-            Some(st)
-        })
+        self.with_table(|table| status_in(table, id, res, now))
     }
 
     /// The states of reservations `ids` on this replica, from one resolution (those it does
@@ -305,9 +291,11 @@ impl ReplicaState {
     ) -> BTreeMap<String, ReservationStatus> {
         let res = self.resolution();
         let now = Instant::now();
-        ids.into_iter()
-            .filter_map(|id| Some((id.clone(), self.status_of(id, &res, now)?)))
-            .collect()
+        self.with_table(|table| {
+            ids.into_iter()
+                .filter_map(|id| Some((id.clone(), status_in(table, id, &res, now)?)))
+                .collect()
+        })
     }
 
     /// One reservation's state on this replica.
@@ -472,12 +460,13 @@ impl ReplicaState {
         let bound: Vec<i64> = {
             let indexes = self.indexes();
             let view = &indexes.view;
+            let mut compute = self.compute(&indexes);
             let mut bound = Vec::with_capacity(all.len());
             for (r, w) in all.iter().zip(&workloads) {
                 check_clusters(view, &[r.cluster.to_string()])?;
                 bound.push(
                     view.cluster(r.cluster)
-                        .map_or(0, |c| resv::bound_pods(c, w)),
+                        .map_or(0, |c| compute.bound.get(c, w)),
                 );
             }
             bound
@@ -640,7 +629,7 @@ impl ReplicaState {
                 .filter_map(|(id, e)| {
                     if now >= table.expiry(e) {
                         Some((id.clone(), ReservationState::Expired))
-                    } else if res.remaining.get(id) == Some(&0) {
+                    } else if res.remaining(&e.record.cluster, id) == Some(0) {
                         Some((id.clone(), ReservationState::Satisfied))
                     } else {
                         None
@@ -654,4 +643,117 @@ impl ReplicaState {
             }
         }
     }
+}
+
+/// Whether `part` still describes cluster `c`: same reservations (table version), same
+/// view generation, and none of its live reservations expired since.
+fn fresh(
+    part: &ClusterPart,
+    version: u64,
+    view: &dramesh_estimator::View,
+    c: &str,
+    now: Instant,
+) -> bool {
+    part.table_version == version
+        && part.view_gen == view.cluster(c).map_or(0, |v| v.generation())
+        && part.until.is_none_or(|u| now < u)
+}
+
+/// Resolves one cluster's live reservations `live` (read at table version `table_version`,
+/// with `expired` those past their expiry and `until` the first expiry among the live),
+/// from `previous` when that was computed on the same view generation.
+fn resolve_part(
+    compute: &mut crate::state::Compute,
+    view: &dramesh_estimator::View,
+    cluster: &str,
+    previous: Option<&ClusterPart>,
+    (table_version, live, expired, until): (u64, Vec<Live>, BTreeSet<String>, Option<Instant>),
+) -> ClusterPart {
+    let cv = view.cluster(cluster);
+    let view_gen = cv.map_or(0, |v| v.generation());
+    let mut remaining = BTreeMap::new();
+    let mut undecodable = BTreeMap::new();
+    let mut input = Vec::new();
+    for l in live {
+        let bound = cv.map_or(0, |c| compute.bound.get(c, &l.workload));
+        let left = (l.replicas - (bound - l.bound_at_creation).max(0)).max(0);
+        remaining.insert(l.id.clone(), left);
+        match l.decoded {
+            Ok(w) => input.push(Reservation {
+                id: l.id,
+                cluster: cluster.to_string(),
+                priority: l.priority,
+                replicas: left,
+                workload: w,
+            }),
+            Err(e) => {
+                undecodable.insert(
+                    l.id,
+                    Admission::Conflicted {
+                        winner: None,
+                        available: 0,
+                        reason: Some(format!("workload manifests: {e}")),
+                    },
+                );
+            }
+        }
+    }
+    let previous = previous.filter(|p| p.view_gen == view_gen);
+    let resolution = Arc::new(dramesh_estimator::resolve_cluster(
+        view,
+        &mut compute.estimator,
+        cluster,
+        &input,
+        previous.map(|p| &*p.resolution),
+    ));
+    let assumed = resolution.assumed.clone().into();
+    compute.epochs += 1;
+    ClusterPart {
+        epoch: compute.epochs,
+        table_version,
+        view_gen,
+        until,
+        resolution,
+        undecodable,
+        remaining,
+        expired,
+        assumed,
+    }
+}
+
+/// The state of reservation `id` in `table` under the resolution `res`.
+fn status_in(
+    table: &resv::Table,
+    id: &str,
+    res: &Resolved,
+    now: Instant,
+) -> Option<ReservationStatus> {
+    let Some(e) = table.get(id) else {
+        return table.ended(id).cloned();
+    };
+    let expiry = table.expiry(e);
+    let cluster = &e.record.cluster;
+    let remaining = res.remaining(cluster, id).unwrap_or(e.record.replicas);
+    let mut st = resv::base_status(&e.record, ReservationState::Live);
+    st.remaining = remaining;
+    if res.expired(cluster, id) || now >= expiry {
+        st.status = ReservationState::Expired;
+        st.remaining = 0;
+        return Some(st);
+    }
+    st.expires_in_seconds = Some(expiry.saturating_duration_since(now).as_secs_f64());
+    match res.admission(cluster, id) {
+        Some(Admission::Admitted) if remaining == 0 => {
+            st.status = ReservationState::Satisfied;
+        }
+        Some(Admission::Admitted) => {}
+        Some(Admission::Conflicted { winner, reason, .. }) => {
+            st.status = ReservationState::Conflicted;
+            st.winner = winner.clone();
+            st.reason = reason.clone();
+        }
+        // Seen after the resolution was computed: not yet decided.
+        None => {}
+    }
+    Some(st)
 }

@@ -86,6 +86,10 @@ pub(crate) struct Compute {
     /// Each cluster's part of the last resolution, by what it was computed from: a change
     /// of one cluster's reservations resolves that cluster again, not all of them.
     pub(crate) per_cluster: crate::reserve::ClusterResolutions,
+    /// Bound pods per workload, for the replicas a reservation still holds.
+    pub(crate) bound: crate::reservations::BoundPods,
+    /// Cluster resolutions computed so far (numbers them).
+    pub(crate) epochs: u64,
 }
 
 impl Compute {
@@ -95,6 +99,8 @@ impl Compute {
             estimator: Estimator::with_cache_bytes(cache_bytes),
             resolved: None,
             per_cluster: Default::default(),
+            bound: Default::default(),
+            epochs: 0,
         }
     }
 }
@@ -280,10 +286,22 @@ impl ReplicaState {
         let (ours, changes): (Vec<_>, Vec<_>) =
             changes.iter().partition(|(c, _)| resv::is_scope(c));
         if !ours.is_empty() {
-            let decode = |m: &[String]| workload_from_manifests(m).map_err(|e| e.to_string());
+            // The reservations of one decision share their manifests: decoded once.
+            type Decoded = Result<Arc<dramesh_estimator::Workload>, String>;
+            let mut decoded: HashMap<Vec<String>, Decoded> = HashMap::new();
+            let mut decode = |m: &[String]| {
+                if let Some(w) = decoded.get(m) {
+                    return w.clone();
+                }
+                let w = workload_from_manifests(m)
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string());
+                decoded.insert(m.to_vec(), w.clone());
+                w
+            };
             self.with_table(|table| {
                 for (_, change) in ours {
-                    table.apply(change, now, &decode);
+                    table.apply(change, now, &mut decode);
                 }
             });
         }
@@ -512,7 +530,7 @@ impl ReplicaState {
     /// returns `f`'s answer.
     fn on_fleet<T>(
         &self,
-        assumed: Vec<dramesh_estimator::AssumedWorkload>,
+        assumed: dramesh_estimator::Assumed,
         clusters: &std::collections::BTreeMap<String, dramesh_scheduler::Cluster>,
         deadline: Instant,
         f: impl FnOnce(

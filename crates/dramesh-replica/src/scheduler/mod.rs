@@ -227,6 +227,9 @@ struct Loop {
     watched: HashMap<Key, Held>,
     /// The change count of the last look at `watched`.
     watched_view: u64,
+    /// The resolution epoch of each cluster at the last look at `watched`: only decisions
+    /// holding room in a cluster resolved again since are judged again.
+    watched_epochs: BTreeMap<String, u64>,
     /// Whether the Cluster and PriorityClass watches have listed everything once: nothing is
     /// decided before (as karmada-scheduler waits for its caches), or early bindings would
     /// be written `NoClusterFit` against an empty fleet.
@@ -291,6 +294,7 @@ pub(crate) async fn run(
         checks: VecDeque::new(),
         watched: HashMap::new(),
         watched_view: 0,
+        watched_epochs: BTreeMap::new(),
         clusters_synced: false,
         classes_synced: false,
         lost: HashMap::new(),
@@ -623,8 +627,27 @@ impl Loop {
             return;
         }
         self.watched_view = view;
-        let all: Vec<(Key, Held)> = self.watched.drain().collect();
-        self.judge(all).await;
+        // Resolution runs the estimator: off the reactor.
+        let epochs = match blocking(&self.ctx.state, |st| st.resolution_epochs()).await {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::error!(error = %e, "reservations not checked again");
+                return;
+            }
+        };
+        let old = std::mem::replace(&mut self.watched_epochs, epochs);
+        let changed = |c: &String| old.get(c) != self.watched_epochs.get(c);
+        let due: Vec<Key> = self
+            .watched
+            .iter()
+            .filter(|(_, h)| h.by_cluster.keys().any(changed))
+            .map(|(k, _)| k.clone())
+            .collect();
+        let due: Vec<(Key, Held)> = due
+            .into_iter()
+            .filter_map(|k| self.watched.remove(&k).map(|h| (k, h)))
+            .collect();
+        self.judge(due).await;
     }
 
     /// Judges decisions' reservations: the bindings of lost ones are queued to place their

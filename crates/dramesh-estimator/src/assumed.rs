@@ -41,49 +41,72 @@ impl AssumedWorkload {
             claims: w.needs_devices().then(|| Arc::new(w.clone())),
         }
     }
+
+    /// [`AssumedWorkload::from_workload`] of a shared workload, which its device claims
+    /// then share instead of copying it.
+    pub fn from_shared(cluster: &str, w: &Arc<Workload>, replicas: i64) -> AssumedWorkload {
+        AssumedWorkload {
+            cluster: cluster.to_string(),
+            requests: w.requests.clone(),
+            node_claim: w.node_claim.clone(),
+            replicas,
+            claims: w.needs_devices().then(|| w.clone()),
+        }
+    }
 }
 
-/// Assumed workloads by cluster, each cluster's in deduction order. Cheap to clone: each
-/// cluster's list is shared, and an estimator that saw a list before recognizes it by
-/// pointer without comparing its entries.
+/// A cluster's assumed workloads in deduction order, each shared: extending a list copies
+/// pointers, not workloads.
+pub type AssumedList = Arc<[Arc<AssumedWorkload>]>;
+
+/// Assumed workloads by cluster, each cluster's in deduction order. Cheap to clone (the map
+/// is shared until changed, each cluster's list is shared), and an estimator that saw a list
+/// before recognizes it by pointer without comparing its entries.
 #[derive(Debug, Clone, Default)]
 pub struct Assumed {
-    by_cluster: std::collections::BTreeMap<String, Arc<[AssumedWorkload]>>,
+    by_cluster: Arc<std::collections::BTreeMap<Arc<str>, AssumedList>>,
 }
 
 impl Assumed {
     /// The assumed workloads of `cluster`, in deduction order (empty when none).
-    pub fn cluster(&self, cluster: &str) -> &[AssumedWorkload] {
+    pub fn cluster(&self, cluster: &str) -> &[Arc<AssumedWorkload>] {
         self.by_cluster.get(cluster).map_or(&[], |l| l)
     }
 
     /// The shared list of `cluster`, when it has one.
-    pub(crate) fn shared(&self, cluster: &str) -> Option<&Arc<[AssumedWorkload]>> {
+    pub(crate) fn shared(&self, cluster: &str) -> Option<&AssumedList> {
         self.by_cluster.get(cluster)
     }
 
     /// Replaces the list of `cluster` (removes it when `list` is empty). Every entry must
     /// name `cluster`.
-    pub fn set(&mut self, cluster: &str, list: Arc<[AssumedWorkload]>) {
+    pub fn set(&mut self, cluster: &str, list: AssumedList) {
         debug_assert!(list.iter().all(|a| a.cluster == cluster));
+        let by = Arc::make_mut(&mut self.by_cluster);
         if list.is_empty() {
-            self.by_cluster.remove(cluster);
+            by.remove(cluster);
+        } else if let Some(l) = by.get_mut(cluster) {
+            *l = list;
         } else {
-            self.by_cluster.insert(cluster.to_string(), list);
+            by.insert(Arc::from(cluster), list);
         }
     }
 
     /// Appends `a` to its cluster's list.
     pub fn push(&mut self, a: AssumedWorkload) {
-        let list = self.by_cluster.entry(a.cluster.clone()).or_default();
+        let list = Arc::make_mut(&mut self.by_cluster)
+            .entry(Arc::from(a.cluster.as_str()))
+            .or_default();
         let mut v = list.to_vec();
-        v.push(a);
+        v.push(Arc::new(a));
         *list = v.into();
     }
 
     /// Every assumed workload, cluster by cluster in name order.
     pub fn iter(&self) -> impl Iterator<Item = &AssumedWorkload> {
-        self.by_cluster.values().flat_map(|l| l.iter())
+        self.by_cluster
+            .values()
+            .flat_map(|l| l.iter().map(|a| &**a))
     }
 
     /// True when there is none.
@@ -100,13 +123,15 @@ impl Assumed {
 impl From<Vec<AssumedWorkload>> for Assumed {
     /// Groups by cluster, keeping the order within each cluster.
     fn from(list: Vec<AssumedWorkload>) -> Assumed {
-        let mut by: std::collections::BTreeMap<String, Vec<AssumedWorkload>> =
+        let mut by: std::collections::BTreeMap<Arc<str>, Vec<Arc<AssumedWorkload>>> =
             std::collections::BTreeMap::new();
         for a in list {
-            by.entry(a.cluster.clone()).or_default().push(a);
+            by.entry(Arc::from(a.cluster.as_str()))
+                .or_default()
+                .push(Arc::new(a));
         }
         Assumed {
-            by_cluster: by.into_iter().map(|(c, l)| (c, l.into())).collect(),
+            by_cluster: Arc::new(by.into_iter().map(|(c, l)| (c, l.into())).collect()),
         }
     }
 }
@@ -334,16 +359,17 @@ pub(crate) fn assumed_deductions(
 
 /// True when `a` and `b` deduct the same: same cluster, replicas, requests, node claim and
 /// device claims (by workload fingerprint, which covers everything that affects fit).
-fn same_deduction(a: &AssumedWorkload, b: &AssumedWorkload) -> bool {
-    a.cluster == b.cluster
-        && a.replicas == b.replicas
-        && a.requests == b.requests
-        && a.node_claim == b.node_claim
-        && match (&a.claims, &b.claims) {
-            (None, None) => true,
-            (Some(x), Some(y)) => Arc::ptr_eq(x, y) || x.fingerprint == y.fingerprint,
-            _ => false,
-        }
+fn same_deduction(a: &Arc<AssumedWorkload>, b: &Arc<AssumedWorkload>) -> bool {
+    Arc::ptr_eq(a, b)
+        || a.cluster == b.cluster
+            && a.replicas == b.replicas
+            && a.requests == b.requests
+            && a.node_claim == b.node_claim
+            && match (&a.claims, &b.claims) {
+                (None, None) => true,
+                (Some(x), Some(y)) => Arc::ptr_eq(x, y) || x.fingerprint == y.fingerprint,
+                _ => false,
+            }
 }
 
 /// The key of `a`'s shape for [`FirstFit`]: equal keys take the same per node. `None` for
@@ -369,9 +395,9 @@ pub(crate) struct DeductionLog {
     pub(crate) build: u64,
     /// The current epoch.
     pub(crate) epoch: u64,
-    placed: Vec<AssumedWorkload>,
+    placed: Vec<Arc<AssumedWorkload>>,
     /// The list `placed` was last extended to: the same list again needs no comparison.
-    last: Option<Arc<[AssumedWorkload]>>,
+    last: Option<AssumedList>,
     pub(crate) ded: Deductions,
     /// (epoch, node deducted from), in epoch order.
     touched: Vec<(u64, Arc<str>)>,
@@ -402,7 +428,7 @@ impl DeductionLog {
     pub(crate) fn extends_to(
         &self,
         c: &ClusterView,
-        list: &Arc<[AssumedWorkload]>,
+        list: &AssumedList,
         max_steps: Option<u64>,
     ) -> bool {
         self.view_gen == c.generation
@@ -419,7 +445,7 @@ impl DeductionLog {
     }
 
     /// Records that what is placed is all of `list`.
-    pub(crate) fn reached(&mut self, list: &Arc<[AssumedWorkload]>) {
+    pub(crate) fn reached(&mut self, list: &AssumedList) {
         self.last = Some(list.clone());
     }
 
@@ -434,7 +460,7 @@ impl DeductionLog {
     }
 
     /// Deducts `a` after everything placed so far, in the current epoch.
-    pub(crate) fn add(&mut self, c: &ClusterView, a: &AssumedWorkload) {
+    pub(crate) fn add(&mut self, c: &ClusterView, a: &Arc<AssumedWorkload>) {
         let key = shape_key(a);
         let start = key.and_then(|k| self.cursors.get(&k));
         let epoch = self.epoch;

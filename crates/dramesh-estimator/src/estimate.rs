@@ -20,9 +20,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::assumed::{
-    Assumed, AssumedWorkload, DeductionLog, NodeFree, assumed_deductions, node_free,
-};
+use crate::assumed::{Assumed, AssumedList, DeductionLog, NodeFree, assumed_deductions, node_free};
 use crate::filter::NodeClaim;
 use crate::fit::{AssumedDevices, DeviceCache, DeviceQuery};
 use crate::hash::{FastMap, FastSet};
@@ -435,7 +433,7 @@ impl Estimator {
     fn take_deductions(
         &mut self,
         c: &ClusterView,
-        list: &Arc<[AssumedWorkload]>,
+        list: &AssumedList,
         opts: &EstimateOptions,
     ) -> Option<DeductionLog> {
         let steps = opts.max_allocation_steps;
@@ -470,7 +468,7 @@ impl Estimator {
         c: &ClusterView,
         w: &Workload,
         opts: &EstimateOptions,
-        list: Option<&Arc<[AssumedWorkload]>>,
+        list: Option<&AssumedList>,
     ) -> ClusterEstimate {
         // Answers under another search budget are other answers.
         let key = (

@@ -42,7 +42,7 @@ extern crate self as dramesh_estimator;
 #[path = "../tests/common/fleet.rs"]
 mod test_fleet;
 
-pub use assumed::{Assumed, AssumedWorkload};
+pub use assumed::{Assumed, AssumedList, AssumedWorkload};
 pub use cluster_devices::{ClassUsage, ClusterDevices};
 pub use estimate::{
     ClusterEstimate, Component, DEADLINE_EXCEEDED, DEFAULT_CACHE_BYTES, Estimate, EstimateOptions,
@@ -59,7 +59,9 @@ pub use policy::{
 };
 pub use preempt::{ClusterPreemption, PreemptionResult, Victim, preempt};
 pub use quota::{ClusterQuota, DeviceClassMapping, MappingSource, QuotaError, QuotaSet};
-pub use reservations::{Admission, Reservation, Resolution, resolve, resolve_cluster};
+pub use reservations::{
+    Admission, ClusterResolution, Ranked, Reservation, Resolution, resolve, resolve_cluster,
+};
 pub use resources::{ResList, ResName};
 pub use snapshot::{SnapshotError, load_snapshot};
 pub use view::{ApplyError, ClusterView, NodeEntry, NodeUsage, Owner, PodEntry, View};

@@ -27,7 +27,7 @@ use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::assumed::AssumedWorkload;
+use crate::assumed::{Assumed, AssumedWorkload};
 use crate::estimate::{EstimateOptions, Estimator};
 use crate::view::View;
 use crate::workload::Workload;
@@ -36,9 +36,9 @@ use crate::workload::Workload;
 #[derive(Debug, Clone)]
 pub struct Reservation {
     /// Unique id; the tiebreak between equal priorities.
-    pub id: String,
+    pub id: Arc<str>,
     /// Member cluster the capacity is reserved in.
-    pub cluster: String,
+    pub cluster: Arc<str>,
     /// Priority of the reserved workload.
     pub priority: i32,
     /// Replicas still to be held: the reserved replicas minus those the member cluster
@@ -56,7 +56,7 @@ pub enum Admission {
     /// Holds nothing: it did not fit after the higher-ranked admitted reservations.
     Conflicted {
         /// The highest-ranked admitted reservation of the same cluster, if any.
-        winner: Option<String>,
+        winner: Option<Arc<str>>,
         /// Replicas that were still available to it.
         available: i64,
         /// Why it could not be checked at all (unknown cluster, estimator error).
@@ -64,135 +64,201 @@ pub enum Admission {
     },
 }
 
-/// The result of [`resolve`].
+/// One reservation at its place in its cluster's ranking, with its outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ranked {
+    /// The reservation's id.
+    pub id: Arc<str>,
+    /// Its priority.
+    pub priority: i32,
+    /// The replicas resolved ([`Reservation::replicas`]).
+    pub replicas: i64,
+    /// Its outcome.
+    pub admission: Admission,
+}
+
+/// The resolution of one cluster's reservations.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterResolution {
+    /// Every reservation of the cluster in rank order, with its outcome.
+    pub ranked: Vec<Ranked>,
+    /// The admitted ones as estimator deductions, in rank order.
+    pub assumed: Vec<Arc<AssumedWorkload>>,
+    /// The place in `ranked` of each entry of `assumed`.
+    pub assumed_at: Vec<usize>,
+}
+
+impl ClusterResolution {
+    /// The entry of reservation `id`, whose priority is `priority` (a binary search: the
+    /// ranking is ordered by both).
+    pub fn get(&self, id: &str, priority: i32) -> Option<&Ranked> {
+        self.ranked
+            .binary_search_by(|r| rank_order(r.priority, &r.id, priority, id))
+            .ok()
+            .map(|i| &self.ranked[i])
+    }
+
+    /// The id of each entry of `assumed`, in the same order.
+    pub fn assumed_ids(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.assumed_at.iter().map(|&i| &self.ranked[i].id)
+    }
+}
+
+/// The result of [`resolve`]: each cluster's resolution.
 #[derive(Debug, Clone, Default)]
 pub struct Resolution {
-    /// The outcome of every live reservation, by id.
-    pub admissions: BTreeMap<String, Admission>,
-    /// The admitted reservations as estimator deductions, in rank order per cluster.
-    pub assumed: Vec<AssumedWorkload>,
-    /// The id of each entry of `assumed` (same order), so a caller can leave one out.
-    pub assumed_ids: Vec<String>,
-    /// What was resolved, per cluster in rank order: (id, priority, replicas).
-    pub ranked: Vec<(String, i32, i64)>,
+    /// By cluster name.
+    pub clusters: BTreeMap<String, ClusterResolution>,
 }
 
 impl Resolution {
-    /// The outcome of one reservation.
+    /// The outcome of one reservation (a linear search).
     pub fn admission(&self, id: &str) -> Option<&Admission> {
-        self.admissions.get(id)
+        self.clusters
+            .values()
+            .flat_map(|c| &c.ranked)
+            .find(|r| &*r.id == id)
+            .map(|r| &r.admission)
+    }
+
+    /// Every admitted reservation as an estimator deduction.
+    pub fn assumed(&self) -> Assumed {
+        let mut out = Assumed::default();
+        for (cluster, c) in &self.clusters {
+            out.set(cluster, c.assumed.clone().into());
+        }
+        out
+    }
+
+    /// The ids of the admitted reservations, cluster by cluster in rank order.
+    pub fn assumed_ids(&self) -> Vec<&str> {
+        self.clusters
+            .values()
+            .flat_map(|c| c.assumed_ids())
+            .map(|id| &**id)
+            .collect()
     }
 }
 
 /// The resolution order: priority descending, then id ascending.
+fn rank_order(pa: i32, ida: &str, pb: i32, idb: &str) -> Ordering {
+    pb.cmp(&pa).then_with(|| ida.cmp(idb))
+}
+
+/// [`rank_order`] of two reservations.
 pub(crate) fn rank(a: &Reservation, b: &Reservation) -> Ordering {
-    b.priority.cmp(&a.priority).then_with(|| a.id.cmp(&b.id))
+    rank_order(a.priority, &a.id, b.priority, &b.id)
 }
 
 /// Decides which reservations hold capacity (see the module docs).
 pub fn resolve(view: &View, estimator: &mut Estimator, reservations: &[Reservation]) -> Resolution {
     let mut by_cluster: BTreeMap<&str, Vec<Reservation>> = BTreeMap::new();
     for r in reservations {
-        by_cluster
-            .entry(r.cluster.as_str())
-            .or_default()
-            .push(r.clone());
+        by_cluster.entry(&r.cluster).or_default().push(r.clone());
     }
-    let mut out = Resolution::default();
-    for (cluster, list) in by_cluster {
-        let part = resolve_cluster(view, estimator, cluster, &list, None);
-        out.admissions.extend(part.admissions);
-        out.assumed.extend(part.assumed);
-        out.assumed_ids.extend(part.assumed_ids);
-        out.ranked.extend(part.ranked);
+    Resolution {
+        clusters: by_cluster
+            .into_iter()
+            .map(|(c, list)| {
+                (
+                    c.to_string(),
+                    resolve_cluster(view, estimator, c, &list, None),
+                )
+            })
+            .collect(),
     }
-    out
 }
 
-/// [`resolve`] of the reservations of one cluster, reusing `previous`, an earlier result
-/// of this function for the same cluster on the same view of it: the reservations ranked
-/// before the first difference between the two rankings keep their outcomes (an outcome
-/// depends only on the reservations ranked before it), and only the rest are checked.
+/// [`resolve`] of the reservations of one cluster (those of `reservations` in `cluster`),
+/// reusing `previous`, an earlier result of this function for the same cluster on the same
+/// view of it: the reservations ranked before the first difference between the two rankings
+/// keep their outcomes (an outcome depends only on the reservations ranked before it), and
+/// only the rest are checked, each with one estimate. Besides those estimates, the work is
+/// copying pointers, one per reservation.
 pub fn resolve_cluster(
     view: &View,
     estimator: &mut Estimator,
     cluster: &str,
     reservations: &[Reservation],
-    previous: Option<&Resolution>,
-) -> Resolution {
+    previous: Option<&ClusterResolution>,
+) -> ClusterResolution {
     let mut list: Vec<&Reservation> = reservations
         .iter()
-        .filter(|r| r.cluster == cluster)
+        .filter(|r| &*r.cluster == cluster)
         .collect();
     list.sort_by(|a, b| rank(a, b));
-    let ranked: Vec<(String, i32, i64)> = list
-        .iter()
-        .map(|r| (r.id.clone(), r.priority, r.replicas))
-        .collect();
-    let mut out = Resolution::default();
-    let mut first_winner: Option<String> = None;
+    let mut out = ClusterResolution {
+        ranked: Vec::with_capacity(list.len()),
+        ..ClusterResolution::default()
+    };
     let mut kept = 0;
     if let Some(p) = previous {
         kept = p
             .ranked
             .iter()
-            .zip(&ranked)
-            .take_while(|(a, b)| a == b)
+            .zip(&list)
+            .take_while(|(a, b)| {
+                (Arc::ptr_eq(&a.id, &b.id) || a.id == b.id)
+                    && a.priority == b.priority
+                    && a.replicas == b.replicas
+            })
             .count();
-        for (id, _, _) in &p.ranked[..kept] {
-            if let Some(a) = p.admissions.get(id) {
-                out.admissions.insert(id.clone(), a.clone());
-            }
-        }
+        out.ranked.extend_from_slice(&p.ranked[..kept]);
         // `assumed` is in rank order: the admitted ones among the kept come first.
-        for (a, id) in p.assumed.iter().zip(&p.assumed_ids) {
-            if !matches!(out.admissions.get(id), Some(Admission::Admitted)) {
-                break;
-            }
-            out.assumed.push(a.clone());
-            out.assumed_ids.push(id.clone());
-        }
-        first_winner = out.assumed_ids.first().cloned();
+        let admitted = p.assumed_at.iter().take_while(|&&i| i < kept).count();
+        out.assumed.extend_from_slice(&p.assumed[..admitted]);
+        out.assumed_at.extend_from_slice(&p.assumed_at[..admitted]);
     }
+    let mut winner: Option<Arc<str>> = out.assumed_at.first().map(|&i| out.ranked[i].id.clone());
+    // The admitted list as the estimator takes it, copied again only after it grew.
+    let mut shared: Option<Assumed> = None;
     for r in &list[kept..] {
-        if r.replicas <= 0 {
-            out.admissions.insert(r.id.clone(), Admission::Admitted);
-            continue;
-        }
-        let opts = EstimateOptions {
-            assumed: out.assumed.clone().into(),
-            clusters: vec![cluster.to_string()],
-            ..EstimateOptions::default()
-        };
-        let est = estimator.estimate(view, &r.workload, &opts);
-        let (available, reason) = match est.cluster(cluster) {
-            None => (0, Some(format!("cluster {cluster} is not in the view"))),
-            Some(c) => match &c.error {
-                Some(e) => (0, Some(e.clone())),
-                None => (c.max_replicas, None),
-            },
-        };
-        if reason.is_none() && available >= r.replicas {
-            out.assumed.push(AssumedWorkload::from_workload(
-                cluster,
-                &r.workload,
-                r.replicas,
-            ));
-            out.assumed_ids.push(r.id.clone());
-            first_winner.get_or_insert_with(|| r.id.clone());
-            out.admissions.insert(r.id.clone(), Admission::Admitted);
+        let admission = if r.replicas <= 0 {
+            Admission::Admitted
         } else {
-            out.admissions.insert(
-                r.id.clone(),
+            let assumed = shared.get_or_insert_with(|| {
+                let mut a = Assumed::default();
+                a.set(cluster, out.assumed.clone().into());
+                a
+            });
+            let opts = EstimateOptions {
+                assumed: assumed.clone(),
+                clusters: vec![cluster.to_string()],
+                ..EstimateOptions::default()
+            };
+            let est = estimator.estimate(view, &r.workload, &opts);
+            let (available, reason) = match est.cluster(cluster) {
+                None => (0, Some(format!("cluster {cluster} is not in the view"))),
+                Some(c) => match &c.error {
+                    Some(e) => (0, Some(e.clone())),
+                    None => (c.max_replicas, None),
+                },
+            };
+            if reason.is_none() && available >= r.replicas {
+                out.assumed.push(Arc::new(AssumedWorkload::from_shared(
+                    cluster,
+                    &r.workload,
+                    r.replicas,
+                )));
+                out.assumed_at.push(out.ranked.len());
+                winner.get_or_insert_with(|| r.id.clone());
+                shared = None;
+                Admission::Admitted
+            } else {
                 Admission::Conflicted {
-                    winner: first_winner.clone(),
+                    winner: winner.clone(),
                     available,
                     reason,
-                },
-            );
-        }
+                }
+            }
+        };
+        out.ranked.push(Ranked {
+            id: r.id.clone(),
+            priority: r.priority,
+            replicas: r.replicas,
+            admission,
+        });
     }
-    out.ranked = ranked;
     out
 }
 
@@ -245,7 +311,7 @@ mod tests {
     fn gpus_left(v: &View, r: &Resolution) -> i64 {
         let one = workload("probe", 1);
         let opts = EstimateOptions {
-            assumed: r.assumed.clone().into(),
+            assumed: r.assumed(),
             ..EstimateOptions::default()
         };
         Estimator::new().estimate(v, &one, &opts).total
@@ -300,7 +366,7 @@ mod tests {
 
     fn dra_gpus_left(v: &View, r: &Resolution) -> i64 {
         let opts = EstimateOptions {
-            assumed: r.assumed.clone().into(),
+            assumed: r.assumed(),
             ..EstimateOptions::default()
         };
         Estimator::new()
@@ -333,7 +399,7 @@ mod tests {
         };
         let mut live: Vec<Reservation> = Vec::new();
         let mut est = Estimator::new();
-        let mut previous: Option<Resolution> = None;
+        let mut previous: Option<ClusterResolution> = None;
         let (mut conflicted, mut reused) = (0, 0);
         for step in 0..60 {
             match next(6) {
@@ -358,12 +424,23 @@ mod tests {
             }
             let fresh = resolve_cluster(&v, &mut Estimator::new(), "c", &live, None);
             let again = resolve_cluster(&v, &mut est, "c", &live, previous.as_ref());
-            assert_eq!(again.admissions, fresh.admissions, "step {step}");
-            assert_eq!(again.assumed_ids, fresh.assumed_ids, "step {step}");
             assert_eq!(again.ranked, fresh.ranked, "step {step}");
-            assert_eq!(dra_gpus_left(&v, &again), dra_gpus_left(&v, &fresh));
+            assert!(again.assumed_ids().eq(fresh.assumed_ids()), "step {step}");
+            let as_whole = |c: &ClusterResolution| Resolution {
+                clusters: BTreeMap::from([("c".to_string(), c.clone())]),
+            };
+            assert_eq!(
+                dra_gpus_left(&v, &as_whole(&again)),
+                dra_gpus_left(&v, &as_whole(&fresh))
+            );
             let whole = resolve(&v, &mut Estimator::new(), &live);
-            assert_eq!(whole.admissions, fresh.admissions, "step {step}");
+            let whole_ranked = whole.clusters.get("c").map_or(&[][..], |c| &c.ranked[..]);
+            assert_eq!(whole_ranked, &fresh.ranked[..], "step {step}");
+            // Every reservation can be found in the ranking by id and priority.
+            for r in &live {
+                let got = fresh.get(&r.id, r.priority).map(|g| &g.id);
+                assert_eq!(got, Some(&r.id), "step {step}");
+            }
             if let Some(p) = &previous {
                 reused += p
                     .ranked
@@ -373,9 +450,9 @@ mod tests {
                     .count();
             }
             conflicted += fresh
-                .admissions
-                .values()
-                .filter(|a| matches!(a, Admission::Conflicted { .. }))
+                .ranked
+                .iter()
+                .filter(|r| matches!(r.admission, Admission::Conflicted { .. }))
                 .count();
             previous = Some(again);
         }
@@ -400,7 +477,7 @@ mod tests {
                     reason: None
                 })
             );
-            assert!(r.assumed.iter().all(|a| a.claims.is_some()));
+            assert!(r.assumed().iter().all(|a| a.claims.is_some()));
             assert_eq!(dra_gpus_left(&v, &r), 0);
         }
         // 8 against 6: the 6 win by priority, the 8 see the 2 left.
@@ -429,7 +506,7 @@ mod tests {
         assert_eq!(r.admission("x"), Some(&Admission::Admitted));
         assert!(matches!(
             r.admission("y"),
-            Some(Admission::Conflicted { winner: Some(win), available: 2, .. }) if win == "x"
+            Some(Admission::Conflicted { winner: Some(win), available: 2, .. }) if &**win == "x"
         ));
         assert_eq!(r.admission("z"), Some(&Admission::Admitted));
         assert_eq!(dra_gpus_left(&v, &r), 0);
@@ -476,8 +553,8 @@ mod tests {
         );
         assert_eq!(gpus_left(&v, &r), 2);
         // Only the admitted one is deducted, and it is named.
-        assert_eq!(r.assumed_ids, ["b"]);
-        assert_eq!(r.assumed.len(), 1);
+        assert_eq!(r.assumed_ids(), ["b"]);
+        assert_eq!(r.assumed().len(), 1);
     }
 
     #[test]
@@ -499,7 +576,7 @@ mod tests {
         assert_eq!(r.admission("a"), Some(&Admission::Admitted));
         assert!(matches!(
             r.admission("b"),
-            Some(Admission::Conflicted { winner: Some(w), available: 1, .. }) if w == "a"
+            Some(Admission::Conflicted { winner: Some(w), available: 1, .. }) if &**w == "a"
         ));
         assert_eq!(r.admission("c"), Some(&Admission::Admitted));
         assert_eq!(gpus_left(&v, &r), 0);

@@ -722,7 +722,13 @@ impl FakeApi {
 
     /// Every write request (POST, PUT, PATCH) received so far, in order, with the answer's code.
     pub fn writes(&self) -> Vec<Write> {
-        self.lock().writes.clone()
+        self.writes_from(0)
+    }
+
+    /// The write requests from the `start`th on (what [`FakeApi::writes`] would list after
+    /// its first `start`): a caller polling a long run reads only what is new.
+    pub fn writes_from(&self, start: usize) -> Vec<Write> {
+        self.lock().writes.get(start..).unwrap_or_default().to_vec()
     }
 
     /// Whether writes to the Karmada binding kinds are validated against the CRD schemas
@@ -1287,7 +1293,9 @@ impl FakeApi {
                             st.compacted + 1
                         ));
                     } else {
-                        for e in st.log.iter().filter(|e| e.rv > cursor && e.res == res.id()) {
+                        // The log is in version order: start after the cursor.
+                        let first = st.log.partition_point(|e| e.rv <= cursor);
+                        for e in st.log[first..].iter().filter(|e| e.res == res.id()) {
                             let was = e
                                 .old
                                 .as_ref()

@@ -86,34 +86,44 @@ fn binding(name: &str) -> Value {
 }
 
 /// The status writes of bindings, by binding name: when their `Scheduled` condition was
-/// first written, and with which reason.
-fn scheduled_at(fake: &FakeApi) -> HashMap<String, (Instant, String)> {
-    let mut out = HashMap::new();
-    for w in fake.writes() {
-        if w.kind != "ResourceBinding"
-            || w.subresource.as_deref() != Some("status")
-            || w.code >= 300
-        {
-            continue;
+/// first written, and with which reason. Reads only the writes made since the last call.
+#[derive(Default)]
+struct Scheduled {
+    seen: usize,
+    at: HashMap<String, (Instant, String)>,
+}
+
+impl Scheduled {
+    fn update(&mut self, fake: &FakeApi) -> &HashMap<String, (Instant, String)> {
+        let new = fake.writes_from(self.seen);
+        self.seen += new.len();
+        for w in new {
+            if w.kind != "ResourceBinding"
+                || w.subresource.as_deref() != Some("status")
+                || w.code >= 300
+            {
+                continue;
+            }
+            let Some(conds) = w
+                .body
+                .pointer("/status/conditions")
+                .and_then(Value::as_array)
+            else {
+                continue;
+            };
+            let Some(reason) = conds
+                .iter()
+                .find(|c| c["type"] == "Scheduled")
+                .and_then(|c| c["reason"].as_str())
+            else {
+                continue;
+            };
+            self.at
+                .entry(w.name.clone())
+                .or_insert((w.at, reason.to_string()));
         }
-        let Some(conds) = w
-            .body
-            .pointer("/status/conditions")
-            .and_then(Value::as_array)
-        else {
-            continue;
-        };
-        let Some(reason) = conds
-            .iter()
-            .find(|c| c["type"] == "Scheduled")
-            .and_then(|c| c["reason"].as_str())
-        else {
-            continue;
-        };
-        out.entry(w.name.clone())
-            .or_insert((w.at, reason.to_string()));
+        &self.at
     }
-    out
 }
 
 struct Phase {
@@ -142,11 +152,12 @@ impl Phase {
     async fn wait(
         &self,
         fake: &FakeApi,
+        scheduled: &mut Scheduled,
         limit: Duration,
     ) -> (Vec<Duration>, Duration, Vec<String>) {
         let deadline = Instant::now() + limit;
         loop {
-            let done = scheduled_at(fake);
+            let done = scheduled.update(fake);
             let ours: Vec<(&String, &(Instant, String))> = done
                 .iter()
                 .filter(|(n, _)| self.created.contains_key(*n))
@@ -279,11 +290,14 @@ async fn main() {
         format!("w{next}")
     };
 
+    let mut scheduled = Scheduled::default();
     let mut warm = Phase::new();
     for _ in 0..200 {
         warm.create(&fake, &name());
     }
-    let (lat, last, failed) = warm.wait(&fake, Duration::from_secs(300)).await;
+    let (lat, last, failed) = warm
+        .wait(&fake, &mut scheduled, Duration::from_secs(300))
+        .await;
     report("warm", 200, last, &lat, &failed);
 
     let mut steady = Phase::new();
@@ -296,7 +310,9 @@ async fn main() {
         steady.create(&fake, &name());
     }
     let offered = steady.started.elapsed();
-    let (lat, last, failed) = steady.wait(&fake, Duration::from_secs(600)).await;
+    let (lat, last, failed) = steady
+        .wait(&fake, &mut scheduled, Duration::from_secs(600))
+        .await;
     println!(
         "steady: offered {n} bindings over {:.2} s ({:.0}/s)",
         offered.as_secs_f64(),
@@ -308,7 +324,9 @@ async fn main() {
     for _ in 0..burst {
         b.create(&fake, &name());
     }
-    let (lat, last, failed) = b.wait(&fake, Duration::from_secs(600)).await;
+    let (lat, last, failed) = b
+        .wait(&fake, &mut scheduled, Duration::from_secs(600))
+        .await;
     report("burst", burst, last, &lat, &failed);
     println!(
         "reservations live at the end: {}",

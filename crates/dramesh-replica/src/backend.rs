@@ -42,7 +42,7 @@ impl Backend for ReplicaBackend {
             Err(e) => return ReplicaAnswer::Failed(e),
         };
         // Only this cluster is estimated: its reservations after Karmada's assumed ones.
-        assumed.extend(reserved.cluster(&q.cluster).iter().cloned());
+        assumed.extend(reserved.cluster(&q.cluster).iter().map(|a| (**a).clone()));
         let opts = EstimateOptions {
             assumed: assumed.into(),
             clusters: vec![q.cluster.clone()],
@@ -92,7 +92,7 @@ impl Backend for ReplicaBackend {
             Err(e) => return ReplicaAnswer::Failed(e),
         };
         // Only this cluster is estimated: its reservations after Karmada's assumed ones.
-        assumed.extend(reserved.cluster(&q.cluster).iter().cloned());
+        assumed.extend(reserved.cluster(&q.cluster).iter().map(|a| (**a).clone()));
         let opts = EstimateOptions {
             assumed: assumed.into(),
             clusters: vec![q.cluster.clone()],

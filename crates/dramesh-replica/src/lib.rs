@@ -6,8 +6,8 @@
 //!
 //! - [`runner`]: the running replica (start/stop, the change feed, readiness, data age).
 //! - [`state`]: [`ReplicaState`]: the view and its side indexes, estimates, status, freshness.
-//! - `reserve`, `reservations`: in-flight reservations (resolution, writing; the record and
-//!   its table).
+//! - `reserve`, `reservations`, `group_commit`: in-flight reservations (resolution, writing
+//!   with group commit; the record and its table).
 //! - `retire`: retiring member clusters through replicated tombstones.
 //! - `requests`: API requests (manifests, Karmada requirements) as estimator workloads.
 //! - `backend`: [`ReplicaBackend`], the API crate's `Backend` over the state.
@@ -22,6 +22,7 @@
 
 mod backend;
 mod devstatus;
+mod group_commit;
 pub mod karmada;
 mod observe;
 mod pending;

@@ -131,22 +131,26 @@ impl Record {
 /// over the cluster's pods and kept until the cluster's generation changes.
 #[derive(Debug, Default)]
 pub(crate) struct BoundPods {
-    per_cluster: HashMap<String, (u64, HashMap<String, i64>)>,
+    per_cluster: HashMap<String, (u64, OwnerCounts)>,
 }
 
+/// Pods by owner key. Keys come from member clusters the mesh authenticates: a fixed-seed
+/// hash (fast on these short keys) is not a flooding risk.
+type OwnerCounts = HashMap<String, i64, foldhash::fast::FixedState>;
+
 /// The key of an owner: its names joined by NUL, which no Kubernetes name contains.
-fn owner_key(namespace: &str, kind: &str, name: &str) -> String {
+pub(crate) fn owner_key(namespace: &str, kind: &str, name: &str) -> String {
     format!("{namespace}\0{kind}\0{name}")
 }
 
 impl BoundPods {
-    /// Pods of `w` bound (and active) in `c`.
-    pub(crate) fn get(&mut self, c: &ClusterView, w: &WorkloadRef) -> i64 {
+    /// Pods bound (and active) in `c` whose owner has the key `owner` ([`owner_key`]).
+    pub(crate) fn get(&mut self, c: &ClusterView, owner: &str) -> i64 {
         let g = c.generation();
         let counts = match self.per_cluster.get(&c.name) {
             Some((at, counts)) if *at == g => counts,
             _ => {
-                let mut counts: HashMap<String, i64> = HashMap::new();
+                let mut counts = OwnerCounts::default();
                 for (_, p) in c.pods() {
                     if p.active && p.node.is_some() {
                         *counts
@@ -158,10 +162,7 @@ impl BoundPods {
                 &self.per_cluster[&c.name].1
             }
         };
-        counts
-            .get(&owner_key(&w.namespace, &w.kind, &w.name))
-            .copied()
-            .unwrap_or(0)
+        counts.get(owner).copied().unwrap_or(0)
     }
 
     /// Forgets clusters not in `keep`.
@@ -174,6 +175,14 @@ impl BoundPods {
 #[derive(Debug, Clone)]
 pub(crate) struct Entry {
     pub(crate) record: Record,
+    /// `record.id`, shared with resolutions.
+    pub(crate) id: Arc<str>,
+    /// `record.cluster`, shared with resolutions.
+    pub(crate) cluster: Arc<str>,
+    /// The [`owner_key`] of `record.workload`.
+    pub(crate) owner_key: Arc<str>,
+    /// When this replica considers it expired (see the module docs).
+    pub(crate) expiry: Instant,
     /// The decoded requirements, or why they do not decode.
     pub(crate) workload: Result<Arc<Workload>, String>,
     /// When this replica first saw it (the owner: when it wrote it).
@@ -183,14 +192,14 @@ pub(crate) struct Entry {
 /// Every reservation this replica knows, and the recently ended ones.
 pub(crate) struct Table {
     owner: String,
-    entries: BTreeMap<String, Entry>,
+    entries: BTreeMap<String, Arc<Entry>>,
     ended: BTreeMap<String, ReservationStatus>,
     ended_order: VecDeque<String>,
     next_seq: u64,
     /// Bumped on every change of `entries`.
     pub(crate) version: u64,
-    /// Per cluster: the ids of its entries, and the `version` at their last change.
-    clusters: BTreeMap<String, (u64, BTreeSet<String>)>,
+    /// Per cluster: its entries by id, and the `version` at their last change.
+    clusters: BTreeMap<Arc<str>, (u64, BTreeMap<Arc<str>, Arc<Entry>>)>,
     /// Per preemptor: the ids of the preemption holds written for it.
     holds: BTreeMap<String, BTreeSet<String>>,
 }
@@ -225,26 +234,23 @@ impl Table {
     }
 
     pub(crate) fn entries(&self) -> impl Iterator<Item = (&String, &Entry)> {
-        self.entries.values().map(|e| (&e.record.id, e))
+        self.entries.values().map(|e| (&e.record.id, &**e))
     }
 
     pub(crate) fn get(&self, id: &str) -> Option<&Entry> {
-        self.entries.get(id)
+        self.entries.get(id).map(|e| &**e)
     }
 
     /// Each cluster that has entries, with the table version at their last change.
-    pub(crate) fn cluster_versions(&self) -> impl Iterator<Item = (&String, u64)> {
+    pub(crate) fn cluster_versions(&self) -> impl Iterator<Item = (&Arc<str>, u64)> {
         self.clusters.iter().map(|(c, (v, _))| (c, *v))
     }
 
     /// The entries of `cluster`, in id order, with the version at their last change.
-    pub(crate) fn cluster_entries(&self, cluster: &str) -> (u64, Vec<&Entry>) {
+    pub(crate) fn cluster_entries(&self, cluster: &str) -> (u64, Vec<Arc<Entry>>) {
         match self.clusters.get(cluster) {
             None => (self.version, Vec::new()),
-            Some((v, ids)) => (
-                *v,
-                ids.iter().filter_map(|id| self.entries.get(id)).collect(),
-            ),
+            Some((v, entries)) => (*v, entries.values().cloned().collect()),
         }
     }
 
@@ -254,37 +260,33 @@ impl Table {
             .get(preemptor)
             .into_iter()
             .flatten()
-            .filter_map(|id| self.entries.get(id))
+            .filter_map(|id| self.entries.get(id).map(|e| &**e))
     }
 
-    /// Records that `e` was added (`present`) or removed.
-    fn index(&mut self, e: &Record, present: bool) {
-        self.touch(&e.cluster, &e.id, present);
-        if let Some(p) = &e.preemptor {
+    /// Indexes `e`, just added (`present`) or removed, by cluster and preemptor.
+    fn index(&mut self, e: &Arc<Entry>, present: bool) {
+        self.version += 1;
+        let version = self.version;
+        let cluster = &e.cluster;
+        let c = self.clusters.entry(cluster.clone()).or_default();
+        c.0 = version;
+        if present {
+            c.1.insert(e.id.clone(), e.clone());
+        } else {
+            c.1.remove(&e.id);
+            if c.1.is_empty() {
+                self.clusters.remove(cluster);
+            }
+        }
+        if let Some(p) = &e.record.preemptor {
             let ids = self.holds.entry(p.clone()).or_default();
             if present {
-                ids.insert(e.id.clone());
+                ids.insert(e.record.id.clone());
             } else {
-                ids.remove(&e.id);
+                ids.remove(&e.record.id);
                 if ids.is_empty() {
                     self.holds.remove(p);
                 }
-            }
-        }
-    }
-
-    /// Records a change of `id` in `cluster` (added when `present`, else removed).
-    fn touch(&mut self, cluster: &str, id: &str, present: bool) {
-        self.version += 1;
-        let version = self.version;
-        let e = self.clusters.entry(cluster.to_string()).or_default();
-        e.0 = version;
-        if present {
-            e.1.insert(id.to_string());
-        } else {
-            e.1.remove(id);
-            if e.1.is_empty() {
-                self.clusters.remove(cluster);
             }
         }
     }
@@ -299,12 +301,7 @@ impl Table {
 
     /// When this replica considers `e` expired (see the module docs).
     pub(crate) fn expiry(&self, e: &Entry) -> Instant {
-        let ttl = Duration::from_secs(e.record.ttl_seconds);
-        if e.record.owner == self.owner {
-            e.seen + ttl
-        } else {
-            e.seen + ttl + EXPIRY_GRACE
-        }
+        e.expiry
     }
 
     /// Remembers how a reservation ended (bounded, oldest forgotten first).
@@ -341,39 +338,11 @@ impl Table {
                         return;
                     }
                 };
-                if record.owner == self.owner
-                    && let Some(seq) = record
-                        .id
-                        .rsplit_once('-')
-                        .and_then(|(_, s)| s.parse::<u64>().ok())
-                {
-                    self.next_seq = self.next_seq.max(seq.saturating_add(1));
-                }
-                let seen = self.entries.get(&record.id).map_or(now, |e| e.seen);
-                if self
-                    .entries
-                    .get(&record.id)
-                    .is_some_and(|e| e.record == record)
-                {
-                    return;
-                }
-                let workload = decode(&record.manifests);
-                let indexed = record.clone();
-                if let Some(old) = self.entries.insert(
-                    record.id.clone(),
-                    Entry {
-                        record,
-                        workload,
-                        seen,
-                    },
-                ) {
-                    self.index(&old.record, false);
-                }
-                self.index(&indexed, true);
+                self.upsert(record, now, decode);
             }
             ObjectChange::Delete { key } => {
                 if let Some(e) = self.entries.remove(&key.name) {
-                    self.index(&e.record, false);
+                    self.index(&e, false);
                     if !self.ended.contains_key(&key.name) {
                         let state = if now >= self.expiry(&e) {
                             ReservationState::Expired
@@ -388,6 +357,68 @@ impl Table {
         }
     }
 
+    /// Adds or replaces the reservation `record`; `decode` is asked for its workload unless
+    /// it is already known unchanged.
+    fn upsert(
+        &mut self,
+        record: Record,
+        now: Instant,
+        decode: &mut dyn FnMut(&[String]) -> Result<Arc<Workload>, String>,
+    ) {
+        if record.owner == self.owner
+            && let Some(seq) = record
+                .id
+                .rsplit_once('-')
+                .and_then(|(_, s)| s.parse::<u64>().ok())
+        {
+            self.next_seq = self.next_seq.max(seq.saturating_add(1));
+        }
+        let seen = self.entries.get(&record.id).map_or(now, |e| e.seen);
+        if self
+            .entries
+            .get(&record.id)
+            .is_some_and(|e| e.record == record)
+        {
+            return;
+        }
+        let workload = decode(&record.manifests);
+        let w = &record.workload;
+        let ttl = Duration::from_secs(record.ttl_seconds);
+        let expiry = if record.owner == self.owner {
+            seen + ttl
+        } else {
+            seen + ttl + EXPIRY_GRACE
+        };
+        let entry = Entry {
+            expiry,
+            id: Arc::from(record.id.as_str()),
+            cluster: Arc::from(record.cluster.as_str()),
+            owner_key: Arc::from(owner_key(&w.namespace, &w.kind, &w.name)),
+            record,
+            workload,
+            seen,
+        };
+        let entry = Arc::new(entry);
+        if let Some(old) = self.entries.insert(entry.record.id.clone(), entry.clone()) {
+            self.index(&old, false);
+        }
+        self.index(&entry, true);
+    }
+
+    /// Adds a reservation this replica is writing, whose workload it decoded already,
+    /// before the write reaches the store (whose change then finds it here unchanged).
+    pub(crate) fn insert_own(&mut self, record: Record, workload: Arc<Workload>, now: Instant) {
+        self.upsert(record, now, &mut |_| Ok(workload.clone()));
+    }
+
+    /// Removes reservations added by [`Table::insert_own`] whose write failed: they never
+    /// existed for anyone else, so they are not remembered as ended.
+    pub(crate) fn forget_unwritten(&mut self, id: &str) {
+        if let Some(e) = self.entries.remove(id) {
+            self.index(&e, false);
+        }
+    }
+
     /// Drops every entry whose id is not in `keep` (after a rebuild from the store).
     pub(crate) fn retain(&mut self, keep: &BTreeSet<String>) {
         let gone: Vec<String> = self
@@ -398,7 +429,7 @@ impl Table {
             .collect();
         for id in gone {
             if let Some(e) = self.entries.remove(&id) {
-                self.index(&e.record, false);
+                self.index(&e, false);
             }
         }
     }

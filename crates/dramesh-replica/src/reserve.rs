@@ -3,16 +3,19 @@
 //! sweeping this replica's own reservations (see [`crate::reservations`] for the record and
 //! its lifecycle).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
 use dramesh_api::ApiError;
 use dramesh_api::auth::{Caller, Caps, Refusal, RefusalKind};
 use dramesh_api::native::{ReservationState, ReservationStatus, ReserveRequest, WorkloadRef};
-use dramesh_estimator::{Admission, Assumed, AssumedWorkload, Reservation, Workload};
+use dramesh_estimator::{
+    Admission, Assumed, AssumedList, AssumedWorkload, ClusterResolution, Reservation, Workload,
+};
 use dramesh_model::ObjectChange;
 
+use crate::group_commit::Ticket;
 use crate::requests::workload_from_manifests;
 use crate::reservations::{self as resv, Record};
 use crate::state::{ReplicaState, check_clusters};
@@ -25,7 +28,7 @@ pub(crate) struct Own<'a> {
     /// The member cluster.
     pub(crate) cluster: &'a str,
     /// The workload decoded from `manifests`.
-    pub(crate) workload: &'a Workload,
+    pub(crate) workload: &'a Arc<Workload>,
     /// The manifests other replicas decode the workload from.
     pub(crate) manifests: &'a [String],
     /// Replicas held (1..=[`resv::MAX_REPLICAS`]).
@@ -52,68 +55,68 @@ pub(crate) struct PreemptionHold {
 /// One cluster's part of a resolution, with what it was computed from.
 #[derive(Debug)]
 pub(crate) struct ClusterPart {
-    /// Unique among the parts a replica computes, and increasing: a new number is a new
-    /// resolution of the cluster.
-    epoch: u64,
+    /// The number (from [`crate::state::Compute::epochs`], so increasing and unique) of
+    /// the last resolution of the cluster that changed the outcome or the replicas held of a
+    /// reservation resolved before it, or left one out: until it moves, every reservation
+    /// resolved before keeps its state (new ones only were added).
+    outcome_epoch: u64,
     /// The table's version of the cluster's reservations.
     table_version: u64,
     /// The cluster's view generation.
     view_gen: u64,
     /// When the first of its live reservations expires: the part is computed again then.
     until: Option<Instant>,
-    /// The resolution of its live reservations whose workloads decode.
-    resolution: Arc<dramesh_estimator::Resolution>,
-    /// The outcome of live reservations whose workloads do not decode (conflicted).
-    undecodable: BTreeMap<String, Admission>,
-    /// Replicas each live reservation still holds.
-    remaining: BTreeMap<String, i64>,
+    /// The resolution of its live reservations whose workloads decode (their replicas
+    /// still held are the ranked replicas).
+    resolution: ClusterResolution,
+    /// Live reservations whose workloads do not decode: conflicted, with their replicas.
+    undecodable: BTreeMap<String, (Admission, i64)>,
     /// Reservations past their expiry, not yet deleted.
     expired: BTreeSet<String>,
     /// The admitted reservations as estimator deductions, shared with every estimate.
-    assumed: Arc<[AssumedWorkload]>,
+    assumed: AssumedList,
 }
 
 /// Each cluster's part of the last resolution.
-pub(crate) type ClusterResolutions = std::collections::HashMap<String, Arc<ClusterPart>>;
+pub(crate) type ClusterResolutions = std::collections::HashMap<Arc<str>, Arc<ClusterPart>>;
 
 /// One overcommit resolution of the unexpired reservations.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct Resolved {
-    parts: BTreeMap<String, Arc<ClusterPart>>,
+    parts: BTreeMap<Arc<str>, Arc<ClusterPart>>,
     assumed: Assumed,
 }
 
 impl Resolved {
-    /// The outcome of reservation `id` of `cluster` (`None`: seen after this resolution).
-    fn admission(&self, cluster: &str, id: &str) -> Option<&Admission> {
-        let p = self.parts.get(cluster)?;
-        p.resolution
-            .admissions
-            .get(id)
-            .or_else(|| p.undecodable.get(id))
+    /// The outcome of reservation `e` and the replicas it still holds (`None`: seen after
+    /// this resolution).
+    fn outcome(&self, e: &resv::Entry) -> Option<(&Admission, i64)> {
+        let p = self.parts.get(&*e.cluster)?;
+        match p.resolution.get(&e.id, e.record.priority) {
+            Some(r) => Some((&r.admission, r.replicas)),
+            None => p.undecodable.get(&*e.id).map(|(a, n)| (a, *n)),
+        }
     }
 
-    /// Replicas reservation `id` of `cluster` still holds.
-    fn remaining(&self, cluster: &str, id: &str) -> Option<i64> {
-        self.parts.get(cluster)?.remaining.get(id).copied()
-    }
-
-    /// Whether reservation `id` of `cluster` had expired.
-    fn expired(&self, cluster: &str, id: &str) -> bool {
+    /// Whether reservation `e` had expired.
+    fn expired(&self, e: &resv::Entry) -> bool {
         self.parts
-            .get(cluster)
-            .is_some_and(|p| p.expired.contains(id))
+            .get(&*e.cluster)
+            .is_some_and(|p| p.expired.contains(&*e.id))
     }
 }
 
-/// A live reservation as resolution reads it from the table.
-struct Live {
-    id: String,
-    priority: i32,
-    replicas: i64,
-    bound_at_creation: i64,
-    workload: WorkloadRef,
-    decoded: Result<Arc<Workload>, String>,
+/// A reservation's state under one resolution: what the scheduler judges its decisions by,
+/// and the core of a status report.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Judged {
+    pub(crate) state: ReservationState,
+    /// Replicas it still holds.
+    pub(crate) remaining: i64,
+    /// The reservation that holds the room, when conflicted.
+    pub(crate) winner: Option<Arc<str>>,
+    /// Why it could not be checked, when conflicted for that.
+    pub(crate) reason: Option<String>,
 }
 
 impl ReplicaState {
@@ -124,58 +127,51 @@ impl ReplicaState {
         let now = Instant::now();
         // The table (lock 3) is not taken with the indexes (lock 4) held: versions first,
         // then the entries of the clusters that changed.
-        let versions: Vec<(String, u64)> =
+        let versions: Vec<(Arc<str>, u64)> =
             self.with_table(|t| t.cluster_versions().map(|(c, v)| (c.clone(), v)).collect());
-        let stale: Vec<String> = {
+        let stale: Vec<Arc<str>> = {
             let indexes = self.indexes();
             let view = &indexes.view;
             let compute = self.compute(&indexes);
-            let unchanged = compute.resolved.as_ref().is_some_and(|r| {
-                r.parts.len() == versions.len()
-                    && versions
-                        .iter()
-                        .all(|(c, v)| r.parts.get(c).is_some_and(|p| fresh(p, *v, view, c, now)))
-            });
-            if unchanged && let Some(r) = compute.resolved.as_ref() {
+            let fresh = |c: &Arc<str>, v: u64| {
+                compute
+                    .per_cluster
+                    .get(c)
+                    .is_some_and(|p| fresh(p, v, view, c, now))
+            };
+            let stale: Vec<Arc<str>> = versions
+                .iter()
+                .filter(|(c, v)| !fresh(c, *v))
+                .map(|(c, _)| c.clone())
+                .collect();
+            if stale.is_empty()
+                && compute.per_cluster.len() == versions.len()
+                && let Some(r) = compute.resolved.as_ref()
+            {
                 return r.clone();
             }
-            versions
-                .iter()
-                .filter(|(c, v)| {
-                    !compute
-                        .per_cluster
-                        .get(c)
-                        .is_some_and(|p| fresh(p, *v, view, c, now))
-                })
-                .map(|(c, _)| c.clone())
-                .collect()
+            stale
         };
-        type Read = (u64, Vec<Live>, BTreeSet<String>, Option<Instant>);
-        let read: Vec<(String, Read)> = self.with_table(|table| {
+        let read: Vec<(Arc<str>, Read)> = self.with_table(|table| {
             stale
                 .into_iter()
                 .map(|c| {
                     let (version, entries) = table.cluster_entries(&c);
-                    let mut live = Vec::new();
-                    let mut expired = BTreeSet::new();
-                    let mut until: Option<Instant> = None;
+                    let mut read = Read {
+                        version,
+                        live: Vec::with_capacity(entries.len()),
+                        expired: BTreeSet::new(),
+                        until: None,
+                    };
                     for e in entries {
-                        let expiry = table.expiry(e);
-                        if now >= expiry {
-                            expired.insert(e.record.id.clone());
-                            continue;
+                        if now >= e.expiry {
+                            read.expired.insert(e.record.id.clone());
+                        } else {
+                            read.until = Some(read.until.map_or(e.expiry, |u| u.min(e.expiry)));
+                            read.live.push(e);
                         }
-                        until = Some(until.map_or(expiry, |u| u.min(expiry)));
-                        live.push(Live {
-                            id: e.record.id.clone(),
-                            priority: e.record.priority,
-                            replicas: e.record.replicas,
-                            bound_at_creation: e.record.bound_at_creation,
-                            workload: e.record.workload.clone(),
-                            decoded: e.workload.clone(),
-                        });
                     }
-                    (c, (version, live, expired, until))
+                    (c, read)
                 })
                 .collect()
         });
@@ -183,41 +179,49 @@ impl ReplicaState {
         let view = &indexes.view;
         let mut compute = self.compute(&indexes);
         let compute = &mut *compute;
-        for (cluster, (table_version, live, expired, until)) in read {
+        // The last resolution with the clusters resolved again replaced.
+        let mut resolved = compute.resolved.as_deref().cloned().unwrap_or_default();
+        for (cluster, read) in read {
             let previous = compute.per_cluster.remove(&cluster);
-            let part = resolve_part(
+            let part = Arc::new(resolve_part(
                 compute,
                 view,
                 &cluster,
                 previous.as_deref(),
-                (table_version, live, expired, until),
-            );
-            compute.per_cluster.insert(cluster, Arc::new(part));
-        }
-        let known: BTreeSet<&str> = versions.iter().map(|(c, _)| c.as_str()).collect();
-        compute
-            .per_cluster
-            .retain(|c, _| known.contains(c.as_str()));
-        compute.bound.retain(|c| known.contains(c));
-        let mut resolved = Resolved::default();
-        for (cluster, part) in &compute.per_cluster {
-            resolved.assumed.set(cluster, part.assumed.clone());
+                read,
+            ));
+            resolved.assumed.set(&cluster, part.assumed.clone());
             resolved.parts.insert(cluster.clone(), part.clone());
+            compute.per_cluster.insert(cluster, part);
+        }
+        let known: BTreeSet<&str> = versions.iter().map(|(c, _)| &**c).collect();
+        compute.per_cluster.retain(|c, _| known.contains(&**c));
+        compute.bound.retain(|c| known.contains(c));
+        let gone: Vec<Arc<str>> = resolved
+            .parts
+            .keys()
+            .filter(|c| !known.contains(&***c))
+            .cloned()
+            .collect();
+        for c in gone {
+            resolved.parts.remove(&c);
+            resolved.assumed.set(&c, Vec::new().into());
         }
         let resolved = Arc::new(resolved);
         compute.resolved = Some(resolved.clone());
         resolved
     }
 
-    /// Per cluster with live or expired reservations: its resolution's epoch, which
-    /// changes whenever the cluster is resolved again (its reservations, its view or an
-    /// expiry changed), and so whenever a reservation status there may have changed.
-    /// Blocking (it resolves): call it off the async reactor.
-    pub(crate) fn resolution_epochs(&self) -> BTreeMap<String, u64> {
+    /// Per cluster with live or expired reservations: the epoch of its last resolution
+    /// that changed the state of a reservation resolved before (see
+    /// [`ClusterPart::outcome_epoch`]): while it stays, no reservation there that was
+    /// judged before needs judging again. Blocking (it resolves): call it off the async
+    /// reactor.
+    pub(crate) fn outcome_epochs(&self) -> BTreeMap<Arc<str>, u64> {
         let res = self.resolution();
         res.parts
             .iter()
-            .map(|(c, p)| (c.clone(), p.epoch))
+            .map(|(c, p)| (c.clone(), p.outcome_epoch))
             .collect()
     }
 
@@ -241,18 +245,20 @@ impl ReplicaState {
                 continue;
             };
             let r = &part.resolution;
-            let list: Vec<AssumedWorkload> = r
+            let list: Vec<Arc<AssumedWorkload>> = r
                 .assumed
                 .iter()
-                .zip(&r.assumed_ids)
+                .zip(r.assumed_ids())
                 .filter_map(|(a, id)| {
-                    if !holds.iter().any(|h| h.id == *id) {
+                    if !holds.iter().any(|h| *h.id == **id) {
                         return Some(a.clone());
                     }
                     let used = a.replicas.min(b.assigned(cluster));
-                    (used > 0).then(|| AssumedWorkload {
-                        replicas: used,
-                        ..a.clone()
+                    (used > 0).then(|| {
+                        Arc::new(AssumedWorkload {
+                            replicas: used,
+                            ..(**a).clone()
+                        })
                     })
                 })
                 .collect();
@@ -279,21 +285,20 @@ impl ReplicaState {
         })
     }
 
-    fn status_of(&self, id: &str, res: &Resolved, now: Instant) -> Option<ReservationStatus> {
-        self.with_table(|table| status_in(table, id, res, now))
-    }
-
     /// The states of reservations `ids` on this replica, from one resolution (those it does
-    /// not know are left out).
-    pub(crate) fn reservation_statuses<'a>(
+    /// not know, or knows only as ended, are left out).
+    pub(crate) fn reservation_states<'a>(
         &self,
         ids: impl IntoIterator<Item = &'a String>,
-    ) -> BTreeMap<String, ReservationStatus> {
+    ) -> HashMap<&'a str, Judged> {
         let res = self.resolution();
         let now = Instant::now();
         self.with_table(|table| {
             ids.into_iter()
-                .filter_map(|id| Some((id.clone(), status_in(table, id, &res, now)?)))
+                .filter_map(|id| {
+                    let e = table.get(id)?;
+                    Some((id.as_str(), judged(table, e, &res, now)))
+                })
                 .collect()
         })
     }
@@ -301,7 +306,7 @@ impl ReplicaState {
     /// One reservation's state on this replica.
     pub fn reservation_status(&self, id: &str) -> Option<ReservationStatus> {
         let res = self.resolution();
-        self.status_of(id, &res, Instant::now())
+        self.with_table(|table| status_in(table, id, &res, Instant::now()))
     }
 
     /// Every known reservation (ended ones included when `with_ended`), ordered by id.
@@ -319,31 +324,64 @@ impl ReplicaState {
         });
         let mut out: BTreeMap<String, ReservationStatus> =
             ended.into_iter().map(|s| (s.id.clone(), s)).collect();
-        for id in ids {
-            if let Some(s) = self.status_of(&id, &res, now) {
-                out.insert(id, s);
+        self.with_table(|table| {
+            for id in ids {
+                if let Some(s) = status_in(table, &id, &res, now) {
+                    out.insert(id, s);
+                }
             }
-        }
+        });
         out.into_values().collect()
     }
 
-    /// Writes changes to this replica's reservation document and applies them here.
+    /// Writes changes to this replica's reservation document and applies them here; returns
+    /// once they are durable (written with whatever else was queued: see
+    /// [`crate::group_commit`]).
     fn write_reservations(&self, changes: Vec<ObjectChange>) -> Result<(), ApiError> {
-        if !self.reservations_writable {
-            return Err(ApiError::Unavailable(
-                "this replica's reservation document could not be opened for writing".into(),
-            ));
-        }
-        self.with_feed(|| {
-            let outcome = self
-                .with_store(|s| s.apply(&resv::doc_id(&self.replica), changes))
-                .map_err(|e| {
-                    ApiError::Internal(format!("writing the reservation document: {e}"))
-                })?;
-            self.apply_changes(&outcome.view);
-            self.own_docs_changed.notify_one();
+        self.check_writable()?;
+        let ticket = self.own_writes.submit(changes);
+        self.wait_written(ticket)
+    }
+
+    fn check_writable(&self) -> Result<(), ApiError> {
+        if self.reservations_writable {
             Ok(())
-        })
+        } else {
+            Err(ApiError::Unavailable(
+                "this replica's reservation document could not be opened for writing".into(),
+            ))
+        }
+    }
+
+    /// Blocks until the reservation changes of `ticket` are durable in this replica's
+    /// document (and offered to the mesh). Those of a failed write were never visible
+    /// outside this replica and are forgotten here too.
+    pub(crate) fn wait_written(&self, ticket: Ticket) -> Result<(), ApiError> {
+        self.own_writes
+            .wait(ticket, &mut |batch| self.write_batch(batch))
+            .map_err(|e| ApiError::Internal(format!("writing the reservation document: {e}")))
+    }
+
+    /// Writes one batch of queued changes to the reservation document (one commit, one
+    /// fsync) and applies the result here.
+    fn write_batch(&self, batch: Vec<ObjectChange>) -> Result<(), String> {
+        let upserts: Vec<String> = batch
+            .iter()
+            .filter(|c| matches!(c, ObjectChange::Upsert { .. }))
+            .map(|c| c.key().name.clone())
+            .collect();
+        let written = self.with_feed(|| {
+            let outcome = self
+                .with_store(|s| s.apply(&resv::doc_id(&self.replica), batch))
+                .map_err(|e| e.to_string())?;
+            self.apply_changes(&outcome.view);
+            Ok(())
+        });
+        match written {
+            Ok(()) => self.own_docs_changed.notify_one(),
+            Err(_) => self.with_table(|t| upserts.iter().for_each(|id| t.forget_unwritten(id))),
+        }
+        written
     }
 
     /// Refuses a reservation of `bytes` manifest bytes for `replicas` replicas and `ttl_seconds`
@@ -420,35 +458,39 @@ impl ReplicaState {
     }
 
     /// Writes a reservation owned by this replica (no caps: the caller checked them, or is
-    /// the replica's own scheduler role); returns its id.
+    /// the replica's own scheduler role); returns its id once it is durable.
     pub(crate) fn write_own(&self, r: &Own<'_>) -> Result<String, ApiError> {
-        let mut ids = self.write_own_all(std::slice::from_ref(r), None)?;
+        let (mut ids, ticket) = self.queue_own_all(std::slice::from_ref(r), None)?;
+        self.wait_written(ticket)?;
         ids.pop()
             .ok_or_else(|| ApiError::Internal("no reservation id was assigned".into()))
     }
 
     /// Writes the scheduler role's preemption hold for the binding `preemptor`
     /// (`Binding::id`): a reservation like [`ReplicaState::write_own`]'s that decisions of
-    /// that binding leave out ([`ReplicaState::reserved_for`]); returns its id.
+    /// that binding leave out ([`ReplicaState::reserved_for`]); returns its id once durable.
     pub(crate) fn write_preemption_hold(
         &self,
         r: &Own<'_>,
         preemptor: &str,
     ) -> Result<String, ApiError> {
-        let mut ids = self.write_own_all(std::slice::from_ref(r), Some(preemptor))?;
+        let (mut ids, ticket) = self.queue_own_all(std::slice::from_ref(r), Some(preemptor))?;
+        self.wait_written(ticket)?;
         ids.pop()
             .ok_or_else(|| ApiError::Internal("no reservation id was assigned".into()))
     }
 
-    /// Writes reservations owned by this replica as one change of its reservation document
-    /// (one durable write for all of them), as [`ReplicaState::write_own`] does each (as
-    /// preemption holds of `preemptor` when given); returns their ids in order. Nothing is
-    /// written when one of them is refused.
-    pub(crate) fn write_own_all(
+    /// Adds reservations owned by this replica (preemption holds of `preemptor` when given)
+    /// to the table at once, so every resolution from now on counts them, and queues them
+    /// for the reservation document as one change; returns their ids in order and the
+    /// ticket that [`ReplicaState::wait_written`] makes them durable with (nothing may act
+    /// on them outside this replica before). Nothing is queued when one of them is refused.
+    pub(crate) fn queue_own_all(
         &self,
         all: &[Own<'_>],
         preemptor: Option<&str>,
-    ) -> Result<Vec<String>, ApiError> {
+    ) -> Result<(Vec<String>, Ticket), ApiError> {
+        self.check_writable()?;
         let workloads: Vec<WorkloadRef> = all
             .iter()
             .map(|r| WorkloadRef {
@@ -464,9 +506,10 @@ impl ReplicaState {
             let mut bound = Vec::with_capacity(all.len());
             for (r, w) in all.iter().zip(&workloads) {
                 check_clusters(view, &[r.cluster.to_string()])?;
+                let key = resv::owner_key(&w.namespace, &w.kind, &w.name);
                 bound.push(
                     view.cluster(r.cluster)
-                        .map_or(0, |c| compute.bound.get(c, w)),
+                        .map_or(0, |c| compute.bound.get(c, &key)),
                 );
             }
             bound
@@ -504,13 +547,16 @@ impl ReplicaState {
                 key: resv::record_key(id),
                 json: Arc::from(json.as_slice()),
             });
-            records.push(record);
+            records.push((record, r.workload.clone()));
         }
-        self.write_reservations(changes)?;
-        for record in &records {
-            tracing::info!(id = %record.id, cluster = %record.cluster, replicas = record.replicas, creator = %record.creator, "reservation written");
-        }
-        Ok(ids)
+        let now = Instant::now();
+        self.with_table(|t| {
+            for (record, workload) in records {
+                tracing::debug!(id = %record.id, cluster = %record.cluster, replicas = record.replicas, creator = %record.creator, "reservation written");
+                t.insert_own(record, workload, now);
+            }
+        });
+        Ok((ids, self.own_writes.submit(changes)))
     }
 
     /// Writes a reservation owned by this replica and created by `caller`, within its caps
@@ -526,7 +572,7 @@ impl ReplicaState {
                 "reservation: field cluster is required".into(),
             ));
         }
-        let w = workload_from_manifests(&req.workload.manifests)?;
+        let w = Arc::new(workload_from_manifests(&req.workload.manifests)?);
         let replicas = req.replicas.unwrap_or(w.replicas);
         if !(1..=resv::MAX_REPLICAS).contains(&replicas) {
             return Err(ApiError::InvalidRequest(format!(
@@ -629,7 +675,7 @@ impl ReplicaState {
                 .filter_map(|(id, e)| {
                     if now >= table.expiry(e) {
                         Some((id.clone(), ReservationState::Expired))
-                    } else if res.remaining(&e.record.cluster, id) == Some(0) {
+                    } else if res.outcome(e).is_some_and(|(_, left)| left == 0) {
                         Some((id.clone(), ReservationState::Satisfied))
                     } else {
                         None
@@ -659,69 +705,129 @@ fn fresh(
         && part.until.is_none_or(|u| now < u)
 }
 
-/// Resolves one cluster's live reservations `live` (read at table version `table_version`,
-/// with `expired` those past their expiry and `until` the first expiry among the live),
-/// from `previous` when that was computed on the same view generation.
+/// One cluster's reservations as resolution reads them from the table.
+struct Read {
+    /// The table's version of the cluster's reservations.
+    version: u64,
+    /// The unexpired ones, in id order.
+    live: Vec<Arc<resv::Entry>>,
+    /// The ids of those past their expiry.
+    expired: BTreeSet<String>,
+    /// The first expiry among the live.
+    until: Option<Instant>,
+}
+
+/// Resolves one cluster's reservations as `read` from the table, from `previous` when that
+/// was computed on the same view generation.
 fn resolve_part(
     compute: &mut crate::state::Compute,
     view: &dramesh_estimator::View,
-    cluster: &str,
+    cluster: &Arc<str>,
     previous: Option<&ClusterPart>,
-    (table_version, live, expired, until): (u64, Vec<Live>, BTreeSet<String>, Option<Instant>),
+    read: Read,
 ) -> ClusterPart {
     let cv = view.cluster(cluster);
     let view_gen = cv.map_or(0, |v| v.generation());
-    let mut remaining = BTreeMap::new();
     let mut undecodable = BTreeMap::new();
-    let mut input = Vec::new();
-    for l in live {
-        let bound = cv.map_or(0, |c| compute.bound.get(c, &l.workload));
-        let left = (l.replicas - (bound - l.bound_at_creation).max(0)).max(0);
-        remaining.insert(l.id.clone(), left);
-        match l.decoded {
+    let mut input = Vec::with_capacity(read.live.len());
+    for e in &read.live {
+        let bound = cv.map_or(0, |c| compute.bound.get(c, &e.owner_key));
+        let left = (e.record.replicas - (bound - e.record.bound_at_creation).max(0)).max(0);
+        match &e.workload {
             Ok(w) => input.push(Reservation {
-                id: l.id,
-                cluster: cluster.to_string(),
-                priority: l.priority,
+                id: e.id.clone(),
+                cluster: cluster.clone(),
+                priority: e.record.priority,
                 replicas: left,
-                workload: w,
+                workload: w.clone(),
             }),
-            Err(e) => {
-                undecodable.insert(
-                    l.id,
-                    Admission::Conflicted {
-                        winner: None,
-                        available: 0,
-                        reason: Some(format!("workload manifests: {e}")),
-                    },
-                );
+            Err(err) => {
+                let conflicted = Admission::Conflicted {
+                    winner: None,
+                    available: 0,
+                    reason: Some(format!("workload manifests: {err}")),
+                };
+                undecodable.insert(e.record.id.clone(), (conflicted, left));
             }
         }
     }
-    let previous = previous.filter(|p| p.view_gen == view_gen);
-    let resolution = Arc::new(dramesh_estimator::resolve_cluster(
+    let reusable = previous.filter(|p| p.view_gen == view_gen);
+    let resolution = dramesh_estimator::resolve_cluster(
         view,
         &mut compute.estimator,
         cluster,
         &input,
-        previous.map(|p| &*p.resolution),
-    ));
+        reusable.map(|p| &p.resolution),
+    );
     let assumed = resolution.assumed.clone().into();
     compute.epochs += 1;
+    let outcome_epoch = match previous {
+        Some(p) if !outcomes_changed(p, &resolution, &undecodable) => p.outcome_epoch,
+        _ => compute.epochs,
+    };
     ClusterPart {
-        epoch: compute.epochs,
-        table_version,
+        outcome_epoch,
+        table_version: read.version,
         view_gen,
-        until,
+        until: read.until,
         resolution,
         undecodable,
-        remaining,
-        expired,
+        expired: read.expired,
         assumed,
     }
 }
 
-/// The state of reservation `id` in `table` under the resolution `res`.
+/// Whether a reservation of `previous` is missing from the new resolution (`now`,
+/// `undecodable`) or has another outcome or replica count there.
+fn outcomes_changed(
+    previous: &ClusterPart,
+    now: &ClusterResolution,
+    undecodable: &BTreeMap<String, (Admission, i64)>,
+) -> bool {
+    if previous.undecodable != *undecodable {
+        return true;
+    }
+    // Resolution keeps the ranking's unchanged prefix as it was (the same shared ids).
+    let old = &previous.resolution.ranked;
+    let kept = old
+        .iter()
+        .zip(&now.ranked)
+        .take_while(|(a, b)| Arc::ptr_eq(&a.id, &b.id) && a == b)
+        .count();
+    old[kept..]
+        .iter()
+        .any(|a| now.get(&a.id, a.priority) != Some(a))
+}
+
+/// The state of the live reservation `e` of `table` under the resolution `res`.
+fn judged(table: &resv::Table, e: &resv::Entry, res: &Resolved, now: Instant) -> Judged {
+    let outcome = res.outcome(e);
+    let mut j = Judged {
+        state: ReservationState::Live,
+        remaining: outcome.map_or(e.record.replicas, |(_, left)| left),
+        winner: None,
+        reason: None,
+    };
+    if res.expired(e) || now >= table.expiry(e) {
+        j.state = ReservationState::Expired;
+        j.remaining = 0;
+        return j;
+    }
+    match outcome.map(|(a, _)| a) {
+        Some(Admission::Admitted) if j.remaining == 0 => j.state = ReservationState::Satisfied,
+        Some(Admission::Admitted) => {}
+        Some(Admission::Conflicted { winner, reason, .. }) => {
+            j.state = ReservationState::Conflicted;
+            j.winner = winner.clone();
+            j.reason = reason.clone();
+        }
+        // Seen after the resolution was computed: not yet decided.
+        None => {}
+    }
+    j
+}
+
+/// The status of reservation `id` in `table` under the resolution `res`.
 fn status_in(
     table: &resv::Table,
     id: &str,
@@ -731,29 +837,13 @@ fn status_in(
     let Some(e) = table.get(id) else {
         return table.ended(id).cloned();
     };
-    let expiry = table.expiry(e);
-    let cluster = &e.record.cluster;
-    let remaining = res.remaining(cluster, id).unwrap_or(e.record.replicas);
-    let mut st = resv::base_status(&e.record, ReservationState::Live);
-    st.remaining = remaining;
-    if res.expired(cluster, id) || now >= expiry {
-        st.status = ReservationState::Expired;
-        st.remaining = 0;
-        return Some(st);
+    let j = judged(table, e, res, now);
+    let mut st = resv::base_status(&e.record, j.state);
+    st.remaining = j.remaining;
+    if j.state != ReservationState::Expired {
+        st.expires_in_seconds = Some(table.expiry(e).saturating_duration_since(now).as_secs_f64());
     }
-    st.expires_in_seconds = Some(expiry.saturating_duration_since(now).as_secs_f64());
-    match res.admission(cluster, id) {
-        Some(Admission::Admitted) if remaining == 0 => {
-            st.status = ReservationState::Satisfied;
-        }
-        Some(Admission::Admitted) => {}
-        Some(Admission::Conflicted { winner, reason, .. }) => {
-            st.status = ReservationState::Conflicted;
-            st.winner = winner.clone();
-            st.reason = reason.clone();
-        }
-        // Seen after the resolution was computed: not yet decided.
-        None => {}
-    }
+    st.winner = j.winner.map(|w| w.to_string());
+    st.reason = j.reason;
     Some(st)
 }

@@ -129,6 +129,8 @@ pub struct ReplicaState {
     retired: Mutex<Retired>,
     /// Whether this replica's reservation document could be opened for writing.
     pub(crate) reservations_writable: bool,
+    /// Writes to this replica's reservation document, queued and made durable together.
+    pub(crate) own_writes: crate::group_commit::GroupCommit,
     /// Signalled after this replica wrote its reservation or retirement document (the mesh
     /// pushes both).
     pub(crate) own_docs_changed: Arc<tokio::sync::Notify>,
@@ -159,6 +161,7 @@ impl ReplicaState {
             reservations: Mutex::new(Table::new(replica)),
             retired: Mutex::new(Retired::default()),
             reservations_writable: writable,
+            own_writes: Default::default(),
             own_docs_changed: Arc::new(tokio::sync::Notify::new()),
             caps: Mutex::new(dramesh_api::auth::Caps::default()),
             replica: replica.to_string(),

@@ -197,6 +197,9 @@ struct Held {
     base_bytes: u64,
     /// Snapshot size when the generation started (or was first loaded here).
     fresh_bytes: u64,
+    /// Bytes of the current values, kept for the writer's own documents (0 for replica
+    /// copies): what a compaction would keep, the reference of the writer's compaction rule.
+    live_bytes: u64,
     commits_since_base: u64,
     /// Operations in the history, kept for the writer's own documents (automerge 0.6 keeps no
     /// running count; walking the history on every commit would cost O(changes) per write).
@@ -329,14 +332,26 @@ fn check_doc_id(doc: &DocId) -> Result<(), StoreError> {
 }
 
 fn value_bytes(v: &Value<'_>) -> Option<Arc<[u8]>> {
+    value_slice(v).map(Arc::from)
+}
+
+/// The bytes of a scalar value, borrowed.
+fn value_slice<'a>(v: &'a Value<'_>) -> Option<&'a [u8]> {
     match v {
         Value::Scalar(s) => match s.as_ref() {
-            ScalarValue::Bytes(b) => Some(Arc::from(b.as_slice())),
-            ScalarValue::Str(s) => Some(Arc::from(s.as_bytes())),
+            ScalarValue::Bytes(b) => Some(b.as_slice()),
+            ScalarValue::Str(s) => Some(s.as_bytes()),
             _ => None,
         },
         Value::Object(_) => None,
     }
+}
+
+/// Bytes of the document's current root values (see [`Held::live_bytes`]).
+fn live_value_bytes(doc: &Automerge) -> u64 {
+    doc.map_range(ROOT, ..)
+        .map(|item| value_slice(&item.value).map_or(0, |b| b.len() as u64))
+        .sum()
 }
 
 fn read_value(doc: &Automerge, key: &str, at: Option<&[ChangeHash]>) -> Option<Arc<[u8]>> {
@@ -666,6 +681,7 @@ impl Store {
                 },
                 commits_since_base: changes.saturating_sub(1),
                 num_ops,
+                live_bytes: if owned { live_value_bytes(&doc) } else { 0 },
                 not_durable: false,
                 keys_counted: (0, 0),
                 signed,
@@ -897,6 +913,7 @@ impl Store {
             fresh_bytes: base,
             commits_since_base: 0,
             num_ops: history(&fresh).1,
+            live_bytes: live_value_bytes(&fresh),
             not_durable: false,
             keys_counted: (0, 0),
             signed: None,
@@ -949,25 +966,36 @@ impl Store {
         };
         let before = e.doc.get_heads();
         let mut changed = Vec::new();
+        let mut live = e.live_bytes;
         let mut tx = e.doc.transaction();
         for (k, v) in &ops {
             let current = tx.get(ROOT, k.as_str()).map_err(am)?;
+            let current = current.as_ref().map(|(v, _)| value_slice(v));
+            // (present, its length, equal to the new value)
+            let (present, old_len, same) = match (&current, v) {
+                (None, _) => (false, 0, false),
+                (Some(c), v) => (
+                    true,
+                    c.map_or(0, |c| c.len() as u64),
+                    v.as_ref().is_some_and(|json| *c == Some(&json[..])),
+                ),
+            };
             match v {
                 Some(json) => {
-                    let same = current
-                        .as_ref()
-                        .and_then(|(v, _)| value_bytes(v))
-                        .is_some_and(|c| c[..] == json[..]);
                     if !same {
                         tx.put(ROOT, k.as_str(), ScalarValue::Bytes(json.to_vec()))
                             .map_err(am)?;
                         changed.push(k.clone());
+                        live = live
+                            .saturating_sub(old_len)
+                            .saturating_add(json.len() as u64);
                     }
                 }
                 None => {
-                    if current.is_some() {
+                    if present {
                         tx.delete(ROOT, k.as_str()).map_err(am)?;
                         changed.push(k.clone());
+                        live = live.saturating_sub(old_len);
                     }
                 }
             }
@@ -992,6 +1020,7 @@ impl Store {
             });
         }
         tx.commit();
+        e.live_bytes = live;
         e.commits_since_base += 1;
         e.num_ops += e.doc.get_last_local_change().map_or(0, |c| c.len() as u64);
         e.term = read_term(&e.doc);
@@ -1046,11 +1075,15 @@ impl Store {
         let Some(e) = self.docs.get(doc) else {
             return Ok(false);
         };
-        // A writer measures against its fresh size (compaction results above
-        // `max_compacted_ratio` roll over instead); a replica cannot roll over, so it measures
-        // against its last snapshot too, which keeps it from compacting on every message.
+        // A writer measures against what a compaction would keep: its current values
+        // (compaction results above `max_compacted_ratio` of the fresh size roll over instead).
+        // Its file then holds at most as much history again as values, and a document that
+        // only grows (reservations that are never released) is never compacted for nothing:
+        // measured against its fresh size, it was compacted after every few percent of growth,
+        // each time rewriting all of it. A replica cannot roll over, so it measures against its
+        // last snapshot too, which keeps it from compacting on every message.
         let reference = if e.owned {
-            e.fresh_bytes
+            e.fresh_bytes.max(e.live_bytes)
         } else {
             e.fresh_bytes.max(e.base_bytes)
         } as f64;
@@ -1186,9 +1219,11 @@ impl Store {
         )?;
         let heads = fresh.get_heads();
         let num_ops = history(&fresh).1;
+        let live = live_value_bytes(&fresh);
         if let Some(e) = self.docs.get_mut(doc) {
             e.generation = generation;
             e.num_ops = num_ops;
+            e.live_bytes = live;
             e.doc = fresh;
             e.saved_heads = heads;
             e.stored_bytes = stored;
@@ -1738,6 +1773,7 @@ impl Store {
             fresh_bytes: base,
             commits_since_base: 0,
             num_ops: 0,
+            live_bytes: 0,
             not_durable: false,
             keys_counted: (0, 0),
             signed: p.signed.filter(|a| a.signs_heads(&p.doc.get_heads())),

@@ -36,6 +36,7 @@
 //!   Reservations end when the member cluster reports the pods, or at their TTL. See
 //!   ARCHITECTURE.md, "The loop on the replica", for the protocol and its limits.
 
+mod decider;
 mod preempt;
 mod task;
 
@@ -48,7 +49,7 @@ use dramesh_model::k8s::PriorityClass;
 use dramesh_scheduler::object::priority_class_from_value;
 use dramesh_scheduler::{Backoff, BindingKind, Cluster, RetryState, affected_by_cluster};
 use dramesh_telemetry::registry::{CounterVec, Histogram};
-use tokio::sync::{Mutex, Semaphore, watch};
+use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
 use crate::karmada::{Cache, Change, KarmadaClient, Kind, ObjectKey, Watch};
@@ -227,9 +228,9 @@ struct Loop {
     watched: HashMap<Key, Held>,
     /// The change count of the last look at `watched`.
     watched_view: u64,
-    /// The resolution epoch of each cluster at the last look at `watched`: only decisions
-    /// holding room in a cluster resolved again since are judged again.
-    watched_epochs: BTreeMap<String, u64>,
+    /// The outcome epoch of each cluster at the last look at `watched`: only decisions
+    /// holding room in a cluster where a reservation's state changed since are judged again.
+    watched_epochs: BTreeMap<Arc<str>, u64>,
     /// Whether the Cluster and PriorityClass watches have listed everything once: nothing is
     /// decided before (as karmada-scheduler waits for its caches), or early bindings would
     /// be written `NoClusterFit` against an empty fleet.
@@ -263,13 +264,20 @@ pub(crate) async fn run(
     let mut crb = client.watch(Kind::ClusterResourceBinding);
     let mut cl = client.watch(Kind::Cluster);
     let mut pc = client.watch(Kind::PriorityClass);
+    let decider = match decider::Decider::start(state.clone()) {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::error!(error = %e, "the scheduler role cannot start its deciding thread; it does not run");
+            return;
+        }
+    };
     let mut l = Loop {
         ctx: Arc::new(Ctx {
             state,
             client,
             role,
             metrics,
-            decide: Mutex::new(()),
+            decider,
             events: Arc::new(Semaphore::new(MAX_EVENT_WRITES)),
             bindings: rb.cache(),
             cluster_bindings: crb.cache(),
@@ -628,7 +636,7 @@ impl Loop {
         }
         self.watched_view = view;
         // Resolution runs the estimator: off the reactor.
-        let epochs = match blocking(&self.ctx.state, |st| st.resolution_epochs()).await {
+        let epochs = match blocking(&self.ctx.state, |st| st.outcome_epochs()).await {
             Ok(e) => e,
             Err(e) => {
                 tracing::error!(error = %e, "reservations not checked again");
@@ -636,7 +644,7 @@ impl Loop {
             }
         };
         let old = std::mem::replace(&mut self.watched_epochs, epochs);
-        let changed = |c: &String| old.get(c) != self.watched_epochs.get(c);
+        let changed = |c: &String| old.get(c.as_str()) != self.watched_epochs.get(c.as_str());
         let due: Vec<Key> = self
             .watched
             .iter()

@@ -259,6 +259,7 @@ async fn write_hold(cx: &Context<'_>, cluster: &str) -> Result<String, String> {
     let preemptor = cx.binding.id();
     tokio::task::spawn_blocking(move || {
         let workload = workload_from_manifests(&manifests)
+            .map(Arc::new)
             .map_err(|e| format!("the workload cannot be carried in a reservation: {e}"))?;
         let own = Own {
             creator: &creator,

@@ -17,7 +17,7 @@ use dramesh_scheduler::{
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::Value;
-use tokio::sync::{Mutex, Semaphore};
+use tokio::sync::Semaphore;
 
 use super::{Confirm, Key, MAX_ATTEMPTS, SchedulerMetrics, SchedulerRole, binding_kind, preempt};
 use crate::karmada::{
@@ -43,8 +43,8 @@ pub(super) struct Ctx {
     pub(super) client: Arc<KarmadaClient>,
     pub(super) role: SchedulerRole,
     pub(super) metrics: Option<SchedulerMetrics>,
-    /// Held while deciding and writing the reservations that hold the decision.
-    pub(super) decide: Mutex<()>,
+    /// Decides and queues the reservations that hold each decision, one at a time.
+    pub(super) decider: super::decider::Decider,
     /// Permits for Event writes.
     pub(super) events: Arc<Semaphore>,
     /// The watch caches of both binding kinds (a preemption looks at every binding).
@@ -416,10 +416,12 @@ impl Ctx {
     }
 
     /// Decides `b` (placing the replicas `kept` lacks when it is given: see
-    /// [`dramesh_scheduler::decide_after_loss`]) on this replica's view, and writes the
+    /// [`dramesh_scheduler::decide_after_loss`]) on this replica's view, and holds the
     /// replicas the decision adds to dramesh-reported clusters as this replica's
-    /// reservations, one decision at a time. Off the async reactor: the estimator computes
-    /// and the store fsyncs.
+    /// reservations, one decision at a time; returns once those are durable. Off the async
+    /// reactor: the estimator computes and the store fsyncs. Only deciding and adding the
+    /// reservations to the table is one at a time: their durable write is shared with the
+    /// decisions made meanwhile (see [`crate::group_commit`]).
     async fn decide_and_hold(
         &self,
         b: &Arc<Binding>,
@@ -428,22 +430,45 @@ impl Ctx {
         manifests: Vec<String>,
         clusters: &Arc<BTreeMap<String, Cluster>>,
     ) -> Result<(Decision, Option<Held>), String> {
-        let _one_at_a_time = self.decide.lock().await;
-        let b = b.clone();
-        let demand = demand.clone();
-        let clusters = clusters.clone();
-        let creator = self.role.creator();
-        blocking(&self.state, move |st| {
-            let deadline = Instant::now() + DECIDE_DEADLINE;
-            let decision = st.decide_binding(&b, kept.as_ref(), &demand, &clusters, deadline);
-            // Replicas are held relative to what the binding keeps: a lost cluster's
-            // replicas placed on it again are held again.
-            let base = kept.as_ref().unwrap_or(&b);
-            let held = hold(st, base, &demand, &manifests, &decision, &creator)?;
-            Ok((decision, held))
-        })
-        .await
-        .and_then(|r| r)
+        // The record's workload is what other replicas decode from the manifests.
+        let carried = if manifests.is_empty() {
+            None
+        } else {
+            let m = manifests.clone();
+            Some(
+                blocking(&self.state, move |_| {
+                    workload_from_manifests(&m).map(Arc::new).map_err(|e| {
+                        format!("the workload cannot be carried in a reservation: {e}")
+                    })
+                })
+                .await?,
+            )
+        };
+        let (decision, held) = {
+            let b = b.clone();
+            let demand = demand.clone();
+            let clusters = clusters.clone();
+            let creator = self.role.creator();
+            self.decider
+                .run(move |st| {
+                    let deadline = Instant::now() + DECIDE_DEADLINE;
+                    let decision =
+                        st.decide_binding(&b, kept.as_ref(), &demand, &clusters, deadline);
+                    // Replicas are held relative to what the binding keeps: a lost cluster's
+                    // replicas placed on it again are held again.
+                    let base = kept.as_ref().unwrap_or(&b);
+                    let held = hold(st, base, &demand, &manifests, carried, &decision, &creator)?;
+                    Ok::<_, String>((decision, held))
+                })
+                .await??
+        };
+        let Some((held, ticket)) = held else {
+            return Ok((decision, None));
+        };
+        blocking(&self.state, move |st| st.wait_written(ticket))
+            .await?
+            .map_err(|e| format!("writing the reservations: {e}"))?;
+        Ok((decision, Some(held)))
     }
 
     async fn release(&self, held: Option<Held>) {
@@ -645,21 +670,21 @@ pub(super) enum Verdict {
 /// The [`Verdict`] of each decision in `decisions`, all judged on one resolution; the
 /// reservations of lost ones are released.
 pub(super) fn judge<K>(st: &ReplicaState, decisions: Vec<(K, Held)>) -> Vec<(K, Held, Verdict)> {
-    let statuses = st.reservation_statuses(
+    let statuses = st.reservation_states(
         decisions
             .iter()
             .flat_map(|(_, h)| h.by_cluster.values().map(|(id, _)| id)),
     );
-    let state = |id: &String| statuses.get(id).map(|s| s.status);
-    decisions
-        .into_iter()
-        .map(|(key, held)| {
+    let state = |id: &String| statuses.get(id.as_str()).map(|s| s.state);
+    let verdicts: Vec<Verdict> = decisions
+        .iter()
+        .map(|(_, held)| {
             let lost = held
                 .by_cluster
                 .iter()
                 .find(|(_, (id, _))| state(id) == Some(ReservationState::Conflicted));
-            let v = if let Some((cluster, (id, _))) = lost {
-                let winner = statuses.get(id).and_then(|s| s.winner.as_deref());
+            if let Some((cluster, (id, _))) = lost {
+                let winner = statuses.get(id.as_str()).and_then(|s| s.winner.as_deref());
                 tracing::info!(
                     id = %id,
                     cluster = %cluster,
@@ -681,22 +706,29 @@ pub(super) fn judge<K>(st: &ReplicaState, decisions: Vec<(K, Held)>) -> Vec<(K, 
                 Verdict::Live
             } else {
                 Verdict::Ended
-            };
-            (key, held, v)
+            }
         })
+        .collect();
+    drop(statuses);
+    decisions
+        .into_iter()
+        .zip(verdicts)
+        .map(|((key, held), v)| (key, held, v))
         .collect()
 }
 
 /// Holds the replicas `decision` adds to `b` on dramesh-reported clusters as reservations of
-/// this replica, written together (all or none).
+/// this replica, queued together (all or none; durable once the ticket is waited for).
+/// `carried` is the workload decoded from `manifests`, the binding's when it has one.
 fn hold(
     st: &ReplicaState,
     b: &Binding,
     demand: &Demand,
     manifests: &[String],
+    carried: Option<Result<Arc<dramesh_estimator::Workload>, String>>,
     decision: &Decision,
     creator: &str,
-) -> Result<Option<Held>, String> {
+) -> Result<Option<(Held, crate::group_commit::Ticket)>, String> {
     let (Some(clusters), Demand::Replicas(w)) = (&decision.clusters, demand) else {
         return Ok(None);
     };
@@ -716,9 +748,10 @@ fn hold(
     if adds.is_empty() {
         return Ok(None);
     }
-    // The record's workload is what other replicas decode from the manifests.
-    let workload = workload_from_manifests(manifests)
-        .map_err(|e| format!("the workload cannot be carried in a reservation: {e}"))?;
+    let workload = match carried {
+        Some(w) => w?,
+        None => return Err("the workload cannot be carried in a reservation: no manifests".into()),
+    };
     let own: Vec<Own<'_>> = adds
         .iter()
         .map(|(cluster, replicas)| Own {
@@ -731,15 +764,15 @@ fn hold(
             ttl_seconds: resv::DEFAULT_TTL_SECONDS,
         })
         .collect();
-    let ids = st
-        .write_own_all(&own, None)
+    let (ids, ticket) = st
+        .queue_own_all(&own, None)
         .map_err(|e| format!("writing the reservations: {e}"))?;
     let by_cluster = adds
         .iter()
         .zip(ids)
         .map(|((cluster, replicas), id)| (cluster.to_string(), (id, *replicas)))
         .collect();
-    Ok(Some(Held { by_cluster }))
+    Ok(Some((Held { by_cluster }, ticket)))
 }
 
 #[cfg(test)]

@@ -12,8 +12,8 @@
 //!   and of its `/status`, bodies supplied by the caller as karmada-scheduler builds them,
 //!   always conditional on the `resourceVersion` the caller read ([`BindingRef`]). A 409 is
 //!   [`KarmadaError::Conflict`]: re-read and re-plan, never retried blindly here.
-//! - [`KarmadaClient::event`]: an `events.k8s.io/v1` Event through kube's `Recorder`, the note
-//!   cut to the API server's 1 kB limit.
+//! - [`KarmadaClient::event`]: an `events.k8s.io/v1` Event as kube's `Recorder` writes it
+//!   (`events`: with a bounded cache), the note cut to the API server's 1 kB limit.
 //!
 //! Objects are handed over as the API server returned them ([`Object`]: the JSON value, its
 //! parsed `metadata` beside it); typing them is the scheduling core's job. Every request but a
@@ -22,6 +22,7 @@
 //! there was an answer, the HTTP status.
 
 pub mod bounded;
+mod events;
 mod watch;
 
 use std::collections::HashMap;
@@ -33,7 +34,6 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ApiResource, GroupVersionKind, Patch, PatchParams};
 use kube::core::{DynamicResourceScope, GroupVersion};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -406,7 +406,7 @@ fn too_large<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a TooLarg
 pub struct KarmadaClient {
     client: kube::Client,
     opts: KarmadaOptions,
-    recorder: Recorder,
+    recorder: events::EventRecorder,
     /// Discovered template kinds: (apiVersion, kind) -> (resource, namespaced).
     kinds: Mutex<HashMap<(String, String), (ApiResource, bool)>>,
 }
@@ -447,12 +447,10 @@ impl KarmadaClient {
     /// A client over an existing kube client (its answers are bounded only if that client's
     /// are).
     pub fn new(client: kube::Client, opts: KarmadaOptions) -> KarmadaClient {
-        let recorder = Recorder::new(
+        let recorder = events::EventRecorder::new(
             client.clone(),
-            Reporter {
-                controller: opts.reporting_controller.clone(),
-                instance: Some(opts.reporting_instance.clone()),
-            },
+            opts.reporting_controller.clone(),
+            opts.reporting_instance.clone(),
         );
         KarmadaClient {
             client,
@@ -630,7 +628,7 @@ impl KarmadaClient {
     }
 
     /// Records an Event regarding `regarding` (its namespace, or `default` for cluster-scoped
-    /// objects, as kube's `Recorder` does).
+    /// objects, as kube's `Recorder` does; see [`events`]).
     pub async fn event(
         &self,
         regarding: &ObjectReference,
@@ -644,16 +642,11 @@ impl KarmadaClient {
                 None => regarding.name.clone().unwrap_or_default(),
             }
         );
-        let ev = Event {
-            type_: if note.warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: note.reason.clone(),
-            note: Some(cut(&note.message, EVENT_NOTE_LIMIT).to_string()),
-            action: note.action.clone(),
-            secondary: None,
+        let ev = events::NewEvent {
+            warning: note.warning,
+            reason: &note.reason,
+            action: &note.action,
+            note: cut(&note.message, EVENT_NOTE_LIMIT),
         };
         self.deadline(&object, self.recorder.publish(&ev, regarding))
             .await

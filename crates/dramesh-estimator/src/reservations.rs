@@ -209,57 +209,96 @@ pub fn resolve_cluster(
         out.assumed.extend_from_slice(&p.assumed[..admitted]);
         out.assumed_at.extend_from_slice(&p.assumed_at[..admitted]);
     }
-    let mut winner: Option<Arc<str>> = out.assumed_at.first().map(|&i| out.ranked[i].id.clone());
-    // The admitted list as the estimator takes it, copied again only after it grew.
-    let mut shared: Option<Assumed> = None;
-    for r in &list[kept..] {
-        let admission = if r.replicas <= 0 {
-            Admission::Admitted
-        } else {
-            let assumed = shared.get_or_insert_with(|| {
-                let mut a = Assumed::default();
-                a.set(cluster, out.assumed.clone().into());
-                a
-            });
-            let opts = EstimateOptions {
-                assumed: assumed.clone(),
-                clusters: vec![cluster.to_string()],
-                ..EstimateOptions::default()
-            };
-            let est = estimator.estimate(view, &r.workload, &opts);
-            let (available, reason) = match est.cluster(cluster) {
-                None => (0, Some(format!("cluster {cluster} is not in the view"))),
-                Some(c) => match &c.error {
-                    Some(e) => (0, Some(e.clone())),
-                    None => (c.max_replicas, None),
-                },
-            };
-            if reason.is_none() && available >= r.replicas {
-                out.assumed.push(Arc::new(AssumedWorkload::from_shared(
-                    cluster,
-                    &r.workload,
-                    r.replicas,
-                )));
-                out.assumed_at.push(out.ranked.len());
-                winner.get_or_insert_with(|| r.id.clone());
-                shared = None;
+    out.check(view, estimator, cluster, list[kept..].iter().copied());
+    out
+}
+
+impl ClusterResolution {
+    /// Resolves `more` after everything resolved here: each must rank after every
+    /// reservation of `ranked` and after those before it in `more` (checked: out of order
+    /// is `Err`, and nothing is resolved). The result is what [`resolve_cluster`] of all of
+    /// them gives, at the cost of one estimate per reservation of `more`.
+    pub fn extend(
+        &mut self,
+        view: &View,
+        estimator: &mut Estimator,
+        cluster: &str,
+        more: &[Reservation],
+    ) -> Result<(), String> {
+        let mut last = self.ranked.last().map(|r| (r.priority, r.id.clone()));
+        for r in more {
+            if let Some((p, id)) = &last
+                && rank_order(*p, id, r.priority, &r.id) != Ordering::Less
+            {
+                return Err(format!("reservation {} does not rank after {id}", r.id));
+            }
+            last = Some((r.priority, r.id.clone()));
+        }
+        self.check(view, estimator, cluster, more.iter());
+        Ok(())
+    }
+
+    /// Checks `list`, in rank order after everything in `self`, one estimate each with every
+    /// admitted reservation before it deducted, and appends the outcomes.
+    fn check<'a>(
+        &mut self,
+        view: &View,
+        estimator: &mut Estimator,
+        cluster: &str,
+        list: impl Iterator<Item = &'a Reservation>,
+    ) {
+        let mut winner: Option<Arc<str>> =
+            self.assumed_at.first().map(|&i| self.ranked[i].id.clone());
+        // The admitted list as the estimator takes it, copied again only after it grew.
+        let mut shared: Option<Assumed> = None;
+        for r in list {
+            let admission = if r.replicas <= 0 {
                 Admission::Admitted
             } else {
-                Admission::Conflicted {
-                    winner: winner.clone(),
-                    available,
-                    reason,
+                let assumed = shared.get_or_insert_with(|| {
+                    let mut a = Assumed::default();
+                    a.set(cluster, self.assumed.clone().into());
+                    a
+                });
+                let opts = EstimateOptions {
+                    assumed: assumed.clone(),
+                    clusters: vec![cluster.to_string()],
+                    ..EstimateOptions::default()
+                };
+                let est = estimator.estimate(view, &r.workload, &opts);
+                let (available, reason) = match est.cluster(cluster) {
+                    None => (0, Some(format!("cluster {cluster} is not in the view"))),
+                    Some(c) => match &c.error {
+                        Some(e) => (0, Some(e.clone())),
+                        None => (c.max_replicas, None),
+                    },
+                };
+                if reason.is_none() && available >= r.replicas {
+                    self.assumed.push(Arc::new(AssumedWorkload::from_shared(
+                        cluster,
+                        &r.workload,
+                        r.replicas,
+                    )));
+                    self.assumed_at.push(self.ranked.len());
+                    winner.get_or_insert_with(|| r.id.clone());
+                    shared = None;
+                    Admission::Admitted
+                } else {
+                    Admission::Conflicted {
+                        winner: winner.clone(),
+                        available,
+                        reason,
+                    }
                 }
-            }
-        };
-        out.ranked.push(Ranked {
-            id: r.id.clone(),
-            priority: r.priority,
-            replicas: r.replicas,
-            admission,
-        });
+            };
+            self.ranked.push(Ranked {
+                id: r.id.clone(),
+                priority: r.priority,
+                replicas: r.replicas,
+                admission,
+            });
+        }
     }
-    out
 }
 
 #[cfg(test)]

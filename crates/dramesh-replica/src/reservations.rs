@@ -189,6 +189,31 @@ pub(crate) struct Entry {
     pub(crate) seen: Instant,
 }
 
+/// Decodes a record's workload manifests.
+pub(crate) type Decode<'a> = dyn FnMut(&[String]) -> Result<Arc<Workload>, String> + 'a;
+
+/// One cluster's reservations in the [`Table`].
+#[derive(Debug, Default)]
+struct ClusterIndex {
+    /// The table version at their last change.
+    version: u64,
+    /// The table version of the last removal (a replaced entry is removed and added).
+    last_removal: u64,
+    /// By id.
+    entries: BTreeMap<Arc<str>, Arc<Entry>>,
+    /// The entries added since the last removal, in the order added, with the table version
+    /// each was added at: what changed since any version after that removal.
+    added: Vec<(u64, Arc<Entry>)>,
+}
+
+/// What [`Table::cluster_read`] found.
+pub(crate) enum ClusterRead {
+    /// Every entry of the cluster, in id order.
+    All(Vec<Arc<Entry>>),
+    /// Only entries were added since the version asked about: these, in the order added.
+    Added(Vec<Arc<Entry>>),
+}
+
 /// Every reservation this replica knows, and the recently ended ones.
 pub(crate) struct Table {
     owner: String,
@@ -198,8 +223,8 @@ pub(crate) struct Table {
     next_seq: u64,
     /// Bumped on every change of `entries`.
     pub(crate) version: u64,
-    /// Per cluster: its entries by id, and the `version` at their last change.
-    clusters: BTreeMap<Arc<str>, (u64, BTreeMap<Arc<str>, Arc<Entry>>)>,
+    /// Per cluster: its entries.
+    clusters: BTreeMap<Arc<str>, ClusterIndex>,
     /// Per preemptor: the ids of the preemption holds written for it.
     holds: BTreeMap<String, BTreeSet<String>>,
 }
@@ -243,14 +268,26 @@ impl Table {
 
     /// Each cluster that has entries, with the table version at their last change.
     pub(crate) fn cluster_versions(&self) -> impl Iterator<Item = (&Arc<str>, u64)> {
-        self.clusters.iter().map(|(c, (v, _))| (c, *v))
+        self.clusters.iter().map(|(c, i)| (c, i.version))
     }
 
-    /// The entries of `cluster`, in id order, with the version at their last change.
-    pub(crate) fn cluster_entries(&self, cluster: &str) -> (u64, Vec<Arc<Entry>>) {
-        match self.clusters.get(cluster) {
-            None => (self.version, Vec::new()),
-            Some((v, entries)) => (*v, entries.values().cloned().collect()),
+    /// The entries of `cluster`, with the version at their last change: when `since` is given
+    /// and none was removed or replaced after that version, only those added after it;
+    /// otherwise all of them.
+    pub(crate) fn cluster_read(&self, cluster: &str, since: Option<u64>) -> (u64, ClusterRead) {
+        let Some(c) = self.clusters.get(cluster) else {
+            return (self.version, ClusterRead::All(Vec::new()));
+        };
+        match since {
+            Some(v) if v >= c.last_removal => {
+                let first = c.added.partition_point(|(at, _)| *at <= v);
+                let added = c.added[first..].iter().map(|(_, e)| e.clone()).collect();
+                (c.version, ClusterRead::Added(added))
+            }
+            _ => (
+                c.version,
+                ClusterRead::All(c.entries.values().cloned().collect()),
+            ),
         }
     }
 
@@ -268,13 +305,24 @@ impl Table {
         self.version += 1;
         let version = self.version;
         let cluster = &e.cluster;
-        let c = self.clusters.entry(cluster.clone()).or_default();
-        c.0 = version;
+        // A cluster whose entries were all removed and that gets one again is new: a reader
+        // of an earlier version must read it whole.
+        let c = self
+            .clusters
+            .entry(cluster.clone())
+            .or_insert_with(|| ClusterIndex {
+                last_removal: version,
+                ..ClusterIndex::default()
+            });
+        c.version = version;
         if present {
-            c.1.insert(e.id.clone(), e.clone());
+            c.entries.insert(e.id.clone(), e.clone());
+            c.added.push((version, e.clone()));
         } else {
-            c.1.remove(&e.id);
-            if c.1.is_empty() {
+            c.entries.remove(&e.id);
+            c.last_removal = version;
+            c.added.clear();
+            if c.entries.is_empty() {
                 self.clusters.remove(cluster);
             }
         }
@@ -323,7 +371,7 @@ impl Table {
         &mut self,
         change: &ObjectChange,
         now: Instant,
-        decode: &mut dyn FnMut(&[String]) -> Result<Arc<Workload>, String>,
+        decode: &mut Decode<'_>,
     ) {
         match change {
             ObjectChange::Upsert { key, json } => {
@@ -363,7 +411,7 @@ impl Table {
         &mut self,
         record: Record,
         now: Instant,
-        decode: &mut dyn FnMut(&[String]) -> Result<Arc<Workload>, String>,
+        decode: &mut Decode<'_>,
     ) {
         if record.owner == self.owner
             && let Some(seq) = record

@@ -17,7 +17,7 @@ use dramesh_model::ObjectChange;
 
 use crate::group_commit::Ticket;
 use crate::requests::workload_from_manifests;
-use crate::reservations::{self as resv, Record};
+use crate::reservations::{self as resv, ClusterRead, Record};
 use crate::state::{ReplicaState, check_clusters};
 use dramesh_mesh::lock;
 
@@ -53,7 +53,7 @@ pub(crate) struct PreemptionHold {
 }
 
 /// One cluster's part of a resolution, with what it was computed from.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct ClusterPart {
     /// The number (from [`crate::state::Compute::epochs`], so increasing and unique) of
     /// the last resolution of the cluster that changed the outcome or the replicas held of a
@@ -66,6 +66,8 @@ pub(crate) struct ClusterPart {
     view_gen: u64,
     /// When the first of its live reservations expires: the part is computed again then.
     until: Option<Instant>,
+    /// The live reservations it was computed from, in no particular order.
+    entries: Vec<Arc<resv::Entry>>,
     /// The resolution of its live reservations whose workloads decode (their replicas
     /// still held are the ranked replicas).
     resolution: ClusterResolution,
@@ -77,12 +79,10 @@ pub(crate) struct ClusterPart {
     assumed: AssumedList,
 }
 
-/// Each cluster's part of the last resolution.
-pub(crate) type ClusterResolutions = std::collections::HashMap<Arc<str>, Arc<ClusterPart>>;
-
 /// One overcommit resolution of the unexpired reservations.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Resolved {
+    /// By cluster.
     parts: BTreeMap<Arc<str>, Arc<ClusterPart>>,
     assumed: Assumed,
 }
@@ -121,56 +121,52 @@ pub(crate) struct Judged {
 
 impl ReplicaState {
     /// The current overcommit resolution. Each cluster's part is computed again only when
-    /// its reservations, its view generation or the first expiry among them changed, and
-    /// then from its previous part (see [`dramesh_estimator::resolve_cluster`]).
+    /// its reservations, its view generation or the first expiry among them changed: when
+    /// reservations were only added, ranking after those resolved before (a decision's, as a
+    /// rule), by resolving those alone ([`ClusterResolution::extend`]); otherwise from its
+    /// previous part (see [`dramesh_estimator::resolve_cluster`]). Resolutions are made one
+    /// at a time.
     fn resolution(&self) -> Arc<Resolved> {
+        let _one_at_a_time = lock(&self.resolving);
         let now = Instant::now();
         // The table (lock 3) is not taken with the indexes (lock 4) held: versions first,
-        // then the entries of the clusters that changed.
+        // then what changed in the clusters that changed.
         let versions: Vec<(Arc<str>, u64)> =
             self.with_table(|t| t.cluster_versions().map(|(c, v)| (c.clone(), v)).collect());
-        let stale: Vec<Arc<str>> = {
+        // Clusters to resolve again, each with the table version after which only additions
+        // need reading (its part's, when that part can be extended).
+        let stale: Vec<(Arc<str>, Option<u64>)> = {
             let indexes = self.indexes();
             let view = &indexes.view;
             let compute = self.compute(&indexes);
-            let fresh = |c: &Arc<str>, v: u64| {
-                compute
-                    .per_cluster
-                    .get(c)
-                    .is_some_and(|p| fresh(p, v, view, c, now))
-            };
-            let stale: Vec<Arc<str>> = versions
+            let parts = compute.resolved.as_ref().map(|r| &r.parts);
+            let stale: Vec<(Arc<str>, Option<u64>)> = versions
                 .iter()
-                .filter(|(c, v)| !fresh(c, *v))
-                .map(|(c, _)| c.clone())
+                .filter_map(|(c, version)| {
+                    let Some(p) = parts.and_then(|p| p.get(c)) else {
+                        return Some((c.clone(), None));
+                    };
+                    let view_gen = view.cluster(c).map_or(0, |v| v.generation());
+                    let current = p.view_gen == view_gen && p.until.is_none_or(|u| now < u);
+                    if current && p.table_version == *version {
+                        return None;
+                    }
+                    Some((c.clone(), Some(p.table_version)))
+                })
                 .collect();
             if stale.is_empty()
-                && compute.per_cluster.len() == versions.len()
+                && parts.is_some_and(|p| p.len() == versions.len())
                 && let Some(r) = compute.resolved.as_ref()
             {
                 return r.clone();
             }
             stale
         };
-        let read: Vec<(Arc<str>, Read)> = self.with_table(|table| {
+        let reads: Vec<(Arc<str>, (u64, ClusterRead))> = self.with_table(|table| {
             stale
                 .into_iter()
-                .map(|c| {
-                    let (version, entries) = table.cluster_entries(&c);
-                    let mut read = Read {
-                        version,
-                        live: Vec::with_capacity(entries.len()),
-                        expired: BTreeSet::new(),
-                        until: None,
-                    };
-                    for e in entries {
-                        if now >= e.expiry {
-                            read.expired.insert(e.record.id.clone());
-                        } else {
-                            read.until = Some(read.until.map_or(e.expiry, |u| u.min(e.expiry)));
-                            read.live.push(e);
-                        }
-                    }
+                .map(|(c, since)| {
+                    let read = table.cluster_read(&c, since);
                     (c, read)
                 })
                 .collect()
@@ -179,23 +175,18 @@ impl ReplicaState {
         let view = &indexes.view;
         let mut compute = self.compute(&indexes);
         let compute = &mut *compute;
-        // The last resolution with the clusters resolved again replaced.
-        let mut resolved = compute.resolved.as_deref().cloned().unwrap_or_default();
-        for (cluster, read) in read {
-            let previous = compute.per_cluster.remove(&cluster);
-            let part = Arc::new(resolve_part(
-                compute,
-                view,
-                &cluster,
-                previous.as_deref(),
-                read,
-            ));
+        // The last resolution, changed in place when no one else holds it.
+        let mut resolved = match compute.resolved.take() {
+            Some(r) => Arc::try_unwrap(r).unwrap_or_else(|r| (*r).clone()),
+            None => Resolved::default(),
+        };
+        for (cluster, read) in reads {
+            let previous = resolved.parts.remove(&cluster);
+            let part = resolve_part(compute, view, &cluster, previous, read, now);
             resolved.assumed.set(&cluster, part.assumed.clone());
-            resolved.parts.insert(cluster.clone(), part.clone());
-            compute.per_cluster.insert(cluster, part);
+            resolved.parts.insert(cluster, part);
         }
         let known: BTreeSet<&str> = versions.iter().map(|(c, _)| &**c).collect();
-        compute.per_cluster.retain(|c, _| known.contains(&**c));
         compute.bound.retain(|c| known.contains(c));
         let gone: Vec<Arc<str>> = resolved
             .parts
@@ -691,67 +682,79 @@ impl ReplicaState {
     }
 }
 
-/// Whether `part` still describes cluster `c`: same reservations (table version), same
-/// view generation, and none of its live reservations expired since.
-fn fresh(
-    part: &ClusterPart,
-    version: u64,
-    view: &dramesh_estimator::View,
-    c: &str,
-    now: Instant,
-) -> bool {
-    part.table_version == version
-        && part.view_gen == view.cluster(c).map_or(0, |v| v.generation())
-        && part.until.is_none_or(|u| now < u)
-}
-
-/// One cluster's reservations as resolution reads them from the table.
-struct Read {
-    /// The table's version of the cluster's reservations.
-    version: u64,
-    /// The unexpired ones, in id order.
-    live: Vec<Arc<resv::Entry>>,
-    /// The ids of those past their expiry.
-    expired: BTreeSet<String>,
-    /// The first expiry among the live.
-    until: Option<Instant>,
-}
-
-/// Resolves one cluster's reservations as `read` from the table, from `previous` when that
-/// was computed on the same view generation.
+/// Resolves cluster `cluster` again after its reservations changed (`read` from the table:
+/// its version, and all of them or the ones added since `previous`), its view changed, or
+/// one of them expired.
 fn resolve_part(
     compute: &mut crate::state::Compute,
     view: &dramesh_estimator::View,
     cluster: &Arc<str>,
-    previous: Option<&ClusterPart>,
-    read: Read,
-) -> ClusterPart {
+    previous: Option<Arc<ClusterPart>>,
+    (version, read): (u64, ClusterRead),
+    now: Instant,
+) -> Arc<ClusterPart> {
     let cv = view.cluster(cluster);
     let view_gen = cv.map_or(0, |v| v.generation());
+    let (previous, all) = match (read, previous) {
+        (ClusterRead::Added(added), Some(mut p)) => {
+            if p.view_gen == view_gen && p.until.is_none_or(|u| now < u) {
+                // New reservations that rank after every one resolved: resolved alone.
+                let more: Result<Vec<Reservation>, _> = added
+                    .iter()
+                    .map(|e| reservation(compute, cv, cluster, e))
+                    .collect();
+                if let Ok(more) = more {
+                    let part = Arc::make_mut(&mut p);
+                    let admitted = part.resolution.assumed.len();
+                    let extended =
+                        part.resolution
+                            .extend(view, &mut compute.estimator, cluster, &more);
+                    if extended.is_ok() {
+                        if part.resolution.assumed.len() != admitted {
+                            part.assumed = part.resolution.assumed.clone().into();
+                        }
+                        for e in &added {
+                            part.until = Some(part.until.map_or(e.expiry, |u| u.min(e.expiry)));
+                        }
+                        part.entries.extend(added);
+                        part.table_version = version;
+                        compute.extended += 1;
+                        return p;
+                    }
+                }
+            }
+            let mut all = p.entries.clone();
+            all.extend(added);
+            (Some(p), all)
+        }
+        (ClusterRead::Added(added), None) => (None, added),
+        (ClusterRead::All(all), p) => (p, all),
+    };
+    let mut expired = previous
+        .as_ref()
+        .map(|p| p.expired.clone())
+        .unwrap_or_default();
+    let mut until: Option<Instant> = None;
+    let mut entries = Vec::with_capacity(all.len());
+    for e in all {
+        if now >= e.expiry {
+            expired.insert(e.record.id.clone());
+        } else {
+            until = Some(until.map_or(e.expiry, |u| u.min(e.expiry)));
+            entries.push(e);
+        }
+    }
     let mut undecodable = BTreeMap::new();
-    let mut input = Vec::with_capacity(read.live.len());
-    for e in &read.live {
-        let bound = cv.map_or(0, |c| compute.bound.get(c, &e.owner_key));
-        let left = (e.record.replicas - (bound - e.record.bound_at_creation).max(0)).max(0);
-        match &e.workload {
-            Ok(w) => input.push(Reservation {
-                id: e.id.clone(),
-                cluster: cluster.clone(),
-                priority: e.record.priority,
-                replicas: left,
-                workload: w.clone(),
-            }),
-            Err(err) => {
-                let conflicted = Admission::Conflicted {
-                    winner: None,
-                    available: 0,
-                    reason: Some(format!("workload manifests: {err}")),
-                };
-                undecodable.insert(e.record.id.clone(), (conflicted, left));
+    let mut input = Vec::with_capacity(entries.len());
+    for e in &entries {
+        match reservation(compute, cv, cluster, e) {
+            Ok(r) => input.push(r),
+            Err(u) => {
+                undecodable.insert(e.record.id.clone(), u);
             }
         }
     }
-    let reusable = previous.filter(|p| p.view_gen == view_gen);
+    let reusable = previous.as_deref().filter(|p| p.view_gen == view_gen);
     let resolution = dramesh_estimator::resolve_cluster(
         view,
         &mut compute.estimator,
@@ -761,19 +764,50 @@ fn resolve_part(
     );
     let assumed = resolution.assumed.clone().into();
     compute.epochs += 1;
-    let outcome_epoch = match previous {
+    let outcome_epoch = match previous.as_deref() {
         Some(p) if !outcomes_changed(p, &resolution, &undecodable) => p.outcome_epoch,
         _ => compute.epochs,
     };
-    ClusterPart {
+    Arc::new(ClusterPart {
         outcome_epoch,
-        table_version: read.version,
+        table_version: version,
         view_gen,
-        until: read.until,
+        until,
+        entries,
         resolution,
         undecodable,
-        expired: read.expired,
+        expired,
         assumed,
+    })
+}
+
+/// The live reservation `e` of `cluster` as resolution takes it: with the replicas it still
+/// holds (those the cluster reports bound since it was written are no longer held), or, when
+/// its workload does not decode, its conflicted outcome and replicas.
+fn reservation(
+    compute: &mut crate::state::Compute,
+    cv: Option<&dramesh_estimator::ClusterView>,
+    cluster: &Arc<str>,
+    e: &resv::Entry,
+) -> Result<Reservation, (Admission, i64)> {
+    let bound = cv.map_or(0, |c| compute.bound.get(c, &e.owner_key));
+    let left = (e.record.replicas - (bound - e.record.bound_at_creation).max(0)).max(0);
+    match &e.workload {
+        Ok(w) => Ok(Reservation {
+            id: e.id.clone(),
+            cluster: cluster.clone(),
+            priority: e.record.priority,
+            replicas: left,
+            workload: w.clone(),
+        }),
+        Err(err) => Err((
+            Admission::Conflicted {
+                winner: None,
+                available: 0,
+                reason: Some(format!("workload manifests: {err}")),
+            },
+            left,
+        )),
     }
 }
 
@@ -846,4 +880,186 @@ fn status_in(
     st.winner = j.winner.map(|w| w.to_string());
     st.reason = j.reason;
     Some(st)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dramesh_model::Manifest;
+    use std::path::Path;
+
+    fn state() -> Arc<ReplicaState> {
+        let store = dramesh_mesh::daemon::open_store(None, "t").unwrap();
+        let store = Arc::new(std::sync::Mutex::new(
+            dramesh_mesh::store_adapter::MeshStore::new(store, false),
+        ));
+        ReplicaState::new("r1", std::time::Duration::from_secs(3600), store)
+    }
+
+    fn node(cluster: &str, n: usize, gpus: u32) -> (String, ObjectChange) {
+        let yaml = format!(
+            "apiVersion: v1\nkind: Node\nmetadata: {{name: n{n}}}\nstatus: {{allocatable: {{cpu: '64', memory: 256Gi, pods: '110', nvidia.com/gpu: '{gpus}'}}}}\n"
+        );
+        let loaded = dramesh_model::load::load_str(Path::new("n.yaml"), &yaml).unwrap();
+        let Manifest::Object(o) = &loaded[0].manifest else {
+            panic!("not an object")
+        };
+        (cluster.to_string(), ObjectChange::upsert(o))
+    }
+
+    fn deployment(name: &str, gpus: u32) -> Vec<String> {
+        vec![format!(
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: {name}, namespace: ml}}\nspec:\n  replicas: 1\n  selector: {{matchLabels: {{app: {name}}}}}\n  template:\n    metadata: {{labels: {{app: {name}}}}}\n    spec:\n      containers:\n      - name: c\n        resources: {{requests: {{cpu: '1', nvidia.com/gpu: '{gpus}'}}, limits: {{nvidia.com/gpu: '{gpus}'}}}}\n"
+        )]
+    }
+
+    /// What the statuses say that resolution decides (not times).
+    fn outcomes(st: &ReplicaState) -> Vec<(String, ReservationState, i64, Option<String>)> {
+        st.reservation_list(false)
+            .into_iter()
+            .map(|s| (s.id, s.status, s.remaining, s.winner))
+            .collect()
+    }
+
+    /// What estimates deduct: each admitted reservation's cluster, replicas and requests.
+    fn deductions(st: &ReplicaState) -> Vec<(String, i64, String)> {
+        st.reserved()
+            .iter()
+            .map(|a| (a.cluster.clone(), a.replicas, format!("{:?}", a.requests)))
+            .collect()
+    }
+
+    /// A record of another replica's reservation, as its document delivers it.
+    fn foreign(
+        owner: &str,
+        seq: u64,
+        cluster: &str,
+        replicas: i64,
+        priority: i32,
+    ) -> (String, ObjectChange) {
+        let manifests = deployment(&format!("f{seq}"), 1);
+        let record = Record {
+            id: format!("{owner}-{seq:016}"),
+            owner: owner.into(),
+            creator: "scheduler:x".into(),
+            cluster: cluster.into(),
+            workload: WorkloadRef {
+                namespace: "ml".into(),
+                kind: "Deployment".into(),
+                name: format!("f{seq}"),
+            },
+            manifests,
+            replicas,
+            priority,
+            ttl_seconds: 300,
+            bound_at_creation: 0,
+            preemptor: None,
+        };
+        let json = serde_json::to_vec(&record).unwrap();
+        (
+            dramesh_store::RESERVATION_SCOPE.to_string(),
+            ObjectChange::Upsert {
+                key: resv::record_key(&record.id),
+                json: Arc::from(json.as_slice()),
+            },
+        )
+    }
+
+    /// Reservations written, released, arriving from other replicas (ranked before and
+    /// after this replica's) and a view change, in random order: after every step the
+    /// resolution reached from the previous one (extended or resolved again) equals the
+    /// resolution computed from nothing.
+    #[test]
+    fn the_resolution_kept_up_to_date_equals_one_from_scratch() {
+        let st = state();
+        let nodes: Vec<_> = (0..3)
+            .flat_map(|n| [node("a", n, 4), node("b", n, 2)])
+            .collect();
+        st.apply_changes(&nodes);
+        let shapes = [
+            Arc::new(workload_from_manifests(&deployment("one", 1)).unwrap()),
+            Arc::new(workload_from_manifests(&deployment("two", 2)).unwrap()),
+        ];
+        let mut seed = 99u64;
+        let mut next = |m: u64| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) % m
+        };
+        let mut own: Vec<String> = Vec::new();
+        let (mut changed, mut conflicted) = (0, 0);
+        for step in 0..120 {
+            let before = st.with_table(|t| t.version);
+            match next(10) {
+                0 if !own.is_empty() => {
+                    let id = own.remove(next(own.len() as u64) as usize);
+                    st.end_own(&id, ReservationState::Released).unwrap();
+                }
+                1 => {
+                    // Another replica's, ranked before ("a-") or after ("z-") this one's.
+                    let owner = if next(2) == 0 { "a" } else { "z" };
+                    let cluster = if next(2) == 0 { "a" } else { "b" };
+                    let r = foreign(owner, step, cluster, 1 + next(2) as i64, next(2) as i32);
+                    st.apply_changes(&[r]);
+                }
+                2 => st.apply_changes(&[node("a", 3 + next(2) as usize, 1 + next(4) as u32)]),
+                _ => {
+                    let w = &shapes[next(2) as usize];
+                    let manifests = deployment(&w.name, if w.name == "one" { 1 } else { 2 });
+                    let cluster = if next(3) == 0 { "b" } else { "a" };
+                    let (ids, ticket) = st
+                        .queue_own_all(
+                            &[Own {
+                                creator: "t",
+                                cluster,
+                                workload: w,
+                                manifests: &manifests,
+                                replicas: 1 + next(2) as i64,
+                                priority: 0,
+                                ttl_seconds: 300,
+                            }],
+                            None,
+                        )
+                        .unwrap();
+                    st.wait_written(ticket).unwrap();
+                    own.extend(ids);
+                }
+            }
+            let kept = (outcomes(&st), deductions(&st));
+            if st.with_table(|t| t.version) > before {
+                changed += 1;
+            }
+            // From nothing; then the kept resolution is put back, so later steps go on from
+            // it (a long chain of extensions is checked, not one at a time).
+            let saved = {
+                let indexes = st.indexes();
+                st.compute(&indexes).resolved.take()
+            };
+            let fresh = (outcomes(&st), deductions(&st));
+            {
+                let indexes = st.indexes();
+                st.compute(&indexes).resolved = saved;
+            }
+            assert_eq!(kept, fresh, "step {step}");
+            conflicted += fresh
+                .0
+                .iter()
+                .filter(|o| o.1 == ReservationState::Conflicted)
+                .count();
+        }
+        assert!(
+            changed > 60,
+            "most steps should change reservations ({changed})"
+        );
+        let extended = {
+            let indexes = st.indexes();
+            st.compute(&indexes).extended
+        };
+        assert!(
+            extended > 30,
+            "most own writes should only extend ({extended})"
+        );
+        assert!(conflicted > 0, "the fleet should run out of GPUs");
+    }
 }

@@ -82,14 +82,15 @@ pub(crate) struct Indexes {
 /// The estimator and the overcommit resolution last computed with it.
 pub(crate) struct Compute {
     pub(crate) estimator: Estimator,
+    /// The last resolution; each cluster's part records what it was computed from, so a
+    /// change of one cluster's reservations resolves that cluster again, not all of them.
     pub(crate) resolved: Option<Arc<Resolved>>,
-    /// Each cluster's part of the last resolution, by what it was computed from: a change
-    /// of one cluster's reservations resolves that cluster again, not all of them.
-    pub(crate) per_cluster: crate::reserve::ClusterResolutions,
     /// Bound pods per workload, for the replicas a reservation still holds.
     pub(crate) bound: crate::reservations::BoundPods,
     /// Cluster resolutions computed so far (numbers them).
     pub(crate) epochs: u64,
+    /// Of those, the ones that only resolved reservations added after all others.
+    pub(crate) extended: u64,
 }
 
 impl Compute {
@@ -98,9 +99,9 @@ impl Compute {
         Compute {
             estimator: Estimator::with_cache_bytes(cache_bytes),
             resolved: None,
-            per_cluster: Default::default(),
             bound: Default::default(),
             epochs: 0,
+            extended: 0,
         }
     }
 }
@@ -131,6 +132,9 @@ pub struct ReplicaState {
     pub(crate) reservations_writable: bool,
     /// Writes to this replica's reservation document, queued and made durable together.
     pub(crate) own_writes: crate::group_commit::GroupCommit,
+    /// Held while computing the overcommit resolution (taken before every other lock): one
+    /// resolution at a time, each starting from the last.
+    pub(crate) resolving: Mutex<()>,
     /// Signalled after this replica wrote its reservation or retirement document (the mesh
     /// pushes both).
     pub(crate) own_docs_changed: Arc<tokio::sync::Notify>,
@@ -162,6 +166,7 @@ impl ReplicaState {
             retired: Mutex::new(Retired::default()),
             reservations_writable: writable,
             own_writes: Default::default(),
+            resolving: Mutex::new(()),
             own_docs_changed: Arc::new(tokio::sync::Notify::new()),
             caps: Mutex::new(dramesh_api::auth::Caps::default()),
             replica: replica.to_string(),

@@ -17,7 +17,9 @@
 //! - `burst`: `SCHED_BURST` bindings (default 5,000) created at once: the drain rate.
 //!
 //! `cargo bench -p dramesh-replica --bench scheduler`. `SCHED_FLEET=clusters,nodes` changes
-//! the fleet (default `100,1000`).
+//! the fleet (default `100,1000`). `SCHED_VIEW_RATE=n` (default 0) also applies `n` node
+//! updates a second, round robin over the clusters, during the steady phase, as agents
+//! publishing their nodes' status would.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -196,6 +198,46 @@ fn pct(lat: &[Duration], p: f64) -> f64 {
     lat[i].as_secs_f64() * 1e3
 }
 
+/// CPU seconds (user + system) used so far by this process, and by its thread named
+/// `dramesh-decide` (the scheduler's deciding thread), from /proc: a figure that holds on a
+/// machine busy with other work, where rates and latencies do not.
+fn cpu_seconds() -> (f64, f64) {
+    fn ticks(stat: &str) -> Option<f64> {
+        // Fields after the command name (which may hold spaces): utime is the 14th field.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let (u, s): (f64, f64) = (f.get(11)?.parse().ok()?, f.get(12)?.parse().ok()?);
+        Some((u + s) / 100.0)
+    }
+    let process = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| ticks(&s))
+        .unwrap_or(0.0);
+    let mut decider = 0.0;
+    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
+        for t in tasks.flatten() {
+            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+            if comm.trim() == "dramesh-decide" {
+                decider += std::fs::read_to_string(t.path().join("stat"))
+                    .ok()
+                    .and_then(|s| ticks(&s))
+                    .unwrap_or(0.0);
+            }
+        }
+    }
+    (process, decider)
+}
+
+/// Prints the CPU time this process and the deciding thread spent per binding since `since`.
+fn report_cpu(label: &str, n: usize, since: (f64, f64)) {
+    let (p, d) = cpu_seconds();
+    println!(
+        "{label}: CPU per binding {:.2} ms in all, {:.2} ms on the deciding thread",
+        (p - since.0) * 1e3 / n as f64,
+        (d - since.1) * 1e3 / n as f64
+    );
+}
+
 fn report(label: &str, n: usize, last: Duration, lat: &[Duration], failed: &[String]) {
     if lat.is_empty() {
         println!("{label}: no binding scheduled");
@@ -291,6 +333,7 @@ async fn main() {
     };
 
     let mut scheduled = Scheduled::default();
+    let cpu = cpu_seconds();
     let mut warm = Phase::new();
     for _ in 0..200 {
         warm.create(&fake, &name());
@@ -299,7 +342,46 @@ async fn main() {
         .wait(&fake, &mut scheduled, Duration::from_secs(300))
         .await;
     report("warm", 200, last, &lat, &failed);
+    report_cpu("warm", 200, cpu);
 
+    let cpu = cpu_seconds();
+    let view_rate: u64 = env("SCHED_VIEW_RATE", 0);
+    let updating = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(view_rate > 0));
+    let updater = (view_rate > 0).then(|| {
+        let (state, updating) = (state.clone(), updating.clone());
+        // The first node of each cluster, relabelled on every update.
+        let mut firsts = Vec::new();
+        for c in 0..clusters {
+            let mut first = None;
+            cluster_objects(&spec, c, &|n| n % 5, |o| {
+                if first.is_none()
+                    && let dramesh_model::ClusterObject::Node(n) = &o
+                {
+                    first = Some((**n).clone());
+                }
+            });
+            firsts.extend(first.map(|n| (format!("c{c}"), n)));
+        }
+        tokio::task::spawn_blocking(move || {
+            let period = Duration::from_secs_f64(1.0 / view_rate as f64);
+            let started = Instant::now();
+            let mut applied = 0u64;
+            while updating.load(std::sync::atomic::Ordering::Relaxed) {
+                let i = applied as usize % firsts.len();
+                let (cluster, node) = &mut firsts[i];
+                node.metadata
+                    .labels
+                    .get_or_insert_default()
+                    .insert("bench.dramesh.io/update".into(), applied.to_string());
+                let o = dramesh_model::ClusterObject::Node(Arc::new(node.clone()));
+                state.apply_changes(&[(cluster.clone(), ObjectChange::upsert(&o))]);
+                applied += 1;
+                let due = started + period.mul_f64(applied as f64);
+                std::thread::sleep(due.saturating_duration_since(Instant::now()));
+            }
+            applied as f64 / started.elapsed().as_secs_f64()
+        })
+    });
     let mut steady = Phase::new();
     let n = (rate * secs) as usize;
     let period = Duration::from_secs_f64(1.0 / rate as f64);
@@ -319,7 +401,16 @@ async fn main() {
         n as f64 / offered.as_secs_f64()
     );
     report("steady", n, last, &lat, &failed);
+    report_cpu("steady", n, cpu);
+    updating.store(false, std::sync::atomic::Ordering::Relaxed);
+    if let Some(u) = updater {
+        println!(
+            "steady: node updates applied at {:.0}/s",
+            u.await.unwrap_or(0.0)
+        );
+    }
 
+    let cpu = cpu_seconds();
     let mut b = Phase::new();
     for _ in 0..burst {
         b.create(&fake, &name());
@@ -328,6 +419,7 @@ async fn main() {
         .wait(&fake, &mut scheduled, Duration::from_secs(600))
         .await;
     report("burst", burst, last, &lat, &failed);
+    report_cpu("burst", burst, cpu);
     println!(
         "reservations live at the end: {}",
         state.reservation_list(false).len()

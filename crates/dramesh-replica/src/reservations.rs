@@ -367,12 +367,7 @@ impl Table {
 
     /// Applies one change of the reservation scope, decoding the workload with `decode`.
     /// A record that does not decode is logged and ignored.
-    pub(crate) fn apply(
-        &mut self,
-        change: &ObjectChange,
-        now: Instant,
-        decode: &mut Decode<'_>,
-    ) {
+    pub(crate) fn apply(&mut self, change: &ObjectChange, now: Instant, decode: &mut Decode<'_>) {
         match change {
             ObjectChange::Upsert { key, json } => {
                 let record = match Record::decode(json) {
@@ -407,12 +402,7 @@ impl Table {
 
     /// Adds or replaces the reservation `record`; `decode` is asked for its workload unless
     /// it is already known unchanged.
-    fn upsert(
-        &mut self,
-        record: Record,
-        now: Instant,
-        decode: &mut Decode<'_>,
-    ) {
+    fn upsert(&mut self, record: Record, now: Instant, decode: &mut Decode<'_>) {
         if record.owner == self.owner
             && let Some(seq) = record
                 .id

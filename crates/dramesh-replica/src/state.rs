@@ -14,20 +14,22 @@
 //! - In-flight reservations (see [`crate::reservations`]) are routed out of the store's change
 //!   stream into their own table; every estimate (Karmada and native, placement and
 //!   preemption included) deducts the reservations that overcommit resolution
-//!   ([`dramesh_estimator::resolve`]) admits, recomputed whenever the reservation set, the
-//!   set of unexpired reservations or a reserved cluster's view changes.
+//!   ([`dramesh_estimator::resolve`]) admits, recomputed per cluster whenever that cluster's
+//!   reservation set, its set of unexpired reservations or its view changes.
 //!
 //! # Lock order
 //!
 //! Seven locks, always taken in this order, and each only inside a small method of this module
 //! (plus `caps`, taken first and only by `reserve`, so that checking a creator's caps and
-//! writing its reservation are one step):
+//! writing its reservation are one step; `resolving`, taken first and only by the
+//! resolution, which takes 3, 4 and 5 inside it, so resolutions are made one at a time; and
+//! the queue of [`crate::group_commit`], a leaf):
 //!
 //! 1. `feed`: serializes draining the store's queue with applying it (and writing this
 //!    replica's reservation document), so batches reach the view in the order the store
 //!    produced them. Taken only by [`ReplicaState::catch_up`],
-//!    [`ReplicaState::rebuild_from_store`] and the reservation writer, never with another lock
-//!    held.
+//!    [`ReplicaState::rebuild_from_store`] and the reservation writer (the group commit's
+//!    writing waiter), never with another lock held.
 //! 2. `store`, 3. `reservations` (the table): leaves. Each is held only for the duration of one
 //!    closure ([`ReplicaState::with_store`], `with_table`) that takes no other lock.
 //! 4. `indexes` (RwLock: view, pending) then 5. `compute` (the estimator and the

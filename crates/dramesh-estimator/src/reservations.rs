@@ -499,6 +499,45 @@ mod tests {
         assert!(reused > 100, "most steps should reuse a prefix ({reused})");
     }
 
+    /// Extending a resolution with reservations that rank after all others gives what
+    /// resolving all of them gives; one that does not rank last is refused, changing nothing.
+    #[test]
+    fn extending_with_reservations_ranked_last_equals_resolving_all() {
+        let v = dra_view();
+        let w = dra_workload("w", 1);
+        let all: Vec<Reservation> = (0..6).map(|i| res(&format!("r{i}"), 0, 2, &w)).collect();
+        let whole = resolve_cluster(&v, &mut Estimator::new(), "c", &all, None);
+        let mut est = Estimator::new();
+        let mut part = resolve_cluster(&v, &mut est, "c", &all[..2], None);
+        part.extend(&v, &mut est, "c", &all[2..4]).unwrap();
+        part.extend(&v, &mut est, "c", &all[4..]).unwrap();
+        assert_eq!(part.ranked, whole.ranked);
+        assert!(part.assumed_ids().eq(whole.assumed_ids()));
+        // 8 GPUs, 2 per reservation: four admitted, two conflicted.
+        assert_eq!(part.assumed.len(), 4);
+        let before = part.ranked.clone();
+        assert!(
+            part.extend(&v, &mut est, "c", &[res("a0", 0, 1, &w)])
+                .is_err()
+        );
+        assert!(
+            part.extend(&v, &mut est, "c", &[res("z9", 5, 1, &w)])
+                .is_err(),
+            "a higher priority ranks first"
+        );
+        assert!(
+            part.extend(
+                &v,
+                &mut est,
+                "c",
+                &[res("z1", 0, 1, &w), res("z0", 0, 1, &w)]
+            )
+            .is_err(),
+            "out of order among themselves"
+        );
+        assert_eq!(part.ranked, before);
+    }
+
     #[test]
     fn dra_reservations_hold_devices_and_priority_decides() {
         let v = dra_view();

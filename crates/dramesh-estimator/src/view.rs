@@ -102,7 +102,7 @@ impl FromIterator<Arc<ClaimHandle>> for ClaimHandles {
 }
 
 /// A node's static facts.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct NodeEntry {
     /// Node name.
     pub name: Arc<str>,
@@ -277,6 +277,18 @@ impl ClusterView {
     }
 
     fn upsert_pod(&mut self, key: (String, String), entry: PodEntry) {
+        // A pod whose counted facts did not change (a status update) changes no estimate:
+        // nothing is bumped, so nothing computed on this cluster is done again.
+        if self.pods.get(&key).is_some_and(|old| {
+            old.node == entry.node
+                && old.requests == entry.requests
+                && old.priority == entry.priority
+                && old.owner == entry.owner
+                && old.claims == entry.claims
+                && old.active == entry.active
+        }) {
+            return;
+        }
         self.remove_pod(&key);
         let mut entry = self.intern(entry);
         entry.claim_handles = entry
@@ -380,6 +392,11 @@ impl View {
                     name: name.clone(),
                     ..entry
                 };
+                // Estimates read only these facts: an update of anything else (status
+                // conditions, heartbeats, annotations) changes nothing computed here.
+                if c.nodes.get(&name) == Some(&entry) {
+                    return Ok(());
+                }
                 c.nodes.insert(name.clone(), entry);
                 c.devices.node_changed(&name);
                 c.bump(&name);
@@ -572,4 +589,100 @@ fn pod_entry(p: &Pod) -> Result<PodEntry, String> {
         claims,
         claim_handles: ClaimHandles::default(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dramesh_model::k8s;
+    use serde_json::json;
+
+    fn node(labels: serde_json::Value, annotations: serde_json::Value, cpu: &str) -> ClusterObject {
+        let n: k8s::Node = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "n1", "labels": labels, "annotations": annotations},
+            "status": {"allocatable": {"cpu": cpu, "pods": "110"},
+                "conditions": [{"type": "Ready", "status": "True",
+                    "lastHeartbeatTime": annotations["beat"].clone()}]}
+        }))
+        .unwrap();
+        ClusterObject::Node(Arc::new(n))
+    }
+
+    fn pod(phase: &str, cpu: &str) -> ClusterObject {
+        let p: k8s::Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p1", "namespace": "ml"},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c",
+                "resources": {"requests": {"cpu": cpu}}}]},
+            "status": {"phase": phase, "conditions": [{"type": "Ready", "status": phase}]}
+        }))
+        .unwrap();
+        ClusterObject::Pod(Arc::new(p))
+    }
+
+    /// Updates of fields no estimate reads (annotations, status conditions and heartbeats)
+    /// leave the cluster's generation alone; a counted fact (labels, allocatable, requests,
+    /// a pod that ends) moves it.
+    #[test]
+    fn only_updates_that_change_counted_facts_move_the_generation() {
+        let mut v = View::new();
+        v.apply_object(
+            "c",
+            node(
+                json!({"a": "1"}),
+                json!({"beat": "2026-11-26T00:00:00Z"}),
+                "8",
+            ),
+        )
+        .unwrap();
+        v.apply_object("c", pod("Running", "1")).unwrap();
+        let g = |v: &View| v.cluster("c").unwrap().generation();
+        let before = g(&v);
+        v.apply_object(
+            "c",
+            node(
+                json!({"a": "1"}),
+                json!({"beat": "2026-11-26T00:00:10Z"}),
+                "8",
+            ),
+        )
+        .unwrap();
+        v.apply_object("c", pod("Running", "1")).unwrap();
+        assert_eq!(g(&v), before, "nothing counted changed");
+        v.apply_object(
+            "c",
+            node(
+                json!({"a": "2"}),
+                json!({"beat": "2026-11-26T00:00:20Z"}),
+                "8",
+            ),
+        )
+        .unwrap();
+        assert!(g(&v) > before, "a label is a counted fact");
+        let before = g(&v);
+        v.apply_object(
+            "c",
+            node(
+                json!({"a": "2"}),
+                json!({"beat": "2026-11-26T00:00:30Z"}),
+                "16",
+            ),
+        )
+        .unwrap();
+        assert!(g(&v) > before, "allocatable is a counted fact");
+        let before = g(&v);
+        v.apply_object("c", pod("Running", "2")).unwrap();
+        assert!(g(&v) > before, "requests are counted");
+        let before = g(&v);
+        v.apply_object("c", pod("Succeeded", "2")).unwrap();
+        assert!(g(&v) > before, "a pod that ended no longer counts");
+        let usage = v
+            .cluster("c")
+            .unwrap()
+            .usage
+            .get("n1")
+            .map_or(0, |u| u.pods);
+        assert_eq!(usage, 0);
+    }
 }

@@ -175,6 +175,9 @@ impl BoundPods {
 #[derive(Debug, Clone)]
 pub(crate) struct Entry {
     pub(crate) record: Record,
+    /// The record as stored: the same bytes again are the same record, known without
+    /// decoding them (every own write comes back from the store once).
+    json: Arc<[u8]>,
     /// `record.id`, shared with resolutions.
     pub(crate) id: Arc<str>,
     /// `record.cluster`, shared with resolutions.
@@ -370,6 +373,9 @@ impl Table {
     pub(crate) fn apply(&mut self, change: &ObjectChange, now: Instant, decode: &mut Decode<'_>) {
         match change {
             ObjectChange::Upsert { key, json } => {
+                if self.entries.get(&key.name).is_some_and(|e| e.json == *json) {
+                    return;
+                }
                 let record = match Record::decode(json) {
                     Ok(r) if r.id == key.name => r,
                     Ok(r) => {
@@ -381,7 +387,7 @@ impl Table {
                         return;
                     }
                 };
-                self.upsert(record, now, decode);
+                self.upsert(record, json.clone(), now, decode);
             }
             ObjectChange::Delete { key } => {
                 if let Some(e) = self.entries.remove(&key.name) {
@@ -402,7 +408,7 @@ impl Table {
 
     /// Adds or replaces the reservation `record`; `decode` is asked for its workload unless
     /// it is already known unchanged.
-    fn upsert(&mut self, record: Record, now: Instant, decode: &mut Decode<'_>) {
+    fn upsert(&mut self, record: Record, json: Arc<[u8]>, now: Instant, decode: &mut Decode<'_>) {
         if record.owner == self.owner
             && let Some(seq) = record
                 .id
@@ -428,6 +434,7 @@ impl Table {
             seen + ttl + EXPIRY_GRACE
         };
         let entry = Entry {
+            json,
             expiry,
             id: Arc::from(record.id.as_str()),
             cluster: Arc::from(record.cluster.as_str()),
@@ -445,8 +452,14 @@ impl Table {
 
     /// Adds a reservation this replica is writing, whose workload it decoded already,
     /// before the write reaches the store (whose change then finds it here unchanged).
-    pub(crate) fn insert_own(&mut self, record: Record, workload: Arc<Workload>, now: Instant) {
-        self.upsert(record, now, &mut |_| Ok(workload.clone()));
+    pub(crate) fn insert_own(
+        &mut self,
+        record: Record,
+        json: Arc<[u8]>,
+        workload: Arc<Workload>,
+        now: Instant,
+    ) {
+        self.upsert(record, json, now, &mut |_| Ok(workload.clone()));
     }
 
     /// Removes reservations added by [`Table::insert_own`] whose write failed: they never

@@ -534,17 +534,18 @@ impl ReplicaState {
                     resv::MAX_RECORD_BYTES
                 )));
             }
+            let json: Arc<[u8]> = Arc::from(json.as_slice());
             changes.push(ObjectChange::Upsert {
                 key: resv::record_key(id),
-                json: Arc::from(json.as_slice()),
+                json: json.clone(),
             });
-            records.push((record, r.workload.clone()));
+            records.push((record, json, r.workload.clone()));
         }
         let now = Instant::now();
         self.with_table(|t| {
-            for (record, workload) in records {
+            for (record, json, workload) in records {
                 tracing::debug!(id = %record.id, cluster = %record.cluster, replicas = record.replicas, creator = %record.creator, "reservation written");
-                t.insert_own(record, workload, now);
+                t.insert_own(record, json, workload, now);
             }
         });
         Ok((ids, self.own_writes.submit(changes)))

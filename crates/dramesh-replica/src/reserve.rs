@@ -889,14 +889,6 @@ mod tests {
     use dramesh_model::Manifest;
     use std::path::Path;
 
-    fn state() -> Arc<ReplicaState> {
-        let store = dramesh_mesh::daemon::open_store(None, "t").unwrap();
-        let store = Arc::new(std::sync::Mutex::new(
-            dramesh_mesh::store_adapter::MeshStore::new(store, false),
-        ));
-        ReplicaState::new("r1", std::time::Duration::from_secs(3600), store)
-    }
-
     fn node(cluster: &str, n: usize, gpus: u32) -> (String, ObjectChange) {
         let yaml = format!(
             "apiVersion: v1\nkind: Node\nmetadata: {{name: n{n}}}\nstatus: {{allocatable: {{cpu: '64', memory: 256Gi, pods: '110', nvidia.com/gpu: '{gpus}'}}}}\n"
@@ -972,7 +964,7 @@ mod tests {
     /// resolution computed from nothing.
     #[test]
     fn the_resolution_kept_up_to_date_equals_one_from_scratch() {
-        let st = state();
+        let st = ReplicaState::in_memory("r1");
         let nodes: Vec<_> = (0..3)
             .flat_map(|n| [node("a", n, 4), node("b", n, 2)])
             .collect();

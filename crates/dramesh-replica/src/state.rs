@@ -145,6 +145,16 @@ pub struct ReplicaState {
     pub(crate) caps: Mutex<dramesh_api::auth::Caps>,
 }
 
+#[cfg(test)]
+impl ReplicaState {
+    /// A state over an empty in-memory store, its view fed by the changes the store reports.
+    pub(crate) fn in_memory(replica: &str) -> Arc<ReplicaState> {
+        let store = dramesh_mesh::daemon::open_store(None, "test").expect("in-memory store");
+        let store = Arc::new(Mutex::new(MeshStore::new(store, true)));
+        ReplicaState::new(replica, Duration::from_secs(120), store)
+    }
+}
+
 impl ReplicaState {
     /// A state whose view holds the store's current contents; every cluster in it counts as
     /// heard from now (the replica just started).

@@ -58,17 +58,9 @@ impl Decider {
 mod tests {
     use super::*;
 
-    fn state() -> Arc<ReplicaState> {
-        let store = dramesh_mesh::daemon::open_store(None, "t").unwrap();
-        let store = Arc::new(std::sync::Mutex::new(
-            dramesh_mesh::store_adapter::MeshStore::new(store, false),
-        ));
-        ReplicaState::new("t", std::time::Duration::from_secs(60), store)
-    }
-
     #[tokio::test]
     async fn jobs_run_in_order_one_at_a_time_and_a_panic_does_not_stop_the_next() {
-        let d = Arc::new(Decider::start(state()).unwrap());
+        let d = Arc::new(Decider::start(ReplicaState::in_memory("t")).unwrap());
         let log = Arc::new(std::sync::Mutex::new(Vec::new()));
         let mut answers = Vec::new();
         for i in 0..50 {

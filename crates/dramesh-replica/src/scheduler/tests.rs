@@ -1,10 +1,7 @@
 //! The loop against the fake Karmada API server (real kube client, CRD schemas enforced)
 //! with a replica state holding a small device fleet: c0 and c1, 2 nodes × 4 GPUs each.
 
-use std::sync::Mutex;
-
 use dramesh_fakeapi::FakeApi;
-use dramesh_mesh::store_adapter::MeshStore;
 use dramesh_model::{ClusterObject, ObjectChange};
 use dramesh_sim::typed::{FleetSpec, cluster_objects};
 use serde_json::json;
@@ -21,9 +18,7 @@ const ME: &str = "dramesh-scheduler";
 const NS: &str = "default";
 
 fn state(id: &str) -> Arc<ReplicaState> {
-    let store = dramesh_mesh::daemon::open_store(None, "test").expect("in-memory store");
-    let store = Arc::new(Mutex::new(MeshStore::new(store, true)));
-    ReplicaState::new(id, Duration::from_secs(120), store)
+    ReplicaState::in_memory(id)
 }
 
 /// Cluster `i` (named `c<i>`): 2 nodes of 4 GPUs, `used` GPUs of each in use.

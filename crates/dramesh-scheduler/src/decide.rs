@@ -404,12 +404,12 @@ fn schedule_once(
                     available: c.available,
                 })
                 .collect();
-            let demand = SpreadDemand {
+            let wanted = SpreadDemand {
                 replicas,
                 duplicated,
                 need,
             };
-            let chosen = select_spread(&candidates, spread, demand)
+            let chosen = select_spread(&candidates, spread, wanted)
                 .map_err(|e| Failure::Error(format!("failed to select clusters: {e}")))?;
             chosen
                 .iter()

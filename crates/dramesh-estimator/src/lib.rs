@@ -50,8 +50,8 @@ pub use estimate::{
 };
 pub use filter::{Exclusion, NodeClaim, NodeFacts};
 pub use placement::{
-    PlacementResult, Previous, TargetCluster, assign, assign_keeping, place, select_by_cluster,
-    tie_ascending, webster,
+    PlacementResult, Previous, SpreadCandidate, SpreadDemand, TargetCluster, assign,
+    assign_keeping, divide_static_weights, place, select_spread, tie_ascending, webster,
 };
 pub use policy::{
     AffinityTerm, ClusterAffinity, LabelRequirement, Policy, PolicyError, SpreadConstraint,

@@ -2,7 +2,8 @@
 //! - estimator server `MaxAvailableReplicas` (pkg/estimator/server/server_test.go),
 //! - Webster apportionment (pkg/util/helper/webstermethod_test.go),
 //! - dynamic weight and aggregated division (pkg/scheduler/core/division_algorithm_test.go),
-//! - cluster spread selection (pkg/scheduler/core/spreadconstraint).
+//! - spread selection by cluster and region (pkg/scheduler/core/spreadconstraint),
+//! - static weights with the last assignment breaking ties (pkg/scheduler/core/division_algorithm.go).
 
 mod common;
 
@@ -11,9 +12,10 @@ use std::collections::BTreeMap;
 use common::*;
 use dramesh_estimator::{EstimateOptions, estimate};
 use dramesh_estimator::{
-    Previous, SpreadConstraint, Strategy, TargetCluster, assign, assign_keeping, select_by_cluster,
-    webster,
+    Previous, SpreadCandidate, SpreadConstraint, SpreadDemand, Strategy, TargetCluster, assign,
+    assign_keeping, divide_static_weights, select_spread, webster,
 };
+use dramesh_model::ClusterInfo;
 use dramesh_model::ClusterObject;
 use serde_json::json;
 
@@ -314,39 +316,362 @@ fn static_weight_divisions() {
     );
 }
 
-#[test]
-fn spread_by_cluster_selection() {
-    let c = |min, max| SpreadConstraint {
-        spread_by_field: Some("cluster".into()),
+fn spread(field: &str, min: usize, max: usize) -> SpreadConstraint {
+    SpreadConstraint {
+        spread_by_field: Some(field.into()),
         spread_by_label: None,
         max_groups: max,
         min_groups: min,
+    }
+}
+
+/// `(name, region, score, available)`.
+type Cand<'a> = (&'a str, &'a str, i64, i64);
+
+fn select(
+    clusters: &[Cand<'_>],
+    constraints: &[SpreadConstraint],
+    replicas: i64,
+    duplicated: bool,
+) -> Result<Vec<String>, String> {
+    let infos: Vec<ClusterInfo> = clusters
+        .iter()
+        .map(|(_, region, _, _)| ClusterInfo {
+            region: (!region.is_empty()).then(|| region.to_string()),
+            ..ClusterInfo::default()
+        })
+        .collect();
+    let candidates: Vec<SpreadCandidate<'_>> = clusters
+        .iter()
+        .zip(&infos)
+        .map(|((name, _, score, available), info)| SpreadCandidate {
+            name,
+            info,
+            score: *score,
+            available: *available,
+        })
+        .collect();
+    let demand = SpreadDemand {
+        replicas,
+        duplicated,
+        need: (!duplicated).then_some(replicas),
     };
-    let ranked: Vec<(String, i64)> = [("m1", 10), ("m2", 8), ("m3", 5), ("m4", 3)]
-        .iter()
-        .map(|(n, a)| (n.to_string(), *a))
-        .collect();
-    // Top maxGroups clusters when they hold enough.
-    let got = select_by_cluster(&ranked, &c(1, 2), Some(15)).unwrap();
+    select_spread(&candidates, constraints, demand)
+        .map(|v| v.into_iter().map(str::to_string).collect())
+}
+
+#[test]
+fn spread_by_cluster_selection_is_karmadas() {
+    // Karmada's TestSelectBestClusters fleet (score, available replicas).
+    let fleet: [Cand<'_>; 4] = [
+        ("member1", "", 20, 40),
+        ("member2", "", 40, 60),
+        ("member3", "", 30, 80),
+        ("member4", "", 60, 50),
+    ];
+    let c = [spread("cluster", 1, 2)];
+    // The two best by score hold 110 >= 100.
     assert_eq!(
-        got.iter().map(|x| x.0.as_str()).collect::<Vec<_>>(),
-        ["m1", "m2"]
+        select(&fleet, &c, 100, false).unwrap(),
+        ["member4", "member2"]
     );
-    // Not enough in any two clusters.
-    assert!(select_by_cluster(&ranked, &c(1, 2), Some(19)).is_err());
-    // Fewer feasible clusters than minGroups.
-    assert!(select_by_cluster(&ranked, &c(5, 5), None).is_err());
     // Duplicated ignores capacity.
-    assert_eq!(select_by_cluster(&ranked, &c(1, 1), None).unwrap().len(), 1);
-    // Swap: ranking by score can put a small cluster first; a bigger one replaces it.
-    let by_score: Vec<(String, i64)> = [("m4", 3), ("m1", 10), ("m2", 8)]
-        .iter()
-        .map(|(n, a)| (n.to_string(), *a))
-        .collect();
-    let got = select_by_cluster(&by_score, &c(1, 2), Some(15)).unwrap();
-    let names: Vec<&str> = got.iter().map(|x| x.0.as_str()).collect();
-    assert_eq!(names.len(), 2);
-    assert!(names.contains(&"m1") && names.contains(&"m2"), "{names:?}");
+    assert_eq!(
+        select(&fleet, &c, 120, true).unwrap(),
+        ["member4", "member2"]
+    );
+    // 110 < 120: member2 (the last chosen) is swapped for member3, the rest's biggest.
+    assert_eq!(
+        select(&fleet, &c, 120, false).unwrap(),
+        ["member4", "member3"]
+    );
+    assert_eq!(
+        select(&fleet, &c, 200, false),
+        Err("no enough resource when selecting 2 clusters".into())
+    );
+    assert_eq!(
+        select(&fleet, &[spread("cluster", 7, 7)], 30, false),
+        Err("the number of feasible clusters is less than spreadConstraint.MinGroups".into())
+    );
+    // maxGroups is taken as written: 0 selects nothing.
+    assert_eq!(
+        select(&fleet, &[spread("cluster", 1, 0)], 1, true).unwrap(),
+        Vec::<String>::new()
+    );
+    // zone and provider constraints group clusters in Karmada but do not restrict its
+    // selection: with a cluster constraint they select as the cluster constraint alone.
+    let zoned = [
+        spread("zone", 2, 2),
+        spread("provider", 1, 1),
+        spread("cluster", 1, 2),
+    ];
+    assert_eq!(
+        select(&fleet, &zoned, 120, false).unwrap(),
+        ["member4", "member3"]
+    );
+}
+
+#[test]
+fn spread_by_region_scores_regions_by_the_replicas_they_hold() {
+    // 3 regions x 2 clusters. east is where the binding runs (locality 100) but holds only 5
+    // replicas; west holds 12, north 9.
+    let fleet: [Cand<'_>; 6] = [
+        ("e1", "east", 100, 3),
+        ("e2", "east", 100, 2),
+        ("w1", "west", 0, 8),
+        ("w2", "west", 0, 4),
+        ("n1", "north", 0, 6),
+        ("n2", "north", 0, 3),
+    ];
+    // One region, two clusters, 10 replicas: a region's share is all 10; west holds them
+    // (score 10000) where north (9000) and east (5000 + 100) do not.
+    let one = [spread("region", 1, 1), spread("cluster", 2, 2)];
+    assert_eq!(select(&fleet, &one, 10, false).unwrap(), ["w1", "w2"]);
+    // Two regions: a region's share is 5, which every region but north holds with its two
+    // best clusters (east 5000 + 100, west and north 5000); east and north (searched before
+    // west by name) win, the best cluster of each first, then the rest by score.
+    let two = [spread("region", 2, 2), spread("cluster", 2, 4)];
+    assert_eq!(
+        select(&fleet, &two, 10, false).unwrap(),
+        ["e1", "n1", "e2", "n2"]
+    );
+    // The cluster constraint's maxGroups caps the rest: one cluster per region only.
+    let capped = [spread("region", 2, 2), spread("cluster", 2, 2)];
+    assert_eq!(select(&fleet, &capped, 10, false).unwrap(), ["e1", "n1"]);
+    // Capacity is not checked when selecting by region (assignment fails later).
+    assert_eq!(select(&fleet, &one, 100, false).unwrap().len(), 2);
+    // Duplicated: regions score by the clusters that can each run every replica: for 4
+    // replicas west (w1, w2) and north (n1) beat east (none).
+    assert_eq!(select(&fleet, &one, 4, true).unwrap(), ["w1", "w2"]);
+    // Clusters without a region belong to none.
+    let mut loose = fleet.to_vec();
+    loose.push(("x", "", 1000, 1000));
+    assert_eq!(select(&loose, &one, 10, false).unwrap(), ["w1", "w2"]);
+    assert_eq!(
+        select(
+            &fleet,
+            &[spread("region", 4, 4), spread("cluster", 1, 8)],
+            10,
+            false
+        ),
+        Err("the number of feasible region is less than spreadConstraint.MinGroups".into())
+    );
+    assert_eq!(
+        select(
+            &fleet,
+            &[spread("region", 1, 1), spread("cluster", 3, 3)],
+            10,
+            false
+        ),
+        Err("the number of clusters is less than the cluster spreadConstraint.MinGroups".into())
+    );
+}
+
+#[test]
+fn hostile_spread_constraints_are_named_errors() {
+    let fleet: [Cand<'_>; 2] = [("a", "r1", 0, 5), ("b", "r2", 0, 5)];
+    let err = |c: &[SpreadConstraint]| select(&fleet, c, 2, false).unwrap_err();
+    assert_eq!(
+        err(&[spread("cluster", 1, 2), spread("cluster", 1, 1)]),
+        "spec.placement.spreadConstraints[1]: multiple cluster spread constraints are not allowed"
+    );
+    assert_eq!(
+        err(&[spread("region", 1, 2)]),
+        "spec.placement.spreadConstraints: the cluster spread constraint must be enabled in \
+         one of the constraints in case of SpreadByField is enabled"
+    );
+    assert_eq!(
+        err(&[spread("planet", 1, 2), spread("cluster", 1, 2)]),
+        "spec.placement.spreadConstraints[0].spreadByField: unsupported value \"planet\" \
+         (cluster, region, zone or provider)"
+    );
+    assert_eq!(
+        err(&[spread("cluster", 3, 2)]),
+        "spec.placement.spreadConstraints[0]: maxGroups(2) lower than minGroups(3) is not allowed"
+    );
+    let label = SpreadConstraint {
+        spread_by_field: None,
+        spread_by_label: Some("topology".into()),
+        max_groups: 1,
+        min_groups: 1,
+    };
+    assert_eq!(
+        err(std::slice::from_ref(&label)),
+        "just support cluster and region spread constraint"
+    );
+    // An absurd minGroups is an ordinary failure, not a panic or a hang.
+    assert_eq!(
+        err(&[spread("cluster", usize::MAX, usize::MAX)]),
+        "the number of feasible clusters is less than spreadConstraint.MinGroups"
+    );
+    assert_eq!(
+        err(&[
+            spread("region", 1, usize::MAX),
+            spread("cluster", usize::MAX, usize::MAX)
+        ]),
+        "the number of clusters is less than the cluster spreadConstraint.MinGroups"
+    );
+    // minGroups 0 reads as Karmada's default 1; an empty field as `cluster`.
+    assert_eq!(
+        select(&fleet, &[spread("", 0, 1)], 2, false).unwrap(),
+        ["a"]
+    );
+}
+
+#[test]
+fn static_weight_ties_keep_the_last_assignment() {
+    use dramesh_estimator::ClusterAffinity;
+    let rule = |names: &[&str], w: i64| {
+        (
+            ClusterAffinity {
+                cluster_names: names.iter().map(|s| s.to_string()).collect(),
+                ..Default::default()
+            },
+            w,
+        )
+    };
+    let sel = |names: &[&str]| -> Vec<(String, i64)> {
+        names.iter().map(|n| (n.to_string(), 0)).collect()
+    };
+    let run = |rules: &[(ClusterAffinity, i64)],
+               replicas: i64,
+               names: &[&str],
+               last: &[(&str, i64)],
+               ascending: bool| {
+        let last: Vec<TargetCluster> = last
+            .iter()
+            .map(|(n, r)| TargetCluster {
+                name: n.to_string(),
+                replicas: *r,
+            })
+            .collect();
+        divide_static_weights(
+            rules,
+            replicas,
+            &sel(names),
+            &BTreeMap::new(),
+            &last,
+            ascending,
+        )
+        .into_iter()
+        .map(|t| (t.name, t.replicas))
+        .collect::<BTreeMap<String, i64>>()
+    };
+    let even = [rule(&["m1", "m2"], 1)];
+    // No last assignment: the remainder follows the workload's name order.
+    assert_eq!(
+        run(&even, 3, &["m1", "m2"], &[], true),
+        m(&[("m1", 2), ("m2", 1)])
+    );
+    assert_eq!(
+        run(&even, 3, &["m1", "m2"], &[], false),
+        m(&[("m1", 1), ("m2", 2)])
+    );
+    // With one: the remainder stays where it was, whatever the name order.
+    for asc in [true, false] {
+        assert_eq!(
+            run(&even, 3, &["m1", "m2"], &[("m1", 1), ("m2", 2)], asc),
+            m(&[("m1", 1), ("m2", 2)])
+        );
+        assert_eq!(
+            run(&even, 3, &["m1", "m2"], &[("m1", 2), ("m2", 1)], asc),
+            m(&[("m1", 2), ("m2", 1)])
+        );
+    }
+    // Karmada's proposal, story 1: 2:1:1:1, 7 replicas. Webster gives 3:1:1:1 and the 7th
+    // goes to a weight-1 cluster: to member2, which had it before, whatever the name order.
+    // Scaled to 8 (Webster: 3:2:2:1), member2 keeps its second replica and the name order
+    // picks between member3 and member4, which had one each.
+    let story = [
+        rule(&["member1"], 2),
+        rule(&["member2", "member3", "member4"], 1),
+    ];
+    let four = ["member1", "member2", "member3", "member4"];
+    let last = [
+        ("member1", 3),
+        ("member2", 2),
+        ("member3", 1),
+        ("member4", 1),
+    ];
+    for asc in [true, false] {
+        assert_eq!(
+            run(&story, 7, &four, &last, asc),
+            m(&[
+                ("member1", 3),
+                ("member2", 2),
+                ("member3", 1),
+                ("member4", 1)
+            ])
+        );
+    }
+    assert_eq!(
+        run(&story, 8, &four, &last, true),
+        m(&[
+            ("member1", 3),
+            ("member2", 2),
+            ("member3", 2),
+            ("member4", 1)
+        ])
+    );
+    assert_eq!(
+        run(&story, 8, &four, &last, false),
+        m(&[
+            ("member1", 3),
+            ("member2", 2),
+            ("member3", 1),
+            ("member4", 2)
+        ])
+    );
+    // Without the last assignment the 7th follows the name order instead.
+    assert_eq!(
+        run(&story, 7, &four, &[], false),
+        m(&[
+            ("member1", 3),
+            ("member2", 1),
+            ("member3", 1),
+            ("member4", 2)
+        ])
+    );
+    // Story 5: 5 over four equal clusters as 2:1:1:1, member4 leaves: its replica goes to
+    // one of the others, the two extra staying with member1 and one more.
+    let eq = [rule(&["member1", "member2", "member3", "member4"], 1)];
+    let got = run(
+        &eq,
+        5,
+        &["member1", "member2", "member3"],
+        &[
+            ("member1", 2),
+            ("member2", 1),
+            ("member3", 1),
+            ("member4", 1),
+        ],
+        true,
+    );
+    assert_eq!(got.get("member1"), Some(&2));
+    assert_eq!(got.values().sum::<i64>(), 5);
+    // No rules at all: every cluster weighs 1 and the last assignment still breaks ties.
+    assert_eq!(
+        run(&[], 3, &["m1", "m2"], &[("m2", 2), ("m1", 1)], true),
+        m(&[("m1", 1), ("m2", 2)])
+    );
+    // Rules that match no selected cluster: everyone weighs 1, without the last
+    // assignment (Karmada's fallback list carries none): the name order decides.
+    assert_eq!(
+        run(&[rule(&["other"], 5)], 3, &["m1", "m2"], &[("m2", 2)], true),
+        m(&[("m1", 2), ("m2", 1)])
+    );
+    // assign_keeping passes the binding's spec.clusters as the last assignment.
+    assert_eq!(
+        keep(
+            Strategy::StaticWeight(even.to_vec()),
+            3,
+            &[("m1", 0), ("m2", 0)],
+            &[("m2", 2), ("m1", 1)],
+            false
+        )
+        .unwrap(),
+        m(&[("m1", 1), ("m2", 2)])
+    );
 }
 
 /// [`assign_keeping`] over `avail` with the binding's previous `spec.clusters`.

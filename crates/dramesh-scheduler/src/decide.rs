@@ -7,14 +7,16 @@
 //!    cluster affinity (or the `clusterAffinities` term being tried); not in the binding's
 //!    graceful eviction tasks; and, dramesh's own filter, data that is not stale.
 //! 2. **Estimate** each cluster left: a cluster a dramesh agent reports with the estimator on
-//!    the view (devices included); one Karmada knows but no agent reports from its
-//!    `status.resourceSummary` as Karmada's general estimator does, and never for a workload
-//!    with device claims (0, with the reason).
+//!    the view (devices included); one Karmada knows but no agent reports as Karmada's
+//!    general estimator does ([`crate::general`]: its `status.resourceSummary`, or its
+//!    resource models when it reports node counts per grade), and never for a workload with
+//!    device claims (0, with the reason).
 //! 3. **Select**: clusters ranked by locality (already used first), available replicas
-//!    (the estimate plus what the binding has there) and name; spread constraints by
-//!    cluster applied with the estimator's `select_by_cluster`.
+//!    (the estimate plus what the binding has there) and name; spread constraints applied
+//!    with the estimator's `select_spread` (Karmada's selection by region and by cluster).
 //! 4. **Assign** with the estimator's `assign_keeping` (previous assignments kept on scale up
-//!    and down; divided afresh after a requested reschedule).
+//!    and down; divided afresh after a requested reschedule; static weights divided afresh
+//!    with the previous assignment breaking ties).
 //!
 //! `clusterAffinities` terms are tried in order from the one last scheduled with, as
 //! `scheduleResourceBindingWithClusterAffinities` does. Failures get Karmada's reasons and
@@ -23,9 +25,9 @@
 use std::collections::BTreeMap;
 
 use dramesh_estimator::{
-    ClusterAffinity, DEADLINE_EXCEEDED, EstimateOptions, Estimator, Previous, ResList, ResName,
-    SpreadConstraint, Strategy, TargetCluster, View, assign_keeping, estimate_component_sets,
-    select_by_cluster, tie_ascending,
+    ClusterAffinity, DEADLINE_EXCEEDED, EstimateOptions, Estimator, Previous, SpreadCandidate,
+    SpreadDemand, Strategy, TargetCluster, View, assign_keeping, estimate_component_sets,
+    select_spread, tie_ascending,
 };
 use dramesh_model::ClusterInfo;
 use dramesh_model::k8s::Taint;
@@ -33,7 +35,8 @@ use dramesh_model::taint;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::demand::Demand;
-use crate::object::{Binding, BindingKind, Cluster, ResourceSummary};
+use crate::general::{general_replicas, general_sets};
+use crate::object::{Binding, BindingKind, Cluster};
 use crate::patch::{self, Patch, Reason, ScheduledCondition};
 use crate::trigger::reschedule_required;
 
@@ -170,25 +173,9 @@ fn taint_string(t: &Taint) -> String {
     }
 }
 
-/// Karmada's general estimator over `status.resourceSummary`: pod slots left
-/// (allocatable − allocated − allocating) and, for each requested resource, what is left
-/// divided by the request (CPU in millis), the minimum of all; 0 without a summary.
-/// `per` is one replica's (or one set's) requests, `pods` its pod count.
-pub fn general_estimate(summary: Option<&ResourceSummary>, per: &ResList, pods: i64) -> i64 {
-    let Some(s) = summary else { return 0 };
-    let mut free = s.allocatable.clone();
-    free.sub_all(&s.allocated);
-    free.sub_all(&s.allocating);
-    let slots = free.get(&ResName::Pods).max(0);
-    if slots == 0 {
-        return 0;
-    }
-    let (by_resources, _) = free.max_divided(per);
-    by_resources.min(slots / pods.max(1))
-}
-
-struct Candidate {
+struct Candidate<'a> {
     name: String,
+    cluster: &'a Cluster,
     /// The estimate (Karmada's `AllocatableReplicas`).
     allocatable: i64,
     /// Plus what the binding has there (`AvailableReplicas`).
@@ -353,16 +340,8 @@ fn schedule_once(
                 );
                 0
             }
-            Demand::Replicas(w) => general_estimate(c.summary.as_ref(), &w.requests, 1),
-            Demand::Components(cs) => {
-                let mut per = ResList::new();
-                let mut pods = 0;
-                for comp in cs {
-                    per.add_all(&comp.requests.scaled(comp.replicas));
-                    pods += comp.replicas;
-                }
-                general_estimate(c.summary.as_ref(), &per, pods)
-            }
+            Demand::Replicas(w) => general_replicas(c, &w.requests),
+            Demand::Components(cs) => general_sets(c, cs),
         };
         est.insert(&c.name, n);
     }
@@ -382,6 +361,7 @@ fn schedule_once(
             };
             Candidate {
                 name: c.name.clone(),
+                cluster: c,
                 allocatable: a,
                 available: a + b.assigned(&c.name),
                 score: if b.clusters.iter().any(|t| t.name == c.name) {
@@ -408,30 +388,32 @@ fn schedule_once(
         if spread.is_empty() || matches!(b.policy.strategy, Strategy::StaticWeight(_)) {
             ranked.iter().collect()
         } else {
-            let by_cluster: Vec<&SpreadConstraint> = spread
-                .iter()
-                .filter(|s| s.spread_by_field.as_deref() == Some("cluster"))
-                .collect();
-            if by_cluster.len() != spread.len() {
-                return Err(Failure::Error(
-                    "failed to select clusters: dramesh supports spread constraints by cluster only"
-                        .into(),
-                ));
-            }
-            let need = match (demand, &b.policy.strategy) {
-                (_, Strategy::Duplicated) => None,
-                (Demand::Components(_), _) => Some(1),
+            let duplicated = b.policy.strategy == Strategy::Duplicated;
+            let need = match demand {
+                _ if duplicated => None,
+                // A multi-component workload is one set.
+                Demand::Components(_) => Some(1),
                 _ => Some(replicas),
             };
-            let pairs: Vec<(String, i64)> = ranked
+            let candidates: Vec<SpreadCandidate<'_>> = ranked
                 .iter()
-                .map(|c| (c.name.clone(), c.available))
+                .map(|c| SpreadCandidate {
+                    name: &c.name,
+                    info: &c.cluster.info,
+                    score: c.score,
+                    available: c.available,
+                })
                 .collect();
-            let chosen = select_by_cluster(&pairs, by_cluster[0], need)
+            let wanted = SpreadDemand {
+                replicas,
+                duplicated,
+                need,
+            };
+            let chosen = select_spread(&candidates, spread, wanted)
                 .map_err(|e| Failure::Error(format!("failed to select clusters: {e}")))?;
-            ranked
+            chosen
                 .iter()
-                .filter(|c| chosen.iter().any(|(n, _)| *n == c.name))
+                .filter_map(|n| ranked.iter().find(|c| c.name == *n))
                 .collect()
         };
     if selected.is_empty() {
@@ -671,38 +653,6 @@ pub fn decide_after_loss(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn list(v: &[(&str, i64)]) -> ResList {
-        let mut l = ResList::new();
-        for (n, a) in v {
-            l.set(ResName::parse(n), *a);
-        }
-        l
-    }
-
-    #[test]
-    fn general_estimate_is_karmadas() {
-        let s = ResourceSummary {
-            allocatable: list(&[("cpu", 10_000), ("memory", 64 << 30), ("pods", 20)]),
-            allocated: list(&[("cpu", 3_000), ("memory", 8 << 30), ("pods", 5)]),
-            allocating: list(&[("cpu", 1_000), ("pods", 1)]),
-            modelings: Vec::new(),
-        };
-        // cpu (10 - 3 - 1) / 0.5 = 12; memory 56 Gi / 2 Gi = 28; pods 14.
-        let per = list(&[("cpu", 500), ("memory", 2 << 30)]);
-        assert_eq!(general_estimate(Some(&s), &per, 1), 12);
-        // Pod slots bound it: 14 slots, 2 pods per set.
-        let small = list(&[("cpu", 10)]);
-        assert_eq!(general_estimate(Some(&s), &small, 2), 7);
-        // A resource the cluster does not have: 0.
-        let gpu = list(&[("nvidia.com/gpu", 1)]);
-        assert_eq!(general_estimate(Some(&s), &gpu, 1), 0);
-        // No summary, or no pod slots left: 0.
-        assert_eq!(general_estimate(None, &per, 1), 0);
-        let mut full = s.clone();
-        full.allocated.set(ResName::Pods, 19);
-        assert_eq!(general_estimate(Some(&full), &per, 1), 0);
-    }
 
     #[test]
     fn taints_print_as_kubernetes_does() {

@@ -11,21 +11,24 @@
 //! - [`placement`]: Karmada's `Placement` in Go's field order (the applied-placement annotation).
 //! - [`demand`]: what one replica needs, from the resource template.
 //! - [`trigger`]: when to schedule ([`plan`]) and when to retry ([`Backoff`]).
+//! - [`general`]: Karmada's general estimator (resource summary and resource models).
 //! - [`decide`](mod@decide): filter, estimate, select, assign ([`decide()`]).
 //! - [`patch`]: the bodies of the writes.
 //! - [`preempt`](mod@preempt): which lower-priority bindings to evict, and their patches.
 
 pub mod decide;
 pub mod demand;
+pub mod general;
 pub mod object;
 pub mod patch;
 pub mod placement;
 pub mod preempt;
 pub mod trigger;
 
-pub use decide::{Decision, Event, Fleet, Retry, decide, decide_after_loss, general_estimate};
+pub use decide::{Decision, Event, Fleet, Retry, decide, decide_after_loss};
 pub use demand::{Demand, claim_template_names, demand, priority_class_name};
-pub use object::{Binding, BindingKind, Cluster, InputError, Readiness};
+pub use general::{general_estimate, general_replicas, general_sets};
+pub use object::{Binding, BindingKind, Cluster, InputError, Readiness, ResourceModel};
 pub use patch::{Patch, Reason, ScheduledCondition};
 pub use placement::Placement;
 pub use preempt::{Eviction, PreemptionPlan, plan_preemption};

@@ -411,6 +411,16 @@ impl Binding {
             e.field = format!("spec.placement.{}", e.field);
             e
         })?;
+        for (i, c) in placement.spread_constraints.iter().enumerate() {
+            for (name, v) in [("maxGroups", c.max_groups), ("minGroups", c.min_groups)] {
+                if v < 0 {
+                    return Err(err(
+                        &format!("spec.placement.spreadConstraints[{i}].{name}"),
+                        format!("{name} lower than 0 is not allowed"),
+                    ));
+                }
+            }
+        }
         let policy = Policy::from_placement(&raw.metadata.name, placement_value)
             .map_err(|e| err(&e.field, e.message))?;
         for (i, c) in raw.spec.clusters.iter().enumerate() {
@@ -568,6 +578,33 @@ struct RawModeling {
     count: i64,
 }
 
+/// One of `spec.resourceModels` (Karmada's `CustomizedClusterResourceModeling`): a node
+/// grade and, for each resource it ranges over, the least a node of that grade has left.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ResourceModel {
+    /// `grade`.
+    pub grade: u32,
+    /// The `min` of each of `ranges`, in Karmada's units (CPU in millis, the rest in whole
+    /// units rounded up); a resource named twice keeps its last range.
+    pub min: ResList,
+}
+
+#[derive(Deserialize)]
+struct RawModel {
+    #[serde(default, deserialize_with = "nd")]
+    grade: u32,
+    #[serde(default, deserialize_with = "nd")]
+    ranges: Vec<RawModelRange>,
+}
+
+#[derive(Deserialize)]
+struct RawModelRange {
+    #[serde(default, deserialize_with = "nd")]
+    name: String,
+    #[serde(default)]
+    min: Option<K8sQuantity>,
+}
+
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct RawClusterSpec {
@@ -581,6 +618,8 @@ struct RawClusterSpec {
     zones: Vec<String>,
     #[serde(default, deserialize_with = "nd")]
     taints: Vec<Taint>,
+    #[serde(default, deserialize_with = "nd")]
+    resource_models: Vec<RawModel>,
 }
 
 #[derive(Deserialize)]
@@ -620,6 +659,8 @@ pub struct Cluster {
     pub readiness: Readiness,
     /// `status.resourceSummary`, if reported.
     pub summary: Option<ResourceSummary>,
+    /// `spec.resourceModels`.
+    pub models: Vec<ResourceModel>,
     /// The readiness taints Karmada would add that `spec.taints` lacks.
     readiness_taints: Vec<Taint>,
 }
@@ -652,6 +693,7 @@ impl Cluster {
             zone: String::new(),
             zones: Vec::new(),
             taints: Vec::new(),
+            resource_models: Vec::new(),
         });
         let (conditions, summary) = match raw.status {
             Some(s) => (s.conditions, s.resource_summary),
@@ -688,6 +730,40 @@ impl Cluster {
                 })
             }
         };
+        let mut models = Vec::with_capacity(spec.resource_models.len());
+        for (i, m) in spec.resource_models.iter().enumerate() {
+            let mut min = ResList::new();
+            for (j, r) in m.ranges.iter().enumerate() {
+                let field = |f: &str| format!("spec.resourceModels[{i}].ranges[{j}].{f}");
+                if r.name.is_empty() {
+                    return Err(InputError {
+                        object: object.clone(),
+                        field: field("name"),
+                        message: "required".into(),
+                    });
+                }
+                let Some(q) = &r.min else {
+                    return Err(InputError {
+                        object: object.clone(),
+                        field: field("min"),
+                        message: "required".into(),
+                    });
+                };
+                let one = BTreeMap::from([(r.name.clone(), q.clone())]);
+                let parsed = ResList::from_k8s(&one).map_err(|e| InputError {
+                    object: object.clone(),
+                    field: field("min"),
+                    message: e,
+                })?;
+                for (n, v) in parsed.iter() {
+                    min.set(n.clone(), v);
+                }
+            }
+            models.push(ResourceModel {
+                grade: m.grade,
+                min,
+            });
+        }
         let zone = if spec.zone.is_empty() && spec.zones.len() == 1 {
             spec.zones[0].clone()
         } else {
@@ -709,6 +785,7 @@ impl Cluster {
             taints: spec.taints,
             readiness,
             summary,
+            models,
             readiness_taints,
         })
     }

@@ -190,11 +190,12 @@ impl Strategy {
 /// A spread constraint.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct SpreadConstraint {
-    /// `spreadByField` (only `cluster` is acted on).
+    /// `spreadByField` (`cluster` and `region` select, as in Karmada; `zone` and `provider`
+    /// are accepted and select nothing of their own; see `placement::select_spread`).
     pub spread_by_field: Option<String>,
     /// `spreadByLabel`.
     pub spread_by_label: Option<String>,
-    /// `maxGroups` (0: no upper bound).
+    /// `maxGroups`, taken as written, as Karmada takes it (0 selects no cluster).
     pub max_groups: usize,
     /// `minGroups`.
     pub min_groups: usize,

@@ -620,10 +620,13 @@ impl Writers for QuicWriters {
     }
 
     fn shutdown(self, rt: &tokio::runtime::Runtime) {
+        // Concurrently: each waits for its socket's draining connections.
         rt.block_on(async {
+            let mut set = tokio::task::JoinSet::new();
             for a in self.agents {
-                a.handle.shutdown().await;
+                set.spawn(a.handle.shutdown());
             }
+            while set.join_next().await.is_some() {}
         });
     }
 }

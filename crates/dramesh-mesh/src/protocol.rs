@@ -66,7 +66,7 @@ pub const MAX_PEER_EXCHANGE: usize = 1024;
 /// Longest accepted advertised address.
 pub const MAX_ADDR_LEN: usize = 256;
 /// Most remembered per-(peer, document) sync states of closed sessions.
-const MAX_SAVED_STATES: usize = 100_000;
+const MAX_SAVED_STATES: usize = 250_000;
 
 /// Driver-assigned id of one live connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -223,6 +223,10 @@ pub struct SessionStatus {
     pub refused: Option<String>,
     /// The address the peer (a replica) advertised in its hello.
     pub advertise_addr: Option<String>,
+    /// Whether the peer declared itself its cluster's relay.
+    pub relay: bool,
+    /// What the session exchanges (`None` before the peer's hello).
+    pub scope: Option<Scope>,
 }
 
 struct DocSync {
@@ -268,6 +272,17 @@ struct Session {
     advertise_addr: Option<String>,
     /// Replicas the peer (an agent) reported a live session with in its last heartbeat.
     reached: BTreeSet<PeerIdentity>,
+    /// Whether the peer declared itself its cluster's relay in its hello.
+    relay: bool,
+    /// What the session exchanges; `None` until the peer's hello.
+    scope: Option<Scope>,
+}
+
+impl Session {
+    /// Whether the session exchanges `doc` (never before the peer's hello).
+    fn covers(&self, doc: &DocId) -> bool {
+        self.scope.as_ref().is_some_and(|s| s.contains(doc))
+    }
 }
 
 /// The replication state machine of one node (see the module docs).
@@ -289,6 +304,8 @@ pub struct Protocol {
     /// When a refusal of each own document was last logged (writers; see
     /// [`REFUSAL_LOG_INTERVAL`]).
     refusal_logged: HashMap<DocId, Instant>,
+    /// See [`Protocol::set_relay`].
+    relay: bool,
 }
 
 /// A replica tells a refused writer why at most this often per document and connection.
@@ -316,19 +333,85 @@ fn bounded(text: &str) -> String {
     }
 }
 
-/// Whether `local` may exchange `doc` with `remote` at all.
-fn may_exchange(local: &PeerIdentity, remote: &PeerIdentity, doc: &DocId) -> bool {
-    let local_ok = local.is_replica() || local.owns(doc);
-    let remote_ok = remote.is_replica() || remote.owns(doc);
-    local_ok && remote_ok
+/// The documents one session exchanges: everything it may sync, digest and deliver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// Every document: two replicas.
+    All,
+    /// Every document of one member cluster: a replica and that cluster's relay.
+    Cluster(String),
+    /// One document, a node agent's own: the agent and a replica, or the agent and its
+    /// cluster's relay.
+    Doc(DocId),
 }
 
-/// The single document an agent-side session is about, if any side is an agent.
-fn agent_scope(local: &PeerIdentity, remote: &PeerIdentity) -> Option<DocId> {
-    let agent = if local.is_replica() { remote } else { local };
-    match agent {
-        PeerIdentity::Agent { cluster, node } => Some(DocId::new(cluster.clone(), node.clone())),
-        PeerIdentity::Replica { .. } => None,
+impl Scope {
+    /// Whether `doc` is in the scope.
+    pub fn contains(&self, doc: &DocId) -> bool {
+        match self {
+            Scope::All => true,
+            Scope::Cluster(c) => doc.cluster == *c,
+            Scope::Doc(d) => d == doc,
+        }
+    }
+
+    /// The scope of a session between `local` and `peer`, given whether each declared itself
+    /// its cluster's relay (see [`Protocol::set_relay`]); `Err` names why the two may not
+    /// exchange anything. The one rule for who exchanges what:
+    /// - replicas exchange everything with each other;
+    /// - a replica and an agent exchange the agent's own document, or, when the agent is its
+    ///   cluster's relay, every document of that cluster;
+    /// - two agents talk only when both are of the same cluster and exactly one is its relay,
+    ///   and then exchange the other's own document.
+    pub fn of_session(
+        local: &PeerIdentity,
+        local_relay: bool,
+        peer: &PeerIdentity,
+        peer_relay: bool,
+    ) -> Result<Scope, String> {
+        let own = |id: &PeerIdentity| match id {
+            PeerIdentity::Agent { cluster, node } => DocId::new(cluster.clone(), node.clone()),
+            PeerIdentity::Replica { .. } => DocId::new(String::new(), String::new()),
+        };
+        let cluster_of = |id: &PeerIdentity| match id {
+            PeerIdentity::Agent { cluster, .. } => Some(cluster.clone()),
+            PeerIdentity::Replica { .. } => None,
+        };
+        match (local.is_replica(), peer.is_replica()) {
+            (true, true) if peer_relay => Err(format!("replica {peer} claims to be a relay")),
+            (true, true) => Ok(Scope::All),
+            (true, false) | (false, true) => {
+                let (agent, relay) = if local.is_replica() {
+                    (peer, peer_relay)
+                } else {
+                    (local, local_relay)
+                };
+                if peer.is_replica() && peer_relay {
+                    return Err(format!("replica {peer} claims to be a relay"));
+                }
+                match (relay, cluster_of(agent)) {
+                    (true, Some(c)) => Ok(Scope::Cluster(c)),
+                    _ => Ok(Scope::Doc(own(agent))),
+                }
+            }
+            (false, false) => {
+                if cluster_of(local) != cluster_of(peer) {
+                    return Err(format!(
+                        "agent {peer} is of another cluster than {local}: agents talk only to their own cluster's relay"
+                    ));
+                }
+                match (local_relay, peer_relay) {
+                    (true, false) => Ok(Scope::Doc(own(peer))),
+                    (false, true) => Ok(Scope::Doc(own(local))),
+                    (true, true) => Err(format!(
+                        "{local} and {peer} are both relays of their cluster (a Lease handover); only a node agent talks to a relay"
+                    )),
+                    (false, false) => Err(format!(
+                        "neither {local} nor {peer} is its cluster's relay: agents talk only to replicas and to their relay"
+                    )),
+                }
+            }
+        }
     }
 }
 
@@ -356,7 +439,54 @@ impl Protocol {
             deferred: BTreeSet::new(),
             delayed: BTreeMap::new(),
             refusal_logged: HashMap::new(),
+            relay: false,
         }
+    }
+
+    /// Makes this node (an agent) its cluster's relay, or stops it being one: a relay carries
+    /// every document of its cluster between the cluster's node agents and the replicas (see
+    /// [`Scope::of_session`]). A session's scope is fixed at its hello, so every session is
+    /// closed (the node redials); returns the closes. Replicas are never relays.
+    pub fn set_relay(&mut self, on: bool) -> Vec<Output> {
+        let on = on && !self.local.is_replica();
+        if on == self.relay {
+            return Vec::new();
+        }
+        self.relay = on;
+        let conns: Vec<ConnId> = self.sessions.keys().copied().collect();
+        conns
+            .into_iter()
+            .map(|conn| {
+                self.on_disconnected(conn);
+                Output::Close {
+                    conn,
+                    reason: if on {
+                        "this agent became its cluster's relay".into()
+                    } else {
+                        "this agent stopped being its cluster's relay".into()
+                    },
+                }
+            })
+            .collect()
+    }
+
+    /// Whether this node is its cluster's relay (see [`Protocol::set_relay`]).
+    pub fn is_relay(&self) -> bool {
+        self.relay
+    }
+
+    /// Whether this node carries `doc` for others: a replica any document, a relay those of
+    /// its cluster.
+    fn carries(&self, doc: &DocId) -> bool {
+        match &self.local {
+            PeerIdentity::Replica { .. } => true,
+            PeerIdentity::Agent { cluster, .. } => self.relay && doc.cluster == *cluster,
+        }
+    }
+
+    /// Whether a session with a relay whose hello arrived is up.
+    pub fn has_relay_session(&self) -> bool {
+        self.sessions.values().any(|s| s.hello_received && s.relay)
     }
 
     /// Coalesces pushes: offers of local changes, relays and sync replies are not generated at
@@ -416,6 +546,8 @@ impl Protocol {
                 digest_matched: s.digest_matched,
                 refused: s.refused.clone(),
                 advertise_addr: s.advertise_addr.clone(),
+                relay: s.relay,
+                scope: s.scope.clone(),
             })
             .collect()
     }
@@ -439,12 +571,21 @@ impl Protocol {
     /// A connection authenticated as `peer` is up: greet it.
     pub fn on_connected(&mut self, conn: ConnId, peer: PeerIdentity, now: Instant) -> Vec<Output> {
         let mut out = Vec::new();
-        if !self.local.is_replica() && !peer.is_replica() {
-            warn!(%peer, "refusing agent-to-agent connection");
+        // Agents talk to agents only within their cluster, to or as its relay (decided at the
+        // hello, which says who is the relay); another cluster's agent is refused at once.
+        if let (
+            PeerIdentity::Agent { cluster: mine, .. },
+            PeerIdentity::Agent {
+                cluster: theirs, ..
+            },
+        ) = (&self.local, &peer)
+            && mine != theirs
+        {
+            warn!(%peer, "refusing an agent of another cluster");
             self.counters.rejected_unauthorized += 1;
             out.push(Output::Close {
                 conn,
-                reason: "agents only talk to replicas".into(),
+                reason: "agents only talk to replicas and to their own cluster's relay".into(),
             });
             return out;
         }
@@ -467,6 +608,8 @@ impl Protocol {
                 refusals_sent: HashMap::new(),
                 advertise_addr: None,
                 reached: BTreeSet::new(),
+                relay: false,
+                scope: None,
             },
         );
         let hello = pb::Hello {
@@ -474,6 +617,7 @@ impl Protocol {
             role: role_of(&self.local) as i32,
             identity: self.local.uri(),
             advertise_addr: self.config.advertise_addr.clone().unwrap_or_default(),
+            relay: self.relay,
         };
         self.send(&mut out, conn, Body::Hello(hello));
         out
@@ -508,26 +652,32 @@ impl Protocol {
         }
     }
 
-    fn scoped_digest<S: DocStore>(&self, store: &S, remote: &PeerIdentity) -> Digest {
-        match agent_scope(&self.local, remote) {
-            Some(doc) => Digest::from_entries(store.entry(&doc).iter()),
-            None => store.digest(),
+    /// The digest of what `conn`'s session exchanges (empty before its hello).
+    fn scoped_digest<S: DocStore>(&self, store: &S, conn: ConnId) -> Digest {
+        match self.sessions.get(&conn).and_then(|s| s.scope.as_ref()) {
+            Some(Scope::All) => store.digest(),
+            Some(Scope::Cluster(c)) => store.cluster_digest(c),
+            Some(Scope::Doc(doc)) => Digest::from_entries(store.entry(doc).iter()),
+            None => Digest::empty(),
         }
     }
 
+    /// The entries in `bucket` of what `conn`'s session exchanges.
     fn scoped_bucket_entries<S: DocStore>(
         &self,
         store: &S,
-        remote: &PeerIdentity,
+        conn: ConnId,
         bucket: u32,
     ) -> Vec<DocEntry> {
-        match agent_scope(&self.local, remote) {
-            Some(doc) => store
-                .entry(&doc)
+        match self.sessions.get(&conn).and_then(|s| s.scope.as_ref()) {
+            Some(Scope::All) => store.bucket_entries(bucket),
+            Some(Scope::Cluster(c)) => store.cluster_bucket_entries(c, bucket),
+            Some(Scope::Doc(doc)) => store
+                .entry(doc)
                 .into_iter()
                 .filter(|e| e.doc.bucket() == bucket)
                 .collect(),
-            None => store.bucket_entries(bucket),
+            None => Vec::new(),
         }
     }
 
@@ -592,7 +742,7 @@ impl Protocol {
         let Some(session) = self.sessions.get_mut(&conn) else {
             return;
         };
-        if !session.hello_received || !may_exchange(&self.local, &session.identity, doc) {
+        if !session.hello_received || !session.covers(doc) {
             return;
         }
         let state = Self::doc_state(&mut self.saved_states, session, doc, entry.generation);
@@ -636,7 +786,7 @@ impl Protocol {
         let conns: Vec<ConnId> = self
             .sessions
             .iter()
-            .filter(|(_, s)| may_exchange(&self.local, &s.identity, doc))
+            .filter(|(_, s)| s.covers(doc))
             .map(|(c, _)| *c)
             .collect();
         for conn in conns {
@@ -660,9 +810,8 @@ impl Protocol {
         }
         let conns: Vec<ConnId> = self.sessions.keys().copied().collect();
         for conn in conns {
-            let (identity, due_ae, due_hb, due_pex) = match self.sessions.get(&conn) {
+            let (due_ae, due_hb, due_pex) = match self.sessions.get(&conn) {
                 Some(s) if s.hello_received => (
-                    s.identity.clone(),
                     now >= s.next_anti_entropy,
                     now >= s.next_heartbeat,
                     now >= s.next_peer_exchange,
@@ -670,7 +819,7 @@ impl Protocol {
                 _ => continue,
             };
             if due_ae && self.config.anti_entropy {
-                let root = self.scoped_digest(store, &identity).root();
+                let root = self.scoped_digest(store, conn).root();
                 self.counters.digest_probes_sent += 1;
                 self.send(
                     &mut out,
@@ -795,15 +944,15 @@ impl Protocol {
         }
         match body {
             Body::Hello(h) => self.on_hello(store, conn, &peer, h, hello_received, &mut out),
-            Body::Digest(d) => self.on_digest(store, conn, &peer, d, &mut out),
+            Body::Digest(d) => self.on_digest(store, conn, d, &mut out),
             Body::BucketRequest(r) => {
                 let Some(buckets) = self.check_buckets(&mut out, conn, &r.buckets) else {
                     return out;
                 };
-                let theirs = self.scoped_wire_entries(&peer, &r.entries, &buckets);
+                let theirs = self.scoped_wire_entries(conn, &peer, &r.entries, &buckets);
                 let mine: Vec<DocEntry> = buckets
                     .iter()
-                    .flat_map(|b| self.scoped_bucket_entries(store, &peer, *b))
+                    .flat_map(|b| self.scoped_bucket_entries(store, conn, *b))
                     .collect();
                 self.push_differences(store, conn, &mine, &theirs, now, &mut out);
                 self.send_entries(&mut out, conn, &buckets, &mine, false);
@@ -812,15 +961,15 @@ impl Protocol {
                 let Some(buckets) = self.check_buckets(&mut out, conn, &e.buckets) else {
                     return out;
                 };
-                let theirs = self.scoped_wire_entries(&peer, &e.entries, &buckets);
+                let theirs = self.scoped_wire_entries(conn, &peer, &e.entries, &buckets);
                 let mine: Vec<DocEntry> = buckets
                     .iter()
-                    .flat_map(|b| self.scoped_bucket_entries(store, &peer, *b))
+                    .flat_map(|b| self.scoped_bucket_entries(store, conn, *b))
                     .collect();
                 self.push_differences(store, conn, &mine, &theirs, now, &mut out);
             }
             Body::Sync(s) => self.on_sync(store, conn, &peer, s, now, &mut out),
-            Body::Refusal(r) => self.on_refusal(store, &peer, r, now, &mut out),
+            Body::Refusal(r) => self.on_refusal(store, conn, &peer, r, now, &mut out),
             Body::Ephemeral(e) => self.on_ephemeral(store, conn, &peer, e),
             Body::PeerExchange(p) => {
                 if !peer.is_replica() {
@@ -894,10 +1043,21 @@ impl Protocol {
             );
             return;
         }
+        let scope = match Scope::of_session(&self.local, self.relay, peer, h.relay) {
+            Ok(scope) => scope,
+            Err(reason) => {
+                self.counters.rejected_unauthorized += 1;
+                warn!(%peer, %reason, "refusing session");
+                out.push(Output::Close { conn, reason });
+                return;
+            }
+        };
         let advertise = (!h.advertise_addr.is_empty()).then_some(h.advertise_addr);
         if let Some(s) = self.sessions.get_mut(&conn) {
             s.hello_received = true;
             s.advertise_addr = advertise.clone();
+            s.relay = h.relay;
+            s.scope = Some(scope);
         }
         if peer.is_replica()
             && let Some(addr) = &advertise
@@ -906,7 +1066,7 @@ impl Protocol {
         }
         // Catch up at once instead of waiting for the first timer.
         if self.config.anti_entropy {
-            let root = self.scoped_digest(store, peer).root();
+            let root = self.scoped_digest(store, conn).root();
             self.counters.digest_probes_sent += 1;
             self.send(
                 out,
@@ -927,11 +1087,10 @@ impl Protocol {
         &mut self,
         store: &mut S,
         conn: ConnId,
-        peer: &PeerIdentity,
         d: pb::Digest,
         out: &mut Vec<Output>,
     ) {
-        let mine = self.scoped_digest(store, peer);
+        let mine = self.scoped_digest(store, conn);
         if d.root == mine.root()
             && let Some(s) = self.sessions.get_mut(&conn)
         {
@@ -967,7 +1126,7 @@ impl Protocol {
         let mut chunk_buckets = Vec::new();
         let mut chunk_entries: Vec<DocEntry> = Vec::new();
         for b in differing {
-            let entries = self.scoped_bucket_entries(store, peer, b);
+            let entries = self.scoped_bucket_entries(store, conn, b);
             if !chunk_buckets.is_empty()
                 && chunk_entries.len() + entries.len() > self.config.max_entries_per_frame
             {
@@ -1023,6 +1182,7 @@ impl Protocol {
     /// Received entries that are valid, in one of `buckets`, and within the session's scope.
     fn scoped_wire_entries(
         &mut self,
+        conn: ConnId,
         peer: &PeerIdentity,
         entries: &[pb::DocEntry],
         buckets: &[u32],
@@ -1033,7 +1193,11 @@ impl Protocol {
                 self.counters.protocol_errors += 1;
                 continue;
             };
-            if !may_exchange(&self.local, peer, &entry.doc) {
+            if !self
+                .sessions
+                .get(&conn)
+                .is_some_and(|s| s.covers(&entry.doc))
+            {
                 self.unauthorized(peer, "bucket entry", &entry.doc);
                 continue;
             }
@@ -1054,12 +1218,12 @@ impl Protocol {
         out: &mut Vec<Output>,
     ) {
         let theirs: HashMap<&DocId, &DocEntry> = theirs.iter().map(|e| (&e.doc, e)).collect();
-        let writers_reaching = self.writers_reaching(conn);
+        let carriers_reaching = self.carriers_reaching(conn);
         for entry in mine {
             if !entry.should_push_to(theirs.get(&entry.doc).copied()) {
                 continue;
             }
-            if writers_reaching.contains(&entry.doc) {
+            if carriers_reaching.iter().any(|s| s.contains(&entry.doc)) {
                 self.counters.repairs_left_to_writers += 1;
                 continue;
             }
@@ -1067,23 +1231,23 @@ impl Protocol {
         }
     }
 
-    /// Documents whose writer has a session with us and reported reaching the replica on
-    /// `conn` too. Between two replicas such a document differs mostly because the writer's
-    /// latest changes are still on their way to one of them, and the writer's own sync and
-    /// anti-entropy with each replica repair anything lost; repairing it replica-to-replica as
-    /// well would resend, under a steady update stream, every change of every such document on
-    /// each anti-entropy round.
-    fn writers_reaching(&self, conn: ConnId) -> BTreeSet<DocId> {
+    /// The scopes of the agents (writers, or relays carrying their cluster) that have a session
+    /// with us and reported reaching the replica on `conn` too. Between two replicas such a
+    /// document differs mostly because the agent's latest changes are still on their way to one
+    /// of them, and the agent's own sync and anti-entropy with each replica repair anything
+    /// lost; repairing it replica-to-replica as well would resend, under a steady update
+    /// stream, every change of every such document on each anti-entropy round.
+    fn carriers_reaching(&self, conn: ConnId) -> Vec<Scope> {
         let Some(peer) = self.sessions.get(&conn).map(|s| &s.identity) else {
-            return BTreeSet::new();
+            return Vec::new();
         };
         if !self.local.is_replica() || !peer.is_replica() {
-            return BTreeSet::new();
+            return Vec::new();
         }
         self.sessions
             .values()
             .filter(|s| s.hello_received && s.reached.contains(peer))
-            .filter_map(|s| agent_scope(&self.local, &s.identity))
+            .filter_map(|s| s.scope.clone())
             .collect()
     }
 
@@ -1185,6 +1349,7 @@ impl Protocol {
     fn on_refusal<S: DocStore>(
         &mut self,
         store: &mut S,
+        conn: ConnId,
         peer: &PeerIdentity,
         r: pb::Refusal,
         now: Instant,
@@ -1195,7 +1360,9 @@ impl Protocol {
             debug!(%peer, "ignoring a refusal with an invalid document id");
             return;
         };
-        if !peer.is_replica() || !self.local.owns(&doc) {
+        // Replicas and the cluster's relay store what a writer sends, so they may refuse it.
+        let carrier = peer.is_replica() || self.sessions.get(&conn).is_some_and(|s| s.relay);
+        if !carrier || !self.local.owns(&doc) {
             self.unauthorized(peer, "refusal", &doc);
             return;
         }
@@ -1266,7 +1433,7 @@ impl Protocol {
             self.protocol_error(out, conn, "sync message with an invalid document id".into());
             return;
         };
-        if !may_exchange(&self.local, peer, &doc) {
+        if !self.sessions.get(&conn).is_some_and(|s| s.covers(&doc)) {
             self.unauthorized(peer, "sync", &doc);
             return;
         }
@@ -1334,7 +1501,7 @@ impl Protocol {
                 } else {
                     warn!(%peer, %doc, %reason, "store refused sync message");
                 }
-                if self.local.is_replica() && peer.owns(&doc) {
+                if self.carries(&doc) && peer.owns(&doc) {
                     self.refuse_writer(conn, &doc, s.generation, &reason, now, out);
                 }
                 // The refused message may have left the sync state expecting an answer.
@@ -1358,11 +1525,12 @@ impl Protocol {
                 from: peer.clone(),
             });
         }
-        let from_writer = peer.owns(&doc);
+        // An agent delivers its own document or, as its cluster's relay, that cluster's: either
+        // way it reports in its heartbeats which replicas it reaches itself.
+        let from_agent = !peer.is_replica();
         // Continue the automerge sync exchange with the sender.
         if after.as_ref().is_some_and(|e| e.generation == s.generation) {
-            if changed && from_writer && self.local.is_replica() && !self.config.ack_delay.is_zero()
-            {
+            if changed && from_agent && self.carries(&doc) && !self.config.ack_delay.is_zero() {
                 self.delay_push(conn, &doc, now + self.config.ack_delay);
             } else {
                 self.push_doc(store, conn, &doc, false, out);
@@ -1370,35 +1538,39 @@ impl Protocol {
         } else {
             self.reply_without_doc(conn, &doc, s.generation, out);
         }
-        if changed && self.local.is_replica() && self.config.push {
+        // Replicas pass every applied change on; a relay passes on what its node agents send
+        // (to the replicas: no other session of a relay covers a node's document).
+        let passes_on = self.local.is_replica() || (self.relay && from_agent);
+        if changed && passes_on && self.config.push {
             // Agents dial every replica they know and report in their heartbeats which ones
-            // they reach: a writer's change is not relayed to those (anti-entropy repairs a
-            // lost message), and to the others only after `relay_delay`, so one exchange
-            // carries every change of that window. A change relayed to us is passed on at
-            // once (its writer may reach only us).
+            // they reach: an agent's change is not relayed to those (anti-entropy repairs a
+            // lost message), and by a replica to the others only after `relay_delay`, so one
+            // exchange carries every change of that window. A change relayed to a replica by
+            // another replica is passed on at once (its writer may reach only that one), and
+            // so is what a relay forwards (its node agents reach no replica).
             let reached = self
                 .sessions
                 .get(&conn)
-                .filter(|_| from_writer)
+                .filter(|_| from_agent)
                 .map(|s| &s.reached);
             // Only peers that may hold the document: with one session per agent, offering
             // every change to every session cost a deferred push per agent per change (a
             // fifth of a replica's protocol thread at 100 agents and 1,000 changes/s).
-            let local = &self.local;
             let others: Vec<(ConnId, bool, bool)> = self
                 .sessions
                 .iter()
-                .filter(|(c, o)| **c != conn && may_exchange(local, &o.identity, &doc))
+                .filter(|(c, o)| **c != conn && o.covers(&doc))
                 .map(|(c, o)| {
-                    let writer_reaches = reached.is_some_and(|r| r.contains(&o.identity));
-                    (*c, o.identity.is_replica(), writer_reaches)
+                    let agent_reaches = reached.is_some_and(|r| r.contains(&o.identity));
+                    (*c, o.identity.is_replica(), agent_reaches)
                 })
                 .collect();
-            for (other, to_replica, writer_reaches) in others {
-                if from_writer && to_replica && writer_reaches {
+            let delay = self.local.is_replica() && !self.config.relay_delay.is_zero();
+            for (other, to_replica, agent_reaches) in others {
+                if from_agent && to_replica && agent_reaches {
                     continue;
                 }
-                if from_writer && to_replica && !self.config.relay_delay.is_zero() {
+                if from_agent && to_replica && delay {
                     self.delay_push(other, &doc, now + self.config.relay_delay);
                 } else {
                     self.push_doc(store, other, &doc, false, out);

@@ -714,16 +714,27 @@ fn protocol_violations_close_the_connection() {
         role: pb::Role::Replica as i32,
         identity: "dramesh://replica/r9".into(),
         advertise_addr: String::new(),
+        relay: false,
     }));
     let out = node
         .proto
         .handle_frame(&mut node.store, conn2, lie, sim.now);
     assert!(matches!(out.as_slice(), [Output::Close { .. }]));
     assert_eq!(node.proto.counters().protocol_errors, 2);
-    // Agents never talk to agents.
+    // Agents never talk to agents of another cluster (closed at once), nor to agents of their
+    // own unless one of the two is the cluster's relay (closed at the hello, which says).
     let mut a = Protocol::new(agent("c", "n1"), ProtocolConfig::default());
-    let out = a.on_connected(ConnId(1), agent("c", "n2"), sim.now);
+    let out = a.on_connected(ConnId(1), agent("d", "n2"), sim.now);
     assert!(matches!(out.as_slice(), [Output::Close { .. }]));
+    let mut sim = Sim::new(vec![agent("c", "n1"), agent("c", "n2")]);
+    sim.connect(0, 1);
+    sim.run();
+    assert!(!sim.links[0].up, "two node agents kept a session");
+    assert!(sim.nodes[0].proto.sessions().is_empty());
+    let refused: u64 = (0..2)
+        .map(|i| sim.nodes[i].proto.counters().rejected_unauthorized)
+        .sum();
+    assert!(refused >= 1, "the session was not refused as unauthorized");
 }
 
 #[test]

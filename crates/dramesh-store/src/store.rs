@@ -35,7 +35,7 @@ use automerge::{
 };
 use dramesh_model::owner::Owner;
 use dramesh_model::{ClusterObject, ObjectKind};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -93,6 +93,10 @@ pub struct StoreConfig {
     pub max_message_bytes: usize,
     /// Largest number of next-generation documents being received at once.
     pub max_pending: usize,
+    /// Most documents of one member cluster held or being received (a node agent per node, so
+    /// well above Kubernetes' 5,000 nodes per cluster): a message that would start one more is
+    /// refused with [`StoreError::TooManyDocs`].
+    pub max_docs_per_cluster: usize,
     /// Milliseconds added to the wall clock wherever the store reads it (new generation
     /// numbers, the plausibility limit). 0 in production; tests set it to simulate a machine
     /// whose clock is wrong.
@@ -106,6 +110,7 @@ impl Default for StoreConfig {
             rollover: RolloverPolicy::default(),
             max_message_bytes: 64 * 1024 * 1024,
             max_pending: 10_000,
+            max_docs_per_cluster: 10_000,
             clock_offset_ms: 0,
         }
     }
@@ -191,6 +196,8 @@ struct Held {
     term: u64,
     saved_heads: Vec<ChangeHash>,
     heads_hash: [u8; 32],
+    /// [`DocId::bucket`], computed once (it hashes the id).
+    bucket: u32,
     digest_part: u64,
     stored_bytes: u64,
     /// Snapshot size of the current file (after the last compaction or rollover).
@@ -256,6 +263,8 @@ pub struct Store {
     pending: BTreeMap<DocId, Pending>,
     view: View,
     digest: Digest,
+    /// The digest of each member cluster's documents (see [`Store::cluster_digest`]).
+    cluster_digests: HashMap<String, Digest>,
     undelivered: Vec<(String, ObjectChange)>,
     /// Group commit: received changes are appended without fsync and made durable together by
     /// [`Store::sync_pending`] (see [`Store::set_group_commit`]).
@@ -519,6 +528,7 @@ impl Store {
             pending: BTreeMap::new(),
             view: View::default(),
             digest: Digest::empty(),
+            cluster_digests: HashMap::new(),
             undelivered: Vec::new(),
             group_commit: false,
             unsynced: BTreeSet::new(),
@@ -656,6 +666,7 @@ impl Store {
                 owned,
                 saved_heads: heads,
                 heads_hash: hh,
+                bucket: id.bucket(),
                 digest_part: part,
                 stored_bytes: file.valid_len,
                 base_bytes: framed_len(file.snapshot_record_len as usize),
@@ -673,7 +684,7 @@ impl Store {
                 signed_unsaved: false,
                 doc,
             };
-            store.digest.xor(id.bucket(), part);
+            store.xor_digest(&id, entry.bucket, part);
             store.view.set_term(&id.cluster, &id.writer, entry.term);
             store.docs.insert(id, entry);
             report.loaded += 1;
@@ -700,12 +711,28 @@ impl Store {
     }
 
     fn set_digest(&mut self, doc: &DocId) {
-        if let Some(e) = self.docs.get_mut(doc) {
-            let hh = heads_hash(&e.doc.get_heads());
-            let part = fingerprint(doc, e.generation, &hh);
-            self.digest.xor(doc.bucket(), e.digest_part ^ part);
-            e.heads_hash = hh;
-            e.digest_part = part;
+        let Some(e) = self.docs.get_mut(doc) else {
+            return;
+        };
+        let hh = heads_hash(&e.doc.get_heads());
+        let part = fingerprint(doc, e.generation, &hh);
+        let (bucket, change) = (e.bucket, e.digest_part ^ part);
+        e.heads_hash = hh;
+        e.digest_part = part;
+        self.xor_digest(doc, bucket, change);
+    }
+
+    /// XORs `part` into `bucket` of the digest and of `doc`'s cluster digest: the one place
+    /// both change.
+    fn xor_digest(&mut self, doc: &DocId, bucket: u32, part: u64) {
+        self.digest.xor(bucket, part);
+        match self.cluster_digests.get_mut(&doc.cluster) {
+            Some(d) => d.xor(bucket, part),
+            None => {
+                let mut d = Digest::empty();
+                d.xor(bucket, part);
+                self.cluster_digests.insert(doc.cluster.clone(), d);
+            }
         }
     }
 
@@ -891,6 +918,7 @@ impl Store {
             owned: true,
             saved_heads: heads,
             heads_hash: [0; 32],
+            bucket: doc.bucket(),
             digest_part: 0,
             stored_bytes: stored,
             base_bytes: base,
@@ -1234,7 +1262,27 @@ impl Store {
     pub fn bucket_entries(&self, bucket: u32) -> Vec<DocEntry> {
         self.docs
             .iter()
-            .filter(|(id, _)| id.bucket() == bucket)
+            .filter(|(_, e)| e.bucket == bucket)
+            .map(|(id, e)| Self::entry_of(id, e))
+            .collect()
+    }
+
+    /// The digest over the documents of member cluster `cluster` (empty when none is held),
+    /// maintained like [`Store::digest`]: what a replica and a cluster's relay compare.
+    pub fn cluster_digest(&self, cluster: &str) -> Digest {
+        self.cluster_digests
+            .get(cluster)
+            .cloned()
+            .unwrap_or_else(Digest::empty)
+    }
+
+    /// [`Store::bucket_entries`] of member cluster `cluster`'s documents only (a range of the
+    /// document map, not a scan of it).
+    pub fn cluster_bucket_entries(&self, cluster: &str, bucket: u32) -> Vec<DocEntry> {
+        self.docs
+            .range(DocId::new(cluster, "")..)
+            .take_while(|(d, _)| d.cluster == cluster)
+            .filter(|(_, e)| e.bucket == bucket)
             .map(|(id, e)| Self::entry_of(id, e))
             .collect()
     }
@@ -1387,6 +1435,21 @@ impl Store {
                         doc: doc.clone(),
                         limit: self.config.max_pending,
                     });
+                }
+                if !self.docs.contains_key(doc) {
+                    let held = self.cluster_docs(&doc.cluster);
+                    let receiving = self
+                        .pending
+                        .range(DocId::new(doc.cluster.as_str(), "")..)
+                        .take_while(|(d, _)| d.cluster == doc.cluster)
+                        .filter(|(d, _)| !self.docs.contains_key(*d))
+                        .count();
+                    if held + receiving >= self.config.max_docs_per_cluster {
+                        return Err(StoreError::TooManyDocs {
+                            doc: doc.clone(),
+                            limit: self.config.max_docs_per_cluster,
+                        });
+                    }
                 }
             }
         }
@@ -1732,6 +1795,7 @@ impl Store {
             owned: false,
             saved_heads: heads,
             heads_hash: [0; 32],
+            bucket: doc.bucket(),
             digest_part: 0,
             stored_bytes: stored,
             base_bytes: base,
@@ -1748,7 +1812,7 @@ impl Store {
         let mut keys: BTreeSet<String> = object_keys(&entry.doc, None).into_iter().collect();
         let old = match self.docs.insert(doc.clone(), entry) {
             Some(old) => {
-                self.digest.xor(doc.bucket(), old.digest_part);
+                self.xor_digest(doc, old.bucket, old.digest_part);
                 keys.extend(object_keys(&old.doc, None));
                 Old::Doc(Box::new(old.doc))
             }
@@ -1888,20 +1952,65 @@ impl Store {
             .collect();
         let mut out = std::mem::take(&mut self.undelivered);
         for doc in doomed {
-            if let Some(dir) = &self.dir {
-                persist::remove(dir, &doc, self.config.durability)?;
+            if let Some(generation) = self.drop_copy(&doc, &mut out)? {
+                tracing::info!(doc = %doc, generation, "dropped the document of a retired cluster");
             }
-            let Some(old) = self.docs.remove(&doc) else {
-                continue;
-            };
-            self.digest.xor(doc.bucket(), old.digest_part);
-            self.unsynced.remove(&doc);
-            self.compaction_due.remove(&doc);
-            let keys = object_keys(&old.doc, None);
-            tracing::info!(doc = %doc, generation = old.generation, "dropped the document of a retired cluster");
-            out.extend(self.reconcile(&doc, keys, Old::Doc(Box::new(old.doc))));
         }
         Ok(out)
+    }
+
+    /// Drops the replica copy `doc` from memory, the digests and disk (the directory is
+    /// fsynced), appending its visible changes to `out`; returns the generation dropped.
+    fn drop_copy(
+        &mut self,
+        doc: &DocId,
+        out: &mut Vec<(String, ObjectChange)>,
+    ) -> Result<Option<u64>, StoreError> {
+        if self.docs.get(doc).is_none_or(|e| e.owned) {
+            return Ok(None);
+        }
+        if let Some(dir) = &self.dir {
+            persist::remove(dir, doc, self.config.durability)?;
+        }
+        let Some(old) = self.docs.remove(doc) else {
+            return Ok(None);
+        };
+        self.xor_digest(doc, old.bucket, old.digest_part);
+        self.unsynced.remove(doc);
+        self.compaction_due.remove(doc);
+        let keys = object_keys(&old.doc, None);
+        out.extend(self.reconcile(doc, keys, Old::Doc(Box::new(old.doc))));
+        Ok(Some(old.generation))
+    }
+
+    /// Drops every document this store does not write (replica copies, and those being
+    /// received) from memory, the digests and disk: an agent that stops being its cluster's
+    /// relay keeps only its own document. Returns the visible changes and how many copies
+    /// were dropped.
+    pub fn drop_copies(&mut self) -> Result<(Vec<(String, ObjectChange)>, usize), StoreError> {
+        self.pending.clear();
+        let copies: Vec<DocId> = self
+            .docs
+            .iter()
+            .filter(|(_, e)| !e.owned)
+            .map(|(d, _)| d.clone())
+            .collect();
+        let mut out = std::mem::take(&mut self.undelivered);
+        let mut dropped = 0;
+        for doc in copies {
+            if self.drop_copy(&doc, &mut out)?.is_some() {
+                dropped += 1;
+            }
+        }
+        Ok((out, dropped))
+    }
+
+    /// How many documents of member cluster `cluster` are held (a range of the document map).
+    pub fn cluster_docs(&self, cluster: &str) -> usize {
+        self.docs
+            .range(DocId::new(cluster, "")..)
+            .take_while(|(d, _)| d.cluster == cluster)
+            .count()
     }
 
     /// Whether any document of member cluster `cluster` is held (a range lookup, not a scan).

@@ -839,3 +839,267 @@ fn without_peer_exchange_an_agent_learns_only_the_replica_it_dialed() {
         );
     }
 }
+
+/// Replicas r0, r1 (nodes 0, 1); the relay of cluster c1, agent c1/lead (node 2); node agents
+/// c1/n1 and c1/n2 (nodes 3, 4) that reach only the relay. The relay reaches both replicas.
+fn relay_fleet(relay_delay: Duration) -> Sim {
+    let mut sim = Sim::with_delays(
+        vec![
+            replica("r0"),
+            replica("r1"),
+            agent("c1", "lead"),
+            agent("c1", "n1"),
+            agent("c1", "n2"),
+        ],
+        relay_delay,
+        Duration::ZERO,
+    );
+    assert!(sim.nodes[2].proto.set_relay(true).is_empty());
+    sim.connect(0, 1);
+    sim.connect(2, 0);
+    sim.connect(2, 1);
+    sim.connect(3, 2);
+    sim.connect(4, 2);
+    sim.run();
+    // A heartbeat round: replicas learn which replicas the relay reaches.
+    sim.tick(Duration::from_secs(1));
+    sim
+}
+
+#[test]
+fn a_relay_carries_its_nodes_documents_to_every_replica_at_once() {
+    let delay = Duration::from_millis(500);
+    let mut sim = relay_fleet(delay);
+    let (n1, n2, lead) = (
+        DocId::new("c1", "n1"),
+        DocId::new("c1", "n2"),
+        DocId::new("c1", "lead"),
+    );
+    sim.write(3, &n1, "gpu", "8");
+    sim.write(4, &n2, "gpu", "4");
+    sim.write(2, &lead, "class", "gpu");
+    // No tick: the relay forwards at once, whatever the replicas' relay delay.
+    for r in 0..2 {
+        assert_eq!(
+            sim.nodes[r].store.get(&n1, "gpu").as_deref(),
+            Some("8"),
+            "r{r}"
+        );
+        assert_eq!(
+            sim.nodes[r].store.get(&n2, "gpu").as_deref(),
+            Some("4"),
+            "r{r}"
+        );
+        assert_eq!(
+            sim.nodes[r].store.get(&lead, "class").as_deref(),
+            Some("gpu"),
+            "r{r}"
+        );
+    }
+    assert_eq!(sim.nodes[2].store.get(&n1, "gpu").as_deref(), Some("8"));
+    // Each node agent holds only its own document; each session exchanged only its scope.
+    assert_eq!(sim.nodes[3].store.len(), 1);
+    assert_eq!(sim.nodes[4].store.len(), 1);
+    for s in sim.nodes[2].proto.sessions() {
+        let want = match &s.identity {
+            PeerIdentity::Replica { .. } => dramesh_mesh::protocol::Scope::Cluster("c1".into()),
+            PeerIdentity::Agent { cluster, node } => {
+                dramesh_mesh::protocol::Scope::Doc(DocId::new(cluster.clone(), node.clone()))
+            }
+        };
+        assert_eq!(s.scope.as_ref(), Some(&want), "{}", s.identity);
+    }
+    // The relay reaches both replicas, so they pass nothing of its cluster to each other.
+    let r1_in = sim.nodes[1].proto.counters().sync_in;
+    sim.write(3, &n1, "gpu", "6");
+    sim.tick(delay);
+    sim.tick(delay);
+    assert_eq!(sim.nodes[1].store.get(&n1, "gpu").as_deref(), Some("6"));
+    assert_eq!(
+        sim.nodes[1].proto.counters().sync_in - r1_in,
+        1,
+        "r1 got the change from r0 too although the relay reaches it"
+    );
+    // Anti-entropy agrees everywhere and leaves the cluster to the relay between replicas.
+    for _ in 0..3 {
+        sim.tick(Duration::from_secs(1));
+    }
+    assert_eq!(sim.entries(0), sim.entries(1));
+    assert_eq!(sim.entries(0), sim.entries(2));
+    for n in 0..5 {
+        assert_eq!(
+            sim.nodes[n].proto.counters().rejected_unauthorized,
+            0,
+            "node {n}"
+        );
+    }
+}
+
+#[test]
+fn a_new_relay_pulls_its_cluster_and_nothing_else_from_the_replicas() {
+    let mut sim = Sim::new(vec![
+        replica("r0"),
+        agent("c1", "n1"),
+        agent("c2", "n1"),
+        agent("c1", "lead"),
+    ]);
+    sim.connect(1, 0);
+    sim.connect(2, 0);
+    sim.run();
+    let (c1, c2) = (DocId::new("c1", "n1"), DocId::new("c2", "n1"));
+    sim.write(1, &c1, "gpu", "1");
+    sim.write(2, &c2, "gpu", "2");
+    assert!(sim.nodes[3].proto.set_relay(true).is_empty());
+    sim.connect(3, 0);
+    sim.run();
+    sim.tick(Duration::from_secs(3));
+    assert_eq!(sim.nodes[3].store.get(&c1, "gpu").as_deref(), Some("1"));
+    assert_eq!(
+        sim.nodes[3].store.entry(&c2),
+        None,
+        "another cluster's document"
+    );
+    assert_eq!(sim.nodes[0].proto.counters().rejected_unauthorized, 0);
+}
+
+#[test]
+fn a_node_cannot_write_another_nodes_document_through_the_relay() {
+    let mut sim = relay_fleet(Duration::ZERO);
+    let (n1, n2) = (DocId::new("c1", "n1"), DocId::new("c1", "n2"));
+    sim.write(4, &n2, "gpu", "4");
+    // n1 builds a genuine automerge message for n2's document (the in-memory store does not
+    // sign: the scope alone must stop it) and sends it on its session with the relay.
+    let mut forged = MemStore::new();
+    forged.put(&n2, "gpu", "999").unwrap();
+    let mut state = dramesh_store::SyncState::new();
+    let (payload, _) = forged.generate_sync_message(&n2, &mut state).unwrap();
+    let n1_conn = sim
+        .links
+        .iter()
+        .find(|l| l.a == 3 && l.b == 2)
+        .map(|l| l.conn_b)
+        .unwrap();
+    let before = sim.nodes[2].proto.counters().rejected_unauthorized;
+    let env = wire::envelope(Body::Sync(pb::Sync {
+        doc: Some((&n2).into()),
+        generation: forged.entry(&n2).unwrap().generation,
+        payload,
+        signed: None,
+    }));
+    sim.queue.push_back((2, n1_conn, env));
+    sim.run();
+    assert_eq!(
+        sim.nodes[2].proto.counters().rejected_unauthorized,
+        before + 1
+    );
+    for n in [0, 1, 2] {
+        assert_eq!(
+            sim.nodes[n].store.get(&n2, "gpu").as_deref(),
+            Some("4"),
+            "node {n}"
+        );
+    }
+    // Its own document still goes through.
+    sim.write(3, &n1, "gpu", "1");
+    assert_eq!(sim.nodes[0].store.get(&n1, "gpu").as_deref(), Some("1"));
+}
+
+#[test]
+fn a_relay_cannot_push_a_document_of_another_cluster() {
+    let mut sim = relay_fleet(Duration::ZERO);
+    let other = DocId::new("c2", "n1");
+    let mut forged = MemStore::new();
+    forged.put(&other, "gpu", "999").unwrap();
+    let mut state = dramesh_store::SyncState::new();
+    let (payload, _) = forged.generate_sync_message(&other, &mut state).unwrap();
+    let relay_at_r0 = sim
+        .links
+        .iter()
+        .find(|l| l.a == 2 && l.b == 0)
+        .map(|l| l.conn_b)
+        .unwrap();
+    let env = wire::envelope(Body::Sync(pb::Sync {
+        doc: Some((&other).into()),
+        generation: forged.entry(&other).unwrap().generation,
+        payload,
+        signed: None,
+    }));
+    sim.queue.push_back((0, relay_at_r0, env));
+    sim.run();
+    assert_eq!(sim.nodes[0].proto.counters().rejected_unauthorized, 1);
+    assert_eq!(sim.nodes[0].store.entry(&other), None);
+    // Bucket entries naming it are ignored the same way.
+    let env = wire::envelope(Body::BucketEntries(pb::BucketEntries {
+        buckets: vec![other.bucket()],
+        entries: vec![pb::DocEntry::from(&forged.entry(&other).unwrap())],
+    }));
+    sim.queue.push_back((0, relay_at_r0, env));
+    sim.run();
+    assert_eq!(sim.nodes[0].proto.counters().rejected_unauthorized, 2);
+}
+
+#[test]
+fn relay_sessions_need_exactly_one_relay_of_the_same_cluster() {
+    // Two relays of one cluster (a Lease handover) do not talk; a replica claiming to relay
+    // is a protocol error; an agent of another cluster is refused by a relay.
+    for (a, a_relay, b, b_relay) in [
+        (agent("c1", "a"), true, agent("c1", "b"), true),
+        (agent("c2", "a"), false, agent("c1", "b"), true),
+        (replica("r0"), false, agent("c1", "b"), false),
+    ] {
+        let mut sim = Sim::new(vec![a.clone(), b.clone()]);
+        sim.nodes[0].proto.set_relay(a_relay);
+        sim.nodes[1].proto.set_relay(b_relay);
+        sim.connect(0, 1);
+        sim.run();
+        if a.is_replica() {
+            // A replica cannot be a relay: set_relay is ignored, and the session holds.
+            assert!(!sim.nodes[0].proto.is_relay());
+            assert!(sim.links[0].up);
+            continue;
+        }
+        assert!(!sim.links[0].up, "{a} and {b} kept a session");
+    }
+    // A replica that claims to relay in its hello is refused.
+    let mut p = Protocol::new(agent("c1", "n1"), ProtocolConfig::default());
+    let now = Instant::now();
+    p.on_connected(ConnId(1), replica("r0"), now);
+    let out = p.handle_frame(
+        &mut MemStore::new(),
+        ConnId(1),
+        wire::envelope(Body::Hello(pb::Hello {
+            protocol_version: dramesh_mesh::protocol::PROTOCOL_VERSION,
+            role: pb::Role::Replica as i32,
+            identity: replica("r0").uri(),
+            advertise_addr: String::new(),
+            relay: true,
+        })),
+        now,
+    );
+    assert!(matches!(out.as_slice(), [Output::Close { .. }]), "{out:?}");
+}
+
+#[test]
+fn stepping_down_closes_every_session_and_the_next_ones_are_direct() {
+    let mut sim = relay_fleet(Duration::ZERO);
+    let closes = sim.nodes[2].proto.set_relay(false);
+    assert_eq!(closes.len(), 4, "{closes:?}");
+    assert!(closes.iter().all(|o| matches!(o, Output::Close { .. })));
+    assert!(sim.nodes[2].proto.sessions().is_empty());
+    // Redialed as a plain node agent, it exchanges only its own document with a replica, and a
+    // node agent may no longer talk to it.
+    let (r0, n1) = (sim.connect(2, 0), sim.connect(3, 2));
+    sim.run();
+    assert!(sim.links[r0].up);
+    assert!(!sim.links[n1].up);
+    let s = sim.nodes[2]
+        .proto
+        .sessions()
+        .into_iter()
+        .find(|s| s.identity.is_replica())
+        .unwrap();
+    assert_eq!(
+        s.scope,
+        Some(dramesh_mesh::protocol::Scope::Doc(DocId::new("c1", "lead")))
+    );
+}

@@ -27,7 +27,9 @@ pub(crate) struct NodePlan {
 pub(crate) fn plan_fleet(clusters: usize, nodes: usize) -> (Vec<NodePlan>, usize, usize) {
     let specs = dramesh_sim::uniform_fleet(clusters, nodes, 0.5);
     let next = AtomicU64::new(0);
-    let planned: Mutex<Vec<(usize, Vec<NodePlan>, usize, usize)>> = Mutex::new(Vec::new());
+    // (cluster index, its plans, objects, JSON bytes)
+    type Planned = (usize, Vec<NodePlan>, usize, usize);
+    let planned: Mutex<Vec<Planned>> = Mutex::new(Vec::new());
     std::thread::scope(|s| {
         for _ in 0..2 {
             s.spawn(|| {

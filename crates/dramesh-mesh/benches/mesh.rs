@@ -80,6 +80,14 @@ fn rss_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// Bytes the allocator has handed out and not taken back (glibc `mallinfo2`): unlike the
+/// resident set, it does not hide allocations that reuse memory freed earlier.
+fn heap_bytes() -> u64 {
+    // SAFETY: mallinfo2 only reads the allocator's counters.
+    let m = unsafe { libc::mallinfo2() };
+    (m.uordblks + m.hblkhd) as u64
+}
+
 fn free_udp_addr() -> SocketAddr {
     let s = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind probe socket");
     s.local_addr().expect("probe address")
@@ -194,6 +202,7 @@ fn replica_main(args: &[String]) {
                         "replica_peers": peers.iter().filter(|p| p.identity.is_replica()).count(),
                         "peers": peers.len(),
                         "rss": rss_bytes(),
+                        "heap": heap_bytes(),
                         "applied": c.applied,
                         "sync_in": c.sync_in,
                         "sync_out": c.sync_out,
@@ -285,6 +294,7 @@ fn layout_main(args: &[String]) {
     }
     drop(cluster);
     let before = rss_bytes();
+    let heap_before = heap_bytes();
     let started = Instant::now();
     let mut store = Store::in_memory(StoreConfig {
         durability: Durability::None,
@@ -306,9 +316,11 @@ fn layout_main(args: &[String]) {
     };
     let took = started.elapsed();
     let grown = rss_bytes().saturating_sub(before);
+    let heap = heap_bytes().saturating_sub(heap_before);
     println!(
         "LAYOUT {}",
         json!({"mode": mode, "nodes": nodes, "docs": docs, "rss_growth": grown,
+               "heap_growth": heap, "heap_per_doc": heap / docs.max(1) as u64,
                "build_secs": took.as_secs_f64(), "keys": store.snapshot().len()})
     );
 }

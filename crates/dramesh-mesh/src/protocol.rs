@@ -79,6 +79,15 @@ pub struct ProtocolConfig {
     pub anti_entropy_interval: Duration,
     /// Period of the `Ephemeral` heartbeat per session.
     pub heartbeat_interval: Duration,
+    /// Mean digest probe period on a session between a node agent and its cluster's relay.
+    /// Slower than `anti_entropy_interval`: pushes on a session are reliable (one ordered
+    /// stream), replicas' freshness does not depend on it, and a relay holds a session per node
+    /// of its cluster (thousands), so its idle cost is per node.
+    pub node_anti_entropy_interval: Duration,
+    /// Heartbeat period on a session between a node agent and its cluster's relay (see
+    /// `node_anti_entropy_interval`; the transport's keep-alive still notices a dead peer
+    /// within its idle timeout).
+    pub node_heartbeat_interval: Duration,
     /// Period of `PeerExchange` from replicas.
     pub peer_exchange_interval: Duration,
     /// Address this node accepts connections on, told to peers (replicas).
@@ -114,6 +123,8 @@ impl Default for ProtocolConfig {
         Self {
             anti_entropy_interval: Duration::from_secs(2),
             heartbeat_interval: Duration::from_secs(1),
+            node_anti_entropy_interval: Duration::from_secs(30),
+            node_heartbeat_interval: Duration::from_secs(10),
             peer_exchange_interval: Duration::from_secs(10),
             advertise_addr: None,
             max_entries_per_frame: 50_000,
@@ -276,6 +287,10 @@ struct Session {
     relay: bool,
     /// What the session exchanges; `None` until the peer's hello.
     scope: Option<Scope>,
+    /// Mean digest probe and heartbeat periods of the session (a node agent and its relay
+    /// use the slower `node_*` ones).
+    anti_entropy_interval: Duration,
+    heartbeat_interval: Duration,
 }
 
 impl Session {
@@ -589,7 +604,19 @@ impl Protocol {
             });
             return out;
         }
-        let first_ae = self.jittered(self.config.anti_entropy_interval);
+        // Two agents talk only as a node agent and its relay (decided at the hello).
+        let (ae, hb) = if !self.local.is_replica() && !peer.is_replica() {
+            (
+                self.config.node_anti_entropy_interval,
+                self.config.node_heartbeat_interval,
+            )
+        } else {
+            (
+                self.config.anti_entropy_interval,
+                self.config.heartbeat_interval,
+            )
+        };
+        let first_ae = self.jittered(ae);
         self.sessions.insert(
             conn,
             Session {
@@ -597,7 +624,7 @@ impl Protocol {
                 hello_received: false,
                 docs: HashMap::new(),
                 next_anti_entropy: now + first_ae,
-                next_heartbeat: now + self.config.heartbeat_interval,
+                next_heartbeat: now + hb,
                 next_peer_exchange: now + self.config.peer_exchange_interval,
                 heartbeat_out: 0,
                 heartbeat_in: 0,
@@ -610,6 +637,8 @@ impl Protocol {
                 reached: BTreeSet::new(),
                 relay: false,
                 scope: None,
+                anti_entropy_interval: ae,
+                heartbeat_interval: hb,
             },
         );
         let hello = pb::Hello {
@@ -829,7 +858,13 @@ impl Protocol {
                         buckets: vec![],
                     }),
                 );
-                let next = now + self.jittered(self.config.anti_entropy_interval);
+                let interval = self
+                    .sessions
+                    .get(&conn)
+                    .map_or(self.config.anti_entropy_interval, |s| {
+                        s.anti_entropy_interval
+                    });
+                let next = now + self.jittered(interval);
                 if let Some(s) = self.sessions.get_mut(&conn) {
                     s.next_anti_entropy = next;
                 }
@@ -846,7 +881,7 @@ impl Protocol {
                 let sequence = match self.sessions.get_mut(&conn) {
                     Some(s) => {
                         s.heartbeat_out += 1;
-                        s.next_heartbeat = now + self.config.heartbeat_interval;
+                        s.next_heartbeat = now + s.heartbeat_interval;
                         s.heartbeat_out
                     }
                     None => continue,
@@ -1267,10 +1302,10 @@ impl Protocol {
         out: &mut Vec<Output>,
     ) {
         let current = store.entry(doc);
-        let min_age = self.config.anti_entropy_interval.mul_f64(0.75);
         let Some(session) = self.sessions.get_mut(&conn) else {
             return;
         };
+        let min_age = session.anti_entropy_interval.mul_f64(0.75);
         // (reset, the mismatch continues an earlier one)
         let (reset, continuing) = match session.docs.get(doc) {
             // Nothing exchanged yet on this session: the state is fresh anyway.

@@ -77,6 +77,8 @@ impl Sim {
         let config = ProtocolConfig {
             anti_entropy_interval: Duration::from_secs(2),
             heartbeat_interval: Duration::from_secs(1),
+            node_anti_entropy_interval: Duration::from_secs(2),
+            node_heartbeat_interval: Duration::from_secs(1),
             peer_exchange_interval: Duration::from_secs(10),
             advertise_addr: None,
             max_entries_per_frame: 10_000,

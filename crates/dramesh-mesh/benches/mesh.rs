@@ -34,6 +34,8 @@
 
 #[path = "mesh_parts/nodes.rs"]
 mod nodes;
+#[path = "mesh_parts/relay.rs"]
+mod relayed;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -547,6 +549,11 @@ trait Writers: Send + Sync + 'static {
     fn reach_all(&self, replicas: usize) -> bool;
     /// Stops every mesh node.
     fn shutdown(self, rt: &tokio::runtime::Runtime);
+    /// CPU seconds used so far by parts of the bench process worth telling apart (the node
+    /// writers of the relay topology).
+    fn cpu_parts(&self) -> Vec<(&'static str, f64)> {
+        Vec::new()
+    }
 }
 
 /// Writers that are each a mesh node with its own QUIC endpoint: one directory-mode agent
@@ -904,10 +911,17 @@ fn run(rt: &tokio::runtime::Runtime) {
             let (writers, setup) = dir_setup(rt, &b, &mut reps);
             phases(rt, &b, reps, &blocked, writers, setup);
         }
-        "node" => {
-            let (writers, setup) = nodes::direct_setup(rt, &b, &mut reps);
-            phases(rt, &b, reps, &blocked, writers, setup);
-        }
+        "node" => match std::env::var("MESH_TOPOLOGY").as_deref() {
+            Ok("direct") => {
+                let (writers, setup) = nodes::direct_setup(rt, &b, &mut reps);
+                phases(rt, &b, reps, &blocked, writers, setup);
+            }
+            Ok("relay") | Err(_) => {
+                let (writers, setup) = relayed::relay_setup(rt, &b, &mut reps);
+                phases(rt, &b, reps, &blocked, writers, setup);
+            }
+            Ok(other) => panic!("MESH_TOPOLOGY={other}: expected relay or direct"),
+        },
         other => panic!("MESH_AGENTS={other}: expected dir or node"),
     }
 }
@@ -1104,6 +1118,8 @@ fn phases<W: Writers>(
     let stop = Arc::new(AtomicBool::new(false));
     eprintln!("steady: start");
     let steady_sent;
+    // The bench process's cores in the steady window, in all and per part.
+    let mut parent_cpu: (f64, Vec<(&'static str, f64)>);
     let steady_load = {
         let mut reps3 = [&mut r0, &mut r1, &mut r2];
         let t_steady = Instant::now();
@@ -1118,6 +1134,7 @@ fn phases<W: Writers>(
         let mut steady_trace = Timeline::default();
         let t = Instant::now();
         let before: Vec<f64> = reps3.iter().map(|r| r.cpu_secs()).collect();
+        parent_cpu = (proc_cpu_secs(std::process::id()), writers.cpu_parts());
         while !driver.is_finished() {
             steady_trace.record("steady r0", t_steady.elapsed(), &reps3[0].status());
             std::thread::sleep(Duration::from_millis(250));
@@ -1129,6 +1146,13 @@ fn phases<W: Writers>(
             .map(|(r, b)| r.cpu_secs() - b)
             .collect();
         let cpu_cores: Vec<f64> = cpu_secs.iter().map(|c| c / secs).collect();
+        parent_cpu.0 = (proc_cpu_secs(std::process::id()) - parent_cpu.0) / secs;
+        parent_cpu.1 = writers
+            .cpu_parts()
+            .into_iter()
+            .zip(&parent_cpu.1)
+            .map(|((l, a), (_, b))| (l, (a - b) / secs))
+            .collect();
         steady_sent = driver.join().expect("driver");
         let peers = reps3.iter_mut().map(|r| u(&r.status(), "peers")).collect();
         let (fds, threads) = reps3.iter().map(|r| r.fds_threads()).unzip();
@@ -1435,6 +1459,20 @@ fn phases<W: Writers>(
         "| replica sessions / open fds / threads (steady) | {:?} / {:?} / {:?} | |",
         steady_load.peers, steady_load.fds, steady_load.threads
     );
+    let parts: Vec<String> = parent_cpu
+        .1
+        .iter()
+        .map(|(l, c)| format!("{l} {c:.2}"))
+        .collect();
+    println!(
+        "| bench process CPU in the steady window (writers, relays, driver) | {:.2} cores{} | |",
+        parent_cpu.0,
+        if parts.is_empty() {
+            String::new()
+        } else {
+            format!(" (of which {})", parts.join(", "))
+        }
+    );
     for (figure, value) in &rows {
         println!("| {figure} | {value} | |");
     }
@@ -1545,6 +1583,17 @@ fn phases<W: Writers>(
         o.insert("replica_peers".into(), json!(steady_load.peers));
         o.insert("replica_fds".into(), json!(steady_load.fds));
         o.insert("replica_threads".into(), json!(steady_load.threads));
+        o.insert("parent_cpu_cores".into(), json!(parent_cpu.0));
+        o.insert(
+            "parent_cpu_parts".into(),
+            json!(
+                parent_cpu
+                    .1
+                    .iter()
+                    .map(|(l, c)| (l.to_string(), *c))
+                    .collect::<HashMap<_, _>>()
+            ),
+        );
         o.insert(
             "egress_per_update".into(),
             json!(

@@ -17,7 +17,7 @@
 //!   changed, decoded only for those keys.
 
 use crate::attest::{self, Attestation, Carried, SignedMessage, Trust};
-use crate::auth::check_authors;
+use crate::auth::{check_authors, keep_changes};
 use crate::digest::{Digest, DocEntry, fingerprint};
 use crate::docid::{DocId, heads_hash, writer_actor};
 use crate::error::StoreError;
@@ -35,7 +35,7 @@ use automerge::{
 };
 use dramesh_model::owner::Owner;
 use dramesh_model::{ClusterObject, ObjectKind};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -286,6 +286,8 @@ pub struct Store {
     out_of_scope: u64,
     /// Compressed forms of large changes, so each is deflated at most once.
     packed: PackedChanges,
+    /// See [`Store::uncovered_dropped`].
+    uncovered_dropped: u64,
 }
 
 fn wall_millis(offset_ms: i64) -> u64 {
@@ -539,6 +541,7 @@ impl Store {
             trust: None,
             out_of_scope: 0,
             packed: PackedChanges::new(DEFAULT_PACKED_BYTES),
+            uncovered_dropped: 0,
         }
     }
 
@@ -1502,6 +1505,10 @@ impl Store {
     /// signature equal to the one already held is not verified again. The newest verified
     /// signature whose heads the document reached is kept (and persisted) for relaying.
     ///
+    /// A message whose changes are only partly proven (by the signed heads, or by being a
+    /// missing dependency of changes the copy queued) has the proven ones applied and the
+    /// others dropped ([`Store::uncovered_dropped`]); one proving none is refused.
+    ///
     /// `proof.from_writer` says the message comes over the writer's own authenticated session. Its
     /// signature must still verify, but carried changes need not be reachable from the signed
     /// heads through the message: automerge's sync leaves out changes the receiver's Bloom
@@ -1562,10 +1569,21 @@ impl Store {
             reason: e.to_string(),
         })?;
         let carried = check_authors(doc, generation, &msg)?;
-        let signed = match current {
-            Some((_, true)) => None,
+        let (signed, keep) = match current {
+            Some((_, true)) => (None, None),
             _ => self.check_signed(doc, generation, &carried, signed, from_writer)?,
         };
+        let mut msg = msg;
+        if let Some(keep) = keep {
+            let dropped = carried.len() - keep.len();
+            self.uncovered_dropped += dropped as u64;
+            tracing::debug!(%doc, generation, dropped, kept = keep.len(), "changes no signature proves dropped; the rest applied");
+            msg.changes =
+                keep_changes(&msg, &keep).map_err(|reason| StoreError::MalformedMessage {
+                    doc: doc.clone(),
+                    reason,
+                })?;
+        }
         for c in carried {
             if let Some(chunk) = c.packed {
                 self.packed.insert(c.hash, chunk);
@@ -1629,8 +1647,9 @@ impl Store {
             })
     }
 
-    /// Verifies that `signed` covers every carried change (see
-    /// [`Store::receive_signed_sync_message`]); returns the attestation to keep, if any.
+    /// Verifies that `signed` covers the carried changes (see
+    /// [`Store::receive_signed_sync_message`]); returns the attestation to keep, if any, and,
+    /// when only some of the changes are proven, the ones to apply.
     fn check_signed(
         &self,
         doc: &DocId,
@@ -1638,12 +1657,12 @@ impl Store {
         carried: &[Carried],
         signed: Option<&Attestation>,
         from_writer: bool,
-    ) -> Result<Option<Attestation>, StoreError> {
+    ) -> Result<(Option<Attestation>, Option<HashSet<ChangeHash>>), StoreError> {
         let Some(trust) = &self.trust else {
-            return Ok(None);
+            return Ok((None, None));
         };
         if carried.is_empty() {
-            return Ok(None);
+            return Ok((None, None));
         }
         let bad = |reason: String| StoreError::BadSignature {
             doc: doc.clone(),
@@ -1655,7 +1674,7 @@ impl Store {
         // replica), and such a message can add nothing, so it costs no signature check; its
         // attestation is not kept, since it was not verified.
         if self.holds_all(doc, generation, carried) {
-            return Ok(None);
+            return Ok((None, None));
         }
         let Some(a) = signed else {
             return Err(bad(format!(
@@ -1682,17 +1701,50 @@ impl Store {
                 .verify(doc, &statement, &a.signature, &a.signer)
                 .map_err(|e| bad(format!("signature does not verify: {e}")))?;
         }
-        match attest::covered(carried, &a.heads) {
-            Ok(()) => {}
-            // See `receive_signed_sync_message`: the writer's own session vouches for them.
-            Err(_) if from_writer => {}
-            Err(h) => {
-                return Err(bad(format!(
-                    "change {h} is not covered by the writer's signed heads"
-                )));
-            }
+        let waiting = self.waiting_for(doc, generation);
+        let roots = a.heads.iter().map(|h| ChangeHash(*h)).chain(waiting);
+        let proven = attest::proven(carried, roots);
+        if proven.len() == carried.len() || from_writer {
+            // Everything proven, or the writer's own session vouches for them (see
+            // `receive_signed_sync_message`).
+            return Ok((Some(a.clone()), None));
         }
-        Ok(Some(a.clone()))
+        let unproven = carried.iter().find(|c| !proven.contains(&c.hash));
+        if proven.is_empty() || carried.iter().any(|c| c.whole_document) {
+            return Err(bad(format!(
+                "change {} is not covered by the writer's signed heads",
+                unproven.map_or_else(String::new, |c| c.hash.to_string())
+            )));
+        }
+        // Some changes are proven, others not: a relay's message that leaves out a change the
+        // receiver's Bloom filter falsely claims (the rest of the chain is then unreachable
+        // from the signed heads through the message). The proven ones are applied (automerge
+        // queues them until the gap is filled) and the others dropped: the receiver then asks
+        // for the missing change by hash, which its queued changes name, so the resend is
+        // proven in turn. Refusing the whole message instead would repeat forever: the next
+        // exchange carries the same Bloom filter.
+        Ok((Some(a.clone()), Some(proven)))
+    }
+
+    /// Missing dependencies of the changes the copy of `doc` at `generation` (held or being
+    /// assembled) has queued: hashes named by changes it proved, so a change with one of them
+    /// is the writer's.
+    fn waiting_for(&self, doc: &DocId, generation: u64) -> Vec<ChangeHash> {
+        match self.docs.get(doc) {
+            Some(e) if e.generation == generation => e.doc.get_missing_deps(&[]),
+            _ => self
+                .pending
+                .get(doc)
+                .filter(|p| p.generation == generation)
+                .map(|p| p.doc.get_missing_deps(&[]))
+                .unwrap_or_default(),
+        }
+    }
+
+    /// Changes carried by messages that no verified signature proved, dropped while the rest of
+    /// the message was applied (see [`Store::receive_signed_sync_message`]).
+    pub fn uncovered_dropped(&self) -> u64 {
+        self.uncovered_dropped
     }
 
     /// Whether the copy of `doc` at `generation` (held or being assembled) already has every
@@ -2199,7 +2251,9 @@ mod tests {
     /// The full-scale mesh bench never healed before this: automerge's sync leaves out a change
     /// the receiver's Bloom filter falsely claims to hold, so the writer's message carried
     /// c1 and c3 but not c2, and "c1 is not covered by the signed heads [c3]" refused it
-    /// forever. The writer's own session vouches for its changes; a relay still needs coverage.
+    /// forever. The writer's own session vouches for its changes. A relay's such message (the
+    /// relay topology's only path) has its proven part applied and the rest dropped; the
+    /// request for the missing change is answered with changes its queued descendants name.
     #[test]
     fn a_message_missing_an_intermediate_change_is_taken_from_the_writer_only() {
         let doc = DocId::new("c1", "_cluster");
@@ -2238,7 +2292,26 @@ mod tests {
 
         let gap = raw_message(&[c1, c3], vec![head]);
         let a = attest(&doc, generation, head, None);
-        let relayed = replica.receive_signed_sync_message(
+        // From a relay (another copy of this replica, so the writer's path below starts
+        // clean): c1 is proven by nothing and dropped, c3 (the signed head) is taken and waits
+        // for c2; nothing unproven is ever applied.
+        let mut relay_copy = {
+            let (mut r, _) = trusted_store();
+            r.receive_signed_sync_message(
+                &doc,
+                generation,
+                &mut SyncState::new(),
+                &raw_message(&first, vec![base_head]),
+                Proof {
+                    signed: Some(&attest(&doc, generation, base_head, None)),
+                    from_writer: true,
+                },
+                &|_| true,
+            )
+            .unwrap();
+            r
+        };
+        let relayed = relay_copy.receive_signed_sync_message(
             &doc,
             generation,
             &mut SyncState::new(),
@@ -2249,17 +2322,29 @@ mod tests {
             },
             &|_| true,
         );
-        match relayed {
-            Err(StoreError::BadSignature { reason, .. }) => {
-                assert!(reason.contains("not covered"), "{reason}")
-            }
-            other => panic!("a relay's gap must be refused, got {other:?}"),
+        assert!(relayed.is_ok(), "{relayed:?}");
+        assert_eq!(relay_copy.uncovered_dropped(), 1);
+        let n = |r: &Store, name: &str| r.get("c1", &ObjectKey::new(ObjectKind::Node, None, name));
+        assert!(n(&relay_copy, "n1").is_none() && n(&relay_copy, "n3").is_none());
+        // The relay's answer to the request for c2 (it also resends c1, which c2 depends on):
+        // c2 is named by the queued c3, so both are proven and the chain completes.
+        relay_copy
+            .receive_signed_sync_message(
+                &doc,
+                generation,
+                &mut SyncState::new(),
+                &raw_message(&[c1, c2], vec![head]),
+                Proof {
+                    signed: Some(&a),
+                    from_writer: false,
+                },
+                &|_| true,
+            )
+            .unwrap();
+        for name in ["n1", "n2", "n3"] {
+            assert!(n(&relay_copy, name).is_some(), "{name}");
         }
-        assert!(
-            replica
-                .get("c1", &ObjectKey::new(ObjectKind::Node, None, "n1"))
-                .is_none()
-        );
+        assert_eq!(relay_copy.uncovered_dropped(), 1);
 
         replica
             .receive_signed_sync_message(
@@ -2340,6 +2425,31 @@ mod tests {
             "{refused:?}"
         );
         assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), before + 1);
+        // A message of unproven changes only is refused, whoever sends it.
+        let c4 = c4.hash();
+        writer.apply(&doc, vec![node_upsert("n9", 9)]).unwrap();
+        let am9 = writer.automerge_doc(&doc).unwrap();
+        let c9 = am9.get_changes(&[c4])[0].clone();
+        writer.apply(&doc, vec![node_upsert("n10", 10)]).unwrap();
+        let c10 = writer.automerge_doc(&doc).unwrap().get_heads()[0];
+        let orphan = relay_copy.receive_signed_sync_message(
+            &doc,
+            generation,
+            &mut SyncState::new(),
+            &raw_message(&[&c9], vec![c10]),
+            Proof {
+                signed: Some(&attest(&doc, generation, c10, None)),
+                from_writer: false,
+            },
+            &|_| true,
+        );
+        match orphan {
+            Err(StoreError::BadSignature { reason, .. }) => {
+                assert!(reason.contains("not covered"), "{reason}")
+            }
+            other => panic!("unproven changes must be refused, got {other:?}"),
+        }
+        assert!(n(&relay_copy, "n9").is_none());
     }
 
     /// A large change that arrived compressed is sent on in the form it arrived in: relaying a

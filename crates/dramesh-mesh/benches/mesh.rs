@@ -302,6 +302,190 @@ fn layout_main(args: &[String]) {
         durability: Durability::None,
         ..StoreConfig::default()
     });
+    if mode == "am" {
+        // Bare automerge: one document of a node's records, built by a transaction, received
+        // through sync, and loaded from a save.
+        use automerge::sync::SyncDoc as _;
+        use automerge::transaction::Transactable as _;
+        let build = |changes: &[ObjectChange]| {
+            let mut d = automerge::Automerge::new();
+            let mut tx = d.transaction();
+            for c in changes {
+                if let ObjectChange::Upsert { key, json } = c {
+                    tx.put(automerge::ROOT, key.to_string(), json.to_vec())
+                        .expect("put");
+                }
+            }
+            tx.commit();
+            d
+        };
+        let per = |f: &dyn Fn() -> Vec<automerge::Automerge>| {
+            let before = heap_bytes();
+            let docs = f();
+            let per = heap_bytes().saturating_sub(before) / docs.len().max(1) as u64;
+            drop(docs);
+            per
+        };
+        let built = per(&|| per_node.iter().map(|(_, c)| build(c)).collect());
+        let originals: Vec<automerge::Automerge> = per_node.iter().map(|(_, c)| build(c)).collect();
+        let received = per(&|| {
+            originals
+                .iter()
+                .map(|o| {
+                    let mut o = o.clone();
+                    let mut r = automerge::Automerge::new();
+                    let (mut so, mut sr) =
+                        (automerge::sync::State::new(), automerge::sync::State::new());
+                    for _ in 0..8 {
+                        let m1 = o.generate_sync_message(&mut so);
+                        if let Some(m) = m1.clone() {
+                            r.receive_sync_message(&mut sr, m).expect("receive");
+                        }
+                        let m2 = r.generate_sync_message(&mut sr);
+                        if let Some(m) = m2.clone() {
+                            o.receive_sync_message(&mut so, m).expect("receive");
+                        }
+                        if m1.is_none() && m2.is_none() {
+                            break;
+                        }
+                    }
+                    r
+                })
+                .collect()
+        });
+        let loaded = per(&|| {
+            originals
+                .iter()
+                .filter_map(|o| automerge::Automerge::load(&o.save()).ok())
+                .collect()
+        });
+        let json: usize = per_node
+            .iter()
+            .flat_map(|(_, c)| c.iter())
+            .map(|c| match c {
+                ObjectChange::Upsert { json, .. } => json.len(),
+                ObjectChange::Delete { .. } => 0,
+            })
+            .sum();
+        let deflate = |b: &[u8]| {
+            use std::io::Write as _;
+            let mut e = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast());
+            let _ = e.write_all(b);
+            e.finish().unwrap_or_default()
+        };
+        let compressed: Vec<Vec<ObjectChange>> = per_node
+            .iter()
+            .map(|(_, c)| {
+                c.iter()
+                    .map(|c| match c {
+                        ObjectChange::Upsert { key, json } => ObjectChange::Upsert {
+                            key: key.clone(),
+                            json: deflate(json).into(),
+                        },
+                        d => d.clone(),
+                    })
+                    .collect()
+            })
+            .collect();
+        let zjson: usize = compressed
+            .iter()
+            .flatten()
+            .map(|c| match c {
+                ObjectChange::Upsert { json, .. } => json.len(),
+                ObjectChange::Delete { .. } => 0,
+            })
+            .sum();
+        let built_z = per(&|| compressed.iter().map(|c| build(c)).collect());
+        println!(
+            "LAYOUT {}",
+            json!({"mode": "am", "nodes": nodes, "json_per_doc": json / nodes.max(1),
+                   "deflated_json_per_doc": zjson / nodes.max(1),
+                   "built": built, "built_deflated": built_z, "received": received, "loaded": loaded})
+        );
+        return;
+    }
+    if mode == "copies" {
+        // A replica's copies of per-node documents: each writer's document synced into one
+        // store, then (a second figure) three sessions' sync states kept per document, as a
+        // replica keeps them for its relay and two peer replicas.
+        let mut writers: Vec<(DocId, Store)> = Vec::new();
+        for (node, changes) in per_node {
+            let doc = DocId::new(spec.name.clone(), node);
+            let mut w = Store::in_memory(StoreConfig {
+                durability: Durability::None,
+                ..StoreConfig::default()
+            });
+            w.open_writer(&doc).expect("open writer");
+            w.apply(&doc, changes).expect("apply");
+            writers.push((doc, w));
+        }
+        let before = heap_bytes();
+        let mut replica = Store::in_memory(StoreConfig {
+            durability: Durability::None,
+            ..StoreConfig::default()
+        });
+        let mut states = Vec::new();
+        for (doc, w) in &mut writers {
+            let generation = w.entry(doc).expect("entry").generation;
+            let (mut sw, mut sr) = (
+                dramesh_store::SyncState::new(),
+                dramesh_store::SyncState::new(),
+            );
+            for _ in 0..8 {
+                let m1 = w
+                    .generate_sync_message(doc, generation, &mut sw)
+                    .expect("generate");
+                if let Some(m) = &m1 {
+                    replica
+                        .receive_sync_message(doc, generation, &mut sr, m, &|_| true)
+                        .expect("receive");
+                }
+                let m2 = replica
+                    .generate_sync_message(doc, generation, &mut sr)
+                    .expect("generate");
+                if let Some(m) = &m2 {
+                    w.receive_sync_message(doc, generation, &mut sw, m, &|_| true)
+                        .expect("receive");
+                }
+                if m1.is_none() && m2.is_none() {
+                    break;
+                }
+            }
+            states.push(sr);
+        }
+        let copies = heap_bytes().saturating_sub(before);
+        let before = heap_bytes();
+        let more: Vec<_> = states.iter().flat_map(|s| [s.clone(), s.clone()]).collect();
+        let two_more_states = heap_bytes().saturating_sub(before);
+        // The same documents as automerge loads them from a save.
+        let before = heap_bytes();
+        let loaded: Vec<automerge::Automerge> = writers
+            .iter()
+            .filter_map(|(d, w)| automerge::Automerge::load(&w.automerge_doc(d)?.save()).ok())
+            .collect();
+        let loaded_heap = heap_bytes().saturating_sub(before);
+        let before = heap_bytes();
+        let received: Vec<automerge::Automerge> = writers
+            .iter()
+            .filter_map(|(d, _)| Some(replica.automerge_doc(d)?.clone()))
+            .collect();
+        let cloned_heap = heap_bytes().saturating_sub(before);
+        eprintln!(
+            "automerge per doc: loaded from save {} B, clone of the received copy {} B",
+            loaded_heap / nodes.max(1) as u64,
+            cloned_heap / nodes.max(1) as u64
+        );
+        drop((loaded, received));
+        println!(
+            "LAYOUT {}",
+            json!({"mode": "copies", "nodes": nodes, "docs": writers.len(),
+                   "heap_per_copy": copies / nodes.max(1) as u64,
+                   "heap_per_sync_state": two_more_states / (2 * nodes.max(1)) as u64,
+                   "rss": rss_bytes(), "keys": replica.snapshot().len()})
+        );
+        drop(more);
+        return;
+    }
     let docs = if mode == "node" {
         for (node, changes) in per_node {
             let doc = DocId::new(spec.name.clone(), node);

@@ -339,10 +339,11 @@ fn check_doc_id(doc: &DocId) -> Result<(), StoreError> {
     }
 }
 
+/// The JSON a document value holds (see [`crate::value`]).
 fn value_bytes(v: &Value<'_>) -> Option<Arc<[u8]>> {
     match v {
         Value::Scalar(s) => match s.as_ref() {
-            ScalarValue::Bytes(b) => Some(Arc::from(b.as_slice())),
+            ScalarValue::Bytes(b) => crate::value::decode(b),
             ScalarValue::Str(s) => Some(Arc::from(s.as_bytes())),
             _ => None,
         },
@@ -990,8 +991,12 @@ impl Store {
                         .and_then(|(v, _)| value_bytes(v))
                         .is_some_and(|c| c[..] == json[..]);
                     if !same {
-                        tx.put(ROOT, k.as_str(), ScalarValue::Bytes(json.to_vec()))
-                            .map_err(am)?;
+                        tx.put(
+                            ROOT,
+                            k.as_str(),
+                            ScalarValue::Bytes(crate::value::encode(json)),
+                        )
+                        .map_err(am)?;
                         changed.push(k.clone());
                     }
                 }

@@ -44,7 +44,7 @@
 //!   [`REFUSAL_LOG_INTERVAL`]; for a generation refused as lying in the future it asks the
 //!   store to recover ([`DocStore::recover_generation`]) and offers the new generation.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -197,8 +197,8 @@ pub struct Counters {
     pub buckets_requested: u64,
     /// Sync states reset because anti-entropy found a difference.
     pub sync_resets: u64,
-    /// Documents anti-entropy found differing on a replica-to-replica session but left to
-    /// their writer, which reaches both replicas itself.
+    /// Document entries a replica-to-replica anti-entropy round left out of its comparison
+    /// because their writer, or their cluster's relay, reaches both replicas itself.
     pub repairs_left_to_writers: u64,
     /// Sessions whose outbound queue overflowed (frames dropped by the driver).
     pub backpressure_events: u64,
@@ -291,6 +291,22 @@ struct Session {
     /// use the slower `node_*` ones).
     anti_entropy_interval: Duration,
     heartbeat_interval: Duration,
+}
+
+/// Documents two replicas leave out of their anti-entropy (see
+/// [`Protocol::carriers_reaching`]).
+#[derive(Default)]
+struct LeftToCarriers {
+    /// Clusters whose relay reaches both.
+    clusters: HashSet<String>,
+    /// Documents whose writer reaches both (of clusters not in `clusters`).
+    docs: HashSet<DocId>,
+}
+
+impl LeftToCarriers {
+    fn contains(&self, doc: &DocId) -> bool {
+        self.clusters.contains(&doc.cluster) || self.docs.contains(doc)
+    }
 }
 
 impl Session {
@@ -691,6 +707,25 @@ impl Protocol {
         }
     }
 
+    /// The entries in `bucket` of what `conn`'s session repairs: its scope without the
+    /// documents `left` to carriers (counted in [`Counters::repairs_left_to_writers`]).
+    fn repair_entries<S: DocStore>(
+        &mut self,
+        store: &S,
+        conn: ConnId,
+        buckets: &[u32],
+        left: &LeftToCarriers,
+    ) -> Vec<DocEntry> {
+        let mut entries: Vec<DocEntry> = buckets
+            .iter()
+            .flat_map(|b| self.scoped_bucket_entries(store, conn, *b))
+            .collect();
+        let before = entries.len();
+        entries.retain(|e| !left.contains(&e.doc));
+        self.counters.repairs_left_to_writers += (before - entries.len()) as u64;
+        entries
+    }
+
     /// The entries in `bucket` of what `conn`'s session exchanges.
     fn scoped_bucket_entries<S: DocStore>(
         &self,
@@ -984,11 +1019,10 @@ impl Protocol {
                 let Some(buckets) = self.check_buckets(&mut out, conn, &r.buckets) else {
                     return out;
                 };
-                let theirs = self.scoped_wire_entries(conn, &peer, &r.entries, &buckets);
-                let mine: Vec<DocEntry> = buckets
-                    .iter()
-                    .flat_map(|b| self.scoped_bucket_entries(store, conn, *b))
-                    .collect();
+                let left = self.carriers_reaching(conn);
+                let mut theirs = self.scoped_wire_entries(conn, &peer, &r.entries, &buckets);
+                theirs.retain(|e| !left.contains(&e.doc));
+                let mine = self.repair_entries(store, conn, &buckets, &left);
                 self.push_differences(store, conn, &mine, &theirs, now, &mut out);
                 self.send_entries(&mut out, conn, &buckets, &mine, false);
             }
@@ -996,11 +1030,10 @@ impl Protocol {
                 let Some(buckets) = self.check_buckets(&mut out, conn, &e.buckets) else {
                     return out;
                 };
-                let theirs = self.scoped_wire_entries(conn, &peer, &e.entries, &buckets);
-                let mine: Vec<DocEntry> = buckets
-                    .iter()
-                    .flat_map(|b| self.scoped_bucket_entries(store, conn, *b))
-                    .collect();
+                let left = self.carriers_reaching(conn);
+                let mut theirs = self.scoped_wire_entries(conn, &peer, &e.entries, &buckets);
+                theirs.retain(|e| !left.contains(&e.doc));
+                let mine = self.repair_entries(store, conn, &buckets, &left);
                 self.push_differences(store, conn, &mine, &theirs, now, &mut out);
             }
             Body::Sync(s) => self.on_sync(store, conn, &peer, s, now, &mut out),
@@ -1125,20 +1158,24 @@ impl Protocol {
         d: pb::Digest,
         out: &mut Vec<Output>,
     ) {
-        let mine = self.scoped_digest(store, conn);
-        if d.root == mine.root()
+        // The root compares the whole scope (what `digest_matched` means); the buckets of the
+        // answer and the repair compare it without the documents left to carriers.
+        let root = self.scoped_digest(store, conn).root();
+        if d.root == root
             && let Some(s) = self.sessions.get_mut(&conn)
         {
             s.digest_matched = true;
         }
+        let left = self.carriers_reaching(conn);
+        let mine = self.repair_digest(store, conn, &left);
         if d.buckets.is_empty() {
-            if d.root != mine.root() {
+            if d.root != root {
                 self.counters.digest_mismatches += 1;
                 self.send(
                     out,
                     conn,
                     Body::Digest(pb::Digest {
-                        root: mine.root(),
+                        root,
                         buckets: mine.buckets().to_vec(),
                     }),
                 );
@@ -1161,7 +1198,7 @@ impl Protocol {
         let mut chunk_buckets = Vec::new();
         let mut chunk_entries: Vec<DocEntry> = Vec::new();
         for b in differing {
-            let entries = self.scoped_bucket_entries(store, conn, b);
+            let entries = self.repair_entries(store, conn, &[b], &left);
             if !chunk_buckets.is_empty()
                 && chunk_entries.len() + entries.len() > self.config.max_entries_per_frame
             {
@@ -1253,37 +1290,61 @@ impl Protocol {
         out: &mut Vec<Output>,
     ) {
         let theirs: HashMap<&DocId, &DocEntry> = theirs.iter().map(|e| (&e.doc, e)).collect();
-        let carriers_reaching = self.carriers_reaching(conn);
         for entry in mine {
             if !entry.should_push_to(theirs.get(&entry.doc).copied()) {
-                continue;
-            }
-            if carriers_reaching.iter().any(|s| s.contains(&entry.doc)) {
-                self.counters.repairs_left_to_writers += 1;
                 continue;
             }
             self.repair_doc(store, conn, &entry.doc, now, out);
         }
     }
 
-    /// The scopes of the agents (writers, or relays carrying their cluster) that have a session
-    /// with us and reported reaching the replica on `conn` too. Between two replicas such a
-    /// document differs mostly because the agent's latest changes are still on their way to one
-    /// of them, and the agent's own sync and anti-entropy with each replica repair anything
-    /// lost; repairing it replica-to-replica as well would resend, under a steady update
-    /// stream, every change of every such document on each anti-entropy round.
-    fn carriers_reaching(&self, conn: ConnId) -> Vec<Scope> {
+    /// The documents of the agents (writers, or relays carrying their cluster) that have a
+    /// session with us and reported reaching the replica on `conn` too (nothing unless both
+    /// ends are replicas). Between two replicas such a document differs mostly because the
+    /// agent's latest changes are still on their way to one of them, and the agent's own sync
+    /// and anti-entropy with each replica repair anything lost; comparing and repairing it
+    /// replica-to-replica as well would, under a steady update stream, exchange the entries of
+    /// every changing document and resend its changes on each anti-entropy round (with a
+    /// hundred thousand per-node documents, megabytes per round).
+    fn carriers_reaching(&self, conn: ConnId) -> LeftToCarriers {
+        let mut left = LeftToCarriers::default();
         let Some(peer) = self.sessions.get(&conn).map(|s| &s.identity) else {
-            return Vec::new();
+            return left;
         };
         if !self.local.is_replica() || !peer.is_replica() {
-            return Vec::new();
+            return left;
         }
-        self.sessions
-            .values()
-            .filter(|s| s.hello_received && s.reached.contains(peer))
-            .filter_map(|s| s.scope.clone())
-            .collect()
+        for s in self.sessions.values() {
+            if !s.hello_received || !s.reached.contains(peer) {
+                continue;
+            }
+            match &s.scope {
+                Some(Scope::Cluster(c)) => {
+                    left.clusters.insert(c.clone());
+                }
+                Some(Scope::Doc(d)) => {
+                    left.docs.insert(d.clone());
+                }
+                Some(Scope::All) | None => {}
+            }
+        }
+        left.docs.retain(|d| !left.clusters.contains(&d.cluster));
+        left
+    }
+
+    /// What a repair on `conn` compares bucket by bucket: the session's scope without the
+    /// documents `left` to carriers (see [`Protocol::carriers_reaching`]).
+    fn repair_digest<S: DocStore>(&self, store: &S, conn: ConnId, left: &LeftToCarriers) -> Digest {
+        let mut d = self.scoped_digest(store, conn);
+        for c in &left.clusters {
+            d.xor_with(&store.cluster_digest(c));
+        }
+        for doc in &left.docs {
+            if let Some(e) = store.entry(doc) {
+                d.toggle(&e);
+            }
+        }
+        d
     }
 
     /// Anti-entropy found `doc` differing on `conn`: continue its sync at once, and reset the

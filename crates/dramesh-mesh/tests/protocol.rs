@@ -32,6 +32,8 @@ struct Sim {
     /// Encoded bytes of every delivered frame, by body kind.
     bytes: std::collections::BTreeMap<&'static str, usize>,
     frames: std::collections::BTreeMap<&'static str, usize>,
+    /// Sync frames delivered, by (from node, to node).
+    syncs: std::collections::BTreeMap<(usize, usize), usize>,
     /// When set, the next Sync frame sent by this node is dropped.
     drop_next_sync_from: Option<usize>,
     /// When set, Sync frames sent by this node are held back until [`Sim::release_held`].
@@ -104,6 +106,7 @@ impl Sim {
             next_conn: 1,
             bytes: Default::default(),
             frames: Default::default(),
+            syncs: Default::default(),
             drop_next_sync_from: None,
             hold_sync_from: None,
             held: Vec::new(),
@@ -168,6 +171,9 @@ impl Sim {
                         let len = wire::encode_frame(&envelope).unwrap().len();
                         *self.bytes.entry(kind(&envelope)).or_default() += len;
                         *self.frames.entry(kind(&envelope)).or_default() += 1;
+                        if matches!(envelope.body, Some(Body::Sync(_))) {
+                            *self.syncs.entry((from, to)).or_default() += 1;
+                        }
                         if matches!(envelope.body, Some(Body::Sync(_)))
                             && self.hold_sync_from == Some(from)
                         {
@@ -374,21 +380,29 @@ fn replicas_leave_a_document_to_its_writer_when_it_reaches_both() {
         .map(|r| sim.nodes[r].store.get(&doc, "gpu").as_deref() == Some("1"))
         .collect();
     assert_eq!(have.iter().filter(|h| **h).count(), 1, "{have:?}");
-    // Anti-entropy rounds: the replicas leave the document to the writer, whose own round with
-    // the replica that missed the change repairs it. (automerge alone would not resend the lost
-    // change even when asked for it by hash: the two would exchange messages forever.)
+    // Anti-entropy rounds: the replicas leave the document to the writer (they compare their
+    // digests without it), whose own round with the replica that missed the change repairs it.
+    // (automerge alone would not resend the lost change even when asked for it by hash: the
+    // two would exchange messages forever.)
+    let between =
+        |sim: &Sim| sim.syncs.get(&(0, 1)).unwrap_or(&0) + sim.syncs.get(&(1, 0)).unwrap_or(&0);
+    let before = between(&sim);
     for _ in 0..4 {
         sim.tick(Duration::from_secs(1));
     }
     for r in 0..2 {
         assert_eq!(sim.nodes[r].store.get(&doc, "gpu").as_deref(), Some("1"));
     }
-    let left: u64 = (0..2)
-        .map(|r| sim.nodes[r].proto.counters().repairs_left_to_writers)
-        .sum();
-    assert!(
-        left > 0,
+    assert_eq!(
+        between(&sim),
+        before,
         "replicas repaired the writer's document themselves"
+    );
+    assert!(
+        sim.nodes[0].proto.counters().digest_mismatches
+            + sim.nodes[1].proto.counters().digest_mismatches
+            > 0,
+        "the replicas' digests never differed"
     );
     assert_eq!(sim.entries(0), sim.entries(1));
 }

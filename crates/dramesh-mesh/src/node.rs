@@ -652,6 +652,10 @@ fn drive<S: DocStore>(
     let mut held: Vec<Output> = Vec::new();
     let mut pushed: HashSet<DocId> = HashSet::new();
     let mut stop = false;
+    // Whether the set of connections changed since the view last listed it (a relay holds a
+    // session per node of its cluster: listing them after every batch cost a quarter of its
+    // protocol thread).
+    let mut conns_changed = true;
     while !stop {
         let Some(first) = events.blocking_recv() else {
             break;
@@ -711,6 +715,7 @@ fn drive<S: DocStore>(
                             e.connection.close(2, b"duplicate connection");
                             protocol.on_disconnected(old);
                         }
+                        conns_changed = true;
                         conns.insert(
                             conn,
                             ConnEntry {
@@ -733,6 +738,7 @@ fn drive<S: DocStore>(
                 }
                 Event::Disconnected(conn) => {
                     if conns.remove(&conn).is_some() {
+                        conns_changed = true;
                         protocol.on_disconnected(conn);
                     }
                     vec![]
@@ -783,6 +789,7 @@ fn drive<S: DocStore>(
                     // from that connection are ignored.
                     Output::Close { conn, reason } => {
                         if let Some(e) = conns.remove(&conn) {
+                            conns_changed = true;
                             e.connection.close(1, reason.as_bytes());
                             protocol.on_disconnected(conn);
                         }
@@ -844,6 +851,7 @@ fn drive<S: DocStore>(
                 }
                 Output::Close { conn, reason } => {
                     if let Some(e) = conns.remove(&conn) {
+                        conns_changed = true;
                         e.connection.close(1, reason.as_bytes());
                         protocol.on_disconnected(conn);
                     }
@@ -866,7 +874,9 @@ fn drive<S: DocStore>(
         if view.known_replicas != *protocol.known_replicas() {
             view.known_replicas = protocol.known_replicas().clone();
         }
-        view.connected = conns.values().map(|e| e.identity.clone()).collect();
+        if std::mem::take(&mut conns_changed) {
+            view.connected = conns.values().map(|e| e.identity.clone()).collect();
+        }
         view.counters = protocol.counters().clone();
         view.relay_session = protocol.has_relay_session();
     }

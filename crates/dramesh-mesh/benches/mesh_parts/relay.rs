@@ -28,8 +28,8 @@ const FARM_TICK: Duration = Duration::from_secs(1);
 enum FarmEvent {
     /// A frame from the relay to writer `.0`.
     Frame(usize, Vec<u8>),
-    /// The workload writes `node` (with its sequence annotation `seq`) into writer `.0`.
-    Update(usize, Value, u64),
+    /// The workload writes writer `.0`'s Node with sequence annotation `.1`.
+    Update(usize, u64),
     /// Every writer's document entry.
     Entries(std_mpsc::Sender<Vec<DocEntry>>),
     Stop,
@@ -40,6 +40,48 @@ struct FarmWriter {
     store: MeshStore,
     doc: DocId,
     link: LocalLink,
+    node: NodeTemplate,
+}
+
+/// A writer's Node JSON with room for the sequence annotation, so an update costs no JSON
+/// serialization on the bench's side.
+struct NodeTemplate {
+    key: ObjectKey,
+    json: Vec<u8>,
+    /// Where the sequence number's [`SEQ_DIGITS`] digits start.
+    seq_at: usize,
+}
+
+/// Digits of the zero-padded sequence number in a [`NodeTemplate`].
+const SEQ_DIGITS: usize = 20;
+
+impl NodeTemplate {
+    fn new(node: &Value) -> NodeTemplate {
+        let mut node = node.clone();
+        node["metadata"]["annotations"][SEQ_ANNOTATION] = Value::String("0".repeat(SEQ_DIGITS));
+        let name = node["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let json = serde_json::to_vec(&node).expect("node JSON");
+        let seq_at = json
+            .windows(SEQ_NEEDLE.len())
+            .position(|w| w == SEQ_NEEDLE)
+            .expect("sequence annotation")
+            + SEQ_NEEDLE.len();
+        NodeTemplate {
+            key: ObjectKey::new(ObjectKind::Node, None, &name),
+            json,
+            seq_at,
+        }
+    }
+
+    fn with_seq(&self, seq: u64) -> Vec<u8> {
+        let mut json = self.json.clone();
+        json[self.seq_at..self.seq_at + SEQ_DIGITS]
+            .copy_from_slice(format!("{seq:0width$}", width = SEQ_DIGITS).as_bytes());
+        json
+    }
 }
 
 /// One cluster's node writers on one thread.
@@ -123,12 +165,16 @@ fn farm_main(
                     deliver(w, out, &sent);
                     touched.push(i);
                 }
-                FarmEvent::Update(i, node, seq) => {
+                FarmEvent::Update(i, seq) => {
                     let Some(w) = writers.get_mut(i) else {
                         continue;
                     };
-                    if let Err(err) = write_node_into(&mut w.store, &w.doc, &node, seq) {
-                        eprintln!("{err}");
+                    let change = ObjectChange::Upsert {
+                        key: w.node.key.clone(),
+                        json: w.node.with_seq(seq).into(),
+                    };
+                    if let Err(err) = w.store.apply(&w.doc, vec![change]) {
+                        eprintln!("{}: {err}", w.doc);
                         continue;
                     }
                     let out = w.proto.on_local_change(&mut w.store, &w.doc);
@@ -168,32 +214,6 @@ fn farm_main(
     }
 }
 
-/// [`write_node`] into a store the caller owns.
-fn write_node_into(
-    store: &mut MeshStore,
-    doc: &DocId,
-    node: &Value,
-    seq: u64,
-) -> Result<(), String> {
-    let mut node = node.clone();
-    node["metadata"]["annotations"][SEQ_ANNOTATION] = Value::String(seq.to_string());
-    let name = node["metadata"]["name"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let bytes = serde_json::to_vec(&node).map_err(|e| e.to_string())?;
-    store
-        .apply(
-            doc,
-            vec![ObjectChange::Upsert {
-                key: ObjectKey::new(ObjectKind::Node, None, &name),
-                json: bytes.into(),
-            }],
-        )
-        .map(|_| ())
-        .map_err(|e| format!("{doc}: {e}"))
-}
-
 /// A cluster's relay: its own document (the Lease holder's node and the cluster-scoped
 /// records) and its QUIC mesh node.
 struct RelayNode {
@@ -207,8 +227,9 @@ struct RelayNode {
 pub(crate) struct RelayFleet {
     relays: Vec<RelayNode>,
     farms: Vec<Farm>,
-    /// Writer `i`: (cluster, farm slot; `None` for the cluster's relay) and its Node JSON.
-    writers: Vec<(usize, Option<usize>, Value)>,
+    /// Writer `i`: (cluster, farm slot; `None` for the cluster's relay) and its Node JSON's
+    /// size with the sequence annotation.
+    writers: Vec<(usize, Option<usize>, usize)>,
 }
 
 impl RelayFleet {
@@ -247,10 +268,7 @@ impl Writers for RelayFleet {
         _pick: u64,
         seq: u64,
     ) -> Result<usize, String> {
-        let (cluster, slot, node) = &self.writers[i];
-        let mut sized = node.clone();
-        sized["metadata"]["annotations"][SEQ_ANNOTATION] = Value::String(seq.to_string());
-        let payload = serde_json::to_vec(&sized).map_or(0, |b| b.len());
+        let (cluster, slot, payload) = &self.writers[i];
         match slot {
             None => {
                 let r = &self.relays[*cluster];
@@ -259,10 +277,10 @@ impl Writers for RelayFleet {
             }
             Some(slot) => self.farms[*cluster]
                 .tx
-                .send(FarmEvent::Update(*slot, node.clone(), seq))
+                .send(FarmEvent::Update(*slot, seq))
                 .map_err(|_| "farm stopped".to_string())?,
         }
-        Ok(payload)
+        Ok(*payload)
     }
 
     fn root(&self) -> u64 {
@@ -397,7 +415,7 @@ pub(crate) fn relay_setup(
             h.set_relay(true).await;
             h
         });
-        writers.push((c, None, lead.node.clone()));
+        writers.push((c, None, NodeTemplate::new(&lead.node).json.len()));
         let mut farm_writers = Vec::new();
         let (tx, rx) = std_mpsc::channel::<FarmEvent>();
         for (slot, (plan, tls)) in it.enumerate() {
@@ -428,12 +446,14 @@ pub(crate) fn relay_setup(
                 .expect("local link");
             let mut proto = Protocol::new(tls.identity.clone(), proto_config.clone());
             proto.set_coalesce_pushes(true);
-            writers.push((c, Some(slot), plan.node.clone()));
+            let node = NodeTemplate::new(&plan.node);
+            writers.push((c, Some(slot), node.json.len()));
             farm_writers.push(FarmWriter {
                 proto,
                 store: ms,
                 doc: plan.doc.clone(),
                 link,
+                node,
             });
         }
         built_writers.push((farm_writers, rx, tx, relay_id));

@@ -1525,6 +1525,7 @@ fn phases<W: Writers>(
         .map(|r| r.status())
         .collect();
     let rss_final: Vec<u64> = finals.iter().map(|s| u(s, "rss")).collect();
+    let heap_final: Vec<u64> = finals.iter().map(|s| u(s, "heap")).collect();
     let parent_rss = rss_bytes();
     let writers = Arc::try_unwrap(writers).unwrap_or_else(|_| panic!("writers still shared"));
     writers.shutdown(rt);
@@ -1634,6 +1635,13 @@ fn phases<W: Writers>(
         mb(rss_final[1]),
         mb(rss_final[2]),
         mb(rss_final[3])
+    );
+    println!(
+        "| replica heap in use at end r0/r1/r2/r3(new) | {:.0} / {:.0} / {:.0} / {:.0} MiB | |",
+        mb(heap_final[0]),
+        mb(heap_final[1]),
+        mb(heap_final[2]),
+        mb(heap_final[3])
     );
     println!(
         "| replica CPU in the steady window r0/r1/r2 | {} cores | <= 1 core |",
@@ -1768,6 +1776,7 @@ fn phases<W: Writers>(
         o.insert("replica_fds".into(), json!(steady_load.fds));
         o.insert("replica_threads".into(), json!(steady_load.threads));
         o.insert("parent_cpu_cores".into(), json!(parent_cpu.0));
+        o.insert("heap_final".into(), json!(heap_final));
         o.insert(
             "parent_cpu_parts".into(),
             json!(

@@ -337,6 +337,11 @@ pub struct Protocol {
     refusal_logged: HashMap<DocId, Instant>,
     /// See [`Protocol::set_relay`].
     relay: bool,
+    /// Sessions (after their hello) exchanging more than one document, and those exchanging
+    /// one, by document: a relay or a replica may hold thousands of one-document sessions, and
+    /// every change would otherwise scan them all (see [`Protocol::covering`]).
+    wide: BTreeSet<ConnId>,
+    by_doc: HashMap<DocId, Vec<ConnId>>,
 }
 
 /// A replica tells a refused writer why at most this often per document and connection.
@@ -471,7 +476,24 @@ impl Protocol {
             delayed: BTreeMap::new(),
             refusal_logged: HashMap::new(),
             relay: false,
+            wide: BTreeSet::new(),
+            by_doc: HashMap::new(),
         }
+    }
+
+    /// The sessions whose scope covers `doc`, in connection order.
+    fn covering(&self, doc: &DocId) -> Vec<ConnId> {
+        let mut out: Vec<ConnId> = self
+            .wide
+            .iter()
+            .copied()
+            .filter(|c| self.sessions.get(c).is_some_and(|s| s.covers(doc)))
+            .collect();
+        if let Some(conns) = self.by_doc.get(doc) {
+            out.extend(conns);
+            out.sort_unstable();
+        }
+        out
     }
 
     /// Makes this node (an agent) its cluster's relay, or stops it being one: a relay carries
@@ -674,6 +696,20 @@ impl Protocol {
         let Some(session) = self.sessions.remove(&conn) else {
             return;
         };
+        match &session.scope {
+            Some(Scope::Doc(d)) => {
+                if let Some(conns) = self.by_doc.get_mut(d) {
+                    conns.retain(|c| *c != conn);
+                    if conns.is_empty() {
+                        self.by_doc.remove(d);
+                    }
+                }
+            }
+            Some(_) => {
+                self.wide.remove(&conn);
+            }
+            None => {}
+        }
         if self.saved_states.len() + session.docs.len() > MAX_SAVED_STATES {
             self.saved_states.clear();
         }
@@ -847,13 +883,7 @@ impl Protocol {
         if !self.config.push {
             return out;
         }
-        let conns: Vec<ConnId> = self
-            .sessions
-            .iter()
-            .filter(|(_, s)| s.covers(doc))
-            .map(|(c, _)| *c)
-            .collect();
-        for conn in conns {
+        for conn in self.covering(doc) {
             self.push_doc(store, conn, doc, false, &mut out);
         }
         out
@@ -1121,6 +1151,12 @@ impl Protocol {
             }
         };
         let advertise = (!h.advertise_addr.is_empty()).then_some(h.advertise_addr);
+        match &scope {
+            Scope::Doc(d) => self.by_doc.entry(d.clone()).or_default().push(conn),
+            Scope::All | Scope::Cluster(_) => {
+                self.wide.insert(conn);
+            }
+        }
         if let Some(s) = self.sessions.get_mut(&conn) {
             s.hello_received = true;
             s.advertise_addr = advertise.clone();
@@ -1653,12 +1689,13 @@ impl Protocol {
             // every change to every session cost a deferred push per agent per change (a
             // fifth of a replica's protocol thread at 100 agents and 1,000 changes/s).
             let others: Vec<(ConnId, bool, bool)> = self
-                .sessions
-                .iter()
-                .filter(|(c, o)| **c != conn && o.covers(&doc))
-                .map(|(c, o)| {
+                .covering(&doc)
+                .into_iter()
+                .filter(|c| *c != conn)
+                .filter_map(|c| {
+                    let o = self.sessions.get(&c)?;
                     let agent_reaches = reached.is_some_and(|r| r.contains(&o.identity));
-                    (*c, o.identity.is_replica(), agent_reaches)
+                    Some((c, o.identity.is_replica(), agent_reaches))
                 })
                 .collect();
             let delay = self.local.is_replica() && !self.config.relay_delay.is_zero();

@@ -1614,6 +1614,17 @@ impl Store {
             }
             Some((g, false)) if g == generation => self.receive_current(doc, state, msg, signed),
             _ => {
+                // A first message carries only heads: nothing to receive yet, and the protocol
+                // answers it on behalf of an empty document. Starting a side document for it
+                // would let a peer offering many documents at once (a relay's cluster, a new
+                // replica's fleet) fill `max_pending` with documents nothing was sent for.
+                let receiving = self
+                    .pending
+                    .get(doc)
+                    .is_some_and(|p| p.generation == generation);
+                if msg.changes.is_empty() && !receiving {
+                    return Ok(Vec::new());
+                }
                 let Some(p) = self.pending_for(doc, generation)? else {
                     return Ok(Vec::new());
                 };
@@ -2455,6 +2466,42 @@ mod tests {
             other => panic!("unproven changes must be refused, got {other:?}"),
         }
         assert!(n(&relay_copy, "n9").is_none());
+    }
+
+    /// A peer offering many documents at once (a relay's cluster, a new replica's fleet) first
+    /// sends heads only: those start no side document, so `max_pending` bounds only documents
+    /// whose changes are being received.
+    #[test]
+    fn heads_only_first_messages_start_no_side_documents() {
+        let mut replica = Store::in_memory(StoreConfig {
+            durability: Durability::None,
+            max_pending: 2,
+            ..StoreConfig::default()
+        });
+        let mut writer = Store::in_memory(StoreConfig {
+            durability: Durability::None,
+            ..StoreConfig::default()
+        });
+        for i in 0..5 {
+            let doc = DocId::new("c1", format!("n{i}"));
+            let generation = writer.open_writer(&doc).unwrap();
+            writer.apply(&doc, vec![node_upsert("n", i)]).unwrap();
+            let first = writer
+                .generate_sync_message(&doc, generation, &mut SyncState::new())
+                .unwrap()
+                .unwrap();
+            assert!(Message::decode(&first).unwrap().changes.is_empty());
+            let got = replica.receive_sync_message(
+                &doc,
+                generation,
+                &mut SyncState::new(),
+                &first,
+                &|_| true,
+            );
+            assert!(got.is_ok(), "document {i}: {got:?}");
+        }
+        assert!(replica.pending.is_empty());
+        assert!(replica.entries().is_empty());
     }
 
     /// A large change that arrived compressed is sent on in the form it arrived in: relaying a

@@ -20,7 +20,7 @@
 //!   one ([`TransportConfig::outbound_total_bytes`]), so a replica with many slow agents
 //!   cannot buffer many times the per-peer budget. The protocol thread never waits on a slow
 //!   peer: a frame that does not fit is dropped and the protocol is told
-//!   ([`Protocol::on_backpressure`]); anti-entropy repairs the gap later.
+//!   ([`Protocol::on_dropped`]); anti-entropy repairs the gap later.
 //! - Dialing: seeds always, plus replicas learned via peer exchange (agents dial every known
 //!   replica; replicas dial learned replicas whose identity URI sorts after their own, the
 //!   other side dials the rest). Failed or lost connections are redialed with exponential
@@ -805,12 +805,9 @@ fn drive<S: DocStore>(
         let flushed = lock(&store).flush();
         if let Err(e) = flushed {
             warn!(error = %e, frames = held.len(), "store flush failed; outputs of the batch dropped");
-            let mut reset: HashSet<ConnId> = HashSet::new();
             for out in held.drain(..) {
-                if let Output::Send { conn, .. } = out
-                    && reset.insert(conn)
-                {
-                    protocol.on_backpressure(conn);
+                if let Output::Send { conn, envelope } = out {
+                    protocol.on_dropped(conn, &envelope);
                 }
             }
         }
@@ -845,7 +842,7 @@ fn drive<S: DocStore>(
                                 .frames_dropped
                                 .fetch_add(1, Ordering::Relaxed);
                             debug!(peer = %entry.identity, "outbound budget exhausted; frame dropped");
-                            protocol.on_backpressure(conn);
+                            protocol.on_dropped(conn, &envelope);
                         }
                     }
                 }

@@ -112,6 +112,11 @@ pub struct ProtocolConfig {
     /// at a steady update rate one answer per window replaces one per change. Answers that
     /// carry anything else (a request for missing changes, a first exchange) are not delayed.
     pub ack_delay: Duration,
+    /// Most documents one anti-entropy round repairs on one session; the rest differ still and
+    /// are repaired by the next rounds. A replica that finds a new peer empty (or far behind)
+    /// would otherwise start a sync of every document at once, far beyond the peer's outbound
+    /// budget, and every dropped frame costs that document's exchange a restart.
+    pub max_repairs_per_round: usize,
     /// Sending `PeerExchange` (replicas) and learning replicas from received ones. Turned off
     /// only by chaos tests, so that an agent knows no replica but its seeds and the break of
     /// replica-to-replica replication cannot be bypassed by agents reaching every replica.
@@ -123,8 +128,8 @@ impl Default for ProtocolConfig {
         Self {
             anti_entropy_interval: Duration::from_secs(2),
             heartbeat_interval: Duration::from_secs(1),
-            node_anti_entropy_interval: Duration::from_secs(30),
-            node_heartbeat_interval: Duration::from_secs(10),
+            node_anti_entropy_interval: Duration::from_secs(60),
+            node_heartbeat_interval: Duration::from_secs(30),
             peer_exchange_interval: Duration::from_secs(10),
             advertise_addr: None,
             max_entries_per_frame: 50_000,
@@ -133,6 +138,7 @@ impl Default for ProtocolConfig {
             push: true,
             relay_delay: Duration::from_millis(500),
             ack_delay: Duration::from_millis(500),
+            max_repairs_per_round: 4096,
             peer_exchange: true,
         }
     }
@@ -200,7 +206,8 @@ pub struct Counters {
     /// Document entries a replica-to-replica anti-entropy round left out of its comparison
     /// because their writer, or their cluster's relay, reaches both replicas itself.
     pub repairs_left_to_writers: u64,
-    /// Sessions whose outbound queue overflowed (frames dropped by the driver).
+    /// Frames the driver dropped (the peer's outbound queue was full, or what they acknowledged
+    /// could not be made durable); see [`Protocol::on_dropped`].
     pub backpressure_events: u64,
     /// Refusals sent to writers whose own document's messages the store refused.
     pub refusals_sent: u64,
@@ -720,16 +727,29 @@ impl Protocol {
         }
     }
 
-    /// The driver dropped frames for `conn` because its queue was full: forget what is in
-    /// flight so the next anti-entropy round re-sends what the peer missed.
-    pub fn on_backpressure(&mut self, conn: ConnId) {
+    /// The driver dropped `envelope`, one of this protocol's outputs for `conn` (its queue was
+    /// full, or what it acknowledged could not be made durable): when it was a sync message,
+    /// that document's exchange forgets what was in flight, so the next message or anti-entropy
+    /// round re-sends what the peer missed. Only that document: resetting every document of a
+    /// session on each dropped frame made a replica sending a hundred thousand documents to a
+    /// new peer start them all over, again and again. Other frames (digests, entries) are
+    /// repeated by the next anti-entropy round anyway.
+    pub fn on_dropped(&mut self, conn: ConnId, envelope: &pb::Envelope) {
         self.counters.backpressure_events += 1;
-        if let Some(s) = self.sessions.get_mut(&conn) {
-            for ds in s.docs.values_mut() {
-                ds.state.reset();
-                // The dropped frames may have carried a signer chain the peer now lacks.
-                ds.signer_sent = None;
-            }
+        let Some(Body::Sync(sync)) = &envelope.body else {
+            return;
+        };
+        let Some(doc) = wire::doc_from_wire(sync.doc.as_ref()) else {
+            return;
+        };
+        if let Some(ds) = self
+            .sessions
+            .get_mut(&conn)
+            .and_then(|s| s.docs.get_mut(&doc))
+        {
+            ds.state.reset();
+            // The dropped frame may have carried a signer chain the peer now lacks.
+            ds.signer_sent = None;
         }
     }
 
@@ -1326,10 +1346,16 @@ impl Protocol {
         out: &mut Vec<Output>,
     ) {
         let theirs: HashMap<&DocId, &DocEntry> = theirs.iter().map(|e| (&e.doc, e)).collect();
+        let mut repairs = 0;
         for entry in mine {
             if !entry.should_push_to(theirs.get(&entry.doc).copied()) {
                 continue;
             }
+            if repairs == self.config.max_repairs_per_round {
+                // The next rounds find the rest still differing.
+                break;
+            }
+            repairs += 1;
             self.repair_doc(store, conn, &entry.doc, now, out);
         }
     }

@@ -76,7 +76,14 @@ impl Sim {
     }
 
     fn with_delays(ids: Vec<PeerIdentity>, relay_delay: Duration, ack_delay: Duration) -> Self {
-        let config = ProtocolConfig {
+        Self::with_config(ids, |c| {
+            c.relay_delay = relay_delay;
+            c.ack_delay = ack_delay;
+        })
+    }
+
+    fn with_config(ids: Vec<PeerIdentity>, set: impl FnOnce(&mut ProtocolConfig)) -> Self {
+        let mut config = ProtocolConfig {
             anti_entropy_interval: Duration::from_secs(2),
             heartbeat_interval: Duration::from_secs(1),
             node_anti_entropy_interval: Duration::from_secs(2),
@@ -87,10 +94,12 @@ impl Sim {
             jitter_seed: 7,
             anti_entropy: true,
             push: true,
-            relay_delay,
-            ack_delay,
+            relay_delay: Duration::ZERO,
+            ack_delay: Duration::ZERO,
+            max_repairs_per_round: 4096,
             peer_exchange: true,
         };
+        set(&mut config);
         Sim {
             nodes: ids
                 .into_iter()
@@ -1118,4 +1127,31 @@ fn stepping_down_closes_every_session_and_the_next_ones_are_direct() {
         s.scope,
         Some(dramesh_mesh::protocol::Scope::Doc(DocId::new("c1", "lead")))
     );
+}
+
+#[test]
+fn anti_entropy_repairs_a_bounded_number_of_documents_per_round() {
+    // r0 holds 20 documents (written while alone, push off), r1 none; with at most 5 repairs
+    // per round, the first round brings at most 5 and later rounds the rest.
+    let mut sim = Sim::with_config(vec![replica("r0"), replica("r1")], |c| {
+        c.max_repairs_per_round = 5;
+        c.push = false;
+    });
+    let docs: Vec<DocId> = (0..20).map(|i| DocId::new("c1", format!("n{i}"))).collect();
+    for d in &docs {
+        sim.nodes[0].store.put(d, "gpu", "1").unwrap();
+    }
+    sim.connect(0, 1);
+    sim.run();
+    let held = |sim: &Sim| sim.nodes[1].store.len();
+    assert!(
+        held(&sim) <= 10,
+        "{} documents after the hello round",
+        held(&sim)
+    );
+    for _ in 0..20 {
+        sim.tick(Duration::from_secs(2));
+    }
+    assert_eq!(held(&sim), 20);
+    assert_eq!(sim.entries(0), sim.entries(1));
 }

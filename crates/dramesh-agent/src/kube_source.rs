@@ -37,7 +37,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 
 use crate::batch::{Scope, SourceEvent};
-use crate::lease::{Leadership, LeaseConfig, run_election};
+use crate::lease::{Leadership, LeaseConfig, RelayView, run_election};
 use crate::mirror::{Mirror, MirrorEvent};
 use crate::trim::{self, Owner, Record};
 
@@ -58,6 +58,9 @@ pub struct KubeSourceConfig {
     pub cluster_info: ClusterInfo,
     /// How often the API server version is re-read.
     pub version_refresh: Duration,
+    /// Where the election publishes what the Lease says about the cluster's relay (see
+    /// [`crate::lease::RelayView`]); `None` ignores it.
+    pub relay_view: Option<Arc<watch::Sender<RelayView>>>,
 }
 
 impl KubeSourceConfig {
@@ -71,6 +74,7 @@ impl KubeSourceConfig {
             page_size: Some(500),
             cluster_info: ClusterInfo::default(),
             version_refresh: Duration::from_secs(600),
+            relay_view: None,
         }
     }
 }
@@ -348,7 +352,11 @@ pub async fn run_kube_source(
         Some(l) => {
             let (stx, srx) = watch::channel(Leadership::Follower);
             let api = Api::<Lease>::namespaced(client.clone(), &l.namespace);
-            let h = tokio::spawn(run_election(api, l.clone(), stx, async move {
+            let relay = cfg
+                .relay_view
+                .clone()
+                .unwrap_or_else(|| Arc::new(watch::channel(RelayView::None).0));
+            let h = tokio::spawn(run_election(api, l.clone(), stx, relay, async move {
                 let _ = release_rx.await;
             }));
             tasks.spawn(forward_leadership(srx, itx.clone()));

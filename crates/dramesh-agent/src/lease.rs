@@ -9,8 +9,16 @@
 //! renew steps down after `renew_deadline` (shorter than the duration), so it stops
 //! publishing before anyone else can acquire. The term is the Lease's `leaseTransitions`,
 //! which grows by one on every change of holder.
+//!
+//! The holder is also its cluster's mesh relay when it has a relay address
+//! ([`LeaseConfig::relay_addr`]): it writes it on the Lease as the annotation
+//! [`RELAY_ANNOTATION`] with every acquire and renewal (and removes the annotation when it has
+//! none, so a previous holder's address never outlives its term), and every agent reads it with
+//! the Lease it already polls ([`RelayView`]). A release removes it.
 
 use std::time::Duration;
+
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -36,6 +44,27 @@ pub struct LeaseConfig {
     /// A holder that has not renewed successfully for this long steps down. Must be shorter
     /// than `duration`.
     pub renew_deadline: Duration,
+    /// The mesh address this agent serves its cluster's node agents on while it holds the
+    /// Lease (it is then the cluster's relay); `None`: it relays nothing.
+    pub relay_addr: Option<String>,
+}
+
+/// Annotation of the Lease naming the holder's relay address (`host:port`).
+pub const RELAY_ANNOTATION: &str = "dramesh.io/relay";
+/// Longest relay address believed from the annotation.
+pub const MAX_RELAY_ADDR: usize = 256;
+
+/// What the Lease says about the cluster's relay, as this agent last read it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum RelayView {
+    /// Nobody holds the Lease, or the holder publishes no relay address (no relay: agents
+    /// dial the replicas).
+    #[default]
+    None,
+    /// This agent holds the Lease.
+    Me,
+    /// Another agent holds it and serves the cluster's node agents at this address.
+    Holder(String),
 }
 
 impl LeaseConfig {
@@ -48,6 +77,7 @@ impl LeaseConfig {
             duration: Duration::from_secs(15),
             renew_every: Duration::from_secs(5),
             renew_deadline: Duration::from_secs(10),
+            relay_addr: None,
         }
     }
 }
@@ -73,6 +103,8 @@ pub struct LeaseRecord {
     pub duration: Duration,
     /// `leaseTransitions` (the term).
     pub transitions: u64,
+    /// The [`RELAY_ANNOTATION`], when set, non-empty and at most [`MAX_RELAY_ADDR`] bytes.
+    pub relay: Option<String>,
 }
 
 impl LeaseRecord {
@@ -89,6 +121,22 @@ impl LeaseRecord {
                     .max(0) as u64,
             ),
             transitions: spec.and_then(|s| s.lease_transitions).unwrap_or(0).max(0) as u64,
+            relay: lease
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(RELAY_ANNOTATION))
+                .filter(|a| !a.is_empty() && a.len() <= MAX_RELAY_ADDR)
+                .cloned(),
+        }
+    }
+
+    /// The cluster's relay as this record tells agent `me`.
+    pub fn relay_view(&self, me: &str) -> RelayView {
+        match (&self.holder, &self.relay) {
+            (Some(h), _) if h == me => RelayView::Me,
+            (Some(_), Some(addr)) => RelayView::Holder(addr.clone()),
+            _ => RelayView::None,
         }
     }
 }
@@ -176,7 +224,26 @@ pub fn lease_for(
     spec.lease_duration_seconds = Some(duration_secs(cfg.duration));
     spec.lease_transitions = Some(i32::try_from(term).unwrap_or(i32::MAX));
     lease.spec = Some(spec);
+    set_relay_annotation(&mut lease, cfg.relay_addr.as_deref());
     Some(lease)
+}
+
+/// Sets the [`RELAY_ANNOTATION`] to `addr`, or removes it.
+fn set_relay_annotation(lease: &mut Lease, addr: Option<&str>) {
+    match addr {
+        Some(addr) => {
+            lease
+                .metadata
+                .annotations
+                .get_or_insert_with(BTreeMap::new)
+                .insert(RELAY_ANNOTATION.to_string(), addr.to_string());
+        }
+        None => {
+            if let Some(a) = lease.metadata.annotations.as_mut() {
+                a.remove(RELAY_ANNOTATION);
+            }
+        }
+    }
 }
 
 /// A write lost the optimistic-concurrency race.
@@ -185,12 +252,14 @@ fn is_conflict(e: &kube::Error) -> bool {
 }
 
 /// Runs the election until `shutdown` resolves, publishing the current [`Leadership`] on
-/// `state`. On shutdown a held Lease is released (holder cleared, duration 1 s) so another
-/// agent can take over at once.
+/// `state` and what the Lease says about the cluster's relay on `relay`. On shutdown a held
+/// Lease is released (holder cleared, duration 1 s, relay annotation removed) so another agent
+/// can take over at once.
 pub async fn run_election(
     api: Api<Lease>,
     cfg: LeaseConfig,
     state: watch::Sender<Leadership>,
+    relay: std::sync::Arc<watch::Sender<RelayView>>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let mut observed: Option<(Option<String>, Option<String>, Instant)> = None;
@@ -219,6 +288,9 @@ pub async fn run_election(
                     }
                 };
                 let record = current.as_ref().map(LeaseRecord::of);
+                let view = record
+                    .as_ref()
+                    .map_or(RelayView::None, |r| r.relay_view(&cfg.identity));
                 let action = decide(record.as_ref(), &cfg.identity, unchanged_for);
                 match lease_for(&cfg, current.as_ref(), &action) {
                     None => {
@@ -229,6 +301,7 @@ pub async fn run_election(
                         state.send_if_modified(|s| {
                             std::mem::replace(s, Leadership::Follower) != Leadership::Follower
                         });
+                        relay.send_if_modified(|r| std::mem::replace(r, view.clone()) != view);
                     }
                     Some(lease) => {
                         let term = lease
@@ -247,6 +320,9 @@ pub async fn run_election(
                                 last_renew = Some(started);
                                 let new = Leadership::Leader { term };
                                 state.send_if_modified(|s| std::mem::replace(s, new) != new);
+                                relay.send_if_modified(|r| {
+                                    std::mem::replace(r, RelayView::Me) != RelayView::Me
+                                });
                             }
                             Err(e) if is_conflict(&e) => {
                                 // Someone else wrote first; re-read at once.
@@ -269,6 +345,7 @@ pub async fn run_election(
             state.send_if_modified(|s| {
                 std::mem::replace(s, Leadership::Follower) != Leadership::Follower
             });
+            relay.send_if_modified(|r| std::mem::replace(r, RelayView::None) != RelayView::None);
         }
         let pause = if retry_now {
             Duration::ZERO
@@ -282,6 +359,7 @@ pub async fn run_election(
     }
     if matches!(*state.borrow(), Leadership::Leader { .. }) {
         state.send_replace(Leadership::Follower);
+        relay.send_replace(RelayView::None);
         release(&api, &cfg).await;
     }
 }
@@ -297,6 +375,7 @@ async fn release(api: &Api<Lease>, cfg: &LeaseConfig) {
     spec.holder_identity = None;
     spec.lease_duration_seconds = Some(1);
     spec.renew_time = Some(now());
+    set_relay_annotation(&mut lease, None);
     if let Err(e) = api.replace(&cfg.name, &PostParams::default(), &lease).await {
         tracing::warn!(lease = %cfg.name, error = %e, "cannot release lease");
     }
@@ -311,7 +390,37 @@ mod tests {
             holder: holder.map(str::to_string),
             duration: Duration::from_secs(secs),
             transitions,
+            relay: None,
         }
+    }
+
+    #[test]
+    fn the_holder_publishes_its_relay_address_and_a_holder_without_one_removes_it() {
+        let mut cfg = LeaseConfig::new("ns", "l", "a");
+        cfg.relay_addr = Some("10.0.0.1:7947".into());
+        let l = lease_for(&cfg, None, &LeaseAction::Create).unwrap();
+        let r = LeaseRecord::of(&l);
+        assert_eq!(r.relay.as_deref(), Some("10.0.0.1:7947"));
+        assert_eq!(r.relay_view("a"), RelayView::Me);
+        assert_eq!(r.relay_view("b"), RelayView::Holder("10.0.0.1:7947".into()));
+        // b takes over without a relay address: a's address must not outlive a's term.
+        let mut b = LeaseConfig::new("ns", "l", "b");
+        b.relay_addr = None;
+        let l = lease_for(&b, Some(&l), &LeaseAction::Acquire { term: 1 }).unwrap();
+        let r = LeaseRecord::of(&l);
+        assert_eq!(r.relay, None);
+        assert_eq!(r.relay_view("a"), RelayView::None);
+        assert_eq!(r.relay_view("b"), RelayView::Me);
+        // No holder: no relay, whatever the annotation says; an oversized one is ignored.
+        let mut free = rec(None, 1, 2);
+        free.relay = Some("10.0.0.1:7947".into());
+        assert_eq!(free.relay_view("a"), RelayView::None);
+        let mut l = l;
+        l.metadata.annotations = Some(BTreeMap::from([(
+            RELAY_ANNOTATION.to_string(),
+            "x".repeat(MAX_RELAY_ADDR + 1),
+        )]));
+        assert_eq!(LeaseRecord::of(&l).relay, None);
     }
 
     #[test]

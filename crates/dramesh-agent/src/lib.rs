@@ -25,5 +25,5 @@ pub use batch::{Batch, Scope, SourceEvent};
 pub use coalesce::{CoalesceConfig, Coalescer, run_coalescer, spawn_coalescer};
 pub use dir_source::{DirConfig, run_dir_source};
 pub use kube_source::{AgentError, KubeSourceConfig, run_kube_source};
-pub use lease::{Leadership, LeaseConfig};
+pub use lease::{Leadership, LeaseConfig, RelayView};
 pub use publish::{Agent, AgentConfig, AgentSource, CredentialFiles};

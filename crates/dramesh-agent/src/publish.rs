@@ -15,6 +15,13 @@
 //! ([`crate::trim`]), or all to the cluster scope in folder mode, so a restart followed
 //! by a snapshot removes what disappeared meanwhile.
 //!
+//! Relay (DaemonSet mode with a Lease): whatever the Lease says about the cluster's relay
+//! ([`RelayView`]) is applied to the mesh node: the holder with a relay address is the relay
+//! ([`MeshHandle::set_relay`]); every other agent dials the holder's published address
+//! ([`MeshHandle::set_relay_target`]), or the replicas when there is none (and while the
+//! relay is unreachable, see `NodeConfig::relay_fallback`). Copies of other nodes' documents
+//! left from an earlier term as relay are dropped at start.
+//!
 //! Observability: every committed batch is a `mesh.sync` span (`peer = "*"`: it is pushed to
 //! every connected replica) and counts in `dramesh_agent_batches_total`; with
 //! [`AgentConfig::metrics`] set the agent serves `GET /metrics` (mesh peers, bytes, refused
@@ -43,6 +50,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tracing::Instrument as _;
 
+use crate::lease::RelayView;
 use crate::trim::{self, Owner};
 use crate::{Batch, CoalesceConfig, DirConfig, Scope};
 
@@ -65,6 +73,10 @@ pub enum AgentSource {
         lease_namespace: Option<String>,
         /// Also watch `resource.k8s.io/v1beta2` DeviceTaintRules.
         watch_device_taint_rules: bool,
+        /// The mesh address (`host:port`) node agents reach this agent at: while it holds the
+        /// Lease it is its cluster's relay and publishes the address on the Lease. `None`:
+        /// it never relays (it still follows another holder's relay).
+        relay_advertise: Option<String>,
     },
 }
 
@@ -228,6 +240,12 @@ impl Agent {
                 store
                     .open_writer(&doc)
                     .with_context(|| format!("{what}: opening its document"))?;
+                // Copies this agent carried as its cluster's relay in an earlier run: it pulls
+                // them again if it relays again.
+                let dropped = dramesh_mesh::DocStore::drop_copies(&mut store);
+                if dropped > 0 {
+                    tracing::info!(dropped, "dropped the documents carried as relay before");
+                }
                 if rejoin {
                     let generation = store
                         .rollover(&doc)
@@ -306,6 +324,7 @@ impl Agent {
                 node_name,
                 lease_namespace,
                 watch_device_taint_rules,
+                relay_advertise,
             } => {
                 let client = kube::Client::try_default()
                     .await
@@ -313,8 +332,23 @@ impl Agent {
                 let mut cfg = crate::KubeSourceConfig::new(&node_name);
                 cfg.watch_device_taint_rules = watch_device_taint_rules;
                 cfg.lease = lease_namespace.map(|ns| {
-                    crate::LeaseConfig::new(&ns, &format!("dramesh-agent-{cluster}"), &name)
+                    let mut l =
+                        crate::LeaseConfig::new(&ns, &format!("dramesh-agent-{cluster}"), &name);
+                    l.relay_addr = relay_advertise.clone();
+                    l
                 });
+                if cfg.lease.is_some() {
+                    let (tx, rx) = watch::channel(RelayView::None);
+                    cfg.relay_view = Some(Arc::new(tx));
+                    let (mesh, stop) = (mesh.clone(), stopped(stop_rx.clone()));
+                    let relays = relay_advertise.is_some();
+                    tasks.spawn(async move {
+                        tokio::select! {
+                            () = follow_relay(rx, mesh, relays) => {}
+                            () = stop => {}
+                        }
+                    });
+                }
                 let stop = stopped(stop_rx.clone());
                 tasks.spawn(async move {
                     tokio::select! {
@@ -361,6 +395,56 @@ impl Agent {
     pub async fn shutdown(mut self) {
         dramesh_mesh::daemon::shutdown(&self.stop, &mut self.tasks, self.mesh).await;
         tracing::info!(cluster = %self.cluster, agent = %self.name, "agent stopped");
+    }
+}
+
+/// What the mesh node does about a [`RelayView`]: (be the relay, the relay to dial). The Lease
+/// holder relays only when it has a relay address (`can_relay`); every other agent dials the
+/// holder's published relay, or nobody but the replicas when there is none.
+fn relay_plan(view: &RelayView, can_relay: bool) -> (bool, Option<&str>) {
+    match view {
+        RelayView::Me => (can_relay, None),
+        RelayView::Holder(addr) => (false, Some(addr.as_str())),
+        RelayView::None => (false, None),
+    }
+}
+
+/// Applies every [`RelayView`] the election publishes to the mesh node (see [`relay_plan`]).
+/// A relay address that does not resolve within 5 s is logged and treated as no relay.
+async fn follow_relay(
+    mut view: watch::Receiver<RelayView>,
+    mesh: Arc<MeshHandle>,
+    can_relay: bool,
+) {
+    loop {
+        let v = view.borrow_and_update().clone();
+        let (relay, target) = relay_plan(&v, can_relay);
+        let resolved = match target {
+            None => None,
+            Some(addr) => {
+                let lookup = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    tokio::net::lookup_host(addr.to_string()),
+                )
+                .await;
+                match lookup {
+                    Ok(Ok(mut addrs)) => addrs.next(),
+                    Ok(Err(e)) => {
+                        tracing::warn!(relay = %addr, error = %e, "the cluster's relay address does not resolve; dialing the replicas");
+                        None
+                    }
+                    Err(_) => {
+                        tracing::warn!(relay = %addr, "resolving the cluster's relay address timed out; dialing the replicas");
+                        None
+                    }
+                }
+            }
+        };
+        mesh.set_relay(relay).await;
+        mesh.set_relay_target(resolved);
+        if view.changed().await.is_err() {
+            return;
+        }
     }
 }
 
@@ -497,6 +581,15 @@ mod tests {
                 ObjectChange::Delete { key } => format!("-{}", key.name),
             })
             .collect()
+    }
+
+    #[test]
+    fn only_the_holder_with_an_address_relays_and_the_others_follow_it() {
+        assert_eq!(relay_plan(&RelayView::Me, true), (true, None));
+        assert_eq!(relay_plan(&RelayView::Me, false), (false, None));
+        let h = RelayView::Holder("10.0.0.1:7947".into());
+        assert_eq!(relay_plan(&h, true), (false, Some("10.0.0.1:7947")));
+        assert_eq!(relay_plan(&RelayView::None, true), (false, None));
     }
 
     #[test]

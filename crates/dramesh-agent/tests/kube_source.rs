@@ -1,13 +1,15 @@
 //! The kube source against an in-process fake API server (`dramesh-fakeapi`), driven by
 //! the real kube client: initial chunked list, watch events, dropped watches, 410 re-lists,
-//! node deletion, and Lease handover between two agents.
+//! node deletion, Lease handover between two agents, and the relay address the holder publishes
+//! on the Lease for the other agents.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::time::Duration;
 
 use dramesh_agent::{
-    Batch, CoalesceConfig, KubeSourceConfig, LeaseConfig, Scope, run_kube_source, spawn_coalescer,
+    Batch, CoalesceConfig, KubeSourceConfig, LeaseConfig, RelayView, Scope, run_kube_source,
+    spawn_coalescer,
 };
 use dramesh_fakeapi::FakeApi;
 use dramesh_model::{ClusterObject, ObjectChange, ObjectKey, ObjectKind};
@@ -548,6 +550,66 @@ async fn graceful_shutdown_releases_the_lease() {
             .get("Lease", Some("kube-system"), "dramesh-agent")
             .unwrap();
         assert_eq!(l["spec"]["holderIdentity"], "agent-b");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_holder_publishes_its_relay_address_and_followers_read_it() {
+    bounded(async {
+        let api = FakeApi::start().await;
+        let nodes = seed(&api);
+        let start = |node: &str, identity: &str, relay: Option<&str>| {
+            let (tx, rx) = tokio::sync::watch::channel(RelayView::None);
+            let (btx, brx) = spawn_coalescer(CoalesceConfig {
+                max_delay: Duration::from_millis(50),
+                max_pending: 1000,
+            });
+            let mut cfg = KubeSourceConfig::new(node);
+            let mut l = lease(identity, 1500);
+            l.relay_addr = relay.map(str::to_string);
+            cfg.lease = Some(l);
+            cfg.relay_view = Some(std::sync::Arc::new(tx));
+            let task = tokio::spawn(run_kube_source(api.client(), cfg, btx));
+            (rx, brx, task)
+        };
+        let (mut a_view, a_rx, a_task) = start(&nodes[0], "agent-a", Some("10.0.0.1:7947"));
+        let wait = |rx: &mut tokio::sync::watch::Receiver<RelayView>, want: RelayView| {
+            let mut rx = rx.clone();
+            async move {
+                tokio::time::timeout(LIMIT, rx.wait_for(|v| *v == want))
+                    .await
+                    .expect("relay view")
+                    .expect("election running");
+            }
+        };
+        wait(&mut a_view, RelayView::Me).await;
+        let l = api
+            .get("Lease", Some("kube-system"), "dramesh-agent")
+            .unwrap();
+        assert_eq!(
+            l["metadata"]["annotations"]["dramesh.io/relay"],
+            "10.0.0.1:7947"
+        );
+        // B follows A's relay; it has no relay address of its own.
+        let (mut b_view, _b_rx, b_task) = start(&nodes[1], "agent-b", None);
+        wait(&mut b_view, RelayView::Holder("10.0.0.1:7947".into())).await;
+        // A shuts down and releases; B takes over and, relaying nothing, removes the address.
+        drop(a_rx);
+        tokio::time::timeout(LIMIT, a_task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        wait(&mut b_view, RelayView::Me).await;
+        let l = api
+            .get("Lease", Some("kube-system"), "dramesh-agent")
+            .unwrap();
+        assert!(
+            l["metadata"]["annotations"]["dramesh.io/relay"].is_null(),
+            "{l}"
+        );
+        b_task.abort();
     })
     .await;
 }

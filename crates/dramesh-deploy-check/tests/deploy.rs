@@ -317,6 +317,10 @@ fn agent_daemonset_runs_one_agent_per_node_with_probes() {
     assert!(flag_values(c, "--mesh-cert").is_empty() && flag_values(c, "--mesh-key").is_empty());
     assert_eq!(flag_values(c, "--mesh-ca"), ["/etc/dramesh/tls/ca.crt"]);
     assert_eq!(flag_values(c, "--data-dir"), ["/var/lib/dramesh"]);
+    // The Lease holder is the cluster's relay: node agents reach it at its pod IP on the mesh
+    // port, which the agent listens on (a fixed port, not an ephemeral one).
+    assert_eq!(flag_values(c, "--listen"), ["0.0.0.0:7947"]);
+    assert_eq!(flag_values(c, "--relay-advertise"), ["$(POD_IP):7947"]);
 
     let env: BTreeMap<&str, &str> = c
         .env
@@ -334,11 +338,20 @@ fn agent_daemonset_runs_one_agent_per_node_with_probes() {
         .collect();
     assert_eq!(env.get("NODE_NAME"), Some(&"spec.nodeName"));
     assert_eq!(env.get("POD_NAMESPACE"), Some(&"metadata.namespace"));
+    assert_eq!(env.get("POD_IP"), Some(&"status.podIP"));
 
-    let port = one(c.ports.iter().flatten().collect(), "port");
+    let ports: BTreeSet<(Option<&str>, i32, Option<&str>)> = c
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| (p.name.as_deref(), p.container_port, p.protocol.as_deref()))
+        .collect();
     assert_eq!(
-        (port.name.as_deref(), port.container_port),
-        (Some("metrics"), 9090)
+        ports,
+        BTreeSet::from([
+            (Some("metrics"), 9090, Some("TCP")),
+            (Some("mesh"), 7947, Some("UDP")),
+        ])
     );
     for (probe, path) in [
         (&c.liveness_probe, "/healthz"),

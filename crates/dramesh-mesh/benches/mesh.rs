@@ -2,29 +2,40 @@
 //! --bench mesh`).
 //!
 //! Topology: 3 replicas, each a child process (this binary re-executed with a role argument,
-//! so its resident memory is its own), each with an fsynced store in a temp dir; one
-//! directory-mode agent per member cluster (one document per cluster) in the parent process.
-//! Replica r2 sits behind a UDP relay that can drop everything (the partition).
+//! so its resident memory and CPU are its own), each with an fsynced store in a temp dir;
+//! writers in the parent process. Replica r2 sits behind a UDP relay that can drop everything
+//! (the partition). Writers (`MESH_AGENTS`):
+//! - `dir` (default): one directory-mode agent per member cluster (one document per cluster);
+//! - `node`: the DaemonSet shape, one writer per node with its own document and the
+//!   cluster-scoped records from the cluster's Lease holder (`mesh_parts/nodes.rs`); every
+//!   writer dials every replica. Also measures the per-connection and per-document costs.
 //!
 //! Phases and figures:
-//! 1. fleet load: agents build their documents from `dramesh-sim` clusters, then connect;
+//! 1. fleet load: writers build their documents from `dramesh-sim` clusters, then connect;
 //!    time until every replica holds every document.
-//! 2. steady updates at `MESH_RATE` node updates/s spread over the clusters: propagation
-//!    latency agent -> all 3 replicas (p50/p99), frame bytes on the wire per update vs the
-//!    JSON size of the changed Node.
+//! 2. steady updates at `MESH_RATE` node updates/s spread over the writers: propagation
+//!    latency writer -> all 3 replicas (p50/p99), frame bytes on the wire per update vs the
+//!    JSON size of the changed Node, replica CPU (from `/proc/<pid>/stat`), sessions, open
+//!    file descriptors and threads.
 //! 3. partition r2 for `MESH_PARTITION_SECS` while updates continue, stop updates and heal:
-//!    time until all replicas hold the agents' state.
+//!    time until all replicas hold the writers' state.
 //! 4. a new replica with an empty directory joins: time and bytes to load the fleet.
 //! 5. resident memory of every replica process.
-//! 6. layout probe: resident cost of one document per node vs one per cluster (child process).
+//! 6. layout probe (directory mode): resident cost of one document per node vs one per
+//!    cluster (child process).
 //!
 //! Knobs (env): MESH_CLUSTERS (100), MESH_NODES (1000 per cluster), MESH_RATE (1000),
 //! MESH_STEADY_SECS (15), MESH_PARTITION_SECS (10; the issue's scenario is 60),
-//! MESH_LAYOUT_NODES (2000, 0 skips), MESH_LOG (tracing filter for stderr, default `warn`).
+//! MESH_LAYOUT_NODES (2000 in directory mode, else 0; 0 skips), MESH_LOG (tracing filter for stderr, default `warn`).
 //! The defaults run the issue's fleet and rate with shorter measured windows so the whole
 //! bench fits in about 5 minutes on a 2-core machine; `MESH_PARTITION_SECS=60` measures the
 //! full partition. Prints a table, a summary of the issue's targets with PASS/FAIL, and one
 //! `MESH_BENCH_JSON {...}` line.
+
+#[path = "mesh_parts/nodes.rs"]
+mod nodes;
+#[path = "mesh_parts/relay.rs"]
+mod relayed;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -69,6 +80,14 @@ fn rss_bytes() -> u64 {
                 .and_then(|kb| kb.parse::<u64>().ok())
         })
         .map_or(0, |kb| kb * 1024)
+}
+
+/// Bytes the allocator has handed out and not taken back (glibc `mallinfo2`): unlike the
+/// resident set, it does not hide allocations that reuse memory freed earlier.
+fn heap_bytes() -> u64 {
+    // SAFETY: mallinfo2 only reads the allocator's counters.
+    let m = unsafe { libc::mallinfo2() };
+    (m.uordblks + m.hblkhd) as u64
 }
 
 fn free_udp_addr() -> SocketAddr {
@@ -185,6 +204,7 @@ fn replica_main(args: &[String]) {
                         "replica_peers": peers.iter().filter(|p| p.identity.is_replica()).count(),
                         "peers": peers.len(),
                         "rss": rss_bytes(),
+                        "heap": heap_bytes(),
                         "applied": c.applied,
                         "sync_in": c.sync_in,
                         "sync_out": c.sync_out,
@@ -205,6 +225,12 @@ fn replica_main(args: &[String]) {
                     let _ = writeln!(o, "STATUS {line}");
                     let _ = o.flush();
                 }
+                "census" => {
+                    let line = census(&store, Path::new(dir));
+                    let mut o = out.lock().expect("stdout lock");
+                    let _ = writeln!(o, "STATUS {line}");
+                    let _ = o.flush();
+                }
                 "quit" => break,
                 other => eprintln!("replica {id}: unknown command {other:?}"),
             }
@@ -213,6 +239,34 @@ fn replica_main(args: &[String]) {
             h.shutdown().await;
         }
     });
+}
+
+/// What a replica's store costs at its size: files and bytes in its data directory, and how
+/// long the anti-entropy answers take that scan the whole store (the root digest, and the
+/// entries of all 64 buckets, which a mismatch of every bucket asks for).
+fn census(store: &Mutex<MeshStore>, dir: &Path) -> Value {
+    let (mut files, mut bytes) = (0u64, 0u64);
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.path().extension().is_some_and(|x| x == "amdoc") {
+                files += 1;
+                bytes += e.metadata().map_or(0, |m| m.len());
+            }
+        }
+    }
+    let s = store.lock().expect("store lock");
+    let t = Instant::now();
+    let root = s.digest().root();
+    let digest_ms = t.elapsed().as_secs_f64() * 1e3;
+    let t = Instant::now();
+    let mut entries = 0;
+    for b in 0..dramesh_store::DIGEST_BUCKETS {
+        entries += s.bucket_entries(b).len();
+    }
+    let buckets_ms = t.elapsed().as_secs_f64() * 1e3;
+    json!({"files": files, "dir_bytes": bytes, "docs": s.store().entries().len(),
+           "digest_ms": digest_ms, "all_buckets_ms": buckets_ms, "bucket_entries": entries,
+           "root": root.to_string()})
 }
 
 /// `__layout <node|cluster> <nodes>`: resident bytes of a store holding `nodes` nodes' objects
@@ -242,11 +296,196 @@ fn layout_main(args: &[String]) {
     }
     drop(cluster);
     let before = rss_bytes();
+    let heap_before = heap_bytes();
     let started = Instant::now();
     let mut store = Store::in_memory(StoreConfig {
         durability: Durability::None,
         ..StoreConfig::default()
     });
+    if mode == "am" {
+        // Bare automerge: one document of a node's records, built by a transaction, received
+        // through sync, and loaded from a save.
+        use automerge::sync::SyncDoc as _;
+        use automerge::transaction::Transactable as _;
+        let build = |changes: &[ObjectChange]| {
+            let mut d = automerge::Automerge::new();
+            let mut tx = d.transaction();
+            for c in changes {
+                if let ObjectChange::Upsert { key, json } = c {
+                    tx.put(automerge::ROOT, key.to_string(), json.to_vec())
+                        .expect("put");
+                }
+            }
+            tx.commit();
+            d
+        };
+        let per = |f: &dyn Fn() -> Vec<automerge::Automerge>| {
+            let before = heap_bytes();
+            let docs = f();
+            let per = heap_bytes().saturating_sub(before) / docs.len().max(1) as u64;
+            drop(docs);
+            per
+        };
+        let built = per(&|| per_node.iter().map(|(_, c)| build(c)).collect());
+        let originals: Vec<automerge::Automerge> = per_node.iter().map(|(_, c)| build(c)).collect();
+        let received = per(&|| {
+            originals
+                .iter()
+                .map(|o| {
+                    let mut o = o.clone();
+                    let mut r = automerge::Automerge::new();
+                    let (mut so, mut sr) =
+                        (automerge::sync::State::new(), automerge::sync::State::new());
+                    for _ in 0..8 {
+                        let m1 = o.generate_sync_message(&mut so);
+                        if let Some(m) = m1.clone() {
+                            r.receive_sync_message(&mut sr, m).expect("receive");
+                        }
+                        let m2 = r.generate_sync_message(&mut sr);
+                        if let Some(m) = m2.clone() {
+                            o.receive_sync_message(&mut so, m).expect("receive");
+                        }
+                        if m1.is_none() && m2.is_none() {
+                            break;
+                        }
+                    }
+                    r
+                })
+                .collect()
+        });
+        let loaded = per(&|| {
+            originals
+                .iter()
+                .filter_map(|o| automerge::Automerge::load(&o.save()).ok())
+                .collect()
+        });
+        let json: usize = per_node
+            .iter()
+            .flat_map(|(_, c)| c.iter())
+            .map(|c| match c {
+                ObjectChange::Upsert { json, .. } => json.len(),
+                ObjectChange::Delete { .. } => 0,
+            })
+            .sum();
+        let deflate = |b: &[u8]| {
+            use std::io::Write as _;
+            let mut e = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast());
+            let _ = e.write_all(b);
+            e.finish().unwrap_or_default()
+        };
+        let compressed: Vec<Vec<ObjectChange>> = per_node
+            .iter()
+            .map(|(_, c)| {
+                c.iter()
+                    .map(|c| match c {
+                        ObjectChange::Upsert { key, json } => ObjectChange::Upsert {
+                            key: key.clone(),
+                            json: deflate(json).into(),
+                        },
+                        d => d.clone(),
+                    })
+                    .collect()
+            })
+            .collect();
+        let zjson: usize = compressed
+            .iter()
+            .flatten()
+            .map(|c| match c {
+                ObjectChange::Upsert { json, .. } => json.len(),
+                ObjectChange::Delete { .. } => 0,
+            })
+            .sum();
+        let built_z = per(&|| compressed.iter().map(|c| build(c)).collect());
+        println!(
+            "LAYOUT {}",
+            json!({"mode": "am", "nodes": nodes, "json_per_doc": json / nodes.max(1),
+                   "deflated_json_per_doc": zjson / nodes.max(1),
+                   "built": built, "built_deflated": built_z, "received": received, "loaded": loaded})
+        );
+        return;
+    }
+    if mode == "copies" {
+        // A replica's copies of per-node documents: each writer's document synced into one
+        // store, then (a second figure) three sessions' sync states kept per document, as a
+        // replica keeps them for its relay and two peer replicas.
+        let mut writers: Vec<(DocId, Store)> = Vec::new();
+        for (node, changes) in per_node {
+            let doc = DocId::new(spec.name.clone(), node);
+            let mut w = Store::in_memory(StoreConfig {
+                durability: Durability::None,
+                ..StoreConfig::default()
+            });
+            w.open_writer(&doc).expect("open writer");
+            w.apply(&doc, changes).expect("apply");
+            writers.push((doc, w));
+        }
+        let before = heap_bytes();
+        let mut replica = Store::in_memory(StoreConfig {
+            durability: Durability::None,
+            ..StoreConfig::default()
+        });
+        let mut states = Vec::new();
+        for (doc, w) in &mut writers {
+            let generation = w.entry(doc).expect("entry").generation;
+            let (mut sw, mut sr) = (
+                dramesh_store::SyncState::new(),
+                dramesh_store::SyncState::new(),
+            );
+            for _ in 0..8 {
+                let m1 = w
+                    .generate_sync_message(doc, generation, &mut sw)
+                    .expect("generate");
+                if let Some(m) = &m1 {
+                    replica
+                        .receive_sync_message(doc, generation, &mut sr, m, &|_| true)
+                        .expect("receive");
+                }
+                let m2 = replica
+                    .generate_sync_message(doc, generation, &mut sr)
+                    .expect("generate");
+                if let Some(m) = &m2 {
+                    w.receive_sync_message(doc, generation, &mut sw, m, &|_| true)
+                        .expect("receive");
+                }
+                if m1.is_none() && m2.is_none() {
+                    break;
+                }
+            }
+            states.push(sr);
+        }
+        let copies = heap_bytes().saturating_sub(before);
+        let before = heap_bytes();
+        let more: Vec<_> = states.iter().flat_map(|s| [s.clone(), s.clone()]).collect();
+        let two_more_states = heap_bytes().saturating_sub(before);
+        // The same documents as automerge loads them from a save.
+        let before = heap_bytes();
+        let loaded: Vec<automerge::Automerge> = writers
+            .iter()
+            .filter_map(|(d, w)| automerge::Automerge::load(&w.automerge_doc(d)?.save()).ok())
+            .collect();
+        let loaded_heap = heap_bytes().saturating_sub(before);
+        let before = heap_bytes();
+        let received: Vec<automerge::Automerge> = writers
+            .iter()
+            .filter_map(|(d, _)| Some(replica.automerge_doc(d)?.clone()))
+            .collect();
+        let cloned_heap = heap_bytes().saturating_sub(before);
+        eprintln!(
+            "automerge per doc: loaded from save {} B, clone of the received copy {} B",
+            loaded_heap / nodes.max(1) as u64,
+            cloned_heap / nodes.max(1) as u64
+        );
+        drop((loaded, received));
+        println!(
+            "LAYOUT {}",
+            json!({"mode": "copies", "nodes": nodes, "docs": writers.len(),
+                   "heap_per_copy": copies / nodes.max(1) as u64,
+                   "heap_per_sync_state": two_more_states / (2 * nodes.max(1)) as u64,
+                   "rss": rss_bytes(), "keys": replica.snapshot().len()})
+        );
+        drop(more);
+        return;
+    }
     let docs = if mode == "node" {
         for (node, changes) in per_node {
             let doc = DocId::new(spec.name.clone(), node);
@@ -263,9 +502,11 @@ fn layout_main(args: &[String]) {
     };
     let took = started.elapsed();
     let grown = rss_bytes().saturating_sub(before);
+    let heap = heap_bytes().saturating_sub(heap_before);
     println!(
         "LAYOUT {}",
         json!({"mode": mode, "nodes": nodes, "docs": docs, "rss_growth": grown,
+               "heap_growth": heap, "heap_per_doc": heap / docs.max(1) as u64,
                "build_secs": took.as_secs_f64(), "keys": store.snapshot().len()})
     );
 }
@@ -348,6 +589,28 @@ impl ReplicaProc {
             .unwrap_or_else(|e| panic!("replica {} gave no status: {e}", self.name))
     }
 
+    /// Sends `census` (see [`census`]) and waits for the answer.
+    fn census(&mut self) -> Value {
+        writeln!(self.stdin, "census").expect("write to replica");
+        self.stdin.flush().expect("flush replica stdin");
+        self.status
+            .recv_timeout(Duration::from_secs(300))
+            .unwrap_or_else(|e| panic!("replica {} gave no census: {e}", self.name))
+    }
+
+    /// CPU seconds the process has used (user + system, from `/proc/<pid>/stat`).
+    fn cpu_secs(&self) -> f64 {
+        proc_cpu_secs(self.child.id())
+    }
+
+    /// Open file descriptors and threads of the process.
+    fn fds_threads(&self) -> (usize, usize) {
+        let count = |what: &str| {
+            std::fs::read_dir(format!("/proc/{}/{what}", self.child.id())).map_or(0, |d| d.count())
+        };
+        (count("fd"), count("task"))
+    }
+
     fn quit(mut self) {
         let _ = writeln!(self.stdin, "quit");
         let _ = self.stdin.flush();
@@ -361,6 +624,23 @@ impl ReplicaProc {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// CPU seconds (user + system) process `pid` has used, from `/proc/<pid>/stat`.
+fn proc_cpu_secs(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the command name, which may hold spaces: state is the 3rd field, utime
+    // and stime the 14th and 15th.
+    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+        return 0.0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    (ticks(11) + ticks(12)) as f64 / hz
 }
 
 fn u(v: &Value, k: &str) -> u64 {
@@ -428,12 +708,130 @@ struct AgentNode {
     nodes: Vec<Value>,
 }
 
-fn expected_root(agents: &[AgentNode]) -> u64 {
-    let entries: Vec<_> = agents
-        .iter()
-        .filter_map(|a| a.store.lock().ok()?.entry(&a.doc.clone()))
-        .collect();
-    dramesh_store::Digest::from_entries(entries.iter()).root()
+/// The fleet's writers as the measured phases see them: who takes the next node update, what
+/// digest root the replicas must reach, and what the writers sent.
+trait Writers: Send + Sync + 'static {
+    /// Writers that take node updates.
+    fn count(&self) -> usize;
+    /// Whether the update workload picks the writer at random (one document per node) rather
+    /// than by sequence (one document per cluster, the node at random).
+    fn random_writer(&self) -> bool;
+    /// Writes one update of a node of writer `i` (which node: `pick`) carrying `seq`, and tells
+    /// its mesh node. Returns the Node JSON's size.
+    fn update(
+        &self,
+        rt: &tokio::runtime::Handle,
+        i: usize,
+        pick: u64,
+        seq: u64,
+    ) -> Result<usize, String>;
+    /// The digest root of every writer's document as it is now.
+    fn root(&self) -> u64;
+    /// Mesh frame bytes sent so far, per hop: (label, bytes). The last hop reaches the replicas.
+    fn egress(&self, rt: &tokio::runtime::Runtime) -> Vec<(&'static str, u64)>;
+    /// Whether every mesh node that talks to replicas has a session with all `replicas`.
+    fn reach_all(&self, replicas: usize) -> bool;
+    /// Stops every mesh node.
+    fn shutdown(self, rt: &tokio::runtime::Runtime);
+    /// CPU seconds used so far by parts of the bench process worth telling apart (the node
+    /// writers of the relay topology).
+    fn cpu_parts(&self) -> Vec<(&'static str, f64)> {
+        Vec::new()
+    }
+}
+
+/// Writers that are each a mesh node with its own QUIC endpoint: one directory-mode agent
+/// per cluster, or one agent per node dialing every replica (the direct DaemonSet topology).
+struct QuicWriters {
+    agents: Vec<AgentNode>,
+    random: bool,
+}
+
+/// Writes `node` with the bench's sequence annotation into `doc` of `store`; returns the JSON
+/// size.
+fn write_node(
+    store: &Mutex<MeshStore>,
+    doc: &DocId,
+    node: &Value,
+    seq: u64,
+) -> Result<usize, String> {
+    let mut node = node.clone();
+    node["metadata"]["annotations"][SEQ_ANNOTATION] = Value::String(seq.to_string());
+    let name = node["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let bytes = serde_json::to_vec(&node).map_err(|e| e.to_string())?;
+    let payload = bytes.len();
+    let change = ObjectChange::Upsert {
+        key: ObjectKey::new(ObjectKind::Node, None, &name),
+        json: bytes.into(),
+    };
+    store
+        .lock()
+        .expect("writer store")
+        .apply(doc, vec![change])
+        .map_err(|e| format!("{doc}: {e}"))?;
+    Ok(payload)
+}
+
+impl Writers for QuicWriters {
+    fn count(&self) -> usize {
+        self.agents.len()
+    }
+
+    fn random_writer(&self) -> bool {
+        self.random
+    }
+
+    fn update(
+        &self,
+        rt: &tokio::runtime::Handle,
+        i: usize,
+        pick: u64,
+        seq: u64,
+    ) -> Result<usize, String> {
+        let a = &self.agents[i];
+        let node = &a.nodes[(pick as usize) % a.nodes.len()];
+        let payload = write_node(&a.store, &a.doc, node, seq)?;
+        rt.block_on(a.handle.notify_local_change(a.doc.clone()));
+        Ok(payload)
+    }
+
+    fn root(&self) -> u64 {
+        let entries: Vec<_> = self
+            .agents
+            .iter()
+            .filter_map(|a| a.store.lock().ok()?.entry(&a.doc.clone()))
+            .collect();
+        dramesh_store::Digest::from_entries(entries.iter()).root()
+    }
+
+    fn egress(&self, _rt: &tokio::runtime::Runtime) -> Vec<(&'static str, u64)> {
+        let sent = self
+            .agents
+            .iter()
+            .map(|a| a.handle.transport_counters().bytes_sent)
+            .sum();
+        vec![("agents -> replicas", sent)]
+    }
+
+    fn reach_all(&self, replicas: usize) -> bool {
+        self.agents
+            .iter()
+            .all(|a| a.handle.connected_identities().len() >= replicas)
+    }
+
+    fn shutdown(self, rt: &tokio::runtime::Runtime) {
+        // Concurrently: each waits for its socket's draining connections.
+        rt.block_on(async {
+            let mut set = tokio::task::JoinSet::new();
+            for a in self.agents {
+                set.spawn(a.handle.shutdown());
+            }
+            while set.join_next().await.is_some() {}
+        });
+    }
 }
 
 /// Waits until every replica's digest root is `root`, tracing the replicas' counters under
@@ -529,25 +927,9 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
-async fn agent_bytes_sent(agents: &[AgentNode]) -> u64 {
-    let mut total = 0;
-    for a in agents {
-        total += a
-            .handle
-            .peers()
-            .await
-            .iter()
-            .map(|p| p.bytes_sent)
-            .sum::<u64>();
-    }
-    total
-}
-
-/// Drives node updates at `rate`/s from a dedicated thread until `stop`; returns
-/// (seq, send time ns, payload bytes) per update.
 /// One update the driver wrote: its sequence number, when the write started (unix ns), the
-/// Node JSON size, and how long the agent's write and notification took (the driver is one
-/// thread for every agent, so a slow write delays the updates behind it).
+/// Node JSON size, and how long the writer's write and notification took (the driver is one
+/// thread for every writer, so a slow write delays the updates behind it).
 struct Sent {
     seq: u64,
     at: u64,
@@ -555,8 +937,9 @@ struct Sent {
     write_ns: u64,
 }
 
-fn drive_updates(
-    agents: Arc<Vec<AgentNode>>,
+/// Drives node updates at `rate`/s from a dedicated thread until `stop` or `limit`.
+fn drive_updates<W: Writers>(
+    writers: Arc<W>,
     rt: tokio::runtime::Handle,
     rate: usize,
     first_seq: u64,
@@ -568,49 +951,39 @@ fn drive_updates(
         let started = Instant::now();
         let mut seq = first_seq;
         let mut rng_state: u64 = 0x9e37_79b9_7f4a_7c15 ^ first_seq;
+        let mut next = move || {
+            rng_state ^= rng_state << 13;
+            rng_state ^= rng_state >> 7;
+            rng_state ^= rng_state << 17;
+            rng_state
+        };
         let interval = Duration::from_secs_f64(1.0 / rate.max(1) as f64);
         let mut i: u32 = 0;
+        let n = writers.count().max(1);
         while !stop.load(Ordering::Relaxed) && started.elapsed() < limit {
             let due = interval * i;
             if let Some(wait) = due.checked_sub(started.elapsed()) {
                 std::thread::sleep(wait);
             }
             i += 1;
-            let a = &agents[(seq as usize) % agents.len()];
-            rng_state ^= rng_state << 13;
-            rng_state ^= rng_state >> 7;
-            rng_state ^= rng_state << 17;
-            let n = (rng_state as usize) % a.nodes.len();
-            let mut node = a.nodes[n].clone();
-            node["metadata"]["annotations"][SEQ_ANNOTATION] = Value::String(seq.to_string());
-            let name = node["metadata"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
-            let bytes = serde_json::to_vec(&node).unwrap_or_default();
-            let payload = bytes.len();
-            let change = ObjectChange::Upsert {
-                key: ObjectKey::new(ObjectKind::Node, None, &name),
-                json: bytes.into(),
+            let (w, pick) = if writers.random_writer() {
+                ((next() as usize) % n, 0)
+            } else {
+                ((seq as usize) % n, next())
             };
             let t = unix_nanos();
-            let r = a
-                .store
-                .lock()
-                .expect("agent store")
-                .apply(&a.doc, vec![change]);
-            if let Err(e) = r {
-                eprintln!("agent {} apply failed: {e}", a.doc);
-                continue;
+            match writers.update(&rt, w, pick, seq) {
+                Ok(payload) => sent.push(Sent {
+                    seq,
+                    at: t,
+                    payload,
+                    write_ns: unix_nanos().saturating_sub(t),
+                }),
+                Err(e) => {
+                    eprintln!("update {seq} failed: {e}");
+                    continue;
+                }
             }
-            let doc = a.doc.clone();
-            rt.block_on(a.handle.notify_local_change(doc));
-            sent.push(Sent {
-                seq,
-                at: t,
-                payload,
-                write_ns: unix_nanos().saturating_sub(t),
-            });
             seq += 1;
         }
         sent
@@ -642,16 +1015,43 @@ fn main() {
     run(&rt);
 }
 
+/// Settings and shared parts of one run.
+struct Bench {
+    clusters: usize,
+    nodes: usize,
+    rate: usize,
+    steady: Duration,
+    partition: Duration,
+    layout_nodes: usize,
+    start: Instant,
+    tmp: tempfile::TempDir,
+    certdir: PathBuf,
+    ca: certs::CaBundle,
+    listen: Vec<SocketAddr>,
+}
+
+/// What setting the fleet up measured, beyond the common figures.
+struct Setup {
+    objects: usize,
+    json_bytes: usize,
+    build_secs: f64,
+    load_secs: Option<f64>,
+    /// Extra rows of the figures table: (figure, value).
+    rows: Vec<(String, String)>,
+    /// Extra fields of the JSON line.
+    json: serde_json::Map<String, Value>,
+}
+
 fn run(rt: &tokio::runtime::Runtime) {
+    let mode = std::env::var("MESH_AGENTS").unwrap_or_else(|_| "dir".into());
     let clusters = env_usize("MESH_CLUSTERS", 100);
     let nodes = env_usize("MESH_NODES", 1000);
     let rate = env_usize("MESH_RATE", 1000);
     let steady = Duration::from_secs(env_usize("MESH_STEADY_SECS", 15) as u64);
     let partition = Duration::from_secs(env_usize("MESH_PARTITION_SECS", 10) as u64);
-    let layout_nodes = env_usize("MESH_LAYOUT_NODES", 2000);
-    let bench_start = Instant::now();
+    let layout_nodes = env_usize("MESH_LAYOUT_NODES", if mode == "dir" { 2000 } else { 0 });
     println!(
-        "mesh bench: {clusters} clusters x {nodes} nodes, {rate} updates/s, steady {steady:?}, partition {partition:?}"
+        "mesh bench ({mode} agents): {clusters} clusters x {nodes} nodes, {rate} updates/s, steady {steady:?}, partition {partition:?}"
     );
     let tmp = tempfile::tempdir().expect("temp dir");
     let certdir = tmp.path().join("certs");
@@ -666,20 +1066,60 @@ fn run(rt: &tokio::runtime::Runtime) {
         std::fs::write(certdir.join(format!("r{i}.crt")), &leaf.cert_pem).expect("write cert");
         std::fs::write(certdir.join(format!("r{i}.key")), &leaf.key_pem).expect("write key");
     }
+    let b = Bench {
+        clusters,
+        nodes,
+        rate,
+        steady,
+        partition,
+        layout_nodes,
+        start: Instant::now(),
+        tmp,
+        certdir,
+        ca,
+        listen: (0..3).map(|_| free_udp_addr()).collect(),
+    };
 
     // Replicas: r0 direct, r1 seeded with r0, r2 only reachable through the relay (it has no
     // seeds and sorts last, so every connection to it is dialed to the relay address).
     let blocked = Arc::new(AtomicBool::new(false));
-    let listen: Vec<SocketAddr> = (0..3).map(|_| free_udp_addr()).collect();
-    let relay2 = rt.block_on(relay(listen[2], blocked.clone()));
-    let dir = |i: usize| tmp.path().join(format!("r{i}"));
-    let mut r0 = ReplicaProc::spawn("r0", &dir(0), listen[0], None, &[relay2], &certdir);
-    let mut r1 = ReplicaProc::spawn("r1", &dir(1), listen[1], None, &[listen[0]], &certdir);
-    let mut r2 = ReplicaProc::spawn("r2", &dir(2), listen[2], Some(relay2), &[], &certdir);
+    let relay2 = rt.block_on(relay(b.listen[2], blocked.clone()));
+    let dir = |i: usize| b.tmp.path().join(format!("r{i}"));
+    let mut reps = [
+        ReplicaProc::spawn("r0", &dir(0), b.listen[0], None, &[relay2], &b.certdir),
+        ReplicaProc::spawn("r1", &dir(1), b.listen[1], None, &[b.listen[0]], &b.certdir),
+        ReplicaProc::spawn("r2", &dir(2), b.listen[2], Some(relay2), &[], &b.certdir),
+    ];
+    match mode.as_str() {
+        "dir" => {
+            let (writers, setup) = dir_setup(rt, &b, &mut reps);
+            phases(rt, &b, reps, &blocked, writers, setup);
+        }
+        "node" => match std::env::var("MESH_TOPOLOGY").as_deref() {
+            Ok("direct") => {
+                let (writers, setup) = nodes::direct_setup(rt, &b, &mut reps);
+                phases(rt, &b, reps, &blocked, writers, setup);
+            }
+            Ok("relay") | Err(_) => {
+                let (writers, setup) = relayed::relay_setup(rt, &b, &mut reps);
+                phases(rt, &b, reps, &blocked, writers, setup);
+            }
+            Ok(other) => panic!("MESH_TOPOLOGY={other}: expected relay or direct"),
+        },
+        other => panic!("MESH_AGENTS={other}: expected dir or node"),
+    }
+}
 
+/// Directory mode: one agent per cluster publishing the whole cluster as one document.
+fn dir_setup(
+    rt: &tokio::runtime::Runtime,
+    b: &Bench,
+    reps: &mut [ReplicaProc; 3],
+) -> (QuicWriters, Setup) {
+    let clusters = b.clusters;
     // Agents' documents, built before they connect (2 threads).
     let t_build = Instant::now();
-    let specs = dramesh_sim::uniform_fleet(clusters, nodes, 0.5);
+    let specs = dramesh_sim::uniform_fleet(b.clusters, b.nodes, 0.5);
     let built: Mutex<Vec<BuiltDoc>> = Mutex::new(Vec::new());
     let next = AtomicU64::new(0);
     std::thread::scope(|s| {
@@ -722,12 +1162,12 @@ fn run(rt: &tokio::runtime::Runtime) {
     });
     let mut built = built.into_inner().expect("built");
     built.sort_by_key(|b| b.0);
-    let fleet_json_bytes: usize = built.iter().map(|b| b.4).sum();
-    let fleet_objects: usize = built.iter().map(|b| b.1.snapshot().len()).sum();
+    let json_bytes: usize = built.iter().map(|b| b.4).sum();
+    let objects: usize = built.iter().map(|b| b.1.snapshot().len()).sum();
     let build_secs = t_build.elapsed().as_secs_f64();
     println!(
-        "built {clusters} agent documents ({fleet_objects} objects, {:.1} MB JSON) in {build_secs:.1}s",
-        fleet_json_bytes as f64 / 1e6
+        "built {clusters} agent documents ({objects} objects, {:.1} MB JSON) in {build_secs:.1}s",
+        json_bytes as f64 / 1e6
     );
 
     let agents: Vec<AgentNode> = rt.block_on(async {
@@ -737,9 +1177,9 @@ fn run(rt: &tokio::runtime::Runtime) {
                 cluster: doc.cluster.clone(),
                 node: doc.writer.clone(),
             };
-            let tls = certs::issue_identity(&ca, &id, 1).expect("agent identity");
+            let tls = certs::issue_identity(&b.ca, &id, 1).expect("agent identity");
             let mut cfg = NodeConfig::new(tls, "127.0.0.1:0".parse().expect("addr"));
-            cfg.seeds = vec![listen[0]];
+            cfg.seeds = vec![b.listen[0]];
             let store = Arc::new(Mutex::new(MeshStore::new(store, false)));
             let handle = MeshHandle::start(cfg, store.clone()).await.expect("agent");
             out.push(AgentNode {
@@ -751,34 +1191,97 @@ fn run(rt: &tokio::runtime::Runtime) {
         }
         out
     });
-    let root = expected_root(&agents);
-    let t_load = Instant::now();
-    let load = wait_converged(
-        "load",
-        &mut [&mut r0, &mut r1, &mut r2],
-        root,
-        Duration::from_secs(1800),
-    );
+    let writers = QuicWriters {
+        agents,
+        random: false,
+    };
+    let root = writers.root();
+    let [r0, r1, r2] = reps;
+    let load = wait_converged("load", &mut [r0, r1, r2], root, Duration::from_secs(1800));
     let load_secs = load.map(|d| d.as_secs_f64());
     println!(
         "fleet load into 3 replicas: {:?} (build excluded)",
         load.map_or("did not converge".into(), |d| format!("{d:.1?}"))
     );
-    let _ = t_load;
-    // Let every agent connect to every replica before measuring propagation.
-    let t_conn = Instant::now();
-    while t_conn.elapsed() < Duration::from_secs(60) {
-        let all = rt.block_on(async {
-            for a in &agents {
-                if a.handle.connected_identities().len() < 3 {
-                    return false;
-                }
-            }
-            true
-        });
-        if all {
-            break;
+    let setup = Setup {
+        objects,
+        json_bytes,
+        build_secs,
+        load_secs,
+        rows: vec![],
+        json: serde_json::Map::new(),
+    };
+    (writers, setup)
+}
+
+/// Replica CPU and resident memory over a window, and the replicas' sessions, descriptors and
+/// threads at its end.
+struct ReplicaLoad {
+    cpu_cores: Vec<f64>,
+    /// CPU seconds used in the window.
+    cpu_secs: Vec<f64>,
+    /// The window's length in seconds.
+    secs: f64,
+    peers: Vec<u64>,
+    fds: Vec<usize>,
+    threads: Vec<usize>,
+}
+
+impl ReplicaLoad {
+    fn measure(
+        reps: &mut [ReplicaProc; 3],
+        window: impl FnOnce(&mut [ReplicaProc; 3]),
+    ) -> ReplicaLoad {
+        let t = Instant::now();
+        let before: Vec<f64> = reps.iter().map(ReplicaProc::cpu_secs).collect();
+        window(reps);
+        let secs = t.elapsed().as_secs_f64().max(1e-9);
+        let cpu_secs: Vec<f64> = reps
+            .iter()
+            .zip(&before)
+            .map(|(r, b)| r.cpu_secs() - b)
+            .collect();
+        let cpu_cores = cpu_secs.iter().map(|c| c / secs).collect();
+        let peers = reps.iter_mut().map(|r| u(&r.status(), "peers")).collect();
+        let (fds, threads) = reps.iter().map(ReplicaProc::fds_threads).unzip();
+        ReplicaLoad {
+            cpu_cores,
+            cpu_secs,
+            secs,
+            peers,
+            fds,
+            threads,
         }
+    }
+
+    fn max_cpu(&self) -> f64 {
+        self.cpu_cores.iter().copied().fold(0.0, f64::max)
+    }
+
+    fn cpu_text(&self) -> String {
+        self.cpu_cores
+            .iter()
+            .map(|c| format!("{c:.2}"))
+            .collect::<Vec<_>>()
+            .join(" / ")
+    }
+}
+
+/// The measured phases, the same in every mode: steady updates, a partition and its heal, a
+/// new replica joining, and the final figures.
+fn phases<W: Writers>(
+    rt: &tokio::runtime::Runtime,
+    b: &Bench,
+    reps: [ReplicaProc; 3],
+    blocked: &AtomicBool,
+    writers: W,
+    setup: Setup,
+) {
+    let (rate, steady, partition) = (b.rate, b.steady, b.partition);
+    let [mut r0, mut r1, mut r2] = reps;
+    // Let every writer connect to every replica before measuring propagation.
+    let t_conn = Instant::now();
+    while t_conn.elapsed() < Duration::from_secs(60) && !writers.reach_all(3) {
         std::thread::sleep(Duration::from_millis(200));
     }
     let rss_loaded: Vec<u64> = [&mut r0, &mut r1, &mut r2]
@@ -787,8 +1290,8 @@ fn run(rt: &tokio::runtime::Runtime) {
         .collect();
 
     // Steady updates.
-    let agents = Arc::new(agents);
-    let sent_before = rt.block_on(agent_bytes_sent(&agents));
+    let writers = Arc::new(writers);
+    let egress_before = writers.egress(rt);
     let rep_before: Vec<(u64, u64)> = [&mut r0, &mut r1, &mut r2]
         .into_iter()
         .map(|r| {
@@ -798,23 +1301,57 @@ fn run(rt: &tokio::runtime::Runtime) {
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
     eprintln!("steady: start");
-    let driver = drive_updates(
-        agents.clone(),
-        rt.handle().clone(),
-        rate,
-        0,
-        stop.clone(),
-        steady,
-    );
-    let (t_steady, mut steady_trace) = (Instant::now(), Timeline::default());
-    while !driver.is_finished() {
-        steady_trace.record("steady r0", t_steady.elapsed(), &r0.status());
-        std::thread::sleep(Duration::from_millis(250));
-    }
-    let steady_sent = driver.join().expect("driver");
+    let steady_sent;
+    // The bench process's cores in the steady window, in all and per part.
+    let mut parent_cpu: (f64, Vec<(&'static str, f64)>);
+    let steady_load = {
+        let mut reps3 = [&mut r0, &mut r1, &mut r2];
+        let t_steady = Instant::now();
+        let driver = drive_updates(
+            writers.clone(),
+            rt.handle().clone(),
+            rate,
+            0,
+            stop.clone(),
+            steady,
+        );
+        let mut steady_trace = Timeline::default();
+        let t = Instant::now();
+        let before: Vec<f64> = reps3.iter().map(|r| r.cpu_secs()).collect();
+        parent_cpu = (proc_cpu_secs(std::process::id()), writers.cpu_parts());
+        while !driver.is_finished() {
+            steady_trace.record("steady r0", t_steady.elapsed(), &reps3[0].status());
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        let secs = t.elapsed().as_secs_f64();
+        let cpu_secs: Vec<f64> = reps3
+            .iter()
+            .zip(&before)
+            .map(|(r, b)| r.cpu_secs() - b)
+            .collect();
+        let cpu_cores: Vec<f64> = cpu_secs.iter().map(|c| c / secs).collect();
+        parent_cpu.0 = (proc_cpu_secs(std::process::id()) - parent_cpu.0) / secs;
+        parent_cpu.1 = writers
+            .cpu_parts()
+            .into_iter()
+            .zip(&parent_cpu.1)
+            .map(|((l, a), (_, b))| (l, (a - b) / secs))
+            .collect();
+        steady_sent = driver.join().expect("driver");
+        let peers = reps3.iter_mut().map(|r| u(&r.status(), "peers")).collect();
+        let (fds, threads) = reps3.iter().map(|r| r.fds_threads()).unzip();
+        ReplicaLoad {
+            cpu_cores,
+            cpu_secs,
+            secs,
+            peers,
+            fds,
+            threads,
+        }
+    };
     // Let the last updates land before reading byte counters.
     std::thread::sleep(Duration::from_secs(2));
-    let sent_after = rt.block_on(agent_bytes_sent(&agents));
+    let egress_after = writers.egress(rt);
     let rep_after: Vec<(u64, u64)> = [&mut r0, &mut r1, &mut r2]
         .into_iter()
         .map(|r| {
@@ -826,7 +1363,13 @@ fn run(rt: &tokio::runtime::Runtime) {
     let achieved_rate = n_updates as f64 / steady.as_secs_f64();
     let payload_avg =
         steady_sent.iter().map(|s| s.payload).sum::<usize>() as f64 / n_updates.max(1) as f64;
-    let agent_bytes = sent_after.saturating_sub(sent_before);
+    let hops: Vec<(&str, u64)> = egress_before
+        .iter()
+        .zip(&egress_after)
+        .map(|((l, b), (_, a))| (*l, a.saturating_sub(*b)))
+        .collect();
+    // The hop that reaches the replicas is the one the "bytes per update" target is about.
+    let agent_bytes = hops.last().map_or(0, |h| h.1);
     let replica_sent: u64 = rep_before
         .iter()
         .zip(&rep_after)
@@ -838,7 +1381,7 @@ fn run(rt: &tokio::runtime::Runtime) {
         .map(|(b, a)| a.1.saturating_sub(b.1))
         .collect();
     let per_update = |b: u64| b as f64 / n_updates.max(1) as f64;
-    let total_wire = agent_bytes + replica_sent;
+    let total_wire = hops.iter().map(|h| h.1).sum::<u64>() + replica_sent;
     // Latency: agent write -> the update is in each replica's change stream.
     let seen: Vec<HashMap<u64, u64>> = [&r0, &r1, &r2]
         .iter()
@@ -911,7 +1454,7 @@ fn run(rt: &tokio::runtime::Runtime) {
     blocked.store(true, Ordering::Relaxed);
     let stop = Arc::new(AtomicBool::new(false));
     let part_driver = drive_updates(
-        agents.clone(),
+        writers.clone(),
         rt.handle().clone(),
         rate,
         1_000_000_000,
@@ -920,7 +1463,7 @@ fn run(rt: &tokio::runtime::Runtime) {
     );
     let part_sent = part_driver.join().expect("driver");
     let partition_secs = partition.as_secs_f64();
-    let left_root = expected_root(&agents);
+    let left_root = writers.root();
     // The left side must have everything before we time the heal.
     let left_ok = wait_converged(
         "left",
@@ -959,7 +1502,14 @@ fn run(rt: &tokio::runtime::Runtime) {
 
     // A new replica loads the fleet.
     let listen3 = free_udp_addr();
-    let mut r3 = ReplicaProc::spawn("r3", &dir(3), listen3, None, &[listen[0]], &certdir);
+    let mut r3 = ReplicaProc::spawn(
+        "r3",
+        &b.tmp.path().join("r3"),
+        listen3,
+        None,
+        &[b.listen[0]],
+        &b.certdir,
+    );
     let joined = Instant::now();
     let new_replica = wait_converged("join", &mut [&mut r3], left_root, Duration::from_secs(1800));
     let s3 = r3.status();
@@ -975,27 +1525,23 @@ fn run(rt: &tokio::runtime::Runtime) {
         .map(|r| r.status())
         .collect();
     let rss_final: Vec<u64> = finals.iter().map(|s| u(s, "rss")).collect();
+    let heap_final: Vec<u64> = finals.iter().map(|s| u(s, "heap")).collect();
     let parent_rss = rss_bytes();
-    rt.block_on(async {
-        if let Ok(agents) = Arc::try_unwrap(agents) {
-            for a in agents {
-                a.handle.shutdown().await;
-            }
-        }
-    });
+    let writers = Arc::try_unwrap(writers).unwrap_or_else(|_| panic!("writers still shared"));
+    writers.shutdown(rt);
     for r in [r0, r1, r2, r3] {
         r.quit();
     }
 
     // Layout probe in child processes (clean RSS).
     let mut layout = Vec::new();
-    if layout_nodes > 0 {
+    if b.layout_nodes > 0 {
         for mode in ["node", "cluster"] {
             let exe = std::env::current_exe().expect("own executable");
             let out = Command::new(exe)
                 .arg("__layout")
                 .arg(mode)
-                .arg(layout_nodes.to_string())
+                .arg(b.layout_nodes.to_string())
                 .output()
                 .expect("layout child");
             let text = String::from_utf8_lossy(&out.stdout);
@@ -1009,6 +1555,15 @@ fn run(rt: &tokio::runtime::Runtime) {
         }
     }
 
+    let (clusters, nodes) = (b.clusters, b.nodes);
+    let Setup {
+        objects: fleet_objects,
+        json_bytes: fleet_json_bytes,
+        build_secs,
+        load_secs,
+        rows,
+        json: extra_json,
+    } = setup;
     let mb = |b: u64| b as f64 / (1024.0 * 1024.0);
     println!();
     println!("| figure | value | target |");
@@ -1039,6 +1594,13 @@ fn run(rt: &tokio::runtime::Runtime) {
         per_update(agent_bytes) / payload_avg,
         per_update(agent_bytes) / payload_avg / 3.0
     );
+    for (label, bytes) in &hops {
+        println!(
+            "| egress {label} per update | {:.0} B = {:.2}x payload | |",
+            per_update(*bytes),
+            per_update(*bytes) / payload_avg
+        );
+    }
     println!(
         "| replica ingress per update r0/r1/r2 | {:.0} / {:.0} / {:.0} B | |",
         per_update(replica_received[0]),
@@ -1075,9 +1637,38 @@ fn run(rt: &tokio::runtime::Runtime) {
         mb(rss_final[3])
     );
     println!(
-        "| parent ({clusters} agents) RSS | {:.0} MiB | |",
-        mb(parent_rss)
+        "| replica heap in use at end r0/r1/r2/r3(new) | {:.0} / {:.0} / {:.0} / {:.0} MiB | |",
+        mb(heap_final[0]),
+        mb(heap_final[1]),
+        mb(heap_final[2]),
+        mb(heap_final[3])
     );
+    println!(
+        "| replica CPU in the steady window r0/r1/r2 | {} cores | <= 1 core |",
+        steady_load.cpu_text()
+    );
+    println!(
+        "| replica sessions / open fds / threads (steady) | {:?} / {:?} / {:?} | |",
+        steady_load.peers, steady_load.fds, steady_load.threads
+    );
+    let parts: Vec<String> = parent_cpu
+        .1
+        .iter()
+        .map(|(l, c)| format!("{l} {c:.2}"))
+        .collect();
+    println!(
+        "| bench process CPU in the steady window (writers, relays, driver) | {:.2} cores{} | |",
+        parent_cpu.0,
+        if parts.is_empty() {
+            String::new()
+        } else {
+            format!(" (of which {})", parts.join(", "))
+        }
+    );
+    for (figure, value) in &rows {
+        println!("| {figure} | {value} | |");
+    }
+    println!("| parent (all writers) RSS | {:.0} MiB | |", mb(parent_rss));
     for (i, s) in finals.iter().enumerate() {
         println!(
             "| r{i} counters: sync in / out, applied, resets, digest mismatches, frames dropped, backpressure | {} / {}, {}, {}, {}, {}, {} | |",
@@ -1105,7 +1696,7 @@ fn run(rt: &tokio::runtime::Runtime) {
     }
     println!(
         "| bench wall time | {:.0} s | |",
-        bench_start.elapsed().as_secs_f64()
+        b.start.elapsed().as_secs_f64()
     );
 
     // The issue's acceptance figures against their targets.
@@ -1156,7 +1747,12 @@ fn run(rt: &tokio::runtime::Runtime) {
         mb(rss_max),
         verdict(rss_max <= 4096 * 1024 * 1024)
     );
-    let out = json!({
+    println!(
+        "| replica CPU at steady state (max) | {:.2} cores | <= 1 core | {} |",
+        steady_load.max_cpu(),
+        verdict(steady_load.max_cpu() <= 1.0)
+    );
+    let mut out = json!({
         "clusters": clusters, "nodes": nodes, "objects": fleet_objects,
         "fleet_json_bytes": fleet_json_bytes, "build_secs": build_secs,
         "load_secs": load_secs, "rate_target": rate, "rate_achieved": achieved_rate,
@@ -1174,5 +1770,32 @@ fn run(rt: &tokio::runtime::Runtime) {
         "rss_loaded": rss_loaded, "rss_final": rss_final, "parent_rss": parent_rss,
         "layout": layout,
     });
+    if let Some(o) = out.as_object_mut() {
+        o.insert("replica_cpu_cores".into(), json!(steady_load.cpu_cores));
+        o.insert("replica_peers".into(), json!(steady_load.peers));
+        o.insert("replica_fds".into(), json!(steady_load.fds));
+        o.insert("replica_threads".into(), json!(steady_load.threads));
+        o.insert("parent_cpu_cores".into(), json!(parent_cpu.0));
+        o.insert("heap_final".into(), json!(heap_final));
+        o.insert(
+            "parent_cpu_parts".into(),
+            json!(
+                parent_cpu
+                    .1
+                    .iter()
+                    .map(|(l, c)| (l.to_string(), *c))
+                    .collect::<HashMap<_, _>>()
+            ),
+        );
+        o.insert(
+            "egress_per_update".into(),
+            json!(
+                hops.iter()
+                    .map(|(l, b)| (l.to_string(), per_update(*b)))
+                    .collect::<HashMap<_, _>>()
+            ),
+        );
+        o.extend(extra_json);
+    }
     println!("MESH_BENCH_JSON {out}");
 }

@@ -20,7 +20,7 @@
 //!   one ([`TransportConfig::outbound_total_bytes`]), so a replica with many slow agents
 //!   cannot buffer many times the per-peer budget. The protocol thread never waits on a slow
 //!   peer: a frame that does not fit is dropped and the protocol is told
-//!   ([`Protocol::on_backpressure`]); anti-entropy repairs the gap later.
+//!   ([`Protocol::on_dropped`]); anti-entropy repairs the gap later.
 //! - Dialing: seeds always, plus replicas learned via peer exchange (agents dial every known
 //!   replica; replicas dial learned replicas whose identity URI sorts after their own, the
 //!   other side dials the rest). Failed or lost connections are redialed with exponential
@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
@@ -65,6 +65,9 @@ pub struct NodeConfig {
     pub transport: TransportConfig,
     /// How often the protocol's timers are checked.
     pub tick_interval: Duration,
+    /// How long an agent with a relay target ([`MeshHandle::set_relay_target`]) goes without
+    /// a session with it before it dials the replicas directly too (see the module docs).
+    pub relay_fallback: Duration,
 }
 
 impl NodeConfig {
@@ -78,6 +81,7 @@ impl NodeConfig {
             protocol: ProtocolConfig::default(),
             transport: TransportConfig::default(),
             tick_interval: Duration::from_millis(100),
+            relay_fallback: Duration::from_secs(10),
         }
     }
 }
@@ -145,6 +149,8 @@ pub struct PeerStatus {
     /// Why the store refused the peer's own document (a writer) last, until a message of it
     /// is accepted again (see [`crate::protocol::SessionStatus::refused`]).
     pub refused: Option<String>,
+    /// Whether the peer is its cluster's relay.
+    pub relay: bool,
 }
 
 /// Transport-level counters (the protocol's are in [`Counters`]).
@@ -169,6 +175,11 @@ pub struct TransportCounters {
     pub bytes_sent: u64,
     /// Frame bytes read from every mesh stream, closed connections included.
     pub bytes_received: u64,
+    /// Sessions closed at once because the node had [`TransportConfig::max_sessions`].
+    pub sessions_refused: u64,
+    /// Incoming connections refused before their handshake because
+    /// [`TransportConfig::max_handshakes`] were in progress.
+    pub handshakes_refused: u64,
 }
 
 #[derive(Default)]
@@ -182,6 +193,8 @@ struct AtomicTransportCounters {
     bad_frames: AtomicU64,
     bytes_sent: AtomicU64,
     bytes_received: AtomicU64,
+    sessions_refused: AtomicU64,
+    handshakes_refused: AtomicU64,
 }
 
 impl AtomicTransportCounters {
@@ -197,6 +210,8 @@ impl AtomicTransportCounters {
             bad_frames: l(&self.bad_frames),
             bytes_sent: l(&self.bytes_sent),
             bytes_received: l(&self.bytes_received),
+            sessions_refused: l(&self.sessions_refused),
+            handshakes_refused: l(&self.handshakes_refused),
         }
     }
 }
@@ -213,12 +228,18 @@ struct View {
     known_replicas: BTreeMap<String, String>,
     connected: HashSet<PeerIdentity>,
     counters: Counters,
+    /// Whether a session with a relay is up (see [`Protocol::has_relay_session`]).
+    relay_session: bool,
 }
 
 struct Shared {
     view: Mutex<View>,
     transport: AtomicTransportCounters,
     closing: AtomicBool,
+    /// Whether this node is its cluster's relay ([`MeshHandle::set_relay`]).
+    relay: AtomicBool,
+    /// The relay an agent dials instead of the replicas ([`MeshHandle::set_relay_target`]).
+    relay_target: Mutex<Option<SocketAddr>>,
     /// Node-wide outbound byte budget ([`TransportConfig::outbound_total_bytes`]).
     outbound_total: Arc<Semaphore>,
     outbound_total_max: u32,
@@ -239,10 +260,11 @@ enum Event {
         conn: ConnId,
         identity: PeerIdentity,
         dialed: bool,
-        connection: quinn::Connection,
+        connection: Link,
         outbound: Outbound,
         stats: Arc<ConnStats>,
     },
+    SetRelay(bool),
     Disconnected(ConnId),
     Frame(ConnId, pb::Envelope),
     LocalChange(DocId),
@@ -264,6 +286,9 @@ pub struct MeshHandle {
     shared: Arc<Shared>,
     tasks: JoinSet<()>,
     driver: Option<std::thread::JoinHandle<()>>,
+    /// What connection tasks need (in-process links are started from the handle).
+    #[cfg_attr(not(feature = "test-util"), allow(dead_code))]
+    ctx: Ctx,
 }
 
 /// Locks a mutex, continuing with the data if a panicking thread poisoned it. Every mutex of
@@ -306,9 +331,12 @@ impl MeshHandle {
             view: Mutex::new(View::default()),
             transport: AtomicTransportCounters::default(),
             closing: AtomicBool::new(false),
+            relay: AtomicBool::new(false),
+            relay_target: Mutex::new(None),
             outbound_total: Arc::new(Semaphore::new(total_max as usize)),
             outbound_total_max: total_max,
         });
+        let max_sessions = config.transport.max_sessions.max(1);
         let mut protocol = Protocol::new(identity.clone(), pconfig);
         protocol.set_coalesce_pushes(true);
         let driver = {
@@ -316,7 +344,7 @@ impl MeshHandle {
             let applied = applied_tx.clone();
             std::thread::Builder::new()
                 .name(format!("dramesh-mesh {identity}"))
-                .spawn(move || drive(protocol, store, events_rx, applied, shared))
+                .spawn(move || drive(protocol, store, events_rx, applied, shared, max_sessions))
                 .map_err(NodeError::Thread)?
         };
         let mut tasks = JoinSet::new();
@@ -332,6 +360,8 @@ impl MeshHandle {
             transport: config.transport.clone(),
             local: identity.clone(),
             next_conn: Arc::new(AtomicU64::new(1)),
+            handshakes: Arc::new(Semaphore::new(config.transport.max_handshakes.max(1))),
+            relay_fallback: config.relay_fallback,
         };
         tasks.spawn(accept_loop(ctx.clone()));
         tasks.spawn(dial_manager(ctx.clone(), config.seeds.clone(), advertise));
@@ -362,6 +392,7 @@ impl MeshHandle {
             shared,
             tasks,
             driver: Some(driver),
+            ctx,
         })
     }
 
@@ -393,6 +424,71 @@ impl MeshHandle {
     /// This node's identity.
     pub fn identity(&self) -> &PeerIdentity {
         &self.identity
+    }
+
+    /// Makes this agent its cluster's relay (the Lease holder), or stops it being one (see
+    /// [`Protocol::set_relay`]): every session is closed and redialed with the new role, and
+    /// an agent that stops relaying drops the documents it carried. Replicas ignore it.
+    pub async fn set_relay(&self, on: bool) {
+        if self.identity.is_replica() || self.shared.relay.swap(on, Ordering::Relaxed) == on {
+            return;
+        }
+        if self.events.send(Event::SetRelay(on)).await.is_err() {
+            debug!("set_relay after shutdown");
+        }
+    }
+
+    /// Whether this node is its cluster's relay.
+    pub fn is_relay(&self) -> bool {
+        self.shared.relay.load(Ordering::Relaxed)
+    }
+
+    /// The mesh address of this agent's cluster's relay, or `None` when there is none known:
+    /// an agent with a relay dials it instead of the replicas (and the replicas too while the
+    /// relay is unreachable, see [`NodeConfig::relay_fallback`]). Ignored while this node is
+    /// the relay itself, and by replicas.
+    pub fn set_relay_target(&self, target: Option<SocketAddr>) {
+        let mut t = lock(&self.shared.relay_target);
+        if *t != target {
+            info!(relay = ?target, "relay target");
+            *t = target;
+        }
+    }
+
+    /// Whether a session with a relay is up, as of the last processed event.
+    pub fn relay_connected(&self) -> bool {
+        lock(&self.shared.view).relay_session
+    }
+
+    /// Connects an in-process peer that authenticated as `identity` (no certificate is
+    /// checked: only for benches and tests that run many peers without a QUIC endpoint each).
+    /// Frames are the wire's, length-prefixed: the node's are handed to `sink`, the peer's
+    /// are sent through the returned link. Returns `None` after shutdown.
+    #[cfg(feature = "test-util")]
+    pub async fn attach_local(
+        &self,
+        identity: PeerIdentity,
+        sink: Box<dyn Fn(Vec<u8>) + Send + Sync>,
+    ) -> Option<LocalLink> {
+        let (tx, rx) = mpsc::channel::<Vec<u8>>(1024);
+        let closed = Arc::new(LocalClose::default());
+        let ctx = self.ctx.clone();
+        let c2 = closed.clone();
+        let conn = ConnId(ctx.next_conn.fetch_add(1, Ordering::Relaxed));
+        let (outbound, out_rx, stats) = outbound_for(&ctx);
+        ctx.events
+            .send(Event::Connected {
+                conn,
+                identity: identity.clone(),
+                dialed: false,
+                connection: Link::Local(closed.clone()),
+                outbound,
+                stats: stats.clone(),
+            })
+            .await
+            .ok()?;
+        tokio::spawn(run_local(ctx, conn, identity, rx, out_rx, sink, c2, stats));
+        Some(LocalLink { tx, closed })
     }
 
     /// The bound UDP address.
@@ -487,10 +583,45 @@ impl Drop for MeshHandle {
     }
 }
 
+/// The transport under one session.
+#[derive(Clone)]
+enum Link {
+    Quic(quinn::Connection),
+    /// An in-process peer ([`MeshHandle::attach_local`]).
+    #[cfg(feature = "test-util")]
+    Local(Arc<LocalClose>),
+}
+
+impl Link {
+    fn close(&self, code: u32, reason: &[u8]) {
+        match self {
+            Link::Quic(c) => c.close(code.into(), reason),
+            #[cfg(feature = "test-util")]
+            Link::Local(l) => l.close(),
+        }
+    }
+
+    fn remote_address(&self) -> SocketAddr {
+        match self {
+            Link::Quic(c) => c.remote_address(),
+            #[cfg(feature = "test-util")]
+            Link::Local(_) => SocketAddr::from(([0, 0, 0, 0], 0)),
+        }
+    }
+
+    fn rtt(&self) -> Duration {
+        match self {
+            Link::Quic(c) => c.rtt(),
+            #[cfg(feature = "test-util")]
+            Link::Local(_) => Duration::ZERO,
+        }
+    }
+}
+
 struct ConnEntry {
     identity: PeerIdentity,
     dialed: bool,
-    connection: quinn::Connection,
+    connection: Link,
     outbound: Outbound,
     stats: Arc<ConnStats>,
 }
@@ -513,6 +644,7 @@ fn drive<S: DocStore>(
     mut events: mpsc::Receiver<Event>,
     applied: broadcast::Sender<AppliedChange>,
     shared: Arc<Shared>,
+    max_sessions: usize,
 ) {
     let mut conns: HashMap<ConnId, ConnEntry> = HashMap::new();
     let local_uri = protocol.local().uri();
@@ -520,6 +652,10 @@ fn drive<S: DocStore>(
     let mut held: Vec<Output> = Vec::new();
     let mut pushed: HashSet<DocId> = HashSet::new();
     let mut stop = false;
+    // Whether the set of connections changed since the view last listed it (a relay holds a
+    // session per node of its cluster: listing them after every batch cost a quarter of its
+    // protocol thread).
+    let mut conns_changed = true;
     while !stop {
         let Some(first) = events.blocking_recv() else {
             break;
@@ -561,7 +697,14 @@ fn drive<S: DocStore>(
                             dialed == we_are_smaller
                         }
                     };
-                    if keep_new {
+                    if keep_new && existing.is_none() && conns.len() >= max_sessions {
+                        shared
+                            .transport
+                            .sessions_refused
+                            .fetch_add(1, Ordering::Relaxed);
+                        warn!(%identity, max_sessions, "too many sessions; connection closed");
+                        connection.close(6, b"too many sessions");
+                    } else if keep_new {
                         if let Some((old, _)) = existing
                             && let Some(e) = conns.remove(&old)
                         {
@@ -569,9 +712,10 @@ fn drive<S: DocStore>(
                                 .transport
                                 .duplicate_connections
                                 .fetch_add(1, Ordering::Relaxed);
-                            e.connection.close(2u32.into(), b"duplicate connection");
+                            e.connection.close(2, b"duplicate connection");
                             protocol.on_disconnected(old);
                         }
+                        conns_changed = true;
                         conns.insert(
                             conn,
                             ConnEntry {
@@ -588,15 +732,29 @@ fn drive<S: DocStore>(
                             .transport
                             .duplicate_connections
                             .fetch_add(1, Ordering::Relaxed);
-                        connection.close(2u32.into(), b"duplicate connection");
+                        connection.close(2, b"duplicate connection");
                     }
                     outs
                 }
                 Event::Disconnected(conn) => {
                     if conns.remove(&conn).is_some() {
+                        conns_changed = true;
                         protocol.on_disconnected(conn);
                     }
                     vec![]
+                }
+                Event::SetRelay(on) => {
+                    let closes = protocol.set_relay(on);
+                    if !on {
+                        let dropped = lock(&store).drop_copies();
+                        if dropped > 0 {
+                            info!(
+                                dropped,
+                                "no longer the cluster's relay: dropped the documents it carried"
+                            );
+                        }
+                    }
+                    closes
                 }
                 Event::Frame(conn, env) => {
                     if conns.contains_key(&conn) {
@@ -631,7 +789,8 @@ fn drive<S: DocStore>(
                     // from that connection are ignored.
                     Output::Close { conn, reason } => {
                         if let Some(e) = conns.remove(&conn) {
-                            e.connection.close(1u32.into(), reason.as_bytes());
+                            conns_changed = true;
+                            e.connection.close(1, reason.as_bytes());
                             protocol.on_disconnected(conn);
                         }
                     }
@@ -646,12 +805,9 @@ fn drive<S: DocStore>(
         let flushed = lock(&store).flush();
         if let Err(e) = flushed {
             warn!(error = %e, frames = held.len(), "store flush failed; outputs of the batch dropped");
-            let mut reset: HashSet<ConnId> = HashSet::new();
             for out in held.drain(..) {
-                if let Output::Send { conn, .. } = out
-                    && reset.insert(conn)
-                {
-                    protocol.on_backpressure(conn);
+                if let Output::Send { conn, envelope } = out {
+                    protocol.on_dropped(conn, &envelope);
                 }
             }
         }
@@ -686,13 +842,14 @@ fn drive<S: DocStore>(
                                 .frames_dropped
                                 .fetch_add(1, Ordering::Relaxed);
                             debug!(peer = %entry.identity, "outbound budget exhausted; frame dropped");
-                            protocol.on_backpressure(conn);
+                            protocol.on_dropped(conn, &envelope);
                         }
                     }
                 }
                 Output::Close { conn, reason } => {
                     if let Some(e) = conns.remove(&conn) {
-                        e.connection.close(1u32.into(), reason.as_bytes());
+                        conns_changed = true;
+                        e.connection.close(1, reason.as_bytes());
                         protocol.on_disconnected(conn);
                     }
                 }
@@ -714,11 +871,14 @@ fn drive<S: DocStore>(
         if view.known_replicas != *protocol.known_replicas() {
             view.known_replicas = protocol.known_replicas().clone();
         }
-        view.connected = conns.values().map(|e| e.identity.clone()).collect();
+        if std::mem::take(&mut conns_changed) {
+            view.connected = conns.values().map(|e| e.identity.clone()).collect();
+        }
         view.counters = protocol.counters().clone();
+        view.relay_session = protocol.has_relay_session();
     }
     for (_, e) in conns {
-        e.connection.close(0u32.into(), b"shutdown");
+        e.connection.close(0, b"shutdown");
     }
 }
 
@@ -740,6 +900,7 @@ fn peer_statuses(protocol: &Protocol, conns: &HashMap<ConnId, ConnEntry>) -> Vec
                 docs_behind: s.docs_behind,
                 digest_matched: s.digest_matched,
                 refused: s.refused,
+                relay: s.relay,
             })
         })
         .collect()
@@ -755,13 +916,27 @@ struct Ctx {
     transport: TransportConfig,
     local: PeerIdentity,
     next_conn: Arc<AtomicU64>,
+    /// Incoming handshakes in progress ([`TransportConfig::max_handshakes`]).
+    handshakes: Arc<Semaphore>,
+    relay_fallback: Duration,
 }
 
 async fn accept_loop(ctx: Ctx) {
     let mut handshakes = JoinSet::new();
     while let Some(incoming) = ctx.endpoint.accept().await {
-        // Reap finished handshake tasks so the set stays small.
+        // Reap finished connection tasks so the set stays small.
         while handshakes.try_join_next().is_some() {}
+        // A flood of connection attempts costs at most this many handshakes at once; the
+        // rest are refused before any cryptography (their peers retry with backoff).
+        let Ok(permit) = ctx.handshakes.clone().try_acquire_owned() else {
+            ctx.shared
+                .transport
+                .handshakes_refused
+                .fetch_add(1, Ordering::Relaxed);
+            debug!(remote = %incoming.remote_address(), "too many handshakes in progress; refused");
+            incoming.refuse();
+            continue;
+        };
         let ctx = ctx.clone();
         handshakes.spawn(async move {
             let remote = incoming.remote_address();
@@ -810,9 +985,10 @@ async fn accept_loop(ctx: Ctx) {
             };
             let stream =
                 tokio::time::timeout(ctx.transport.connect_timeout, connection.accept_bi()).await;
+            drop(permit);
             match stream {
                 Ok(Ok((send, recv))) => {
-                    run_connection(&ctx, connection, identity, false, send, recv).await;
+                    run_connection(&ctx, connection, identity, false, send, recv, None).await;
                 }
                 _ => {
                     debug!(%remote, "peer opened no mesh stream");
@@ -844,6 +1020,155 @@ fn check_identity(ctx: &Ctx, connection: &quinn::Connection) -> Option<PeerIdent
     }
 }
 
+/// The queue of frames to one peer, with its byte budget, and the connection's counters.
+type OutQueue = (mpsc::UnboundedReceiver<QueuedFrame>, Arc<Semaphore>);
+
+fn outbound_for(ctx: &Ctx) -> (Outbound, OutQueue, Arc<ConnStats>) {
+    let budget_bytes = ctx
+        .transport
+        .outbound_budget_bytes
+        .max(wire::MAX_FRAME_SIZE);
+    let max_permits = u32::try_from(budget_bytes).unwrap_or(u32::MAX);
+    let budget = Arc::new(Semaphore::new(max_permits as usize));
+    let (tx, rx) = mpsc::unbounded_channel::<QueuedFrame>();
+    let outbound = Outbound {
+        tx,
+        budget: budget.clone(),
+        max_permits,
+    };
+    (outbound, (rx, budget), Arc::new(ConnStats::default()))
+}
+
+/// The peer's end of an in-process connection ([`MeshHandle::attach_local`]).
+#[cfg(feature = "test-util")]
+pub struct LocalLink {
+    tx: mpsc::Sender<Vec<u8>>,
+    closed: Arc<LocalClose>,
+}
+
+#[cfg(feature = "test-util")]
+impl LocalLink {
+    /// Sends one length-prefixed frame to the node; `false` once the link is closed.
+    pub async fn send(&self, frame: Vec<u8>) -> bool {
+        !self.closed.is_closed() && self.tx.send(frame).await.is_ok()
+    }
+
+    /// [`LocalLink::send`] from outside an async context.
+    pub fn blocking_send(&self, frame: Vec<u8>) -> bool {
+        !self.closed.is_closed() && self.tx.blocking_send(frame).is_ok()
+    }
+
+    /// Whether either side closed the link.
+    pub fn is_closed(&self) -> bool {
+        self.closed.is_closed()
+    }
+
+    /// Closes the link (the node sees the peer disconnect).
+    pub fn close(&self) {
+        self.closed.close();
+    }
+}
+
+/// Closing an in-process link: a flag and a wake-up for its reader.
+#[cfg(feature = "test-util")]
+#[derive(Default)]
+struct LocalClose {
+    closed: AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+#[cfg(feature = "test-util")]
+impl LocalClose {
+    fn close(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+        self.notify.notify_waiters();
+        self.notify.notify_one();
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Relaxed)
+    }
+}
+
+/// Runs an in-process connection until either side closes it: the peer's frames are decoded
+/// and checked exactly as a QUIC stream's, the node's are handed to `sink`.
+#[cfg(feature = "test-util")]
+#[allow(clippy::too_many_arguments)]
+async fn run_local(
+    ctx: Ctx,
+    conn: ConnId,
+    identity: PeerIdentity,
+    mut from_peer: mpsc::Receiver<Vec<u8>>,
+    (mut to_peer, budget): OutQueue,
+    sink: Box<dyn Fn(Vec<u8>) + Send + Sync>,
+    closed: Arc<LocalClose>,
+    stats: Arc<ConnStats>,
+) {
+    let writer = async {
+        while let Some((frame, permits, total)) = to_peer.recv().await {
+            budget.add_permits(permits as usize);
+            drop(total);
+            stats
+                .bytes_sent
+                .fetch_add(frame.len() as u64, Ordering::Relaxed);
+            ctx.shared
+                .transport
+                .bytes_sent
+                .fetch_add(frame.len() as u64, Ordering::Relaxed);
+            sink(frame);
+        }
+    };
+    let reader = async {
+        while let Some(frame) = from_peer.recv().await {
+            let env = frame
+                .get(..wire::FRAME_HEADER_LEN)
+                .and_then(|h| <[u8; wire::FRAME_HEADER_LEN]>::try_from(h).ok())
+                .ok_or_else(|| "frame shorter than its header".to_string())
+                .and_then(|h| wire::check_frame_len(h).map_err(|e| e.to_string()))
+                .and_then(|len| {
+                    if frame.len() != wire::FRAME_HEADER_LEN + len {
+                        return Err("frame length does not match its header".to_string());
+                    }
+                    wire::decode_payload(&frame[wire::FRAME_HEADER_LEN..])
+                        .map_err(|e| e.to_string())
+                });
+            let env = match env {
+                Ok(env) => env,
+                Err(error) => {
+                    ctx.shared
+                        .transport
+                        .bad_frames
+                        .fetch_add(1, Ordering::Relaxed);
+                    warn!(%identity, %error, "bad frame on an in-process link; closing it");
+                    break;
+                }
+            };
+            stats
+                .bytes_received
+                .fetch_add(frame.len() as u64, Ordering::Relaxed);
+            ctx.shared
+                .transport
+                .bytes_received
+                .fetch_add(frame.len() as u64, Ordering::Relaxed);
+            if ctx.events.send(Event::Frame(conn, env)).await.is_err() {
+                break;
+            }
+        }
+    };
+    let closed_wait = async {
+        while !closed.is_closed() {
+            closed.notify.notified().await;
+        }
+    };
+    tokio::select! {
+        () = writer => {}
+        () = reader => {}
+        () = closed_wait => {}
+    }
+    closed.close();
+    let _ = ctx.events.send(Event::Disconnected(conn)).await;
+}
+
 /// Runs one established connection until it ends.
 async fn run_connection(
     ctx: &Ctx,
@@ -852,28 +1177,17 @@ async fn run_connection(
     dialed: bool,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
+    wanted: Option<watch::Receiver<bool>>,
 ) {
     let conn = ConnId(ctx.next_conn.fetch_add(1, Ordering::Relaxed));
-    let stats = Arc::new(ConnStats::default());
-    let budget_bytes = ctx
-        .transport
-        .outbound_budget_bytes
-        .max(wire::MAX_FRAME_SIZE);
-    let max_permits = u32::try_from(budget_bytes).unwrap_or(u32::MAX);
-    let budget = Arc::new(Semaphore::new(max_permits as usize));
-    let (tx, mut rx) = mpsc::unbounded_channel::<QueuedFrame>();
-    let outbound = Outbound {
-        tx,
-        budget: budget.clone(),
-        max_permits,
-    };
+    let (outbound, (mut rx, budget), stats) = outbound_for(ctx);
     if ctx
         .events
         .send(Event::Connected {
             conn,
             identity: identity.clone(),
             dialed,
-            connection: connection.clone(),
+            connection: Link::Quic(connection.clone()),
             outbound,
             stats: stats.clone(),
         })
@@ -936,44 +1250,98 @@ async fn run_connection(
         _ = writer => {}
         _ = reader => {}
         _ = connection.closed() => {}
+        () = unwanted(wanted) => {}
     }
     connection.close(0u32.into(), b"done");
     let _ = ctx.events.send(Event::Disconnected(conn)).await;
     debug!(local = %ctx.local, %identity, conn = conn.0, "mesh connection down");
 }
 
-/// Spawns one dial loop per address to dial: seeds and learned replicas.
+/// Resolves once `wanted` says the connection is no longer wanted (never without one).
+async fn unwanted(wanted: Option<watch::Receiver<bool>>) {
+    let Some(mut wanted) = wanted else {
+        return std::future::pending().await;
+    };
+    while *wanted.borrow_and_update() {
+        if wanted.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Keeps one dial loop per address to dial, and ends the loops (and their connections) of
+/// addresses no longer dialed.
+///
+/// Replicas, and agents without a relay target, dial the seeds and every replica learned
+/// through peer exchange (replicas split the pairs). An agent with a relay target
+/// ([`MeshHandle::set_relay_target`]) that is not itself the relay dials only the relay, and
+/// the replicas too while it has had no session with the relay for
+/// [`NodeConfig::relay_fallback`]: nothing it writes waits for a relay that is down. Once a
+/// session with the relay is up again, the direct ones are closed.
 async fn dial_manager(ctx: Ctx, seeds: Vec<SocketAddr>, own_addr: SocketAddr) {
-    let mut dialing: HashSet<SocketAddr> = HashSet::new();
+    let mut dialing: HashMap<SocketAddr, watch::Sender<bool>> = HashMap::new();
     let mut loops = JoinSet::new();
     let mut check = tokio::time::interval(Duration::from_millis(250));
+    let mut relay_down_since: Option<Instant> = None;
     loop {
         check.tick().await;
         if ctx.shared.closing.load(Ordering::Relaxed) {
             break;
         }
-        let mut targets: Vec<(SocketAddr, Option<PeerIdentity>)> =
-            seeds.iter().map(|a| (*a, None)).collect();
-        let known = lock(&ctx.shared.view).known_replicas.clone();
-        let local_uri = ctx.local.uri();
-        for (uri, addr) in known {
-            let Ok(addr) = addr.parse::<SocketAddr>() else {
-                continue;
+        let relay_target = *lock(&ctx.shared.relay_target);
+        let (known, relay_up) = {
+            let view = lock(&ctx.shared.view);
+            (view.known_replicas.clone(), view.relay_session)
+        };
+        let via_relay = !ctx.local.is_replica()
+            && !ctx.shared.relay.load(Ordering::Relaxed)
+            && relay_target.is_some_and(|t| t != own_addr);
+        let mut targets: Vec<(SocketAddr, Option<PeerIdentity>)> = Vec::new();
+        let mut direct = true;
+        if via_relay && let Some(relay) = relay_target {
+            targets.push((relay, None));
+            relay_down_since = if relay_up {
+                None
+            } else {
+                relay_down_since.or(Some(Instant::now()))
             };
-            let Ok(id) = PeerIdentity::parse_uri(&uri) else {
-                continue;
-            };
-            // Replicas split dialing between pairs; agents dial every replica.
-            if ctx.local.is_replica() && local_uri > uri {
-                continue;
-            }
-            targets.push((addr, Some(id)));
+            direct = relay_down_since.is_some_and(|t| t.elapsed() >= ctx.relay_fallback);
+        } else {
+            relay_down_since = None;
         }
+        if direct {
+            targets.extend(seeds.iter().map(|a| (*a, None)));
+            let local_uri = ctx.local.uri();
+            for (uri, addr) in known {
+                let Ok(addr) = addr.parse::<SocketAddr>() else {
+                    continue;
+                };
+                let Ok(id) = PeerIdentity::parse_uri(&uri) else {
+                    continue;
+                };
+                // Replicas split dialing between pairs; agents dial every replica.
+                if ctx.local.is_replica() && local_uri > uri {
+                    continue;
+                }
+                targets.push((addr, Some(id)));
+            }
+        }
+        targets.retain(|(addr, _)| *addr != own_addr);
+        let wanted: HashSet<SocketAddr> = targets.iter().map(|(a, _)| *a).collect();
+        dialing.retain(|addr, w| {
+            let keep = wanted.contains(addr);
+            if !keep {
+                let _ = w.send(false);
+            }
+            keep
+        });
         for (addr, id) in targets {
-            if addr == own_addr || !dialing.insert(addr) {
+            if dialing.contains_key(&addr) {
                 continue;
             }
-            loops.spawn(dial_loop(ctx.clone(), addr, id));
+            let (tx, rx) = watch::channel(true);
+            dialing.insert(addr, tx);
+            loops.spawn(dial_loop(ctx.clone(), addr, id, rx));
         }
         while loops.try_join_next().is_some() {}
     }
@@ -984,11 +1352,16 @@ async fn dial_manager(ctx: Ctx, seeds: Vec<SocketAddr>, own_addr: SocketAddr) {
 const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// Keeps a connection to `addr` up: dial, run, and redial with backoff and jitter.
-async fn dial_loop(ctx: Ctx, addr: SocketAddr, mut target: Option<PeerIdentity>) {
+async fn dial_loop(
+    ctx: Ctx,
+    addr: SocketAddr,
+    mut target: Option<PeerIdentity>,
+    wanted: watch::Receiver<bool>,
+) {
     let mut backoff = ctx.transport.backoff_min;
     let mut refusal_logged: Option<Instant> = None;
     loop {
-        if ctx.shared.closing.load(Ordering::Relaxed) {
+        if ctx.shared.closing.load(Ordering::Relaxed) || !*wanted.borrow() {
             return;
         }
         if let Some(id) = &target
@@ -1004,7 +1377,16 @@ async fn dial_loop(ctx: Ctx, addr: SocketAddr, mut target: Option<PeerIdentity>)
         let ended = match dial_once(&ctx, addr).await {
             Ok((connection, identity, send, recv)) => {
                 target = Some(identity.clone());
-                run_connection(&ctx, connection.clone(), identity, true, send, recv).await;
+                run_connection(
+                    &ctx,
+                    connection.clone(),
+                    identity,
+                    true,
+                    send,
+                    recv,
+                    Some(wanted.clone()),
+                )
+                .await;
                 if started.elapsed() > Duration::from_secs(5) {
                     backoff = ctx.transport.backoff_min;
                 }

@@ -44,7 +44,7 @@
 //!   [`REFUSAL_LOG_INTERVAL`]; for a generation refused as lying in the future it asks the
 //!   store to recover ([`DocStore::recover_generation`]) and offers the new generation.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -66,7 +66,7 @@ pub const MAX_PEER_EXCHANGE: usize = 1024;
 /// Longest accepted advertised address.
 pub const MAX_ADDR_LEN: usize = 256;
 /// Most remembered per-(peer, document) sync states of closed sessions.
-const MAX_SAVED_STATES: usize = 100_000;
+const MAX_SAVED_STATES: usize = 250_000;
 
 /// Driver-assigned id of one live connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -79,6 +79,15 @@ pub struct ProtocolConfig {
     pub anti_entropy_interval: Duration,
     /// Period of the `Ephemeral` heartbeat per session.
     pub heartbeat_interval: Duration,
+    /// Mean digest probe period on a session between a node agent and its cluster's relay.
+    /// Slower than `anti_entropy_interval`: pushes on a session are reliable (one ordered
+    /// stream), replicas' freshness does not depend on it, and a relay holds a session per node
+    /// of its cluster (thousands), so its idle cost is per node.
+    pub node_anti_entropy_interval: Duration,
+    /// Heartbeat period on a session between a node agent and its cluster's relay (see
+    /// `node_anti_entropy_interval`; the transport's keep-alive still notices a dead peer
+    /// within its idle timeout).
+    pub node_heartbeat_interval: Duration,
     /// Period of `PeerExchange` from replicas.
     pub peer_exchange_interval: Duration,
     /// Address this node accepts connections on, told to peers (replicas).
@@ -103,6 +112,11 @@ pub struct ProtocolConfig {
     /// at a steady update rate one answer per window replaces one per change. Answers that
     /// carry anything else (a request for missing changes, a first exchange) are not delayed.
     pub ack_delay: Duration,
+    /// Most documents one anti-entropy round repairs on one session; the rest differ still and
+    /// are repaired by the next rounds. A replica that finds a new peer empty (or far behind)
+    /// would otherwise start a sync of every document at once, far beyond the peer's outbound
+    /// budget, and every dropped frame costs that document's exchange a restart.
+    pub max_repairs_per_round: usize,
     /// Sending `PeerExchange` (replicas) and learning replicas from received ones. Turned off
     /// only by chaos tests, so that an agent knows no replica but its seeds and the break of
     /// replica-to-replica replication cannot be bypassed by agents reaching every replica.
@@ -114,6 +128,8 @@ impl Default for ProtocolConfig {
         Self {
             anti_entropy_interval: Duration::from_secs(2),
             heartbeat_interval: Duration::from_secs(1),
+            node_anti_entropy_interval: Duration::from_secs(60),
+            node_heartbeat_interval: Duration::from_secs(30),
             peer_exchange_interval: Duration::from_secs(10),
             advertise_addr: None,
             max_entries_per_frame: 50_000,
@@ -122,6 +138,7 @@ impl Default for ProtocolConfig {
             push: true,
             relay_delay: Duration::from_millis(500),
             ack_delay: Duration::from_millis(500),
+            max_repairs_per_round: 4096,
             peer_exchange: true,
         }
     }
@@ -186,10 +203,11 @@ pub struct Counters {
     pub buckets_requested: u64,
     /// Sync states reset because anti-entropy found a difference.
     pub sync_resets: u64,
-    /// Documents anti-entropy found differing on a replica-to-replica session but left to
-    /// their writer, which reaches both replicas itself.
+    /// Document entries a replica-to-replica anti-entropy round left out of its comparison
+    /// because their writer, or their cluster's relay, reaches both replicas itself.
     pub repairs_left_to_writers: u64,
-    /// Sessions whose outbound queue overflowed (frames dropped by the driver).
+    /// Frames the driver dropped (the peer's outbound queue was full, or what they acknowledged
+    /// could not be made durable); see [`Protocol::on_dropped`].
     pub backpressure_events: u64,
     /// Refusals sent to writers whose own document's messages the store refused.
     pub refusals_sent: u64,
@@ -223,6 +241,10 @@ pub struct SessionStatus {
     pub refused: Option<String>,
     /// The address the peer (a replica) advertised in its hello.
     pub advertise_addr: Option<String>,
+    /// Whether the peer declared itself its cluster's relay.
+    pub relay: bool,
+    /// What the session exchanges (`None` before the peer's hello).
+    pub scope: Option<Scope>,
 }
 
 struct DocSync {
@@ -268,6 +290,37 @@ struct Session {
     advertise_addr: Option<String>,
     /// Replicas the peer (an agent) reported a live session with in its last heartbeat.
     reached: BTreeSet<PeerIdentity>,
+    /// Whether the peer declared itself its cluster's relay in its hello.
+    relay: bool,
+    /// What the session exchanges; `None` until the peer's hello.
+    scope: Option<Scope>,
+    /// Mean digest probe and heartbeat periods of the session (a node agent and its relay
+    /// use the slower `node_*` ones).
+    anti_entropy_interval: Duration,
+    heartbeat_interval: Duration,
+}
+
+/// Documents two replicas leave out of their anti-entropy (see
+/// [`Protocol::carriers_reaching`]).
+#[derive(Default)]
+struct LeftToCarriers {
+    /// Clusters whose relay reaches both.
+    clusters: HashSet<String>,
+    /// Documents whose writer reaches both (of clusters not in `clusters`).
+    docs: HashSet<DocId>,
+}
+
+impl LeftToCarriers {
+    fn contains(&self, doc: &DocId) -> bool {
+        self.clusters.contains(&doc.cluster) || self.docs.contains(doc)
+    }
+}
+
+impl Session {
+    /// Whether the session exchanges `doc` (never before the peer's hello).
+    fn covers(&self, doc: &DocId) -> bool {
+        self.scope.as_ref().is_some_and(|s| s.contains(doc))
+    }
 }
 
 /// The replication state machine of one node (see the module docs).
@@ -289,6 +342,13 @@ pub struct Protocol {
     /// When a refusal of each own document was last logged (writers; see
     /// [`REFUSAL_LOG_INTERVAL`]).
     refusal_logged: HashMap<DocId, Instant>,
+    /// See [`Protocol::set_relay`].
+    relay: bool,
+    /// Sessions (after their hello) exchanging more than one document, and those exchanging
+    /// one, by document: a relay or a replica may hold thousands of one-document sessions, and
+    /// every change would otherwise scan them all (see [`Protocol::covering`]).
+    wide: BTreeSet<ConnId>,
+    by_doc: HashMap<DocId, Vec<ConnId>>,
 }
 
 /// A replica tells a refused writer why at most this often per document and connection.
@@ -316,19 +376,85 @@ fn bounded(text: &str) -> String {
     }
 }
 
-/// Whether `local` may exchange `doc` with `remote` at all.
-fn may_exchange(local: &PeerIdentity, remote: &PeerIdentity, doc: &DocId) -> bool {
-    let local_ok = local.is_replica() || local.owns(doc);
-    let remote_ok = remote.is_replica() || remote.owns(doc);
-    local_ok && remote_ok
+/// The documents one session exchanges: everything it may sync, digest and deliver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// Every document: two replicas.
+    All,
+    /// Every document of one member cluster: a replica and that cluster's relay.
+    Cluster(String),
+    /// One document, a node agent's own: the agent and a replica, or the agent and its
+    /// cluster's relay.
+    Doc(DocId),
 }
 
-/// The single document an agent-side session is about, if any side is an agent.
-fn agent_scope(local: &PeerIdentity, remote: &PeerIdentity) -> Option<DocId> {
-    let agent = if local.is_replica() { remote } else { local };
-    match agent {
-        PeerIdentity::Agent { cluster, node } => Some(DocId::new(cluster.clone(), node.clone())),
-        PeerIdentity::Replica { .. } => None,
+impl Scope {
+    /// Whether `doc` is in the scope.
+    pub fn contains(&self, doc: &DocId) -> bool {
+        match self {
+            Scope::All => true,
+            Scope::Cluster(c) => doc.cluster == *c,
+            Scope::Doc(d) => d == doc,
+        }
+    }
+
+    /// The scope of a session between `local` and `peer`, given whether each declared itself
+    /// its cluster's relay (see [`Protocol::set_relay`]); `Err` names why the two may not
+    /// exchange anything. The one rule for who exchanges what:
+    /// - replicas exchange everything with each other;
+    /// - a replica and an agent exchange the agent's own document, or, when the agent is its
+    ///   cluster's relay, every document of that cluster;
+    /// - two agents talk only when both are of the same cluster and exactly one is its relay,
+    ///   and then exchange the other's own document.
+    pub fn of_session(
+        local: &PeerIdentity,
+        local_relay: bool,
+        peer: &PeerIdentity,
+        peer_relay: bool,
+    ) -> Result<Scope, String> {
+        let own = |id: &PeerIdentity| match id {
+            PeerIdentity::Agent { cluster, node } => DocId::new(cluster.clone(), node.clone()),
+            PeerIdentity::Replica { .. } => DocId::new(String::new(), String::new()),
+        };
+        let cluster_of = |id: &PeerIdentity| match id {
+            PeerIdentity::Agent { cluster, .. } => Some(cluster.clone()),
+            PeerIdentity::Replica { .. } => None,
+        };
+        match (local.is_replica(), peer.is_replica()) {
+            (true, true) if peer_relay => Err(format!("replica {peer} claims to be a relay")),
+            (true, true) => Ok(Scope::All),
+            (true, false) | (false, true) => {
+                let (agent, relay) = if local.is_replica() {
+                    (peer, peer_relay)
+                } else {
+                    (local, local_relay)
+                };
+                if peer.is_replica() && peer_relay {
+                    return Err(format!("replica {peer} claims to be a relay"));
+                }
+                match (relay, cluster_of(agent)) {
+                    (true, Some(c)) => Ok(Scope::Cluster(c)),
+                    _ => Ok(Scope::Doc(own(agent))),
+                }
+            }
+            (false, false) => {
+                if cluster_of(local) != cluster_of(peer) {
+                    return Err(format!(
+                        "agent {peer} is of another cluster than {local}: agents talk only to their own cluster's relay"
+                    ));
+                }
+                match (local_relay, peer_relay) {
+                    (true, false) => Ok(Scope::Doc(own(peer))),
+                    (false, true) => Ok(Scope::Doc(own(local))),
+                    (true, true) => Err(format!(
+                        "{local} and {peer} are both relays of their cluster (a Lease handover); only a node agent talks to a relay"
+                    )),
+                    (false, false) => Err(format!(
+                        "neither {local} nor {peer} is its cluster's relay: agents talk only to replicas and to their relay"
+                    )),
+                }
+            }
+        }
     }
 }
 
@@ -356,7 +482,71 @@ impl Protocol {
             deferred: BTreeSet::new(),
             delayed: BTreeMap::new(),
             refusal_logged: HashMap::new(),
+            relay: false,
+            wide: BTreeSet::new(),
+            by_doc: HashMap::new(),
         }
+    }
+
+    /// The sessions whose scope covers `doc`, in connection order.
+    fn covering(&self, doc: &DocId) -> Vec<ConnId> {
+        let mut out: Vec<ConnId> = self
+            .wide
+            .iter()
+            .copied()
+            .filter(|c| self.sessions.get(c).is_some_and(|s| s.covers(doc)))
+            .collect();
+        if let Some(conns) = self.by_doc.get(doc) {
+            out.extend(conns);
+            out.sort_unstable();
+        }
+        out
+    }
+
+    /// Makes this node (an agent) its cluster's relay, or stops it being one: a relay carries
+    /// every document of its cluster between the cluster's node agents and the replicas (see
+    /// [`Scope::of_session`]). A session's scope is fixed at its hello, so every session is
+    /// closed (the node redials); returns the closes. Replicas are never relays.
+    pub fn set_relay(&mut self, on: bool) -> Vec<Output> {
+        let on = on && !self.local.is_replica();
+        if on == self.relay {
+            return Vec::new();
+        }
+        self.relay = on;
+        let conns: Vec<ConnId> = self.sessions.keys().copied().collect();
+        conns
+            .into_iter()
+            .map(|conn| {
+                self.on_disconnected(conn);
+                Output::Close {
+                    conn,
+                    reason: if on {
+                        "this agent became its cluster's relay".into()
+                    } else {
+                        "this agent stopped being its cluster's relay".into()
+                    },
+                }
+            })
+            .collect()
+    }
+
+    /// Whether this node is its cluster's relay (see [`Protocol::set_relay`]).
+    pub fn is_relay(&self) -> bool {
+        self.relay
+    }
+
+    /// Whether this node carries `doc` for others: a replica any document, a relay those of
+    /// its cluster.
+    fn carries(&self, doc: &DocId) -> bool {
+        match &self.local {
+            PeerIdentity::Replica { .. } => true,
+            PeerIdentity::Agent { cluster, .. } => self.relay && doc.cluster == *cluster,
+        }
+    }
+
+    /// Whether a session with a relay whose hello arrived is up.
+    pub fn has_relay_session(&self) -> bool {
+        self.sessions.values().any(|s| s.hello_received && s.relay)
     }
 
     /// Coalesces pushes: offers of local changes, relays and sync replies are not generated at
@@ -416,6 +606,8 @@ impl Protocol {
                 digest_matched: s.digest_matched,
                 refused: s.refused.clone(),
                 advertise_addr: s.advertise_addr.clone(),
+                relay: s.relay,
+                scope: s.scope.clone(),
             })
             .collect()
     }
@@ -439,16 +631,37 @@ impl Protocol {
     /// A connection authenticated as `peer` is up: greet it.
     pub fn on_connected(&mut self, conn: ConnId, peer: PeerIdentity, now: Instant) -> Vec<Output> {
         let mut out = Vec::new();
-        if !self.local.is_replica() && !peer.is_replica() {
-            warn!(%peer, "refusing agent-to-agent connection");
+        // Agents talk to agents only within their cluster, to or as its relay (decided at the
+        // hello, which says who is the relay); another cluster's agent is refused at once.
+        if let (
+            PeerIdentity::Agent { cluster: mine, .. },
+            PeerIdentity::Agent {
+                cluster: theirs, ..
+            },
+        ) = (&self.local, &peer)
+            && mine != theirs
+        {
+            warn!(%peer, "refusing an agent of another cluster");
             self.counters.rejected_unauthorized += 1;
             out.push(Output::Close {
                 conn,
-                reason: "agents only talk to replicas".into(),
+                reason: "agents only talk to replicas and to their own cluster's relay".into(),
             });
             return out;
         }
-        let first_ae = self.jittered(self.config.anti_entropy_interval);
+        // Two agents talk only as a node agent and its relay (decided at the hello).
+        let (ae, hb) = if !self.local.is_replica() && !peer.is_replica() {
+            (
+                self.config.node_anti_entropy_interval,
+                self.config.node_heartbeat_interval,
+            )
+        } else {
+            (
+                self.config.anti_entropy_interval,
+                self.config.heartbeat_interval,
+            )
+        };
+        let first_ae = self.jittered(ae);
         self.sessions.insert(
             conn,
             Session {
@@ -456,7 +669,7 @@ impl Protocol {
                 hello_received: false,
                 docs: HashMap::new(),
                 next_anti_entropy: now + first_ae,
-                next_heartbeat: now + self.config.heartbeat_interval,
+                next_heartbeat: now + hb,
                 next_peer_exchange: now + self.config.peer_exchange_interval,
                 heartbeat_out: 0,
                 heartbeat_in: 0,
@@ -467,6 +680,10 @@ impl Protocol {
                 refusals_sent: HashMap::new(),
                 advertise_addr: None,
                 reached: BTreeSet::new(),
+                relay: false,
+                scope: None,
+                anti_entropy_interval: ae,
+                heartbeat_interval: hb,
             },
         );
         let hello = pb::Hello {
@@ -474,6 +691,7 @@ impl Protocol {
             role: role_of(&self.local) as i32,
             identity: self.local.uri(),
             advertise_addr: self.config.advertise_addr.clone().unwrap_or_default(),
+            relay: self.relay,
         };
         self.send(&mut out, conn, Body::Hello(hello));
         out
@@ -485,6 +703,20 @@ impl Protocol {
         let Some(session) = self.sessions.remove(&conn) else {
             return;
         };
+        match &session.scope {
+            Some(Scope::Doc(d)) => {
+                if let Some(conns) = self.by_doc.get_mut(d) {
+                    conns.retain(|c| *c != conn);
+                    if conns.is_empty() {
+                        self.by_doc.remove(d);
+                    }
+                }
+            }
+            Some(_) => {
+                self.wide.remove(&conn);
+            }
+            None => {}
+        }
         if self.saved_states.len() + session.docs.len() > MAX_SAVED_STATES {
             self.saved_states.clear();
         }
@@ -495,39 +727,77 @@ impl Protocol {
         }
     }
 
-    /// The driver dropped frames for `conn` because its queue was full: forget what is in
-    /// flight so the next anti-entropy round re-sends what the peer missed.
-    pub fn on_backpressure(&mut self, conn: ConnId) {
+    /// The driver dropped `envelope`, one of this protocol's outputs for `conn` (its queue was
+    /// full, or what it acknowledged could not be made durable): when it was a sync message,
+    /// that document's exchange forgets what was in flight, so the next message or anti-entropy
+    /// round re-sends what the peer missed. Only that document: resetting every document of a
+    /// session on each dropped frame made a replica sending a hundred thousand documents to a
+    /// new peer start them all over, again and again. Other frames (digests, entries) are
+    /// repeated by the next anti-entropy round anyway.
+    pub fn on_dropped(&mut self, conn: ConnId, envelope: &pb::Envelope) {
         self.counters.backpressure_events += 1;
-        if let Some(s) = self.sessions.get_mut(&conn) {
-            for ds in s.docs.values_mut() {
-                ds.state.reset();
-                // The dropped frames may have carried a signer chain the peer now lacks.
-                ds.signer_sent = None;
-            }
+        let Some(Body::Sync(sync)) = &envelope.body else {
+            return;
+        };
+        let Some(doc) = wire::doc_from_wire(sync.doc.as_ref()) else {
+            return;
+        };
+        if let Some(ds) = self
+            .sessions
+            .get_mut(&conn)
+            .and_then(|s| s.docs.get_mut(&doc))
+        {
+            ds.state.reset();
+            // The dropped frame may have carried a signer chain the peer now lacks.
+            ds.signer_sent = None;
         }
     }
 
-    fn scoped_digest<S: DocStore>(&self, store: &S, remote: &PeerIdentity) -> Digest {
-        match agent_scope(&self.local, remote) {
-            Some(doc) => Digest::from_entries(store.entry(&doc).iter()),
-            None => store.digest(),
+    /// The digest of what `conn`'s session exchanges (empty before its hello).
+    fn scoped_digest<S: DocStore>(&self, store: &S, conn: ConnId) -> Digest {
+        match self.sessions.get(&conn).and_then(|s| s.scope.as_ref()) {
+            Some(Scope::All) => store.digest(),
+            Some(Scope::Cluster(c)) => store.cluster_digest(c),
+            Some(Scope::Doc(doc)) => Digest::from_entries(store.entry(doc).iter()),
+            None => Digest::empty(),
         }
     }
 
+    /// The entries in `bucket` of what `conn`'s session repairs: its scope without the
+    /// documents `left` to carriers (counted in [`Counters::repairs_left_to_writers`]).
+    fn repair_entries<S: DocStore>(
+        &mut self,
+        store: &S,
+        conn: ConnId,
+        buckets: &[u32],
+        left: &LeftToCarriers,
+    ) -> Vec<DocEntry> {
+        let mut entries: Vec<DocEntry> = buckets
+            .iter()
+            .flat_map(|b| self.scoped_bucket_entries(store, conn, *b))
+            .collect();
+        let before = entries.len();
+        entries.retain(|e| !left.contains(&e.doc));
+        self.counters.repairs_left_to_writers += (before - entries.len()) as u64;
+        entries
+    }
+
+    /// The entries in `bucket` of what `conn`'s session exchanges.
     fn scoped_bucket_entries<S: DocStore>(
         &self,
         store: &S,
-        remote: &PeerIdentity,
+        conn: ConnId,
         bucket: u32,
     ) -> Vec<DocEntry> {
-        match agent_scope(&self.local, remote) {
-            Some(doc) => store
-                .entry(&doc)
+        match self.sessions.get(&conn).and_then(|s| s.scope.as_ref()) {
+            Some(Scope::All) => store.bucket_entries(bucket),
+            Some(Scope::Cluster(c)) => store.cluster_bucket_entries(c, bucket),
+            Some(Scope::Doc(doc)) => store
+                .entry(doc)
                 .into_iter()
                 .filter(|e| e.doc.bucket() == bucket)
                 .collect(),
-            None => store.bucket_entries(bucket),
+            None => Vec::new(),
         }
     }
 
@@ -592,7 +862,7 @@ impl Protocol {
         let Some(session) = self.sessions.get_mut(&conn) else {
             return;
         };
-        if !session.hello_received || !may_exchange(&self.local, &session.identity, doc) {
+        if !session.hello_received || !session.covers(doc) {
             return;
         }
         let state = Self::doc_state(&mut self.saved_states, session, doc, entry.generation);
@@ -633,13 +903,7 @@ impl Protocol {
         if !self.config.push {
             return out;
         }
-        let conns: Vec<ConnId> = self
-            .sessions
-            .iter()
-            .filter(|(_, s)| may_exchange(&self.local, &s.identity, doc))
-            .map(|(c, _)| *c)
-            .collect();
-        for conn in conns {
+        for conn in self.covering(doc) {
             self.push_doc(store, conn, doc, false, &mut out);
         }
         out
@@ -660,9 +924,8 @@ impl Protocol {
         }
         let conns: Vec<ConnId> = self.sessions.keys().copied().collect();
         for conn in conns {
-            let (identity, due_ae, due_hb, due_pex) = match self.sessions.get(&conn) {
+            let (due_ae, due_hb, due_pex) = match self.sessions.get(&conn) {
                 Some(s) if s.hello_received => (
-                    s.identity.clone(),
                     now >= s.next_anti_entropy,
                     now >= s.next_heartbeat,
                     now >= s.next_peer_exchange,
@@ -670,7 +933,7 @@ impl Protocol {
                 _ => continue,
             };
             if due_ae && self.config.anti_entropy {
-                let root = self.scoped_digest(store, &identity).root();
+                let root = self.scoped_digest(store, conn).root();
                 self.counters.digest_probes_sent += 1;
                 self.send(
                     &mut out,
@@ -680,7 +943,13 @@ impl Protocol {
                         buckets: vec![],
                     }),
                 );
-                let next = now + self.jittered(self.config.anti_entropy_interval);
+                let interval = self
+                    .sessions
+                    .get(&conn)
+                    .map_or(self.config.anti_entropy_interval, |s| {
+                        s.anti_entropy_interval
+                    });
+                let next = now + self.jittered(interval);
                 if let Some(s) = self.sessions.get_mut(&conn) {
                     s.next_anti_entropy = next;
                 }
@@ -697,7 +966,7 @@ impl Protocol {
                 let sequence = match self.sessions.get_mut(&conn) {
                     Some(s) => {
                         s.heartbeat_out += 1;
-                        s.next_heartbeat = now + self.config.heartbeat_interval;
+                        s.next_heartbeat = now + s.heartbeat_interval;
                         s.heartbeat_out
                     }
                     None => continue,
@@ -795,16 +1064,15 @@ impl Protocol {
         }
         match body {
             Body::Hello(h) => self.on_hello(store, conn, &peer, h, hello_received, &mut out),
-            Body::Digest(d) => self.on_digest(store, conn, &peer, d, &mut out),
+            Body::Digest(d) => self.on_digest(store, conn, d, &mut out),
             Body::BucketRequest(r) => {
                 let Some(buckets) = self.check_buckets(&mut out, conn, &r.buckets) else {
                     return out;
                 };
-                let theirs = self.scoped_wire_entries(&peer, &r.entries, &buckets);
-                let mine: Vec<DocEntry> = buckets
-                    .iter()
-                    .flat_map(|b| self.scoped_bucket_entries(store, &peer, *b))
-                    .collect();
+                let left = self.carriers_reaching(conn);
+                let mut theirs = self.scoped_wire_entries(conn, &peer, &r.entries, &buckets);
+                theirs.retain(|e| !left.contains(&e.doc));
+                let mine = self.repair_entries(store, conn, &buckets, &left);
                 self.push_differences(store, conn, &mine, &theirs, now, &mut out);
                 self.send_entries(&mut out, conn, &buckets, &mine, false);
             }
@@ -812,15 +1080,14 @@ impl Protocol {
                 let Some(buckets) = self.check_buckets(&mut out, conn, &e.buckets) else {
                     return out;
                 };
-                let theirs = self.scoped_wire_entries(&peer, &e.entries, &buckets);
-                let mine: Vec<DocEntry> = buckets
-                    .iter()
-                    .flat_map(|b| self.scoped_bucket_entries(store, &peer, *b))
-                    .collect();
+                let left = self.carriers_reaching(conn);
+                let mut theirs = self.scoped_wire_entries(conn, &peer, &e.entries, &buckets);
+                theirs.retain(|e| !left.contains(&e.doc));
+                let mine = self.repair_entries(store, conn, &buckets, &left);
                 self.push_differences(store, conn, &mine, &theirs, now, &mut out);
             }
             Body::Sync(s) => self.on_sync(store, conn, &peer, s, now, &mut out),
-            Body::Refusal(r) => self.on_refusal(store, &peer, r, now, &mut out),
+            Body::Refusal(r) => self.on_refusal(store, conn, &peer, r, now, &mut out),
             Body::Ephemeral(e) => self.on_ephemeral(store, conn, &peer, e),
             Body::PeerExchange(p) => {
                 if !peer.is_replica() {
@@ -894,10 +1161,27 @@ impl Protocol {
             );
             return;
         }
+        let scope = match Scope::of_session(&self.local, self.relay, peer, h.relay) {
+            Ok(scope) => scope,
+            Err(reason) => {
+                self.counters.rejected_unauthorized += 1;
+                warn!(%peer, %reason, "refusing session");
+                out.push(Output::Close { conn, reason });
+                return;
+            }
+        };
         let advertise = (!h.advertise_addr.is_empty()).then_some(h.advertise_addr);
+        match &scope {
+            Scope::Doc(d) => self.by_doc.entry(d.clone()).or_default().push(conn),
+            Scope::All | Scope::Cluster(_) => {
+                self.wide.insert(conn);
+            }
+        }
         if let Some(s) = self.sessions.get_mut(&conn) {
             s.hello_received = true;
             s.advertise_addr = advertise.clone();
+            s.relay = h.relay;
+            s.scope = Some(scope);
         }
         if peer.is_replica()
             && let Some(addr) = &advertise
@@ -906,7 +1190,7 @@ impl Protocol {
         }
         // Catch up at once instead of waiting for the first timer.
         if self.config.anti_entropy {
-            let root = self.scoped_digest(store, peer).root();
+            let root = self.scoped_digest(store, conn).root();
             self.counters.digest_probes_sent += 1;
             self.send(
                 out,
@@ -927,24 +1211,27 @@ impl Protocol {
         &mut self,
         store: &mut S,
         conn: ConnId,
-        peer: &PeerIdentity,
         d: pb::Digest,
         out: &mut Vec<Output>,
     ) {
-        let mine = self.scoped_digest(store, peer);
-        if d.root == mine.root()
+        // The root compares the whole scope (what `digest_matched` means); the buckets of the
+        // answer and the repair compare it without the documents left to carriers.
+        let root = self.scoped_digest(store, conn).root();
+        if d.root == root
             && let Some(s) = self.sessions.get_mut(&conn)
         {
             s.digest_matched = true;
         }
+        let left = self.carriers_reaching(conn);
+        let mine = self.repair_digest(store, conn, &left);
         if d.buckets.is_empty() {
-            if d.root != mine.root() {
+            if d.root != root {
                 self.counters.digest_mismatches += 1;
                 self.send(
                     out,
                     conn,
                     Body::Digest(pb::Digest {
-                        root: mine.root(),
+                        root,
                         buckets: mine.buckets().to_vec(),
                     }),
                 );
@@ -967,7 +1254,7 @@ impl Protocol {
         let mut chunk_buckets = Vec::new();
         let mut chunk_entries: Vec<DocEntry> = Vec::new();
         for b in differing {
-            let entries = self.scoped_bucket_entries(store, peer, b);
+            let entries = self.repair_entries(store, conn, &[b], &left);
             if !chunk_buckets.is_empty()
                 && chunk_entries.len() + entries.len() > self.config.max_entries_per_frame
             {
@@ -1023,6 +1310,7 @@ impl Protocol {
     /// Received entries that are valid, in one of `buckets`, and within the session's scope.
     fn scoped_wire_entries(
         &mut self,
+        conn: ConnId,
         peer: &PeerIdentity,
         entries: &[pb::DocEntry],
         buckets: &[u32],
@@ -1033,7 +1321,11 @@ impl Protocol {
                 self.counters.protocol_errors += 1;
                 continue;
             };
-            if !may_exchange(&self.local, peer, &entry.doc) {
+            if !self
+                .sessions
+                .get(&conn)
+                .is_some_and(|s| s.covers(&entry.doc))
+            {
                 self.unauthorized(peer, "bucket entry", &entry.doc);
                 continue;
             }
@@ -1054,37 +1346,67 @@ impl Protocol {
         out: &mut Vec<Output>,
     ) {
         let theirs: HashMap<&DocId, &DocEntry> = theirs.iter().map(|e| (&e.doc, e)).collect();
-        let writers_reaching = self.writers_reaching(conn);
+        let mut repairs = 0;
         for entry in mine {
             if !entry.should_push_to(theirs.get(&entry.doc).copied()) {
                 continue;
             }
-            if writers_reaching.contains(&entry.doc) {
-                self.counters.repairs_left_to_writers += 1;
-                continue;
+            if repairs == self.config.max_repairs_per_round {
+                // The next rounds find the rest still differing.
+                break;
             }
+            repairs += 1;
             self.repair_doc(store, conn, &entry.doc, now, out);
         }
     }
 
-    /// Documents whose writer has a session with us and reported reaching the replica on
-    /// `conn` too. Between two replicas such a document differs mostly because the writer's
-    /// latest changes are still on their way to one of them, and the writer's own sync and
-    /// anti-entropy with each replica repair anything lost; repairing it replica-to-replica as
-    /// well would resend, under a steady update stream, every change of every such document on
-    /// each anti-entropy round.
-    fn writers_reaching(&self, conn: ConnId) -> BTreeSet<DocId> {
+    /// The documents of the agents (writers, or relays carrying their cluster) that have a
+    /// session with us and reported reaching the replica on `conn` too (nothing unless both
+    /// ends are replicas). Between two replicas such a document differs mostly because the
+    /// agent's latest changes are still on their way to one of them, and the agent's own sync
+    /// and anti-entropy with each replica repair anything lost; comparing and repairing it
+    /// replica-to-replica as well would, under a steady update stream, exchange the entries of
+    /// every changing document and resend its changes on each anti-entropy round (with a
+    /// hundred thousand per-node documents, megabytes per round).
+    fn carriers_reaching(&self, conn: ConnId) -> LeftToCarriers {
+        let mut left = LeftToCarriers::default();
         let Some(peer) = self.sessions.get(&conn).map(|s| &s.identity) else {
-            return BTreeSet::new();
+            return left;
         };
         if !self.local.is_replica() || !peer.is_replica() {
-            return BTreeSet::new();
+            return left;
         }
-        self.sessions
-            .values()
-            .filter(|s| s.hello_received && s.reached.contains(peer))
-            .filter_map(|s| agent_scope(&self.local, &s.identity))
-            .collect()
+        for s in self.sessions.values() {
+            if !s.hello_received || !s.reached.contains(peer) {
+                continue;
+            }
+            match &s.scope {
+                Some(Scope::Cluster(c)) => {
+                    left.clusters.insert(c.clone());
+                }
+                Some(Scope::Doc(d)) => {
+                    left.docs.insert(d.clone());
+                }
+                Some(Scope::All) | None => {}
+            }
+        }
+        left.docs.retain(|d| !left.clusters.contains(&d.cluster));
+        left
+    }
+
+    /// What a repair on `conn` compares bucket by bucket: the session's scope without the
+    /// documents `left` to carriers (see [`Protocol::carriers_reaching`]).
+    fn repair_digest<S: DocStore>(&self, store: &S, conn: ConnId, left: &LeftToCarriers) -> Digest {
+        let mut d = self.scoped_digest(store, conn);
+        for c in &left.clusters {
+            d.xor_with(&store.cluster_digest(c));
+        }
+        for doc in &left.docs {
+            if let Some(e) = store.entry(doc) {
+                d.toggle(&e);
+            }
+        }
+        d
     }
 
     /// Anti-entropy found `doc` differing on `conn`: continue its sync at once, and reset the
@@ -1103,10 +1425,10 @@ impl Protocol {
         out: &mut Vec<Output>,
     ) {
         let current = store.entry(doc);
-        let min_age = self.config.anti_entropy_interval.mul_f64(0.75);
         let Some(session) = self.sessions.get_mut(&conn) else {
             return;
         };
+        let min_age = session.anti_entropy_interval.mul_f64(0.75);
         // (reset, the mismatch continues an earlier one)
         let (reset, continuing) = match session.docs.get(doc) {
             // Nothing exchanged yet on this session: the state is fresh anyway.
@@ -1185,6 +1507,7 @@ impl Protocol {
     fn on_refusal<S: DocStore>(
         &mut self,
         store: &mut S,
+        conn: ConnId,
         peer: &PeerIdentity,
         r: pb::Refusal,
         now: Instant,
@@ -1195,7 +1518,9 @@ impl Protocol {
             debug!(%peer, "ignoring a refusal with an invalid document id");
             return;
         };
-        if !peer.is_replica() || !self.local.owns(&doc) {
+        // Replicas and the cluster's relay store what a writer sends, so they may refuse it.
+        let carrier = peer.is_replica() || self.sessions.get(&conn).is_some_and(|s| s.relay);
+        if !carrier || !self.local.owns(&doc) {
             self.unauthorized(peer, "refusal", &doc);
             return;
         }
@@ -1266,7 +1591,7 @@ impl Protocol {
             self.protocol_error(out, conn, "sync message with an invalid document id".into());
             return;
         };
-        if !may_exchange(&self.local, peer, &doc) {
+        if !self.sessions.get(&conn).is_some_and(|s| s.covers(&doc)) {
             self.unauthorized(peer, "sync", &doc);
             return;
         }
@@ -1334,7 +1659,7 @@ impl Protocol {
                 } else {
                     warn!(%peer, %doc, %reason, "store refused sync message");
                 }
-                if self.local.is_replica() && peer.owns(&doc) {
+                if self.carries(&doc) && peer.owns(&doc) {
                     self.refuse_writer(conn, &doc, s.generation, &reason, now, out);
                 }
                 // The refused message may have left the sync state expecting an answer.
@@ -1358,11 +1683,12 @@ impl Protocol {
                 from: peer.clone(),
             });
         }
-        let from_writer = peer.owns(&doc);
+        // An agent delivers its own document or, as its cluster's relay, that cluster's: either
+        // way it reports in its heartbeats which replicas it reaches itself.
+        let from_agent = !peer.is_replica();
         // Continue the automerge sync exchange with the sender.
         if after.as_ref().is_some_and(|e| e.generation == s.generation) {
-            if changed && from_writer && self.local.is_replica() && !self.config.ack_delay.is_zero()
-            {
+            if changed && from_agent && self.carries(&doc) && !self.config.ack_delay.is_zero() {
                 self.delay_push(conn, &doc, now + self.config.ack_delay);
             } else {
                 self.push_doc(store, conn, &doc, false, out);
@@ -1370,35 +1696,40 @@ impl Protocol {
         } else {
             self.reply_without_doc(conn, &doc, s.generation, out);
         }
-        if changed && self.local.is_replica() && self.config.push {
+        // Replicas pass every applied change on; a relay passes on what its node agents send
+        // (to the replicas: no other session of a relay covers a node's document).
+        let passes_on = self.local.is_replica() || (self.relay && from_agent);
+        if changed && passes_on && self.config.push {
             // Agents dial every replica they know and report in their heartbeats which ones
-            // they reach: a writer's change is not relayed to those (anti-entropy repairs a
-            // lost message), and to the others only after `relay_delay`, so one exchange
-            // carries every change of that window. A change relayed to us is passed on at
-            // once (its writer may reach only us).
+            // they reach: an agent's change is not relayed to those (anti-entropy repairs a
+            // lost message), and by a replica to the others only after `relay_delay`, so one
+            // exchange carries every change of that window. A change relayed to a replica by
+            // another replica is passed on at once (its writer may reach only that one), and
+            // so is what a relay forwards (its node agents reach no replica).
             let reached = self
                 .sessions
                 .get(&conn)
-                .filter(|_| from_writer)
+                .filter(|_| from_agent)
                 .map(|s| &s.reached);
             // Only peers that may hold the document: with one session per agent, offering
             // every change to every session cost a deferred push per agent per change (a
             // fifth of a replica's protocol thread at 100 agents and 1,000 changes/s).
-            let local = &self.local;
             let others: Vec<(ConnId, bool, bool)> = self
-                .sessions
-                .iter()
-                .filter(|(c, o)| **c != conn && may_exchange(local, &o.identity, &doc))
-                .map(|(c, o)| {
-                    let writer_reaches = reached.is_some_and(|r| r.contains(&o.identity));
-                    (*c, o.identity.is_replica(), writer_reaches)
+                .covering(&doc)
+                .into_iter()
+                .filter(|c| *c != conn)
+                .filter_map(|c| {
+                    let o = self.sessions.get(&c)?;
+                    let agent_reaches = reached.is_some_and(|r| r.contains(&o.identity));
+                    Some((c, o.identity.is_replica(), agent_reaches))
                 })
                 .collect();
-            for (other, to_replica, writer_reaches) in others {
-                if from_writer && to_replica && writer_reaches {
+            let delay = self.local.is_replica() && !self.config.relay_delay.is_zero();
+            for (other, to_replica, agent_reaches) in others {
+                if from_agent && to_replica && agent_reaches {
                     continue;
                 }
-                if from_writer && to_replica && !self.config.relay_delay.is_zero() {
+                if from_agent && to_replica && delay {
                     self.delay_push(other, &doc, now + self.config.relay_delay);
                 } else {
                     self.push_doc(store, other, &doc, false, out);

@@ -38,8 +38,10 @@ const SCHEMES: &[SignatureScheme] = &[
 const MAX_CHAIN: usize = 4;
 /// How long a verified chain is trusted without verifying it again (expiry is re-checked then).
 const CHAIN_CACHE_TTL: Duration = Duration::from_secs(60);
-/// Most verified chains remembered.
-const CHAIN_CACHE_ENTRIES: usize = 4096;
+/// Most verified chains remembered: one per writer whose signature was verified within
+/// [`CHAIN_CACHE_TTL`], so a fleet of per-node writers (100,000 documents, each changed every
+/// couple of minutes) does not verify every chain anew.
+const CHAIN_CACHE_ENTRIES: usize = 131_072;
 
 /// Why signing material could not be built from a TLS identity.
 #[derive(Debug, thiserror::Error)]
@@ -172,7 +174,10 @@ impl MeshVerifier {
         let id = PeerIdentity::from_certificate_der(leaf).map_err(|e| e.to_string())?;
         let mut cache = crate::node::lock(&self.verified);
         if cache.len() >= CHAIN_CACHE_ENTRIES {
-            cache.clear();
+            cache.retain(|_, (_, at)| now.duration_since(*at) < CHAIN_CACHE_TTL);
+            if cache.len() >= CHAIN_CACHE_ENTRIES {
+                cache.clear();
+            }
         }
         cache.insert(key, (id.clone(), now));
         Ok(id)

@@ -67,6 +67,22 @@ pub trait DocStore {
     fn bucket_entries(&self, bucket: u32) -> Vec<DocEntry>;
     /// The entry of one held document.
     fn entry(&self, doc: &DocId) -> Option<DocEntry>;
+    /// Digest over the held documents of member cluster `cluster` (what a replica and that
+    /// cluster's relay compare). The default computes it from every bucket's entries; stores
+    /// that hold many documents keep it up to date instead.
+    fn cluster_digest(&self, cluster: &str) -> Digest {
+        let entries: Vec<DocEntry> = (0..dramesh_store::DIGEST_BUCKETS)
+            .flat_map(|b| self.cluster_bucket_entries(cluster, b))
+            .collect();
+        Digest::from_entries(entries.iter())
+    }
+    /// [`DocStore::bucket_entries`] of member cluster `cluster`'s documents only.
+    fn cluster_bucket_entries(&self, cluster: &str, bucket: u32) -> Vec<DocEntry> {
+        self.bucket_entries(bucket)
+            .into_iter()
+            .filter(|e| e.doc.cluster == cluster)
+            .collect()
+    }
     /// Next sync message for `doc` towards the peer whose sync state is `state`, with the
     /// writer's signature over the heads it leads to when it carries changes.
     fn generate_sync_message(
@@ -75,7 +91,9 @@ pub trait DocStore {
         state: &mut SyncState,
     ) -> Option<SignedMessage>;
     /// Applies a sync message received from `from`, whose changes `signed` must cover (see
-    /// [`dramesh_store::Store::receive_signed_sync_message`]).
+    /// [`dramesh_store::Store::receive_signed_sync_message`]). The protocol calls it only for
+    /// documents the session with `from` exchanges ([`crate::protocol::Scope`]); a store
+    /// checks again, with [`may_deliver`], that `from` may deliver `doc` at all.
     fn receive_sync_message(
         &mut self,
         from: &PeerIdentity,
@@ -107,5 +125,22 @@ pub trait DocStore {
     fn recover_generation(&mut self, doc: &DocId) -> Option<u64> {
         let _ = doc;
         None
+    }
+    /// Drops every document the store does not write (an agent that stopped being its
+    /// cluster's relay keeps only its own); returns how many. Stores that hold only their own
+    /// keep the default.
+    fn drop_copies(&mut self) -> usize {
+        0
+    }
+}
+
+/// Whether `from` may deliver changes of `doc` at all: a replica any document (what it relays
+/// is believed only as far as the writer's signature goes), an agent the documents of its own
+/// cluster (its own, or its cluster's as the relay; the session's scope narrows this further,
+/// and changes not from the writer must be covered by the writer's signature).
+pub fn may_deliver(from: &PeerIdentity, doc: &DocId) -> bool {
+    match from {
+        PeerIdentity::Replica { .. } => true,
+        PeerIdentity::Agent { cluster, .. } => doc.cluster == *cluster,
     }
 }

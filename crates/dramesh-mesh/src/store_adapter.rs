@@ -159,6 +159,14 @@ impl DocStore for MeshStore {
         self.store.entry(doc)
     }
 
+    fn cluster_digest(&self, cluster: &str) -> Digest {
+        self.store.cluster_digest(cluster)
+    }
+
+    fn cluster_bucket_entries(&self, cluster: &str, bucket: u32) -> Vec<DocEntry> {
+        self.store.cluster_bucket_entries(cluster, bucket)
+    }
+
     fn generate_sync_message(
         &mut self,
         doc: &DocId,
@@ -197,7 +205,7 @@ impl DocStore for MeshStore {
                 got: generation,
             });
         }
-        let may_deliver = |d: &DocId| from.is_replica() || from.owns(d);
+        let may_deliver = |d: &DocId| crate::store::may_deliver(from, d);
         match self.store.receive_signed_sync_message(
             doc,
             generation,
@@ -234,6 +242,19 @@ impl DocStore for MeshStore {
         if let Err(e) = self.store.maintain_deferred() {
             // The copy stays as it is (valid, just larger); its next change queues it again.
             tracing::warn!(error = %e, "deferred compaction failed");
+        }
+    }
+
+    fn drop_copies(&mut self) -> usize {
+        match self.store.drop_copies() {
+            Ok((changes, dropped)) => {
+                self.queue(changes);
+                dropped
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "could not drop the documents this agent relayed");
+                0
+            }
         }
     }
 
@@ -441,6 +462,7 @@ mod tests {
                     role: crate::wire::pb::Role::Replica as i32,
                     identity: replica_id.uri(),
                     advertise_addr: String::new(),
+                    relay: false,
                 },
             ));
             let on_hello = p.handle_frame(&mut store, ConnId(1), hello, now);
@@ -488,6 +510,7 @@ mod tests {
                 role: crate::wire::pb::Role::Replica as i32,
                 identity: replica_id.uri(),
                 advertise_addr: String::new(),
+                relay: false,
             },
         ));
         p.handle_frame(&mut store, ConnId(1), hello, now);

@@ -46,6 +46,13 @@ pub struct TransportConfig {
     pub outbound_total_bytes: usize,
     /// Frames received from all peers that may wait for the protocol thread.
     pub inbound_queue_frames: usize,
+    /// Most sessions a node holds at once; a new peer beyond it is closed at once (a relay
+    /// serves its cluster's nodes, up to 5,000 in Kubernetes; a replica its relays and the
+    /// node agents that fell back to it).
+    pub max_sessions: usize,
+    /// Most incoming handshakes in progress at once; further connection attempts are refused
+    /// before any cryptography, and their peers retry with backoff.
+    pub max_handshakes: usize,
 }
 
 impl Default for TransportConfig {
@@ -59,6 +66,8 @@ impl Default for TransportConfig {
             outbound_budget_bytes: 32 * 1024 * 1024,
             outbound_total_bytes: 256 * 1024 * 1024,
             inbound_queue_frames: 1024,
+            max_sessions: 10_000,
+            max_handshakes: 256,
         }
     }
 }

@@ -32,6 +32,8 @@ struct Sim {
     /// Encoded bytes of every delivered frame, by body kind.
     bytes: std::collections::BTreeMap<&'static str, usize>,
     frames: std::collections::BTreeMap<&'static str, usize>,
+    /// Sync frames delivered, by (from node, to node).
+    syncs: std::collections::BTreeMap<(usize, usize), usize>,
     /// When set, the next Sync frame sent by this node is dropped.
     drop_next_sync_from: Option<usize>,
     /// When set, Sync frames sent by this node are held back until [`Sim::release_held`].
@@ -74,19 +76,30 @@ impl Sim {
     }
 
     fn with_delays(ids: Vec<PeerIdentity>, relay_delay: Duration, ack_delay: Duration) -> Self {
-        let config = ProtocolConfig {
+        Self::with_config(ids, |c| {
+            c.relay_delay = relay_delay;
+            c.ack_delay = ack_delay;
+        })
+    }
+
+    fn with_config(ids: Vec<PeerIdentity>, set: impl FnOnce(&mut ProtocolConfig)) -> Self {
+        let mut config = ProtocolConfig {
             anti_entropy_interval: Duration::from_secs(2),
             heartbeat_interval: Duration::from_secs(1),
+            node_anti_entropy_interval: Duration::from_secs(2),
+            node_heartbeat_interval: Duration::from_secs(1),
             peer_exchange_interval: Duration::from_secs(10),
             advertise_addr: None,
             max_entries_per_frame: 10_000,
             jitter_seed: 7,
             anti_entropy: true,
             push: true,
-            relay_delay,
-            ack_delay,
+            relay_delay: Duration::ZERO,
+            ack_delay: Duration::ZERO,
+            max_repairs_per_round: 4096,
             peer_exchange: true,
         };
+        set(&mut config);
         Sim {
             nodes: ids
                 .into_iter()
@@ -102,6 +115,7 @@ impl Sim {
             next_conn: 1,
             bytes: Default::default(),
             frames: Default::default(),
+            syncs: Default::default(),
             drop_next_sync_from: None,
             hold_sync_from: None,
             held: Vec::new(),
@@ -166,6 +180,9 @@ impl Sim {
                         let len = wire::encode_frame(&envelope).unwrap().len();
                         *self.bytes.entry(kind(&envelope)).or_default() += len;
                         *self.frames.entry(kind(&envelope)).or_default() += 1;
+                        if matches!(envelope.body, Some(Body::Sync(_))) {
+                            *self.syncs.entry((from, to)).or_default() += 1;
+                        }
                         if matches!(envelope.body, Some(Body::Sync(_)))
                             && self.hold_sync_from == Some(from)
                         {
@@ -372,21 +389,29 @@ fn replicas_leave_a_document_to_its_writer_when_it_reaches_both() {
         .map(|r| sim.nodes[r].store.get(&doc, "gpu").as_deref() == Some("1"))
         .collect();
     assert_eq!(have.iter().filter(|h| **h).count(), 1, "{have:?}");
-    // Anti-entropy rounds: the replicas leave the document to the writer, whose own round with
-    // the replica that missed the change repairs it. (automerge alone would not resend the lost
-    // change even when asked for it by hash: the two would exchange messages forever.)
+    // Anti-entropy rounds: the replicas leave the document to the writer (they compare their
+    // digests without it), whose own round with the replica that missed the change repairs it.
+    // (automerge alone would not resend the lost change even when asked for it by hash: the
+    // two would exchange messages forever.)
+    let between =
+        |sim: &Sim| sim.syncs.get(&(0, 1)).unwrap_or(&0) + sim.syncs.get(&(1, 0)).unwrap_or(&0);
+    let before = between(&sim);
     for _ in 0..4 {
         sim.tick(Duration::from_secs(1));
     }
     for r in 0..2 {
         assert_eq!(sim.nodes[r].store.get(&doc, "gpu").as_deref(), Some("1"));
     }
-    let left: u64 = (0..2)
-        .map(|r| sim.nodes[r].proto.counters().repairs_left_to_writers)
-        .sum();
-    assert!(
-        left > 0,
+    assert_eq!(
+        between(&sim),
+        before,
         "replicas repaired the writer's document themselves"
+    );
+    assert!(
+        sim.nodes[0].proto.counters().digest_mismatches
+            + sim.nodes[1].proto.counters().digest_mismatches
+            > 0,
+        "the replicas' digests never differed"
     );
     assert_eq!(sim.entries(0), sim.entries(1));
 }
@@ -714,16 +739,27 @@ fn protocol_violations_close_the_connection() {
         role: pb::Role::Replica as i32,
         identity: "dramesh://replica/r9".into(),
         advertise_addr: String::new(),
+        relay: false,
     }));
     let out = node
         .proto
         .handle_frame(&mut node.store, conn2, lie, sim.now);
     assert!(matches!(out.as_slice(), [Output::Close { .. }]));
     assert_eq!(node.proto.counters().protocol_errors, 2);
-    // Agents never talk to agents.
+    // Agents never talk to agents of another cluster (closed at once), nor to agents of their
+    // own unless one of the two is the cluster's relay (closed at the hello, which says).
     let mut a = Protocol::new(agent("c", "n1"), ProtocolConfig::default());
-    let out = a.on_connected(ConnId(1), agent("c", "n2"), sim.now);
+    let out = a.on_connected(ConnId(1), agent("d", "n2"), sim.now);
     assert!(matches!(out.as_slice(), [Output::Close { .. }]));
+    let mut sim = Sim::new(vec![agent("c", "n1"), agent("c", "n2")]);
+    sim.connect(0, 1);
+    sim.run();
+    assert!(!sim.links[0].up, "two node agents kept a session");
+    assert!(sim.nodes[0].proto.sessions().is_empty());
+    let refused: u64 = (0..2)
+        .map(|i| sim.nodes[i].proto.counters().rejected_unauthorized)
+        .sum();
+    assert!(refused >= 1, "the session was not refused as unauthorized");
 }
 
 #[test]
@@ -827,4 +863,295 @@ fn without_peer_exchange_an_agent_learns_only_the_replica_it_dialed() {
                 .contains_key("dramesh://replica/r0")
         );
     }
+}
+
+/// Replicas r0, r1 (nodes 0, 1); the relay of cluster c1, agent c1/lead (node 2); node agents
+/// c1/n1 and c1/n2 (nodes 3, 4) that reach only the relay. The relay reaches both replicas.
+fn relay_fleet(relay_delay: Duration) -> Sim {
+    let mut sim = Sim::with_delays(
+        vec![
+            replica("r0"),
+            replica("r1"),
+            agent("c1", "lead"),
+            agent("c1", "n1"),
+            agent("c1", "n2"),
+        ],
+        relay_delay,
+        Duration::ZERO,
+    );
+    assert!(sim.nodes[2].proto.set_relay(true).is_empty());
+    sim.connect(0, 1);
+    sim.connect(2, 0);
+    sim.connect(2, 1);
+    sim.connect(3, 2);
+    sim.connect(4, 2);
+    sim.run();
+    // A heartbeat round: replicas learn which replicas the relay reaches.
+    sim.tick(Duration::from_secs(1));
+    sim
+}
+
+#[test]
+fn a_relay_carries_its_nodes_documents_to_every_replica_at_once() {
+    let delay = Duration::from_millis(500);
+    let mut sim = relay_fleet(delay);
+    let (n1, n2, lead) = (
+        DocId::new("c1", "n1"),
+        DocId::new("c1", "n2"),
+        DocId::new("c1", "lead"),
+    );
+    sim.write(3, &n1, "gpu", "8");
+    sim.write(4, &n2, "gpu", "4");
+    sim.write(2, &lead, "class", "gpu");
+    // No tick: the relay forwards at once, whatever the replicas' relay delay.
+    for r in 0..2 {
+        assert_eq!(
+            sim.nodes[r].store.get(&n1, "gpu").as_deref(),
+            Some("8"),
+            "r{r}"
+        );
+        assert_eq!(
+            sim.nodes[r].store.get(&n2, "gpu").as_deref(),
+            Some("4"),
+            "r{r}"
+        );
+        assert_eq!(
+            sim.nodes[r].store.get(&lead, "class").as_deref(),
+            Some("gpu"),
+            "r{r}"
+        );
+    }
+    assert_eq!(sim.nodes[2].store.get(&n1, "gpu").as_deref(), Some("8"));
+    // Each node agent holds only its own document; each session exchanged only its scope.
+    assert_eq!(sim.nodes[3].store.len(), 1);
+    assert_eq!(sim.nodes[4].store.len(), 1);
+    for s in sim.nodes[2].proto.sessions() {
+        let want = match &s.identity {
+            PeerIdentity::Replica { .. } => dramesh_mesh::protocol::Scope::Cluster("c1".into()),
+            PeerIdentity::Agent { cluster, node } => {
+                dramesh_mesh::protocol::Scope::Doc(DocId::new(cluster.clone(), node.clone()))
+            }
+        };
+        assert_eq!(s.scope.as_ref(), Some(&want), "{}", s.identity);
+    }
+    // The relay reaches both replicas, so they pass nothing of its cluster to each other.
+    let r1_in = sim.nodes[1].proto.counters().sync_in;
+    sim.write(3, &n1, "gpu", "6");
+    sim.tick(delay);
+    sim.tick(delay);
+    assert_eq!(sim.nodes[1].store.get(&n1, "gpu").as_deref(), Some("6"));
+    assert_eq!(
+        sim.nodes[1].proto.counters().sync_in - r1_in,
+        1,
+        "r1 got the change from r0 too although the relay reaches it"
+    );
+    // Anti-entropy agrees everywhere and leaves the cluster to the relay between replicas.
+    for _ in 0..3 {
+        sim.tick(Duration::from_secs(1));
+    }
+    assert_eq!(sim.entries(0), sim.entries(1));
+    assert_eq!(sim.entries(0), sim.entries(2));
+    for n in 0..5 {
+        assert_eq!(
+            sim.nodes[n].proto.counters().rejected_unauthorized,
+            0,
+            "node {n}"
+        );
+    }
+}
+
+#[test]
+fn a_new_relay_pulls_its_cluster_and_nothing_else_from_the_replicas() {
+    let mut sim = Sim::new(vec![
+        replica("r0"),
+        agent("c1", "n1"),
+        agent("c2", "n1"),
+        agent("c1", "lead"),
+    ]);
+    sim.connect(1, 0);
+    sim.connect(2, 0);
+    sim.run();
+    let (c1, c2) = (DocId::new("c1", "n1"), DocId::new("c2", "n1"));
+    sim.write(1, &c1, "gpu", "1");
+    sim.write(2, &c2, "gpu", "2");
+    assert!(sim.nodes[3].proto.set_relay(true).is_empty());
+    sim.connect(3, 0);
+    sim.run();
+    sim.tick(Duration::from_secs(3));
+    assert_eq!(sim.nodes[3].store.get(&c1, "gpu").as_deref(), Some("1"));
+    assert_eq!(
+        sim.nodes[3].store.entry(&c2),
+        None,
+        "another cluster's document"
+    );
+    assert_eq!(sim.nodes[0].proto.counters().rejected_unauthorized, 0);
+}
+
+#[test]
+fn a_node_cannot_write_another_nodes_document_through_the_relay() {
+    let mut sim = relay_fleet(Duration::ZERO);
+    let (n1, n2) = (DocId::new("c1", "n1"), DocId::new("c1", "n2"));
+    sim.write(4, &n2, "gpu", "4");
+    // n1 builds a genuine automerge message for n2's document (the in-memory store does not
+    // sign: the scope alone must stop it) and sends it on its session with the relay.
+    let mut forged = MemStore::new();
+    forged.put(&n2, "gpu", "999").unwrap();
+    let mut state = dramesh_store::SyncState::new();
+    let (payload, _) = forged.generate_sync_message(&n2, &mut state).unwrap();
+    let n1_conn = sim
+        .links
+        .iter()
+        .find(|l| l.a == 3 && l.b == 2)
+        .map(|l| l.conn_b)
+        .unwrap();
+    let before = sim.nodes[2].proto.counters().rejected_unauthorized;
+    let env = wire::envelope(Body::Sync(pb::Sync {
+        doc: Some((&n2).into()),
+        generation: forged.entry(&n2).unwrap().generation,
+        payload,
+        signed: None,
+    }));
+    sim.queue.push_back((2, n1_conn, env));
+    sim.run();
+    assert_eq!(
+        sim.nodes[2].proto.counters().rejected_unauthorized,
+        before + 1
+    );
+    for n in [0, 1, 2] {
+        assert_eq!(
+            sim.nodes[n].store.get(&n2, "gpu").as_deref(),
+            Some("4"),
+            "node {n}"
+        );
+    }
+    // Its own document still goes through.
+    sim.write(3, &n1, "gpu", "1");
+    assert_eq!(sim.nodes[0].store.get(&n1, "gpu").as_deref(), Some("1"));
+}
+
+#[test]
+fn a_relay_cannot_push_a_document_of_another_cluster() {
+    let mut sim = relay_fleet(Duration::ZERO);
+    let other = DocId::new("c2", "n1");
+    let mut forged = MemStore::new();
+    forged.put(&other, "gpu", "999").unwrap();
+    let mut state = dramesh_store::SyncState::new();
+    let (payload, _) = forged.generate_sync_message(&other, &mut state).unwrap();
+    let relay_at_r0 = sim
+        .links
+        .iter()
+        .find(|l| l.a == 2 && l.b == 0)
+        .map(|l| l.conn_b)
+        .unwrap();
+    let env = wire::envelope(Body::Sync(pb::Sync {
+        doc: Some((&other).into()),
+        generation: forged.entry(&other).unwrap().generation,
+        payload,
+        signed: None,
+    }));
+    sim.queue.push_back((0, relay_at_r0, env));
+    sim.run();
+    assert_eq!(sim.nodes[0].proto.counters().rejected_unauthorized, 1);
+    assert_eq!(sim.nodes[0].store.entry(&other), None);
+    // Bucket entries naming it are ignored the same way.
+    let env = wire::envelope(Body::BucketEntries(pb::BucketEntries {
+        buckets: vec![other.bucket()],
+        entries: vec![pb::DocEntry::from(&forged.entry(&other).unwrap())],
+    }));
+    sim.queue.push_back((0, relay_at_r0, env));
+    sim.run();
+    assert_eq!(sim.nodes[0].proto.counters().rejected_unauthorized, 2);
+}
+
+#[test]
+fn relay_sessions_need_exactly_one_relay_of_the_same_cluster() {
+    // Two relays of one cluster (a Lease handover) do not talk; a replica claiming to relay
+    // is a protocol error; an agent of another cluster is refused by a relay.
+    for (a, a_relay, b, b_relay) in [
+        (agent("c1", "a"), true, agent("c1", "b"), true),
+        (agent("c2", "a"), false, agent("c1", "b"), true),
+        (replica("r0"), false, agent("c1", "b"), false),
+    ] {
+        let mut sim = Sim::new(vec![a.clone(), b.clone()]);
+        sim.nodes[0].proto.set_relay(a_relay);
+        sim.nodes[1].proto.set_relay(b_relay);
+        sim.connect(0, 1);
+        sim.run();
+        if a.is_replica() {
+            // A replica cannot be a relay: set_relay is ignored, and the session holds.
+            assert!(!sim.nodes[0].proto.is_relay());
+            assert!(sim.links[0].up);
+            continue;
+        }
+        assert!(!sim.links[0].up, "{a} and {b} kept a session");
+    }
+    // A replica that claims to relay in its hello is refused.
+    let mut p = Protocol::new(agent("c1", "n1"), ProtocolConfig::default());
+    let now = Instant::now();
+    p.on_connected(ConnId(1), replica("r0"), now);
+    let out = p.handle_frame(
+        &mut MemStore::new(),
+        ConnId(1),
+        wire::envelope(Body::Hello(pb::Hello {
+            protocol_version: dramesh_mesh::protocol::PROTOCOL_VERSION,
+            role: pb::Role::Replica as i32,
+            identity: replica("r0").uri(),
+            advertise_addr: String::new(),
+            relay: true,
+        })),
+        now,
+    );
+    assert!(matches!(out.as_slice(), [Output::Close { .. }]), "{out:?}");
+}
+
+#[test]
+fn stepping_down_closes_every_session_and_the_next_ones_are_direct() {
+    let mut sim = relay_fleet(Duration::ZERO);
+    let closes = sim.nodes[2].proto.set_relay(false);
+    assert_eq!(closes.len(), 4, "{closes:?}");
+    assert!(closes.iter().all(|o| matches!(o, Output::Close { .. })));
+    assert!(sim.nodes[2].proto.sessions().is_empty());
+    // Redialed as a plain node agent, it exchanges only its own document with a replica, and a
+    // node agent may no longer talk to it.
+    let (r0, n1) = (sim.connect(2, 0), sim.connect(3, 2));
+    sim.run();
+    assert!(sim.links[r0].up);
+    assert!(!sim.links[n1].up);
+    let s = sim.nodes[2]
+        .proto
+        .sessions()
+        .into_iter()
+        .find(|s| s.identity.is_replica())
+        .unwrap();
+    assert_eq!(
+        s.scope,
+        Some(dramesh_mesh::protocol::Scope::Doc(DocId::new("c1", "lead")))
+    );
+}
+
+#[test]
+fn anti_entropy_repairs_a_bounded_number_of_documents_per_round() {
+    // r0 holds 20 documents (written while alone, push off), r1 none; with at most 5 repairs
+    // per round, the first round brings at most 5 and later rounds the rest.
+    let mut sim = Sim::with_config(vec![replica("r0"), replica("r1")], |c| {
+        c.max_repairs_per_round = 5;
+        c.push = false;
+    });
+    let docs: Vec<DocId> = (0..20).map(|i| DocId::new("c1", format!("n{i}"))).collect();
+    for d in &docs {
+        sim.nodes[0].store.put(d, "gpu", "1").unwrap();
+    }
+    sim.connect(0, 1);
+    sim.run();
+    let held = |sim: &Sim| sim.nodes[1].store.len();
+    assert!(
+        held(&sim) <= 10,
+        "{} documents after the hello round",
+        held(&sim)
+    );
+    for _ in 0..20 {
+        sim.tick(Duration::from_secs(2));
+    }
+    assert_eq!(held(&sim), 20);
+    assert_eq!(sim.entries(0), sim.entries(1));
 }

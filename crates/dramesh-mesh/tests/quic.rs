@@ -190,6 +190,7 @@ async fn agent_of_cluster_a_cannot_sync_a_cluster_b_document() {
             role: pb::Role::Agent as i32,
             identity: rogue_id.identity.uri(),
             advertise_addr: String::new(),
+            relay: false,
         }));
         send.write_all(&wire::encode_frame(&hello).unwrap()).await.unwrap();
         // Build a genuine automerge exchange for cluster b's document.

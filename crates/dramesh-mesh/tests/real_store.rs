@@ -620,6 +620,7 @@ async fn a_replica_relaying_a_forged_change_over_quic_is_refused_and_counted() {
             role: pb::Role::Replica as i32,
             identity: rogue.uri(),
             advertise_addr: String::new(),
+            relay: false,
         })))
         .await
         .unwrap();
@@ -743,6 +744,7 @@ async fn agent_of_cluster_a_cannot_alter_cluster_b() {
             role: pb::Role::Agent as i32,
             identity: rogue.uri(),
             advertise_addr: String::new(),
+            relay: false,
         })))
         .await
         .unwrap();

@@ -6,7 +6,10 @@
 //! with a key that is not its certificate's, or with another identity's certificate, is
 //! refused by every replica; a replica relaying a forged change (unsigned, under the writer's
 //! stale signature, or signed with its own key) is refused. Refusals leave digests and views
-//! unchanged and count as `bad_signature`.
+//! unchanged and count as `bad_signature`. Through a cluster's relay: replicas keep the node's
+//! own signature; a relay pushing forged, unsigned or self-signed changes is refused; a node
+//! sending another node's document, or a relay another cluster's, is refused by scope even
+//! when the message is genuine and signed.
 
 #[path = "common/forge.rs"]
 mod forge;
@@ -572,4 +575,224 @@ fn a_node_agent_publishes_only_its_own_node_and_cluster_records_only_with_the_le
             "r{r}"
         );
     }
+}
+
+/// Replicas r0 and r1 (nodes 0, 1), the relay of cluster c1 (agent c1/lead, node 2, reaching
+/// both), and node agents c1/n1 and c1/n2 (nodes 3, 4) that reach only the relay. Returns the
+/// sim and the relay's and node agents' identities.
+fn relayed(ca: &CaBundle) -> (Sim, [TlsIdentity; 3]) {
+    let (r0, r1, _, n1) = ids(ca);
+    let lead = certs::issue_identity(ca, &agent("c1", "lead"), 1).unwrap();
+    let n2 = certs::issue_identity(ca, &agent("c1", "n2"), 1).unwrap();
+    let mut sim = Sim::new();
+    sim.add(&r0, mem_store());
+    sim.add(&r1, mem_store());
+    for (id, name) in [(&lead, "lead"), (&n1, "n1"), (&n2, "n2")] {
+        let n = sim.add(id, mem_store());
+        sim.nodes[n]
+            .store
+            .open_writer(&DocId::new("c1", name))
+            .unwrap();
+    }
+    assert!(sim.nodes[2].proto.set_relay(true).is_empty());
+    sim.connect(0, 1);
+    sim.connect(2, 0);
+    sim.connect(2, 1);
+    sim.connect(3, 2);
+    sim.connect(4, 2);
+    sim.tick(Duration::from_secs(1));
+    (sim, [lead, n1, n2])
+}
+
+#[test]
+fn a_relay_carries_signed_changes_and_replicas_verify_the_writers_signature() {
+    let ca = certs::generate_ca("test CA", 1).unwrap();
+    let (mut sim, [_, n1_id, _]) = relayed(&ca);
+    let (n1, lead) = (DocId::new("c1", "n1"), DocId::new("c1", "lead"));
+    sim.write(3, &n1, node_change("n1", "4"));
+    sim.nodes[2].store.set_lease_term(&lead, 1).unwrap();
+    sim.write(2, &lead, class_change("gpu", "lead"));
+    sim.write(3, &n1, node_change("n1", "8"));
+    for r in 0..2 {
+        let got = sim.get(r, "c1", &node_key("n1")).unwrap_or_default();
+        assert!(got.contains("\"8\""), "r{r}: {got}");
+        let class = sim.get(
+            r,
+            "c1",
+            &ObjectKey::new(ObjectKind::DeviceClass, None, "gpu"),
+        );
+        assert!(class.is_some(), "r{r}: the relay's own records");
+        assert_eq!(sim.bad_signatures(r), 0, "r{r}");
+        // The replica holds the node's own signature, which the relay passed on unchanged.
+        let proof = sim.nodes[r].store.store().signed_heads(&n1).unwrap();
+        assert_eq!(
+            &*proof.signer,
+            signing::encode_chain(&n1_id.cert_chain).as_slice(),
+            "r{r}: the proof is not the node's own"
+        );
+    }
+    assert_eq!(sim.bad_signatures(2), 0);
+    assert!(sim.nodes[2].store.store().signed_heads(&n1).is_some());
+}
+
+#[test]
+fn a_relay_pushing_a_forged_or_unsigned_change_is_refused() {
+    let ca = certs::generate_ca("test CA", 1).unwrap();
+    let (mut sim, [lead, _, _]) = relayed(&ca);
+    let doc = DocId::new("c1", "n1");
+    sim.write(3, &doc, node_change("n1", "4"));
+    let before: Vec<_> = (0..2).map(|r| sim.nodes[r].store.digest()).collect();
+    let view_before = sim.get(0, "c1", &node_key("n1"));
+    assert!(view_before.as_deref().unwrap_or("").contains("\"4\""));
+    let forged_json = String::from_utf8(match node_change("n1", "9999") {
+        ObjectChange::Upsert { json, .. } => json.to_vec(),
+        ObjectChange::Delete { .. } => unreachable!(),
+    })
+    .unwrap();
+    let (generation, payload, stale) =
+        forge::forge(sim.nodes[2].store.store(), &doc, "node/n1", &forged_json);
+    // The relay signs with its own node key: a valid certificate of the same cluster, but not
+    // the document's writer.
+    let own = {
+        use dramesh_store::HeadsSigner as _;
+        let signer = signing::MeshSigner::new(&lead).unwrap();
+        let held = sim.nodes[2].store.store().automerge_doc(&doc).unwrap();
+        let mut forged = held.clone().with_actor(writer_actor(&doc, generation));
+        let mut tx = forged.transaction();
+        tx.put(automerge::ROOT, "node/n1", forged_json.as_bytes().to_vec())
+            .unwrap();
+        tx.commit();
+        let heads: Vec<[u8; 32]> = forged.get_heads().iter().map(|h| h.0).collect();
+        let statement = dramesh_store::attest::statement(&doc, generation, &heads);
+        Attestation::new(heads, signer.sign(&statement).unwrap(), signer.signer()).unwrap()
+    };
+    let attempts: [(&str, Option<&Attestation>); 3] = [
+        ("unsigned", None),
+        ("under the writer's stale signature", Some(&stale)),
+        ("signed by the relay", Some(&own)),
+    ];
+    // Second sessions of the relay with r0 and r1 carry the forgeries.
+    let (_, to_r0) = sim.connect(2, 0);
+    let (_, to_r1) = sim.connect(2, 1);
+    for (n, (what, signed)) in attempts.iter().enumerate() {
+        for (r, conn) in [(0, to_r0), (1, to_r1)] {
+            sim.inject(
+                r,
+                conn,
+                pb::Sync {
+                    doc: Some((&doc).into()),
+                    generation,
+                    payload: payload.clone(),
+                    signed: signed.map(Into::into),
+                },
+            );
+            assert_eq!(sim.bad_signatures(r), n as u64 + 1, "{what}: r{r}");
+        }
+    }
+    sim.tick(Duration::from_secs(3));
+    for (r, digest) in before.iter().enumerate() {
+        assert_eq!(&sim.nodes[r].store.digest(), digest, "r{r} digest");
+        assert_eq!(sim.get(r, "c1", &node_key("n1")), view_before, "r{r} view");
+    }
+    // The node's next honest change still reaches both replicas through the relay.
+    sim.write(3, &doc, node_change("n1", "8"));
+    for r in 0..2 {
+        let got = sim.get(r, "c1", &node_key("n1")).unwrap_or_default();
+        assert!(got.contains("\"8\""), "r{r}: {got}");
+    }
+}
+
+#[test]
+fn a_node_cannot_send_another_nodes_document_through_the_relay_even_genuinely_signed() {
+    let ca = certs::generate_ca("test CA", 1).unwrap();
+    let (mut sim, _) = relayed(&ca);
+    let n2 = DocId::new("c1", "n2");
+    sim.write(4, &n2, node_change("n2", "4"));
+    // n2 writes again without telling its mesh node; n1 obtained n2's genuine signed message
+    // for it and sends it on its own session with the relay.
+    sim.nodes[4]
+        .store
+        .apply(&n2, vec![node_change("n2", "5")])
+        .unwrap();
+    let (payload, signed) = sim.nodes[4]
+        .store
+        .generate_sync_message(&n2, &mut dramesh_store::SyncState::new())
+        .unwrap();
+    let generation = sim.nodes[4].store.entry(&n2).unwrap().generation;
+    let n1_at_relay = sim
+        .links
+        .iter()
+        .find(|l| l.0 == 3 && l.2 == 2)
+        .map(|l| l.3)
+        .unwrap();
+    let refused = sim.nodes[2].proto.counters().rejected_unauthorized;
+    sim.inject(
+        2,
+        n1_at_relay,
+        pb::Sync {
+            doc: Some((&n2).into()),
+            generation,
+            payload,
+            signed: signed.as_ref().map(Into::into),
+        },
+    );
+    assert_eq!(
+        sim.nodes[2].proto.counters().rejected_unauthorized,
+        refused + 1
+    );
+    for n in 0..3 {
+        let got = sim.get(n, "c1", &node_key("n2")).unwrap_or_default();
+        assert!(got.contains("\"4\""), "node {n}: {got}");
+    }
+    // From n2 itself the same change goes through.
+    let out = {
+        let n = &mut sim.nodes[4];
+        n.proto.on_local_change(&mut n.store, &n2)
+    };
+    sim.route(4, out);
+    sim.run();
+    for r in 0..2 {
+        let got = sim.get(r, "c1", &node_key("n2")).unwrap_or_default();
+        assert!(got.contains("\"5\""), "r{r}: {got}");
+    }
+}
+
+#[test]
+fn a_relay_cannot_deliver_a_document_of_another_cluster_even_genuinely_signed() {
+    let ca = certs::generate_ca("test CA", 1).unwrap();
+    let (mut sim, _) = relayed(&ca);
+    let foreign_id = certs::issue_identity(&ca, &agent("c2", "n1"), 1).unwrap();
+    let doc = DocId::new("c2", "n1");
+    let mut foreign = MeshStore::new(mem_store(), false);
+    foreign.set_trust(signing::trust(&foreign_id).unwrap());
+    foreign.open_writer(&doc).unwrap();
+    foreign
+        .apply(&doc, vec![node_change("n1", "9999")])
+        .unwrap();
+    let (payload, signed) = foreign
+        .generate_sync_message(&doc, &mut dramesh_store::SyncState::new())
+        .unwrap();
+    let relay_at_r0 = sim
+        .links
+        .iter()
+        .find(|l| l.0 == 2 && l.2 == 0)
+        .map(|l| l.3)
+        .unwrap();
+    let refused = sim.nodes[0].proto.counters().rejected_unauthorized;
+    sim.inject(
+        0,
+        relay_at_r0,
+        pb::Sync {
+            doc: Some((&doc).into()),
+            generation: foreign.entry(&doc).unwrap().generation,
+            payload,
+            signed: signed.as_ref().map(Into::into),
+        },
+    );
+    assert_eq!(
+        sim.nodes[0].proto.counters().rejected_unauthorized,
+        refused + 1
+    );
+    assert_eq!(sim.nodes[0].store.entry(&doc), None);
+    assert_eq!(sim.get(0, "c2", &node_key("n1")), None);
 }

@@ -4,7 +4,7 @@
 //! message could author changes as any writer. A writer therefore signs statements
 //! "document D, generation G, heads H" ([`statement`]) with the key of its mesh certificate, and
 //! a receiver applies a message's changes only when all of them are ancestors-or-equal of the
-//! heads of a statement whose signature it verified ([`covered`]). automerge change hashes
+//! heads of a statement whose signature it verified ([`proven`]). automerge change hashes
 //! chain through their dependencies, so a signature over the heads authenticates every change
 //! reachable from them; a writer's history is linear (one actor per generation), and automerge
 //! sends a peer every descendant of any change it sends, so a message's changes are always
@@ -206,14 +206,21 @@ pub(crate) struct Carried {
     pub deps: Vec<ChangeHash>,
     /// The chunk as it arrived, when it arrived compressed (kept for sending it on).
     pub packed: Option<Arc<[u8]>>,
+    /// It came inside a whole saved document (which cannot be applied in part).
+    pub whole_document: bool,
 }
 
-/// Whether every carried change is `heads` or an ancestor of them through carried changes.
-/// Returns the first change that is not, if any.
-pub(crate) fn covered(carried: &[Carried], heads: &[[u8; 32]]) -> Result<(), ChangeHash> {
+/// The carried changes that are one of `roots` or an ancestor of one through carried changes.
+/// With the heads of a verified signature as roots these are proven (hashes chain through
+/// dependencies); so are the missing dependencies of changes a copy queued after proving them,
+/// whose hashes those changes name.
+pub(crate) fn proven(
+    carried: &[Carried],
+    roots: impl IntoIterator<Item = ChangeHash>,
+) -> HashSet<ChangeHash> {
     let by_hash: HashMap<ChangeHash, &Carried> = carried.iter().map(|c| (c.hash, c)).collect();
     let mut reached: HashSet<ChangeHash> = HashSet::with_capacity(carried.len());
-    let mut stack: Vec<ChangeHash> = heads.iter().map(|h| ChangeHash(*h)).collect();
+    let mut stack: Vec<ChangeHash> = roots.into_iter().collect();
     while let Some(h) = stack.pop() {
         let Some(c) = by_hash.get(&h) else {
             continue;
@@ -222,10 +229,7 @@ pub(crate) fn covered(carried: &[Carried], heads: &[[u8; 32]]) -> Result<(), Cha
             stack.extend(c.deps.iter().copied());
         }
     }
-    match carried.iter().find(|c| !reached.contains(&c.hash)) {
-        Some(c) => Err(c.hash),
-        None => Ok(()),
-    }
+    reached
 }
 
 #[cfg(test)]
@@ -242,25 +246,43 @@ mod tests {
                 hash: h(i),
                 deps: if i == 1 { vec![] } else { vec![h(i - 1)] },
                 packed: None,
+                whole_document: false,
             })
             .collect()
+    }
+
+    /// The first carried change not proven from `roots`, if any.
+    fn unproven(carried: &[Carried], roots: &[u8]) -> Option<ChangeHash> {
+        let p = proven(carried, roots.iter().map(|b| h(*b)));
+        carried.iter().map(|c| c.hash).find(|c| !p.contains(c))
     }
 
     #[test]
     fn a_chain_is_covered_by_its_top_only() {
         let c = chain(4);
-        assert!(covered(&c, &[[4; 32]]).is_ok());
-        assert_eq!(covered(&c, &[[3; 32]]), Err(h(4)));
-        assert_eq!(covered(&c, &[[9; 32]]), Err(h(1)));
-        assert!(covered(&[], &[]).is_ok());
+        assert_eq!(unproven(&c, &[4]), None);
+        assert_eq!(unproven(&c, &[3]), Some(h(4)));
+        assert_eq!(unproven(&c, &[9]), Some(h(1)));
+        assert_eq!(unproven(&[], &[]), None);
         // A change hanging off the chain that the heads do not reach is refused.
         let mut forged = chain(3);
         forged.push(Carried {
             hash: h(7),
             deps: vec![h(2)],
             packed: None,
+            whole_document: false,
         });
-        assert_eq!(covered(&forged, &[[3; 32]]), Err(h(7)));
+        assert_eq!(unproven(&forged, &[3]), Some(h(7)));
+        // A gap: 4 and 2 carried, 3 not. From the head only 4 is proven.
+        let gap: Vec<Carried> = chain(4).into_iter().filter(|c| c.hash != h(3)).collect();
+        let p = proven(&gap, [h(4)]);
+        assert!(p.contains(&h(4)) && !p.contains(&h(2)));
+        // The resend of 3 and 2, after 4 was queued: 3 is named as 4's missing dependency,
+        // which proves it and what it leads to.
+        let resend: Vec<Carried> = chain(3).into_iter().filter(|c| c.hash != h(1)).collect();
+        assert_eq!(unproven(&resend, &[4]), Some(h(2)));
+        let p = proven(&resend, [h(4), h(3)]);
+        assert!(p.contains(&h(3)) && p.contains(&h(2)), "{p:?}");
     }
 
     #[test]

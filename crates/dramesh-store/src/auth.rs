@@ -84,6 +84,7 @@ pub(crate) fn check_authors(
                         hash: change.hash(),
                         deps: change.deps().to_vec(),
                         packed: (kind == CHUNK_COMPRESSED).then(|| Arc::from(chunk)),
+                        whole_document: false,
                     });
                 }
                 CHUNK_DOCUMENT => {
@@ -103,6 +104,7 @@ pub(crate) fn check_authors(
                             hash: change.hash(),
                             deps: change.deps().to_vec(),
                             packed: None,
+                            whole_document: true,
                         });
                     }
                 }
@@ -115,6 +117,27 @@ pub(crate) fn check_authors(
         }
     }
     Ok(checked)
+}
+
+/// The changes of `msg` whose hashes are in `keep`, one chunk each (whole-document chunks are
+/// never split: the caller refuses such a message instead).
+pub(crate) fn keep_changes(
+    msg: &Message,
+    keep: &std::collections::HashSet<automerge::ChangeHash>,
+) -> Result<automerge::sync::ChunkList, String> {
+    let mut out = Vec::new();
+    for blob in msg.changes.iter() {
+        for (kind, chunk) in split_chunks(blob)? {
+            if kind != CHUNK_CHANGE && kind != CHUNK_COMPRESSED {
+                return Err(format!("chunk type {kind} cannot be kept in part"));
+            }
+            let change = Change::try_from(chunk).map_err(|e| format!("unreadable change: {e}"))?;
+            if keep.contains(&change.hash()) {
+                out.push(chunk.to_vec());
+            }
+        }
+    }
+    Ok(out.into())
 }
 
 #[cfg(test)]

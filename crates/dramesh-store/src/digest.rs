@@ -96,6 +96,14 @@ impl Digest {
         self.xor(entry.doc.bucket(), entry.fingerprint());
     }
 
+    /// XORs every bucket of `other` into this one: adds a disjoint set of entries, or removes
+    /// a subset this digest holds (a cluster's, for instance).
+    pub fn xor_with(&mut self, other: &Digest) {
+        for (b, o) in self.buckets.iter_mut().zip(&other.buckets) {
+            *b ^= o;
+        }
+    }
+
     /// XORs `part` into `bucket` (`bucket < DIGEST_BUCKETS`, as [`DocId::bucket`] returns).
     pub(crate) fn xor(&mut self, bucket: u32, part: u64) {
         self.buckets[bucket as usize] ^= part;

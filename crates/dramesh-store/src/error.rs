@@ -140,6 +140,15 @@ pub enum StoreError {
         limit: usize,
     },
 
+    /// A member cluster already has as many documents as one may hold.
+    #[error("member cluster {} already has {limit} documents; refusing to start {doc}", doc.cluster)]
+    TooManyDocs {
+        /// The document refused.
+        doc: DocId,
+        /// How many documents one cluster may have.
+        limit: usize,
+    },
+
     /// automerge refused an operation.
     #[error("automerge failed on document {doc}: {source}")]
     Automerge {

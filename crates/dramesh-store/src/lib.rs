@@ -2,7 +2,8 @@
 //!
 //! Each member cluster is described by a few automerge documents, one per writer (an agent).
 //! A document is a flat map from object keys (`node/<name>`, `pod/<ns>/<name>`, ...; see
-//! [`keys`]) to one trimmed Kubernetes object as compact JSON bytes. Only the writer's derived
+//! [`keys`]) to one trimmed Kubernetes object as compact JSON bytes (deflated when that is
+//! smaller; the store's API always deals in plain JSON). Only the writer's derived
 //! actor may author a document ([`writer_actor`]), and with [`Trust`] installed every incoming
 //! change must be covered by the writer's verified signature ([`attest`]); replicas show a node
 //! writer's records only for its own node ([`CLUSTER_PUBLISHER`] publishes whole clusters).
@@ -24,6 +25,7 @@ mod packed;
 mod persist;
 mod store;
 mod sync_state;
+mod value;
 mod view;
 
 pub use attest::{Attestation, HeadsSigner, HeadsVerifier, SignedMessage, Trust};

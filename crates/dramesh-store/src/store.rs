@@ -17,7 +17,7 @@
 //!   changed, decoded only for those keys.
 
 use crate::attest::{self, Attestation, Carried, SignedMessage, Trust};
-use crate::auth::check_authors;
+use crate::auth::{check_authors, keep_changes};
 use crate::digest::{Digest, DocEntry, fingerprint};
 use crate::docid::{DocId, heads_hash, writer_actor};
 use crate::error::StoreError;
@@ -35,7 +35,7 @@ use automerge::{
 };
 use dramesh_model::owner::Owner;
 use dramesh_model::{ClusterObject, ObjectKind};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -93,6 +93,10 @@ pub struct StoreConfig {
     pub max_message_bytes: usize,
     /// Largest number of next-generation documents being received at once.
     pub max_pending: usize,
+    /// Most documents of one member cluster held or being received (a node agent per node, so
+    /// well above Kubernetes' 5,000 nodes per cluster): a message that would start one more is
+    /// refused with [`StoreError::TooManyDocs`].
+    pub max_docs_per_cluster: usize,
     /// Milliseconds added to the wall clock wherever the store reads it (new generation
     /// numbers, the plausibility limit). 0 in production; tests set it to simulate a machine
     /// whose clock is wrong.
@@ -106,6 +110,7 @@ impl Default for StoreConfig {
             rollover: RolloverPolicy::default(),
             max_message_bytes: 64 * 1024 * 1024,
             max_pending: 10_000,
+            max_docs_per_cluster: 10_000,
             clock_offset_ms: 0,
         }
     }
@@ -191,13 +196,15 @@ struct Held {
     term: u64,
     saved_heads: Vec<ChangeHash>,
     heads_hash: [u8; 32],
+    /// [`DocId::bucket`], computed once (it hashes the id).
+    bucket: u32,
     digest_part: u64,
     stored_bytes: u64,
     /// Snapshot size of the current file (after the last compaction or rollover).
     base_bytes: u64,
     /// Snapshot size when the generation started (or was first loaded here).
     fresh_bytes: u64,
-    /// Bytes of the current values, kept for the writer's own documents (0 for replica
+    /// Stored bytes of the current values (deflated where smaller), kept for the writer's own documents (0 for replica
     /// copies): what a compaction would keep, the reference of the writer's compaction rule.
     live_bytes: u64,
     commits_since_base: u64,
@@ -259,6 +266,8 @@ pub struct Store {
     pending: BTreeMap<DocId, Pending>,
     view: View,
     digest: Digest,
+    /// The digest of each member cluster's documents (see [`Store::cluster_digest`]).
+    cluster_digests: HashMap<String, Digest>,
     undelivered: Vec<(String, ObjectChange)>,
     /// Group commit: received changes are appended without fsync and made durable together by
     /// [`Store::sync_pending`] (see [`Store::set_group_commit`]).
@@ -280,6 +289,8 @@ pub struct Store {
     out_of_scope: u64,
     /// Compressed forms of large changes, so each is deflated at most once.
     packed: PackedChanges,
+    /// See [`Store::uncovered_dropped`].
+    uncovered_dropped: u64,
 }
 
 fn wall_millis(offset_ms: i64) -> u64 {
@@ -331,11 +342,12 @@ fn check_doc_id(doc: &DocId) -> Result<(), StoreError> {
     }
 }
 
+/// The JSON a document value holds (see [`crate::value`]).
 fn value_bytes(v: &Value<'_>) -> Option<Arc<[u8]>> {
-    value_slice(v).map(Arc::from)
+    value_slice(v).and_then(crate::value::decode)
 }
 
-/// The bytes of a scalar value, borrowed.
+/// The stored bytes of a scalar value (deflated or not), borrowed.
 fn value_slice<'a>(v: &'a Value<'_>) -> Option<&'a [u8]> {
     match v {
         Value::Scalar(s) => match s.as_ref() {
@@ -534,6 +546,7 @@ impl Store {
             pending: BTreeMap::new(),
             view: View::default(),
             digest: Digest::empty(),
+            cluster_digests: HashMap::new(),
             undelivered: Vec::new(),
             group_commit: false,
             unsynced: BTreeSet::new(),
@@ -544,6 +557,7 @@ impl Store {
             trust: None,
             out_of_scope: 0,
             packed: PackedChanges::new(DEFAULT_PACKED_BYTES),
+            uncovered_dropped: 0,
         }
     }
 
@@ -671,6 +685,7 @@ impl Store {
                 owned,
                 saved_heads: heads,
                 heads_hash: hh,
+                bucket: id.bucket(),
                 digest_part: part,
                 stored_bytes: file.valid_len,
                 base_bytes: framed_len(file.snapshot_record_len as usize),
@@ -689,7 +704,7 @@ impl Store {
                 signed_unsaved: false,
                 doc,
             };
-            store.digest.xor(id.bucket(), part);
+            store.xor_digest(&id, entry.bucket, part);
             store.view.set_term(&id.cluster, &id.writer, entry.term);
             store.docs.insert(id, entry);
             report.loaded += 1;
@@ -716,12 +731,28 @@ impl Store {
     }
 
     fn set_digest(&mut self, doc: &DocId) {
-        if let Some(e) = self.docs.get_mut(doc) {
-            let hh = heads_hash(&e.doc.get_heads());
-            let part = fingerprint(doc, e.generation, &hh);
-            self.digest.xor(doc.bucket(), e.digest_part ^ part);
-            e.heads_hash = hh;
-            e.digest_part = part;
+        let Some(e) = self.docs.get_mut(doc) else {
+            return;
+        };
+        let hh = heads_hash(&e.doc.get_heads());
+        let part = fingerprint(doc, e.generation, &hh);
+        let (bucket, change) = (e.bucket, e.digest_part ^ part);
+        e.heads_hash = hh;
+        e.digest_part = part;
+        self.xor_digest(doc, bucket, change);
+    }
+
+    /// XORs `part` into `bucket` of the digest and of `doc`'s cluster digest: the one place
+    /// both change.
+    fn xor_digest(&mut self, doc: &DocId, bucket: u32, part: u64) {
+        self.digest.xor(bucket, part);
+        match self.cluster_digests.get_mut(&doc.cluster) {
+            Some(d) => d.xor(bucket, part),
+            None => {
+                let mut d = Digest::empty();
+                d.xor(bucket, part);
+                self.cluster_digests.insert(doc.cluster.clone(), d);
+            }
         }
     }
 
@@ -907,6 +938,7 @@ impl Store {
             owned: true,
             saved_heads: heads,
             heads_hash: [0; 32],
+            bucket: doc.bucket(),
             digest_part: 0,
             stored_bytes: stored,
             base_bytes: base,
@@ -971,24 +1003,25 @@ impl Store {
         for (k, v) in &ops {
             let current = tx.get(ROOT, k.as_str()).map_err(am)?;
             let current = current.as_ref().map(|(v, _)| value_slice(v));
-            // (present, its length, equal to the new value)
-            let (present, old_len, same) = match (&current, v) {
+            // Encoding is deterministic, so equal stored bytes mean an equal value.
+            let stored = v.as_ref().map(|json| crate::value::encode(json));
+            // (present, its stored length, equal to the new value)
+            let (present, old_len, same) = match (&current, &stored) {
                 (None, _) => (false, 0, false),
-                (Some(c), v) => (
+                (Some(c), stored) => (
                     true,
                     c.map_or(0, |c| c.len() as u64),
-                    v.as_ref().is_some_and(|json| *c == Some(&json[..])),
+                    stored.as_ref().is_some_and(|s| *c == Some(&s[..])),
                 ),
             };
-            match v {
-                Some(json) => {
+            match stored {
+                Some(stored) => {
                     if !same {
-                        tx.put(ROOT, k.as_str(), ScalarValue::Bytes(json.to_vec()))
+                        let new_len = stored.len() as u64;
+                        tx.put(ROOT, k.as_str(), ScalarValue::Bytes(stored))
                             .map_err(am)?;
                         changed.push(k.clone());
-                        live = live
-                            .saturating_sub(old_len)
-                            .saturating_add(json.len() as u64);
+                        live = live.saturating_sub(old_len).saturating_add(new_len);
                     }
                 }
                 None => {
@@ -1269,7 +1302,27 @@ impl Store {
     pub fn bucket_entries(&self, bucket: u32) -> Vec<DocEntry> {
         self.docs
             .iter()
-            .filter(|(id, _)| id.bucket() == bucket)
+            .filter(|(_, e)| e.bucket == bucket)
+            .map(|(id, e)| Self::entry_of(id, e))
+            .collect()
+    }
+
+    /// The digest over the documents of member cluster `cluster` (empty when none is held),
+    /// maintained like [`Store::digest`]: what a replica and a cluster's relay compare.
+    pub fn cluster_digest(&self, cluster: &str) -> Digest {
+        self.cluster_digests
+            .get(cluster)
+            .cloned()
+            .unwrap_or_else(Digest::empty)
+    }
+
+    /// [`Store::bucket_entries`] of member cluster `cluster`'s documents only (a range of the
+    /// document map, not a scan of it).
+    pub fn cluster_bucket_entries(&self, cluster: &str, bucket: u32) -> Vec<DocEntry> {
+        self.docs
+            .range(DocId::new(cluster, "")..)
+            .take_while(|(d, _)| d.cluster == cluster)
+            .filter(|(_, e)| e.bucket == bucket)
             .map(|(id, e)| Self::entry_of(id, e))
             .collect()
     }
@@ -1423,6 +1476,21 @@ impl Store {
                         limit: self.config.max_pending,
                     });
                 }
+                if !self.docs.contains_key(doc) {
+                    let held = self.cluster_docs(&doc.cluster);
+                    let receiving = self
+                        .pending
+                        .range(DocId::new(doc.cluster.as_str(), "")..)
+                        .take_while(|(d, _)| d.cluster == doc.cluster)
+                        .filter(|(d, _)| !self.docs.contains_key(*d))
+                        .count();
+                    if held + receiving >= self.config.max_docs_per_cluster {
+                        return Err(StoreError::TooManyDocs {
+                            doc: doc.clone(),
+                            limit: self.config.max_docs_per_cluster,
+                        });
+                    }
+                }
             }
         }
         self.pending.insert(
@@ -1473,6 +1541,10 @@ impl Store {
     /// otherwise it is refused with [`StoreError::BadSignature`] and nothing changes. A
     /// signature equal to the one already held is not verified again. The newest verified
     /// signature whose heads the document reached is kept (and persisted) for relaying.
+    ///
+    /// A message whose changes are only partly proven (by the signed heads, or by being a
+    /// missing dependency of changes the copy queued) has the proven ones applied and the
+    /// others dropped ([`Store::uncovered_dropped`]); one proving none is refused.
     ///
     /// `proof.from_writer` says the message comes over the writer's own authenticated session. Its
     /// signature must still verify, but carried changes need not be reachable from the signed
@@ -1534,10 +1606,21 @@ impl Store {
             reason: e.to_string(),
         })?;
         let carried = check_authors(doc, generation, &msg)?;
-        let signed = match current {
-            Some((_, true)) => None,
+        let (signed, keep) = match current {
+            Some((_, true)) => (None, None),
             _ => self.check_signed(doc, generation, &carried, signed, from_writer)?,
         };
+        let mut msg = msg;
+        if let Some(keep) = keep {
+            let dropped = carried.len() - keep.len();
+            self.uncovered_dropped += dropped as u64;
+            tracing::debug!(%doc, generation, dropped, kept = keep.len(), "changes no signature proves dropped; the rest applied");
+            msg.changes =
+                keep_changes(&msg, &keep).map_err(|reason| StoreError::MalformedMessage {
+                    doc: doc.clone(),
+                    reason,
+                })?;
+        }
         for c in carried {
             if let Some(chunk) = c.packed {
                 self.packed.insert(c.hash, chunk);
@@ -1563,6 +1646,17 @@ impl Store {
             }
             Some((g, false)) if g == generation => self.receive_current(doc, state, msg, signed),
             _ => {
+                // A first message carries only heads: nothing to receive yet, and the protocol
+                // answers it on behalf of an empty document. Starting a side document for it
+                // would let a peer offering many documents at once (a relay's cluster, a new
+                // replica's fleet) fill `max_pending` with documents nothing was sent for.
+                let receiving = self
+                    .pending
+                    .get(doc)
+                    .is_some_and(|p| p.generation == generation);
+                if msg.changes.is_empty() && !receiving {
+                    return Ok(Vec::new());
+                }
                 let Some(p) = self.pending_for(doc, generation)? else {
                     return Ok(Vec::new());
                 };
@@ -1601,8 +1695,9 @@ impl Store {
             })
     }
 
-    /// Verifies that `signed` covers every carried change (see
-    /// [`Store::receive_signed_sync_message`]); returns the attestation to keep, if any.
+    /// Verifies that `signed` covers the carried changes (see
+    /// [`Store::receive_signed_sync_message`]); returns the attestation to keep, if any, and,
+    /// when only some of the changes are proven, the ones to apply.
     fn check_signed(
         &self,
         doc: &DocId,
@@ -1610,12 +1705,12 @@ impl Store {
         carried: &[Carried],
         signed: Option<&Attestation>,
         from_writer: bool,
-    ) -> Result<Option<Attestation>, StoreError> {
+    ) -> Result<(Option<Attestation>, Option<HashSet<ChangeHash>>), StoreError> {
         let Some(trust) = &self.trust else {
-            return Ok(None);
+            return Ok((None, None));
         };
         if carried.is_empty() {
-            return Ok(None);
+            return Ok((None, None));
         }
         let bad = |reason: String| StoreError::BadSignature {
             doc: doc.clone(),
@@ -1627,7 +1722,7 @@ impl Store {
         // replica), and such a message can add nothing, so it costs no signature check; its
         // attestation is not kept, since it was not verified.
         if self.holds_all(doc, generation, carried) {
-            return Ok(None);
+            return Ok((None, None));
         }
         let Some(a) = signed else {
             return Err(bad(format!(
@@ -1654,17 +1749,50 @@ impl Store {
                 .verify(doc, &statement, &a.signature, &a.signer)
                 .map_err(|e| bad(format!("signature does not verify: {e}")))?;
         }
-        match attest::covered(carried, &a.heads) {
-            Ok(()) => {}
-            // See `receive_signed_sync_message`: the writer's own session vouches for them.
-            Err(_) if from_writer => {}
-            Err(h) => {
-                return Err(bad(format!(
-                    "change {h} is not covered by the writer's signed heads"
-                )));
-            }
+        let waiting = self.waiting_for(doc, generation);
+        let roots = a.heads.iter().map(|h| ChangeHash(*h)).chain(waiting);
+        let proven = attest::proven(carried, roots);
+        if proven.len() == carried.len() || from_writer {
+            // Everything proven, or the writer's own session vouches for them (see
+            // `receive_signed_sync_message`).
+            return Ok((Some(a.clone()), None));
         }
-        Ok(Some(a.clone()))
+        let unproven = carried.iter().find(|c| !proven.contains(&c.hash));
+        if proven.is_empty() || carried.iter().any(|c| c.whole_document) {
+            return Err(bad(format!(
+                "change {} is not covered by the writer's signed heads",
+                unproven.map_or_else(String::new, |c| c.hash.to_string())
+            )));
+        }
+        // Some changes are proven, others not: a relay's message that leaves out a change the
+        // receiver's Bloom filter falsely claims (the rest of the chain is then unreachable
+        // from the signed heads through the message). The proven ones are applied (automerge
+        // queues them until the gap is filled) and the others dropped: the receiver then asks
+        // for the missing change by hash, which its queued changes name, so the resend is
+        // proven in turn. Refusing the whole message instead would repeat forever: the next
+        // exchange carries the same Bloom filter.
+        Ok((Some(a.clone()), Some(proven)))
+    }
+
+    /// Missing dependencies of the changes the copy of `doc` at `generation` (held or being
+    /// assembled) has queued: hashes named by changes it proved, so a change with one of them
+    /// is the writer's.
+    fn waiting_for(&self, doc: &DocId, generation: u64) -> Vec<ChangeHash> {
+        match self.docs.get(doc) {
+            Some(e) if e.generation == generation => e.doc.get_missing_deps(&[]),
+            _ => self
+                .pending
+                .get(doc)
+                .filter(|p| p.generation == generation)
+                .map(|p| p.doc.get_missing_deps(&[]))
+                .unwrap_or_default(),
+        }
+    }
+
+    /// Changes carried by messages that no verified signature proved, dropped while the rest of
+    /// the message was applied (see [`Store::receive_signed_sync_message`]).
+    pub fn uncovered_dropped(&self) -> u64 {
+        self.uncovered_dropped
     }
 
     /// Whether the copy of `doc` at `generation` (held or being assembled) already has every
@@ -1767,6 +1895,7 @@ impl Store {
             owned: false,
             saved_heads: heads,
             heads_hash: [0; 32],
+            bucket: doc.bucket(),
             digest_part: 0,
             stored_bytes: stored,
             base_bytes: base,
@@ -1784,7 +1913,7 @@ impl Store {
         let mut keys: BTreeSet<String> = object_keys(&entry.doc, None).into_iter().collect();
         let old = match self.docs.insert(doc.clone(), entry) {
             Some(old) => {
-                self.digest.xor(doc.bucket(), old.digest_part);
+                self.xor_digest(doc, old.bucket, old.digest_part);
                 keys.extend(object_keys(&old.doc, None));
                 Old::Doc(Box::new(old.doc))
             }
@@ -1924,20 +2053,65 @@ impl Store {
             .collect();
         let mut out = std::mem::take(&mut self.undelivered);
         for doc in doomed {
-            if let Some(dir) = &self.dir {
-                persist::remove(dir, &doc, self.config.durability)?;
+            if let Some(generation) = self.drop_copy(&doc, &mut out)? {
+                tracing::info!(doc = %doc, generation, "dropped the document of a retired cluster");
             }
-            let Some(old) = self.docs.remove(&doc) else {
-                continue;
-            };
-            self.digest.xor(doc.bucket(), old.digest_part);
-            self.unsynced.remove(&doc);
-            self.compaction_due.remove(&doc);
-            let keys = object_keys(&old.doc, None);
-            tracing::info!(doc = %doc, generation = old.generation, "dropped the document of a retired cluster");
-            out.extend(self.reconcile(&doc, keys, Old::Doc(Box::new(old.doc))));
         }
         Ok(out)
+    }
+
+    /// Drops the replica copy `doc` from memory, the digests and disk (the directory is
+    /// fsynced), appending its visible changes to `out`; returns the generation dropped.
+    fn drop_copy(
+        &mut self,
+        doc: &DocId,
+        out: &mut Vec<(String, ObjectChange)>,
+    ) -> Result<Option<u64>, StoreError> {
+        if self.docs.get(doc).is_none_or(|e| e.owned) {
+            return Ok(None);
+        }
+        if let Some(dir) = &self.dir {
+            persist::remove(dir, doc, self.config.durability)?;
+        }
+        let Some(old) = self.docs.remove(doc) else {
+            return Ok(None);
+        };
+        self.xor_digest(doc, old.bucket, old.digest_part);
+        self.unsynced.remove(doc);
+        self.compaction_due.remove(doc);
+        let keys = object_keys(&old.doc, None);
+        out.extend(self.reconcile(doc, keys, Old::Doc(Box::new(old.doc))));
+        Ok(Some(old.generation))
+    }
+
+    /// Drops every document this store does not write (replica copies, and those being
+    /// received) from memory, the digests and disk: an agent that stops being its cluster's
+    /// relay keeps only its own document. Returns the visible changes and how many copies
+    /// were dropped.
+    pub fn drop_copies(&mut self) -> Result<(Vec<(String, ObjectChange)>, usize), StoreError> {
+        self.pending.clear();
+        let copies: Vec<DocId> = self
+            .docs
+            .iter()
+            .filter(|(_, e)| !e.owned)
+            .map(|(d, _)| d.clone())
+            .collect();
+        let mut out = std::mem::take(&mut self.undelivered);
+        let mut dropped = 0;
+        for doc in copies {
+            if self.drop_copy(&doc, &mut out)?.is_some() {
+                dropped += 1;
+            }
+        }
+        Ok((out, dropped))
+    }
+
+    /// How many documents of member cluster `cluster` are held (a range of the document map).
+    pub fn cluster_docs(&self, cluster: &str) -> usize {
+        self.docs
+            .range(DocId::new(cluster, "")..)
+            .take_while(|(d, _)| d.cluster == cluster)
+            .count()
     }
 
     /// Whether any document of member cluster `cluster` is held (a range lookup, not a scan).
@@ -2126,7 +2300,9 @@ mod tests {
     /// The full-scale mesh bench never healed before this: automerge's sync leaves out a change
     /// the receiver's Bloom filter falsely claims to hold, so the writer's message carried
     /// c1 and c3 but not c2, and "c1 is not covered by the signed heads [c3]" refused it
-    /// forever. The writer's own session vouches for its changes; a relay still needs coverage.
+    /// forever. The writer's own session vouches for its changes. A relay's such message (the
+    /// relay topology's only path) has its proven part applied and the rest dropped; the
+    /// request for the missing change is answered with changes its queued descendants name.
     #[test]
     fn a_message_missing_an_intermediate_change_is_taken_from_the_writer_only() {
         let doc = DocId::new("c1", "_cluster");
@@ -2165,7 +2341,26 @@ mod tests {
 
         let gap = raw_message(&[c1, c3], vec![head]);
         let a = attest(&doc, generation, head, None);
-        let relayed = replica.receive_signed_sync_message(
+        // From a relay (another copy of this replica, so the writer's path below starts
+        // clean): c1 is proven by nothing and dropped, c3 (the signed head) is taken and waits
+        // for c2; nothing unproven is ever applied.
+        let mut relay_copy = {
+            let (mut r, _) = trusted_store();
+            r.receive_signed_sync_message(
+                &doc,
+                generation,
+                &mut SyncState::new(),
+                &raw_message(&first, vec![base_head]),
+                Proof {
+                    signed: Some(&attest(&doc, generation, base_head, None)),
+                    from_writer: true,
+                },
+                &|_| true,
+            )
+            .unwrap();
+            r
+        };
+        let relayed = relay_copy.receive_signed_sync_message(
             &doc,
             generation,
             &mut SyncState::new(),
@@ -2176,17 +2371,29 @@ mod tests {
             },
             &|_| true,
         );
-        match relayed {
-            Err(StoreError::BadSignature { reason, .. }) => {
-                assert!(reason.contains("not covered"), "{reason}")
-            }
-            other => panic!("a relay's gap must be refused, got {other:?}"),
+        assert!(relayed.is_ok(), "{relayed:?}");
+        assert_eq!(relay_copy.uncovered_dropped(), 1);
+        let n = |r: &Store, name: &str| r.get("c1", &ObjectKey::new(ObjectKind::Node, None, name));
+        assert!(n(&relay_copy, "n1").is_none() && n(&relay_copy, "n3").is_none());
+        // The relay's answer to the request for c2 (it also resends c1, which c2 depends on):
+        // c2 is named by the queued c3, so both are proven and the chain completes.
+        relay_copy
+            .receive_signed_sync_message(
+                &doc,
+                generation,
+                &mut SyncState::new(),
+                &raw_message(&[c1, c2], vec![head]),
+                Proof {
+                    signed: Some(&a),
+                    from_writer: false,
+                },
+                &|_| true,
+            )
+            .unwrap();
+        for name in ["n1", "n2", "n3"] {
+            assert!(n(&relay_copy, name).is_some(), "{name}");
         }
-        assert!(
-            replica
-                .get("c1", &ObjectKey::new(ObjectKind::Node, None, "n1"))
-                .is_none()
-        );
+        assert_eq!(relay_copy.uncovered_dropped(), 1);
 
         replica
             .receive_signed_sync_message(
@@ -2267,6 +2474,67 @@ mod tests {
             "{refused:?}"
         );
         assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), before + 1);
+        // A message of unproven changes only is refused, whoever sends it.
+        let c4 = c4.hash();
+        writer.apply(&doc, vec![node_upsert("n9", 9)]).unwrap();
+        let am9 = writer.automerge_doc(&doc).unwrap();
+        let c9 = am9.get_changes(&[c4])[0].clone();
+        writer.apply(&doc, vec![node_upsert("n10", 10)]).unwrap();
+        let c10 = writer.automerge_doc(&doc).unwrap().get_heads()[0];
+        let orphan = relay_copy.receive_signed_sync_message(
+            &doc,
+            generation,
+            &mut SyncState::new(),
+            &raw_message(&[&c9], vec![c10]),
+            Proof {
+                signed: Some(&attest(&doc, generation, c10, None)),
+                from_writer: false,
+            },
+            &|_| true,
+        );
+        match orphan {
+            Err(StoreError::BadSignature { reason, .. }) => {
+                assert!(reason.contains("not covered"), "{reason}")
+            }
+            other => panic!("unproven changes must be refused, got {other:?}"),
+        }
+        assert!(n(&relay_copy, "n9").is_none());
+    }
+
+    /// A peer offering many documents at once (a relay's cluster, a new replica's fleet) first
+    /// sends heads only: those start no side document, so `max_pending` bounds only documents
+    /// whose changes are being received.
+    #[test]
+    fn heads_only_first_messages_start_no_side_documents() {
+        let mut replica = Store::in_memory(StoreConfig {
+            durability: Durability::None,
+            max_pending: 2,
+            ..StoreConfig::default()
+        });
+        let mut writer = Store::in_memory(StoreConfig {
+            durability: Durability::None,
+            ..StoreConfig::default()
+        });
+        for i in 0..5 {
+            let doc = DocId::new("c1", format!("n{i}"));
+            let generation = writer.open_writer(&doc).unwrap();
+            writer.apply(&doc, vec![node_upsert("n", i)]).unwrap();
+            let first = writer
+                .generate_sync_message(&doc, generation, &mut SyncState::new())
+                .unwrap()
+                .unwrap();
+            assert!(Message::decode(&first).unwrap().changes.is_empty());
+            let got = replica.receive_sync_message(
+                &doc,
+                generation,
+                &mut SyncState::new(),
+                &first,
+                &|_| true,
+            );
+            assert!(got.is_ok(), "document {i}: {got:?}");
+        }
+        assert!(replica.pending.is_empty());
+        assert!(replica.entries().is_empty());
     }
 
     /// A large change that arrived compressed is sent on in the form it arrived in: relaying a

@@ -213,6 +213,12 @@ enum Command {
         /// Also watch resource.k8s.io/v1beta2 DeviceTaintRules (--source kube).
         #[arg(long)]
         watch_device_taint_rules: bool,
+        /// HOST:PORT at which the cluster's node agents reach this agent's mesh endpoint
+        /// (--source kube with --lease-namespace; --listen needs a fixed port). While this
+        /// agent holds the Lease it is the cluster's relay and publishes the address on the
+        /// Lease; every other agent then dials it instead of the replicas.
+        #[arg(long, requires = "lease_namespace")]
+        relay_advertise: Option<String>,
         /// Mesh address of a replica. Repeatable; more are learned from the replicas.
         #[arg(long = "replica", required = true)]
         replicas: Vec<String>,
@@ -673,6 +679,7 @@ fn main() -> ExitCode {
             node_name,
             lease_namespace,
             watch_device_taint_rules,
+            relay_advertise,
             replicas,
             listen,
             data_dir,
@@ -694,6 +701,24 @@ fn main() -> ExitCode {
                 otlp_endpoint,
             ),
             async move {
+                let listen_addr = resolve(&listen, "--listen")?;
+                if let Some(relay) = &relay_advertise {
+                    if listen_addr.port() == 0 {
+                        anyhow::bail!(
+                            "--relay-advertise {relay}: node agents dial this agent at a fixed port, so --listen {listen} needs one"
+                        );
+                    }
+                    let bad = relay.len() > dramesh_agent::lease::MAX_RELAY_ADDR
+                        || relay
+                            .rsplit_once(':')
+                            .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err());
+                    if bad {
+                        anyhow::bail!(
+                            "--relay-advertise {relay}: expected HOST:PORT of at most {} bytes",
+                            dramesh_agent::lease::MAX_RELAY_ADDR
+                        );
+                    }
+                }
                 let (mesh_cert, mesh_key) = match (mesh_credential_bundle, mesh_cert, mesh_key) {
                     (Some(bundle), None, None) => (bundle.clone(), bundle),
                     (None, Some(cert), Some(key)) => (cert, key),
@@ -736,6 +761,7 @@ fn main() -> ExitCode {
                         node_name: node_name.unwrap_or_else(|| agent_name.clone()),
                         lease_namespace,
                         watch_device_taint_rules,
+                        relay_advertise: relay_advertise.clone(),
                     },
                 };
                 let a = dramesh_agent::Agent::start(dramesh_agent::AgentConfig {
@@ -744,7 +770,7 @@ fn main() -> ExitCode {
                         .iter()
                         .map(|s| resolve(s, "--replica"))
                         .collect::<anyhow::Result<_>>()?,
-                    listen: resolve(&listen, "--listen")?,
+                    listen: listen_addr,
                     data_dir: Some(data_dir),
                     source,
                     protocol: dramesh_mesh::protocol::ProtocolConfig::default(),

@@ -217,3 +217,64 @@ fn replica_refuses_plaintext_apis_unless_asked_and_names_bad_token_files() {
     let (ok, err) = base(&["--api-insecure", "--api-cert", &c("replica-r1.crt")]);
     assert!(!ok, "{err}");
 }
+
+/// An agent told to be its cluster's relay needs the Lease (it relays only while holding it), a
+/// fixed mesh port and a HOST:PORT address; each mistake is named before anything starts.
+#[test]
+fn agent_relay_address_needs_the_lease_a_fixed_port_and_host_port() {
+    let base = |extra: &[&str]| {
+        let mut a = vec![
+            "agent",
+            "--cluster",
+            "c1",
+            "--agent-name",
+            "n1",
+            "--source",
+            "kube",
+            "--replica",
+            "127.0.0.1:7946",
+            "--data-dir",
+            "/nonexistent/data",
+            "--mesh-credential-bundle",
+            "/nonexistent/bundle.pem",
+            "--mesh-ca",
+            "/nonexistent/ca.crt",
+        ];
+        a.extend_from_slice(extra);
+        dramesh(&a)
+    };
+    let out = base(&["--relay-advertise", "10.0.0.7:7947"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--lease-namespace"), "{err}");
+    let lease = ["--lease-namespace", "dramesh-system"];
+    let out = base(&[lease[0], lease[1], "--relay-advertise", "10.0.0.7:7947"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("needs one"), "ephemeral --listen port: {err}");
+    let fixed = ["--listen", "0.0.0.0:7947"];
+    for bad in ["10.0.0.7", ":7947", "10.0.0.7:port"] {
+        let out = base(&[
+            lease[0],
+            lease[1],
+            fixed[0],
+            fixed[1],
+            "--relay-advertise",
+            bad,
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(err.contains("expected HOST:PORT"), "{bad}: {err}");
+    }
+    // A good address gets past the checks to the credentials.
+    let out = base(&[
+        lease[0],
+        lease[1],
+        fixed[0],
+        fixed[1],
+        "--relay-advertise",
+        "10.0.0.7:7947",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/nonexistent/"), "{err}");
+}

@@ -49,6 +49,7 @@ fn member_overlay_containers_parse_their_arguments() {
                 let v = match e.value_from.as_ref().and_then(|v| v.field_ref.as_ref()) {
                     Some(f) if f.field_path == "spec.nodeName" => "node-a".to_owned(),
                     Some(f) if f.field_path == "metadata.namespace" => "dramesh-system".to_owned(),
+                    Some(f) if f.field_path == "status.podIP" => "10.0.0.7".to_owned(),
                     _ => e.value.clone().unwrap_or_default(),
                 };
                 (e.name.clone(), v)

@@ -46,6 +46,8 @@ pub(crate) fn fast_config(
     c.protocol = ProtocolConfig {
         anti_entropy_interval: Duration::from_millis(500),
         heartbeat_interval: Duration::from_millis(250),
+        node_anti_entropy_interval: Duration::from_millis(500),
+        node_heartbeat_interval: Duration::from_millis(250),
         peer_exchange_interval: Duration::from_millis(500),
         ..ProtocolConfig::default()
     };

@@ -487,6 +487,10 @@ impl FakeApi {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
+                // As a real API server's: Go sets TCP_NODELAY on every connection. Without it
+                // a watch event written behind an unacknowledged one waits for the client's
+                // delayed ACK (40 ms on Linux).
+                let _ = stream.set_nodelay(true);
                 let srv = srv.clone();
                 tokio::spawn(async move {
                     let svc = hyper::service::service_fn(move |req| {

@@ -343,53 +343,60 @@ fn a_writer_signing_with_the_wrong_key_is_refused_on_every_replica() {
     }
 }
 
-#[test]
-fn a_replica_relaying_a_forged_change_is_refused() {
-    let ca = certs::generate_ca("test CA", 1).unwrap();
-    let (_, r1, _, writer) = ids(&ca);
-    let doc = DocId::new("c1", "n1");
-    let mut sim = line(&ca, &writer, &[1]);
-    sim.write(3, &doc, node_change("n1", "4"));
-    let before: Vec<_> = (0..3).map(|r| sim.nodes[r].store.digest()).collect();
-    let view_before = sim.get(0, "c1", &node_key("n1"));
+/// Node `forger`, whose certificate `forger_id` is valid but not `doc`'s writer's, pushes the
+/// writer's Node (written with cpu "4") changed to a forged value to `targets`, on second
+/// sessions: unsigned, under the writer's stale signature, and signed by itself (`own`). Each
+/// is refused and counted, and no target's digest or view changes.
+fn forgeries_are_refused(
+    sim: &mut Sim,
+    doc: &DocId,
+    forger: usize,
+    forger_id: &TlsIdentity,
+    targets: [usize; 2],
+    own: &str,
+) {
+    let before: Vec<_> = targets.map(|r| sim.nodes[r].store.digest()).to_vec();
+    let view_before = sim.get(targets[0], "c1", &node_key("n1"));
     assert!(view_before.as_deref().unwrap_or("").contains("\"4\""));
     let forged_json = String::from_utf8(match node_change("n1", "9999") {
         ObjectChange::Upsert { json, .. } => json.to_vec(),
         ObjectChange::Delete { .. } => unreachable!(),
     })
     .unwrap();
-    let (generation, payload, stale) =
-        forge::forge(sim.nodes[1].store.store(), &doc, "node/n1", &forged_json);
-    // r1 (compromised) has a valid replica certificate; it can sign, but only as itself.
-    let own = {
+    let (generation, payload, stale) = forge::forge(
+        sim.nodes[forger].store.store(),
+        doc,
+        "node/n1",
+        &forged_json,
+    );
+    let signed_by_forger = {
         use dramesh_store::HeadsSigner as _;
-        let signer = signing::MeshSigner::new(&r1).unwrap();
-        let held = sim.nodes[1].store.store().automerge_doc(&doc).unwrap();
-        let mut forged = held.clone().with_actor(writer_actor(&doc, generation));
+        let signer = signing::MeshSigner::new(forger_id).unwrap();
+        let held = sim.nodes[forger].store.store().automerge_doc(doc).unwrap();
+        let mut forged = held.clone().with_actor(writer_actor(doc, generation));
         let mut tx = forged.transaction();
         tx.put(automerge::ROOT, "node/n1", forged_json.as_bytes().to_vec())
             .unwrap();
         tx.commit();
         let heads: Vec<[u8; 32]> = forged.get_heads().iter().map(|h| h.0).collect();
-        let statement = dramesh_store::attest::statement(&doc, generation, &heads);
+        let statement = dramesh_store::attest::statement(doc, generation, &heads);
         Attestation::new(heads, signer.sign(&statement).unwrap(), signer.signer()).unwrap()
     };
     let attempts: [(&str, Option<&Attestation>); 3] = [
         ("unsigned", None),
         ("under the writer's stale signature", Some(&stale)),
-        ("signed by the relaying replica", Some(&own)),
+        (own, Some(&signed_by_forger)),
     ];
-    // Second sessions of r1 with r0 and r2 carry the forgeries (their receiving ends); the
-    // first ones stay as r1's honest protocol left them.
-    let (_, to_r0) = sim.connect(1, 0);
-    let (_, to_r2) = sim.connect(1, 2);
+    // Second sessions carry the forgeries (their receiving ends); the first ones stay as the
+    // forger's honest protocol left them.
+    let conns = targets.map(|r| (r, sim.connect(forger, r).1));
     for (n, (what, signed)) in attempts.iter().enumerate() {
-        for (r, conn) in [(0, to_r0), (2, to_r2)] {
+        for (r, conn) in conns {
             sim.inject(
                 r,
                 conn,
                 pb::Sync {
-                    doc: Some((&doc).into()),
+                    doc: Some(doc.into()),
                     generation,
                     payload: payload.clone(),
                     signed: signed.map(Into::into),
@@ -399,10 +406,28 @@ fn a_replica_relaying_a_forged_change_is_refused() {
         }
     }
     sim.tick(Duration::from_secs(3));
-    for r in [0, 2] {
-        assert_eq!(sim.nodes[r].store.digest(), before[r], "r{r} digest");
-        assert_eq!(sim.get(r, "c1", &node_key("n1")), view_before, "r{r} view");
+    for (r, digest) in targets.iter().zip(&before) {
+        assert_eq!(&sim.nodes[*r].store.digest(), digest, "r{r} digest");
+        assert_eq!(sim.get(*r, "c1", &node_key("n1")), view_before, "r{r} view");
     }
+}
+
+#[test]
+fn a_replica_relaying_a_forged_change_is_refused() {
+    let ca = certs::generate_ca("test CA", 1).unwrap();
+    let (_, r1, _, writer) = ids(&ca);
+    let doc = DocId::new("c1", "n1");
+    let mut sim = line(&ca, &writer, &[1]);
+    sim.write(3, &doc, node_change("n1", "4"));
+    // r1 (compromised) has a valid replica certificate; it can sign, but only as itself.
+    forgeries_are_refused(
+        &mut sim,
+        &doc,
+        1,
+        &r1,
+        [0, 2],
+        "signed by the relaying replica",
+    );
     // The honest writer's next change still reaches everyone, through r1's honest relay.
     sim.write(3, &doc, node_change("n1", "8"));
     for r in 0..3 {
@@ -641,59 +666,9 @@ fn a_relay_pushing_a_forged_or_unsigned_change_is_refused() {
     let (mut sim, [lead, _, _]) = relayed(&ca);
     let doc = DocId::new("c1", "n1");
     sim.write(3, &doc, node_change("n1", "4"));
-    let before: Vec<_> = (0..2).map(|r| sim.nodes[r].store.digest()).collect();
-    let view_before = sim.get(0, "c1", &node_key("n1"));
-    assert!(view_before.as_deref().unwrap_or("").contains("\"4\""));
-    let forged_json = String::from_utf8(match node_change("n1", "9999") {
-        ObjectChange::Upsert { json, .. } => json.to_vec(),
-        ObjectChange::Delete { .. } => unreachable!(),
-    })
-    .unwrap();
-    let (generation, payload, stale) =
-        forge::forge(sim.nodes[2].store.store(), &doc, "node/n1", &forged_json);
     // The relay signs with its own node key: a valid certificate of the same cluster, but not
     // the document's writer.
-    let own = {
-        use dramesh_store::HeadsSigner as _;
-        let signer = signing::MeshSigner::new(&lead).unwrap();
-        let held = sim.nodes[2].store.store().automerge_doc(&doc).unwrap();
-        let mut forged = held.clone().with_actor(writer_actor(&doc, generation));
-        let mut tx = forged.transaction();
-        tx.put(automerge::ROOT, "node/n1", forged_json.as_bytes().to_vec())
-            .unwrap();
-        tx.commit();
-        let heads: Vec<[u8; 32]> = forged.get_heads().iter().map(|h| h.0).collect();
-        let statement = dramesh_store::attest::statement(&doc, generation, &heads);
-        Attestation::new(heads, signer.sign(&statement).unwrap(), signer.signer()).unwrap()
-    };
-    let attempts: [(&str, Option<&Attestation>); 3] = [
-        ("unsigned", None),
-        ("under the writer's stale signature", Some(&stale)),
-        ("signed by the relay", Some(&own)),
-    ];
-    // Second sessions of the relay with r0 and r1 carry the forgeries.
-    let (_, to_r0) = sim.connect(2, 0);
-    let (_, to_r1) = sim.connect(2, 1);
-    for (n, (what, signed)) in attempts.iter().enumerate() {
-        for (r, conn) in [(0, to_r0), (1, to_r1)] {
-            sim.inject(
-                r,
-                conn,
-                pb::Sync {
-                    doc: Some((&doc).into()),
-                    generation,
-                    payload: payload.clone(),
-                    signed: signed.map(Into::into),
-                },
-            );
-            assert_eq!(sim.bad_signatures(r), n as u64 + 1, "{what}: r{r}");
-        }
-    }
-    sim.tick(Duration::from_secs(3));
-    for (r, digest) in before.iter().enumerate() {
-        assert_eq!(&sim.nodes[r].store.digest(), digest, "r{r} digest");
-        assert_eq!(sim.get(r, "c1", &node_key("n1")), view_before, "r{r} view");
-    }
+    forgeries_are_refused(&mut sim, &doc, 2, &lead, [0, 1], "signed by the relay");
     // The node's next honest change still reaches both replicas through the relay.
     sim.write(3, &doc, node_change("n1", "8"));
     for r in 0..2 {

@@ -461,7 +461,7 @@ pub async fn reload_credentials(
         use sha2::Digest as _;
         let mut h = sha2::Sha256::new();
         for p in [&files.cert, &files.key, &files.ca] {
-            h.update(std::fs::read(p).ok()?);
+            h.update(dramesh_mesh::certs::read_pem_file(p).ok()?);
             h.update([0]);
         }
         Some(h.finalize().into())

@@ -340,14 +340,35 @@ pub fn identity_from_pem(
     })
 }
 
+/// Largest PEM file read: a chain, key or CA bundle is a few KiB, so this leaves room for long
+/// chains and many CAs while a wrong path (a log, a device) cannot exhaust memory.
+pub const MAX_PEM_FILE_BYTES: u64 = 1024 * 1024;
+
+/// Reads a PEM file of at most [`MAX_PEM_FILE_BYTES`] as text.
+pub fn read_pem_file(path: &Path) -> Result<String, CertError> {
+    use std::io::Read as _;
+    let err = |source| CertError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .map_err(err)?
+        .take(MAX_PEM_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(err)?;
+    if text.len() as u64 > MAX_PEM_FILE_BYTES {
+        return Err(err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {MAX_PEM_FILE_BYTES} bytes, not a PEM file of this kind"),
+        )));
+    }
+    Ok(text)
+}
+
 /// Loads a node's certificate, key and CA from PEM files.
 pub fn load_identity(cert: &Path, key: &Path, ca: &Path) -> Result<TlsIdentity, CertError> {
-    let read = |p: &Path| {
-        std::fs::read_to_string(p).map_err(|source| CertError::Read {
-            path: p.to_owned(),
-            source,
-        })
-    };
+    let read = read_pem_file;
     identity_from_pem(
         &read(cert)?,
         &read(key)?,
@@ -463,6 +484,28 @@ mod tests {
             let mode = std::fs::metadata(&paths.key).unwrap().permissions().mode();
             assert_eq!(mode & 0o777, 0o600);
         }
+    }
+
+    #[test]
+    fn an_oversized_pem_file_is_refused_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = generate_ca("x", 1).unwrap();
+        let ca_paths = write_ca(dir.path(), &ca).unwrap();
+        let big = dir.path().join("big.crt");
+        // A valid CA followed by padding: only the size is wrong.
+        let mut text = ca.cert_pem.clone();
+        text.push_str(&"\n".repeat(MAX_PEM_FILE_BYTES as usize));
+        std::fs::write(&big, text).unwrap();
+        let err = load_identity(&ca_paths.cert, &ca_paths.key, &big).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, CertError::Read { .. }), "{msg}");
+        assert!(
+            msg.contains("big.crt") && msg.contains("larger than"),
+            "{msg}"
+        );
+        // Within the limit it is read whole.
+        std::fs::write(&big, &ca.cert_pem).unwrap();
+        assert_eq!(read_pem_file(&big).unwrap(), ca.cert_pem);
     }
 
     #[test]

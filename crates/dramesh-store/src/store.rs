@@ -204,8 +204,9 @@ struct Held {
     base_bytes: u64,
     /// Snapshot size when the generation started (or was first loaded here).
     fresh_bytes: u64,
-    /// Stored bytes of the current values (deflated where smaller), kept for the writer's own documents (0 for replica
-    /// copies): what a compaction would keep, the reference of the writer's compaction rule.
+    /// Stored bytes of the current values (deflated where smaller), kept for the writer's own
+    /// documents (0 for replica copies): what a compaction would keep, the reference of the
+    /// writer's compaction rule.
     live_bytes: u64,
     commits_since_base: u64,
     /// Operations in the history, kept for the writer's own documents (automerge 0.6 keeps no

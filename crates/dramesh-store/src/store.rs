@@ -2326,11 +2326,12 @@ mod tests {
         let mut state = SyncState::new();
         let first: Vec<&automerge::Change> = all.iter().take(all.len() - 3).copied().collect();
         let base_head = first.last().unwrap().hash();
-        replica
-            .receive_signed_sync_message(
+        // The document up to c1's parent, from its writer, into `r`.
+        let load_first = |r: &mut Store, state: &mut SyncState| {
+            r.receive_signed_sync_message(
                 &doc,
                 generation,
-                &mut state,
+                state,
                 &raw_message(&first, vec![base_head]),
                 Proof {
                     signed: Some(&attest(&doc, generation, base_head, None)),
@@ -2339,28 +2340,16 @@ mod tests {
                 &|_| true,
             )
             .unwrap();
+        };
+        load_first(&mut replica, &mut state);
 
         let gap = raw_message(&[c1, c3], vec![head]);
         let a = attest(&doc, generation, head, None);
         // From a relay (another copy of this replica, so the writer's path below starts
         // clean): c1 is proven by nothing and dropped, c3 (the signed head) is taken and waits
         // for c2; nothing unproven is ever applied.
-        let mut relay_copy = {
-            let (mut r, _) = trusted_store();
-            r.receive_signed_sync_message(
-                &doc,
-                generation,
-                &mut SyncState::new(),
-                &raw_message(&first, vec![base_head]),
-                Proof {
-                    signed: Some(&attest(&doc, generation, base_head, None)),
-                    from_writer: true,
-                },
-                &|_| true,
-            )
-            .unwrap();
-            r
-        };
+        let mut relay_copy = trusted_store().0;
+        load_first(&mut relay_copy, &mut SyncState::new());
         let relayed = relay_copy.receive_signed_sync_message(
             &doc,
             generation,

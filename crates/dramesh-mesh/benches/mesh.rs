@@ -32,6 +32,8 @@
 //! full partition. Prints a table, a summary of the targets with PASS/FAIL, and one
 //! `MESH_BENCH_JSON {...}` line.
 
+#[path = "mesh_parts/load.rs"]
+mod load;
 #[path = "mesh_parts/nodes.rs"]
 mod nodes;
 #[path = "mesh_parts/relay.rs"]
@@ -1005,6 +1007,7 @@ fn main() {
     match args.get(1).map(String::as_str) {
         Some("__replica") => return replica_main(&args[2..]),
         Some("__layout") => return layout_main(&args[2..]),
+        Some("__load") => return load::load_main(&args[2..]),
         _ => {}
     }
     let rt = tokio::runtime::Builder::new_multi_thread()

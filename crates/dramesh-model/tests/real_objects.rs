@@ -104,3 +104,31 @@ fn device_conditions_stay_strict() {
         .to_string();
     assert!(e.contains("field apiVersion"), "{e}");
 }
+
+/// A replica reads a record's owner from the fields the ownership rules look at
+/// (`owner_of_json`); on every real object it must name the owner decoding the whole object
+/// names.
+#[test]
+fn owner_read_from_json_matches_the_decoded_objects_owner() {
+    let Some(dir) = shared("real") else { return };
+    let mut all = Vec::new();
+    files(&dir, &mut all);
+    let mut checked = 0;
+    for f in &all {
+        let Ok(loaded) = load::load_path(f) else {
+            continue;
+        };
+        for l in loaded {
+            let load::Manifest::Object(obj) = l.manifest else {
+                continue;
+            };
+            let json = obj.to_json();
+            let read = dramesh_model::owner::owner_of_json(obj.kind(), &json)
+                .unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+            assert_eq!(read, obj.owner(), "{}: {:?}", f.display(), obj.key());
+            checked += 1;
+        }
+    }
+    assert!(checked > 100, "only {checked} real objects checked");
+    eprintln!("{checked} real objects: owners agree");
+}

@@ -26,6 +26,12 @@
 //!   unknown kind is corruption: the document is reported and never used.
 //! - New generations and compactions are written to `<stem>.tmp`, fsynced, renamed over
 //!   `<stem>.amdoc` and the directory fsynced, so a crash leaves either the old or the new file.
+//!   The exception is a replica's first copy of a document under group commit: written and
+//!   renamed without fsync, it becomes durable with its group, before anything reflecting it
+//!   is sent. A crash before that may leave it cut short before its first snapshot (or
+//!   zero-filled): such a file is unfinished, not damaged, and is deleted when the store opens
+//!   (its peers still hold the document). A file of the store's own document is never
+//!   unfinished; cut short, it is corruption.
 
 use crate::docid::DocId;
 use std::fs::{self, File, OpenOptions};
@@ -236,7 +242,14 @@ const SYNCFS_MIN_FILES: usize = 4;
 /// while `syncfs` writes back the same dirty pages and flushes once. It also writes back other
 /// dirty files of that filesystem, which costs I/O but loses nothing; since Linux 5.8 it reports
 /// writeback errors of any file on it. Elsewhere, one fsync per file.
-pub(crate) fn sync_many(dir: &Path, files: &[PathBuf]) -> Result<(), crate::StoreError> {
+///
+/// `new_files`: some of `files` were created (renamed into `dir`) without fsync, so the
+/// directory is fsynced too unless `syncfs` covered it.
+pub(crate) fn sync_many(
+    dir: &Path,
+    files: &[PathBuf],
+    new_files: bool,
+) -> Result<(), crate::StoreError> {
     #[cfg(target_os = "linux")]
     if files.len() >= SYNCFS_MIN_FILES {
         let d = File::open(dir).map_err(io_err(dir))?;
@@ -254,6 +267,9 @@ pub(crate) fn sync_many(dir: &Path, files: &[PathBuf]) -> Result<(), crate::Stor
                 if source.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
+    }
+    if new_files {
+        sync_dir(dir, crate::Durability::Fsync)?;
     }
     Ok(())
 }
@@ -314,17 +330,42 @@ pub(crate) fn is_doc_file(path: &Path) -> bool {
 pub(crate) struct Corruption {
     pub reason: String,
     pub header: Option<FileHeader>,
+    /// The file ends (cut short, or in zero bytes) before its first snapshot is complete: a new
+    /// file whose write a crash interrupted before it was made durable (see
+    /// [`crate::Store::sync_pending`]), not damage.
+    pub unfinished: bool,
 }
 
 /// Parses a document file.
 pub(crate) fn parse_file(bytes: &[u8]) -> Result<LoadedFile, Corruption> {
     let mut header: Option<FileHeader> = None;
-    parse_records(bytes, &mut header).map_err(|reason| Corruption { reason, header })
+    let unfinished = |bytes: &[u8]| {
+        bytes.iter().all(|b| *b == 0) || (bytes.len() < MAGIC.len() && MAGIC.starts_with(bytes))
+    };
+    if unfinished(bytes) {
+        return Err(Corruption {
+            reason: "file ends before its magic bytes".to_string(),
+            header: None,
+            unfinished: true,
+        });
+    }
+    parse_records(bytes, &mut header).map_err(|(reason, ends_early)| Corruption {
+        reason,
+        // A file this store writes is never cut short unless it was a replica copy's (files of
+        // its own documents are fsynced before they are renamed into place).
+        unfinished: ends_early && header.as_ref().is_none_or(|h| !h.owned),
+        header,
+    })
 }
 
-fn parse_records(bytes: &[u8], header_out: &mut Option<FileHeader>) -> Result<LoadedFile, String> {
+/// Errors carry whether the file merely ends before its first snapshot is complete.
+fn parse_records(
+    bytes: &[u8],
+    header_out: &mut Option<FileHeader>,
+) -> Result<LoadedFile, (String, bool)> {
+    let damaged = |reason: String| (reason, false);
     if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
-        return Err("missing or wrong magic bytes".to_string());
+        return Err(damaged("missing or wrong magic bytes".to_string()));
     }
     let mut pos = MAGIC.len();
     let mut automerge_bytes = Vec::new();
@@ -342,9 +383,9 @@ fn parse_records(bytes: &[u8], header_out: &mut Option<FileHeader>) -> Result<Lo
         let word = |i: usize| u32::from_le_bytes([rest[i], rest[i + 1], rest[i + 2], rest[i + 3]]);
         let (len32, len_check, crc, kind) = (word(0), word(4), word(8), rest[12]);
         if len_check != !len32 {
-            return Err(format!(
+            return Err(damaged(format!(
                 "damaged length field in record {index} at offset {pos}"
-            ));
+            )));
         }
         let len = len32 as usize;
         if rest.len() - RECORD_HEADER < len {
@@ -356,14 +397,19 @@ fn parse_records(bytes: &[u8], header_out: &mut Option<FileHeader>) -> Result<Lo
         h.update(&[kind]);
         h.update(payload);
         if h.finalize() != crc {
-            return Err(format!("CRC mismatch in record {index} at offset {pos}"));
+            return Err(damaged(format!(
+                "CRC mismatch in record {index} at offset {pos}"
+            )));
         }
         match (index, kind) {
             (0, KIND_HEADER) => {
                 let parsed: FileHeader = serde_json::from_slice(payload)
-                    .map_err(|e| format!("unreadable header record: {e}"))?;
+                    .map_err(|e| damaged(format!("unreadable header record: {e}")))?;
                 if parsed.format != 1 {
-                    return Err(format!("unsupported file format {}", parsed.format));
+                    return Err(damaged(format!(
+                        "unsupported file format {}",
+                        parsed.format
+                    )));
                 }
                 *header_out = Some(parsed);
             }
@@ -373,16 +419,16 @@ fn parse_records(bytes: &[u8], header_out: &mut Option<FileHeader>) -> Result<Lo
                 snapshot_record_len = len as u64;
             }
             (1, KIND_PACKED_SNAPSHOT) => {
-                unpack_snapshot(payload, &mut automerge_bytes)?;
+                unpack_snapshot(payload, &mut automerge_bytes).map_err(damaged)?;
                 snapshot_len = automerge_bytes.len() as u64;
                 snapshot_record_len = len as u64;
             }
             (i, KIND_CHANGES) if i >= 2 => automerge_bytes.extend_from_slice(payload),
             (i, KIND_SIGNED) if i >= 2 => signed = Some(payload.to_vec()),
             (i, k) => {
-                return Err(format!(
+                return Err(damaged(format!(
                     "unexpected record kind {k} at position {i} (offset {pos})"
-                ));
+                )));
             }
         }
         pos += RECORD_HEADER + len;
@@ -390,9 +436,9 @@ fn parse_records(bytes: &[u8], header_out: &mut Option<FileHeader>) -> Result<Lo
     }
     let header = header_out
         .clone()
-        .ok_or_else(|| "file ends before its header record".to_string())?;
+        .ok_or_else(|| ("file ends before its header record".to_string(), true))?;
     if index < 2 {
-        return Err("file ends before its snapshot record".to_string());
+        return Err(("file ends before its snapshot record".to_string(), true));
     }
     Ok(LoadedFile {
         header,

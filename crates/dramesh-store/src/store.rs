@@ -33,8 +33,8 @@ use automerge::{
     Automerge, ChangeHash, LoadOptions, OnPartialLoad, PatchAction, Prop, ROOT, ReadDoc,
     ScalarValue, Value, VerificationMode, patches::TextRepresentation,
 };
-use dramesh_model::owner::Owner;
-use dramesh_model::{ClusterObject, ObjectKind};
+use dramesh_model::ObjectKind;
+use dramesh_model::owner::{Owner, owner_of_json};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -187,6 +187,9 @@ pub struct OpenReport {
     pub truncated: Vec<TruncatedTail>,
     /// Leftover temporary files of interrupted snapshot writes, deleted.
     pub removed_tmp_files: usize,
+    /// Replica copies' new files that a crash cut short before their first snapshot was
+    /// durable (never acknowledged: see [`Store::sync_pending`]), deleted; peers resend them.
+    pub removed_unfinished_files: usize,
 }
 
 struct Held {
@@ -275,6 +278,9 @@ pub struct Store {
     group_commit: bool,
     /// Documents with appended records not fsynced yet (group commit only).
     unsynced: BTreeSet<DocId>,
+    /// Whether a new file was created since the last [`Store::sync_pending`] without fsyncing
+    /// it or the directory (a first replica copy under group commit).
+    unsynced_new_files: bool,
     /// Replica copies whose compaction waits for the budget (see [`Store::maintain_deferred`]).
     compaction_due: BTreeSet<DocId>,
     /// Until when replica compactions rest.
@@ -307,10 +313,12 @@ fn wall_millis(offset_ms: i64) -> u64 {
 pub const MAX_FUTURE_GENERATION_MS: u64 = 30 * 24 * 3600 * 1000;
 
 /// Whether the record `key` = `value` of replica copy `doc` lies within its writer's scope: a
-/// node's writer publishes only records [`ClusterObject::owner`] assigns to that node; records
-/// owned by the cluster (or by nobody) only a writer holding the cluster's highest lease term
-/// (`max_term`), i.e. the current Lease holder; [`crate::CLUSTER_PUBLISHER`] everything. A value that
-/// does not decode as its kind is outside every scope.
+/// node's writer publishes only records [`dramesh_model::ClusterObject::owner`] assigns to
+/// that node; records owned by the cluster (or by nobody) only a writer holding the cluster's
+/// highest lease term
+/// (`max_term`), i.e. the current Lease holder; [`crate::CLUSTER_PUBLISHER`] everything. The
+/// owner is read from the value's owner fields ([`owner_of_json`], the same rules without
+/// decoding whole objects); a value whose owner fields do not read is outside every scope.
 fn in_writer_scope(doc: &DocId, term: u64, max_term: u64, key: &str, value: &[u8]) -> bool {
     if doc.is_replica_scope() || doc.is_cluster_publisher() {
         return true;
@@ -323,8 +331,8 @@ fn in_writer_scope(doc: &DocId, term: u64, max_term: u64, key: &str, value: &[u8
         ObjectKind::DeviceClass | ObjectKind::DeviceTaintRule | ObjectKind::ClusterInfo => {
             Some(Owner::Cluster)
         }
-        _ => match ClusterObject::from_json(k.kind, value) {
-            Ok(obj) => obj.owner(),
+        _ => match owner_of_json(k.kind, value) {
+            Ok(owner) => owner,
             Err(_) => return false,
         },
     };
@@ -551,6 +559,7 @@ impl Store {
             undelivered: Vec::new(),
             group_commit: false,
             unsynced: BTreeSet::new(),
+            unsynced_new_files: false,
             compaction_due: BTreeSet::new(),
             compaction_rest_until: Instant::now(),
             compactions: 0,
@@ -616,6 +625,15 @@ impl Store {
             };
             let file = match persist::parse_file(&bytes) {
                 Ok(f) => f,
+                Err(c) if c.unfinished => {
+                    tracing::warn!(path = %path.display(), reason = %c.reason, "removed a new document file a crash cut short before it was durable; peers resend it");
+                    std::fs::remove_file(&path).map_err(|source| StoreError::Io {
+                        path: path.clone(),
+                        source,
+                    })?;
+                    report.removed_unfinished_files += 1;
+                    continue;
+                }
                 Err(c) => {
                     report.corrupt.push(corrupt(c.reason, c.header.as_ref())?);
                     continue;
@@ -718,9 +736,10 @@ impl Store {
                 .get(&id)
                 .map(|e| object_keys(&e.doc, None))
                 .unwrap_or_default();
-            for (key, present) in store.presence(&id, &keys) {
-                if present {
-                    store.view.set_present(&id.cluster, &id.writer, &key, true);
+            let present = store.presence(&id, &keys);
+            for (key, v) in keys.iter().zip(present) {
+                if v.is_some() {
+                    store.view.set_present(&id.cluster, &id.writer, key, true);
                 }
             }
         }
@@ -768,6 +787,29 @@ impl Store {
         fresh_bytes: Option<u64>,
         signed: Option<&Attestation>,
     ) -> Result<(u64, u64), StoreError> {
+        self.write_snapshot_as(
+            id,
+            generation,
+            owned,
+            snapshot,
+            fresh_bytes,
+            signed,
+            self.config.durability,
+        )
+    }
+
+    /// [`Store::write_snapshot`] with `durability` instead of the configured one.
+    #[allow(clippy::too_many_arguments)]
+    fn write_snapshot_as(
+        &self,
+        id: &DocId,
+        generation: u64,
+        owned: bool,
+        snapshot: &[u8],
+        fresh_bytes: Option<u64>,
+        signed: Option<&Attestation>,
+        durability: Durability,
+    ) -> Result<(u64, u64), StoreError> {
         let signed = signed.map(Attestation::encode);
         let base = framed_len(snapshot.len());
         let header = FileHeader {
@@ -779,13 +821,8 @@ impl Store {
         };
         match &self.dir {
             Some(dir) => {
-                let total = persist::write_new(
-                    dir,
-                    &header,
-                    snapshot,
-                    signed.as_deref(),
-                    self.config.durability,
-                )?;
+                let total =
+                    persist::write_new(dir, &header, snapshot, signed.as_deref(), durability)?;
                 Ok((total, base))
             }
             None => Ok((
@@ -886,9 +923,10 @@ impl Store {
                 .iter()
                 .map(|d| persist::doc_path(dir, d))
                 .collect();
-            persist::sync_many(dir, &files)?;
+            persist::sync_many(dir, &files, self.unsynced_new_files)?;
         }
         self.unsynced.clear();
+        self.unsynced_new_files = false;
         Ok(synced)
     }
 
@@ -1875,13 +1913,28 @@ impl Store {
         let Some(p) = self.pending.remove(doc) else {
             return Ok(std::mem::take(&mut self.undelivered));
         };
-        let (stored, base) = match self.write_snapshot(
+        // A first copy of a document joins the group commit: a replica taking in a fleet of
+        // per-node documents would otherwise pay a file and a directory fsync for each. Only
+        // when no file of the document exists yet: a crash before `sync_pending` then loses
+        // nothing anyone was told of (the file is torn or absent, see `Store::open`), while a
+        // file replacing an older generation is written whole before it is renamed over it.
+        let defer = self.group_commit
+            && self.config.durability == Durability::Fsync
+            && self.dir.is_some()
+            && !self.docs.contains_key(doc);
+        let durability = if defer {
+            Durability::None
+        } else {
+            self.config.durability
+        };
+        let (stored, base) = match self.write_snapshot_as(
             doc,
             p.generation,
             false,
             &persist::pack_snapshot(&p.doc),
             None,
             p.signed.as_ref(),
+            durability,
         ) {
             Ok(v) => v,
             Err(err) => {
@@ -1889,6 +1942,10 @@ impl Store {
                 return Err(err);
             }
         };
+        if defer {
+            self.unsynced.insert(doc.clone());
+            self.unsynced_new_files = true;
+        }
         let heads = p.doc.get_heads();
         let entry = Held {
             generation: p.generation,
@@ -1989,13 +2046,19 @@ impl Store {
         if let Some(t) = new_term {
             self.view.set_term(&doc.cluster, &doc.writer, t);
         }
-        for (k, present) in self.presence(doc, &keys) {
+        let present = self.presence(doc, &keys);
+        for (k, v) in keys.iter().zip(&present) {
             self.view
-                .set_present(&doc.cluster, &doc.writer, &k, present);
+                .set_present(&doc.cluster, &doc.writer, k, v.is_some());
         }
         let after = {
-            let current = self.docs.get(doc);
-            let own_new = |k: &str| current.and_then(|e| read_value(&e.doc, k, None));
+            // The document wins a key only where it is present: its values were just read.
+            let values: HashMap<&str, &Arc<[u8]>> = keys
+                .iter()
+                .zip(&present)
+                .filter_map(|(k, v)| Some((k.as_str(), v.as_ref()?)))
+                .collect();
+            let own_new = |k: &str| values.get(k).map(|v| Arc::clone(v));
             self.capture(doc, &keys, &own_new)
         };
         let mut out = Vec::new();
@@ -2128,26 +2191,26 @@ impl Store {
         &self.retired
     }
 
-    /// Whether each of `keys` of `doc` counts as present in the view: held, and for a replica
-    /// copy within its writer's scope ([`in_writer_scope`]). Records outside it are counted
-    /// ([`Store::out_of_scope_records`]) and logged; the view keeps the previous holder's value.
-    fn presence(&mut self, doc: &DocId, keys: &[String]) -> Vec<(String, bool)> {
+    /// The value of each of `keys` of `doc` that counts as present in the view (`None` for the
+    /// others, in the order of `keys`): held, and for a replica copy within its writer's scope
+    /// ([`in_writer_scope`]). Records outside it are counted ([`Store::out_of_scope_records`])
+    /// and logged; the view keeps the previous holder's value.
+    fn presence(&mut self, doc: &DocId, keys: &[String]) -> Vec<Option<Arc<[u8]>>> {
         let max = self.view.max_term(&doc.cluster);
         let Some(e) = self.docs.get(doc) else {
-            return keys.iter().map(|k| (k.clone(), false)).collect();
+            return vec![None; keys.len()];
         };
         let mut refused: Vec<&str> = Vec::new();
         let out = keys
             .iter()
             .map(|k| {
-                let present = read_value(&e.doc, k, None).is_some_and(|v| {
-                    let ok = e.owned || in_writer_scope(doc, e.term, max, k, &v);
-                    if !ok {
-                        refused.push(k);
-                    }
-                    ok
-                });
-                (k.clone(), present)
+                let v = read_value(&e.doc, k, None)?;
+                if e.owned || in_writer_scope(doc, e.term, max, k, &v) {
+                    Some(v)
+                } else {
+                    refused.push(k);
+                    None
+                }
             })
             .collect();
         if let Some(first) = refused.first() {

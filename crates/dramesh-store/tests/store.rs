@@ -585,6 +585,76 @@ fn group_commit_defers_fsync_until_sync_pending_and_keeps_changes() {
     );
 }
 
+/// A first copy of a document joins the group commit; a crash before its sync can leave its
+/// file cut short or zero-filled, which the next open deletes (never acknowledged, peers resend
+/// it) instead of reporting it as corruption. A writer's own file cut short stays corruption.
+#[test]
+fn a_first_copy_joins_the_group_commit_and_an_unfinished_file_is_deleted_on_open() {
+    let rdir = tempfile::tempdir().unwrap();
+    let d = DocId::new("c1", CLUSTER_PUBLISHER);
+    let config = StoreConfig {
+        durability: Durability::Fsync,
+        ..StoreConfig::default()
+    };
+    let mut a = agent(&d, test_config());
+    a.store
+        .apply(&d, vec![upsert(node("n1"), "first")])
+        .unwrap();
+    let (mut rs, _) = Store::open(rdir.path(), config.clone()).unwrap();
+    rs.set_group_commit(true).unwrap();
+    let mut r = Peer::replica(rs);
+    full_sync(&mut a, &mut r);
+    assert_eq!(r.store.entries().len(), 1);
+    assert!(
+        r.store.has_unsynced(),
+        "the first copy's file waits for the group commit"
+    );
+    assert_eq!(r.store.sync_pending().unwrap(), 1);
+    let file = doc_file(rdir.path());
+    let whole = std::fs::read(&file).unwrap();
+    let digest = r.store.digest().clone();
+    drop(r);
+
+    // What a crash may leave of a file written but not yet fsynced: a prefix, or zeros.
+    let cuts: Vec<Vec<u8>> = vec![
+        Vec::new(),
+        whole[..5].to_vec(),
+        whole[..20].to_vec(),
+        whole[..whole.len() / 2].to_vec(),
+        whole[..whole.len() - 1].to_vec(),
+        vec![0; whole.len()],
+    ];
+    for cut in cuts {
+        std::fs::write(&file, &cut).unwrap();
+        let (s, report) = Store::open(rdir.path(), config.clone()).unwrap();
+        assert!(report.corrupt.is_empty(), "{} bytes: {report:?}", cut.len());
+        assert_eq!(report.removed_unfinished_files, 1, "{} bytes", cut.len());
+        assert!(
+            !file.exists(),
+            "{} bytes: the unfinished file is gone",
+            cut.len()
+        );
+        assert!(s.entries().is_empty());
+    }
+    std::fs::write(&file, &whole).unwrap();
+    let (s, report) = Store::open(rdir.path(), config.clone()).unwrap();
+    assert_eq!(report.removed_unfinished_files, 0);
+    assert_eq!(s.digest(), &digest);
+
+    // A file of the store's own document is fsynced before it is renamed into place: cut
+    // short, it is damage, moved aside and reported.
+    let wdir = tempfile::tempdir().unwrap();
+    let (mut w, _) = Store::open(wdir.path(), config.clone()).unwrap();
+    w.open_writer(&d).unwrap();
+    drop(w);
+    let own = doc_file(wdir.path());
+    let bytes = std::fs::read(&own).unwrap();
+    std::fs::write(&own, &bytes[..bytes.len() - 1]).unwrap();
+    let (_, report) = Store::open(wdir.path(), config).unwrap();
+    assert_eq!(report.removed_unfinished_files, 0);
+    assert_eq!(report.corrupt.len(), 1, "{report:?}");
+}
+
 fn doc_file(dir: &std::path::Path) -> std::path::PathBuf {
     std::fs::read_dir(dir)
         .unwrap()

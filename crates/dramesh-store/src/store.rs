@@ -315,10 +315,10 @@ pub const MAX_FUTURE_GENERATION_MS: u64 = 30 * 24 * 3600 * 1000;
 /// Whether the record `key` = `value` of replica copy `doc` lies within its writer's scope: a
 /// node's writer publishes only records [`dramesh_model::ClusterObject::owner`] assigns to
 /// that node; records owned by the cluster (or by nobody) only a writer holding the cluster's
-/// highest lease term
-/// (`max_term`), i.e. the current Lease holder; [`crate::CLUSTER_PUBLISHER`] everything. The
-/// owner is read from the value's owner fields ([`owner_of_json`], the same rules without
-/// decoding whole objects); a value whose owner fields do not read is outside every scope.
+/// highest lease term (`max_term`), i.e. the current Lease holder; [`crate::CLUSTER_PUBLISHER`]
+/// everything. The owner is read from the value's owner fields ([`owner_of_json`], the same
+/// rules without decoding whole objects); a value whose owner fields do not read is outside
+/// every scope.
 fn in_writer_scope(doc: &DocId, term: u64, max_term: u64, key: &str, value: &[u8]) -> bool {
     if doc.is_replica_scope() || doc.is_cluster_publisher() {
         return true;

@@ -349,6 +349,12 @@ pub struct Protocol {
     /// every change would otherwise scan them all (see [`Protocol::covering`]).
     wide: BTreeSet<ConnId>,
     by_doc: HashMap<DocId, Vec<ConnId>>,
+    /// No session's timer (probe, heartbeat, peer exchange) is due before this: a relay holds a
+    /// session per node of its cluster, and visiting them all on every tick was most of its
+    /// idle cost.
+    timers_due: Instant,
+    /// Sessions with a relay whose hello arrived.
+    relay_sessions: usize,
 }
 
 /// A replica tells a refused writer why at most this often per document and connection.
@@ -485,6 +491,8 @@ impl Protocol {
             relay: false,
             wide: BTreeSet::new(),
             by_doc: HashMap::new(),
+            timers_due: Instant::now(),
+            relay_sessions: 0,
         }
     }
 
@@ -546,7 +554,7 @@ impl Protocol {
 
     /// Whether a session with a relay whose hello arrived is up.
     pub fn has_relay_session(&self) -> bool {
-        self.sessions.values().any(|s| s.hello_received && s.relay)
+        self.relay_sessions > 0
     }
 
     /// Coalesces pushes: offers of local changes, relays and sync replies are not generated at
@@ -686,6 +694,8 @@ impl Protocol {
                 heartbeat_interval: hb,
             },
         );
+        // Its timers start at its hello, which a tick before then cannot see.
+        self.timers_due = now;
         let hello = pb::Hello {
             protocol_version: PROTOCOL_VERSION,
             role: role_of(&self.local) as i32,
@@ -703,6 +713,9 @@ impl Protocol {
         let Some(session) = self.sessions.remove(&conn) else {
             return;
         };
+        if session.hello_received && session.relay {
+            self.relay_sessions -= 1;
+        }
         match &session.scope {
             Some(Scope::Doc(d)) => {
                 if let Some(conns) = self.by_doc.get_mut(d) {
@@ -922,6 +935,12 @@ impl Protocol {
             self.delayed.remove(&(conn, doc.clone()));
             self.push_doc(store, conn, &doc, false, &mut out);
         }
+        if now < self.timers_due {
+            return out;
+        }
+        // What each heartbeat of an agent tells: the replicas it reaches (the same for every
+        // session of this tick).
+        let mut reached: Option<Vec<String>> = None;
         let conns: Vec<ConnId> = self.sessions.keys().copied().collect();
         for conn in conns {
             let (due_ae, due_hb, due_pex) = match self.sessions.get(&conn) {
@@ -974,12 +993,16 @@ impl Protocol {
                 let reached_replicas = if self.local.is_replica() {
                     vec![]
                 } else {
-                    self.sessions
-                        .values()
-                        .filter(|s| s.hello_received && s.identity.is_replica())
-                        .map(|s| s.identity.uri())
-                        .take(MAX_PEER_EXCHANGE)
-                        .collect()
+                    reached
+                        .get_or_insert_with(|| {
+                            self.sessions
+                                .values()
+                                .filter(|s| s.hello_received && s.identity.is_replica())
+                                .map(|s| s.identity.uri())
+                                .take(MAX_PEER_EXCHANGE)
+                                .collect()
+                        })
+                        .clone()
                 };
                 let body = Body::Ephemeral(pb::Ephemeral {
                     sender: self.local.uri(),
@@ -997,7 +1020,29 @@ impl Protocol {
                 self.send(&mut out, conn, body);
             }
         }
+        self.timers_due = self
+            .sessions
+            .values()
+            .map(|s| self.next_timer(s))
+            .min()
+            .unwrap_or(now + self.config.heartbeat_interval);
         out
+    }
+
+    /// When `s` next needs [`Protocol::on_tick`]: its earliest timer that is on (a session
+    /// before its hello at once: its timers wait for it).
+    fn next_timer(&self, s: &Session) -> Instant {
+        if !s.hello_received {
+            return s.last_heard;
+        }
+        let mut at = s.next_heartbeat;
+        if self.config.anti_entropy {
+            at = at.min(s.next_anti_entropy);
+        }
+        if self.local.is_replica() && self.config.peer_exchange {
+            at = at.min(s.next_peer_exchange);
+        }
+        at
     }
 
     fn peer_exchange(&self) -> pb::PeerExchange {
@@ -1178,6 +1223,9 @@ impl Protocol {
             }
         }
         if let Some(s) = self.sessions.get_mut(&conn) {
+            if h.relay && !(s.hello_received && s.relay) {
+                self.relay_sessions += 1;
+            }
             s.hello_received = true;
             s.advertise_addr = advertise.clone();
             s.relay = h.relay;

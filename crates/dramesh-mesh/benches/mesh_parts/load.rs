@@ -1,10 +1,13 @@
-//! `__load <clusters> <nodes>`: what loading a fleet of per-node documents costs a new replica,
-//! without sockets. A source replica store (on disk, fsync) first takes every node writer's
-//! signed document; then a new replica store, empty, loads them all from it through a pair of
-//! [`Protocol`]s driven in one thread as the mesh node drives them (frames encoded and decoded,
-//! the receiving store flushed after each batch, anti-entropy rounds back to back). Prints the
-//! time each side's protocol spent, so a profile (`perf record` on this process) sees the
-//! receiving path alone, and the per-document figure the 100,000-document target needs.
+//! `__load <clusters> <nodes>`: what loading a fleet of per-node documents, and healing after a
+//! partition, cost a replica's receiving path, without sockets. A source replica store (on
+//! disk, fsync) first takes every node writer's signed document; then a new replica store,
+//! empty, loads them all from it through a pair of [`Protocol`]s driven in one thread as the
+//! mesh node drives them (frames encoded and decoded, the receiving store flushed after each
+//! batch, anti-entropy rounds back to back). Then every writer changes its Node once, only the
+//! source takes the changes, and a new session between the two replicas heals the difference.
+//! Prints the time each side's protocol spent, so a profile (`perf record` on this process)
+//! sees the receiving path alone, and the per-document figures the 100,000-document
+//! targets need.
 
 use std::collections::VecDeque;
 
@@ -49,58 +52,33 @@ pub(crate) fn load_main(args: &[String]) {
         s
     };
     let mut src = open("r0", &src_tls);
-    for (plan, tls) in plans.iter().zip(&ids) {
-        let mut w = MeshStore::new(
+    let mut writers: Vec<Writer> = Vec::with_capacity(plans.len());
+    for (plan, tls) in plans.iter().zip(ids) {
+        let mut store = MeshStore::new(
             Store::in_memory(StoreConfig {
                 durability: Durability::None,
                 ..StoreConfig::default()
             }),
             false,
         );
-        w.set_trust(Trust {
+        store.set_trust(Trust {
             signer: Some(Arc::new(
-                dramesh_mesh::signing::MeshSigner::new(tls).expect("signer"),
+                dramesh_mesh::signing::MeshSigner::new(&tls).expect("signer"),
             )),
             verifier: verifier.clone(),
         });
-        let w = Mutex::new(w);
-        write_plan(&w, plan);
-        let mut w = w.into_inner().expect("writer store");
-        let generation = w.entry(&plan.doc).expect("written").generation;
-        let (mut sw, mut ss) = (SyncState::default(), SyncState::default());
-        for _ in 0..16 {
-            let m1 = w.generate_sync_message(&plan.doc, &mut sw);
-            if let Some((bytes, signed)) = &m1 {
-                src.receive_sync_message(
-                    &tls.identity,
-                    &plan.doc,
-                    generation,
-                    &mut ss,
-                    bytes,
-                    signed.as_ref(),
-                )
-                .expect("source takes the writer's document");
-            }
-            // What the protocol answers for a document not held yet: an empty document's reply.
-            let m2 = match src.entry(&plan.doc) {
-                Some(_) => src.generate_sync_message(&plan.doc, &mut ss),
-                None => ss.empty_doc_message().map(|m| (m, None)),
-            };
-            if let Some((bytes, signed)) = &m2 {
-                w.receive_sync_message(
-                    &src_tls.identity,
-                    &plan.doc,
-                    generation,
-                    &mut sw,
-                    bytes,
-                    signed.as_ref(),
-                )
-                .expect("writer takes the answer");
-            }
-            if m1.is_none() && m2.is_none() {
-                break;
-            }
-        }
+        let store = Mutex::new(store);
+        write_plan(&store, plan);
+        let mut w = Writer {
+            store: store.into_inner().expect("writer store"),
+            doc: plan.doc.clone(),
+            node: plan.node.clone(),
+            identity: tls.identity.clone(),
+            mine: SyncState::default(),
+            theirs: SyncState::default(),
+        };
+        w.sync_into(&mut src, &src_tls.identity);
+        writers.push(w);
     }
     src.flush().expect("flush source");
     let docs = src.store().entries().len();
@@ -116,22 +94,152 @@ pub(crate) fn load_main(args: &[String]) {
     );
 
     let mut dst = open("r3", &dst_tls);
+    let ids = (&src_tls.identity, &dst_tls.identity);
+    let load = converge(&mut src, &mut dst, ids, docs);
+    println!(
+        "new replica loaded {docs} documents in {:.2}s ({:.3} ms per document; new replica {:.3} ms, source {:.3} ms per document), {} anti-entropy rounds, {:.1} MB received",
+        load.secs,
+        load.secs * 1e3 / docs as f64,
+        load.dst_secs * 1e3 / docs as f64,
+        load.src_secs * 1e3 / docs as f64,
+        load.rounds,
+        load.bytes as f64 / 1e6
+    );
+
+    // Every writer changes its Node once while the new replica is away.
+    let t = Instant::now();
+    for (i, w) in writers.iter_mut().enumerate() {
+        let mut node = w.node.clone();
+        node["metadata"]["annotations"][SEQ_ANNOTATION] = Value::String(i.to_string());
+        let json = serde_json::to_vec(&node).expect("node JSON");
+        let name = node["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        w.store
+            .apply(
+                &w.doc,
+                vec![ObjectChange::Upsert {
+                    key: ObjectKey::new(ObjectKind::Node, None, &name),
+                    json: json.into(),
+                }],
+            )
+            .expect("update");
+        w.sync_into(&mut src, &src_tls.identity);
+    }
+    src.flush().expect("flush source");
+    println!(
+        "{docs} updates taken by the source ({:.1}s)",
+        t.elapsed().as_secs_f64()
+    );
+    let heal = converge(&mut src, &mut dst, ids, docs);
+    println!(
+        "healed {docs} changed documents in {:.2}s ({:.3} ms per document; receiving replica {:.3} ms, source {:.3} ms per document), {} anti-entropy rounds, {:.1} MB received",
+        heal.secs,
+        heal.secs * 1e3 / docs as f64,
+        heal.dst_secs * 1e3 / docs as f64,
+        heal.src_secs * 1e3 / docs as f64,
+        heal.rounds,
+        heal.bytes as f64 / 1e6
+    );
+    println!(
+        "LOAD {}",
+        json!({"docs": docs,
+               "load": {"secs": load.secs, "dst_ms_per_doc": load.dst_secs * 1e3 / docs as f64,
+                        "src_ms_per_doc": load.src_secs * 1e3 / docs as f64, "rounds": load.rounds,
+                        "bytes": load.bytes},
+               "heal": {"secs": heal.secs, "dst_ms_per_doc": heal.dst_secs * 1e3 / docs as f64,
+                        "src_ms_per_doc": heal.src_secs * 1e3 / docs as f64, "rounds": heal.rounds,
+                        "bytes": heal.bytes}})
+    );
+}
+
+/// A node writer of the probe and its sync states with the source replica.
+struct Writer {
+    store: MeshStore,
+    doc: DocId,
+    node: Value,
+    identity: PeerIdentity,
+    mine: SyncState,
+    theirs: SyncState,
+}
+
+impl Writer {
+    /// Syncs the writer's document into `src` until neither side has anything to send.
+    fn sync_into(&mut self, src: &mut MeshStore, src_id: &PeerIdentity) {
+        let generation = self.store.entry(&self.doc).expect("written").generation;
+        for _ in 0..16 {
+            let m1 = self.store.generate_sync_message(&self.doc, &mut self.mine);
+            if let Some((bytes, signed)) = &m1 {
+                src.receive_sync_message(
+                    &self.identity,
+                    &self.doc,
+                    generation,
+                    &mut self.theirs,
+                    bytes,
+                    signed.as_ref(),
+                )
+                .expect("source takes the writer's document");
+            }
+            // What the protocol answers for a document not held yet: an empty document's reply.
+            let m2 = match src.entry(&self.doc) {
+                Some(_) => src.generate_sync_message(&self.doc, &mut self.theirs),
+                None => self.theirs.empty_doc_message().map(|m| (m, None)),
+            };
+            if let Some((bytes, signed)) = &m2 {
+                self.store
+                    .receive_sync_message(
+                        src_id,
+                        &self.doc,
+                        generation,
+                        &mut self.mine,
+                        bytes,
+                        signed.as_ref(),
+                    )
+                    .expect("writer takes the answer");
+            }
+            if m1.is_none() && m2.is_none() {
+                break;
+            }
+        }
+    }
+}
+
+/// What one [`converge`] took.
+struct Converged {
+    secs: f64,
+    /// Protocol and store time of each side.
+    dst_secs: f64,
+    src_secs: f64,
+    rounds: u32,
+    /// Frame bytes to `dst`.
+    bytes: u64,
+}
+
+/// Runs a new session between `src` and `dst` (replicas `ids`) until `dst`'s digest equals
+/// `src`'s.
+fn converge(
+    src: &mut MeshStore,
+    dst: &mut MeshStore,
+    ids: (&PeerIdentity, &PeerIdentity),
+    docs: usize,
+) -> Converged {
     let cfg = ProtocolConfig {
         jitter_seed: 7,
         ..ProtocolConfig::default()
     };
-    let mut ps = Protocol::new(src_tls.identity.clone(), cfg.clone());
-    let mut pd = Protocol::new(dst_tls.identity.clone(), cfg);
+    let mut ps = Protocol::new(ids.0.clone(), cfg.clone());
+    let mut pd = Protocol::new(ids.1.clone(), cfg);
     let started = Instant::now();
     // The protocols' clock: real time, moved ahead by an anti-entropy interval whenever both
     // sides are quiet, so rounds follow each other without idle waits.
     let mut skew = Duration::ZERO;
     let now = |skew: Duration| Instant::now() + skew;
-    // Frames in flight: (to the new replica?, encoded frame).
+    // Frames in flight: (to `dst`?, encoded frame).
     let mut wire_q: VecDeque<(bool, Vec<u8>)> = VecDeque::new();
     let (mut src_secs, mut dst_secs) = (0.0f64, 0.0f64);
     let mut rounds = 0u32;
-    let mut bytes_to_dst = 0u64;
+    let mut bytes = 0u64;
     let send = |q: &mut VecDeque<(bool, Vec<u8>)>, to_dst: bool, outs: Vec<Output>| {
         for o in outs {
             if let Output::Send { envelope, .. } = o {
@@ -139,9 +247,9 @@ pub(crate) fn load_main(args: &[String]) {
             }
         }
     };
-    let o = ps.on_connected(CONN, dst_tls.identity.clone(), now(skew));
+    let o = ps.on_connected(CONN, ids.1.clone(), now(skew));
     send(&mut wire_q, true, o);
-    let o = pd.on_connected(CONN, src_tls.identity.clone(), now(skew));
+    let o = pd.on_connected(CONN, ids.0.clone(), now(skew));
     send(&mut wire_q, false, o);
     let target = src.digest().root();
     let mut last_report = Instant::now();
@@ -154,16 +262,16 @@ pub(crate) fn load_main(args: &[String]) {
             }
             assert!(
                 started.elapsed() < Duration::from_secs(3600),
-                "the new replica did not converge within an hour"
+                "the replicas did not converge within an hour"
             );
             rounds += 1;
             skew += Duration::from_secs(3);
             let t0 = Instant::now();
-            let o = pd.on_tick(&mut dst, now(skew));
+            let o = pd.on_tick(dst, now(skew));
             dst_secs += t0.elapsed().as_secs_f64();
             send(&mut wire_q, false, o);
             let t0 = Instant::now();
-            let o = ps.on_tick(&mut src, now(skew));
+            let o = ps.on_tick(src, now(skew));
             src_secs += t0.elapsed().as_secs_f64();
             send(&mut wire_q, true, o);
             continue;
@@ -171,14 +279,14 @@ pub(crate) fn load_main(args: &[String]) {
         for to_dst in [true, false] {
             let t0 = Instant::now();
             let (p, s) = if to_dst {
-                (&mut pd, &mut dst)
+                (&mut pd, &mut *dst)
             } else {
-                (&mut ps, &mut src)
+                (&mut ps, &mut *src)
             };
             let mut held = Vec::new();
             for (_, frame) in batch.iter().filter(|(d, _)| *d == to_dst) {
                 if to_dst {
-                    bytes_to_dst += frame.len() as u64;
+                    bytes += frame.len() as u64;
                 }
                 let env = wire::decode_payload(&frame[wire::FRAME_HEADER_LEN..]).expect("decode");
                 held.extend(p.handle_frame(s, CONN, env, now(skew)));
@@ -205,18 +313,11 @@ pub(crate) fn load_main(args: &[String]) {
             );
         }
     }
-    let secs = started.elapsed().as_secs_f64();
-    println!(
-        "new replica loaded {docs} documents in {secs:.2}s ({:.3} ms per document; new replica {:.3} ms, source {:.3} ms per document), {rounds} anti-entropy rounds, {:.1} MB received",
-        secs * 1e3 / docs as f64,
-        dst_secs * 1e3 / docs as f64,
-        src_secs * 1e3 / docs as f64,
-        bytes_to_dst as f64 / 1e6
-    );
-    println!(
-        "LOAD {}",
-        json!({"docs": docs, "secs": secs, "dst_ms_per_doc": dst_secs * 1e3 / docs as f64,
-               "src_ms_per_doc": src_secs * 1e3 / docs as f64, "rounds": rounds,
-               "bytes": bytes_to_dst})
-    );
+    Converged {
+        secs: started.elapsed().as_secs_f64(),
+        dst_secs,
+        src_secs,
+        rounds,
+        bytes,
+    }
 }

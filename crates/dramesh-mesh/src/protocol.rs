@@ -298,6 +298,8 @@ struct Session {
     /// use the slower `node_*` ones).
     anti_entropy_interval: Duration,
     heartbeat_interval: Duration,
+    /// The session's entry in [`Protocol::timers`], once its hello arrived.
+    timer: Option<Instant>,
 }
 
 /// Documents two replicas leave out of their anti-entropy (see
@@ -349,10 +351,10 @@ pub struct Protocol {
     /// every change would otherwise scan them all (see [`Protocol::covering`]).
     wide: BTreeSet<ConnId>,
     by_doc: HashMap<DocId, Vec<ConnId>>,
-    /// No session's timer (probe, heartbeat, peer exchange) is due before this: a relay holds a
-    /// session per node of its cluster, and visiting them all on every tick was most of its
-    /// idle cost.
-    timers_due: Instant,
+    /// Sessions by when their next timer (probe, heartbeat, peer exchange) is due: a relay
+    /// holds a session per node of its cluster, and visiting them all on every tick was most
+    /// of its idle cost.
+    timers: BTreeSet<(Instant, ConnId)>,
     /// Sessions with a relay whose hello arrived.
     relay_sessions: usize,
 }
@@ -491,7 +493,7 @@ impl Protocol {
             relay: false,
             wide: BTreeSet::new(),
             by_doc: HashMap::new(),
-            timers_due: Instant::now(),
+            timers: BTreeSet::new(),
             relay_sessions: 0,
         }
     }
@@ -692,10 +694,9 @@ impl Protocol {
                 scope: None,
                 anti_entropy_interval: ae,
                 heartbeat_interval: hb,
+                timer: None,
             },
         );
-        // Its timers start at its hello, which a tick before then cannot see.
-        self.timers_due = now;
         let hello = pb::Hello {
             protocol_version: PROTOCOL_VERSION,
             role: role_of(&self.local) as i32,
@@ -715,6 +716,9 @@ impl Protocol {
         };
         if session.hello_received && session.relay {
             self.relay_sessions -= 1;
+        }
+        if let Some(at) = session.timer {
+            self.timers.remove(&(at, conn));
         }
         match &session.scope {
             Some(Scope::Doc(d)) => {
@@ -935,14 +939,20 @@ impl Protocol {
             self.delayed.remove(&(conn, doc.clone()));
             self.push_doc(store, conn, &doc, false, &mut out);
         }
-        if now < self.timers_due {
-            return out;
-        }
         // What each heartbeat of an agent tells: the replicas it reaches (the same for every
         // session of this tick).
         let mut reached: Option<Vec<String>> = None;
-        let conns: Vec<ConnId> = self.sessions.keys().copied().collect();
-        for conn in conns {
+        let mut conns = Vec::new();
+        while let Some(&(at, conn)) = self.timers.first()
+            && at <= now
+        {
+            self.timers.pop_first();
+            if let Some(s) = self.sessions.get_mut(&conn) {
+                s.timer = None;
+            }
+            conns.push(conn);
+        }
+        for &conn in &conns {
             let (due_ae, due_hb, due_pex) = match self.sessions.get(&conn) {
                 Some(s) if s.hello_received => (
                     now >= s.next_anti_entropy,
@@ -1020,29 +1030,35 @@ impl Protocol {
                 self.send(&mut out, conn, body);
             }
         }
-        self.timers_due = self
-            .sessions
-            .values()
-            .map(|s| self.next_timer(s))
-            .min()
-            .unwrap_or(now + self.config.heartbeat_interval);
+        for conn in conns {
+            self.schedule(conn);
+        }
         out
     }
 
-    /// When `s` next needs [`Protocol::on_tick`]: its earliest timer that is on (a session
-    /// before its hello at once: its timers wait for it).
-    fn next_timer(&self, s: &Session) -> Instant {
+    /// (Re)queues session `conn` in [`Protocol::timers`] at its earliest timer that is on.
+    fn schedule(&mut self, conn: ConnId) {
+        let (anti_entropy, peer_exchange) = (
+            self.config.anti_entropy,
+            self.local.is_replica() && self.config.peer_exchange,
+        );
+        let Some(s) = self.sessions.get_mut(&conn) else {
+            return;
+        };
         if !s.hello_received {
-            return s.last_heard;
+            return;
         }
         let mut at = s.next_heartbeat;
-        if self.config.anti_entropy {
+        if anti_entropy {
             at = at.min(s.next_anti_entropy);
         }
-        if self.local.is_replica() && self.config.peer_exchange {
+        if peer_exchange {
             at = at.min(s.next_peer_exchange);
         }
-        at
+        if let Some(old) = s.timer.replace(at) {
+            self.timers.remove(&(old, conn));
+        }
+        self.timers.insert((at, conn));
     }
 
     fn peer_exchange(&self) -> pb::PeerExchange {
@@ -1231,6 +1247,7 @@ impl Protocol {
             s.relay = h.relay;
             s.scope = Some(scope);
         }
+        self.schedule(conn);
         if peer.is_replica()
             && let Some(addr) = &advertise
         {

@@ -281,6 +281,8 @@ pub struct Store {
     /// Whether a new file was created since the last [`Store::sync_pending`] without fsyncing
     /// it or the directory (a first replica copy under group commit).
     unsynced_new_files: bool,
+    /// Writes those new files on a thread of its own (started with the first).
+    writer: Option<persist::Writer>,
     /// Replica copies whose compaction waits for the budget (see [`Store::maintain_deferred`]).
     compaction_due: BTreeSet<DocId>,
     /// Until when replica compactions rest.
@@ -560,6 +562,7 @@ impl Store {
             group_commit: false,
             unsynced: BTreeSet::new(),
             unsynced_new_files: false,
+            writer: None,
             compaction_due: BTreeSet::new(),
             compaction_rest_until: Instant::now(),
             compactions: 0,
@@ -750,6 +753,15 @@ impl Store {
         self.dir.as_ref().map(|d| persist::doc_path(d, doc))
     }
 
+    /// Waits for the background writer when `doc`'s new file is not written yet, so no other
+    /// operation on that file comes first.
+    fn settle(&mut self, doc: &DocId) -> Result<(), StoreError> {
+        match &mut self.writer {
+            Some(w) if w.unwritten(doc) => w.finish(),
+            _ => Ok(()),
+        }
+    }
+
     fn set_digest(&mut self, doc: &DocId) {
         let Some(e) = self.docs.get_mut(doc) else {
             return;
@@ -787,29 +799,6 @@ impl Store {
         fresh_bytes: Option<u64>,
         signed: Option<&Attestation>,
     ) -> Result<(u64, u64), StoreError> {
-        self.write_snapshot_as(
-            id,
-            generation,
-            owned,
-            snapshot,
-            fresh_bytes,
-            signed,
-            self.config.durability,
-        )
-    }
-
-    /// [`Store::write_snapshot`] with `durability` instead of the configured one.
-    #[allow(clippy::too_many_arguments)]
-    fn write_snapshot_as(
-        &self,
-        id: &DocId,
-        generation: u64,
-        owned: bool,
-        snapshot: &[u8],
-        fresh_bytes: Option<u64>,
-        signed: Option<&Attestation>,
-        durability: Durability,
-    ) -> Result<(u64, u64), StoreError> {
         let signed = signed.map(Attestation::encode);
         let base = framed_len(snapshot.len());
         let header = FileHeader {
@@ -821,8 +810,13 @@ impl Store {
         };
         match &self.dir {
             Some(dir) => {
-                let total =
-                    persist::write_new(dir, &header, snapshot, signed.as_deref(), durability)?;
+                let total = persist::write_new(
+                    dir,
+                    &header,
+                    snapshot,
+                    signed.as_deref(),
+                    self.config.durability,
+                )?;
                 Ok((total, base))
             }
             None => Ok((
@@ -837,6 +831,7 @@ impl Store {
     /// commit of received changes) the record is written but not fsynced; the document is
     /// remembered for [`Store::sync_pending`].
     fn persist_incremental(&mut self, doc: &DocId, defer: bool) -> Result<(), StoreError> {
+        self.settle(doc)?;
         let path = self.path_of(doc);
         let defer = defer && self.config.durability == Durability::Fsync && path.is_some();
         let durability = if defer {
@@ -917,6 +912,9 @@ impl Store {
         if synced == 0 {
             return Ok(0);
         }
+        if let Some(w) = &mut self.writer {
+            w.finish()?;
+        }
         if let Some(dir) = &self.dir {
             let files: Vec<PathBuf> = self
                 .unsynced
@@ -937,6 +935,7 @@ impl Store {
     /// as a replica copy is taken over by rolling it into a new generation.
     pub fn open_writer(&mut self, doc: &DocId) -> Result<u64, StoreError> {
         check_doc_id(doc)?;
+        self.settle(doc)?;
         if let Some(e) = self.docs.get(doc) {
             if e.owned {
                 let generation = e.generation;
@@ -1177,6 +1176,7 @@ impl Store {
     /// over instead); returns whether a rollover happened. Replica copies then rest the
     /// compaction budget (see [`Store::maintain_deferred`]).
     fn compact(&mut self, doc: &DocId) -> Result<bool, StoreError> {
+        self.settle(doc)?;
         let started = Instant::now();
         self.compaction_due.remove(doc);
         let max_compacted_ratio = self.config.rollover.max_compacted_ratio;
@@ -1269,6 +1269,7 @@ impl Store {
     }
 
     fn rollover_to(&mut self, doc: &DocId, min_generation: u64) -> Result<u64, StoreError> {
+        self.settle(doc)?;
         let Some(e) = self.docs.get(doc).filter(|e| e.owned) else {
             return Err(StoreError::NotWriter { doc: doc.clone() });
         };
@@ -1908,34 +1909,67 @@ impl Store {
         Ok(std::mem::take(&mut self.undelivered))
     }
 
+    /// Queues a new file on the background writer (starting it with the first); written here
+    /// when no thread can be started.
+    fn background_write(&mut self, f: persist::NewFile) -> Result<(), StoreError> {
+        if self.writer.is_none() {
+            match persist::Writer::start() {
+                Ok(w) => self.writer = Some(w),
+                Err(e) => tracing::warn!(error = %e, "cannot start the store's file writer thread; writing new files inline"),
+            }
+        }
+        match &mut self.writer {
+            Some(w) => w.submit(f),
+            None => persist::write_new(
+                &f.dir,
+                &f.header,
+                &f.snapshot,
+                f.signed.as_deref(),
+                Durability::None,
+            )
+            .map(|_| ()),
+        }
+    }
+
     /// Replaces the held generation of `doc` with its completed pending one.
     fn promote(&mut self, doc: &DocId) -> Result<Vec<(String, ObjectChange)>, StoreError> {
         let Some(p) = self.pending.remove(doc) else {
             return Ok(std::mem::take(&mut self.undelivered));
         };
+        if let Err(err) = self.settle(doc) {
+            self.pending.insert(doc.clone(), p);
+            return Err(err);
+        }
         // A first copy of a document joins the group commit: a replica taking in a fleet of
-        // per-node documents would otherwise pay a file and a directory fsync for each. Only
-        // when no file of the document exists yet: a crash before `sync_pending` then loses
-        // nothing anyone was told of (the file is torn or absent, see `Store::open`), while a
-        // file replacing an older generation is written whole before it is renamed over it.
+        // per-node documents would otherwise pay a file and a directory fsync for each, and its
+        // file is written on the background writer. Only when no file of the document exists
+        // yet: a crash before `sync_pending` then loses nothing anyone was told of (the file is
+        // torn or absent, see `Store::open`), while a file replacing an older generation is
+        // written whole before it is renamed over it.
         let defer = self.group_commit
             && self.config.durability == Durability::Fsync
-            && self.dir.is_some()
             && !self.docs.contains_key(doc);
-        let durability = if defer {
-            Durability::None
-        } else {
-            self.config.durability
+        let snapshot = persist::pack_snapshot(&p.doc);
+        let written = match (&self.dir, defer) {
+            (Some(dir), true) => {
+                let f = persist::NewFile {
+                    dir: dir.clone(),
+                    header: FileHeader {
+                        format: 1,
+                        doc: doc.clone(),
+                        generation: p.generation,
+                        owned: false,
+                        fresh_bytes: framed_len(snapshot.len()),
+                    },
+                    signed: p.signed.as_ref().map(Attestation::encode),
+                    snapshot,
+                };
+                let sizes = (f.len(), framed_len(f.snapshot.len()));
+                self.background_write(f).map(|()| sizes)
+            }
+            _ => self.write_snapshot(doc, p.generation, false, &snapshot, None, p.signed.as_ref()),
         };
-        let (stored, base) = match self.write_snapshot_as(
-            doc,
-            p.generation,
-            false,
-            &persist::pack_snapshot(&p.doc),
-            None,
-            p.signed.as_ref(),
-            durability,
-        ) {
+        let (stored, base) = match written {
             Ok(v) => v,
             Err(err) => {
                 self.pending.insert(doc.clone(), p);
@@ -2134,6 +2168,7 @@ impl Store {
         if self.docs.get(doc).is_none_or(|e| e.owned) {
             return Ok(None);
         }
+        self.settle(doc)?;
         if let Some(dir) = &self.dir {
             persist::remove(dir, doc, self.config.durability)?;
         }

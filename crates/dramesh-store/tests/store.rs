@@ -641,6 +641,26 @@ fn a_first_copy_joins_the_group_commit_and_an_unfinished_file_is_deleted_on_open
     assert_eq!(report.removed_unfinished_files, 0);
     assert_eq!(s.digest(), &digest);
 
+    // More changes before the group commit: their append waits for the file still being
+    // written in the background.
+    let r2dir = tempfile::tempdir().unwrap();
+    let (mut r2s, _) = Store::open(r2dir.path(), config.clone()).unwrap();
+    r2s.set_group_commit(true).unwrap();
+    let mut r2 = Peer::replica(r2s);
+    full_sync(&mut a, &mut r2);
+    a.store
+        .apply(&d, vec![upsert(node("n2"), "second")])
+        .unwrap();
+    full_sync(&mut a, &mut r2);
+    assert_eq!(r2.store.sync_pending().unwrap(), 1);
+    let (reopened, report) = Store::open(r2dir.path(), config.clone()).unwrap();
+    assert!(report.corrupt.is_empty() && report.truncated.is_empty());
+    assert_eq!(reopened.digest(), r2.store.digest());
+    assert_eq!(
+        reopened.get("c1", &node("n2")).as_deref(),
+        Some(&b"second"[..])
+    );
+
     // A file of the store's own document is fsynced before it is renamed into place: cut
     // short, it is damage, moved aside and reported.
     let wdir = tempfile::tempdir().unwrap();

@@ -31,6 +31,10 @@
 //! bench fits in about 5 minutes on a 2-core machine; `MESH_PARTITION_SECS=60` measures the
 //! full partition. Prints a table, a summary of the targets with PASS/FAIL, and one
 //! `MESH_BENCH_JSON {...}` line.
+//!
+//! Probe (no sockets, one process, for profiling one side): `cargo bench -p dramesh-mesh
+//! --bench mesh -- __load <clusters> <nodes>` times a replica receiving a fleet of per-node
+//! documents and then healing one change of each (`mesh_parts/load.rs`).
 
 #[path = "mesh_parts/load.rs"]
 mod load;

@@ -357,6 +357,9 @@ pub struct Protocol {
     timers: BTreeSet<(Instant, ConnId)>,
     /// Sessions with a relay whose hello arrived.
     relay_sessions: usize,
+    /// A replica learned a replica it did not know: the next tick tells every session (see
+    /// [`Protocol::learn_replica`]).
+    announce: bool,
 }
 
 /// A replica tells a refused writer why at most this often per document and connection.
@@ -495,6 +498,7 @@ impl Protocol {
             by_doc: HashMap::new(),
             timers: BTreeSet::new(),
             relay_sessions: 0,
+            announce: false,
         }
     }
 
@@ -939,6 +943,24 @@ impl Protocol {
             self.delayed.remove(&(conn, doc.clone()));
             self.push_doc(store, conn, &doc, false, &mut out);
         }
+        if std::mem::take(&mut self.announce)
+            && self.local.is_replica()
+            && self.config.peer_exchange
+        {
+            // Makes the exchange due on every session now (their timers run from here).
+            let hello: Vec<ConnId> = self
+                .sessions
+                .iter()
+                .filter(|(_, s)| s.hello_received)
+                .map(|(c, _)| *c)
+                .collect();
+            for conn in hello {
+                if let Some(s) = self.sessions.get_mut(&conn) {
+                    s.next_peer_exchange = now;
+                }
+                self.schedule(conn);
+            }
+        }
         // What each heartbeat of an agent tells: the replicas it reaches (the same for every
         // session of this tick).
         let mut reached: Option<Vec<String>> = None;
@@ -1177,6 +1199,10 @@ impl Protocol {
                     debug!(%identity, %addr, "learned replica");
                     self.known_replicas
                         .insert(identity.to_owned(), addr.to_owned());
+                    // A new replica starts empty, and the relays carry most of the fleet's
+                    // documents: waiting for the periodic exchange (10 s) before they dial it
+                    // was most of a new replica's first 15 s.
+                    self.announce = true;
                 }
             }
             Ok(_) => {}

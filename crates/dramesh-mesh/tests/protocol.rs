@@ -816,6 +816,47 @@ fn replicas_learn_each_other_through_peer_exchange() {
     );
 }
 
+/// A replica that learns a new replica tells its sessions at the next tick, not at the next
+/// periodic exchange: relays then dial the new replica at once.
+#[test]
+fn a_new_replica_is_announced_at_the_next_tick() {
+    let mut sim = Sim::new(vec![replica("r0"), agent("east", "a"), replica("r3")]);
+    let config = |addr: &str| ProtocolConfig {
+        advertise_addr: Some(addr.into()),
+        jitter_seed: 1,
+        ..ProtocolConfig::default()
+    };
+    sim.nodes[0].proto = Protocol::new(replica("r0"), config("10.0.0.0:1"));
+    sim.nodes[2].proto = Protocol::new(replica("r3"), config("10.0.0.3:1"));
+    sim.connect(1, 0);
+    sim.run();
+    // Past the first exchanges of the agent's session.
+    sim.tick(Duration::from_secs(11));
+    assert!(
+        !sim.nodes[1]
+            .proto
+            .known_replicas()
+            .contains_key("dramesh://replica/r3")
+    );
+    sim.connect(2, 0);
+    sim.run();
+    // One tick (the node ticks every 100 ms), far before the next periodic exchange.
+    sim.tick(Duration::from_millis(100));
+    assert_eq!(
+        sim.nodes[1]
+            .proto
+            .known_replicas()
+            .get("dramesh://replica/r3")
+            .map(String::as_str),
+        Some("10.0.0.3:1"),
+        "the agent did not hear of the new replica at once"
+    );
+    // Nothing new: no further announcement.
+    let sent = sim.frames.get("peer_exchange").copied().unwrap_or(0);
+    sim.tick(Duration::from_millis(100));
+    assert_eq!(sim.frames.get("peer_exchange").copied().unwrap_or(0), sent);
+}
+
 #[test]
 fn without_peer_exchange_an_agent_learns_only_the_replica_it_dialed() {
     for peer_exchange in [true, false] {

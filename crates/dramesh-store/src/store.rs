@@ -1915,7 +1915,9 @@ impl Store {
         if self.writer.is_none() {
             match persist::Writer::start() {
                 Ok(w) => self.writer = Some(w),
-                Err(e) => tracing::warn!(error = %e, "cannot start the store's file writer thread; writing new files inline"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot start the store's file writer thread; writing new files inline")
+                }
             }
         }
         match &mut self.writer {

@@ -21,7 +21,8 @@ use super::*;
 const CONN: ConnId = ConnId(1);
 
 pub(crate) fn load_main(args: &[String]) {
-    let [clusters, nodes] = args else {
+    // `cargo bench -p dramesh-mesh --bench mesh -- __load 10 1000` appends `--bench`.
+    let [clusters, nodes, ..] = args else {
         panic!("load role needs 2 arguments: <clusters> <nodes>");
     };
     let clusters: usize = clusters.parse().expect("cluster count");

@@ -265,16 +265,18 @@ impl Writer {
         })
     }
 
-    /// Queues `f`; written inline when the thread is gone.
+    /// Queues `f`; written here when the thread is gone.
     pub(crate) fn submit(&mut self, f: NewFile) -> Result<(), crate::StoreError> {
         self.unwritten.insert(f.header.doc.clone());
-        match self.jobs.as_ref().map(|j| j.send(f)) {
-            Some(Ok(())) => {
+        let Some(jobs) = &self.jobs else {
+            return self.write_inline(f);
+        };
+        match jobs.send(f) {
+            Ok(()) => {
                 self.in_flight += 1;
                 Ok(())
             }
-            Some(Err(std::sync::mpsc::SendError(f))) => self.write_inline(f),
-            None => Ok(()),
+            Err(std::sync::mpsc::SendError(f)) => self.write_inline(f),
         }
     }
 

@@ -531,10 +531,7 @@ fn restart_from_disk_keeps_acknowledged_writes() {
 fn group_commit_defers_fsync_until_sync_pending_and_keeps_changes() {
     let rdir = tempfile::tempdir().unwrap();
     let d = DocId::new("c1", CLUSTER_PUBLISHER);
-    let config = StoreConfig {
-        durability: Durability::Fsync,
-        ..StoreConfig::default()
-    };
+    let config = fsync_config();
     let mut a = agent(&d, test_config());
     let (rs, _) = Store::open(rdir.path(), config.clone()).unwrap();
     let mut r = Peer::replica(rs);
@@ -592,10 +589,7 @@ fn group_commit_defers_fsync_until_sync_pending_and_keeps_changes() {
 fn a_first_copy_joins_the_group_commit_and_an_unfinished_file_is_deleted_on_open() {
     let rdir = tempfile::tempdir().unwrap();
     let d = DocId::new("c1", CLUSTER_PUBLISHER);
-    let config = StoreConfig {
-        durability: Durability::Fsync,
-        ..StoreConfig::default()
-    };
+    let config = fsync_config();
     let mut a = agent(&d, test_config());
     a.store
         .apply(&d, vec![upsert(node("n1"), "first")])
@@ -673,6 +667,13 @@ fn a_first_copy_joins_the_group_commit_and_an_unfinished_file_is_deleted_on_open
     let (_, report) = Store::open(wdir.path(), config).unwrap();
     assert_eq!(report.removed_unfinished_files, 0);
     assert_eq!(report.corrupt.len(), 1, "{report:?}");
+}
+
+fn fsync_config() -> StoreConfig {
+    StoreConfig {
+        durability: Durability::Fsync,
+        ..StoreConfig::default()
+    }
 }
 
 fn doc_file(dir: &std::path::Path) -> std::path::PathBuf {

@@ -97,15 +97,7 @@ pub(crate) fn load_main(args: &[String]) {
     let mut dst = open("r3", &dst_tls);
     let ids = (&src_tls.identity, &dst_tls.identity);
     let load = converge(&mut src, &mut dst, ids, docs);
-    println!(
-        "new replica loaded {docs} documents in {:.2}s ({:.3} ms per document; new replica {:.3} ms, source {:.3} ms per document), {} anti-entropy rounds, {:.1} MB received",
-        load.secs,
-        load.secs * 1e3 / docs as f64,
-        load.dst_secs * 1e3 / docs as f64,
-        load.src_secs * 1e3 / docs as f64,
-        load.rounds,
-        load.bytes as f64 / 1e6
-    );
+    load.print(&format!("new replica loaded {docs} documents"), docs);
 
     // Every writer changes its Node once while the new replica is away.
     let t = Instant::now();
@@ -134,15 +126,7 @@ pub(crate) fn load_main(args: &[String]) {
         t.elapsed().as_secs_f64()
     );
     let heal = converge(&mut src, &mut dst, ids, docs);
-    println!(
-        "healed {docs} changed documents in {:.2}s ({:.3} ms per document; receiving replica {:.3} ms, source {:.3} ms per document), {} anti-entropy rounds, {:.1} MB received",
-        heal.secs,
-        heal.secs * 1e3 / docs as f64,
-        heal.dst_secs * 1e3 / docs as f64,
-        heal.src_secs * 1e3 / docs as f64,
-        heal.rounds,
-        heal.bytes as f64 / 1e6
-    );
+    heal.print(&format!("healed {docs} changed documents"), docs);
     println!(
         "LOAD {}",
         json!({"docs": docs,
@@ -215,6 +199,21 @@ struct Converged {
     rounds: u32,
     /// Frame bytes to `dst`.
     bytes: u64,
+}
+
+impl Converged {
+    fn print(&self, what: &str, docs: usize) {
+        let per_doc = |secs: f64| secs * 1e3 / docs as f64;
+        println!(
+            "{what} in {:.2}s ({:.3} ms per document; receiving replica {:.3} ms, source {:.3} ms per document), {} anti-entropy rounds, {:.1} MB received",
+            self.secs,
+            per_doc(self.secs),
+            per_doc(self.dst_secs),
+            per_doc(self.src_secs),
+            self.rounds,
+            self.bytes as f64 / 1e6
+        );
+    }
 }
 
 /// Runs a new session between `src` and `dst` (replicas `ids`) until `dst`'s digest equals

@@ -45,7 +45,7 @@ use crate::protocol::{ConnId, Counters, Output, Protocol, ProtocolConfig};
 use crate::store::DocStore;
 use crate::transport::{self, MESH_SERVER_NAME, TransportConfig, TransportError};
 use crate::wire::{self, pb};
-use dramesh_store::DocId;
+use dramesh_store::{DocId, HeadsVerifier};
 
 /// Everything needed to start a node.
 #[derive(Clone)]
@@ -243,6 +243,8 @@ struct Shared {
     /// Node-wide outbound byte budget ([`TransportConfig::outbound_total_bytes`]).
     outbound_total: Arc<Semaphore>,
     outbound_total_max: u32,
+    /// The store's verifier, for [`verify_ahead`]; replaced when the certificate rotates.
+    verifier: Mutex<Arc<dyn HeadsVerifier>>,
 }
 
 /// A queued frame, its per-connection permits, and its share of the node-wide budget (given
@@ -309,7 +311,9 @@ impl MeshHandle {
         let identity = config.identity.identity.clone();
         // Every change this node writes is signed with its certificate's key, and every change
         // it receives is verified against the CA before the store applies it.
-        lock(&store).set_trust(crate::signing::trust(&config.identity)?);
+        let trust = crate::signing::trust(&config.identity)?;
+        let verifier = trust.verifier.clone();
+        lock(&store).set_trust(trust);
         let (endpoint, socket) =
             transport::make_watched_endpoint(config.listen, &config.identity, &config.transport)?;
         let local_addr = endpoint.local_addr().map_err(NodeError::LocalAddr)?;
@@ -335,6 +339,7 @@ impl MeshHandle {
             relay_target: Mutex::new(None),
             outbound_total: Arc::new(Semaphore::new(total_max as usize)),
             outbound_total_max: total_max,
+            verifier: Mutex::new(verifier),
         });
         let max_sessions = config.transport.max_sessions.max(1);
         let mut protocol = Protocol::new(identity.clone(), pconfig);
@@ -414,6 +419,7 @@ impl MeshHandle {
         let server = transport::server_config(id, &self.transport_config)?;
         let client = transport::client_config(id, &self.transport_config)?;
         let trust = crate::signing::trust(id)?;
+        *lock(&self.shared.verifier) = trust.verifier.clone();
         lock(store).set_trust(trust);
         self.endpoint.set_server_config(Some(server));
         *lock(&self.client) = client;
@@ -921,6 +927,31 @@ struct Ctx {
     relay_fallback: Duration,
 }
 
+/// Verifies a received sync message's signature on its connection's task, ahead of the
+/// protocol thread: the verifier remembers signatures that passed, so the store's check there
+/// is a lookup. Taking in a fleet of new documents, these ECDSA verifications (the writer's
+/// chain and its signed heads) were a fifth of the protocol thread's work, and connection tasks
+/// run on other threads. Only messages that carry their signer chain: a chain named by hash
+/// (sent earlier on the session) is resolved by the protocol, which verifies those itself. The
+/// outcome is not used here; a bad signature is refused by the store as before.
+fn verify_ahead(shared: &Shared, env: &pb::Envelope) {
+    let Some(pb::envelope::Body::Sync(s)) = &env.body else {
+        return;
+    };
+    let Some(w) = s.signed.as_ref().filter(|w| !w.signer.is_empty()) else {
+        return;
+    };
+    let (Some(doc), Ok(a)) = (
+        wire::doc_from_wire(s.doc.as_ref()),
+        wire::signed_from_wire(w),
+    ) else {
+        return;
+    };
+    let statement = dramesh_store::attest::statement(&doc, s.generation, &a.heads);
+    let verifier = lock(&shared.verifier).clone();
+    let _ = verifier.verify(&doc, &statement, &a.signature, &a.signer);
+}
+
 async fn accept_loop(ctx: Ctx) {
     let mut handshakes = JoinSet::new();
     while let Some(incoming) = ctx.endpoint.accept().await {
@@ -1150,6 +1181,7 @@ async fn run_local(
                 .transport
                 .bytes_received
                 .fetch_add(frame.len() as u64, Ordering::Relaxed);
+            verify_ahead(&ctx.shared, &env);
             if ctx.events.send(Event::Frame(conn, env)).await.is_err() {
                 break;
             }
@@ -1228,6 +1260,7 @@ async fn run_connection(
                         .transport
                         .bytes_received
                         .fetch_add(len as u64, Ordering::Relaxed);
+                    verify_ahead(&ctx.shared, &env);
                     if ctx.events.send(Event::Frame(conn, env)).await.is_err() {
                         break;
                     }

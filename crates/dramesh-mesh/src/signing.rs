@@ -46,6 +46,12 @@ const CHAIN_CACHE_TTL: Duration = Duration::from_secs(30 * 60);
 /// [`CHAIN_CACHE_TTL`], so a fleet of per-node writers (100,000 documents) does not verify
 /// every chain anew.
 const CHAIN_CACHE_ENTRIES: usize = 131_072;
+/// How long a verified signature is remembered: the node verifies a sync message's signature on
+/// its connection task and the store checks it again on the protocol thread moments later
+/// (see `node::verify_ahead`), or hears the same signed heads from several peers.
+const PASSED_TTL: Duration = Duration::from_secs(60);
+/// Most verified signatures remembered.
+const PASSED_ENTRIES: usize = 65_536;
 
 /// Why signing material could not be built from a TLS identity.
 #[derive(Debug, thiserror::Error)]
@@ -138,6 +144,8 @@ pub struct MeshVerifier {
     /// SHA-256 of a signer chain -> its identity, when it was verified, and the earliest
     /// expiry of its certificates (seconds since the epoch).
     verified: Mutex<HashMap<[u8; 32], (PeerIdentity, Instant, u64)>>,
+    /// SHA-256 of (statement, signature, signer chain) that verified -> when.
+    passed: Mutex<HashMap<[u8; 32], Instant>>,
 }
 
 impl MeshVerifier {
@@ -159,6 +167,7 @@ impl MeshVerifier {
             chains,
             algorithms,
             verified: Mutex::new(HashMap::new()),
+            passed: Mutex::new(HashMap::new()),
         })
     }
 
@@ -218,6 +227,21 @@ impl HeadsVerifier for MeshVerifier {
         if !id.owns(doc) {
             return Err(format!("signer {id} may not write {doc}"));
         }
+        let key: [u8; 32] = {
+            let mut h = Sha256::new();
+            for part in [statement, signature, signer] {
+                h.update((part.len() as u64).to_le_bytes());
+                h.update(part);
+            }
+            h.finalize().into()
+        };
+        let now = Instant::now();
+        if crate::node::lock(&self.passed)
+            .get(&key)
+            .is_some_and(|at| now.duration_since(*at) < PASSED_TTL)
+        {
+            return Ok(());
+        }
         let (scheme, sig) = match signature {
             [a, b, rest @ ..] => (SignatureScheme::from(u16::from_be_bytes([*a, *b])), rest),
             _ => return Err("signature is cut short".into()),
@@ -234,7 +258,16 @@ impl HeadsVerifier for MeshVerifier {
             .map_err(|e| format!("signer certificate: {e}"))?;
         let alg = algs.first().ok_or("signature scheme has no algorithm")?;
         leaf.verify_signature(*alg, statement, sig)
-            .map_err(|e| format!("signature by {id} does not verify: {e}"))
+            .map_err(|e| format!("signature by {id} does not verify: {e}"))?;
+        let mut passed = crate::node::lock(&self.passed);
+        if passed.len() >= PASSED_ENTRIES {
+            passed.retain(|_, at| now.duration_since(*at) < PASSED_TTL);
+            if passed.len() >= PASSED_ENTRIES {
+                passed.clear();
+            }
+        }
+        passed.insert(key, now);
+        Ok(())
     }
 }
 
@@ -251,6 +284,44 @@ pub fn trust(id: &TlsIdentity) -> Result<Trust, SigningError> {
 mod tests {
     use super::*;
     use crate::certs;
+
+    /// A signature that verified is remembered (the node verifies ahead of the store); one
+    /// that did not, or another signature over the same statement, is checked in full.
+    #[test]
+    fn a_verified_signature_is_remembered_and_nothing_else() {
+        let ca = certs::generate_ca("test CA", 30).unwrap();
+        let id = PeerIdentity::Agent {
+            cluster: "c".into(),
+            node: "n".into(),
+        };
+        let tls = certs::issue_identity(&ca, &id, 2).unwrap();
+        let signer = MeshSigner::new(&tls).unwrap();
+        let verifier = MeshVerifier::new(&tls.ca_certs).unwrap();
+        let doc = DocId::new("c", "n");
+        let statement = b"doc c/n generation 1 heads ...";
+        let sig = signer.sign(statement).unwrap();
+        let chain = signer.signer();
+        verifier.verify(&doc, statement, &sig, &chain).unwrap();
+        assert_eq!(crate::node::lock(&verifier.passed).len(), 1);
+        verifier.verify(&doc, statement, &sig, &chain).unwrap();
+        let mut forged = sig.clone();
+        let last = forged.len() - 1;
+        forged[last] ^= 1;
+        assert!(verifier.verify(&doc, statement, &forged, &chain).is_err());
+        assert!(
+            verifier
+                .verify(&doc, b"another statement", &sig, &chain)
+                .is_err()
+        );
+        assert_eq!(
+            crate::node::lock(&verifier.passed).len(),
+            1,
+            "a failed check was remembered"
+        );
+        // The document check comes first, whatever is remembered.
+        let other = DocId::new("c", "m");
+        assert!(verifier.verify(&other, statement, &sig, &chain).is_err());
+    }
 
     /// A cached chain is trusted until the earliest expiry among its certificates.
     #[test]

@@ -160,15 +160,17 @@ fn sync_dir(dir: &Path, durability: Durability) -> Result<(), crate::StoreError>
     Ok(())
 }
 
-/// Atomically (re)writes a document file holding `header` and `snapshot` (a
-/// [`pack_snapshot`] payload); returns its length.
+/// Atomically (re)writes the document file `f` in `dir`; returns its length.
 pub(crate) fn write_new(
     dir: &Path,
-    header: &FileHeader,
-    snapshot: &[u8],
-    signed: Option<&[u8]>,
+    f: &NewFile,
     durability: Durability,
 ) -> Result<u64, crate::StoreError> {
+    let NewFile {
+        header,
+        snapshot,
+        signed,
+    } = f;
     let path = doc_path(dir, &header.doc);
     let tmp = path.with_extension(TMP_EXT);
     let header_json = serde_json::to_vec(header).map_err(|e| crate::StoreError::Io {
@@ -184,10 +186,10 @@ pub(crate) fn write_new(
         encode_record(&mut buf, KIND_SIGNED, signed).map_err(io_err(&path))?;
     }
     {
-        let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
-        f.write_all(&buf).map_err(io_err(&tmp))?;
+        let mut file = File::create(&tmp).map_err(io_err(&tmp))?;
+        file.write_all(&buf).map_err(io_err(&tmp))?;
         if durability == Durability::Fsync {
-            f.sync_all().map_err(io_err(&tmp))?;
+            file.sync_all().map_err(io_err(&tmp))?;
         }
     }
     fs::rename(&tmp, &path).map_err(io_err(&path))?;
@@ -195,9 +197,9 @@ pub(crate) fn write_new(
     Ok(buf.len() as u64)
 }
 
-/// A new document file for [`Writer`]: what [`write_new`] takes.
+/// A document file as [`write_new`] writes it: header, snapshot (a [`pack_snapshot`] payload)
+/// and the signature over its heads.
 pub(crate) struct NewFile {
-    pub dir: PathBuf,
     pub header: FileHeader,
     pub snapshot: Vec<u8>,
     pub signed: Option<Vec<u8>>,
@@ -223,6 +225,8 @@ type Written = (NewFile, Result<u64, crate::StoreError>);
 /// next ones. [`Writer::finish`] waits for every write; the store calls it before the
 /// group commit's `syncfs` and before any other operation on a file still being written.
 pub(crate) struct Writer {
+    /// The store's directory.
+    dir: PathBuf,
     jobs: Option<std::sync::mpsc::Sender<NewFile>>,
     done: std::sync::mpsc::Receiver<Written>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -235,27 +239,23 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
-    /// Starts the writing thread.
-    pub(crate) fn start() -> io::Result<Writer> {
+    /// Starts the thread writing into `dir`.
+    pub(crate) fn start(dir: PathBuf) -> io::Result<Writer> {
         let (jobs, rx) = std::sync::mpsc::channel::<NewFile>();
         let (tx, done) = std::sync::mpsc::channel::<Written>();
+        let thread_dir = dir.clone();
         let thread = std::thread::Builder::new()
             .name("dramesh-store-writer".into())
             .spawn(move || {
                 for f in rx {
-                    let r = write_new(
-                        &f.dir,
-                        &f.header,
-                        &f.snapshot,
-                        f.signed.as_deref(),
-                        Durability::None,
-                    );
+                    let r = write_new(&thread_dir, &f, Durability::None);
                     if tx.send((f, r)).is_err() {
                         return;
                     }
                 }
             })?;
         Ok(Writer {
+            dir,
             jobs: Some(jobs),
             done,
             thread: Some(thread),
@@ -281,16 +281,9 @@ impl Writer {
     }
 
     fn write_inline(&mut self, f: NewFile) -> Result<(), crate::StoreError> {
-        let doc = f.header.doc.clone();
-        match write_new(
-            &f.dir,
-            &f.header,
-            &f.snapshot,
-            f.signed.as_deref(),
-            Durability::None,
-        ) {
+        match write_new(&self.dir, &f, Durability::None) {
             Ok(_) => {
-                self.unwritten.remove(&doc);
+                self.unwritten.remove(&f.header.doc);
                 Ok(())
             }
             Err(e) => {

@@ -530,6 +530,29 @@ fn framed_len(payload: usize) -> u64 {
     payload as u64 + 13
 }
 
+/// The file of a snapshot of `id` (see [`persist::NewFile`]); its header's fresh size is the
+/// snapshot's unless given.
+fn snapshot_file(
+    id: &DocId,
+    generation: u64,
+    owned: bool,
+    snapshot: Vec<u8>,
+    fresh_bytes: Option<u64>,
+    signed: Option<&Attestation>,
+) -> persist::NewFile {
+    persist::NewFile {
+        header: FileHeader {
+            format: 1,
+            doc: id.clone(),
+            generation,
+            owned,
+            fresh_bytes: fresh_bytes.unwrap_or(framed_len(snapshot.len())),
+        },
+        signed: signed.map(Attestation::encode),
+        snapshot,
+    }
+}
+
 impl Store {
     /// The wall clock in milliseconds, with [`StoreConfig::clock_offset_ms`] applied.
     fn now_millis(&self) -> u64 {
@@ -790,41 +813,13 @@ impl Store {
 
     /// Writes a snapshot as the document's new file (new generation or compaction); returns
     /// (file bytes, snapshot record bytes).
-    fn write_snapshot(
-        &self,
-        id: &DocId,
-        generation: u64,
-        owned: bool,
-        snapshot: &[u8],
-        fresh_bytes: Option<u64>,
-        signed: Option<&Attestation>,
-    ) -> Result<(u64, u64), StoreError> {
-        let signed = signed.map(Attestation::encode);
-        let base = framed_len(snapshot.len());
-        let header = FileHeader {
-            format: 1,
-            doc: id.clone(),
-            generation,
-            owned,
-            fresh_bytes: fresh_bytes.unwrap_or(base),
+    fn write_snapshot(&self, f: &persist::NewFile) -> Result<(u64, u64), StoreError> {
+        let base = framed_len(f.snapshot.len());
+        let total = match &self.dir {
+            Some(dir) => persist::write_new(dir, f, self.config.durability)?,
+            None => f.len(),
         };
-        match &self.dir {
-            Some(dir) => {
-                let total = persist::write_new(
-                    dir,
-                    &header,
-                    snapshot,
-                    signed.as_deref(),
-                    self.config.durability,
-                )?;
-                Ok((total, base))
-            }
-            None => Ok((
-                base + persist::header_overhead(&header)
-                    + signed.map_or(0, |s| framed_len(s.len())),
-                base,
-            )),
-        }
+        Ok((total, base))
     }
 
     /// Appends the changes made since the last durable point of `doc`. With `defer` (group
@@ -960,14 +955,14 @@ impl Store {
             .map_or(0, |p| p.generation.saturating_add(1));
         let generation = self.now_millis().max(min_gen).max(1);
         let fresh = build_fresh(doc, &Automerge::new(), generation)?;
-        let (stored, base) = self.write_snapshot(
+        let (stored, base) = self.write_snapshot(&snapshot_file(
             doc,
             generation,
             true,
-            &persist::pack_snapshot(&fresh),
+            persist::pack_snapshot(&fresh),
             None,
             None,
-        )?;
+        ))?;
         self.pending.remove(doc);
         let heads = fresh.get_heads();
         let entry = Held {
@@ -1191,8 +1186,14 @@ impl Store {
         }
         let (generation, owned, fresh) = (e.generation, e.owned, e.fresh_bytes);
         let signed = if owned { None } else { e.signed.as_ref() };
-        let (stored, base) =
-            self.write_snapshot(doc, generation, owned, &snapshot, Some(fresh), signed)?;
+        let (stored, base) = self.write_snapshot(&snapshot_file(
+            doc,
+            generation,
+            owned,
+            snapshot,
+            Some(fresh),
+            signed,
+        ))?;
         if let Some(e) = self.docs.get_mut(doc) {
             e.stored_bytes = stored;
             e.base_bytes = base;
@@ -1282,14 +1283,14 @@ impl Store {
         };
         let generation = next.max(min_generation).max(self.now_millis()).max(1);
         let fresh = build_fresh(doc, &e.doc, generation)?;
-        let (stored, base) = self.write_snapshot(
+        let (stored, base) = self.write_snapshot(&snapshot_file(
             doc,
             generation,
             true,
-            &persist::pack_snapshot(&fresh),
+            persist::pack_snapshot(&fresh),
             None,
             None,
-        )?;
+        ))?;
         let heads = fresh.get_heads();
         let num_ops = history(&fresh).1;
         let live = live_value_bytes(&fresh);
@@ -1912,8 +1913,11 @@ impl Store {
     /// Queues a new file on the background writer (starting it with the first); written here
     /// when no thread can be started.
     fn background_write(&mut self, f: persist::NewFile) -> Result<(), StoreError> {
+        let Some(dir) = &self.dir else {
+            return Ok(());
+        };
         if self.writer.is_none() {
-            match persist::Writer::start() {
+            match persist::Writer::start(dir.clone()) {
                 Ok(w) => self.writer = Some(w),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot start the store's file writer thread; writing new files inline")
@@ -1922,14 +1926,7 @@ impl Store {
         }
         match &mut self.writer {
             Some(w) => w.submit(f),
-            None => persist::write_new(
-                &f.dir,
-                &f.header,
-                &f.snapshot,
-                f.signed.as_deref(),
-                Durability::None,
-            )
-            .map(|_| ()),
+            None => persist::write_new(dir, &f, Durability::None).map(|_| ()),
         }
     }
 
@@ -1951,25 +1948,19 @@ impl Store {
         let defer = self.group_commit
             && self.config.durability == Durability::Fsync
             && !self.docs.contains_key(doc);
-        let snapshot = persist::pack_snapshot(&p.doc);
-        let written = match (&self.dir, defer) {
-            (Some(dir), true) => {
-                let f = persist::NewFile {
-                    dir: dir.clone(),
-                    header: FileHeader {
-                        format: 1,
-                        doc: doc.clone(),
-                        generation: p.generation,
-                        owned: false,
-                        fresh_bytes: framed_len(snapshot.len()),
-                    },
-                    signed: p.signed.as_ref().map(Attestation::encode),
-                    snapshot,
-                };
-                let sizes = (f.len(), framed_len(f.snapshot.len()));
-                self.background_write(f).map(|()| sizes)
-            }
-            _ => self.write_snapshot(doc, p.generation, false, &snapshot, None, p.signed.as_ref()),
+        let f = snapshot_file(
+            doc,
+            p.generation,
+            false,
+            persist::pack_snapshot(&p.doc),
+            None,
+            p.signed.as_ref(),
+        );
+        let written = if defer && self.dir.is_some() {
+            let sizes = (f.len(), framed_len(f.snapshot.len()));
+            self.background_write(f).map(|()| sizes)
+        } else {
+            self.write_snapshot(&f)
         };
         let (stored, base) = match written {
             Ok(v) => v,

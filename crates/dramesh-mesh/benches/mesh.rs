@@ -14,7 +14,8 @@
 //! 1. fleet load: writers build their documents from `dramesh-sim` clusters, then connect;
 //!    time until every replica holds every document.
 //! 2. steady updates at `MESH_RATE` node updates/s spread over the writers: propagation
-//!    latency writer -> all 3 replicas (p50/p99), frame bytes on the wire per update vs the
+//!    latency writer -> all 3 replicas (p50/p99; in the relay topology also per hop, writer ->
+//!    its cluster's relay and relay -> all 3 replicas), frame bytes on the wire per update vs the
 //!    JSON size of the changed Node, replica CPU (from `/proc/<pid>/stat`), sessions, open
 //!    file descriptors and threads.
 //! 3. partition r2 for `MESH_PARTITION_SECS` while updates continue, stop updates and heal:
@@ -26,7 +27,9 @@
 //!
 //! Knobs (env): MESH_CLUSTERS (100), MESH_NODES (1000 per cluster), MESH_RATE (1000),
 //! MESH_STEADY_SECS (15), MESH_PARTITION_SECS (10; the scenario is 60),
-//! MESH_LAYOUT_NODES (2000 in directory mode, else 0; 0 skips), MESH_LOG (tracing filter for stderr, default `warn`).
+//! MESH_LAYOUT_NODES (2000 in directory mode, else 0; 0 skips), MESH_LOG (tracing filter for stderr, default `warn`),
+//! MESH_REPLICA_NICE (the replica processes' nice value; e.g. -10 gives them the CPU before
+//! the simulated fleet, as machines of their own would).
 //! The defaults run the fleet and rate with shorter measured windows so the whole
 //! bench fits in about 5 minutes on a 2-core machine; `MESH_PARTITION_SECS=60` measures the
 //! full partition. Prints a table, a summary of the targets with PASS/FAIL, and one
@@ -101,6 +104,46 @@ fn free_udp_addr() -> SocketAddr {
     s.local_addr().expect("probe address")
 }
 
+/// Calls `record(sequence numbers, unix ns)` for the Node updates in each batch of changes a
+/// mesh node applies to `store` (which must track changes), until the node stops.
+async fn on_applied_seqs(
+    mut applied: tokio::sync::broadcast::Receiver<dramesh_mesh::node::AppliedChange>,
+    store: Arc<Mutex<MeshStore>>,
+    mut record: impl FnMut(Vec<u64>, u64),
+) {
+    loop {
+        match applied.recv().await {
+            Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+            Err(_) => return,
+        }
+        let changes = store.lock().expect("store lock").drain_changes();
+        let now = unix_nanos();
+        let seqs: Vec<u64> = changes
+            .into_iter()
+            .filter_map(|(_, c)| match c {
+                ObjectChange::Upsert { key, json } if key.kind == ObjectKind::Node => {
+                    find_seq(&json)
+                }
+                _ => None,
+            })
+            .collect();
+        if !seqs.is_empty() {
+            record(seqs, now);
+        }
+    }
+}
+
+/// `MESH_REPLICA_NICE`: the replica processes' nice value (unset: the bench's own). A
+/// negative value gives the replicas the CPU first, as machines of their own would, so the
+/// writers and relays the bench simulates wait instead of the replicas.
+fn replica_nice() -> Option<i32> {
+    let v = std::env::var("MESH_REPLICA_NICE").ok()?;
+    Some(
+        v.parse()
+            .unwrap_or_else(|_| panic!("MESH_REPLICA_NICE={v:?} is not a nice value (-20..19)")),
+    )
+}
+
 fn find_seq(json: &[u8]) -> Option<u64> {
     let at = json
         .windows(SEQ_NEEDLE.len())
@@ -153,32 +196,17 @@ fn replica_main(args: &[String]) {
         let handle = Arc::new(MeshHandle::start(cfg, store.clone()).await.expect("start"));
         let out = Arc::new(Mutex::new(std::io::stdout()));
         // Observed sequence numbers, from the change stream the estimation view would consume.
-        let mut applied = handle.subscribe();
-        let (s2, o2) = (store.clone(), out.clone());
-        tokio::spawn(async move {
-            loop {
-                match applied.recv().await {
-                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                    Err(_) => return,
-                }
-                let changes = s2.lock().expect("store lock").drain_changes();
-                let now = unix_nanos();
-                let mut lines = String::new();
-                for (_, c) in changes {
-                    if let ObjectChange::Upsert { key, json } = c
-                        && key.kind == ObjectKind::Node
-                        && let Some(seq) = find_seq(&json)
-                    {
-                        lines.push_str(&format!("SEEN {seq} {now}\n"));
-                    }
-                }
-                if !lines.is_empty() {
-                    let mut o = o2.lock().expect("stdout lock");
-                    let _ = o.write_all(lines.as_bytes());
-                    let _ = o.flush();
-                }
-            }
-        });
+        let o2 = out.clone();
+        tokio::spawn(on_applied_seqs(
+            handle.subscribe(),
+            store.clone(),
+            move |seqs, now| {
+                let lines: String = seqs.iter().map(|s| format!("SEEN {s} {now}\n")).collect();
+                let mut o = o2.lock().expect("stdout lock");
+                let _ = o.write_all(lines.as_bytes());
+                let _ = o.flush();
+            },
+        ));
         let (cmd_tx, mut cmd_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
         std::thread::spawn(move || {
             for line in std::io::stdin().lock().lines() {
@@ -196,7 +224,7 @@ fn replica_main(args: &[String]) {
                         let s = store.lock().expect("store lock");
                         (
                             s.digest().root(),
-                            s.store().entries().len(),
+                            s.store().doc_count(),
                             s.store().compaction_counts(),
                         )
                     };
@@ -265,12 +293,10 @@ fn census(store: &Mutex<MeshStore>, dir: &Path) -> Value {
     let root = s.digest().root();
     let digest_ms = t.elapsed().as_secs_f64() * 1e3;
     let t = Instant::now();
-    let mut entries = 0;
-    for b in 0..dramesh_store::DIGEST_BUCKETS {
-        entries += s.bucket_entries(b).len();
-    }
+    let all: Vec<u32> = (0..dramesh_store::DIGEST_BUCKETS).collect();
+    let entries = s.bucket_entries(&all, &|_| true).len();
     let buckets_ms = t.elapsed().as_secs_f64() * 1e3;
-    json!({"files": files, "dir_bytes": bytes, "docs": s.store().entries().len(),
+    json!({"files": files, "dir_bytes": bytes, "docs": s.store().doc_count(),
            "digest_ms": digest_ms, "all_buckets_ms": buckets_ms, "bucket_entries": entries,
            "root": root.to_string()})
 }
@@ -546,7 +572,21 @@ impl ReplicaProc {
                 .collect::<Vec<_>>()
                 .join(",")
         };
-        let mut child = Command::new(exe)
+        let mut cmd = Command::new(exe);
+        if let Some(nice) = replica_nice() {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setpriority is async-signal-safe; it runs in the child before exec, so
+            // every thread the replica starts inherits the priority.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setpriority(libc::PRIO_PROCESS, 0, nice) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let mut child = cmd
             .arg("__replica")
             .arg(name)
             .arg(dir)
@@ -743,6 +783,11 @@ trait Writers: Send + Sync + 'static {
     /// writers of the relay topology).
     fn cpu_parts(&self) -> Vec<(&'static str, f64)> {
         Vec::new()
+    }
+    /// When each update reached the mesh node that carries it to the replicas, when that is not
+    /// its writer (the cluster's relay): sequence number -> unix ns.
+    fn relay_seen(&self) -> Option<HashMap<u64, u64>> {
+        None
     }
 }
 
@@ -1445,6 +1490,37 @@ fn phases<W: Writers>(
     println!(
         "steady: {n_updates} updates ({achieved_rate:.0}/s), all-3 latency p50 {p50:.1} ms p99 {p99:.1} ms max {pmax:.1} ms, {unseen} not observed on all replicas"
     );
+    // Per hop, for updates a relay carries (not the relays' own): writer -> its cluster's
+    // relay, and relay -> all 3 replicas. Tells the relays' share of the bench process apart
+    // from the replicas' work.
+    let hop_latency = writers.relay_seen().map(|relay| {
+        let (mut to_relay, mut from_relay) = (Vec::new(), Vec::new());
+        for Sent { seq, at, .. } in &steady_sent {
+            let Some(r) = relay.get(seq) else {
+                continue;
+            };
+            to_relay.push(r.saturating_sub(*at) as f64 / 1e6);
+            let worst = seen
+                .iter()
+                .map(|s| s.get(seq).copied())
+                .collect::<Option<Vec<u64>>>()
+                .and_then(|v| v.into_iter().max());
+            from_relay.push(worst.map_or(f64::INFINITY, |w| w.saturating_sub(*r) as f64 / 1e6));
+        }
+        to_relay.sort_by(f64::total_cmp);
+        from_relay.sort_by(f64::total_cmp);
+        (to_relay, from_relay)
+    });
+    if let Some((to_relay, from_relay)) = &hop_latency {
+        println!(
+            "per hop ({} updates carried by relays): writer -> relay p50 {:.1} ms p99 {:.1} ms; relay -> all 3 replicas p50 {:.1} ms p99 {:.1} ms",
+            to_relay.len(),
+            percentile(to_relay, 0.5),
+            percentile(to_relay, 0.99),
+            percentile(from_relay, 0.5),
+            percentile(from_relay, 0.99)
+        );
+    }
     let mut writes: Vec<f64> = steady_sent
         .iter()
         .map(|s| s.write_ns as f64 / 1e6)
@@ -1587,6 +1663,15 @@ fn phases<W: Writers>(
     println!(
         "| propagation agent -> all 3 replicas p50 / p99 / max | {p50:.1} / {p99:.1} / {pmax:.1} ms ({unseen} unobserved) | p99 <= 250 ms |"
     );
+    if let Some((to_relay, from_relay)) = &hop_latency {
+        println!(
+            "| per hop: writer -> relay, relay -> all 3 replicas p50 / p99 | {:.1} / {:.1} ms, {:.1} / {:.1} ms | |",
+            percentile(to_relay, 0.5),
+            percentile(to_relay, 0.99),
+            percentile(from_relay, 0.5),
+            percentile(from_relay, 0.99)
+        );
+    }
     for (i, v) in per_replica.iter().enumerate() {
         println!(
             "| propagation to r{i} p50 / p99 | {:.1} / {:.1} ms | |",
@@ -1765,6 +1850,9 @@ fn phases<W: Writers>(
         "load_secs": load_secs, "rate_target": rate, "rate_achieved": achieved_rate,
         "updates": n_updates, "p50_ms": p50, "p99_ms": p99, "max_ms": pmax, "unobserved": unseen,
         "per_replica_p99_ms": per_replica.iter().map(|v| percentile(v, 0.99)).collect::<Vec<_>>(),
+        "hop_ms": hop_latency.as_ref().map(|(to, from)| json!({
+            "writer_to_relay": {"p50": percentile(to, 0.5), "p99": percentile(to, 0.99)},
+            "relay_to_all3": {"p50": percentile(from, 0.5), "p99": percentile(from, 0.99)}})),
         "payload_bytes": payload_avg,
         "agent_bytes_per_update": per_update(agent_bytes),
         "replica_ingress_per_update": replica_received.iter().map(|b| per_update(*b)).collect::<Vec<_>>(),

@@ -138,12 +138,20 @@ impl DocStore for MemStore {
         self.digest.clone()
     }
 
-    fn bucket_entries(&self, bucket: u32) -> Vec<DocEntry> {
-        self.docs
+    fn bucket_entries(
+        &self,
+        buckets: &[u32],
+        keep: &dyn Fn(&DocId) -> bool,
+    ) -> Vec<(u32, DocEntry)> {
+        let mut out: Vec<(u32, DocEntry)> = self
+            .docs
             .iter()
-            .filter(|(d, _)| d.bucket() == bucket)
-            .map(|(d, h)| Self::entry_of(d, h))
-            .collect()
+            .map(|(d, h)| (d.bucket(), d, h))
+            .filter(|(b, d, _)| buckets.contains(b) && keep(d))
+            .map(|(b, d, h)| (b, Self::entry_of(d, h)))
+            .collect();
+        out.sort_by_key(|(b, _)| *b);
+        out
     }
 
     fn entry(&self, doc: &DocId) -> Option<DocEntry> {

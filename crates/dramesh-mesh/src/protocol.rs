@@ -784,42 +784,35 @@ impl Protocol {
         }
     }
 
-    /// The entries in `bucket` of what `conn`'s session repairs: its scope without the
-    /// documents `left` to carriers (counted in [`Counters::repairs_left_to_writers`]).
+    /// The entries in `buckets` of what `conn`'s session repairs, with their bucket, ordered
+    /// by bucket: its scope without the documents `left` to carriers (counted in
+    /// [`Counters::repairs_left_to_writers`]), which are never copied.
     fn repair_entries<S: DocStore>(
         &mut self,
         store: &S,
         conn: ConnId,
         buckets: &[u32],
         left: &LeftToCarriers,
-    ) -> Vec<DocEntry> {
-        let mut entries: Vec<DocEntry> = buckets
-            .iter()
-            .flat_map(|b| self.scoped_bucket_entries(store, conn, *b))
-            .collect();
-        let before = entries.len();
-        entries.retain(|e| !left.contains(&e.doc));
-        self.counters.repairs_left_to_writers += (before - entries.len()) as u64;
-        entries
-    }
-
-    /// The entries in `bucket` of what `conn`'s session exchanges.
-    fn scoped_bucket_entries<S: DocStore>(
-        &self,
-        store: &S,
-        conn: ConnId,
-        bucket: u32,
-    ) -> Vec<DocEntry> {
-        match self.sessions.get(&conn).and_then(|s| s.scope.as_ref()) {
-            Some(Scope::All) => store.bucket_entries(bucket),
-            Some(Scope::Cluster(c)) => store.cluster_bucket_entries(c, bucket),
+    ) -> Vec<(u32, DocEntry)> {
+        let skipped = std::cell::Cell::new(0u64);
+        let keep = |d: &DocId| {
+            let left_out = left.contains(d);
+            skipped.set(skipped.get() + u64::from(left_out));
+            !left_out
+        };
+        let entries = match self.sessions.get(&conn).and_then(|s| s.scope.as_ref()) {
+            Some(Scope::All) => store.bucket_entries(buckets, &keep),
+            Some(Scope::Cluster(c)) => store.cluster_bucket_entries(c, buckets, &keep),
             Some(Scope::Doc(doc)) => store
                 .entry(doc)
+                .map(|e| (e.doc.bucket(), e))
+                .filter(|(b, e)| buckets.contains(b) && keep(&e.doc))
                 .into_iter()
-                .filter(|e| e.doc.bucket() == bucket)
                 .collect(),
             None => Vec::new(),
-        }
+        };
+        self.counters.repairs_left_to_writers += skipped.get();
+        entries
     }
 
     fn doc_state<'a>(
@@ -1155,7 +1148,11 @@ impl Protocol {
                 let left = self.carriers_reaching(conn);
                 let mut theirs = self.scoped_wire_entries(conn, &peer, &r.entries, &buckets);
                 theirs.retain(|e| !left.contains(&e.doc));
-                let mine = self.repair_entries(store, conn, &buckets, &left);
+                let mine: Vec<DocEntry> = self
+                    .repair_entries(store, conn, &buckets, &left)
+                    .into_iter()
+                    .map(|(_, e)| e)
+                    .collect();
                 self.push_differences(store, conn, &mine, &theirs, now, &mut out);
                 self.send_entries(&mut out, conn, &buckets, &mine, false);
             }
@@ -1166,7 +1163,11 @@ impl Protocol {
                 let left = self.carriers_reaching(conn);
                 let mut theirs = self.scoped_wire_entries(conn, &peer, &e.entries, &buckets);
                 theirs.retain(|e| !left.contains(&e.doc));
-                let mine = self.repair_entries(store, conn, &buckets, &left);
+                let mine: Vec<DocEntry> = self
+                    .repair_entries(store, conn, &buckets, &left)
+                    .into_iter()
+                    .map(|(_, e)| e)
+                    .collect();
                 self.push_differences(store, conn, &mine, &theirs, now, &mut out);
             }
             Body::Sync(s) => self.on_sync(store, conn, &peer, s, now, &mut out),
@@ -1342,19 +1343,25 @@ impl Protocol {
             return;
         }
         self.counters.buckets_requested += differing.len() as u64;
-        let mut chunk_buckets = Vec::new();
+        // Frames of whole buckets, each at most `max_entries_per_frame` entries unless one
+        // bucket alone has more.
+        let entries = self.repair_entries(store, conn, &differing, &left);
+        let mut chunk_buckets: Vec<u32> = Vec::new();
         let mut chunk_entries: Vec<DocEntry> = Vec::new();
+        let mut rest = entries.as_slice();
         for b in differing {
-            let entries = self.repair_entries(store, conn, &[b], &left);
+            let n = rest.iter().take_while(|(eb, _)| *eb == b).count();
+            let (bucket, tail) = rest.split_at(n);
+            rest = tail;
             if !chunk_buckets.is_empty()
-                && chunk_entries.len() + entries.len() > self.config.max_entries_per_frame
+                && chunk_entries.len() + n > self.config.max_entries_per_frame
             {
                 self.send_entries(out, conn, &chunk_buckets, &chunk_entries, true);
                 chunk_buckets.clear();
                 chunk_entries.clear();
             }
             chunk_buckets.push(b);
-            chunk_entries.extend(entries);
+            chunk_entries.extend(bucket.iter().map(|(_, e)| e.clone()));
         }
         self.send_entries(out, conn, &chunk_buckets, &chunk_entries, true);
     }

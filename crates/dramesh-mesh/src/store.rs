@@ -63,25 +63,31 @@ pub enum RejectReason {
 pub trait DocStore {
     /// Digest over every held document.
     fn digest(&self) -> Digest;
-    /// Entries of every held document whose [`DocId::bucket`] is `bucket`, in any order.
-    fn bucket_entries(&self, bucket: u32) -> Vec<DocEntry>;
+    /// Entries of the held documents whose [`DocId::bucket`] is in `buckets` and that `keep`
+    /// accepts, each with its bucket, ordered by bucket.
+    fn bucket_entries(
+        &self,
+        buckets: &[u32],
+        keep: &dyn Fn(&DocId) -> bool,
+    ) -> Vec<(u32, DocEntry)>;
     /// The entry of one held document.
     fn entry(&self, doc: &DocId) -> Option<DocEntry>;
     /// Digest over the held documents of member cluster `cluster` (what a replica and that
-    /// cluster's relay compare). The default computes it from every bucket's entries; stores
+    /// cluster's relay compare). The default computes it from the cluster's entries; stores
     /// that hold many documents keep it up to date instead.
     fn cluster_digest(&self, cluster: &str) -> Digest {
-        let entries: Vec<DocEntry> = (0..dramesh_store::DIGEST_BUCKETS)
-            .flat_map(|b| self.cluster_bucket_entries(cluster, b))
-            .collect();
-        Digest::from_entries(entries.iter())
+        let all: Vec<u32> = (0..dramesh_store::DIGEST_BUCKETS).collect();
+        let entries = self.cluster_bucket_entries(cluster, &all, &|_| true);
+        Digest::from_entries(entries.iter().map(|(_, e)| e))
     }
     /// [`DocStore::bucket_entries`] of member cluster `cluster`'s documents only.
-    fn cluster_bucket_entries(&self, cluster: &str, bucket: u32) -> Vec<DocEntry> {
-        self.bucket_entries(bucket)
-            .into_iter()
-            .filter(|e| e.doc.cluster == cluster)
-            .collect()
+    fn cluster_bucket_entries(
+        &self,
+        cluster: &str,
+        buckets: &[u32],
+        keep: &dyn Fn(&DocId) -> bool,
+    ) -> Vec<(u32, DocEntry)> {
+        self.bucket_entries(buckets, &|d| d.cluster == cluster && keep(d))
     }
     /// Next sync message for `doc` towards the peer whose sync state is `state`, with the
     /// writer's signature over the heads it leads to when it carries changes.

@@ -151,8 +151,12 @@ impl DocStore for MeshStore {
         self.store.digest().clone()
     }
 
-    fn bucket_entries(&self, bucket: u32) -> Vec<DocEntry> {
-        self.store.bucket_entries(bucket)
+    fn bucket_entries(
+        &self,
+        buckets: &[u32],
+        keep: &dyn Fn(&DocId) -> bool,
+    ) -> Vec<(u32, DocEntry)> {
+        self.store.bucket_entries(buckets, keep)
     }
 
     fn entry(&self, doc: &DocId) -> Option<DocEntry> {
@@ -163,8 +167,13 @@ impl DocStore for MeshStore {
         self.store.cluster_digest(cluster)
     }
 
-    fn cluster_bucket_entries(&self, cluster: &str, bucket: u32) -> Vec<DocEntry> {
-        self.store.cluster_bucket_entries(cluster, bucket)
+    fn cluster_bucket_entries(
+        &self,
+        cluster: &str,
+        buckets: &[u32],
+        keep: &dyn Fn(&DocId) -> bool,
+    ) -> Vec<(u32, DocEntry)> {
+        self.store.cluster_bucket_entries(cluster, buckets, keep)
     }
 
     fn generate_sync_message(

@@ -34,6 +34,8 @@ struct Sim {
     frames: std::collections::BTreeMap<&'static str, usize>,
     /// Sync frames delivered, by (from node, to node).
     syncs: std::collections::BTreeMap<(usize, usize), usize>,
+    /// (sender, buckets, entries) of every delivered `BucketRequest`.
+    bucket_requests: Vec<(usize, Vec<u32>, Vec<pb::DocEntry>)>,
     /// When set, the next Sync frame sent by this node is dropped.
     drop_next_sync_from: Option<usize>,
     /// When set, Sync frames sent by this node are held back until [`Sim::release_held`].
@@ -116,6 +118,7 @@ impl Sim {
             bytes: Default::default(),
             frames: Default::default(),
             syncs: Default::default(),
+            bucket_requests: Vec::new(),
             drop_next_sync_from: None,
             hold_sync_from: None,
             held: Vec::new(),
@@ -182,6 +185,10 @@ impl Sim {
                         *self.frames.entry(kind(&envelope)).or_default() += 1;
                         if matches!(envelope.body, Some(Body::Sync(_))) {
                             *self.syncs.entry((from, to)).or_default() += 1;
+                        }
+                        if let Some(Body::BucketRequest(r)) = &envelope.body {
+                            self.bucket_requests
+                                .push((from, r.buckets.clone(), r.entries.clone()));
                         }
                         if matches!(envelope.body, Some(Body::Sync(_)))
                             && self.hold_sync_from == Some(from)
@@ -1194,5 +1201,73 @@ fn anti_entropy_repairs_a_bounded_number_of_documents_per_round() {
         sim.tick(Duration::from_secs(2));
     }
     assert_eq!(held(&sim), 20);
+    assert_eq!(sim.entries(0), sim.entries(1));
+}
+
+#[test]
+fn bucket_requests_carry_whole_buckets_within_the_frame_limit() {
+    // r0 holds 200 documents, r1 none: r0 lists every differing bucket's entries in frames of
+    // at most 16 entries, each frame whole buckets, every document listed once.
+    let mut sim = Sim::with_config(vec![replica("r0"), replica("r1")], |c| {
+        c.max_entries_per_frame = 16;
+        c.push = false;
+    });
+    let docs: Vec<DocId> = (0..200)
+        .map(|i| DocId::new(format!("c{}", i % 3), format!("n{i}")))
+        .collect();
+    for d in &docs {
+        sim.nodes[0].store.put(d, "gpu", "1").unwrap();
+    }
+    sim.connect(0, 1);
+    sim.run();
+    let from_r0: Vec<&(usize, Vec<u32>, Vec<pb::DocEntry>)> = sim
+        .bucket_requests
+        .iter()
+        .filter(|(f, _, _)| *f == 0)
+        .collect();
+    assert!(from_r0.len() >= 200 / 16, "{} frames", from_r0.len());
+    let mut listed: Vec<String> = Vec::new();
+    let mut buckets_seen: Vec<u32> = Vec::new();
+    for (_, buckets, entries) in &from_r0 {
+        assert!(
+            entries.len() <= 16,
+            "{} entries in one frame",
+            entries.len()
+        );
+        for e in entries {
+            let doc = e.doc.as_ref().expect("doc id");
+            let id = DocId::new(doc.cluster.clone(), doc.writer.clone());
+            assert!(
+                buckets.contains(&id.bucket()),
+                "entry outside the frame's buckets"
+            );
+            listed.push(id.to_string());
+        }
+        // Whole buckets: every document of a listed bucket is in this frame.
+        for b in buckets {
+            let in_bucket = docs.iter().filter(|d| d.bucket() == *b).count();
+            let in_frame = entries
+                .iter()
+                .filter(|e| {
+                    let d = e.doc.as_ref().expect("doc id");
+                    DocId::new(d.cluster.clone(), d.writer.clone()).bucket() == *b
+                })
+                .count();
+            assert_eq!(in_frame, in_bucket, "bucket {b} split across frames");
+        }
+        buckets_seen.extend(buckets);
+    }
+    let total = listed.len();
+    listed.sort();
+    listed.dedup();
+    assert_eq!(listed.len(), 200, "every document listed");
+    assert_eq!(total, 200, "no document listed twice");
+    let n = buckets_seen.len();
+    buckets_seen.sort_unstable();
+    buckets_seen.dedup();
+    assert_eq!(buckets_seen.len(), n, "no bucket in two frames");
+    for _ in 0..5 {
+        sim.tick(Duration::from_secs(2));
+    }
     assert_eq!(sim.entries(0), sim.entries(1));
 }

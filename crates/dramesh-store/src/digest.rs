@@ -13,6 +13,17 @@ use crate::docid::{DocId, HeadsHash};
 /// Number of digest buckets. Fixed by the mesh wire protocol version.
 pub const DIGEST_BUCKETS: u32 = 64;
 
+// Bucket sets are 64-bit masks ([`bucket_mask`]).
+const _: () = assert!(DIGEST_BUCKETS <= 64);
+
+/// The buckets of `buckets` as a bit mask (indices out of range are left out).
+pub(crate) fn bucket_mask(buckets: &[u32]) -> u64 {
+    buckets
+        .iter()
+        .filter(|b| **b < DIGEST_BUCKETS)
+        .fold(0, |mask, b| mask | (1u64 << b))
+}
+
 /// What a store holds of one document: the unit peers compare.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct DocEntry {

@@ -1321,6 +1321,11 @@ impl Store {
             .collect()
     }
 
+    /// How many documents are held (what `entries().len()` says, without listing them).
+    pub fn doc_count(&self) -> usize {
+        self.docs.len()
+    }
+
     /// The entry of one document.
     pub fn entry(&self, doc: &DocId) -> Option<DocEntry> {
         self.docs.get(doc).map(|e| Self::entry_of(doc, e))
@@ -1339,13 +1344,31 @@ impl Store {
         &self.digest
     }
 
-    /// The entries of the documents in one digest bucket ([`DocId::bucket`]).
-    pub fn bucket_entries(&self, bucket: u32) -> Vec<DocEntry> {
-        self.docs
-            .iter()
-            .filter(|(_, e)| e.bucket == bucket)
-            .map(|(id, e)| Self::entry_of(id, e))
-            .collect()
+    /// The entries of the documents in the digest buckets `buckets` ([`DocId::bucket`]) that
+    /// `keep` accepts, each with its bucket, ordered by bucket. One pass over the documents
+    /// whatever the number of buckets, and only kept documents' ids are copied: listed bucket
+    /// by bucket, a hundred thousand documents' entries were ~40 % of a replica's CPU early in
+    /// a heal.
+    pub fn bucket_entries(
+        &self,
+        buckets: &[u32],
+        keep: impl Fn(&DocId) -> bool,
+    ) -> Vec<(u32, DocEntry)> {
+        Self::entries_in(self.docs.iter(), buckets, keep)
+    }
+
+    fn entries_in<'a>(
+        docs: impl Iterator<Item = (&'a DocId, &'a Held)>,
+        buckets: &[u32],
+        keep: impl Fn(&DocId) -> bool,
+    ) -> Vec<(u32, DocEntry)> {
+        let mask = crate::digest::bucket_mask(buckets);
+        let mut out: Vec<(u32, DocEntry)> = docs
+            .filter(|(id, e)| mask & (1u64 << e.bucket) != 0 && keep(id))
+            .map(|(id, e)| (e.bucket, Self::entry_of(id, e)))
+            .collect();
+        out.sort_by_key(|(b, _)| *b);
+        out
     }
 
     /// The digest over the documents of member cluster `cluster` (empty when none is held),
@@ -1359,13 +1382,17 @@ impl Store {
 
     /// [`Store::bucket_entries`] of member cluster `cluster`'s documents only (a range of the
     /// document map, not a scan of it).
-    pub fn cluster_bucket_entries(&self, cluster: &str, bucket: u32) -> Vec<DocEntry> {
-        self.docs
+    pub fn cluster_bucket_entries(
+        &self,
+        cluster: &str,
+        buckets: &[u32],
+        keep: impl Fn(&DocId) -> bool,
+    ) -> Vec<(u32, DocEntry)> {
+        let docs = self
+            .docs
             .range(DocId::new(cluster, "")..)
-            .take_while(|(d, _)| d.cluster == cluster)
-            .filter(|(_, e)| e.bucket == bucket)
-            .map(|(id, e)| Self::entry_of(id, e))
-            .collect()
+            .take_while(|(d, _)| d.cluster == cluster);
+        Self::entries_in(docs, buckets, keep)
     }
 
     /// Size and history figures of one document.

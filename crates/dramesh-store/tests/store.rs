@@ -799,9 +799,12 @@ fn digest_buckets_locate_differences() {
     assert_eq!(diff, vec![d.bucket()]);
     let listed: Vec<DocId> = a
         .store
-        .bucket_entries(diff[0])
+        .bucket_entries(&diff, |_| true)
         .into_iter()
-        .map(|s| s.doc)
+        .map(|(bucket, s)| {
+            assert_eq!(bucket, diff[0]);
+            s.doc
+        })
         .collect();
     assert!(listed.contains(d));
     full_sync(&mut a, &mut b);
@@ -811,6 +814,50 @@ fn digest_buckets_locate_differences() {
         &dramesh_store::Digest::from_entries(&a.store.entries()),
         a.store.digest()
     );
+}
+
+#[test]
+fn bucket_entries_list_several_buckets_in_one_pass_with_a_filter() {
+    let mut r = Peer::replica(Store::in_memory(test_config()));
+    let docs: Vec<DocId> = ["c1", "c2"]
+        .iter()
+        .flat_map(|c| (0..40).map(move |i| DocId::new(*c, format!("agent-n{i}"))))
+        .collect();
+    for d in &docs {
+        let mut p = agent(d, test_config());
+        p.store
+            .apply(d, vec![upsert(node(&d.writer.replace('/', "-")), "1")])
+            .unwrap();
+        full_sync(&mut p, &mut r);
+    }
+    assert_eq!(r.store.doc_count(), docs.len());
+    assert_eq!(r.store.entries().len(), docs.len());
+    let buckets: Vec<u32> = vec![3, 17, 40, 63];
+    let keep = |d: &DocId| !d.writer.ends_with('7');
+    let listed = r.store.bucket_entries(&buckets, keep);
+    let expected: Vec<&DocId> = docs
+        .iter()
+        .filter(|d| buckets.contains(&d.bucket()) && keep(d))
+        .collect();
+    assert!(!expected.is_empty());
+    assert_eq!(listed.len(), expected.len());
+    for (b, e) in &listed {
+        assert_eq!(*b, e.doc.bucket());
+        assert!(expected.contains(&&e.doc));
+        assert_eq!(r.store.entry(&e.doc).as_ref(), Some(e));
+    }
+    assert!(
+        listed.windows(2).all(|w| w[0].0 <= w[1].0),
+        "ordered by bucket"
+    );
+    // The same within one cluster.
+    let c2 = r.store.cluster_bucket_entries("c2", &buckets, keep);
+    let expected_c2 = expected.iter().filter(|d| d.cluster == "c2").count();
+    assert!(expected_c2 > 0);
+    assert_eq!(c2.len(), expected_c2);
+    assert!(c2.iter().all(|(_, e)| e.doc.cluster == "c2"));
+    // Out-of-range bucket indices select nothing.
+    assert!(r.store.bucket_entries(&[64, 1000], |_| true).is_empty());
 }
 
 #[test]

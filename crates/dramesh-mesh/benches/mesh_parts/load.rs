@@ -4,7 +4,8 @@
 //! empty, loads them all from it through a pair of [`Protocol`]s driven in one thread as the
 //! mesh node drives them (frames encoded and decoded, the receiving store flushed after each
 //! batch, anti-entropy rounds back to back). Then every writer changes its Node once, only the
-//! source takes the changes, and a new session between the two replicas heals the difference.
+//! source takes the changes, and the two protocols reconnect (keeping the closed session's sync
+//! states, as after a partition) and heal the difference.
 //! Prints the time each side's protocol spent, so a profile (`perf record` on this process)
 //! sees the receiving path alone, and the per-document figures the 100,000-document
 //! targets need.
@@ -17,8 +18,6 @@ use dramesh_store::{SyncState, Trust};
 
 use super::nodes::{identities, plan_fleet, write_plan};
 use super::*;
-
-const CONN: ConnId = ConnId(1);
 
 pub(crate) fn load_main(args: &[String]) {
     // `cargo bench -p dramesh-mesh --bench mesh -- __load 10 1000` appends `--bench`.
@@ -82,7 +81,7 @@ pub(crate) fn load_main(args: &[String]) {
         writers.push(w);
     }
     src.flush().expect("flush source");
-    let docs = src.store().entries().len();
+    let docs = src.store().doc_count();
     assert_eq!(
         docs,
         plans.len(),
@@ -96,8 +95,38 @@ pub(crate) fn load_main(args: &[String]) {
 
     let mut dst = open("r3", &dst_tls);
     let ids = (&src_tls.identity, &dst_tls.identity);
-    let load = converge(&mut src, &mut dst, ids, docs);
+    let cfg = ProtocolConfig {
+        jitter_seed: 7,
+        ..ProtocolConfig::default()
+    };
+    let mut protocols = (
+        Protocol::new(ids.0.clone(), cfg.clone()),
+        Protocol::new(ids.1.clone(), cfg),
+    );
+    let load = converge(&mut src, &mut dst, &mut protocols, ids, docs, ConnId(1));
     load.print(&format!("new replica loaded {docs} documents"), docs);
+
+    // What anti-entropy pays to list the entries of differing buckets on this replica: every
+    // bucket one call at a time (how the protocol listed them before), in one pass, and in one
+    // pass keeping none (every document left to carriers).
+    let all: Vec<u32> = (0..dramesh_store::DIGEST_BUCKETS).collect();
+    let t = Instant::now();
+    let per_bucket: usize = all
+        .iter()
+        .map(|b| dst.store().bucket_entries(&[*b], |_| true).len())
+        .sum();
+    let per_bucket_ms = t.elapsed().as_secs_f64() * 1e3;
+    let t = Instant::now();
+    let one_pass = dst.store().bucket_entries(&all, |_| true).len();
+    let one_pass_ms = t.elapsed().as_secs_f64() * 1e3;
+    let t = Instant::now();
+    let none = dst.store().bucket_entries(&all, |_| false).len();
+    let none_ms = t.elapsed().as_secs_f64() * 1e3;
+    assert_eq!((per_bucket, one_pass, none), (docs, docs, 0));
+    println!(
+        "listing the entries of all {} buckets: bucket by bucket {per_bucket_ms:.1} ms, one pass {one_pass_ms:.1} ms, one pass keeping none {none_ms:.1} ms",
+        all.len()
+    );
 
     // Every writer changes its Node once while the new replica is away.
     let t = Instant::now();
@@ -125,17 +154,22 @@ pub(crate) fn load_main(args: &[String]) {
         "{docs} updates taken by the source ({:.1}s)",
         t.elapsed().as_secs_f64()
     );
-    let heal = converge(&mut src, &mut dst, ids, docs);
+    // The same two protocols reconnect, as replicas and relays do after a partition: each
+    // remembers the sync states of the closed session.
+    protocols.0.on_disconnected(ConnId(1));
+    protocols.1.on_disconnected(ConnId(1));
+    let heal = converge(&mut src, &mut dst, &mut protocols, ids, docs, ConnId(2));
     heal.print(&format!("healed {docs} changed documents"), docs);
     println!(
         "LOAD {}",
         json!({"docs": docs,
+               "listing_ms": {"per_bucket": per_bucket_ms, "one_pass": one_pass_ms, "none_kept": none_ms},
                "load": {"secs": load.secs, "dst_ms_per_doc": load.dst_secs * 1e3 / docs as f64,
                         "src_ms_per_doc": load.src_secs * 1e3 / docs as f64, "rounds": load.rounds,
-                        "bytes": load.bytes},
+                        "bytes": load.bytes, "syncs": load.syncs},
                "heal": {"secs": heal.secs, "dst_ms_per_doc": heal.dst_secs * 1e3 / docs as f64,
                         "src_ms_per_doc": heal.src_secs * 1e3 / docs as f64, "rounds": heal.rounds,
-                        "bytes": heal.bytes}})
+                        "bytes": heal.bytes, "syncs": heal.syncs}})
     );
 }
 
@@ -199,38 +233,38 @@ struct Converged {
     rounds: u32,
     /// Frame bytes to `dst`.
     bytes: u64,
+    /// Sync messages `dst` received.
+    syncs: u64,
 }
 
 impl Converged {
     fn print(&self, what: &str, docs: usize) {
         let per_doc = |secs: f64| secs * 1e3 / docs as f64;
         println!(
-            "{what} in {:.2}s ({:.3} ms per document; receiving replica {:.3} ms, source {:.3} ms per document), {} anti-entropy rounds, {:.1} MB received",
+            "{what} in {:.2}s ({:.3} ms per document; receiving replica {:.3} ms, source {:.3} ms per document), {} anti-entropy rounds, {:.1} MB and {:.2} sync messages per document received",
             self.secs,
             per_doc(self.secs),
             per_doc(self.dst_secs),
             per_doc(self.src_secs),
             self.rounds,
-            self.bytes as f64 / 1e6
+            self.bytes as f64 / 1e6,
+            self.syncs as f64 / docs as f64
         );
     }
 }
 
-/// Runs a new session between `src` and `dst` (replicas `ids`) until `dst`'s digest equals
-/// `src`'s.
+/// Runs a new session `conn` between `src` and `dst` (replicas `ids`, with `protocols`) until
+/// `dst`'s digest equals `src`'s.
 fn converge(
     src: &mut MeshStore,
     dst: &mut MeshStore,
+    (ps, pd): &mut (Protocol, Protocol),
     ids: (&PeerIdentity, &PeerIdentity),
     docs: usize,
+    conn: ConnId,
 ) -> Converged {
-    let cfg = ProtocolConfig {
-        jitter_seed: 7,
-        ..ProtocolConfig::default()
-    };
-    let mut ps = Protocol::new(ids.0.clone(), cfg.clone());
-    let mut pd = Protocol::new(ids.1.clone(), cfg);
     let started = Instant::now();
+    let syncs_before = pd.counters().sync_in;
     // The protocols' clock: real time, moved ahead by an anti-entropy interval whenever both
     // sides are quiet, so rounds follow each other without idle waits.
     let mut skew = Duration::ZERO;
@@ -247,9 +281,9 @@ fn converge(
             }
         }
     };
-    let o = ps.on_connected(CONN, ids.1.clone(), now(skew));
+    let o = ps.on_connected(conn, ids.1.clone(), now(skew));
     send(&mut wire_q, true, o);
-    let o = pd.on_connected(CONN, ids.0.clone(), now(skew));
+    let o = pd.on_connected(conn, ids.0.clone(), now(skew));
     send(&mut wire_q, false, o);
     let target = src.digest().root();
     let mut last_report = Instant::now();
@@ -279,9 +313,9 @@ fn converge(
         for to_dst in [true, false] {
             let t0 = Instant::now();
             let (p, s) = if to_dst {
-                (&mut pd, &mut *dst)
+                (&mut *pd, &mut *dst)
             } else {
-                (&mut ps, &mut *src)
+                (&mut *ps, &mut *src)
             };
             let mut held = Vec::new();
             for (_, frame) in batch.iter().filter(|(d, _)| *d == to_dst) {
@@ -289,7 +323,7 @@ fn converge(
                     bytes += frame.len() as u64;
                 }
                 let env = wire::decode_payload(&frame[wire::FRAME_HEADER_LEN..]).expect("decode");
-                held.extend(p.handle_frame(s, CONN, env, now(skew)));
+                held.extend(p.handle_frame(s, conn, env, now(skew)));
             }
             if p.has_deferred_pushes() {
                 held.extend(p.flush_pushes(s));
@@ -309,7 +343,7 @@ fn converge(
             eprintln!(
                 "  {:.0}s: {} of {docs} documents",
                 started.elapsed().as_secs_f64(),
-                dst.store().entries().len()
+                dst.store().doc_count()
             );
         }
     }
@@ -319,5 +353,6 @@ fn converge(
         src_secs,
         rounds,
         bytes,
+        syncs: pd.counters().sync_in - syncs_before,
     }
 }

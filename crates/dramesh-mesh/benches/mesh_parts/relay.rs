@@ -230,6 +230,8 @@ pub(crate) struct RelayFleet {
     /// Writer `i`: (cluster, farm slot; `None` for the cluster's relay) and its Node JSON's
     /// size with the sequence annotation.
     writers: Vec<(usize, Option<usize>, usize)>,
+    /// When each update reached its cluster's relay (sequence number -> unix ns).
+    relay_seen: Arc<Mutex<HashMap<u64, u64>>>,
 }
 
 impl RelayFleet {
@@ -341,6 +343,10 @@ impl Writers for RelayFleet {
         vec![("node writers", self.farm_cpu_secs())]
     }
 
+    fn relay_seen(&self) -> Option<HashMap<u64, u64>> {
+        Some(self.relay_seen.lock().expect("relay seen").clone())
+    }
+
     fn shutdown(self, rt: &tokio::runtime::Runtime) {
         for f in &self.farms {
             let _ = f.tx.send(FarmEvent::Stop);
@@ -392,6 +398,7 @@ pub(crate) fn relay_setup(
             .push((plan, tls));
     }
     let mut relays = Vec::new();
+    let relay_seen: Arc<Mutex<HashMap<u64, u64>>> = Arc::default();
     let mut farms = Vec::new();
     let mut writers = Vec::new();
     let proto_config = ProtocolConfig::default();
@@ -400,12 +407,14 @@ pub(crate) fn relay_setup(
         let mut it = cluster.into_iter();
         let (lead, lead_tls) = it.next().expect("a Lease holder");
         let relay_id = lead_tls.identity.clone();
+        // Tracks changes so the bench sees when each update reaches the relay (the view
+        // changes are computed either way; tracking only queues them).
         let store = Arc::new(Mutex::new(MeshStore::new(
             Store::in_memory(StoreConfig {
                 durability: Durability::None,
                 ..StoreConfig::default()
             }),
-            false,
+            true,
         )));
         write_plan(&store, &lead);
         let handle = rt.block_on(async {
@@ -415,6 +424,17 @@ pub(crate) fn relay_setup(
             h.set_relay(true).await;
             h
         });
+        let seen = relay_seen.clone();
+        rt.spawn(on_applied_seqs(
+            handle.subscribe(),
+            store.clone(),
+            move |seqs, now| {
+                let mut seen = seen.lock().expect("relay seen");
+                for s in seqs {
+                    seen.entry(s).or_insert(now);
+                }
+            },
+        ));
         writers.push((c, None, NodeTemplate::new(&lead.node).json.len()));
         let mut farm_writers = Vec::new();
         let (tx, rx) = std_mpsc::channel::<FarmEvent>();
@@ -488,6 +508,7 @@ pub(crate) fn relay_setup(
             relays: std::mem::take(&mut relays),
             farms: std::mem::take(&mut farms),
             writers: std::mem::take(&mut writers),
+            relay_seen: relay_seen.clone(),
         };
         let root = fleet.root();
         let [r0, r1, r2] = reps;
@@ -506,6 +527,7 @@ pub(crate) fn relay_setup(
         relays,
         farms,
         writers,
+        relay_seen,
     };
     let heap_loaded = heap_bytes();
     let census = reps[0].census();

@@ -51,7 +51,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -91,12 +91,76 @@ fn rss_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-/// Bytes the allocator has handed out and not taken back (glibc `mallinfo2`): unlike the
+/// The `dramesh` binary's allocator (mimalloc), counting the bytes it has handed out and not
+/// taken back: the replicas are this binary re-executed, so they run on the allocator they ship
+/// with. Each thread adds up its own allocations and publishes them every [`FLUSH_BYTES`], so
+/// counting costs a thread-local add; a reading is off by at most that much per live thread.
+struct CountingAlloc;
+
+static HEAP_IN_USE: AtomicI64 = AtomicI64::new(0);
+const FLUSH_BYTES: isize = 64 * 1024;
+
+thread_local! {
+    static HEAP_DELTA: std::cell::Cell<isize> = const { std::cell::Cell::new(0) };
+}
+
+fn count_heap(bytes: isize) {
+    // Fails only while the thread is being torn down: those bytes go uncounted.
+    let _ = HEAP_DELTA.try_with(|d| {
+        let v = d.get() + bytes;
+        if v.abs() >= FLUSH_BYTES {
+            HEAP_IN_USE.fetch_add(v as i64, Ordering::Relaxed);
+            d.set(0);
+        } else {
+            d.set(v);
+        }
+    });
+}
+
+// SAFETY: every call is forwarded to mimalloc unchanged; the counting neither allocates nor
+// touches the memory.
+unsafe impl std::alloc::GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        // SAFETY: the caller's contract, forwarded.
+        let p = unsafe { mimalloc::MiMalloc.alloc(layout) };
+        if !p.is_null() {
+            count_heap(layout.size() as isize);
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        // SAFETY: the caller's contract, forwarded.
+        let p = unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) };
+        if !p.is_null() {
+            count_heap(layout.size() as isize);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { mimalloc::MiMalloc.dealloc(ptr, layout) };
+        count_heap(-(layout.size() as isize));
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new: usize) -> *mut u8 {
+        // SAFETY: the caller's contract, forwarded.
+        let p = unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new) };
+        if !p.is_null() {
+            count_heap(new as isize - layout.size() as isize);
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: CountingAlloc = CountingAlloc;
+
+/// Bytes the allocator has handed out and not taken back ([`CountingAlloc`]): unlike the
 /// resident set, it does not hide allocations that reuse memory freed earlier.
 fn heap_bytes() -> u64 {
-    // SAFETY: mallinfo2 only reads the allocator's counters.
-    let m = unsafe { libc::mallinfo2() };
-    (m.uordblks + m.hblkhd) as u64
+    HEAP_IN_USE.load(Ordering::Relaxed).max(0) as u64
 }
 
 fn free_udp_addr() -> SocketAddr {
@@ -248,6 +312,8 @@ fn replica_main(args: &[String]) {
                         "backpressure": c.backpressure_events,
                         "sync_resets": c.sync_resets,
                         "digest_mismatches": c.digest_mismatches,
+                        "left_to_peer": c.repairs_left_to_peer,
+                        "rounds_deferred": c.rounds_deferred,
                         "peer_rx": peers
                             .iter()
                             .map(|p| (p.identity.uri(), p.bytes_received))
@@ -1555,7 +1621,8 @@ fn phases<W: Writers>(
         Duration::from_secs(300),
     );
     let left_root_s = left_root.to_string();
-    let r2_behind = r2.status()["root"].as_str() != Some(left_root_s.as_str());
+    let s2_before = r2.status();
+    let r2_behind = s2_before["root"].as_str() != Some(left_root_s.as_str());
     blocked.store(false, Ordering::Relaxed);
     let healed = Instant::now();
     let (mut trace, mut trace0) = (Timeline::default(), Timeline::default());
@@ -1575,12 +1642,18 @@ fn phases<W: Writers>(
         }
         std::thread::sleep(Duration::from_millis(100));
     };
+    let s2 = r2.status();
     println!(
-        "partition {partition_secs:.0}s with {} updates (left side converged: {}, r2 behind: {r2_behind}); after heal: r2 reconnected {:?}, converged {:?}",
+        "partition {partition_secs:.0}s with {} updates (left side converged: {}, r2 behind: {r2_behind}); after heal: r2 reconnected {:?}, converged {:?}; during the heal r2 received / sent {} / {} sync messages, restarted {}, left {} repairs to its peers and deferred {} rounds",
         part_sent.len(),
         left_ok.is_some(),
         reconnect,
-        heal
+        heal,
+        u(&s2, "sync_in") - u(&s2_before, "sync_in"),
+        u(&s2, "sync_out") - u(&s2_before, "sync_out"),
+        u(&s2, "sync_resets") - u(&s2_before, "sync_resets"),
+        u(&s2, "left_to_peer") - u(&s2_before, "left_to_peer"),
+        u(&s2, "rounds_deferred") - u(&s2_before, "rounds_deferred"),
     );
 
     // A new replica loads the fleet.

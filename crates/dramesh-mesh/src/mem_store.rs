@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use automerge::sync::{self, SyncDoc};
 use automerge::transaction::Transactable;
-use automerge::{Automerge, ROOT, ReadDoc};
+use automerge::{Automerge, ChangeHash, ROOT, ReadDoc};
 use dramesh_store::{
     Attestation, Digest, DocEntry, DocId, SignedMessage, SyncState, heads_hash, writer_actor,
 };
@@ -156,6 +156,22 @@ impl DocStore for MemStore {
 
     fn entry(&self, doc: &DocId) -> Option<DocEntry> {
         self.docs.get(doc).map(|h| Self::entry_of(doc, h))
+    }
+
+    fn heads(&self, doc: &DocId) -> Vec<[u8; 32]> {
+        self.docs
+            .get(doc)
+            .map(|h| h.doc.get_heads().into_iter().map(|c| c.0).collect())
+            .unwrap_or_default()
+    }
+
+    fn holds_changes(&self, doc: &DocId, generation: u64, heads: &[[u8; 32]]) -> bool {
+        self.docs.get(doc).is_some_and(|h| {
+            h.generation == generation
+                && heads
+                    .iter()
+                    .all(|c| h.doc.get_change_by_hash(&ChangeHash(*c)).is_some())
+        })
     }
 
     fn generate_sync_message(

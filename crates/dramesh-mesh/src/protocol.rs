@@ -25,7 +25,10 @@
 //!   under a steady update stream costs far more than waiting. Only a mismatch that persists
 //!   across two probes (at least 3/4 of `anti_entropy_interval` apart) without such progress
 //!   resets the in-flight sync state, so a dropped message delays convergence by at most about
-//!   two rounds. Between two replicas, a document whose writer has a session with this replica
+//!   two rounds. A session starts no round, and answers no probe, while the peer has not yet
+//!   handled the repairs of its previous round (it says how far it got in its heartbeats).
+//!   Entries carry their heads, and the first repair of a document on a session is started by
+//!   the side that lacks changes ([`Protocol::push_differences`]). Between two replicas, a document whose writer has a session with this replica
 //!   and reports reaching the other one is left to that writer (its own anti-entropy with each
 //!   replica repairs it): under a steady update stream replicas' digests always differ by the
 //!   changes in flight, and repairing them replica-to-replica resent them all every round.
@@ -206,6 +209,13 @@ pub struct Counters {
     /// Document entries a replica-to-replica anti-entropy round left out of its comparison
     /// because their writer, or their cluster's relay, reaches both replicas itself.
     pub repairs_left_to_writers: u64,
+    /// Anti-entropy rounds not started, or not answered, because the peer had yet to handle
+    /// the repairs of the session's previous round (see [`Protocol::on_tick`]).
+    pub rounds_deferred: u64,
+    /// Differing documents an anti-entropy round left to the peer to repair: it listed heads
+    /// this node already holds, so it lacks changes and asks for them itself (see
+    /// [`Protocol::push_differences`]).
+    pub repairs_left_to_peer: u64,
     /// Frames the driver dropped (the peer's outbound queue was full, or what they acknowledged
     /// could not be made durable); see [`Protocol::on_dropped`].
     pub backpressure_events: u64,
@@ -300,6 +310,23 @@ struct Session {
     heartbeat_interval: Duration,
     /// The session's entry in [`Protocol::timers`], once its hello arrived.
     timer: Option<Instant>,
+    /// Frames handled from the peer on this session (told to it in heartbeats).
+    frames_in: u64,
+    /// Frames queued to the peer on this session, less those the driver dropped.
+    frames_out: u64,
+    /// How many of our frames the peer last reported having handled (`None` until a heartbeat
+    /// says so; older peers never do).
+    peer_processed: Option<u64>,
+    /// [`Session::frames_out`] after the last anti-entropy round in which we started repairs.
+    repairs_sent: u64,
+}
+
+impl Session {
+    /// Whether the peer has yet to handle the repairs of our last anti-entropy round: a new
+    /// round would find the same documents differing and only repeat the work.
+    fn repairs_pending(&self) -> bool {
+        self.peer_processed.is_some_and(|n| n < self.repairs_sent)
+    }
 }
 
 /// Documents two replicas leave out of their anti-entropy (see
@@ -586,6 +613,23 @@ impl Protocol {
         out
     }
 
+    /// Generates the pushes deferred for `conn` only.
+    fn flush_conn<S: DocStore>(&mut self, store: &mut S, conn: ConnId, out: &mut Vec<Output>) {
+        if self.deferred.is_empty() {
+            return;
+        }
+        let docs: Vec<DocId> = self
+            .deferred
+            .iter()
+            .filter(|(c, _)| *c == conn)
+            .map(|(_, d)| d.clone())
+            .collect();
+        for doc in docs {
+            self.deferred.remove(&(conn, doc.clone()));
+            self.push_doc_now(store, conn, &doc, false, out);
+        }
+    }
+
     /// Whether pushes are waiting for [`Protocol::flush_pushes`].
     pub fn has_deferred_pushes(&self) -> bool {
         !self.deferred.is_empty()
@@ -633,6 +677,9 @@ impl Protocol {
 
     fn send(&mut self, out: &mut Vec<Output>, conn: ConnId, body: Body) {
         self.counters.frames_out += 1;
+        if let Some(s) = self.sessions.get_mut(&conn) {
+            s.frames_out += 1;
+        }
         if matches!(body, Body::Sync(_)) {
             self.counters.sync_out += 1;
         }
@@ -687,6 +734,10 @@ impl Protocol {
                 next_peer_exchange: now + self.config.peer_exchange_interval,
                 heartbeat_out: 0,
                 heartbeat_in: 0,
+                frames_in: 0,
+                frames_out: 0,
+                peer_processed: None,
+                repairs_sent: 0,
                 last_heard: now,
                 docs_behind: 0,
                 digest_matched: false,
@@ -757,6 +808,10 @@ impl Protocol {
     /// repeated by the next anti-entropy round anyway.
     pub fn on_dropped(&mut self, conn: ConnId, envelope: &pb::Envelope) {
         self.counters.backpressure_events += 1;
+        if let Some(s) = self.sessions.get_mut(&conn) {
+            // It never reaches the peer, so the peer's count of handled frames never will.
+            s.frames_out = s.frames_out.saturating_sub(1);
+        }
         let Some(Body::Sync(sync)) = &envelope.body else {
             return;
         };
@@ -976,7 +1031,18 @@ impl Protocol {
                 ),
                 _ => continue,
             };
-            if due_ae && self.config.anti_entropy {
+            let pending = self
+                .sessions
+                .get(&conn)
+                .is_some_and(Session::repairs_pending);
+            if due_ae && self.config.anti_entropy && pending {
+                // Our last round's messages are still queued at the peer (or on their way): a
+                // round now would list and repair the same documents again. A healing
+                // replica's relays repeated rounds every 2 s for ~14 s, each generating a sync
+                // message per differing document. Rounds resume once the peer's heartbeat says
+                // it has handled them.
+                self.counters.rounds_deferred += 1;
+            } else if due_ae && self.config.anti_entropy {
                 let root = self.scoped_digest(store, conn).root();
                 self.counters.digest_probes_sent += 1;
                 self.send(
@@ -1007,11 +1073,11 @@ impl Protocol {
                         .collect(),
                     PeerIdentity::Replica { .. } => vec![],
                 };
-                let sequence = match self.sessions.get_mut(&conn) {
+                let (sequence, frames_processed) = match self.sessions.get_mut(&conn) {
                     Some(s) => {
                         s.heartbeat_out += 1;
                         s.next_heartbeat = now + s.heartbeat_interval;
-                        s.heartbeat_out
+                        (s.heartbeat_out, s.frames_in)
                     }
                     None => continue,
                 };
@@ -1034,6 +1100,7 @@ impl Protocol {
                     sequence,
                     own_docs,
                     reached_replicas,
+                    frames_processed,
                 });
                 self.send(&mut out, conn, body);
             }
@@ -1119,6 +1186,7 @@ impl Protocol {
             return out;
         };
         session.last_heard = now;
+        session.frames_in += 1;
         let hello_received = session.hello_received;
         let peer = session.identity.clone();
         self.counters.frames_in += 1;
@@ -1147,14 +1215,14 @@ impl Protocol {
                 };
                 let left = self.carriers_reaching(conn);
                 let mut theirs = self.scoped_wire_entries(conn, &peer, &r.entries, &buckets);
-                theirs.retain(|e| !left.contains(&e.doc));
+                theirs.retain(|(e, _)| !left.contains(&e.doc));
                 let mine: Vec<DocEntry> = self
                     .repair_entries(store, conn, &buckets, &left)
                     .into_iter()
                     .map(|(_, e)| e)
                     .collect();
                 self.push_differences(store, conn, &mine, &theirs, now, &mut out);
-                self.send_entries(&mut out, conn, &buckets, &mine, false);
+                self.send_entries(store, &mut out, conn, &buckets, &mine, false);
             }
             Body::BucketEntries(e) => {
                 let Some(buckets) = self.check_buckets(&mut out, conn, &e.buckets) else {
@@ -1162,7 +1230,7 @@ impl Protocol {
                 };
                 let left = self.carriers_reaching(conn);
                 let mut theirs = self.scoped_wire_entries(conn, &peer, &e.entries, &buckets);
-                theirs.retain(|e| !left.contains(&e.doc));
+                theirs.retain(|(e, _)| !left.contains(&e.doc));
                 let mine: Vec<DocEntry> = self
                     .repair_entries(store, conn, &buckets, &left)
                     .into_iter()
@@ -1314,11 +1382,21 @@ impl Protocol {
         {
             s.digest_matched = true;
         }
-        let left = self.carriers_reaching(conn);
-        let mine = self.repair_digest(store, conn, &left);
         if d.buckets.is_empty() {
             if d.root != root {
                 self.counters.digest_mismatches += 1;
+                if self
+                    .sessions
+                    .get(&conn)
+                    .is_some_and(Session::repairs_pending)
+                {
+                    // The peer's round would repeat ours, still queued at the peer: answer
+                    // its next probe instead (see `on_tick`).
+                    self.counters.rounds_deferred += 1;
+                    return;
+                }
+                let left = self.carriers_reaching(conn);
+                let mine = self.repair_digest(store, conn, &left);
                 self.send(
                     out,
                     conn,
@@ -1330,6 +1408,8 @@ impl Protocol {
             }
             return;
         }
+        let left = self.carriers_reaching(conn);
+        let mine = self.repair_digest(store, conn, &left);
         let Some(theirs) = Digest::from_buckets(d.buckets) else {
             self.protocol_error(
                 out,
@@ -1356,24 +1436,33 @@ impl Protocol {
             if !chunk_buckets.is_empty()
                 && chunk_entries.len() + n > self.config.max_entries_per_frame
             {
-                self.send_entries(out, conn, &chunk_buckets, &chunk_entries, true);
+                self.send_entries(store, out, conn, &chunk_buckets, &chunk_entries, true);
                 chunk_buckets.clear();
                 chunk_entries.clear();
             }
             chunk_buckets.push(b);
             chunk_entries.extend(bucket.iter().map(|(_, e)| e.clone()));
         }
-        self.send_entries(out, conn, &chunk_buckets, &chunk_entries, true);
+        self.send_entries(store, out, conn, &chunk_buckets, &chunk_entries, true);
     }
 
-    fn send_entries(
+    /// Sends `entries` of `buckets` as a `BucketRequest` (or, answering one, `BucketEntries`),
+    /// each with its heads when it has at most [`wire::MAX_ENTRY_HEADS`] of them.
+    ///
+    /// Sync messages deferred for `conn` go first. The peer decides from these frames which
+    /// documents still differ and restarts the sync of those whose exchange made no progress;
+    /// an answer we generated before, but queued behind them, would reach it only after that
+    /// decision, and the restart would send us the same message again.
+    fn send_entries<S: DocStore>(
         &mut self,
+        store: &mut S,
         out: &mut Vec<Output>,
         conn: ConnId,
         buckets: &[u32],
         entries: &[DocEntry],
         request: bool,
     ) {
+        self.flush_conn(store, conn, out);
         let limit = self.config.max_entries_per_frame;
         if entries.len() > limit {
             warn!(
@@ -1382,7 +1471,25 @@ impl Protocol {
                 "bucket entries exceed the per-frame limit; the excess waits for a later round"
             );
         }
-        let entries: Vec<pb::DocEntry> = entries.iter().take(limit).map(Into::into).collect();
+        let mut entries: Vec<pb::DocEntry> = entries
+            .iter()
+            .take(limit)
+            .map(|e| {
+                let mut w = pb::DocEntry::from(e);
+                let heads = store.heads(&e.doc);
+                if heads.len() <= wire::MAX_ENTRY_HEADS {
+                    w.heads = heads.iter().map(|h| h.to_vec()).collect();
+                }
+                w
+            })
+            .collect();
+        // Heads are a hint: a frame they would take past the limit goes without them.
+        let size: usize = entries.iter().map(prost::Message::encoded_len).sum();
+        if size + buckets.len() * 8 + 1024 > wire::MAX_FRAME_SIZE {
+            for e in &mut entries {
+                e.heads.clear();
+            }
+        }
         let buckets = buckets.to_vec();
         let body = if request {
             Body::BucketRequest(pb::BucketRequest { buckets, entries })
@@ -1405,14 +1512,15 @@ impl Protocol {
         Some(buckets.to_vec())
     }
 
-    /// Received entries that are valid, in one of `buckets`, and within the session's scope.
+    /// Received entries that are valid, in one of `buckets`, and within the session's scope,
+    /// each with the heads it listed ([`wire::heads_from_wire`]; empty when not usable).
     fn scoped_wire_entries(
         &mut self,
         conn: ConnId,
         peer: &PeerIdentity,
         entries: &[pb::DocEntry],
         buckets: &[u32],
-    ) -> Vec<DocEntry> {
+    ) -> Vec<(DocEntry, Vec<[u8; 32]>)> {
         let mut kept = Vec::with_capacity(entries.len());
         for e in entries {
             let Some(entry) = wire::entry_from_wire(e) else {
@@ -1428,25 +1536,51 @@ impl Protocol {
                 continue;
             }
             if buckets.contains(&entry.doc.bucket()) {
-                kept.push(entry);
+                let heads = wire::heads_from_wire(e, &entry);
+                kept.push((entry, heads));
             }
         }
         kept
     }
 
+    /// Starts the sync of each of `mine` that differs from the peer's entry in `theirs`, up to
+    /// [`ProtocolConfig::max_repairs_per_round`].
+    ///
+    /// Except where the peer listed heads we already hold, and the session has exchanged
+    /// nothing about the document yet (the first round after a connect, as when a partition
+    /// heals): then the peer holds a subset of our changes and, lacking our heads, starts this
+    /// document's sync itself; its first message tells us what it has, and our answer carries
+    /// the changes. Starting it from both ends as well crosses two first messages and costs
+    /// both sides about twice the messages per document. Later in a session our state may hold
+    /// the message the peer awaits, so there both ends start it as before.
     fn push_differences<S: DocStore>(
         &mut self,
         store: &mut S,
         conn: ConnId,
         mine: &[DocEntry],
-        theirs: &[DocEntry],
+        theirs: &[(DocEntry, Vec<[u8; 32]>)],
         now: Instant,
         out: &mut Vec<Output>,
     ) {
-        let theirs: HashMap<&DocId, &DocEntry> = theirs.iter().map(|e| (&e.doc, e)).collect();
+        let theirs: HashMap<&DocId, (&DocEntry, &[[u8; 32]])> = theirs
+            .iter()
+            .map(|(e, heads)| (&e.doc, (e, heads.as_slice())))
+            .collect();
         let mut repairs = 0;
         for entry in mine {
-            if !entry.should_push_to(theirs.get(&entry.doc).copied()) {
+            let their = theirs.get(&entry.doc).copied();
+            if !entry.should_push_to(their.map(|(e, _)| e)) {
+                continue;
+            }
+            if let Some((e, heads)) = their
+                && !heads.is_empty()
+                && self
+                    .sessions
+                    .get(&conn)
+                    .is_some_and(|s| !s.docs.contains_key(&entry.doc))
+                && store.holds_changes(&entry.doc, e.generation, heads)
+            {
+                self.counters.repairs_left_to_peer += 1;
                 continue;
             }
             if repairs == self.config.max_repairs_per_round {
@@ -1455,6 +1589,11 @@ impl Protocol {
             }
             repairs += 1;
             self.repair_doc(store, conn, &entry.doc, now, out);
+        }
+        if repairs > 0
+            && let Some(s) = self.sessions.get_mut(&conn)
+        {
+            s.repairs_sent = s.frames_out;
         }
     }
 
@@ -1913,6 +2052,10 @@ impl Protocol {
             s.heartbeat_in = e.sequence;
             s.docs_behind = behind;
             s.reached = reached;
+            if e.frames_processed > 0 {
+                // Never more than we sent: a peer cannot claim frames it never got.
+                s.peer_processed = Some(e.frames_processed.min(s.frames_out));
+            }
         }
     }
 }

@@ -72,6 +72,10 @@ pub trait DocStore {
     ) -> Vec<(u32, DocEntry)>;
     /// The entry of one held document.
     fn entry(&self, doc: &DocId) -> Option<DocEntry>;
+    /// The automerge heads of a held document (what its entry's `heads_hash` hashes).
+    fn heads(&self, doc: &DocId) -> Vec<[u8; 32]>;
+    /// Whether the held generation `generation` of `doc` contains every change in `heads`.
+    fn holds_changes(&self, doc: &DocId, generation: u64, heads: &[[u8; 32]]) -> bool;
     /// Digest over the held documents of member cluster `cluster` (what a replica and that
     /// cluster's relay compare). The default computes it from the cluster's entries; stores
     /// that hold many documents keep it up to date instead.

@@ -163,6 +163,14 @@ impl DocStore for MeshStore {
         self.store.entry(doc)
     }
 
+    fn heads(&self, doc: &DocId) -> Vec<[u8; 32]> {
+        self.store.heads(doc).unwrap_or_default()
+    }
+
+    fn holds_changes(&self, doc: &DocId, generation: u64, heads: &[[u8; 32]]) -> bool {
+        self.store.holds_changes(doc, generation, heads)
+    }
+
     fn cluster_digest(&self, cluster: &str) -> Digest {
         self.store.cluster_digest(cluster)
     }

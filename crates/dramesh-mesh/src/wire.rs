@@ -6,7 +6,7 @@
 
 use prost::Message as _;
 
-use dramesh_store::{Attestation, DocEntry, DocId};
+use dramesh_store::{Attestation, DocEntry, DocId, heads_hash};
 
 /// Generated protobuf types.
 pub mod pb {
@@ -20,6 +20,11 @@ pub const WIRE_VERSION: u32 = 1;
 pub const MAX_FRAME_SIZE: usize = 16 * 1024 * 1024;
 /// Bytes of the length prefix.
 pub const FRAME_HEADER_LEN: usize = 4;
+/// Most heads a bucket entry carries (`DocEntry.heads`); a document with more (concurrent
+/// writers) is listed by its heads hash alone. A document has one writer, so one head is the
+/// rule; the bound keeps a frame of `max_entries_per_frame` entries well below
+/// [`MAX_FRAME_SIZE`].
+pub const MAX_ENTRY_HEADS: usize = 4;
 
 /// Why a frame was refused.
 #[derive(Debug, thiserror::Error)]
@@ -140,6 +145,7 @@ impl From<&DocEntry> for pb::DocEntry {
             doc: Some((&e.doc).into()),
             generation: e.generation,
             heads_hash: e.heads_hash.to_vec(),
+            heads: Vec::new(),
         }
     }
 }
@@ -153,6 +159,24 @@ pub fn entry_from_wire(e: &pb::DocEntry) -> Option<DocEntry> {
         generation: e.generation,
         heads_hash,
     })
+}
+
+/// The heads a received entry carries, when they are well formed (at most
+/// [`MAX_ENTRY_HEADS`], 32 bytes each) and hash to the entry's `heads_hash`; otherwise none
+/// (the sender did not list them, or they cannot be the heads it compares by).
+pub fn heads_from_wire(e: &pb::DocEntry, entry: &DocEntry) -> Vec<[u8; 32]> {
+    if e.heads.is_empty() || e.heads.len() > MAX_ENTRY_HEADS {
+        return Vec::new();
+    }
+    let heads: Option<Vec<[u8; 32]>> = e
+        .heads
+        .iter()
+        .map(|h| <[u8; 32]>::try_from(h.as_slice()).ok())
+        .collect();
+    match heads {
+        Some(heads) if heads_hash(&heads) == entry.heads_hash => heads,
+        _ => Vec::new(),
+    }
 }
 
 #[cfg(test)]
@@ -198,6 +222,7 @@ mod tests {
             }),
             generation: 1,
             heads_hash: vec![0; 32],
+            heads: vec![],
         };
         assert!(entry_from_wire(&bad).is_none());
         let short = pb::DocEntry {
@@ -207,7 +232,39 @@ mod tests {
             }),
             generation: 1,
             heads_hash: vec![0; 31],
+            heads: vec![],
         };
         assert!(entry_from_wire(&short).is_none());
+    }
+
+    #[test]
+    fn entry_heads_are_used_only_when_they_hash_to_the_heads_hash() {
+        let heads = vec![[1; 32], [2; 32]];
+        let doc = DocId::new("a", "n");
+        let entry = DocEntry {
+            doc: doc.clone(),
+            generation: 1,
+            heads_hash: heads_hash(&heads),
+        };
+        let wire = |heads: Vec<Vec<u8>>| pb::DocEntry {
+            doc: Some((&doc).into()),
+            generation: 1,
+            heads_hash: entry.heads_hash.to_vec(),
+            heads,
+        };
+        // In either order (the hash sorts them).
+        let listed = wire(vec![vec![2; 32], vec![1; 32]]);
+        let mut got = heads_from_wire(&listed, &entry);
+        got.sort();
+        assert_eq!(got, heads);
+        // Not the heads the entry hashes: ignored.
+        assert!(heads_from_wire(&wire(vec![vec![1; 32]]), &entry).is_empty());
+        assert!(heads_from_wire(&wire(vec![vec![1; 32], vec![3; 32]]), &entry).is_empty());
+        // Malformed: a short hash, or more than the bound.
+        assert!(heads_from_wire(&wire(vec![vec![2; 32], vec![1; 31]]), &entry).is_empty());
+        let many = vec![vec![1; 32]; MAX_ENTRY_HEADS + 1];
+        assert!(heads_from_wire(&wire(many), &entry).is_empty());
+        // Not listed at all (an older peer).
+        assert!(heads_from_wire(&wire(vec![]), &entry).is_empty());
     }
 }

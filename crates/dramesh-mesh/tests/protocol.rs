@@ -40,6 +40,9 @@ struct Sim {
     drop_next_sync_from: Option<usize>,
     /// When set, Sync frames sent by this node are held back until [`Sim::release_held`].
     hold_sync_from: Option<usize>,
+    /// When set, every frame sent by this node is held back (in order) until
+    /// [`Sim::release_held`]: a slow direction of a connection.
+    hold_all_from: Option<usize>,
     held: Vec<(usize, ConnId, pb::Envelope)>,
 }
 
@@ -121,6 +124,7 @@ impl Sim {
             bucket_requests: Vec::new(),
             drop_next_sync_from: None,
             hold_sync_from: None,
+            hold_all_from: None,
             held: Vec::new(),
         }
     }
@@ -190,8 +194,9 @@ impl Sim {
                             self.bucket_requests
                                 .push((from, r.buckets.clone(), r.entries.clone()));
                         }
-                        if matches!(envelope.body, Some(Body::Sync(_)))
-                            && self.hold_sync_from == Some(from)
+                        if self.hold_all_from == Some(from)
+                            || (matches!(envelope.body, Some(Body::Sync(_)))
+                                && self.hold_sync_from == Some(from))
                         {
                             self.held.push((to, to_conn, envelope));
                         } else {
@@ -547,8 +552,10 @@ fn lost_sync_message_is_repaired_by_anti_entropy() {
     sim.drop_next_sync_from = Some(1);
     sim.write(1, &doc, "k", "v1");
     assert!(sim.nodes[0].store.get(&doc, "k").is_none());
-    // A later local change is stuck behind the in-flight state until anti-entropy resets it.
-    for _ in 0..4 {
+    // A later local change is stuck behind the in-flight state until anti-entropy resets it:
+    // the mismatch must persist across two rounds, and a round waits until the replica's
+    // heartbeat reports having handled the frames of the one before.
+    for _ in 0..6 {
         sim.tick(Duration::from_secs(1));
     }
     assert_eq!(sim.nodes[0].store.get(&doc, "k").as_deref(), Some("v1"));
@@ -665,6 +672,7 @@ fn agent_may_only_sync_its_own_document() {
             doc: Some((&DocId::new("a", "n2")).into()),
             generation: 1,
             heads_hash: vec![0; 32],
+            heads: vec![],
         }],
     }));
     let out = node.proto.handle_frame(&mut node.store, conn, env, sim.now);
@@ -1270,4 +1278,216 @@ fn bucket_requests_carry_whole_buckets_within_the_frame_limit() {
         sim.tick(Duration::from_secs(2));
     }
     assert_eq!(sim.entries(0), sim.entries(1));
+}
+
+/// Two replicas that share 60 documents; while apart, r0 changes documents 0–39 and r1
+/// documents 40–59 (push off: only anti-entropy repairs). Returns the sim, reconnected but
+/// not yet run.
+fn replicas_apart_then_reconnected() -> (Sim, Vec<DocId>) {
+    let mut sim = Sim::with_config(vec![replica("r0"), replica("r1")], |c| c.push = false);
+    let docs: Vec<DocId> = (0..60).map(|i| DocId::new("c1", format!("n{i}"))).collect();
+    for d in &docs {
+        sim.nodes[0].store.put(d, "gpu", "0").unwrap();
+    }
+    let link = sim.connect(0, 1);
+    sim.run();
+    for _ in 0..5 {
+        sim.tick(Duration::from_secs(2));
+    }
+    assert_eq!(sim.entries(0), sim.entries(1));
+    sim.disconnect(link);
+    for d in &docs[..40] {
+        sim.nodes[0].store.put(d, "gpu", "1").unwrap();
+    }
+    for (i, d) in docs[40..].iter().enumerate() {
+        // Each document has one writer: r1 continues r0's history of these.
+        let theirs = sim.nodes[0].store.get(d, "gpu");
+        assert_eq!(theirs.as_deref(), Some("0"));
+        sim.nodes[1]
+            .store
+            .put(d, "gpu", &format!("r1-{i}"))
+            .unwrap();
+    }
+    sim.syncs.clear();
+    sim.connect(0, 1);
+    (sim, docs)
+}
+
+#[test]
+fn after_a_partition_the_side_that_lacks_changes_starts_each_repair() {
+    // Each side holds every head the other listed for the documents it changed, so it leaves
+    // their repair to the other side, whose first message asks for the changes: per document
+    // one message from the side behind, the changes, and the acknowledgement.
+    let (mut sim, docs) = replicas_apart_then_reconnected();
+    sim.run();
+    for _ in 0..3 {
+        sim.tick(Duration::from_secs(2));
+    }
+    assert_eq!(sim.entries(0), sim.entries(1));
+    for d in &docs[..40] {
+        assert_eq!(sim.nodes[1].store.get(d, "gpu").as_deref(), Some("1"));
+    }
+    let syncs: usize = sim.syncs.values().sum();
+    println!("sync frames after the heal: {:?}", sim.syncs);
+    assert_eq!(sim.nodes[0].proto.counters().repairs_left_to_peer, 40);
+    assert_eq!(sim.nodes[1].proto.counters().repairs_left_to_peer, 20);
+    assert!(
+        syncs <= 3 * docs[..].len(),
+        "{syncs} sync frames for 60 documents"
+    );
+    assert_eq!(sim.nodes[0].proto.counters().sync_resets, 0);
+    assert_eq!(sim.nodes[1].proto.counters().sync_resets, 0);
+}
+
+#[test]
+fn a_lost_first_message_of_the_side_behind_is_repaired_by_later_rounds() {
+    // The side ahead leaves the repair to the side behind; when that side's first message
+    // is lost, its own anti-entropy resets and resends it.
+    let (mut sim, docs) = replicas_apart_then_reconnected();
+    sim.drop_next_sync_from = Some(1);
+    sim.run();
+    for _ in 0..6 {
+        sim.tick(Duration::from_secs(2));
+    }
+    assert_eq!(sim.entries(0), sim.entries(1));
+    for d in &docs[..40] {
+        assert_eq!(sim.nodes[1].store.get(d, "gpu").as_deref(), Some("1"));
+    }
+    assert!(sim.nodes[1].proto.counters().sync_resets >= 1);
+}
+
+#[test]
+fn entries_without_heads_are_repaired_from_both_sides_as_before() {
+    // An older peer lists no heads: nothing is left to it, and the partition still heals.
+    let (mut sim, docs) = replicas_apart_then_reconnected();
+    let mut steps = 0;
+    while let Some((to, conn, mut env)) = sim.queue.pop_front() {
+        steps += 1;
+        assert!(steps < 100_000, "protocol did not quiesce");
+        if to == 0
+            && let Some(Body::BucketRequest(r)) = &mut env.body
+        {
+            r.entries.iter_mut().for_each(|e| e.heads.clear());
+        }
+        if to == 0
+            && let Some(Body::BucketEntries(r)) = &mut env.body
+        {
+            r.entries.iter_mut().for_each(|e| e.heads.clear());
+        }
+        let node = &mut sim.nodes[to];
+        let out = node.proto.handle_frame(&mut node.store, conn, env, sim.now);
+        sim.route(to, out);
+    }
+    assert_eq!(sim.nodes[0].proto.counters().repairs_left_to_peer, 0);
+    for _ in 0..3 {
+        sim.tick(Duration::from_secs(2));
+    }
+    assert_eq!(sim.entries(0), sim.entries(1));
+    assert_eq!(
+        sim.nodes[0].store.get(&docs[50], "gpu").as_deref(),
+        Some("r1-10")
+    );
+}
+
+#[test]
+fn deferred_answers_go_before_the_bucket_frames_that_follow_them() {
+    // r0 coalesces its answers (as nodes do). r1, behind, asks for a document; r0's answer is
+    // deferred to the end of the batch, but a bucket frame r0 sends r1 in the same batch must
+    // not overtake it: r1 would find the document still differing with no answer yet and
+    // restart its sync.
+    let (mut sim, docs) = replicas_apart_then_reconnected();
+    sim.nodes[0].proto.set_coalesce_pushes(true);
+    // Deliver frames until r1's first message about a document r0 is ahead on reaches r0.
+    let mut steps = 0;
+    loop {
+        steps += 1;
+        assert!(steps < 10_000, "r1 never asked r0 for a document");
+        let (to, conn, env) = sim.queue.pop_front().expect("frames in flight");
+        let asks = to == 0
+            && matches!(&env.body, Some(Body::Sync(s))
+                if docs[..40].iter().any(|d| Some(&pb::DocId::from(d)) == s.doc.as_ref()));
+        let node = &mut sim.nodes[to];
+        let out = node.proto.handle_frame(&mut node.store, conn, env, sim.now);
+        sim.route(to, out);
+        if asks {
+            break;
+        }
+    }
+    let r0 = &mut sim.nodes[0];
+    assert!(r0.proto.has_deferred_pushes(), "the answer is deferred");
+    // r1's digest, full: r0 finds buckets differing and sends a bucket request.
+    let conn = sim.links.last().expect("the reconnection").conn_a;
+    let theirs = sim.nodes[1].store.digest();
+    let env = wire::envelope(Body::Digest(pb::Digest {
+        root: theirs.root(),
+        buckets: theirs.buckets().to_vec(),
+    }));
+    let r0 = &mut sim.nodes[0];
+    let out = r0.proto.handle_frame(&mut r0.store, conn, env, sim.now);
+    let kinds: Vec<&str> = out
+        .iter()
+        .filter_map(|o| match o {
+            Output::Send { envelope, .. } => Some(kind(envelope)),
+            _ => None,
+        })
+        .collect();
+    let first_sync = kinds.iter().position(|k| *k == "sync");
+    let request = kinds.iter().position(|k| *k == "bucket_request");
+    assert!(
+        matches!((first_sync, request), (Some(s), Some(r)) if s < r),
+        "frames sent: {kinds:?}"
+    );
+}
+
+#[test]
+fn no_new_round_while_the_peer_has_not_handled_the_last_ones_repairs() {
+    // r1 asks r0 for 40 documents; its frames then wait in transit (as behind a long queue)
+    // while r0's heartbeats and probes reach it. r1 keeps hearing that the documents differ,
+    // but neither starts rounds, nor answers r0's probes, nor restarts (and so resends) its
+    // repairs until r0 reports having handled them; then the rounds resume and converge.
+    let (mut sim, docs) = replicas_apart_then_reconnected();
+    sim.hold_sync_from = Some(1);
+    sim.run();
+    sim.hold_sync_from = None;
+    sim.hold_all_from = Some(1);
+    let probes = sim.nodes[1].proto.counters().digest_probes_sent;
+    for _ in 0..6 {
+        sim.tick(Duration::from_secs(1));
+    }
+    let c1 = sim.nodes[1].proto.counters();
+    assert!(c1.digest_mismatches > 0);
+    assert_eq!(c1.digest_probes_sent, probes, "no round started");
+    assert_eq!(c1.sync_resets, 0, "no repair restarted");
+    assert_eq!(
+        sim.nodes[1].store.get(&docs[0], "gpu").as_deref(),
+        Some("0")
+    );
+    assert!(
+        c1.rounds_deferred >= 2,
+        "{} rounds deferred",
+        c1.rounds_deferred
+    );
+    let frames_held = sim.held.len();
+    assert!(
+        sim.held.iter().skip(40).all(|(_, _, env)| !matches!(
+            env.body,
+            Some(Body::Digest(_)) | Some(Body::BucketRequest(_))
+        )),
+        "r1 sent anti-entropy frames while its repairs waited ({frames_held} frames held)"
+    );
+    sim.hold_all_from = None;
+    sim.release_held();
+    for _ in 0..4 {
+        sim.tick(Duration::from_secs(2));
+    }
+    assert_eq!(sim.entries(0), sim.entries(1));
+    assert_eq!(
+        sim.nodes[1].store.get(&docs[0], "gpu").as_deref(),
+        Some("1")
+    );
+    assert!(
+        sim.nodes[1].proto.counters().digest_probes_sent > probes,
+        "rounds resumed"
+    );
+    assert_eq!(sim.nodes[1].proto.counters().sync_resets, 0);
 }

@@ -1,7 +1,7 @@
 //! Document identity and naming rules, writer actor derivation, and the hashes used by digests
 //! and file names. The mesh names documents on the wire with these same types.
 
-use automerge::{ActorId, ChangeHash};
+use automerge::ActorId;
 use sha2::{Digest as _, Sha256};
 use std::fmt;
 
@@ -158,12 +158,13 @@ pub fn writer_actor(doc: &DocId, generation: u64) -> ActorId {
 pub type HeadsHash = [u8; 32];
 
 /// SHA-256 over the sorted heads: equal for two copies exactly when they hold the same changes.
-pub fn heads_hash(heads: &[ChangeHash]) -> HeadsHash {
-    let mut sorted: Vec<&ChangeHash> = heads.iter().collect();
+/// Takes automerge's `ChangeHash`es or their 32 bytes (as carried on the wire) alike.
+pub fn heads_hash<H: AsRef<[u8]> + Ord>(heads: &[H]) -> HeadsHash {
+    let mut sorted: Vec<&H> = heads.iter().collect();
     sorted.sort();
     let mut h = Sha256::new();
     for c in sorted {
-        h.update(c.0);
+        h.update(c.as_ref());
     }
     h.finalize().into()
 }

@@ -1331,6 +1331,25 @@ impl Store {
         self.docs.get(doc).map(|e| Self::entry_of(doc, e))
     }
 
+    /// The automerge heads of the held generation of `doc` (what its entry's `heads_hash`
+    /// hashes), as 32-byte change hashes.
+    pub fn heads(&self, doc: &DocId) -> Option<Vec<[u8; 32]>> {
+        self.docs
+            .get(doc)
+            .map(|e| e.doc.get_heads().into_iter().map(|h| h.0).collect())
+    }
+
+    /// Whether the held generation `generation` of `doc` contains every change in `heads`
+    /// (so a peer whose heads they are holds nothing this copy lacks).
+    pub fn holds_changes(&self, doc: &DocId, generation: u64, heads: &[[u8; 32]]) -> bool {
+        self.docs.get(doc).is_some_and(|e| {
+            e.generation == generation
+                && heads
+                    .iter()
+                    .all(|h| e.doc.get_change_by_hash(&ChangeHash(*h)).is_some())
+        })
+    }
+
     fn entry_of(doc: &DocId, e: &Held) -> DocEntry {
         DocEntry {
             doc: doc.clone(),

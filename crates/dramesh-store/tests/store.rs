@@ -8,7 +8,7 @@ use automerge::{ActorId, ROOT};
 use common::*;
 use dramesh_store::{
     CLUSTER_PUBLISHER, DocId, Durability, ObjectChange, RolloverPolicy, Store, StoreConfig,
-    StoreError, SyncState,
+    StoreError, SyncState, heads_hash,
 };
 
 fn agent(doc: &DocId, config: StoreConfig) -> Peer {
@@ -858,6 +858,34 @@ fn bucket_entries_list_several_buckets_in_one_pass_with_a_filter() {
     assert!(c2.iter().all(|(_, e)| e.doc.cluster == "c2"));
     // Out-of-range bucket indices select nothing.
     assert!(r.store.bucket_entries(&[64, 1000], |_| true).is_empty());
+}
+
+#[test]
+fn a_copy_holds_the_changes_of_heads_it_has_passed_and_not_of_later_ones() {
+    let d = DocId::new("c1", "agent-n1");
+    let mut a = agent(&d, test_config());
+    let mut r = Peer::replica(Store::in_memory(test_config()));
+    a.store.apply(&d, vec![upsert(node("n1"), "1")]).unwrap();
+    full_sync(&mut a, &mut r);
+    let old = r.store.heads(&d).unwrap();
+    assert_eq!(old, a.store.heads(&d).unwrap());
+    assert_eq!(old.len(), 1);
+    assert_eq!(heads_hash(&old), r.store.entry(&d).unwrap().heads_hash);
+    let generation = r.store.entry(&d).unwrap().generation;
+    a.store.apply(&d, vec![upsert(node("n1"), "2")]).unwrap();
+    let new = a.store.heads(&d).unwrap();
+    assert_ne!(new, old);
+    // The writer holds the copy's heads; the copy does not hold the writer's new ones.
+    assert!(a.store.holds_changes(&d, generation, &old));
+    assert!(!r.store.holds_changes(&d, generation, &new));
+    assert!(r.store.holds_changes(&d, generation, &old));
+    // Another generation, or a document not held, holds nothing.
+    assert!(!a.store.holds_changes(&d, generation + 1, &old));
+    let other = DocId::new("c1", "agent-n2");
+    assert!(!r.store.holds_changes(&other, generation, &[]));
+    assert!(r.store.heads(&other).is_none());
+    full_sync(&mut a, &mut r);
+    assert!(r.store.holds_changes(&d, generation, &new));
 }
 
 #[test]

@@ -28,10 +28,11 @@
 //!   two rounds. A session starts no round, and answers no probe, while the peer has not yet
 //!   handled the repairs of its previous round (it says how far it got in its heartbeats).
 //!   Entries carry their heads, and the first repair of a document on a session is started by
-//!   the side that lacks changes ([`Protocol::push_differences`]). Between two replicas, a document whose writer has a session with this replica
-//!   and reports reaching the other one is left to that writer (its own anti-entropy with each
-//!   replica repairs it): under a steady update stream replicas' digests always differ by the
-//!   changes in flight, and repairing them replica-to-replica resent them all every round.
+//!   the side that lacks changes (`Protocol::push_differences`). Between two replicas, a
+//!   document whose writer has a session with this replica and reports reaching the other one
+//!   is left to that writer (its own anti-entropy with each replica repairs it): under a steady
+//!   update stream replicas' digests always differ by the changes in flight, and repairing them
+//!   replica-to-replica resent them all every round.
 //! - **Authorization**: an agent may only exchange its own (cluster, writer) document; frames
 //!   about other documents are refused, counted in [`Counters::rejected_unauthorized`] and
 //!   logged. Agents never talk to agents. Replicas may relay any document; the store
@@ -213,8 +214,7 @@ pub struct Counters {
     /// the repairs of the session's previous round (see [`Protocol::on_tick`]).
     pub rounds_deferred: u64,
     /// Differing documents an anti-entropy round left to the peer to repair: it listed heads
-    /// this node already holds, so it lacks changes and asks for them itself (see
-    /// [`Protocol::push_differences`]).
+    /// this node already holds, so it lacks changes and asks for them itself.
     pub repairs_left_to_peer: u64,
     /// Frames the driver dropped (the peer's outbound queue was full, or what they acknowledged
     /// could not be made durable); see [`Protocol::on_dropped`].
@@ -1513,14 +1513,15 @@ impl Protocol {
     }
 
     /// Received entries that are valid, in one of `buckets`, and within the session's scope,
-    /// each with the heads it listed ([`wire::heads_from_wire`]; empty when not usable).
-    fn scoped_wire_entries(
+    /// each with the wire entry it came from (whose heads are checked only where they matter,
+    /// in [`Protocol::push_differences`]).
+    fn scoped_wire_entries<'a>(
         &mut self,
         conn: ConnId,
         peer: &PeerIdentity,
-        entries: &[pb::DocEntry],
+        entries: &'a [pb::DocEntry],
         buckets: &[u32],
-    ) -> Vec<(DocEntry, Vec<[u8; 32]>)> {
+    ) -> Vec<(DocEntry, &'a pb::DocEntry)> {
         let mut kept = Vec::with_capacity(entries.len());
         for e in entries {
             let Some(entry) = wire::entry_from_wire(e) else {
@@ -1536,8 +1537,7 @@ impl Protocol {
                 continue;
             }
             if buckets.contains(&entry.doc.bucket()) {
-                let heads = wire::heads_from_wire(e, &entry);
-                kept.push((entry, heads));
+                kept.push((entry, e));
             }
         }
         kept
@@ -1558,27 +1558,26 @@ impl Protocol {
         store: &mut S,
         conn: ConnId,
         mine: &[DocEntry],
-        theirs: &[(DocEntry, Vec<[u8; 32]>)],
+        theirs: &[(DocEntry, &pb::DocEntry)],
         now: Instant,
         out: &mut Vec<Output>,
     ) {
-        let theirs: HashMap<&DocId, (&DocEntry, &[[u8; 32]])> = theirs
-            .iter()
-            .map(|(e, heads)| (&e.doc, (e, heads.as_slice())))
-            .collect();
+        let theirs: HashMap<&DocId, (&DocEntry, &pb::DocEntry)> =
+            theirs.iter().map(|(e, raw)| (&e.doc, (e, *raw))).collect();
         let mut repairs = 0;
         for entry in mine {
             let their = theirs.get(&entry.doc).copied();
             if !entry.should_push_to(their.map(|(e, _)| e)) {
                 continue;
             }
-            if let Some((e, heads)) = their
-                && !heads.is_empty()
+            if let Some((e, raw)) = their
                 && self
                     .sessions
                     .get(&conn)
                     .is_some_and(|s| !s.docs.contains_key(&entry.doc))
-                && store.holds_changes(&entry.doc, e.generation, heads)
+                && let heads = wire::heads_from_wire(raw, e)
+                && !heads.is_empty()
+                && store.holds_changes(&entry.doc, e.generation, &heads)
             {
                 self.counters.repairs_left_to_peer += 1;
                 continue;

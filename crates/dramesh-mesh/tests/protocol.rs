@@ -1313,6 +1313,22 @@ fn replicas_apart_then_reconnected() -> (Sim, Vec<DocId>) {
     (sim, docs)
 }
 
+/// Runs `rounds` anti-entropy rounds of [`replicas_apart_then_reconnected`]'s replicas and
+/// checks they hold the same, newest, documents.
+fn converge_apart_replicas(sim: &mut Sim, docs: &[DocId], rounds: usize) {
+    for _ in 0..rounds {
+        sim.tick(Duration::from_secs(2));
+    }
+    assert_eq!(sim.entries(0), sim.entries(1));
+    for d in &docs[..40] {
+        assert_eq!(sim.nodes[1].store.get(d, "gpu").as_deref(), Some("1"));
+    }
+    for (i, d) in docs[40..].iter().enumerate() {
+        let theirs = format!("r1-{i}");
+        assert_eq!(sim.nodes[0].store.get(d, "gpu"), Some(theirs));
+    }
+}
+
 #[test]
 fn after_a_partition_the_side_that_lacks_changes_starts_each_repair() {
     // Each side holds every head the other listed for the documents it changed, so it leaves
@@ -1320,13 +1336,7 @@ fn after_a_partition_the_side_that_lacks_changes_starts_each_repair() {
     // one message from the side behind, the changes, and the acknowledgement.
     let (mut sim, docs) = replicas_apart_then_reconnected();
     sim.run();
-    for _ in 0..3 {
-        sim.tick(Duration::from_secs(2));
-    }
-    assert_eq!(sim.entries(0), sim.entries(1));
-    for d in &docs[..40] {
-        assert_eq!(sim.nodes[1].store.get(d, "gpu").as_deref(), Some("1"));
-    }
+    converge_apart_replicas(&mut sim, &docs, 3);
     let syncs: usize = sim.syncs.values().sum();
     println!("sync frames after the heal: {:?}", sim.syncs);
     assert_eq!(sim.nodes[0].proto.counters().repairs_left_to_peer, 40);
@@ -1346,13 +1356,7 @@ fn a_lost_first_message_of_the_side_behind_is_repaired_by_later_rounds() {
     let (mut sim, docs) = replicas_apart_then_reconnected();
     sim.drop_next_sync_from = Some(1);
     sim.run();
-    for _ in 0..6 {
-        sim.tick(Duration::from_secs(2));
-    }
-    assert_eq!(sim.entries(0), sim.entries(1));
-    for d in &docs[..40] {
-        assert_eq!(sim.nodes[1].store.get(d, "gpu").as_deref(), Some("1"));
-    }
+    converge_apart_replicas(&mut sim, &docs, 6);
     assert!(sim.nodes[1].proto.counters().sync_resets >= 1);
 }
 
@@ -1379,14 +1383,7 @@ fn entries_without_heads_are_repaired_from_both_sides_as_before() {
         sim.route(to, out);
     }
     assert_eq!(sim.nodes[0].proto.counters().repairs_left_to_peer, 0);
-    for _ in 0..3 {
-        sim.tick(Duration::from_secs(2));
-    }
-    assert_eq!(sim.entries(0), sim.entries(1));
-    assert_eq!(
-        sim.nodes[0].store.get(&docs[50], "gpu").as_deref(),
-        Some("r1-10")
-    );
+    converge_apart_replicas(&mut sim, &docs, 3);
 }
 
 #[test]
@@ -1477,14 +1474,7 @@ fn no_new_round_while_the_peer_has_not_handled_the_last_ones_repairs() {
     );
     sim.hold_all_from = None;
     sim.release_held();
-    for _ in 0..4 {
-        sim.tick(Duration::from_secs(2));
-    }
-    assert_eq!(sim.entries(0), sim.entries(1));
-    assert_eq!(
-        sim.nodes[1].store.get(&docs[0], "gpu").as_deref(),
-        Some("1")
-    );
+    converge_apart_replicas(&mut sim, &docs, 4);
     assert!(
         sim.nodes[1].proto.counters().digest_probes_sent > probes,
         "rounds resumed"

@@ -1213,30 +1213,14 @@ impl Protocol {
                 let Some(buckets) = self.check_buckets(&mut out, conn, &r.buckets) else {
                     return out;
                 };
-                let left = self.carriers_reaching(conn);
-                let mut theirs = self.scoped_wire_entries(conn, &peer, &r.entries, &buckets);
-                theirs.retain(|(e, _)| !left.contains(&e.doc));
-                let mine: Vec<DocEntry> = self
-                    .repair_entries(store, conn, &buckets, &left)
-                    .into_iter()
-                    .map(|(_, e)| e)
-                    .collect();
-                self.push_differences(store, conn, &mine, &theirs, now, &mut out);
+                let mine = self.on_entries(store, conn, &peer, &buckets, &r.entries, now, &mut out);
                 self.send_entries(store, &mut out, conn, &buckets, &mine, false);
             }
             Body::BucketEntries(e) => {
                 let Some(buckets) = self.check_buckets(&mut out, conn, &e.buckets) else {
                     return out;
                 };
-                let left = self.carriers_reaching(conn);
-                let mut theirs = self.scoped_wire_entries(conn, &peer, &e.entries, &buckets);
-                theirs.retain(|(e, _)| !left.contains(&e.doc));
-                let mine: Vec<DocEntry> = self
-                    .repair_entries(store, conn, &buckets, &left)
-                    .into_iter()
-                    .map(|(_, e)| e)
-                    .collect();
-                self.push_differences(store, conn, &mine, &theirs, now, &mut out);
+                self.on_entries(store, conn, &peer, &buckets, &e.entries, now, &mut out);
             }
             Body::Sync(s) => self.on_sync(store, conn, &peer, s, now, &mut out),
             Body::Refusal(r) => self.on_refusal(store, conn, &peer, r, now, &mut out),
@@ -1510,6 +1494,32 @@ impl Protocol {
             return None;
         }
         Some(buckets.to_vec())
+    }
+
+    /// The peer's entries of `buckets` arrived (a `BucketRequest` or `BucketEntries`): starts
+    /// the repairs of the documents that differ and returns ours, what a request is answered
+    /// with.
+    #[allow(clippy::too_many_arguments)]
+    fn on_entries<S: DocStore>(
+        &mut self,
+        store: &mut S,
+        conn: ConnId,
+        peer: &PeerIdentity,
+        buckets: &[u32],
+        entries: &[pb::DocEntry],
+        now: Instant,
+        out: &mut Vec<Output>,
+    ) -> Vec<DocEntry> {
+        let left = self.carriers_reaching(conn);
+        let mut theirs = self.scoped_wire_entries(conn, peer, entries, buckets);
+        theirs.retain(|(e, _)| !left.contains(&e.doc));
+        let mine: Vec<DocEntry> = self
+            .repair_entries(store, conn, buckets, &left)
+            .into_iter()
+            .map(|(_, e)| e)
+            .collect();
+        self.push_differences(store, conn, &mine, &theirs, now, out);
+        mine
     }
 
     /// Received entries that are valid, in one of `buckets`, and within the session's scope,

@@ -615,13 +615,11 @@ impl Protocol {
 
     /// Generates the pushes deferred for `conn` only.
     fn flush_conn<S: DocStore>(&mut self, store: &mut S, conn: ConnId, out: &mut Vec<Output>) {
-        if self.deferred.is_empty() {
-            return;
-        }
+        // The set is ordered by connection, then document; the empty id sorts first.
         let docs: Vec<DocId> = self
             .deferred
-            .iter()
-            .filter(|(c, _)| *c == conn)
+            .range((conn, DocId::new(String::new(), String::new()))..)
+            .take_while(|(c, _)| *c == conn)
             .map(|(_, d)| d.clone())
             .collect();
         for doc in docs {

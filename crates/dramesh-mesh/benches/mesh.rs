@@ -715,6 +715,11 @@ impl ReplicaProc {
         proc_cpu_secs(self.child.id())
     }
 
+    /// CPU seconds its mesh protocol thread has used.
+    fn protocol_thread_cpu_secs(&self) -> f64 {
+        thread_cpu_secs(self.child.id(), "dramesh-mesh")
+    }
+
     /// Open file descriptors and threads of the process.
     fn fds_threads(&self) -> (usize, usize) {
         let count = |what: &str| {
@@ -740,7 +745,51 @@ impl ReplicaProc {
 
 /// CPU seconds (user + system) process `pid` has used, from `/proc/<pid>/stat`.
 fn proc_cpu_secs(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+    stat_cpu_secs(&format!("/proc/{pid}/stat"))
+}
+
+/// CPU seconds used by the threads of process `pid` whose name starts with `prefix` (a
+/// replica's protocol thread is named `dramesh-mesh <identity>`).
+fn thread_cpu_secs(pid: u32, prefix: &str) -> f64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0.0;
+    };
+    tasks
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with(prefix))
+        })
+        .map(|t| stat_cpu_secs(&t.path().join("stat").to_string_lossy()))
+        .sum()
+}
+
+/// Busy and total CPU ticks of the whole machine (all cores), from `/proc/stat`.
+fn machine_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    // cpu user nice system idle iowait irq softirq steal ...
+    let f: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    let total: u64 = f.iter().sum();
+    let idle = f.get(3).copied().unwrap_or(0) + f.get(4).copied().unwrap_or(0);
+    (total - idle, total)
+}
+
+/// Share of the machine's CPU time (all cores) that was busy between two [`machine_ticks`].
+fn busy_share(before: (u64, u64), after: (u64, u64)) -> f64 {
+    let total = after.1.saturating_sub(before.1).max(1);
+    after.0.saturating_sub(before.0) as f64 / total as f64
+}
+
+/// CPU seconds (user + system) from a `stat` file of `/proc`.
+fn stat_cpu_secs(path: &str) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(path) else {
         return 0.0;
     };
     // Fields after the command name, which may hold spaces: state is the 3rd field, utime
@@ -1334,6 +1383,34 @@ fn dir_setup(
 
 /// Replica CPU and resident memory over a window, and the replicas' sessions, descriptors and
 /// threads at its end.
+/// CPU seconds spent while a partitioned replica heals (until it converged or the wait ended).
+struct HealCpu {
+    /// The healing replica, all threads.
+    replica: f64,
+    /// Its mesh protocol thread alone.
+    protocol_thread: f64,
+    /// The bench process: the relays that serve the heal (the writers are idle).
+    bench_process: f64,
+    /// The two replicas that were not partitioned.
+    other_replicas: f64,
+    /// Share of the machine's CPU (all cores) that was busy.
+    machine_busy: f64,
+}
+
+impl std::fmt::Display for HealCpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "heal CPU: healing replica {:.1} s (its protocol thread {:.1} s), bench process (relays) {:.1} s, other replicas {:.1} s; machine {:.0} % busy",
+            self.replica,
+            self.protocol_thread,
+            self.bench_process,
+            self.other_replicas,
+            self.machine_busy * 100.0
+        )
+    }
+}
+
 struct ReplicaLoad {
     cpu_cores: Vec<f64>,
     /// CPU seconds used in the window.
@@ -1422,6 +1499,8 @@ fn phases<W: Writers>(
     let steady_sent;
     // The bench process's cores in the steady window, in all and per part.
     let mut parent_cpu: (f64, Vec<(&'static str, f64)>);
+    // Share of the machine's CPU busy in the steady window.
+    let steady_busy;
     let steady_load = {
         let mut reps3 = [&mut r0, &mut r1, &mut r2];
         let t_steady = Instant::now();
@@ -1436,6 +1515,7 @@ fn phases<W: Writers>(
         let mut steady_trace = Timeline::default();
         let t = Instant::now();
         let before: Vec<f64> = reps3.iter().map(|r| r.cpu_secs()).collect();
+        let machine_before = machine_ticks();
         parent_cpu = (proc_cpu_secs(std::process::id()), writers.cpu_parts());
         while !driver.is_finished() {
             steady_trace.record("steady r0", t_steady.elapsed(), &reps3[0].status());
@@ -1448,6 +1528,7 @@ fn phases<W: Writers>(
             .map(|(r, b)| r.cpu_secs() - b)
             .collect();
         let cpu_cores: Vec<f64> = cpu_secs.iter().map(|c| c / secs).collect();
+        steady_busy = busy_share(machine_before, machine_ticks());
         parent_cpu.0 = (proc_cpu_secs(std::process::id()) - parent_cpu.0) / secs;
         parent_cpu.1 = writers
             .cpu_parts()
@@ -1623,6 +1704,16 @@ fn phases<W: Writers>(
     let left_root_s = left_root.to_string();
     let s2_before = r2.status();
     let r2_behind = s2_before["root"].as_str() != Some(left_root_s.as_str());
+    // Where the heal's CPU goes: the healing replica (and its protocol thread, which handles
+    // every document one after another), the bench process (the relays serve the heal; the
+    // writers are idle), the other replicas, and how busy the whole machine was.
+    let heal_cpu_before = (
+        r2.cpu_secs(),
+        r2.protocol_thread_cpu_secs(),
+        proc_cpu_secs(std::process::id()),
+        r0.cpu_secs() + r1.cpu_secs(),
+        machine_ticks(),
+    );
     blocked.store(false, Ordering::Relaxed);
     let healed = Instant::now();
     let (mut trace, mut trace0) = (Timeline::default(), Timeline::default());
@@ -1642,6 +1733,14 @@ fn phases<W: Writers>(
         }
         std::thread::sleep(Duration::from_millis(100));
     };
+    let heal_cpu = HealCpu {
+        replica: r2.cpu_secs() - heal_cpu_before.0,
+        protocol_thread: r2.protocol_thread_cpu_secs() - heal_cpu_before.1,
+        bench_process: proc_cpu_secs(std::process::id()) - heal_cpu_before.2,
+        other_replicas: r0.cpu_secs() + r1.cpu_secs() - heal_cpu_before.3,
+        machine_busy: busy_share(heal_cpu_before.4, machine_ticks()),
+    };
+    println!("{heal_cpu}");
     let s2 = r2.status();
     println!(
         "partition {partition_secs:.0}s with {} updates (left side converged: {}, r2 behind: {r2_behind}); after heal: r2 reconnected {:?}, converged {:?}; during the heal r2 received / sent {} / {} sync messages, restarted {}, left {} repairs to its peers and deferred {} rounds",
@@ -1830,6 +1929,11 @@ fn phases<W: Writers>(
             format!(" (of which {})", parts.join(", "))
         }
     );
+    println!(
+        "| machine CPU busy in the steady window (all {} cores) | {:.0} % | |",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        steady_busy * 100.0
+    );
     for (figure, value) in &rows {
         println!("| {figure} | {value} | |");
     }
@@ -1944,6 +2048,17 @@ fn phases<W: Writers>(
         o.insert("replica_fds".into(), json!(steady_load.fds));
         o.insert("replica_threads".into(), json!(steady_load.threads));
         o.insert("parent_cpu_cores".into(), json!(parent_cpu.0));
+        o.insert("steady_machine_busy".into(), json!(steady_busy));
+        o.insert(
+            "heal_cpu_secs".into(),
+            json!({
+                "replica": heal_cpu.replica,
+                "protocol_thread": heal_cpu.protocol_thread,
+                "bench_process": heal_cpu.bench_process,
+                "other_replicas": heal_cpu.other_replicas,
+                "machine_busy": heal_cpu.machine_busy,
+            }),
+        );
         o.insert("heap_final".into(), json!(heap_final));
         o.insert(
             "parent_cpu_parts".into(),

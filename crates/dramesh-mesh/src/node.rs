@@ -23,10 +23,11 @@
 //!   ([`Protocol::on_dropped`]); anti-entropy repairs the gap later.
 //! - Dialing: seeds always, plus replicas learned via peer exchange (agents dial every known
 //!   replica; replicas dial learned replicas whose identity URI sorts after their own, the
-//!   other side dials the rest). Failed or lost connections are redialed with exponential
-//!   backoff and jitter. When two connections to the same identity exist, both ends keep the
-//!   one dialed by the smaller identity URI (or the newer one if both were dialed by the same
-//!   side).
+//!   other side dials the rest). Refused dials and lost connections are redialed with
+//!   exponential backoff and jitter; a dial that heard nothing back within the connect timeout
+//!   is followed by the next at once. When two connections to the same identity exist, both
+//!   ends keep the one dialed by the smaller identity URI (or the newer one if both were dialed
+//!   by the same side).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
@@ -345,11 +346,22 @@ impl MeshHandle {
         let mut protocol = Protocol::new(identity.clone(), pconfig);
         protocol.set_coalesce_pushes(true);
         let driver = {
+            let tick_interval = config.tick_interval;
             let shared = shared.clone();
             let applied = applied_tx.clone();
             std::thread::Builder::new()
                 .name(format!("dramesh-mesh {identity}"))
-                .spawn(move || drive(protocol, store, events_rx, applied, shared, max_sessions))
+                .spawn(move || {
+                    drive(
+                        protocol,
+                        store,
+                        events_rx,
+                        applied,
+                        shared,
+                        max_sessions,
+                        tick_interval,
+                    )
+                })
                 .map_err(NodeError::Thread)?
         };
         let mut tasks = JoinSet::new();
@@ -377,7 +389,8 @@ impl MeshHandle {
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
             loop {
                 interval.tick().await;
-                // A full queue means the protocol thread is busy; skipping a tick is harmless.
+                // A full queue means the protocol thread is busy; it then ticks by itself
+                // (see `drive`).
                 if let Err(mpsc::error::TrySendError::Closed(_)) = tick_events.try_send(Event::Tick)
                 {
                     break;
@@ -644,6 +657,10 @@ const MAX_BATCH_EVENTS: usize = 256;
 /// reflects a received change leaves the node before that change is durable. If the flush
 /// fails the batch's frames are dropped and the affected sessions' sync states reset, so
 /// nothing undurable is acknowledged and anti-entropy retries later.
+///
+/// The protocol's timers run at least every `tick_interval` even when frames keep the queue
+/// full (the timer task's ticks are then refused): a batch that finds a tick overdue ends with
+/// one.
 fn drive<S: DocStore>(
     mut protocol: Protocol,
     store: Arc<Mutex<S>>,
@@ -651,6 +668,7 @@ fn drive<S: DocStore>(
     applied: broadcast::Sender<AppliedChange>,
     shared: Arc<Shared>,
     max_sessions: usize,
+    tick_interval: Duration,
 ) {
     let mut conns: HashMap<ConnId, ConnEntry> = HashMap::new();
     let local_uri = protocol.local().uri();
@@ -662,6 +680,7 @@ fn drive<S: DocStore>(
     // session per node of its cluster: listing them after every batch cost a quarter of its
     // protocol thread).
     let mut conns_changed = true;
+    let mut last_tick = Instant::now();
     while !stop {
         let Some(first) = events.blocking_recv() else {
             break;
@@ -672,6 +691,12 @@ fn drive<S: DocStore>(
                 Ok(e) => batch.push(e),
                 Err(_) => break,
             }
+        }
+        // Under a full queue the timer task's ticks are refused; without this a healing
+        // replica went seconds without heartbeats (which tell peers how far it got, and so
+        // hold back their rounds) and without its delayed answers and relays.
+        if last_tick.elapsed() >= tick_interval && !batch.iter().any(|e| matches!(e, Event::Tick)) {
+            batch.push(Event::Tick);
         }
         pushed.clear();
         for event in batch.drain(..) {
@@ -781,6 +806,7 @@ fn drive<S: DocStore>(
                     }
                 }
                 Event::Tick => {
+                    last_tick = now;
                     let mut s = lock(&store);
                     protocol.on_tick(&mut *s, now)
                 }
@@ -1435,6 +1461,16 @@ async fn dial_loop(
                 }
                 connection.close_reason()
             }
+            Err(DialError::TimedOut) => {
+                ctx.shared
+                    .transport
+                    .dial_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                debug!(%addr, "dial heard nothing back within the connect timeout; dialing again");
+                // The timeout spaced this attempt from the last; sleeping on top of it only
+                // delays finding the peer once it is reachable again (a healed partition).
+                continue;
+            }
             Err(e) => {
                 ctx.shared
                     .transport
@@ -1443,7 +1479,7 @@ async fn dial_loop(
                 debug!(%addr, error = %e, "dial failed");
                 match e {
                     DialError::Connection(c) => Some(c),
-                    DialError::Other(_) => None,
+                    DialError::TimedOut | DialError::Other(_) => None,
                 }
             }
         };
@@ -1468,7 +1504,9 @@ async fn dial_loop(
 
 /// Why a dial failed.
 enum DialError {
-    /// The QUIC connection failed (handshake, TLS, timeout).
+    /// Nothing came back within the connect timeout (the peer is unreachable or down).
+    TimedOut,
+    /// The QUIC connection failed (handshake, TLS).
     Connection(quinn::ConnectionError),
     /// Anything else (no route, refused identity, ...).
     Other(String),
@@ -1477,6 +1515,7 @@ enum DialError {
 impl std::fmt::Display for DialError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            DialError::TimedOut => f.write_str("handshake timed out"),
             DialError::Connection(e) => write!(f, "{e}"),
             DialError::Other(e) => f.write_str(e),
         }
@@ -1535,7 +1574,7 @@ async fn dial_once(ctx: &Ctx, addr: SocketAddr) -> Result<Dialed, DialError> {
         .map_err(|e| DialError::Other(e.to_string()))?;
     let connection = tokio::time::timeout(ctx.transport.connect_timeout, connecting)
         .await
-        .map_err(|_| DialError::Other("handshake timed out".to_string()))?
+        .map_err(|_| DialError::TimedOut)?
         .map_err(DialError::Connection)?;
     let identity = check_identity(ctx, &connection)
         .ok_or_else(|| DialError::Other("peer identity refused".to_string()))?;

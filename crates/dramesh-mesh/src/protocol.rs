@@ -32,7 +32,9 @@
 //!   document whose writer has a session with this replica and reports reaching the other one
 //!   is left to that writer (its own anti-entropy with each replica repairs it): under a steady
 //!   update stream replicas' digests always differ by the changes in flight, and repairing them
-//!   replica-to-replica resent them all every round.
+//!   replica-to-replica resent them all every round. For [`ProtocolConfig::carrier_grace`]
+//!   after two replicas connect, every member cluster's documents are left to their carriers,
+//!   which reconnect and report whom they reach meanwhile.
 //! - **Authorization**: an agent may only exchange its own (cluster, writer) document; frames
 //!   about other documents are refused, counted in [`Counters::rejected_unauthorized`] and
 //!   logged. Agents never talk to agents. Replicas may relay any document; the store
@@ -56,7 +58,10 @@ use tracing::{debug, info, warn};
 
 use std::sync::Arc;
 
-use dramesh_store::{Attestation, DIGEST_BUCKETS, Digest, DocEntry, DocId, SyncState};
+use dramesh_store::{
+    Attestation, DIGEST_BUCKETS, Digest, DocEntry, DocId, RESERVATION_SCOPE, RETIRED_SCOPE,
+    SyncState,
+};
 use sha2::{Digest as _, Sha256};
 
 use crate::identity::PeerIdentity;
@@ -121,6 +126,14 @@ pub struct ProtocolConfig {
     /// would otherwise start a sync of every document at once, far beyond the peer's outbound
     /// budget, and every dropped frame costs that document's exchange a restart.
     pub max_repairs_per_round: usize,
+    /// How long after two replicas connect they leave every member cluster's documents to
+    /// those documents' carriers (writers and cluster relays), repairing only the replicas' own
+    /// documents between them. Carriers that can reach both replicas again (a healed
+    /// partition) redial within about a second and report the replicas they reach in their
+    /// next heartbeat; until then the rule that leaves their documents to them
+    /// (`Protocol::carriers_reaching`) cannot know them, and the side behind pulled the same
+    /// documents from the other replica and from their carriers at once.
+    pub carrier_grace: Duration,
     /// Sending `PeerExchange` (replicas) and learning replicas from received ones. Turned off
     /// only by chaos tests, so that an agent knows no replica but its seeds and the break of
     /// replica-to-replica replication cannot be bypassed by agents reaching every replica.
@@ -143,6 +156,7 @@ impl Default for ProtocolConfig {
             relay_delay: Duration::from_millis(500),
             ack_delay: Duration::from_millis(500),
             max_repairs_per_round: 4096,
+            carrier_grace: Duration::from_secs(3),
             peer_exchange: true,
         }
     }
@@ -319,6 +333,9 @@ struct Session {
     peer_processed: Option<u64>,
     /// [`Session::frames_out`] after the last anti-entropy round in which we started repairs.
     repairs_sent: u64,
+    /// Until when a session between two replicas leaves every member cluster's documents to
+    /// their carriers ([`ProtocolConfig::carrier_grace`]).
+    carrier_grace_until: Option<Instant>,
 }
 
 impl Session {
@@ -333,6 +350,8 @@ impl Session {
 /// [`Protocol::carriers_reaching`]).
 #[derive(Default)]
 struct LeftToCarriers {
+    /// Every member cluster (the session's [`ProtocolConfig::carrier_grace`]).
+    all_clusters: bool,
     /// Clusters whose relay reaches both.
     clusters: HashSet<String>,
     /// Documents whose writer reaches both (of clusters not in `clusters`).
@@ -341,7 +360,9 @@ struct LeftToCarriers {
 
 impl LeftToCarriers {
     fn contains(&self, doc: &DocId) -> bool {
-        self.clusters.contains(&doc.cluster) || self.docs.contains(doc)
+        (self.all_clusters && !doc.is_replica_scope())
+            || self.clusters.contains(&doc.cluster)
+            || self.docs.contains(doc)
     }
 }
 
@@ -721,6 +742,7 @@ impl Protocol {
             )
         };
         let first_ae = self.jittered(ae);
+        let peer_is_replica = peer.is_replica();
         self.sessions.insert(
             conn,
             Session {
@@ -748,6 +770,8 @@ impl Protocol {
                 anti_entropy_interval: ae,
                 heartbeat_interval: hb,
                 timer: None,
+                carrier_grace_until: (self.local.is_replica() && peer_is_replica)
+                    .then(|| now + self.config.carrier_grace),
             },
         );
         let hello = pb::Hello {
@@ -1206,7 +1230,7 @@ impl Protocol {
         }
         match body {
             Body::Hello(h) => self.on_hello(store, conn, &peer, h, hello_received, &mut out),
-            Body::Digest(d) => self.on_digest(store, conn, d, &mut out),
+            Body::Digest(d) => self.on_digest(store, conn, d, now, &mut out),
             Body::BucketRequest(r) => {
                 let Some(buckets) = self.check_buckets(&mut out, conn, &r.buckets) else {
                     return out;
@@ -1354,6 +1378,7 @@ impl Protocol {
         store: &mut S,
         conn: ConnId,
         d: pb::Digest,
+        now: Instant,
         out: &mut Vec<Output>,
     ) {
         // The root compares the whole scope (what `digest_matched` means); the buckets of the
@@ -1377,7 +1402,7 @@ impl Protocol {
                     self.counters.rounds_deferred += 1;
                     return;
                 }
-                let left = self.carriers_reaching(conn);
+                let left = self.carriers_reaching(conn, now);
                 let mine = self.repair_digest(store, conn, &left);
                 self.send(
                     out,
@@ -1390,7 +1415,7 @@ impl Protocol {
             }
             return;
         }
-        let left = self.carriers_reaching(conn);
+        let left = self.carriers_reaching(conn, now);
         let mine = self.repair_digest(store, conn, &left);
         let Some(theirs) = Digest::from_buckets(d.buckets) else {
             self.protocol_error(
@@ -1508,7 +1533,7 @@ impl Protocol {
         now: Instant,
         out: &mut Vec<Output>,
     ) -> Vec<DocEntry> {
-        let left = self.carriers_reaching(conn);
+        let left = self.carriers_reaching(conn, now);
         let mut theirs = self.scoped_wire_entries(conn, peer, entries, buckets);
         theirs.retain(|(e, _)| !left.contains(&e.doc));
         let mine: Vec<DocEntry> = self
@@ -1611,13 +1636,19 @@ impl Protocol {
     /// and anti-entropy with each replica repair anything lost; comparing and repairing it
     /// replica-to-replica as well would, under a steady update stream, exchange the entries of
     /// every changing document and resend its changes on each anti-entropy round (with a
-    /// hundred thousand per-node documents, megabytes per round).
-    fn carriers_reaching(&self, conn: ConnId) -> LeftToCarriers {
+    /// hundred thousand per-node documents, megabytes per round). During the session's
+    /// [`ProtocolConfig::carrier_grace`] every member cluster is left to its carriers.
+    fn carriers_reaching(&self, conn: ConnId, now: Instant) -> LeftToCarriers {
         let mut left = LeftToCarriers::default();
-        let Some(peer) = self.sessions.get(&conn).map(|s| &s.identity) else {
+        let Some(session) = self.sessions.get(&conn) else {
             return left;
         };
+        let peer = &session.identity;
         if !self.local.is_replica() || !peer.is_replica() {
+            return left;
+        }
+        if session.carrier_grace_until.is_some_and(|until| now < until) {
+            left.all_clusters = true;
             return left;
         }
         for s in self.sessions.values() {
@@ -1641,6 +1672,14 @@ impl Protocol {
     /// What a repair on `conn` compares bucket by bucket: the session's scope without the
     /// documents `left` to carriers (see [`Protocol::carriers_reaching`]).
     fn repair_digest<S: DocStore>(&self, store: &S, conn: ConnId, left: &LeftToCarriers) -> Digest {
+        if left.all_clusters {
+            // Only two replicas leave every cluster, and their scope is everything.
+            let mut d = Digest::empty();
+            for scope in [RESERVATION_SCOPE, RETIRED_SCOPE] {
+                d.xor_with(&store.cluster_digest(scope));
+            }
+            return d;
+        }
         let mut d = self.scoped_digest(store, conn);
         for c in &left.clusters {
             d.xor_with(&store.cluster_digest(c));

@@ -102,6 +102,7 @@ impl Sim {
             relay_delay: Duration::ZERO,
             ack_delay: Duration::ZERO,
             max_repairs_per_round: 4096,
+            carrier_grace: Duration::from_secs(3),
             peer_exchange: true,
         };
         set(&mut config);
@@ -1219,6 +1220,7 @@ fn bucket_requests_carry_whole_buckets_within_the_frame_limit() {
     let mut sim = Sim::with_config(vec![replica("r0"), replica("r1")], |c| {
         c.max_entries_per_frame = 16;
         c.push = false;
+        c.carrier_grace = Duration::ZERO;
     });
     let docs: Vec<DocId> = (0..200)
         .map(|i| DocId::new(format!("c{}", i % 3), format!("n{i}")))
@@ -1281,10 +1283,13 @@ fn bucket_requests_carry_whole_buckets_within_the_frame_limit() {
 }
 
 /// Two replicas that share 60 documents; while apart, r0 changes documents 0–39 and r1
-/// documents 40–59 (push off: only anti-entropy repairs). Returns the sim, reconnected but
-/// not yet run.
+/// documents 40–59 (push off: only anti-entropy repairs; no carriers, so no grace for them).
+/// Returns the sim, reconnected but not yet run.
 fn replicas_apart_then_reconnected() -> (Sim, Vec<DocId>) {
-    let mut sim = Sim::with_config(vec![replica("r0"), replica("r1")], |c| c.push = false);
+    let mut sim = Sim::with_config(vec![replica("r0"), replica("r1")], |c| {
+        c.push = false;
+        c.carrier_grace = Duration::ZERO;
+    });
     let docs: Vec<DocId> = (0..60).map(|i| DocId::new("c1", format!("n{i}"))).collect();
     for d in &docs {
         sim.nodes[0].store.put(d, "gpu", "0").unwrap();
@@ -1480,4 +1485,115 @@ fn no_new_round_while_the_peer_has_not_handled_the_last_ones_repairs() {
         "rounds resumed"
     );
     assert_eq!(sim.nodes[1].proto.counters().sync_resets, 0);
+}
+
+/// Replicas r0, r1 and writers c1/n0, c1/n1 (push off: only anti-entropy repairs), all
+/// connected and converged; then r1 is cut off from everybody while the writers change their
+/// documents at r0 (heartbeats included, so r0 learns r1 is no longer reached). Returns the
+/// sim with r1 reconnected to r0, and to the writers if `writers_back`, not yet run.
+fn writers_changed_while_a_replica_was_away(
+    grace: Duration,
+    writers_back: bool,
+) -> (Sim, [DocId; 2]) {
+    let ids = vec![
+        replica("r0"),
+        replica("r1"),
+        agent("c1", "n0"),
+        agent("c1", "n1"),
+    ];
+    let mut sim = Sim::with_config(ids, |c| {
+        c.carrier_grace = grace;
+        c.push = false;
+    });
+    let docs = [DocId::new("c1", "n0"), DocId::new("c1", "n1")];
+    let mut cut = vec![sim.connect(0, 1)];
+    for a in 2..4 {
+        sim.connect(a, 0);
+        cut.push(sim.connect(a, 1));
+    }
+    sim.run();
+    for (i, d) in docs.iter().enumerate() {
+        sim.write(2 + i, d, "gpu", "0");
+    }
+    for _ in 0..6 {
+        sim.tick(Duration::from_secs(1));
+    }
+    assert_eq!(sim.entries(0), sim.entries(1));
+    for link in cut {
+        sim.disconnect(link);
+    }
+    for v in 1..=5 {
+        for (i, d) in docs.iter().enumerate() {
+            sim.write(2 + i, d, "gpu", &v.to_string());
+        }
+        sim.tick(Duration::from_secs(1));
+    }
+    for _ in 0..3 {
+        sim.tick(Duration::from_secs(1));
+    }
+    for d in &docs {
+        assert_eq!(sim.nodes[0].store.get(d, "gpu").as_deref(), Some("5"));
+        assert_eq!(sim.nodes[1].store.get(d, "gpu").as_deref(), Some("0"));
+    }
+    sim.syncs.clear();
+    sim.connect(0, 1);
+    if writers_back {
+        for a in 2..4 {
+            sim.connect(a, 1);
+        }
+    }
+    (sim, docs)
+}
+
+#[test]
+fn reconnected_replicas_leave_member_documents_to_their_carriers_for_the_grace() {
+    // When a replica comes back, the writers (or their cluster's relay) reconnect to it too
+    // and repair their own documents; pulling the same documents from the other replica at
+    // the same time doubled the work of the replica behind. During the grace the replicas
+    // repair only their own documents between them; after it, the writers have reported
+    // reaching both, which leaves their documents to them.
+    let between =
+        |sim: &Sim| sim.syncs.get(&(0, 1)).unwrap_or(&0) + sim.syncs.get(&(1, 0)).unwrap_or(&0);
+    let healed = |grace: Duration| {
+        let (mut sim, docs) = writers_changed_while_a_replica_was_away(grace, true);
+        sim.run();
+        for _ in 0..6 {
+            sim.tick(Duration::from_secs(1));
+        }
+        for d in &docs {
+            assert_eq!(sim.nodes[1].store.get(d, "gpu").as_deref(), Some("5"));
+        }
+        assert_eq!(sim.entries(0), sim.entries(1));
+        (
+            between(&sim),
+            sim.nodes[1].proto.counters().digest_mismatches,
+        )
+    };
+    let (with_grace, mismatches) = healed(Duration::from_secs(3));
+    assert_eq!(with_grace, 0, "replicas exchanged the writers' documents");
+    assert!(mismatches > 0, "the replicas' digests never differed");
+    let (without, _) = healed(Duration::ZERO);
+    assert!(
+        without > 0,
+        "without the grace the replicas repair the writers' documents between them too"
+    );
+}
+
+#[test]
+fn without_carriers_replicas_repair_member_documents_once_the_grace_is_over() {
+    // The writers stay away: only the other replica can repair the documents, after the grace.
+    let (mut sim, docs) = writers_changed_while_a_replica_was_away(Duration::from_secs(3), false);
+    sim.run();
+    sim.tick(Duration::from_secs(2));
+    assert_eq!(
+        sim.nodes[1].store.get(&docs[0], "gpu").as_deref(),
+        Some("0"),
+        "repaired between replicas during the grace"
+    );
+    for _ in 0..4 {
+        sim.tick(Duration::from_secs(1));
+    }
+    for d in &docs {
+        assert_eq!(sim.nodes[1].store.get(d, "gpu").as_deref(), Some("5"));
+    }
 }

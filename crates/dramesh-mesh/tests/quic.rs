@@ -278,6 +278,159 @@ async fn certificate_from_another_ca_is_refused_at_tls() {
     .expect("test timed out");
 }
 
+/// With the shipped dial timers (no test overrides), an unreachable replica keeps receiving a
+/// dial's packet at least every ~1.2 s: a dial that heard nothing back is followed by the next
+/// at once, and its first packet is retransmitted at 0.3, 0.9 and 2.1 s. So once the path
+/// heals the agent connects within about that gap and a handshake. With QUIC's default 333 ms
+/// initial RTT and a backoff after each silent dial, the gap was 2 s and more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_peer_is_dialed_without_gaps_and_found_soon_after_the_heal() {
+    init_tracing();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let ca = certs::generate_ca("test CA", 1).unwrap();
+        let id = |p: &PeerIdentity| certs::issue_identity(&ca, p, 1).unwrap();
+        let r0 = start(NodeConfig::new(
+            id(&replica_id("r0")),
+            LOCAL.parse().unwrap(),
+        ))
+        .await;
+        let relay = Relay::start(r0.handle.local_addr()).await;
+        // Bind the agent to a known port, so it is blocked from its first packet on.
+        let probe = std::net::UdpSocket::bind(LOCAL).unwrap();
+        let agent_addr = probe.local_addr().unwrap();
+        drop(probe);
+        relay.blocked.lock().unwrap().insert(agent_addr);
+        let mut cfg = NodeConfig::new(id(&agent_id("east", "n0")), agent_addr);
+        cfg.seeds = vec![relay.addr];
+        let a0 = start(cfg).await;
+
+        let blocked_for = Duration::from_secs(8);
+        tokio::time::sleep(blocked_for).await;
+        let times = relay.dropped_at.lock().unwrap().clone();
+        assert!(
+            times.len() >= 4,
+            "only {} datagrams in {blocked_for:?}",
+            times.len()
+        );
+        let largest_gap = times
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .max()
+            .unwrap_or_default();
+        println!(
+            "{} dial datagrams in {blocked_for:?}, largest gap {largest_gap:?}",
+            times.len()
+        );
+        assert!(
+            largest_gap <= Duration::from_millis(1600),
+            "an unreachable peer went {largest_gap:?} without a dial packet"
+        );
+
+        let healed = Instant::now();
+        relay.blocked.lock().unwrap().clear();
+        let found = common::wait_until(
+            "the agent to reach the replica after the heal",
+            Duration::from_secs(3),
+            Duration::from_millis(20),
+            || !r0.handle.connected_identities().is_empty(),
+        )
+        .await;
+        println!(
+            "connected {found:?} after the heal ({:?} since)",
+            healed.elapsed()
+        );
+        a0.handle.shutdown().await;
+        r0.handle.shutdown().await;
+    })
+    .await
+    .expect("test timed out");
+}
+
+/// A node whose inbound queue stays full (a replica healing from a partition) still runs its
+/// timers: its heartbeats, which tell peers how far it got and so pace their anti-entropy
+/// rounds, keep their period. The timer task's ticks are refused by a full queue, so the
+/// protocol thread ticks by itself when a tick is overdue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_a_full_inbound_queue_keeps_its_heartbeats() {
+    init_tracing();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let ca = certs::generate_ca("test CA", 1).unwrap();
+        let mut cfg = fast_config(
+            certs::issue_identity(&ca, &replica_id("r0"), 1).unwrap(),
+            vec![],
+        );
+        cfg.transport.inbound_queue_frames = 16;
+        let r0 = start(cfg).await;
+        // Enough documents that answering a full digest takes the protocol thread a while.
+        {
+            let mut store = r0.store.lock().unwrap();
+            for i in 0..2000 {
+                store
+                    .put(&DocId::new("c1", format!("n{i}")), "gpu", "1")
+                    .unwrap();
+            }
+        }
+        let flooder = certs::issue_identity(&ca, &replica_id("r9"), 1).unwrap();
+        let fcfg = fast_config(flooder.clone(), vec![]);
+        let endpoint =
+            transport::make_endpoint(LOCAL.parse().unwrap(), &flooder, &fcfg.transport).unwrap();
+        let conn = endpoint
+            .connect(r0.handle.local_addr(), MESH_SERVER_NAME)
+            .unwrap()
+            .await
+            .unwrap();
+        let (mut send, mut recv) = conn.open_bi().await.unwrap();
+        let hello = wire::envelope(Body::Hello(pb::Hello {
+            protocol_version: PROTOCOL_VERSION,
+            role: pb::Role::Replica as i32,
+            identity: flooder.identity.uri(),
+            advertise_addr: String::new(),
+            relay: false,
+        }));
+        send.write_all(&wire::encode_frame(&hello).unwrap())
+            .await
+            .unwrap();
+        // Read everything r0 sends, noting when its heartbeats arrive.
+        let heartbeats = Arc::new(Mutex::new(Vec::<Instant>::new()));
+        let seen = heartbeats.clone();
+        let reader = tokio::spawn(async move {
+            while let Ok(Some((env, _))) = wire::read_frame(&mut recv).await {
+                if matches!(env.body, Some(Body::Ephemeral(_))) {
+                    seen.lock().unwrap().push(Instant::now());
+                }
+            }
+        });
+        // A digest whose buckets all differ: r0 lists its 2,000 entries for each one.
+        let probe = wire::encode_frame(&wire::envelope(Body::Digest(pb::Digest {
+            root: 1,
+            buckets: vec![0; dramesh_store::DIGEST_BUCKETS as usize],
+        })))
+        .unwrap();
+        let flood = Duration::from_secs(4);
+        let started = Instant::now();
+        let handled_before = r0.handle.counters().frames_in;
+        while started.elapsed() < flood {
+            send.write_all(&probe).await.unwrap();
+        }
+        let handled = r0.handle.counters().frames_in - handled_before;
+        let during: usize = heartbeats
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|t| **t >= started && **t < started + flood)
+            .count();
+        println!("{handled} frames handled during the {flood:?} flood; {during} heartbeats");
+        assert!(handled > 100, "the flood did not reach the protocol thread");
+        // The heartbeat period is 250 ms: 16 in the flood's 4 s.
+        assert!(during >= 8, "only {during} heartbeats in {flood:?}");
+        conn.close(0u32.into(), b"bye");
+        reader.abort();
+        r0.handle.shutdown().await;
+    })
+    .await
+    .expect("test timed out");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitioned_replica_catches_up_after_heal() {
     init_tracing();

@@ -85,6 +85,9 @@ pub(crate) struct Relay {
     pub addr: SocketAddr,
     /// Client source addresses whose datagrams are dropped, both ways.
     pub blocked: Arc<Mutex<HashSet<SocketAddr>>>,
+    /// When each dropped client datagram arrived.
+    #[allow(dead_code)] // read by tests/quic.rs only; every test crate compiles this module
+    pub dropped_at: Arc<Mutex<Vec<Instant>>>,
     _tasks: JoinSet<()>,
 }
 
@@ -93,8 +96,9 @@ impl Relay {
         let front = Arc::new(UdpSocket::bind(LOCAL).await.unwrap());
         let addr = front.local_addr().unwrap();
         let blocked: Arc<Mutex<HashSet<SocketAddr>>> = Arc::default();
+        let dropped_at: Arc<Mutex<Vec<Instant>>> = Arc::default();
         let mut tasks = JoinSet::new();
-        let (front2, blocked2) = (front.clone(), blocked.clone());
+        let (front2, blocked2, dropped2) = (front.clone(), blocked.clone(), dropped_at.clone());
         tasks.spawn(async move {
             // One upstream socket per client, so the target sees distinct sources.
             let mut upstreams: HashMap<SocketAddr, Arc<UdpSocket>> = HashMap::new();
@@ -102,6 +106,7 @@ impl Relay {
             let mut buf = vec![0u8; 65536];
             while let Ok((n, client)) = front2.recv_from(&mut buf).await {
                 if blocked2.lock().unwrap().contains(&client) {
+                    dropped2.lock().unwrap().push(Instant::now());
                     continue;
                 }
                 let up = match upstreams.get(&client) {
@@ -128,6 +133,7 @@ impl Relay {
         Relay {
             addr,
             blocked,
+            dropped_at,
             _tasks: tasks,
         }
     }

@@ -1461,16 +1461,6 @@ async fn dial_loop(
                 }
                 connection.close_reason()
             }
-            Err(DialError::TimedOut) => {
-                ctx.shared
-                    .transport
-                    .dial_failures
-                    .fetch_add(1, Ordering::Relaxed);
-                debug!(%addr, "dial heard nothing back within the connect timeout; dialing again");
-                // The timeout spaced this attempt from the last; sleeping on top of it only
-                // delays finding the peer once it is reachable again (a healed partition).
-                continue;
-            }
             Err(e) => {
                 ctx.shared
                     .transport
@@ -1478,8 +1468,12 @@ async fn dial_loop(
                     .fetch_add(1, Ordering::Relaxed);
                 debug!(%addr, error = %e, "dial failed");
                 match e {
+                    // The timeout spaced this attempt from the last; sleeping on top of it
+                    // only delays finding the peer once it is reachable again (a healed
+                    // partition).
+                    DialError::TimedOut => continue,
                     DialError::Connection(c) => Some(c),
-                    DialError::TimedOut | DialError::Other(_) => None,
+                    DialError::Other(_) => None,
                 }
             }
         };

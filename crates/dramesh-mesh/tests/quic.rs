@@ -59,6 +59,44 @@ async fn start(config: NodeConfig) -> TestNode {
     TestNode { handle, store }
 }
 
+/// A hand-rolled client of `identity` connected to `to`, its hello sent: it speaks the wire
+/// protocol directly, without a node's own checks and pacing.
+async fn raw_session(
+    identity: &TlsIdentity,
+    to: SocketAddr,
+) -> (
+    quinn::Endpoint,
+    quinn::Connection,
+    quinn::SendStream,
+    quinn::RecvStream,
+) {
+    let cfg = fast_config(identity.clone(), vec![]);
+    let endpoint =
+        transport::make_endpoint(LOCAL.parse().unwrap(), identity, &cfg.transport).unwrap();
+    let conn = endpoint
+        .connect(to, MESH_SERVER_NAME)
+        .unwrap()
+        .await
+        .unwrap();
+    let (mut send, recv) = conn.open_bi().await.unwrap();
+    let role = if identity.identity.is_replica() {
+        pb::Role::Replica
+    } else {
+        pb::Role::Agent
+    };
+    let hello = wire::envelope(Body::Hello(pb::Hello {
+        protocol_version: PROTOCOL_VERSION,
+        role: role as i32,
+        identity: identity.identity.uri(),
+        advertise_addr: String::new(),
+        relay: false,
+    }));
+    send.write_all(&wire::encode_frame(&hello).unwrap())
+        .await
+        .unwrap();
+    (endpoint, conn, send, recv)
+}
+
 fn converged(replicas: &[&TestNode], agents: &[&TestNode]) -> bool {
     let want: Vec<_> = {
         let mut all: Vec<_> = agents.iter().flat_map(|a| a.entries()).collect();
@@ -176,23 +214,9 @@ async fn agent_of_cluster_a_cannot_sync_a_cluster_b_document() {
         let ca = certs::generate_ca("test CA", 1).unwrap();
         let r0 = start(fast_config(certs::issue_identity(&ca, &replica_id("r0"), 1).unwrap(), vec![])).await;
         let rogue_id = certs::issue_identity(&ca, &agent_id("a", "n1"), 1).unwrap();
-        let cfg = fast_config(rogue_id.clone(), vec![]);
         // A hand-rolled client speaking the wire protocol directly, bypassing its own checks.
-        let endpoint = transport::make_endpoint(LOCAL.parse().unwrap(), &rogue_id, &cfg.transport).unwrap();
-        let conn = endpoint
-            .connect(r0.handle.local_addr(), MESH_SERVER_NAME)
-            .unwrap()
-            .await
-            .unwrap();
-        let (mut send, mut recv) = conn.open_bi().await.unwrap();
-        let hello = wire::envelope(Body::Hello(pb::Hello {
-            protocol_version: PROTOCOL_VERSION,
-            role: pb::Role::Agent as i32,
-            identity: rogue_id.identity.uri(),
-            advertise_addr: String::new(),
-            relay: false,
-        }));
-        send.write_all(&wire::encode_frame(&hello).unwrap()).await.unwrap();
+        let (_endpoint, conn, mut send, mut recv) =
+            raw_session(&rogue_id, r0.handle.local_addr()).await;
         // Build a genuine automerge exchange for cluster b's document.
         let victim = DocId::new("b", "n1");
         let mut forged = MemStore::new();
@@ -371,25 +395,8 @@ async fn a_node_with_a_full_inbound_queue_keeps_its_heartbeats() {
             }
         }
         let flooder = certs::issue_identity(&ca, &replica_id("r9"), 1).unwrap();
-        let fcfg = fast_config(flooder.clone(), vec![]);
-        let endpoint =
-            transport::make_endpoint(LOCAL.parse().unwrap(), &flooder, &fcfg.transport).unwrap();
-        let conn = endpoint
-            .connect(r0.handle.local_addr(), MESH_SERVER_NAME)
-            .unwrap()
-            .await
-            .unwrap();
-        let (mut send, mut recv) = conn.open_bi().await.unwrap();
-        let hello = wire::envelope(Body::Hello(pb::Hello {
-            protocol_version: PROTOCOL_VERSION,
-            role: pb::Role::Replica as i32,
-            identity: flooder.identity.uri(),
-            advertise_addr: String::new(),
-            relay: false,
-        }));
-        send.write_all(&wire::encode_frame(&hello).unwrap())
-            .await
-            .unwrap();
+        let (_endpoint, conn, mut send, mut recv) =
+            raw_session(&flooder, r0.handle.local_addr()).await;
         // Read everything r0 sends, noting when its heartbeats arrive.
         let heartbeats = Arc::new(Mutex::new(Vec::<Instant>::new()));
         let seen = heartbeats.clone();

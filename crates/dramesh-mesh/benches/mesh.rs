@@ -7,8 +7,10 @@
 //! (the partition). Writers (`MESH_AGENTS`):
 //! - `dir` (default): one directory-mode agent per member cluster (one document per cluster);
 //! - `node`: the DaemonSet shape, one writer per node with its own document and the
-//!   cluster-scoped records from the cluster's Lease holder (`mesh_parts/nodes.rs`); every
-//!   writer dials every replica. Also measures the per-connection and per-document costs.
+//!   cluster-scoped records from the cluster's Lease holder (`mesh_parts/nodes.rs`). With
+//!   `MESH_TOPOLOGY=relay` (the default) node writers sync with their cluster's relay, which
+//!   carries the cluster to the replicas (`mesh_parts/relay.rs`); with `direct` every writer
+//!   dials every replica. Also measures the per-connection and per-document costs.
 //!
 //! Phases and figures:
 //! 1. fleet load: writers build their documents from `dramesh-sim` clusters, then connect;
@@ -19,7 +21,8 @@
 //!    JSON size of the changed Node, replica CPU (from `/proc/<pid>/stat`), sessions, open
 //!    file descriptors and threads.
 //! 3. partition r2 for `MESH_PARTITION_SECS` while updates continue, stop updates and heal:
-//!    time until all replicas hold the writers' state.
+//!    time until all replicas hold the writers' state, and the CPU seconds the heal cost the
+//!    healing replica (and its protocol thread), the bench process and the other replicas.
 //! 4. a new replica with an empty directory joins: time and bytes to load the fleet.
 //! 5. resident memory of every replica process.
 //! 6. layout probe (directory mode): resident cost of one document per node vs one per
@@ -33,7 +36,8 @@
 //! The defaults run the fleet and rate with shorter measured windows so the whole
 //! bench fits in about 5 minutes on a 2-core machine; `MESH_PARTITION_SECS=60` measures the
 //! full partition. Prints a table, a summary of the targets with PASS/FAIL, and one
-//! `MESH_BENCH_JSON {...}` line.
+//! `MESH_BENCH_JSON {...}` line. A fixed CPU probe at the start and the machine's busy share
+//! in the steady window tell runs on a slower or fuller machine apart.
 //!
 //! Probe (no sockets, one process, for profiling one side): `cargo bench -p dramesh-mesh
 //! --bench mesh -- __load <clusters> <nodes>` times a replica receiving a fleet of per-node
@@ -743,6 +747,20 @@ impl ReplicaProc {
     }
 }
 
+/// Milliseconds one thread takes to hash 256 MiB with SHA-256: a fixed amount of work, so runs
+/// on a machine whose speed drifts (a shared VM) can be told apart.
+fn cpu_probe_ms() -> f64 {
+    use sha2::Digest as _;
+    let block = vec![0x5au8; 1 << 20];
+    let started = Instant::now();
+    let mut h = sha2::Sha256::new();
+    for _ in 0..256 {
+        h.update(&block);
+    }
+    std::hint::black_box(h.finalize());
+    started.elapsed().as_secs_f64() * 1e3
+}
+
 /// CPU seconds (user + system) process `pid` has used, from `/proc/<pid>/stat`.
 fn proc_cpu_secs(pid: u32) -> f64 {
     stat_cpu_secs(&format!("/proc/{pid}/stat"))
@@ -1190,6 +1208,8 @@ struct Bench {
     steady: Duration,
     partition: Duration,
     layout_nodes: usize,
+    /// [`cpu_probe_ms`] at the start.
+    cpu_probe_ms: f64,
     start: Instant,
     tmp: tempfile::TempDir,
     certdir: PathBuf,
@@ -1220,6 +1240,10 @@ fn run(rt: &tokio::runtime::Runtime) {
     println!(
         "mesh bench ({mode} agents): {clusters} clusters x {nodes} nodes, {rate} updates/s, steady {steady:?}, partition {partition:?}"
     );
+    let cpu_probe_ms = cpu_probe_ms();
+    println!(
+        "machine speed probe: SHA-256 of 256 MiB on one thread in {cpu_probe_ms:.0} ms (the same machine is slower in some hours; compare runs whose probes agree)"
+    );
     let tmp = tempfile::tempdir().expect("temp dir");
     let certdir = tmp.path().join("certs");
     std::fs::create_dir_all(&certdir).expect("cert dir");
@@ -1240,6 +1264,7 @@ fn run(rt: &tokio::runtime::Runtime) {
         steady,
         partition,
         layout_nodes,
+        cpu_probe_ms,
         start: Instant::now(),
         tmp,
         certdir,
@@ -2049,6 +2074,7 @@ fn phases<W: Writers>(
         o.insert("replica_threads".into(), json!(steady_load.threads));
         o.insert("parent_cpu_cores".into(), json!(parent_cpu.0));
         o.insert("steady_machine_busy".into(), json!(steady_busy));
+        o.insert("cpu_probe_ms".into(), json!(b.cpu_probe_ms));
         o.insert(
             "heal_cpu_secs".into(),
             json!({

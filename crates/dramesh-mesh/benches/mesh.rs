@@ -317,6 +317,7 @@ fn replica_main(args: &[String]) {
                         "sync_resets": c.sync_resets,
                         "digest_mismatches": c.digest_mismatches,
                         "left_to_peer": c.repairs_left_to_peer,
+                        "from_listed_heads": c.repairs_from_listed_heads,
                         "rounds_deferred": c.rounds_deferred,
                         "peer_rx": peers
                             .iter()
@@ -1768,7 +1769,7 @@ fn phases<W: Writers>(
     println!("{heal_cpu}");
     let s2 = r2.status();
     println!(
-        "partition {partition_secs:.0}s with {} updates (left side converged: {}, r2 behind: {r2_behind}); after heal: r2 reconnected {:?}, converged {:?}; during the heal r2 received / sent {} / {} sync messages, restarted {}, left {} repairs to its peers and deferred {} rounds",
+        "partition {partition_secs:.0}s with {} updates (left side converged: {}, r2 behind: {r2_behind}); after heal: r2 reconnected {:?}, converged {:?}; during the heal r2 received / sent {} / {} sync messages, restarted {}, left {} repairs to its peers, started {} from their listed heads and deferred {} rounds",
         part_sent.len(),
         left_ok.is_some(),
         reconnect,
@@ -1777,6 +1778,7 @@ fn phases<W: Writers>(
         u(&s2, "sync_out") - u(&s2_before, "sync_out"),
         u(&s2, "sync_resets") - u(&s2_before, "sync_resets"),
         u(&s2, "left_to_peer") - u(&s2_before, "left_to_peer"),
+        u(&s2, "from_listed_heads") - u(&s2_before, "from_listed_heads"),
         u(&s2, "rounds_deferred") - u(&s2_before, "rounds_deferred"),
     );
 

@@ -28,7 +28,8 @@
 //!   two rounds. A session starts no round, and answers no probe, while the peer has not yet
 //!   handled the repairs of its previous round (it says how far it got in its heartbeats).
 //!   Entries carry their heads, and the first repair of a document on a session is started by
-//!   the side that lacks changes (`Protocol::push_differences`). Between two replicas, a
+//!   the side ahead, with the changes after the heads the other side listed
+//!   (`Protocol::push_differences`). Between two replicas, a
 //!   document whose writer has a session with this replica and reports reaching the other one
 //!   is left to that writer (its own anti-entropy with each replica repairs it): under a steady
 //!   update stream replicas' digests always differ by the changes in flight, and repairing them
@@ -227,9 +228,12 @@ pub struct Counters {
     /// Anti-entropy rounds not started, or not answered, because the peer had yet to handle
     /// the repairs of the session's previous round (see [`Protocol::on_tick`]).
     pub rounds_deferred: u64,
-    /// Differing documents an anti-entropy round left to the peer to repair: it listed heads
-    /// this node already holds, so it lacks changes and asks for them itself.
+    /// Differing documents an anti-entropy round left to the peer to repair for one round: it
+    /// listed heads this node lacks, so it holds changes this node does not and sends them.
     pub repairs_left_to_peer: u64,
+    /// Repairs whose first message carried the changes after the heads the peer listed,
+    /// without waiting for the peer to ask (see `Protocol::push_differences`).
+    pub repairs_from_listed_heads: u64,
     /// Frames the driver dropped (the peer's outbound queue was full, or what they acknowledged
     /// could not be made durable); see [`Protocol::on_dropped`].
     pub backpressure_events: u64,
@@ -336,6 +340,9 @@ struct Session {
     /// Until when a session between two replicas leaves every member cluster's documents to
     /// their carriers ([`ProtocolConfig::carrier_grace`]).
     carrier_grace_until: Option<Instant>,
+    /// Documents with no sync state on this session that an anti-entropy round left to the
+    /// peer, holding changes we lack, and when (see [`Protocol::push_differences`]).
+    left_to_peer: HashMap<DocId, Instant>,
 }
 
 impl Session {
@@ -758,6 +765,7 @@ impl Protocol {
                 frames_out: 0,
                 peer_processed: None,
                 repairs_sent: 0,
+                left_to_peer: HashMap::new(),
                 last_heard: now,
                 docs_behind: 0,
                 digest_matched: false,
@@ -899,6 +907,7 @@ impl Protocol {
         generation: u64,
     ) -> &'a mut SyncState {
         let ds = session.docs.entry(doc.clone()).or_insert_with(|| {
+            session.left_to_peer.remove(doc);
             let state = match saved.remove(&(session.identity.clone(), doc.clone())) {
                 Some((g, state)) if g == generation => state,
                 _ => SyncState::new(),
@@ -1229,7 +1238,10 @@ impl Protocol {
             return out;
         }
         match body {
-            Body::Hello(h) => self.on_hello(store, conn, &peer, h, hello_received, &mut out),
+            Body::Hello(_) if hello_received => {
+                self.protocol_error(&mut out, conn, "duplicate Hello".into());
+            }
+            Body::Hello(h) => self.on_hello(store, conn, &peer, h, now, &mut out),
             Body::Digest(d) => self.on_digest(store, conn, d, now, &mut out),
             Body::BucketRequest(r) => {
                 let Some(buckets) = self.check_buckets(&mut out, conn, &r.buckets) else {
@@ -1294,13 +1306,9 @@ impl Protocol {
         conn: ConnId,
         peer: &PeerIdentity,
         h: pb::Hello,
-        already: bool,
+        now: Instant,
         out: &mut Vec<Output>,
     ) {
-        if already {
-            self.protocol_error(out, conn, "duplicate Hello".into());
-            return;
-        }
         if h.protocol_version != PROTOCOL_VERSION {
             self.protocol_error(
                 out,
@@ -1349,6 +1357,23 @@ impl Protocol {
             s.scope = Some(scope);
         }
         self.schedule(conn);
+        if !self.local.is_replica() && peer.is_replica() {
+            // Every replica this agent reaches hears so at the next tick, not a heartbeat
+            // interval later: until then a replica relays the agent's changes to the others
+            // (after a healed partition, the thousands the agent repairs first).
+            let replicas: Vec<ConnId> = self
+                .sessions
+                .iter()
+                .filter(|(_, s)| s.hello_received && s.identity.is_replica())
+                .map(|(c, _)| *c)
+                .collect();
+            for c in replicas {
+                if let Some(s) = self.sessions.get_mut(&c) {
+                    s.next_heartbeat = now;
+                }
+                self.schedule(c);
+            }
+        }
         if peer.is_replica()
             && let Some(addr) = &advertise
         {
@@ -1579,13 +1604,14 @@ impl Protocol {
     /// Starts the sync of each of `mine` that differs from the peer's entry in `theirs`, up to
     /// [`ProtocolConfig::max_repairs_per_round`].
     ///
-    /// Except where the peer listed heads we already hold, and the session has exchanged
-    /// nothing about the document yet (the first round after a connect, as when a partition
-    /// heals): then the peer holds a subset of our changes and, lacking our heads, starts this
-    /// document's sync itself; its first message tells us what it has, and our answer carries
-    /// the changes. Starting it from both ends as well crosses two first messages and costs
-    /// both sides about twice the messages per document. Later in a session our state may hold
-    /// the message the peer awaits, so there both ends start it as before.
+    /// Where the session has exchanged nothing about the document yet (the first round after a
+    /// connect, as when a partition heals) and the peer listed its heads, only the side ahead
+    /// starts: if we hold those heads, our first message carries every change after them
+    /// (the peer's opening message, which would only have told us so, is skipped); if the peer
+    /// holds changes we lack, we leave the document to it for one round. Per document that is
+    /// the changes and their acknowledgement, where opening from the side behind took three
+    /// messages and opening from both ends crossed two first messages. Later in a session our
+    /// state may hold the message the peer awaits, so there both ends start it as before.
     fn push_differences<S: DocStore>(
         &mut self,
         store: &mut S,
@@ -1603,23 +1629,48 @@ impl Protocol {
             if !entry.should_push_to(their.map(|(e, _)| e)) {
                 continue;
             }
+            let mut ahead = None;
             if let Some((e, raw)) = their
-                && self
-                    .sessions
-                    .get(&conn)
-                    .is_some_and(|s| !s.docs.contains_key(&entry.doc))
+                && let Some(session) = self.sessions.get_mut(&conn)
+                && !session.docs.contains_key(&entry.doc)
                 && let heads = wire::heads_from_wire(raw, e)
                 && !heads.is_empty()
-                && store.holds_changes(&entry.doc, e.generation, &heads)
             {
-                self.counters.repairs_left_to_peer += 1;
-                continue;
+                if store.holds_changes(&entry.doc, e.generation, &heads) {
+                    ahead = Some(heads);
+                } else if e.generation == entry.generation {
+                    // The peer holds changes we lack: one writer per document makes it the
+                    // side ahead, and it sends them. Should it not within 3/4 of an
+                    // anti-entropy interval (both lack changes, or its message was lost), a
+                    // later round starts the sync here.
+                    let min_age = session.anti_entropy_interval.mul_f64(0.75);
+                    let since = *session.left_to_peer.entry(entry.doc.clone()).or_insert(now);
+                    if now.saturating_duration_since(since) < min_age {
+                        if since == now {
+                            self.counters.repairs_left_to_peer += 1;
+                        }
+                        continue;
+                    }
+                    session.left_to_peer.remove(&entry.doc);
+                }
             }
             if repairs == self.config.max_repairs_per_round {
                 // The next rounds find the rest still differing.
                 break;
             }
             repairs += 1;
+            if let Some(heads) = ahead
+                && let Some(session) = self.sessions.get_mut(&conn)
+            {
+                Self::doc_state(
+                    &mut self.saved_states,
+                    session,
+                    &entry.doc,
+                    entry.generation,
+                )
+                .assume_peer_holds(&heads);
+                self.counters.repairs_from_listed_heads += 1;
+            }
             self.repair_doc(store, conn, &entry.doc, now, out);
         }
         if repairs > 0

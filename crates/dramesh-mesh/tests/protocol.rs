@@ -385,6 +385,32 @@ fn replicas_a_writer_reaches_itself_get_no_relay() {
 }
 
 #[test]
+fn replicas_hear_whom_a_new_writer_reaches_at_its_first_tick() {
+    // r1 - r0 - r2; the agent connects to r0 and r1 and writes at once, a millisecond later:
+    // its heartbeat interval (1 s) has not passed, but r0 already knows not to relay to r1.
+    let delay = Duration::from_millis(500);
+    let mut sim = three_replicas_and_agent(delay);
+    sim.connect(0, 1);
+    sim.connect(0, 2);
+    sim.connect(3, 0);
+    sim.connect(3, 1);
+    sim.run();
+    sim.tick(Duration::from_millis(1));
+    let doc = DocId::new("c1", "n1");
+    let relayed_to_r1 = |sim: &Sim| sim.syncs.get(&(0, 1)).copied().unwrap_or(0);
+    let before = relayed_to_r1(&sim);
+    sim.write(3, &doc, "gpu", "8");
+    sim.tick(delay);
+    assert_eq!(sim.nodes[1].store.get(&doc, "gpu").as_deref(), Some("8"));
+    assert_eq!(sim.nodes[2].store.get(&doc, "gpu").as_deref(), Some("8"));
+    assert_eq!(
+        relayed_to_r1(&sim),
+        before,
+        "r0 relayed to r1 the agent reaches"
+    );
+}
+
+#[test]
 fn replicas_leave_a_document_to_its_writer_when_it_reaches_both() {
     let delay = Duration::from_millis(500);
     let mut sim =
@@ -1335,34 +1361,61 @@ fn converge_apart_replicas(sim: &mut Sim, docs: &[DocId], rounds: usize) {
 }
 
 #[test]
-fn after_a_partition_the_side_that_lacks_changes_starts_each_repair() {
-    // Each side holds every head the other listed for the documents it changed, so it leaves
-    // their repair to the other side, whose first message asks for the changes: per document
-    // one message from the side behind, the changes, and the acknowledgement.
+fn after_a_partition_the_side_ahead_starts_each_repair_with_the_changes() {
+    // Each side holds every head the other listed for the documents it changed, so its first
+    // message carries the changes after them, and the side behind leaves those documents to
+    // it: per document the changes and the acknowledgement, nothing else.
     let (mut sim, docs) = replicas_apart_then_reconnected();
     sim.run();
     converge_apart_replicas(&mut sim, &docs, 3);
     let syncs: usize = sim.syncs.values().sum();
     println!("sync frames after the heal: {:?}", sim.syncs);
-    assert_eq!(sim.nodes[0].proto.counters().repairs_left_to_peer, 40);
-    assert_eq!(sim.nodes[1].proto.counters().repairs_left_to_peer, 20);
+    let (c0, c1) = (sim.nodes[0].proto.counters(), sim.nodes[1].proto.counters());
+    assert_eq!(c0.repairs_from_listed_heads, 40);
+    assert_eq!(c1.repairs_from_listed_heads, 20);
+    assert_eq!(c0.repairs_left_to_peer, 20);
+    assert_eq!(c1.repairs_left_to_peer, 40);
     assert!(
-        syncs <= 3 * docs[..].len(),
+        syncs <= 2 * docs[..].len(),
         "{syncs} sync frames for 60 documents"
     );
-    assert_eq!(sim.nodes[0].proto.counters().sync_resets, 0);
-    assert_eq!(sim.nodes[1].proto.counters().sync_resets, 0);
+    assert_eq!(c0.sync_resets, 0);
+    assert_eq!(c1.sync_resets, 0);
 }
 
 #[test]
-fn a_lost_first_message_of_the_side_behind_is_repaired_by_later_rounds() {
-    // The side ahead leaves the repair to the side behind; when that side's first message
-    // is lost, its own anti-entropy resets and resends it.
+fn a_lost_first_message_of_the_side_ahead_is_repaired_by_later_rounds() {
+    // The side behind leaves the repair to the side ahead for one round; when the changes
+    // the side ahead sent first are lost, the next rounds find the document still differing
+    // and start its sync again.
     let (mut sim, docs) = replicas_apart_then_reconnected();
-    sim.drop_next_sync_from = Some(1);
-    sim.run();
+    let lost = pb::DocId::from(&docs[40]);
+    let mut dropped = 0;
+    let mut steps = 0;
+    while let Some((to, conn, env)) = sim.queue.pop_front() {
+        steps += 1;
+        assert!(steps < 100_000, "protocol did not quiesce");
+        if to == 0
+            && dropped == 0
+            && matches!(&env.body, Some(Body::Sync(s)) if s.doc.as_ref() == Some(&lost))
+        {
+            dropped += 1;
+            continue;
+        }
+        let node = &mut sim.nodes[to];
+        let out = node.proto.handle_frame(&mut node.store, conn, env, sim.now);
+        sim.route(to, out);
+    }
+    let lost = docs[40..]
+        .iter()
+        .enumerate()
+        .filter(|(i, d)| sim.nodes[0].store.get(d, "gpu") != Some(format!("r1-{i}")))
+        .count();
+    assert_eq!(lost, 1, "one document's changes were dropped");
     converge_apart_replicas(&mut sim, &docs, 6);
-    assert!(sim.nodes[1].proto.counters().sync_resets >= 1);
+    let resets =
+        sim.nodes[0].proto.counters().sync_resets + sim.nodes[1].proto.counters().sync_resets;
+    assert!(resets >= 1);
 }
 
 #[test]
@@ -1393,21 +1446,21 @@ fn entries_without_heads_are_repaired_from_both_sides_as_before() {
 
 #[test]
 fn deferred_answers_go_before_the_bucket_frames_that_follow_them() {
-    // r0 coalesces its answers (as nodes do). r1, behind, asks for a document; r0's answer is
-    // deferred to the end of the batch, but a bucket frame r0 sends r1 in the same batch must
-    // not overtake it: r1 would find the document still differing with no answer yet and
-    // restart its sync.
+    // r0 coalesces its answers (as nodes do). r1, ahead on a document, sends r0 its changes;
+    // r0's acknowledgement is deferred to the end of the batch, but a bucket frame r0 sends r1
+    // in the same batch must not overtake it: r1 would find the document still differing with
+    // no answer yet and restart its sync.
     let (mut sim, docs) = replicas_apart_then_reconnected();
     sim.nodes[0].proto.set_coalesce_pushes(true);
-    // Deliver frames until r1's first message about a document r0 is ahead on reaches r0.
+    // Deliver frames until r1's changes to a document it is ahead on reach r0.
     let mut steps = 0;
     loop {
         steps += 1;
-        assert!(steps < 10_000, "r1 never asked r0 for a document");
+        assert!(steps < 10_000, "r1 never sent r0 its changes");
         let (to, conn, env) = sim.queue.pop_front().expect("frames in flight");
         let asks = to == 0
             && matches!(&env.body, Some(Body::Sync(s))
-                if docs[..40].iter().any(|d| Some(&pb::DocId::from(d)) == s.doc.as_ref()));
+                if docs[40..].iter().any(|d| Some(&pb::DocId::from(d)) == s.doc.as_ref()));
         let node = &mut sim.nodes[to];
         let out = node.proto.handle_frame(&mut node.store, conn, env, sim.now);
         sim.route(to, out);
@@ -1443,14 +1496,16 @@ fn deferred_answers_go_before_the_bucket_frames_that_follow_them() {
 
 #[test]
 fn no_new_round_while_the_peer_has_not_handled_the_last_ones_repairs() {
-    // r1 asks r0 for 40 documents; its frames then wait in transit (as behind a long queue)
-    // while r0's heartbeats and probes reach it. r1 keeps hearing that the documents differ,
-    // but neither starts rounds, nor answers r0's probes, nor restarts (and so resends) its
-    // repairs until r0 reports having handled them; then the rounds resume and converge.
+    // r1 sends r0 the changes of 20 documents (and acknowledges r0's 40); its frames then
+    // wait in transit (as behind a long queue) while r0's heartbeats and probes reach it. r1
+    // keeps hearing that the documents differ, but neither starts rounds, nor answers r0's
+    // probes, nor restarts (and so resends) its repairs until r0 reports having handled them;
+    // then the rounds resume and converge.
     let (mut sim, docs) = replicas_apart_then_reconnected();
     sim.hold_sync_from = Some(1);
     sim.run();
     sim.hold_sync_from = None;
+    let syncs_held = sim.held.len();
     sim.hold_all_from = Some(1);
     let probes = sim.nodes[1].proto.counters().digest_probes_sent;
     for _ in 0..6 {
@@ -1461,8 +1516,9 @@ fn no_new_round_while_the_peer_has_not_handled_the_last_ones_repairs() {
     assert_eq!(c1.digest_probes_sent, probes, "no round started");
     assert_eq!(c1.sync_resets, 0, "no repair restarted");
     assert_eq!(
-        sim.nodes[1].store.get(&docs[0], "gpu").as_deref(),
-        Some("0")
+        sim.nodes[0].store.get(&docs[40], "gpu").as_deref(),
+        Some("0"),
+        "r1's changes are still in transit"
     );
     assert!(
         c1.rounds_deferred >= 2,
@@ -1471,10 +1527,13 @@ fn no_new_round_while_the_peer_has_not_handled_the_last_ones_repairs() {
     );
     let frames_held = sim.held.len();
     assert!(
-        sim.held.iter().skip(40).all(|(_, _, env)| !matches!(
-            env.body,
-            Some(Body::Digest(_)) | Some(Body::BucketRequest(_))
-        )),
+        sim.held
+            .iter()
+            .skip(syncs_held)
+            .all(|(_, _, env)| !matches!(
+                env.body,
+                Some(Body::Digest(_)) | Some(Body::BucketRequest(_))
+            )),
         "r1 sent anti-entropy frames while its repairs waited ({frames_held} frames held)"
     );
     sim.hold_all_from = None;

@@ -2,6 +2,7 @@
 //! so that automerge's types stay inside this crate (the pinned release changes here only).
 
 use automerge::Automerge;
+use automerge::ChangeHash;
 use automerge::sync::{self, SyncDoc};
 
 /// The sync state of one (document generation, peer) pair. The store reads and updates it in
@@ -28,6 +29,26 @@ impl SyncState {
     /// what survives a reconnection.
     pub fn reset(&mut self) {
         self.0 = sync::State::decode(&self.0.encode()).unwrap_or_else(|_| sync::State::new());
+    }
+
+    /// Takes the peer to hold exactly `heads` and their history (it listed them, and we hold
+    /// them too), so the next generate carries every change after them without waiting for the
+    /// peer's first message. A peer that holds less asks for the rest by hash as usual; one that
+    /// holds more receives changes it has and ignores them.
+    pub fn assume_peer_holds(&mut self, heads: &[[u8; 32]]) {
+        let heads: Vec<ChangeHash> = heads.iter().map(|h| ChangeHash(*h)).collect();
+        self.0.shared_heads.clone_from(&heads);
+        self.0.their_have = Some(vec![sync::Have {
+            last_sync: heads.clone(),
+            bloom: sync::BloomFilter::default(),
+        }]);
+        self.0.their_heads = Some(heads);
+        self.0.their_need = Some(Vec::new());
+        // Every peer runs the same automerge release; its first message would say as much.
+        self.0.their_capabilities = Some(vec![
+            sync::Capability::MessageV1,
+            sync::Capability::MessageV2,
+        ]);
     }
 
     /// Forgets having sent the changes the peer's last message asked for, so the next generate
@@ -122,6 +143,45 @@ mod tests {
         s.0.their_need = None;
         s.resend_requested();
         assert!(s.0.sent_hashes.contains(&other));
+    }
+
+    #[test]
+    fn assuming_the_peer_holds_its_heads_sends_the_changes_after_them_at_once() {
+        let mut ahead = doc_with("k");
+        let mut behind = ahead.fork();
+        let listed: Vec<[u8; 32]> = behind.get_heads().iter().map(|h| h.0).collect();
+        for key in ["k2", "k3"] {
+            let mut tx = ahead.transaction();
+            tx.put(ROOT, key, "v").unwrap();
+            tx.commit();
+        }
+        let mut s_ahead = SyncState::new();
+        s_ahead.assume_peer_holds(&listed);
+        let first = ahead.generate_sync_message(&mut s_ahead.0).unwrap();
+        // The changes after the listed heads, without a message from the peer first.
+        assert!(!first.changes.is_empty());
+        let mut s_behind = SyncState::new();
+        behind.receive_sync_message(&mut s_behind.0, first).unwrap();
+        assert_eq!(behind.get_heads(), ahead.get_heads());
+        // The acknowledgement settles it: nothing more either way.
+        let ack = behind.generate_sync_message(&mut s_behind.0).unwrap();
+        assert!(ack.changes.is_empty());
+        ahead.receive_sync_message(&mut s_ahead.0, ack).unwrap();
+        assert!(ahead.generate_sync_message(&mut s_ahead.0).is_none());
+    }
+
+    #[test]
+    fn a_peer_holding_less_than_it_listed_asks_for_the_rest() {
+        let mut ahead = doc_with("k");
+        let mut behind = Automerge::new();
+        let listed: Vec<[u8; 32]> = ahead.get_heads().iter().map(|h| h.0).collect();
+        let mut tx = ahead.transaction();
+        tx.put(ROOT, "k2", "v").unwrap();
+        tx.commit();
+        let (mut sa, mut sb) = (SyncState::new(), SyncState::new());
+        sa.assume_peer_holds(&listed);
+        sync_all(&mut ahead, &mut sa, &mut behind, &mut sb);
+        assert_eq!(behind.get_heads(), ahead.get_heads());
     }
 
     #[test]

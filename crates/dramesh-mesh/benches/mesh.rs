@@ -318,6 +318,7 @@ fn replica_main(args: &[String]) {
                         "digest_mismatches": c.digest_mismatches,
                         "left_to_peer": c.repairs_left_to_peer,
                         "from_listed_heads": c.repairs_from_listed_heads,
+                        "answers_not_needed": c.answers_not_needed,
                         "rounds_deferred": c.rounds_deferred,
                         "peer_rx": peers
                             .iter()
@@ -1769,7 +1770,7 @@ fn phases<W: Writers>(
     println!("{heal_cpu}");
     let s2 = r2.status();
     println!(
-        "partition {partition_secs:.0}s with {} updates (left side converged: {}, r2 behind: {r2_behind}); after heal: r2 reconnected {:?}, converged {:?}; during the heal r2 received / sent {} / {} sync messages, restarted {}, left {} repairs to its peers, started {} from their listed heads and deferred {} rounds",
+        "partition {partition_secs:.0}s with {} updates (left side converged: {}, r2 behind: {r2_behind}); after heal: r2 reconnected {:?}, converged {:?}; during the heal r2 received / sent {} / {} sync messages, restarted {}, left {} repairs to its peers, started {} from their listed heads, needed no answer to {} and deferred {} rounds",
         part_sent.len(),
         left_ok.is_some(),
         reconnect,
@@ -1779,6 +1780,7 @@ fn phases<W: Writers>(
         u(&s2, "sync_resets") - u(&s2_before, "sync_resets"),
         u(&s2, "left_to_peer") - u(&s2_before, "left_to_peer"),
         u(&s2, "from_listed_heads") - u(&s2_before, "from_listed_heads"),
+        u(&s2, "answers_not_needed") - u(&s2_before, "answers_not_needed"),
         u(&s2, "rounds_deferred") - u(&s2_before, "rounds_deferred"),
     );
 

@@ -1087,7 +1087,7 @@ impl Timeline {
             top.join(", ")
         );
         eprintln!(
-            "{phase} {:5.1}s: peers {} docs {} applied {} sync in/out {}/{} rx {:.1} MB tx {:.1} MB dropped {} resets {} mismatches {} compactions {} (+{} deferred)",
+            "{phase} {:5.1}s: peers {} docs {} applied {} sync in/out {}/{} rx {:.1} MB tx {:.1} MB dropped {} resets {} mismatches {} opened from listed heads {} unanswered {} compactions {} (+{} deferred)",
             at.as_secs_f64(),
             u(s, "peers"),
             u(s, "docs"),
@@ -1099,6 +1099,8 @@ impl Timeline {
             u(s, "frames_dropped"),
             u(s, "sync_resets"),
             u(s, "digest_mismatches"),
+            u(s, "from_listed_heads"),
+            u(s, "answers_not_needed"),
             u(s, "compactions"),
             u(s, "compactions_deferred"),
         );

@@ -318,7 +318,6 @@ fn replica_main(args: &[String]) {
                         "digest_mismatches": c.digest_mismatches,
                         "left_to_peer": c.repairs_left_to_peer,
                         "from_listed_heads": c.repairs_from_listed_heads,
-                        "answers_not_needed": c.answers_not_needed,
                         "rounds_deferred": c.rounds_deferred,
                         "peer_rx": peers
                             .iter()
@@ -1087,7 +1086,7 @@ impl Timeline {
             top.join(", ")
         );
         eprintln!(
-            "{phase} {:5.1}s: peers {} docs {} applied {} sync in/out {}/{} rx {:.1} MB tx {:.1} MB dropped {} resets {} mismatches {} opened from listed heads {} unanswered {} compactions {} (+{} deferred)",
+            "{phase} {:5.1}s: peers {} docs {} applied {} sync in/out {}/{} rx {:.1} MB tx {:.1} MB dropped {} resets {} mismatches {} opened from listed heads {} compactions {} (+{} deferred)",
             at.as_secs_f64(),
             u(s, "peers"),
             u(s, "docs"),
@@ -1100,7 +1099,6 @@ impl Timeline {
             u(s, "sync_resets"),
             u(s, "digest_mismatches"),
             u(s, "from_listed_heads"),
-            u(s, "answers_not_needed"),
             u(s, "compactions"),
             u(s, "compactions_deferred"),
         );
@@ -1772,7 +1770,7 @@ fn phases<W: Writers>(
     println!("{heal_cpu}");
     let s2 = r2.status();
     println!(
-        "partition {partition_secs:.0}s with {} updates (left side converged: {}, r2 behind: {r2_behind}); after heal: r2 reconnected {:?}, converged {:?}; during the heal r2 received / sent {} / {} sync messages, restarted {}, left {} repairs to its peers, started {} from their listed heads, needed no answer to {} and deferred {} rounds",
+        "partition {partition_secs:.0}s with {} updates (left side converged: {}, r2 behind: {r2_behind}); after heal: r2 reconnected {:?}, converged {:?}; during the heal r2 received / sent {} / {} sync messages, restarted {}, left {} repairs to its peers, started {} from their listed heads and deferred {} rounds",
         part_sent.len(),
         left_ok.is_some(),
         reconnect,
@@ -1782,7 +1780,6 @@ fn phases<W: Writers>(
         u(&s2, "sync_resets") - u(&s2_before, "sync_resets"),
         u(&s2, "left_to_peer") - u(&s2_before, "left_to_peer"),
         u(&s2, "from_listed_heads") - u(&s2_before, "from_listed_heads"),
-        u(&s2, "answers_not_needed") - u(&s2_before, "answers_not_needed"),
         u(&s2, "rounds_deferred") - u(&s2_before, "rounds_deferred"),
     );
 

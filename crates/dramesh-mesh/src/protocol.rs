@@ -231,9 +231,6 @@ pub struct Counters {
     /// Differing documents an anti-entropy round left to the peer to repair for one round: it
     /// listed heads this node lacks, so it holds changes this node does not and sends them.
     pub repairs_left_to_peer: u64,
-    /// First sync messages of a session that left both ends with the same heads, and so were
-    /// not answered (see `Protocol::on_sync`).
-    pub answers_not_needed: u64,
     /// Repairs whose first message carried the changes after the heads the peer listed,
     /// without waiting for the peer to ask (see `Protocol::push_differences`).
     pub repairs_from_listed_heads: u64,
@@ -1962,9 +1959,7 @@ impl Protocol {
             &s.payload,
             signed.as_ref(),
         );
-        let mut first_exchange = false;
         if let Some(ds) = session.docs.get_mut(&doc) {
-            first_exchange = ds.progress == 0;
             ds.progress += 1;
         }
         match received {
@@ -2025,21 +2020,8 @@ impl Protocol {
         // An agent delivers its own document or, as its cluster's relay, that cluster's: either
         // way it reports in its heartbeats which replicas it reaches itself.
         let from_agent = !peer.is_replica();
-        // Continue the automerge sync exchange with the sender, unless this first message of
-        // the session about the document left both ends holding the same heads (the side ahead
-        // opened with the changes after ours, see `Protocol::push_differences`): the answer
-        // would only say so, and after a healed partition that is one message per document
-        // each way. Later answers go as usual: they advance the peer's view of what we hold.
-        let settled = first_exchange
-            && changed
-            && self
-                .sessions
-                .get(&conn)
-                .and_then(|s| s.docs.get(&doc))
-                .is_some_and(|ds| ds.state.peer_holds_exactly(&store.heads(&doc)));
-        if settled {
-            self.counters.answers_not_needed += 1;
-        } else if after.as_ref().is_some_and(|e| e.generation == s.generation) {
+        // Continue the automerge sync exchange with the sender.
+        if after.as_ref().is_some_and(|e| e.generation == s.generation) {
             if changed && from_agent && self.carries(&doc) && !self.config.ack_delay.is_zero() {
                 self.delay_push(conn, &doc, now + self.config.ack_delay);
             } else {

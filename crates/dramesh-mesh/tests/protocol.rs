@@ -1364,7 +1364,7 @@ fn converge_apart_replicas(sim: &mut Sim, docs: &[DocId], rounds: usize) {
 fn after_a_partition_the_side_ahead_starts_each_repair_with_the_changes() {
     // Each side holds every head the other listed for the documents it changed, so its first
     // message carries the changes after them, and the side behind leaves those documents to
-    // it. Both then hold the same heads, which needs no answer: one message per document.
+    // it: per document the changes and the acknowledgement, nothing else.
     let (mut sim, docs) = replicas_apart_then_reconnected();
     sim.run();
     converge_apart_replicas(&mut sim, &docs, 3);
@@ -1375,36 +1375,12 @@ fn after_a_partition_the_side_ahead_starts_each_repair_with_the_changes() {
     assert_eq!(c1.repairs_from_listed_heads, 20);
     assert_eq!(c0.repairs_left_to_peer, 20);
     assert_eq!(c1.repairs_left_to_peer, 40);
-    assert_eq!(syncs, docs.len(), "sync frames for 60 documents");
-    assert_eq!(c0.answers_not_needed, 20);
-    assert_eq!(c1.answers_not_needed, 40);
+    assert!(
+        syncs <= 2 * docs[..].len(),
+        "{syncs} sync frames for 60 documents"
+    );
     assert_eq!(c0.sync_resets, 0);
     assert_eq!(c1.sync_resets, 0);
-}
-
-#[test]
-fn only_the_first_exchange_of_a_session_goes_unanswered() {
-    // Later answers tell the side ahead what the other holds, so that its next messages start
-    // from there instead of from the heads listed when the session began.
-    let (mut sim, docs) = replicas_apart_then_reconnected();
-    sim.run();
-    converge_apart_replicas(&mut sim, &docs, 3);
-    let unanswered = sim.nodes[1].proto.counters().answers_not_needed;
-    sim.syncs.clear();
-    sim.nodes[0].store.put(&docs[0], "gpu", "2").unwrap();
-    for _ in 0..3 {
-        sim.tick(Duration::from_secs(2));
-    }
-    assert_eq!(
-        sim.nodes[1].store.get(&docs[0], "gpu").as_deref(),
-        Some("2")
-    );
-    assert_eq!(sim.nodes[1].proto.counters().answers_not_needed, unanswered);
-    assert!(
-        sim.syncs.get(&(1, 0)).copied().unwrap_or(0) >= 1,
-        "r1 did not answer: {:?}",
-        sim.syncs
-    );
 }
 
 #[test]
@@ -1470,27 +1446,21 @@ fn entries_without_heads_are_repaired_from_both_sides_as_before() {
 
 #[test]
 fn deferred_answers_go_before_the_bucket_frames_that_follow_them() {
-    // r0 coalesces its answers (as nodes do). r1 asks r0 for a document r0 is ahead on (their
-    // entries list no heads here, as from an older peer, so r1 opens the exchange); r0's
-    // answer is deferred to the end of the batch, but a bucket frame r0 sends r1 in the same
-    // batch must not overtake it: r1 would find the document still differing with no answer
-    // yet and restart its sync.
+    // r0 coalesces its answers (as nodes do). r1, ahead on a document, sends r0 its changes;
+    // r0's acknowledgement is deferred to the end of the batch, but a bucket frame r0 sends r1
+    // in the same batch must not overtake it: r1 would find the document still differing with
+    // no answer yet and restart its sync.
     let (mut sim, docs) = replicas_apart_then_reconnected();
     sim.nodes[0].proto.set_coalesce_pushes(true);
-    // Deliver frames until r1's first message about a document r0 is ahead on reaches r0.
+    // Deliver frames until r1's changes to a document it is ahead on reach r0.
     let mut steps = 0;
     loop {
         steps += 1;
-        assert!(steps < 10_000, "r1 never asked r0 for a document");
-        let (to, conn, mut env) = sim.queue.pop_front().expect("frames in flight");
-        match &mut env.body {
-            Some(Body::BucketRequest(r)) => r.entries.iter_mut().for_each(|e| e.heads.clear()),
-            Some(Body::BucketEntries(r)) => r.entries.iter_mut().for_each(|e| e.heads.clear()),
-            _ => {}
-        }
+        assert!(steps < 10_000, "r1 never sent r0 its changes");
+        let (to, conn, env) = sim.queue.pop_front().expect("frames in flight");
         let asks = to == 0
             && matches!(&env.body, Some(Body::Sync(s))
-                if docs[..40].iter().any(|d| Some(&pb::DocId::from(d)) == s.doc.as_ref()));
+                if docs[40..].iter().any(|d| Some(&pb::DocId::from(d)) == s.doc.as_ref()));
         let node = &mut sim.nodes[to];
         let out = node.proto.handle_frame(&mut node.store, conn, env, sim.now);
         sim.route(to, out);

@@ -51,17 +51,6 @@ impl SyncState {
         ]);
     }
 
-    /// Whether the peer's last message listed exactly `heads` and asked for nothing: it holds
-    /// what we hold, and an answer would only tell it so.
-    pub fn peer_holds_exactly(&self, heads: &[[u8; 32]]) -> bool {
-        self.0.their_need.as_ref().is_some_and(Vec::is_empty)
-            && self
-                .0
-                .their_heads
-                .as_ref()
-                .is_some_and(|theirs| theirs.iter().map(|h| h.0).eq(heads.iter().copied()))
-    }
-
     /// Forgets having sent the changes the peer's last message asked for, so the next generate
     /// sends them again.
     ///

@@ -1027,18 +1027,7 @@ impl Protocol {
             && self.config.peer_exchange
         {
             // Makes the exchange due on every session now (their timers run from here).
-            let hello: Vec<ConnId> = self
-                .sessions
-                .iter()
-                .filter(|(_, s)| s.hello_received)
-                .map(|(c, _)| *c)
-                .collect();
-            for conn in hello {
-                if let Some(s) = self.sessions.get_mut(&conn) {
-                    s.next_peer_exchange = now;
-                }
-                self.schedule(conn);
-            }
+            self.make_due(|_| true, |s| s.next_peer_exchange = now);
         }
         // What each heartbeat of an agent tells: the replicas it reaches (the same for every
         // session of this tick).
@@ -1147,6 +1136,23 @@ impl Protocol {
             self.schedule(conn);
         }
         out
+    }
+
+    /// Moves a timer (`set`) of every session past its hello that `which` selects, and requeues
+    /// those sessions.
+    fn make_due(&mut self, which: impl Fn(&Session) -> bool, set: impl Fn(&mut Session)) {
+        let conns: Vec<ConnId> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.hello_received && which(s))
+            .map(|(c, _)| *c)
+            .collect();
+        for conn in conns {
+            if let Some(s) = self.sessions.get_mut(&conn) {
+                set(s);
+            }
+            self.schedule(conn);
+        }
     }
 
     /// (Re)queues session `conn` in [`Protocol::timers`] at its earliest timer that is on.
@@ -1361,18 +1367,7 @@ impl Protocol {
             // Every replica this agent reaches hears so at the next tick, not a heartbeat
             // interval later: until then a replica relays the agent's changes to the others
             // (after a healed partition, the thousands the agent repairs first).
-            let replicas: Vec<ConnId> = self
-                .sessions
-                .iter()
-                .filter(|(_, s)| s.hello_received && s.identity.is_replica())
-                .map(|(c, _)| *c)
-                .collect();
-            for c in replicas {
-                if let Some(s) = self.sessions.get_mut(&c) {
-                    s.next_heartbeat = now;
-                }
-                self.schedule(c);
-            }
+            self.make_due(|s| s.identity.is_replica(), |s| s.next_heartbeat = now);
         }
         if peer.is_replica()
             && let Some(addr) = &advertise
@@ -1608,10 +1603,11 @@ impl Protocol {
     /// connect, as when a partition heals) and the peer listed its heads, only the side ahead
     /// starts: if we hold those heads, our first message carries every change after them
     /// (the peer's opening message, which would only have told us so, is skipped); if the peer
-    /// holds changes we lack, we leave the document to it for one round. Per document that is
-    /// the changes and their acknowledgement, where opening from the side behind took three
-    /// messages and opening from both ends crossed two first messages. Later in a session our
-    /// state may hold the message the peer awaits, so there both ends start it as before.
+    /// holds changes we lack, we leave the document to it for 0.75 anti-entropy intervals
+    /// (`Session::left_to_peer`). Per document that is the changes and their acknowledgement,
+    /// where opening from the side behind took three messages and opening from both ends
+    /// crossed two first messages. Later in a session our state may hold the message the peer
+    /// awaits, so there both ends start it as before.
     fn push_differences<S: DocStore>(
         &mut self,
         store: &mut S,

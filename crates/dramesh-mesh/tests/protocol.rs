@@ -352,16 +352,21 @@ fn relays_of_writer_changes_wait_and_carry_the_whole_window() {
     assert_eq!(sim.nodes[2].store.get(&doc, "gpu").as_deref(), Some("8"));
 }
 
-#[test]
-fn replicas_a_writer_reaches_itself_get_no_relay() {
-    // r1 - r0 - r2; the agent reaches r0 and r1 but not r2.
-    let delay = Duration::from_millis(500);
-    let mut sim = three_replicas_and_agent(delay);
+/// r1 - r0 - r2, and the agent reaching r0 and r1 but not r2, connected.
+fn agent_reaching_r0_and_r1(relay_delay: Duration) -> Sim {
+    let mut sim = three_replicas_and_agent(relay_delay);
     sim.connect(0, 1);
     sim.connect(0, 2);
     sim.connect(3, 0);
     sim.connect(3, 1);
     sim.run();
+    sim
+}
+
+#[test]
+fn replicas_a_writer_reaches_itself_get_no_relay() {
+    let delay = Duration::from_millis(500);
+    let mut sim = agent_reaching_r0_and_r1(delay);
     let doc = DocId::new("c1", "n1");
     sim.settle_writer(3, &doc, delay);
     let r1_in = sim.nodes[1].proto.counters().sync_in;
@@ -386,15 +391,10 @@ fn replicas_a_writer_reaches_itself_get_no_relay() {
 
 #[test]
 fn replicas_hear_whom_a_new_writer_reaches_at_its_first_tick() {
-    // r1 - r0 - r2; the agent connects to r0 and r1 and writes at once, a millisecond later:
-    // its heartbeat interval (1 s) has not passed, but r0 already knows not to relay to r1.
+    // The agent writes a millisecond after connecting: its heartbeat interval (1 s) has not
+    // passed, but r0 already knows not to relay to r1.
     let delay = Duration::from_millis(500);
-    let mut sim = three_replicas_and_agent(delay);
-    sim.connect(0, 1);
-    sim.connect(0, 2);
-    sim.connect(3, 0);
-    sim.connect(3, 1);
-    sim.run();
+    let mut sim = agent_reaching_r0_and_r1(delay);
     sim.tick(Duration::from_millis(1));
     let doc = DocId::new("c1", "n1");
     let relayed_to_r1 = |sim: &Sim| sim.syncs.get(&(0, 1)).copied().unwrap_or(0);

@@ -228,8 +228,9 @@ pub struct Counters {
     /// Anti-entropy rounds not started, or not answered, because the peer had yet to handle
     /// the repairs of the session's previous round (see [`Protocol::on_tick`]).
     pub rounds_deferred: u64,
-    /// Differing documents an anti-entropy round left to the peer to repair for one round: it
-    /// listed heads this node lacks, so it holds changes this node does not and sends them.
+    /// Differing documents an anti-entropy round left to the peer to repair (for 0.75
+    /// anti-entropy intervals): it listed heads this node lacks, so it holds changes this node
+    /// does not and sends them.
     pub repairs_left_to_peer: u64,
     /// Repairs whose first message carried the changes after the heads the peer listed,
     /// without waiting for the peer to ask (see `Protocol::push_differences`).

@@ -1364,7 +1364,8 @@ fn converge_apart_replicas(sim: &mut Sim, docs: &[DocId], rounds: usize) {
 fn after_a_partition_the_side_ahead_starts_each_repair_with_the_changes() {
     // Each side holds every head the other listed for the documents it changed, so its first
     // message carries the changes after them, and the side behind leaves those documents to
-    // it: per document the changes and the acknowledgement, nothing else.
+    // it: per document the changes and the answer, 120 sync frames (180 when the side behind
+    // opened each repair).
     let (mut sim, docs) = replicas_apart_then_reconnected();
     sim.run();
     converge_apart_replicas(&mut sim, &docs, 3);
@@ -1385,11 +1386,11 @@ fn after_a_partition_the_side_ahead_starts_each_repair_with_the_changes() {
 
 #[test]
 fn a_lost_first_message_of_the_side_ahead_is_repaired_by_later_rounds() {
-    // The side behind leaves the repair to the side ahead for one round; when the changes
-    // the side ahead sent first are lost, the next rounds find the document still differing
-    // and start its sync again.
+    // The side behind leaves the repair to the side ahead for 0.75 anti-entropy intervals;
+    // when the changes the side ahead sent first are lost, the next rounds find the document
+    // still differing and start its sync again.
     let (mut sim, docs) = replicas_apart_then_reconnected();
-    let lost = pb::DocId::from(&docs[40]);
+    let dropped_doc = pb::DocId::from(&docs[40]);
     let mut dropped = 0;
     let mut steps = 0;
     while let Some((to, conn, env)) = sim.queue.pop_front() {
@@ -1397,7 +1398,7 @@ fn a_lost_first_message_of_the_side_ahead_is_repaired_by_later_rounds() {
         assert!(steps < 100_000, "protocol did not quiesce");
         if to == 0
             && dropped == 0
-            && matches!(&env.body, Some(Body::Sync(s)) if s.doc.as_ref() == Some(&lost))
+            && matches!(&env.body, Some(Body::Sync(s)) if s.doc.as_ref() == Some(&dropped_doc))
         {
             dropped += 1;
             continue;

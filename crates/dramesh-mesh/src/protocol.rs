@@ -60,8 +60,7 @@ use tracing::{debug, info, warn};
 use std::sync::Arc;
 
 use dramesh_store::{
-    Attestation, DIGEST_BUCKETS, Digest, DocEntry, DocId, RESERVATION_SCOPE, RETIRED_SCOPE,
-    SyncState,
+    Attestation, DIGEST_BUCKETS, Digest, DocEntry, DocId, REPLICA_SCOPES, SyncState,
 };
 use sha2::{Digest as _, Sha256};
 
@@ -1723,7 +1722,7 @@ impl Protocol {
         if left.all_clusters {
             // Only two replicas leave every cluster, and their scope is everything.
             let mut d = Digest::empty();
-            for scope in [RESERVATION_SCOPE, RETIRED_SCOPE] {
+            for scope in REPLICA_SCOPES {
                 d.xor_with(&store.cluster_digest(scope));
             }
             return d;

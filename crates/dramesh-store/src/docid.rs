@@ -15,10 +15,13 @@ pub const RESERVATION_SCOPE: &str = "_reservations";
 /// Not a valid name segment either.
 pub const RETIRED_SCOPE: &str = "_retired";
 
-/// Whether `cluster` is one of the replicas' own scopes ([`RESERVATION_SCOPE`],
-/// [`RETIRED_SCOPE`]) rather than a member cluster.
+/// The replicas' own scopes: cluster segments of documents only replicas write.
+pub const REPLICA_SCOPES: [&str; 2] = [RESERVATION_SCOPE, RETIRED_SCOPE];
+
+/// Whether `cluster` is one of the replicas' own scopes ([`REPLICA_SCOPES`]) rather than a
+/// member cluster.
 pub fn is_replica_scope(cluster: &str) -> bool {
-    cluster == RESERVATION_SCOPE || cluster == RETIRED_SCOPE
+    REPLICA_SCOPES.contains(&cluster)
 }
 
 /// Writer name of a cluster's whole-cluster publisher (`--source dir` agents: one writer

@@ -31,8 +31,8 @@ mod view;
 pub use attest::{Attestation, HeadsSigner, HeadsVerifier, SignedMessage, Trust};
 pub use digest::{DIGEST_BUCKETS, Digest, DocEntry};
 pub use docid::{
-    CLUSTER_PUBLISHER, DocId, HeadsHash, RESERVATION_SCOPE, RETIRED_SCOPE, heads_hash, hex,
-    is_replica_scope, valid_segment, writer_actor,
+    CLUSTER_PUBLISHER, DocId, HeadsHash, REPLICA_SCOPES, RESERVATION_SCOPE, RETIRED_SCOPE,
+    heads_hash, hex, is_replica_scope, valid_segment, writer_actor,
 };
 pub use error::StoreError;
 pub use object::{ObjectChange, ObjectKey, ObjectKind};

@@ -102,8 +102,9 @@ pub enum Confirm {
     /// off, so member clusters may briefly see pods that stay pending.
     #[default]
     AfterWrite,
-    /// Wait out the settle window and confirm before writing: no binding ever holds more than
-    /// fits, and every decision that reserves takes at least one settle window.
+    /// Wait out the settle window and confirm before writing: a binding holds more than fits
+    /// only when a competing reservation arrives after the window (a partition, a slow link);
+    /// every decision that reserves takes at least one settle window.
     BeforeWrite,
 }
 

@@ -59,7 +59,8 @@ fn cluster(name: &str, region: usize) -> Value {
         "spec": {"syncMode": "Push", "region": format!("region-{region}")},
         "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "ClusterReady",
             "message": "cluster is healthy and ready to accept workloads",
-            "lastTransitionTime": "2026-11-25T09:00:00Z"}]}})
+            "lastTransitionTime": "2026-11-25T09:00:00Z"}],
+            "apiEnablements": dramesh_sim::karmada_api_enablements()}})
 }
 
 fn deployment(name: &str) -> Value {

@@ -49,7 +49,8 @@ fn fleet(clusters: usize, nodes: usize) -> (View, BTreeMap<String, Cluster>) {
             "metadata": {"name": name, "labels": {"fleet": "synthetic"}},
             "spec": {"syncMode": "Push", "region": format!("region-{}", c % 4)},
             "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "ClusterReady",
-                       "message": "", "lastTransitionTime": "2026-11-25T09:00:00Z"}]}
+                       "message": "", "lastTransitionTime": "2026-11-25T09:00:00Z"}],
+                       "apiEnablements": dramesh_sim::karmada_api_enablements()}
         }))
         .expect("cluster");
         karmada.insert(name, cluster);

@@ -1,11 +1,9 @@
 //! The decision for one binding, as karmada-scheduler's `Schedule` makes it, with devices:
 //!
-//! 1. **Filter** the Karmada clusters: not being deleted; no NoSchedule/NoExecute taint the
-//!    placement's `clusterTolerations` do not tolerate (a cluster the binding already uses is
-//!    only held to NoExecute taints, which Karmada's taint manager would evict it for; a
-//!    cluster that is not ready carries Karmada's not-ready or unreachable taints); the
-//!    cluster affinity (or the `clusterAffinities` term being tried); not in the binding's
-//!    graceful eviction tasks; and, dramesh's own filter, data that is not stale.
+//! 1. **Filter** the Karmada clusters with Karmada's default filter plugins in its
+//!    registry's order ([`refusal`]: APIEnablement, TaintToleration, ClusterAffinity,
+//!    SpreadConstraint, ClusterEviction), skipping clusters being deleted, then dramesh's
+//!    own: data that is not stale.
 //! 2. **Estimate** each cluster left: a cluster a dramesh agent reports with the estimator on
 //!    the view (devices included); one Karmada knows but no agent reports as Karmada's
 //!    general estimator does ([`crate::general`]: its `status.resourceSummary`, or its
@@ -191,8 +189,83 @@ pub(crate) struct Attempt {
     pub(crate) stale: Vec<String>,
 }
 
-/// Karmada's filter plugins (and dramesh's staleness): the clusters that pass, and the
-/// count of clusters per reason for those that do not.
+/// APIEnablement's reason.
+pub const API_REASON: &str = "cluster(s) did not have the API resource";
+/// ClusterAffinity's reason.
+pub const AFFINITY_REASON: &str =
+    "cluster(s) did not match the placement cluster affinity constraint";
+/// ClusterEviction's reason.
+pub const EVICTION_REASON: &str = "cluster(s) is in the process of eviction";
+
+/// Why Karmada's filter plugins (and dramesh's staleness) refuse cluster `c` for `b`, or
+/// `None` when it passes. The plugins run in the order of Karmada's plugin registry
+/// (`pkg/scheduler/framework/plugins/registry.go`), the first refusal being the reason:
+///
+/// 1. **APIEnablement**: a cluster not in `spec.clusters` must list the resource's
+///    group/version and kind in `status.apiEnablements` (since Karmada PR 6462 a cluster in
+///    `spec.clusters` always passes, and the `CompleteAPIEnablements` condition is not read).
+/// 2. **TaintToleration**: a cluster not in `spec.clusters` must have no NoSchedule or
+///    NoExecute taint the `clusterTolerations` do not tolerate. dramesh also holds a cluster
+///    in use to its NoExecute taints, which Karmada leaves to its taint manager (dramesh
+///    evicts by rescheduling, see [`crate::trigger`]); a cluster that is not ready carries
+///    Karmada's not-ready or unreachable taints.
+/// 3. **ClusterAffinity**: `affinity` (the placement's, or the `clusterAffinities` term being
+///    tried) matches.
+/// 4. **SpreadConstraint**: for each spread constraint by `provider`, `region` or `zone`, in
+///    order, the cluster has that property (`spec.provider`, `spec.region`, `spec.zones`).
+/// 5. **ClusterEviction**: the cluster is not in the binding's graceful eviction tasks.
+/// 6. dramesh's own: a cluster an agent reports has data that is not stale.
+///
+/// Karmada builds its plugin list by ranging over a Go map, so its order (and which reason
+/// a cluster failing two plugins is counted under) changes between scheduler restarts;
+/// dramesh keeps the registry's source order.
+pub fn refusal(
+    b: &Binding,
+    affinity: Option<&ClusterAffinity>,
+    c: &Cluster,
+    used: bool,
+) -> Option<String> {
+    if !used && !c.api_enabled(&b.resource.api_version, &b.resource.kind) {
+        return Some(API_REASON.into());
+    }
+    let untolerated = c.effective_taints().find(|t| {
+        (t.effect == "NoExecute" || (!used && t.effect == "NoSchedule"))
+            && !b
+                .policy
+                .tolerations
+                .iter()
+                .any(|tol| taint::tolerates(tol, t))
+    });
+    if let Some(t) = untolerated {
+        return Some(format!(
+            "cluster(s) had untolerated taint {{{}}}",
+            taint_string(t)
+        ));
+    }
+    if !affinity.is_none_or(|a| a.matches(&c.name, &c.info)) {
+        return Some(AFFINITY_REASON.into());
+    }
+    for s in &b.placement.spread_constraints {
+        let missing = match s.spread_by_field.as_str() {
+            "provider" if c.info.provider.is_none() => "provider",
+            "region" if c.info.region.is_none() => "region",
+            "zone" if !c.has_zones => "zones",
+            _ => continue,
+        };
+        return Some(format!("cluster(s) did not have {missing} property"));
+    }
+    if b.graceful_eviction_tasks
+        .iter()
+        .any(|t| t.from_cluster == c.name)
+    {
+        return Some(EVICTION_REASON.into());
+    }
+    None
+}
+
+/// The clusters that pass [`refusal`] and dramesh's staleness, and the count of clusters
+/// per reason for those that do not. A cluster being deleted is skipped without a reason,
+/// as Karmada's `findClustersThatFit` skips it.
 pub(crate) fn filter<'a>(
     b: &Binding,
     affinity: Option<&ClusterAffinity>,
@@ -210,33 +283,12 @@ pub(crate) fn filter<'a>(
             continue;
         }
         let used = b.clusters.iter().any(|t| t.name == c.name);
-        let untolerated = c.effective_taints().find(|t| {
-            (t.effect == "NoExecute" || (!used && t.effect == "NoSchedule"))
-                && !b
-                    .policy
-                    .tolerations
-                    .iter()
-                    .any(|tol| taint::tolerates(tol, t))
+        let reason = refusal(b, affinity, c, used).or_else(|| {
+            (fleet.view.cluster(&c.name).is_some() && opts.stale.contains(&c.name)).then(|| {
+                attempt.stale.push(c.name.clone());
+                STALE_REASON.to_string()
+            })
         });
-        let reason = if let Some(t) = untolerated {
-            Some(format!(
-                "cluster(s) had untolerated taint {{{}}}",
-                taint_string(t)
-            ))
-        } else if !affinity.is_none_or(|a| a.matches(&c.name, &c.info)) {
-            Some("cluster(s) did not match the placement cluster affinity constraint".into())
-        } else if b
-            .graceful_eviction_tasks
-            .iter()
-            .any(|t| t.from_cluster == c.name)
-        {
-            Some("cluster(s) is in the process of eviction".into())
-        } else if fleet.view.cluster(&c.name).is_some() && opts.stale.contains(&c.name) {
-            attempt.stale.push(c.name.clone());
-            Some(STALE_REASON.into())
-        } else {
-            None
-        };
         match reason {
             Some(r) => {
                 attempt.excluded.insert(c.name.clone(), r.clone());

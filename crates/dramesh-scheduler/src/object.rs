@@ -6,7 +6,7 @@
 //! servers and older clients emit); it fails only on what a decision needs, with an
 //! [`InputError`] naming the object and the field.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use dramesh_estimator::{Policy, ResList, TargetCluster};
 use dramesh_model::k8s::{K8sQuantity, NodeSelector, PriorityClass, Taint, Toleration};
@@ -629,6 +629,23 @@ struct RawClusterStatus {
     conditions: Vec<Condition>,
     #[serde(default)]
     resource_summary: Option<RawSummary>,
+    #[serde(default, deserialize_with = "nd")]
+    api_enablements: Vec<RawApiEnablement>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawApiEnablement {
+    #[serde(default, deserialize_with = "nd")]
+    group_version: String,
+    #[serde(default, deserialize_with = "nd")]
+    resources: Vec<RawApiResource>,
+}
+
+#[derive(Deserialize)]
+struct RawApiResource {
+    #[serde(default, deserialize_with = "nd")]
+    kind: String,
 }
 
 #[derive(Deserialize)]
@@ -661,6 +678,12 @@ pub struct Cluster {
     pub summary: Option<ResourceSummary>,
     /// `spec.resourceModels`.
     pub models: Vec<ResourceModel>,
+    /// `status.apiEnablements`: the kinds the member cluster serves, by group/version
+    /// (`apps/v1`, `v1`, `kubeflow.org/v1`, ...).
+    pub api_enablements: BTreeMap<String, BTreeSet<String>>,
+    /// `spec.zones` is not empty (Karmada's SpreadConstraint filter reads `spec.zones`, not
+    /// the deprecated `spec.zone`).
+    pub has_zones: bool,
     /// The readiness taints Karmada would add that `spec.taints` lacks.
     readiness_taints: Vec<Taint>,
 }
@@ -695,10 +718,17 @@ impl Cluster {
             taints: Vec::new(),
             resource_models: Vec::new(),
         });
-        let (conditions, summary) = match raw.status {
-            Some(s) => (s.conditions, s.resource_summary),
-            None => (Vec::new(), None),
+        let (conditions, summary, apis) = match raw.status {
+            Some(s) => (s.conditions, s.resource_summary, s.api_enablements),
+            None => (Vec::new(), None, Vec::new()),
         };
+        let mut api_enablements: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for a in apis {
+            api_enablements
+                .entry(a.group_version)
+                .or_default()
+                .extend(a.resources.into_iter().map(|r| r.kind));
+        }
         let readiness = match conditions
             .iter()
             .find(|c| c.type_ == "Ready")
@@ -771,6 +801,7 @@ impl Cluster {
         };
         let opt = |s: String| (!s.is_empty()).then_some(s);
         let readiness_taints = readiness_taints(&spec.taints, readiness);
+        let has_zones = !spec.zones.is_empty();
         Ok(Cluster {
             name: raw.metadata.name,
             info: dramesh_model::ClusterInfo {
@@ -786,8 +817,18 @@ impl Cluster {
             readiness,
             summary,
             models,
+            api_enablements,
+            has_zones,
             readiness_taints,
         })
+    }
+
+    /// Karmada `helper.IsAPIEnabled`: `status.apiEnablements` lists `kind` under the group
+    /// version `api_version` (a resource's `apiVersion`, compared as written).
+    pub fn api_enabled(&self, api_version: &str, kind: &str) -> bool {
+        self.api_enablements
+            .get(api_version)
+            .is_some_and(|kinds| kinds.contains(kind))
     }
 
     /// `spec.taints`, plus the taints Karmada's cluster controller puts on a cluster that is
@@ -1002,7 +1043,10 @@ mod tests {
                 "resourceSummary": {"allocatable": {"cpu": "24", "memory": "96Gi", "pods": "330"},
                                     "allocated": {"cpu": "10500m", "memory": "40Gi", "pods": "30"},
                                     "allocating": {"cpu": "500m", "pods": "2"},
-                                    "allocatableModelings": [{"grade": 0, "count": 3}]}
+                                    "allocatableModelings": [{"grade": 0, "count": 3}]},
+                "apiEnablements": [{"groupVersion": "apps/v1", "resources": [{"name": "deployments", "kind": "Deployment"}]},
+                                   {"groupVersion": "v1", "resources": null},
+                                   {"groupVersion": "apps/v1", "resources": [{"name": "deployments/scale", "kind": "Scale"}]}]
             }
         })
     }
@@ -1022,7 +1066,17 @@ mod tests {
             "ready: only its own taints"
         );
         assert_eq!(c.info.zone.as_deref(), Some("eu-west-1a"));
+        assert!(c.has_zones);
         assert_eq!(c.info.labels.get("tier").map(String::as_str), Some("gpu"));
+        // A group/version listed twice adds up; `null` resources read as none.
+        assert!(c.api_enabled("apps/v1", "Deployment"));
+        assert!(c.api_enabled("apps/v1", "Scale"));
+        assert!(!c.api_enabled("apps/v1", "StatefulSet"));
+        assert!(!c.api_enabled("v1", "Pod"));
+        assert!(
+            !c.api_enabled("apps/v1beta1", "Deployment"),
+            "versions compare as written"
+        );
 
         let mut v = server_cluster();
         v["status"]["conditions"][0]["status"] = json!("False");

@@ -42,7 +42,8 @@ fn karmada_cluster(name: &str, ready: &str, taints: Value) -> Cluster {
         "status": {
             "conditions": [{"type": "Ready", "status": ready, "reason": "", "message": "", "lastTransitionTime": "2026-11-25T09:00:00Z"}],
             "resourceSummary": {"allocatable": {"cpu": "64", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "16"},
-                                "allocated": {"cpu": "4", "memory": "16Gi", "pods": "10"}}
+                                "allocated": {"cpu": "4", "memory": "16Gi", "pods": "10"}},
+            "apiEnablements": dramesh_sim::karmada_api_enablements()
         }
     }))
     .expect("cluster")

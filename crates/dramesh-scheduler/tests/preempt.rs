@@ -34,7 +34,8 @@ fn clusters() -> BTreeMap<String, Cluster> {
             let c = Cluster::from_value(&json!({
                 "metadata": {"name": n},
                 "spec": {"syncMode": "Push"},
-                "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "", "message": "", "lastTransitionTime": "2026-11-25T09:00:00Z"}]}
+                "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "", "message": "", "lastTransitionTime": "2026-11-25T09:00:00Z"}],
+                           "apiEnablements": dramesh_sim::karmada_api_enablements()}
             }))
             .expect("cluster");
             (n.to_string(), c)

@@ -38,7 +38,8 @@ fn cluster(name: &str, region: &str, cpus: i64, extra_spec: Value, extra_summary
                             "message": "cluster is healthy and ready to accept workloads",
                             "lastTransitionTime": "2026-11-25T09:00:00Z"}],
             "nodeSummary": {"totalNum": 2, "readyNum": 2},
-            "resourceSummary": summary
+            "resourceSummary": summary,
+            "apiEnablements": dramesh_sim::karmada_api_enablements()
         }
     })
 }

@@ -33,7 +33,8 @@ fn cluster(name: &str) -> Value {
         "metadata": {"name": name, "labels": {"name": name}},
         "spec": {"syncMode": "Push"},
         "status": {"conditions": [{"type": "Ready", "status": "True",
-            "reason": "", "message": "", "lastTransitionTime": "2026-11-25T12:00:00Z"}]}})
+            "reason": "", "message": "", "lastTransitionTime": "2026-11-25T12:00:00Z"}],
+            "apiEnablements": dramesh_sim::karmada_api_enablements()}})
 }
 
 fn binding(name: &str, scheduler: &str) -> Value {

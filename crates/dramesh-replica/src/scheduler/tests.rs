@@ -58,7 +58,8 @@ fn cluster(name: &str, ready: bool) -> Value {
         "metadata": {"name": name, "labels": {"name": name}},
         "spec": {"syncMode": "Push"},
         "status": {"conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" },
-            "reason": "", "message": "", "lastTransitionTime": "2026-11-25T12:00:00Z"}]}})
+            "reason": "", "message": "", "lastTransitionTime": "2026-11-25T12:00:00Z"}],
+            "apiEnablements": dramesh_sim::karmada_api_enablements()}})
 }
 
 fn deployment(name: &str) -> Value {

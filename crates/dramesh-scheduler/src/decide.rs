@@ -115,17 +115,37 @@ impl Decision {
     }
 
     /// The writes, in karmada-scheduler's order: the schedule result, the affinity term name,
-    /// then the condition (with, on success, the observed generation and `lastScheduledTime`
-    /// = `now`). Empty patches are left out.
+    /// then the condition (with, on success, the observed generation and, when the result
+    /// changed, `lastScheduledTime` = `now`: see [`patch::scheduled_condition`]). Empty
+    /// patches are left out.
     pub fn patches(&self, b: &Binding, now: &Time) -> Vec<Patch> {
         let mut out = Vec::new();
         if let Some(c) = &self.clusters {
             out.extend(patch::schedule_result(b, c));
         }
+        out.extend(self.status_patches(b, now, self.refreshes(b)));
+        out
+    }
+
+    /// Whether a success moves `lastScheduledTime` on `b`: the decision changes
+    /// `spec.clusters`, or a reschedule was requested. Judged on the binding the decision
+    /// was made on, before its spec is written.
+    pub fn refreshes(&self, b: &Binding) -> bool {
+        reschedule_required(b)
+            || self
+                .clusters
+                .as_ref()
+                .is_some_and(|c| patch::schedule_result(b, c).is_some())
+    }
+
+    /// The status patches alone (the affinity term name, then the condition), for `b` as it
+    /// is after the spec write; `refresh` is [`Decision::refreshes`] of the binding decided.
+    pub fn status_patches(&self, b: &Binding, now: &Time, refresh: bool) -> Vec<Patch> {
+        let mut out = Vec::new();
         if let Some(n) = &self.affinity_name {
             out.extend(patch::affinity_name(b, n));
         }
-        out.extend(patch::scheduled_condition(b, &self.condition, now));
+        out.extend(patch::scheduled_condition(b, &self.condition, now, refresh));
         out
     }
 }

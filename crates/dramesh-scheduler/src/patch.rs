@@ -206,7 +206,18 @@ pub fn schedule_result(b: &Binding, clusters: &[TargetCluster]) -> Option<Patch>
 /// `patchBindingStatusCondition`: the status patch setting the `Scheduled` condition and,
 /// when it is `True`, `schedulerObservedGeneration` (the binding's generation) and
 /// `lastScheduledTime` (`now`). `None` when the status would not change.
-pub fn scheduled_condition(b: &Binding, cond: &ScheduledCondition, now: &Time) -> Option<Patch> {
+///
+/// Unlike Karmada, `lastScheduledTime` is moved only when `refresh` (the decision changed
+/// `spec.clusters`, or a reschedule was requested, which `lastScheduledTime` acknowledges)
+/// or when the condition or the observed generation change with it: deciding a binding
+/// again to the same result writes nothing, so Duplicated bindings, which are decided
+/// whenever they are looked at, are not written every second.
+pub fn scheduled_condition(
+    b: &Binding,
+    cond: &ScheduledCondition,
+    now: &Time,
+    refresh: bool,
+) -> Option<Patch> {
     let mut new = b.status.clone();
     set_condition(
         &mut new.conditions,
@@ -222,9 +233,36 @@ pub fn scheduled_condition(b: &Binding, cond: &ScheduledCondition, now: &Time) -
     );
     if cond.status {
         new.scheduler_observed_generation = b.metadata.generation;
-        new.last_scheduled_time = Some(now.clone());
+        if refresh || new != b.status || new.last_scheduled_time.is_none() {
+            new.last_scheduled_time = Some(now.clone());
+        }
     }
     status_patch(&b.status, &new)
+}
+
+/// The status patch putting a `Scheduled=False` condition with reason `SchedulerError` and
+/// `message` on a binding that cannot be decoded (`v` as served; only its `status` is read,
+/// leniently): a malformed placement is reported on the binding, not only in a log. `None`
+/// when the binding carries that condition already.
+pub fn error_condition(v: &Value, message: &str, now: &Time) -> Option<Patch> {
+    let old: BindingStatus = v
+        .get("status")
+        .and_then(|s| serde_json::from_value(s.clone()).ok())
+        .unwrap_or_default();
+    let mut new = old.clone();
+    set_condition(
+        &mut new.conditions,
+        Condition {
+            type_: "Scheduled".into(),
+            status: "False".into(),
+            observed_generation: 0,
+            last_transition_time: None,
+            reason: Reason::SchedulerError.as_str().into(),
+            message: message.to_string(),
+        },
+        now,
+    );
+    status_patch(&old, &new)
 }
 
 /// `patchBindingStatusWithAffinityName`: records the `clusterAffinities` term scheduled with.
@@ -338,7 +376,7 @@ mod tests {
             reason: Reason::Success,
             message: "Binding has been scheduled successfully.".into(),
         };
-        let p = scheduled_condition(&b, &ok, &now).expect("patch");
+        let p = scheduled_condition(&b, &ok, &now, true).expect("patch");
         assert!(p.status);
         // The condition list is replaced whole; its status did not change, so its
         // transition time stays.
@@ -357,7 +395,7 @@ mod tests {
             reason: Reason::NoClusterFit,
             message: "0/3 clusters are available: 3 cluster(s) did not match the placement cluster affinity constraint.".into(),
         };
-        let p = scheduled_condition(&b, &fail, &now).expect("patch");
+        let p = scheduled_condition(&b, &fail, &now, false).expect("patch");
         let v: Value = serde_json::from_str(&p.body).expect("json");
         assert_eq!(
             v,
@@ -382,9 +420,73 @@ mod tests {
             &now,
         );
         assert_eq!(
-            scheduled_condition(&again, &fail, &at("2026-11-25T12:05:00Z")),
+            scheduled_condition(&again, &fail, &at("2026-11-25T12:05:00Z"), false),
             None
         );
+    }
+
+    #[test]
+    fn the_same_success_again_writes_nothing() {
+        let mut v = server_binding();
+        v["status"]["schedulerObservedGeneration"] = json!(3);
+        v["status"]["conditions"] = json!([{"type": "Scheduled", "status": "True", "reason": "Success",
+            "message": "Binding has been scheduled successfully.", "lastTransitionTime": "2026-11-25T09:00:00Z"}]);
+        v["status"]["lastScheduledTime"] = json!("2026-11-25T09:00:00Z");
+        let b = binding(v);
+        let ok = ScheduledCondition {
+            status: true,
+            reason: Reason::Success,
+            message: "Binding has been scheduled successfully.".into(),
+        };
+        let later = at("2026-11-25T12:00:00Z");
+        assert_eq!(scheduled_condition(&b, &ok, &later, false), None);
+        // A new result (or a requested reschedule) moves the time.
+        assert_eq!(
+            scheduled_condition(&b, &ok, &later, true)
+                .expect("patch")
+                .body,
+            r#"{"status":{"lastScheduledTime":"2026-11-25T12:00:00Z"}}"#
+        );
+    }
+
+    #[test]
+    fn an_undecodable_binding_gets_a_scheduler_error_once() {
+        let now = at("2026-11-25T12:00:00Z");
+        let mut v = server_binding();
+        v["spec"]["placement"]["spreadConstraints"] =
+            json!([{"spreadByField": "cluster", "maxGroups": -1}]);
+        let msg = "ResourceBinding default/web-deployment: field spec.placement.spreadConstraints[0].maxGroups: maxGroups lower than 0 is not allowed";
+        let p = error_condition(&v, msg, &now).expect("patch");
+        let body: Value = serde_json::from_str(&p.body).expect("json");
+        assert!(p.status);
+        assert_eq!(
+            body,
+            json!({"status": {"conditions": [{"type": "Scheduled", "status": "False",
+                "reason": "SchedulerError", "message": msg, "lastTransitionTime": "2026-11-25T12:00:00Z"}]}})
+        );
+        // Written once: the same error again changes nothing.
+        merge_patch_into(&mut v, &body);
+        assert_eq!(error_condition(&v, msg, &at("2026-11-25T12:01:00Z")), None);
+        // A status that does not decode reads as empty.
+        let mut odd = server_binding();
+        odd["status"] = json!({"conditions": "not a list"});
+        assert!(error_condition(&odd, msg, &now).is_some());
+    }
+
+    /// RFC 7386 applied to `v` (the tests' stand-in for the API server).
+    fn merge_patch_into(v: &mut Value, p: &Value) {
+        match (v, p) {
+            (Value::Object(t), Value::Object(m)) => {
+                for (k, pv) in m {
+                    if pv.is_null() {
+                        t.remove(k);
+                    } else {
+                        merge_patch_into(t.entry(k.clone()).or_insert(Value::Null), pv);
+                    }
+                }
+            }
+            (t, p) => *t = p.clone(),
+        }
     }
 
     #[test]
@@ -398,7 +500,7 @@ mod tests {
             reason: Reason::Success,
             message: "Binding has been scheduled successfully.".into(),
         };
-        let p = scheduled_condition(&b, &ok, &now).expect("patch");
+        let p = scheduled_condition(&b, &ok, &now, true).expect("patch");
         assert_eq!(
             p.body,
             concat!(

@@ -34,6 +34,13 @@ pub enum Trigger {
     ClusterNotReady(String),
     /// A cluster in `spec.clusters` has a NoExecute taint the placement does not tolerate.
     ClusterTainted(String),
+    /// The generation moved past `schedulerObservedGeneration` while the `Scheduled`
+    /// condition is not `True`: the last decision's status write did not land after its
+    /// spec write (a timeout, too many conflicts), or the spec changed after a failure.
+    /// Karmada would write the observed generation alone, leaving the binding with a result
+    /// and no condition confirming it; deciding again writes the condition (the result is
+    /// kept where it still fits).
+    StatusBehind,
 }
 
 impl Trigger {
@@ -142,6 +149,14 @@ pub fn plan(b: &Binding, clusters: &BTreeMap<String, Cluster>, scheduler: &str) 
         return Action::Schedule(t);
     }
     if b.metadata.generation != b.status.scheduler_observed_generation {
+        let confirmed = b
+            .status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Scheduled" && c.status == "True");
+        if !confirmed {
+            return Action::Schedule(Trigger::StatusBehind);
+        }
         return Action::Nothing(patch::observed_generation(b));
     }
     Action::Nothing(None)
@@ -487,6 +502,22 @@ mod tests {
             panic!("expected the generation patch")
         };
         assert_eq!(p.body, r#"{"status":{"schedulerObservedGeneration":3}}"#);
+
+        // The spec written, its status write lost (no Scheduled condition, or a failure
+        // from before): decided again, so that the condition is written, not the
+        // generation alone.
+        for conditions in [
+            json!([]),
+            json!([{"type": "Scheduled", "status": "False", "reason": "Unschedulable", "message": "",
+                    "lastTransitionTime": "2026-11-25T09:00:00Z"}]),
+        ] {
+            v["status"]["conditions"] = conditions;
+            let b = Binding::from_value(BindingKind::ResourceBinding, &v).expect("binding");
+            assert_eq!(
+                plan(&b, &fleet(), "dramesh-scheduler"),
+                Action::Schedule(Trigger::StatusBehind)
+            );
+        }
     }
 
     #[test]

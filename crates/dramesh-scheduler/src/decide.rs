@@ -103,7 +103,7 @@ impl Decision {
     /// after the backoff, the spec left alone.
     pub fn error(message: String) -> Decision {
         failure(
-            &Failure::Error(message),
+            &Failure::Error(patch::truncate(message, patch::MAX_MESSAGE)),
             Vec::new(),
             Attempt {
                 available: BTreeMap::new(),

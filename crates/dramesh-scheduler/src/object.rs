@@ -513,16 +513,12 @@ impl Binding {
     /// (scheduler name, with the empty name meaning `default-scheduler`; scheduling not
     /// suspended; created by Karmada's detector).
     pub fn handled_by(&self, scheduler: &str) -> bool {
-        let name = if self.scheduler_name.is_empty() {
-            "default-scheduler"
-        } else {
-            &self.scheduler_name
-        };
-        name == scheduler
-            && !self.scheduling_suspended
-            && MANAGED_LABELS
-                .iter()
-                .any(|l| self.metadata.labels.get(*l).is_some_and(|v| !v.is_empty()))
+        handles(
+            scheduler,
+            &self.scheduler_name,
+            self.scheduling_suspended,
+            |l| self.metadata.labels.get(l).map(String::as_str),
+        )
     }
 
     /// Replicas assigned to `cluster` in `spec.clusters`.
@@ -532,6 +528,44 @@ impl Binding {
             .find(|c| c.name == cluster)
             .map_or(0, |c| c.replicas)
     }
+}
+
+/// [`Binding::handled_by`] read from a binding as served, for one that does not decode: a
+/// malformed binding is reported to the scheduler it names, and left alone by the others.
+pub fn handled_by_value(v: &Value, scheduler: &str) -> bool {
+    let name = v
+        .pointer("/spec/schedulerName")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let suspended = v
+        .pointer("/spec/suspension/scheduling")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    handles(scheduler, name, suspended, |l| {
+        v.pointer("/metadata/labels")
+            .and_then(|m| m.get(l))
+            .and_then(Value::as_str)
+    })
+}
+
+/// Karmada's binding event filter: the scheduler name (empty meaning `default-scheduler`),
+/// scheduling not suspended, created by Karmada's detector.
+fn handles<'a>(
+    scheduler: &str,
+    name: &str,
+    suspended: bool,
+    label: impl Fn(&str) -> Option<&'a str>,
+) -> bool {
+    let name = if name.is_empty() {
+        "default-scheduler"
+    } else {
+        name
+    };
+    name == scheduler
+        && !suspended
+        && MANAGED_LABELS
+            .iter()
+            .any(|l| label(l).is_some_and(|v| !v.is_empty()))
 }
 
 /// A cluster's `Ready` condition.
@@ -1027,6 +1061,10 @@ mod tests {
         v["metadata"]["labels"] = json!({});
         let b = Binding::from_value(BindingKind::ResourceBinding, &v).expect("loads");
         assert!(!b.handled_by("dramesh-scheduler"), "not from the detector");
+        assert!(!handled_by_value(&v, "dramesh-scheduler"));
+        v["metadata"]["labels"] = json!({"binding.karmada.io/managed-by": "x"});
+        assert!(handled_by_value(&v, "dramesh-scheduler"));
+        assert!(!handled_by_value(&v, "default-scheduler"));
     }
 
     fn server_cluster() -> Value {

@@ -78,6 +78,22 @@ fn body(v: &Value) -> String {
     go_json(&v.to_string())
 }
 
+/// Longest message dramesh puts in a condition or a task (bytes): error texts can quote
+/// whole objects, and the API server bounds a condition's message at 32 kB.
+pub const MAX_MESSAGE: usize = 1024;
+
+/// `s` cut to at most `max` bytes on a character boundary.
+pub fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+    s
+}
+
 /// A write to a binding.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Patch {

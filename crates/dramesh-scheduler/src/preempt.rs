@@ -58,17 +58,6 @@ pub struct PreemptionPlan {
     pub event: Event,
 }
 
-fn truncate(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut end = max;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-    }
-    s
-}
-
 /// The victim's patch: Karmada `GracefulEvictCluster` of `cluster` (removed from the result;
 /// a task added unless one for that cluster exists), as a merge patch of its spec.
 pub fn eviction_patch(victim: &Binding, cluster: &str, message: &str, now: &Time) -> Option<Patch> {
@@ -83,7 +72,7 @@ pub fn eviction_patch(victim: &Binding, cluster: &str, message: &str, now: &Time
             replicas: (evicted.replicas > 0)
                 .then(|| i32::try_from(evicted.replicas).unwrap_or(i32::MAX)),
             reason: EVICTION_REASON.into(),
-            message: truncate(message.to_string(), 1024),
+            message: crate::patch::truncate(message.to_string(), crate::patch::MAX_MESSAGE),
             producer: EVICTION_PRODUCER.into(),
             grace_period_seconds: Some(GRACE_PERIOD_SECONDS),
             creation_timestamp: Some(now.clone()),

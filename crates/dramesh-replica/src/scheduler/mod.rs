@@ -40,7 +40,7 @@ mod decider;
 mod preempt;
 mod task;
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -184,6 +184,25 @@ impl SchedulerMetrics {
 /// A binding in the queue.
 type Key = (Kind, ObjectKey);
 
+/// What a binding's watch event shows that can make it worth planning: its generation (every
+/// spec change) and its labels (which decide whether it is Karmada-managed; a label change
+/// keeps the generation). Status and annotation changes alone are not worth planning.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seen {
+    generation: Option<i64>,
+    labels: Option<BTreeMap<String, String>>,
+}
+
+impl Seen {
+    fn of(o: &crate::karmada::Object) -> Seen {
+        let m = o.meta();
+        Seen {
+            generation: m.generation,
+            labels: m.labels.clone(),
+        }
+    }
+}
+
 /// A decision's reservations waiting for the settle window to pass.
 struct Check {
     due: Instant,
@@ -214,6 +233,16 @@ struct Loop {
     retry: HashMap<Key, RetryState>,
     /// Per binding, versions this loop wrote and then wrote over (see [`Loop::wrote`]).
     superseded: HashMap<Key, Vec<String>>,
+    /// Per binding, every version its last task wrote: their watch events are this loop's
+    /// own writes, never a reason to plan again.
+    own: HashMap<Key, Vec<String>>,
+    /// Per binding, what the last watch event showed of what makes it worth planning
+    /// ([`Seen`]): an event that changes neither is ignored, as karmada-scheduler ignores
+    /// binding updates that keep the generation.
+    seen: HashMap<Key, Seen>,
+    /// Watch events of bindings being worked on, looked at when their task ends (whether
+    /// they are the task's own writes is known only then).
+    deferred: HashMap<Key, Vec<Arc<crate::karmada::Object>>>,
     /// Bindings being worked on: when they were queued, the view's change count then, and
     /// the lost replicas handed to the task (kept for another try if it fails).
     running: HashMap<Key, Running>,
@@ -284,6 +313,7 @@ pub(crate) async fn run(
             cluster_bindings: crb.cache(),
             classes: pc.cache(),
             decoded: std::sync::Mutex::new(HashMap::new()),
+            warned: std::sync::Mutex::new(HashMap::new()),
         }),
         backoff: Backoff::default(),
         bindings: rb.cache(),
@@ -296,6 +326,9 @@ pub(crate) async fn run(
         queued: HashMap::new(),
         retry: HashMap::new(),
         superseded: HashMap::new(),
+        own: HashMap::new(),
+        seen: HashMap::new(),
+        deferred: HashMap::new(),
         running: HashMap::new(),
         tasks: JoinSet::new(),
         task_keys: HashMap::new(),
@@ -384,18 +417,47 @@ impl Loop {
     fn binding_change(&mut self, kind: Kind, c: Option<Change>) -> bool {
         match c {
             None => return true,
-            Some(Change::Applied(o)) => self.enqueue((kind, o.key())),
+            Some(Change::Applied(o)) => self.observe((kind, o.key()), o),
             Some(Change::Deleted(o)) => {
                 let key = (kind, o.key());
                 self.retry.remove(&key);
                 self.superseded.remove(&key);
+                self.own.remove(&key);
+                self.seen.remove(&key);
+                self.deferred.remove(&key);
                 self.ctx.forget(&key);
                 self.lost.remove(&key);
                 self.watched.remove(&key);
             }
-            Some(Change::Synced) => self.enqueue_all(kind),
+            // A relist: only what changed while the watch was down is planned.
+            Some(Change::Synced) => {
+                for o in self.cache(kind).list() {
+                    self.observe((kind, o.key()), o);
+                }
+            }
         }
         false
+    }
+
+    /// Looks at a binding's watch event (or relisted object): it is planned unless it is
+    /// one of this loop's own writes or shows nothing new ([`Seen`]). While the binding is
+    /// being worked on the event waits for its task to end.
+    fn observe(&mut self, key: Key, o: Arc<crate::karmada::Object>) {
+        if self.running.contains_key(&key) {
+            self.deferred.entry(key).or_default().push(o);
+            return;
+        }
+        let now = Seen::of(&o);
+        let before = self.seen.insert(key.clone(), now.clone());
+        let own = o.meta().resource_version.as_ref().is_some_and(|rv| {
+            self.own
+                .get(&key)
+                .is_some_and(|written| written.contains(rv))
+        });
+        if own || before.as_ref() == Some(&now) {
+            return;
+        }
+        self.enqueue(key);
     }
 
     /// Decodes the PriorityClasses again after any change of them (they are few and rarely
@@ -422,7 +484,6 @@ impl Loop {
         let changed: Vec<Cluster> = match c {
             None => return true,
             Some(Change::Synced) => {
-                self.clusters_synced = true;
                 let all: BTreeMap<String, Cluster> = self
                     .cluster_cache
                     .list()
@@ -435,10 +496,22 @@ impl Loop {
                         }
                     })
                     .collect();
-                self.clusters = Arc::new(all);
-                self.enqueue_all(Kind::ResourceBinding);
-                self.enqueue_all(Kind::ClusterResourceBinding);
-                return false;
+                if !self.clusters_synced {
+                    self.clusters_synced = true;
+                    self.clusters = Arc::new(all);
+                    self.enqueue_all(Kind::ResourceBinding);
+                    self.enqueue_all(Kind::ClusterResourceBinding);
+                    return false;
+                }
+                // A relist: only the clusters that changed meanwhile requeue bindings.
+                let old = std::mem::replace(&mut self.clusters, Arc::new(all));
+                let new = self.clusters.clone();
+                let names: BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+                names
+                    .into_iter()
+                    .filter(|n| old.get(*n) != new.get(*n))
+                    .flat_map(|n| old.get(n).into_iter().chain(new.get(n)).cloned())
+                    .collect()
             }
             Some(Change::Applied(o)) => match Cluster::from_value(o.value()) {
                 Ok(new) => {
@@ -516,14 +589,8 @@ impl Loop {
             self.settle(&key, Outcome::Unchanged, queued_at, view);
             return;
         }
-        let binding = match self.ctx.decode(&key, &obj) {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::warn!(error = %e, "binding not scheduled");
-                self.settle(&key, Outcome::Dropped, queued_at, view);
-                return;
-            }
-        };
+        // An undecodable binding goes to a task too: it reports the error on the binding.
+        let binding = self.ctx.decode(&key, &obj);
         let lost = self.lost.remove(&key);
         let job = Job {
             key: key.clone(),
@@ -578,6 +645,9 @@ impl Loop {
             return;
         };
         self.wrote(&key, done.versions);
+        for o in self.deferred.remove(&key).unwrap_or_default() {
+            self.observe(key.clone(), o);
+        }
         // Replicas to take back stay noted until a try gets through.
         if let (Outcome::Error, Some(lost)) = (done.outcome, run.lost) {
             self.note_lost(&key, lost);
@@ -701,6 +771,11 @@ impl Loop {
     /// Remembers the versions this loop wrote on its way to the last one: their watch
     /// events are not worth planning (the last one's event follows).
     fn wrote(&mut self, key: &Key, mut versions: Vec<String>) {
+        if versions.is_empty() {
+            self.own.remove(key);
+        } else {
+            self.own.insert(key.clone(), versions.clone());
+        }
         versions.pop();
         if versions.is_empty() {
             self.superseded.remove(key);

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use dramesh_api::native::ReservationState;
 use dramesh_estimator::TargetCluster;
 use dramesh_model::k8s::PriorityClass;
+use dramesh_scheduler::patch::{MAX_MESSAGE, error_condition, truncate};
 use dramesh_scheduler::{
     Action, Binding, Cluster, Decision, Demand, Retry, claim_template_names, demand, plan,
     priority_class_name,
@@ -55,13 +56,17 @@ pub(super) struct Ctx {
     /// Bindings decoded, by key, with the `resourceVersion` decoded: a cluster change and a
     /// preemption look at every binding, and Clusters change with every status report.
     pub(super) decoded: std::sync::Mutex<HashMap<Key, (String, Arc<Binding>)>>,
+    /// Per binding, the generation and kind of problem last logged at WARN
+    /// ([`Ctx::warn_once`]).
+    pub(super) warned: std::sync::Mutex<HashMap<Key, (Option<i64>, &'static str)>>,
 }
 
 /// A binding handed to a task, with the loop's view of the fleet when it was handed out.
 pub(super) struct Job {
     pub(super) key: Key,
     pub(super) obj: Arc<Object>,
-    pub(super) binding: Arc<Binding>,
+    /// The binding decoded, or why it does not decode (reported on its status).
+    pub(super) binding: Result<Arc<Binding>, dramesh_scheduler::InputError>,
     pub(super) clusters: Arc<BTreeMap<String, Cluster>>,
     pub(super) classes: Arc<BTreeMap<String, PriorityClass>>,
     /// Replicas this replica added, by cluster, whose reservations overcommit resolution
@@ -126,6 +131,10 @@ impl Done {
 enum WriteError {
     /// The spec write conflicted: plan again on the fresh binding.
     Conflict(Arc<Object>),
+    /// The spec was written (its versions) but the status was not: the decision stands and
+    /// its reservations stay held; the binding is retried, and planned again as
+    /// [`dramesh_scheduler::Trigger::StatusBehind`] so that its condition is written.
+    StatusFailed(Vec<String>, String),
     /// Anything else.
     Failed(String),
 }
@@ -184,15 +193,15 @@ impl Ctx {
             lost,
         } = job;
         let kind = key.0;
-        let mut b = binding;
+        let mut b = match binding {
+            Ok(b) => b,
+            Err(e) => return self.report_invalid(&key, &obj, &e).await,
+        };
         for attempt in 0..MAX_ATTEMPTS {
             if attempt > 0 {
                 b = match Binding::from_value(binding_kind(kind), obj.value()) {
                     Ok(b) => Arc::new(b),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "binding not scheduled");
-                        return Done::of(Outcome::Dropped);
-                    }
+                    Err(e) => return self.report_invalid(&key, &obj, &e).await,
                 };
             }
             // A binding whose added replicas were lost is placed again even though it was
@@ -227,23 +236,8 @@ impl Ctx {
             let (demand, manifests) = match self.demand(&b, &classes).await {
                 Ok(d) => d,
                 Err(message) => {
-                    let d = Decision::error(message);
-                    return match self.write(kind, &obj, &b, &d).await {
-                        Ok((written, versions)) => {
-                            self.events(kind, &written, &b, &d);
-                            Done {
-                                outcome: Outcome::Error,
-                                versions,
-                                held: None,
-                            }
-                        }
-                        // Changed meanwhile: its change event queues it again.
-                        Err(WriteError::Conflict(_)) => Done::of(Outcome::Error),
-                        Err(WriteError::Failed(e)) => {
-                            tracing::warn!(binding = %b.id(), error = %e, "scheduler error not written");
-                            Done::of(Outcome::Error)
-                        }
-                    };
+                    self.warn_once(&key, &b, "binding not scheduled", &message);
+                    return self.write_error(kind, &obj, &b, message).await;
                 }
             };
             let (decision, held) = match self
@@ -253,8 +247,9 @@ impl Ctx {
                 Ok(d) => d,
                 Err(e) => {
                     // Never written unheld: another replica could take the same devices.
-                    tracing::warn!(binding = %b.id(), error = %e, "the decision could not be held; not written");
-                    return Done::of(Outcome::Error);
+                    // The binding says why instead.
+                    self.warn_once(&key, &b, "the decision could not be held; not written", &e);
+                    return self.write_error(kind, &obj, &b, e).await;
                 }
             };
             let bindings = if preempt::wants_bindings(&b, &demand, &decision) {
@@ -294,7 +289,10 @@ impl Ctx {
             }
             match self.write(kind, &obj, &b, &decision).await {
                 Ok((written, versions)) => {
-                    self.events(kind, &written, &b, &decision);
+                    // Events only when the decision changed something.
+                    if !versions.is_empty() {
+                        self.events(kind, &written, &b, &decision);
+                    }
                     let outcome = match decision.retry {
                         Retry::No => Outcome::Scheduled,
                         Retry::Unschedulable => Outcome::Unschedulable,
@@ -313,6 +311,14 @@ impl Ctx {
                     }
                     obj = fresh;
                 }
+                Err(WriteError::StatusFailed(versions, e)) => {
+                    tracing::warn!(binding = %b.id(), error = %e, "schedule result written, its status not; retried");
+                    return Done {
+                        outcome: Outcome::Error,
+                        versions,
+                        held,
+                    };
+                }
                 Err(WriteError::Failed(e)) => {
                     self.release(held).await;
                     tracing::warn!(binding = %b.id(), error = %e, "schedule result not written");
@@ -321,6 +327,117 @@ impl Ctx {
             }
         }
         Done::of(Outcome::Error)
+    }
+
+    /// Writes a `SchedulerError` decision (`message`) on `b`, with its Event when the
+    /// status changed; retried after the backoff.
+    async fn write_error(
+        &self,
+        kind: Kind,
+        obj: &Arc<Object>,
+        b: &Binding,
+        message: String,
+    ) -> Done {
+        let d = Decision::error(message);
+        match self.write(kind, obj, b, &d).await {
+            Ok((written, versions)) => {
+                if !versions.is_empty() {
+                    self.events(kind, &written, b, &d);
+                }
+                Done {
+                    outcome: Outcome::Error,
+                    versions,
+                    held: None,
+                }
+            }
+            // Changed meanwhile: its change event queues it again.
+            Err(WriteError::Conflict(_)) => Done::of(Outcome::Error),
+            Err(WriteError::StatusFailed(_, e) | WriteError::Failed(e)) => {
+                tracing::warn!(binding = %b.id(), error = %e, "scheduler error not written");
+                Done::of(Outcome::Error)
+            }
+        }
+    }
+
+    /// A binding of this scheduler that does not decode (a malformed placement, say): its
+    /// status gets `Scheduled=False`, reason `SchedulerError`, naming the field, once (the
+    /// same error again writes nothing). It is not retried: its next change is planned.
+    async fn report_invalid(
+        &self,
+        key: &Key,
+        obj: &Arc<Object>,
+        e: &dramesh_scheduler::InputError,
+    ) -> Done {
+        if !dramesh_scheduler::object::handled_by_value(obj.value(), &self.role.name) {
+            return Done::of(Outcome::Dropped);
+        }
+        let message = truncate(e.to_string(), MAX_MESSAGE);
+        let generation = obj.meta().generation;
+        self.warn_at(
+            key,
+            generation,
+            &e.object,
+            "binding not scheduled",
+            &message,
+        );
+        let at = now();
+        let mut current = obj.clone();
+        let mut versions = Vec::new();
+        for _ in 0..MAX_ATTEMPTS {
+            let Some(p) = error_condition(current.value(), &message, &at) else {
+                break;
+            };
+            let Ok(body) = serde_json::from_str::<Value>(&p.body) else {
+                break;
+            };
+            let Some(r) = BindingRef::of(key.0, &current) else {
+                break;
+            };
+            match self.client.patch_status(&r, &body).await {
+                Ok(o) => {
+                    versions.extend(o.meta().resource_version.clone());
+                    break;
+                }
+                Err(KarmadaError::Conflict { .. }) => match self.reread(key.0, &r).await {
+                    Ok(o) | Err(WriteError::Conflict(o)) => current = o,
+                    Err(_) => break,
+                },
+                Err(err) => {
+                    tracing::warn!(binding = %e.object, error = %err, "scheduler error not written");
+                    return Done::of(Outcome::Error);
+                }
+            }
+        }
+        Done {
+            outcome: Outcome::Dropped,
+            versions,
+            held: None,
+        }
+    }
+
+    /// Logs a binding's problem at WARN once per generation and kind of problem (later
+    /// repeats at DEBUG), the error cut to [`MAX_MESSAGE`] bytes: a template quoted in an
+    /// error is not logged in full at every retry and relist.
+    fn warn_once(&self, key: &Key, b: &Binding, what: &'static str, error: &str) {
+        self.warn_at(key, Some(b.metadata.generation), &b.id(), what, error);
+    }
+
+    fn warn_at(
+        &self,
+        key: &Key,
+        generation: Option<i64>,
+        id: &str,
+        what: &'static str,
+        error: &str,
+    ) {
+        let error = truncate(error.to_string(), MAX_MESSAGE);
+        let first =
+            lock(&self.warned).insert(key.clone(), (generation, what)) != Some((generation, what));
+        if first {
+            tracing::warn!(binding = %id, error = %error, "{what}");
+        } else {
+            tracing::debug!(binding = %id, error = %error, "{what}");
+        }
     }
 
     /// Every cached binding of both kinds, decoded (undecodable ones left out).
@@ -359,6 +476,7 @@ impl Ctx {
     /// Forgets the decoded binding `key` (deleted).
     pub(super) fn forget(&self, key: &Key) {
         lock(&self.decoded).remove(key);
+        lock(&self.warned).remove(key);
     }
 
     /// The binding's demand and, for a workload, the manifests a reservation carries (its
@@ -515,20 +633,21 @@ impl Ctx {
         // spec moved on meanwhile (another replica's decision, a scale), it would put a stale
         // verdict over a newer one: plan again instead.
         let basis = current.meta().generation;
+        let refresh = decision.refreshes(b);
         let decision = decision.clone();
-        let (o, mut more) = self
+        let (o, mut more) = match self
             .write_status(kind, &current, move |fresh| {
                 if basis.is_some_and(|g| g != fresh.metadata.generation) {
                     return Vec::new();
                 }
-                decision
-                    .patches(fresh, &at)
-                    .into_iter()
-                    .filter(|p| p.status)
-                    .collect()
+                decision.status_patches(fresh, &at, refresh)
             })
             .await
-            .map_err(WriteError::Failed)?;
+        {
+            Ok(w) => w,
+            Err(e) if !written.is_empty() => return Err(WriteError::StatusFailed(written, e)),
+            Err(e) => return Err(WriteError::Failed(e)),
+        };
         if basis.is_some() && o.meta().generation != basis {
             return Err(WriteError::Conflict(o));
         }
@@ -569,9 +688,10 @@ impl Ctx {
                 Err(KarmadaError::Conflict { .. }) if conflicts + 1 < MAX_ATTEMPTS => {
                     conflicts += 1;
                     current = match self.reread(kind, &r).await {
-                        Ok(o) => o,
-                        Err(WriteError::Failed(e)) => return Err(e),
-                        Err(WriteError::Conflict(o)) => o,
+                        Ok(o) | Err(WriteError::Conflict(o)) => o,
+                        Err(WriteError::Failed(e) | WriteError::StatusFailed(_, e)) => {
+                            return Err(e);
+                        }
                     };
                 }
                 Err(e) => return Err(e.to_string()),

@@ -16,9 +16,11 @@
 //!   the requested version has been compacted away;
 //! - test controls: [`FakeApi::drop_watches`] cuts every open watch mid-chunk (an abrupt
 //!   close after half an event line), [`FakeApi::compact`] forgets the event log,
-//!   [`FakeApi::conflict_next_writes`] makes the next writes to an object answer 409,
+//!   [`FakeApi::conflict_next_writes`] makes the next writes to an object answer 409
+//!   ([`FakeApi::conflict_next_status_writes`] only those to its `/status`),
 //!   [`FakeApi::apply_before_next_write`] lets another writer change an object just before
-//!   the next write to it, and
+//!   the next write to it, [`FakeApi::delay_answers`] makes every answer but a watch's take a
+//!   seeded random time (a slow server), and
 //!   [`FakeApi::writes`] reads back every write request in order;
 //! - single-object GET/POST/PUT/PATCH with `resourceVersion` optimistic concurrency: 409
 //!   Conflict (a `Status` with reason `Conflict`) when the body's `metadata.resourceVersion`
@@ -328,10 +330,15 @@ struct St {
     writes: Vec<Write>,
     /// Writes to these objects still to be refused with 409 Conflict.
     conflicts: BTreeMap<(ResId, ObjKey), u32>,
+    /// Writes to these objects' `/status` still to be refused with 409 Conflict.
+    status_conflicts: BTreeMap<(ResId, ObjKey), u32>,
     /// Objects stored just before the next write to them is looked at.
     before_write: BTreeMap<(ResId, ObjKey), Value>,
     /// Lists (not watches) of these kinds are answered only after the delay.
     slow_lists: BTreeMap<&'static str, std::time::Duration>,
+    /// Every answer but a watch's is delayed by a random time in this range, drawn from
+    /// this generator's state ([`FakeApi::delay_answers`]).
+    slow_answers: Option<(Duration, Duration, u64)>,
     /// Counter for `uid`s (unique across deletions and re-creations).
     uids: u64,
 }
@@ -706,6 +713,15 @@ impl FakeApi {
         self.lock().conflicts.insert((res.id(), key), n);
     }
 
+    /// Makes the next `n` writes to the object's `/status` subresource answer 409 Conflict
+    /// (writes to the main resource go through): a writer whose spec write lands and whose
+    /// status write does not.
+    pub fn conflict_next_status_writes(&self, kind: &str, ns: Option<&str>, name: &str, n: u32) {
+        let res = res_by_kind(kind);
+        let key = (ns.unwrap_or("").to_string(), name.to_string());
+        self.lock().status_conflicts.insert((res.id(), key), n);
+    }
+
     /// Stores `obj` (as [`FakeApi::apply`] would) just before the next write to the same
     /// object is looked at, as when another writer got there first: that write then meets
     /// the new `resourceVersion`.
@@ -722,6 +738,28 @@ impl FakeApi {
         if let Some(r) = RESOURCES.iter().find(|r| r.kind == kind) {
             self.lock().slow_lists.insert(r.kind, delay);
         }
+    }
+
+    /// Makes the server slow, as a loaded API server in front of a slow etcd is: every later
+    /// request but a watch is answered after a random delay between `min` and `max`, half
+    /// of it before the request is carried out and half after (so a write's watch event
+    /// usually reaches watchers before the writer has its answer). The delays are drawn
+    /// from a generator seeded with `seed`, one per request in the order requests arrive.
+    pub fn delay_answers(&self, min: Duration, max: Duration, seed: u64) {
+        self.lock().slow_answers = Some((min, max.max(min), seed));
+    }
+
+    /// The next delay of [`FakeApi::delay_answers`], if it is on (splitmix64).
+    fn answer_delay(&self) -> Option<Duration> {
+        let mut st = self.lock();
+        let (min, max, state) = st.slow_answers.as_mut()?;
+        *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = *state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        let span = (*max - *min).as_micros() as u64 + 1;
+        Some(*min + Duration::from_micros(z % span))
     }
 
     /// Every write request (POST, PUT, PATCH) received so far, in order, with the answer's code.
@@ -818,6 +856,19 @@ impl FakeApi {
     }
 
     async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
+        let watch = query(req.uri().query())
+            .get("watch")
+            .is_some_and(|w| w == "true" || w == "1");
+        let Some(delay) = (!watch).then(|| self.answer_delay()).flatten() else {
+            return self.serve(req).await;
+        };
+        tokio::time::sleep(delay / 2).await;
+        let answer = self.serve(req).await;
+        tokio::time::sleep(delay - delay / 2).await;
+        answer
+    }
+
+    async fn serve(&self, req: Request<Incoming>) -> Response<Body> {
         let method = req.method().clone();
         let path = req.uri().path().to_string();
         let q = query(req.uri().query());
@@ -1114,6 +1165,13 @@ impl FakeApi {
             if let Some(n) = forced.filter(|n| **n > 0) {
                 *n -= 1;
                 return fail(409, "Conflict", &conflict, &name);
+            }
+            if op.sub.as_deref() == Some("status") {
+                let forced = st.status_conflicts.get_mut(&(res.id(), key.clone()));
+                if let Some(n) = forced.filter(|n| **n > 0) {
+                    *n -= 1;
+                    return fail(409, "Conflict", &conflict, &name);
+                }
             }
             let want = obj["metadata"]["resourceVersion"].as_str().unwrap_or("");
             if !want.is_empty() && want != c["metadata"]["resourceVersion"].as_str().unwrap_or("") {

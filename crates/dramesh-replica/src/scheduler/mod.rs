@@ -559,7 +559,10 @@ impl Loop {
         let due: Vec<Key> = self
             .retry
             .iter()
-            .filter(|(_, r)| self.backoff.next_attempt(r, view) <= now)
+            // A binding being retried is not queued again by its own retry.
+            .filter(|(k, r)| {
+                !self.running.contains_key(*k) && self.backoff.next_attempt(r, view) <= now
+            })
             .map(|(k, _)| k.clone())
             .collect();
         for k in due {

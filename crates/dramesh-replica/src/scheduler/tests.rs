@@ -13,6 +13,7 @@ use dramesh_scheduler::Binding;
 use serde_json::Value;
 
 mod preempt;
+mod slow;
 
 const ME: &str = "dramesh-scheduler";
 const NS: &str = "default";

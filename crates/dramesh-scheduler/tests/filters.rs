@@ -45,8 +45,8 @@ impl Rng {
     fn chance(&mut self, percent: u64) -> bool {
         self.below(100) < percent
     }
-    fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
-        &v[self.below(v.len() as u64) as usize]
+    fn pick<T: Copy>(&mut self, v: &[T]) -> T {
+        v[self.below(v.len() as u64) as usize]
     }
 }
 
@@ -82,8 +82,8 @@ fn gen_cluster(r: &mut Rng, i: usize) -> GenCluster {
     if r.chance(25) {
         taints.push(Taint {
             key: "dedicated".into(),
-            value: (*r.pick(&["ml", "web"])).into(),
-            effect: (*r.pick(&["NoSchedule", "NoExecute", "PreferNoSchedule"])).into(),
+            value: (r.pick(&["ml", "web"])).into(),
+            effect: (r.pick(&["NoSchedule", "NoExecute", "PreferNoSchedule"])).into(),
         });
     }
     if r.chance(10) {
@@ -117,12 +117,12 @@ fn gen_cluster(r: &mut Rng, i: usize) -> GenCluster {
     };
     GenCluster {
         name: format!("m{i}"),
-        tier: *r.pick(&["gpu", "cpu"]),
-        provider: r.chance(75).then(|| *r.pick(&["aws", "gcp"])),
-        region: r.chance(75).then(|| *r.pick(&["east", "west", "north"])),
+        tier: r.pick(&["gpu", "cpu"]),
+        provider: r.chance(75).then(|| r.pick(&["aws", "gcp"])),
+        region: r.chance(75).then(|| r.pick(&["east", "west", "north"])),
         zones: if r.chance(70) { vec!["z1"] } else { Vec::new() },
         taints,
-        ready: *r.pick(&[
+        ready: r.pick(&[
             Some("True"),
             Some("True"),
             Some("True"),
@@ -130,7 +130,7 @@ fn gen_cluster(r: &mut Rng, i: usize) -> GenCluster {
             Some("Unknown"),
             None,
         ]),
-        complete_apis: *r.pick(&[Some("True"), Some("False"), None]),
+        complete_apis: r.pick(&[Some("True"), Some("False"), None]),
         apis,
         deleting: r.chance(8),
     }
@@ -213,7 +213,7 @@ struct GenBinding {
 }
 
 fn gen_binding(r: &mut Rng, fleet: &[GenCluster]) -> GenBinding {
-    let (api_version, kind) = *r.pick(&KINDS);
+    let (api_version, kind) = r.pick(&KINDS);
     let names: Vec<String> = fleet.iter().map(|c| c.name.clone()).collect();
     let some_names =
         |r: &mut Rng| -> Vec<String> { names.iter().filter(|_| r.chance(50)).cloned().collect() };
@@ -221,7 +221,7 @@ fn gen_binding(r: &mut Rng, fleet: &[GenCluster]) -> GenBinding {
         0 | 1 => Affinity::None,
         2 => Affinity::Names(some_names(r)),
         3 => Affinity::Exclude(some_names(r)),
-        _ => Affinity::Tier(*r.pick(&["gpu", "cpu"])),
+        _ => Affinity::Tier(r.pick(&["gpu", "cpu"])),
     };
     let mut tolerations = Vec::new();
     for t in [
@@ -263,7 +263,7 @@ fn gen_binding(r: &mut Rng, fleet: &[GenCluster]) -> GenBinding {
         3 => vec!["zone", "cluster"],
         _ => Vec::new(),
     };
-    let strategy = *r.pick(&["Duplicated", "Aggregated", "Dynamic", "Static"]);
+    let strategy = r.pick(&["Duplicated", "Aggregated", "Dynamic", "Static"]);
     let replicas = 1 + r.below(12) as i64;
     let mut clusters = Vec::new();
     if r.chance(40) {
@@ -279,7 +279,7 @@ fn gen_binding(r: &mut Rng, fleet: &[GenCluster]) -> GenBinding {
         }
     }
     let evicting = if r.chance(20) {
-        vec![r.pick(&names).clone()]
+        vec![names[r.below(names.len() as u64) as usize].clone()]
     } else {
         Vec::new()
     };

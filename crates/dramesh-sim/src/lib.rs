@@ -532,6 +532,53 @@ pub fn write_snapshot(dir: &Path, cluster: &Cluster) -> std::io::Result<()> {
     Ok(())
 }
 
+/// `status.apiEnablements` of a member cluster that serves the built-in workload kinds and
+/// the common training CRDs (RayJob, RayCluster, TrainJob, PyTorchJob), as Karmada's
+/// cluster status controller writes it: Karmada's scheduler places a resource only on
+/// clusters listing its group/version and kind.
+pub fn karmada_api_enablements() -> Value {
+    let apis: [(&str, &[(&str, &str)]); 6] = [
+        (
+            "v1",
+            &[
+                ("pods", "Pod"),
+                ("configmaps", "ConfigMap"),
+                ("namespaces", "Namespace"),
+            ],
+        ),
+        (
+            "apps/v1",
+            &[
+                ("deployments", "Deployment"),
+                ("statefulsets", "StatefulSet"),
+                ("replicasets", "ReplicaSet"),
+                ("daemonsets", "DaemonSet"),
+            ],
+        ),
+        ("batch/v1", &[("jobs", "Job"), ("cronjobs", "CronJob")]),
+        (
+            "ray.io/v1",
+            &[("rayjobs", "RayJob"), ("rayclusters", "RayCluster")],
+        ),
+        (
+            "trainer.kubeflow.org/v1alpha1",
+            &[("trainjobs", "TrainJob")],
+        ),
+        ("kubeflow.org/v1", &[("pytorchjobs", "PyTorchJob")]),
+    ];
+    Value::Array(
+        apis.iter()
+            .map(|(gv, resources)| {
+                let r: Vec<Value> = resources
+                    .iter()
+                    .map(|(name, kind)| json!({"name": name, "kind": kind}))
+                    .collect();
+                json!({"groupVersion": gv, "resources": r})
+            })
+            .collect(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -613,51 +660,4 @@ mod tests {
         let jb: Vec<_> = b.objects.iter().map(ClusterObject::to_json).collect();
         assert_eq!(ja, jb);
     }
-}
-
-/// `status.apiEnablements` of a member cluster that serves the built-in workload kinds and
-/// the common training CRDs (RayJob, RayCluster, TrainJob, PyTorchJob), as Karmada's
-/// cluster status controller writes it: Karmada's scheduler places a resource only on
-/// clusters listing its group/version and kind.
-pub fn karmada_api_enablements() -> Value {
-    let apis: [(&str, &[(&str, &str)]); 6] = [
-        (
-            "v1",
-            &[
-                ("pods", "Pod"),
-                ("configmaps", "ConfigMap"),
-                ("namespaces", "Namespace"),
-            ],
-        ),
-        (
-            "apps/v1",
-            &[
-                ("deployments", "Deployment"),
-                ("statefulsets", "StatefulSet"),
-                ("replicasets", "ReplicaSet"),
-                ("daemonsets", "DaemonSet"),
-            ],
-        ),
-        ("batch/v1", &[("jobs", "Job"), ("cronjobs", "CronJob")]),
-        (
-            "ray.io/v1",
-            &[("rayjobs", "RayJob"), ("rayclusters", "RayCluster")],
-        ),
-        (
-            "trainer.kubeflow.org/v1alpha1",
-            &[("trainjobs", "TrainJob")],
-        ),
-        ("kubeflow.org/v1", &[("pytorchjobs", "PyTorchJob")]),
-    ];
-    Value::Array(
-        apis.iter()
-            .map(|(gv, resources)| {
-                let r: Vec<Value> = resources
-                    .iter()
-                    .map(|(name, kind)| json!({"name": name, "kind": kind}))
-                    .collect();
-                json!({"groupVersion": gv, "resources": r})
-            })
-            .collect(),
-    )
 }

@@ -29,7 +29,6 @@ use dramesh_estimator::{
 };
 use dramesh_model::ClusterInfo;
 use dramesh_model::k8s::Taint;
-use dramesh_model::taint;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::demand::Demand;
@@ -248,15 +247,7 @@ pub fn refusal(
     if !used && !c.api_enabled(&b.resource.api_version, &b.resource.kind) {
         return Some(API_REASON.into());
     }
-    let untolerated = c.effective_taints().find(|t| {
-        (t.effect == "NoExecute" || (!used && t.effect == "NoSchedule"))
-            && !b
-                .policy
-                .tolerations
-                .iter()
-                .any(|tol| taint::tolerates(tol, t))
-    });
-    if let Some(t) = untolerated {
+    if let Some(t) = c.untolerated(&b.policy.tolerations, !used) {
         return Some(format!(
             "cluster(s) had untolerated taint {{{}}}",
             taint_string(t)

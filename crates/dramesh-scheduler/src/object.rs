@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use dramesh_estimator::{Policy, ResList, TargetCluster};
 use dramesh_model::k8s::{K8sQuantity, NodeSelector, PriorityClass, Taint, Toleration};
+use dramesh_model::taint;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
@@ -871,6 +872,15 @@ impl Cluster {
     /// `cluster.karmada.io/not-ready` still lands on such a cluster.
     pub fn effective_taints(&self) -> impl Iterator<Item = &Taint> {
         self.taints.iter().chain(&self.readiness_taints)
+    }
+
+    /// The first of [`Cluster::effective_taints`] with effect NoExecute (and NoSchedule too,
+    /// when `no_schedule`) that none of `tolerations` tolerates.
+    pub fn untolerated(&self, tolerations: &[Toleration], no_schedule: bool) -> Option<&Taint> {
+        self.effective_taints().find(|t| {
+            (t.effect == "NoExecute" || (no_schedule && t.effect == "NoSchedule"))
+                && !tolerations.iter().any(|tol| taint::tolerates(tol, t))
+        })
     }
 }
 

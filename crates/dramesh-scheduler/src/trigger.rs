@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use dramesh_estimator::Strategy;
-use dramesh_model::taint;
 
 use crate::object::{APPLIED_PLACEMENT, Binding, Cluster, Readiness};
 use crate::patch::{self, Patch};
@@ -95,15 +94,7 @@ fn leaving(b: &Binding, clusters: &BTreeMap<String, Cluster>) -> Option<Trigger>
         if c.deleting {
             return Some(Trigger::ClusterDeleting(t.name.clone()));
         }
-        let untolerated = c.effective_taints().find(|taint| {
-            taint.effect == "NoExecute"
-                && !b
-                    .policy
-                    .tolerations
-                    .iter()
-                    .any(|tol| taint::tolerates(tol, taint))
-        });
-        if let Some(taint) = untolerated {
+        if let Some(taint) = c.untolerated(&b.policy.tolerations, false) {
             let readiness_taint = taint.key == crate::object::TAINT_NOT_READY
                 || taint.key == crate::object::TAINT_UNREACHABLE;
             return Some(if readiness_taint && c.readiness != Readiness::Ready {

@@ -10,8 +10,7 @@
 //!   cluster not in `spec.clusters` lists the resource's group/version and kind; the
 //!   `CompleteAPIEnablements` condition is not read since PR 6462), TaintToleration (a
 //!   cluster not in `spec.clusters` has no untolerated NoSchedule/NoExecute taint; a cluster
-//!   that is not ready carries the not-ready/unreachable taints Karmada's cluster controller
-//!   adds), ClusterAffinity (names, exclusions, labels), SpreadConstraint (provider, region,
+//!   that is not ready carries the not-ready/unreachable taints), ClusterAffinity (names, exclusions, labels), SpreadConstraint (provider, region,
 //!   zones present when spread by them), ClusterEviction (not in the graceful eviction
 //!   tasks). dramesh's one documented difference: a cluster in use is still held to its
 //!   NoExecute taints (dramesh evicts by rescheduling where Karmada's taint manager would).
@@ -394,9 +393,10 @@ fn tolerates(t: &Toleration, taint: &Taint) -> bool {
         && t.value.is_none_or(|v| v == taint.value)
 }
 
-/// The taints the scheduler sees: `spec.taints` plus, for a cluster that is not ready,
-/// the not-ready (Ready=False) or unreachable (Ready=Unknown or absent) taints, NoSchedule
-/// and NoExecute, that Karmada's cluster controller adds.
+/// The taints the scheduler sees: `spec.taints` plus, for a cluster that is not ready, the
+/// not-ready (Ready=False) or unreachable (Ready=Unknown or absent) taints: NoSchedule, as
+/// Karmada's cluster controller adds them, and NoExecute, as taint-based eviction sees the
+/// cluster (dramesh adds both when `spec.taints` lacks them).
 fn seen_taints(c: &GenCluster) -> Vec<Taint> {
     let mut out = c.taints.clone();
     let key = match c.ready {

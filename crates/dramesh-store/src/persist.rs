@@ -530,7 +530,7 @@ pub(crate) fn is_doc_file(path: &Path) -> bool {
 #[derive(Debug)]
 pub(crate) struct Corruption {
     pub reason: String,
-    pub header: Option<FileHeader>,
+    pub header: Option<Box<FileHeader>>,
     /// The file is intact as far as this build can tell but of a newer store format (the
     /// format as found, e.g. "2.0"): not corruption, the store must not open.
     pub newer_format: Option<String>,
@@ -570,7 +570,7 @@ pub(crate) fn parse_file(bytes: &[u8]) -> Result<LoadedFile, Corruption> {
         // its own documents are fsynced before they are renamed into place).
         unfinished: ends_early && header.as_ref().is_none_or(|h| !h.owned),
         newer_format: None,
-        header,
+        header: header.map(Box::new),
     })
 }
 

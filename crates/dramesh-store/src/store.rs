@@ -651,7 +651,7 @@ impl Store {
                 Err(c) => {
                     match c.newer_format {
                         Some(found) => newer.push((path, found)),
-                        None => corrupt.push((path, c.reason, c.header)),
+                        None => corrupt.push((path, c.reason, c.header.map(|h| *h))),
                     }
                     continue;
                 }

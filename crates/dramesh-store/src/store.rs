@@ -754,19 +754,13 @@ impl Store {
                 others: newer.len() - 1,
             });
         }
-        for path in tmp_files {
+        report.removed_tmp_files = tmp_files.len();
+        report.removed_unfinished_files = unfinished.len();
+        for path in tmp_files.into_iter().chain(unfinished) {
             std::fs::remove_file(&path).map_err(|source| StoreError::Io {
                 path: path.clone(),
                 source,
             })?;
-            report.removed_tmp_files += 1;
-        }
-        for path in unfinished {
-            std::fs::remove_file(&path).map_err(|source| StoreError::Io {
-                path: path.clone(),
-                source,
-            })?;
-            report.removed_unfinished_files += 1;
         }
         for (path, len) in torn {
             persist::truncate(&path, len, store.config.durability)?;

@@ -84,37 +84,38 @@ fn key(kind: ObjectKind, ns: Option<&str>, name: &str) -> ObjectKey {
     ObjectKey::new(kind, ns, name)
 }
 
-/// Sends `doc` from `from` to `to` with signatures until neither has anything to send.
-fn sync_signed(from: &mut Store, to: &mut Store, doc: &DocId) {
+/// One signed sync message from `from` to `to`, if `from` has one; whether it sent one.
+fn send_signed(
+    from: &mut Store,
+    to: &mut Store,
+    doc: &DocId,
+    (sf, st): (&mut SyncState, &mut SyncState),
+    from_writer: bool,
+) -> bool {
     let generation = from.entry(doc).expect("held").generation;
+    let Some((m, signed)) = from
+        .generate_signed_sync_message(doc, generation, sf)
+        .unwrap()
+    else {
+        return false;
+    };
+    let proof = Proof {
+        signed: signed.as_ref(),
+        from_writer,
+    };
+    to.receive_signed_sync_message(doc, generation, st, &m, proof, &|_| true)
+        .unwrap();
+    true
+}
+
+/// Sends `doc` from its writer `from` to `to` with signatures until neither has anything to
+/// send.
+fn sync_signed(from: &mut Store, to: &mut Store, doc: &DocId) {
     let (mut sf, mut st) = (SyncState::new(), SyncState::new());
     for _ in 0..20 {
-        let mut moved = false;
-        if let Some((m, signed)) = from
-            .generate_signed_sync_message(doc, generation, &mut sf)
-            .unwrap()
-        {
-            let proof = Proof {
-                signed: signed.as_ref(),
-                from_writer: true,
-            };
-            to.receive_signed_sync_message(doc, generation, &mut st, &m, proof, &|_| true)
-                .unwrap();
-            moved = true;
-        }
-        if let Some((m, signed)) = to
-            .generate_signed_sync_message(doc, generation, &mut st)
-            .unwrap()
-        {
-            let proof = Proof {
-                signed: signed.as_ref(),
-                from_writer: false,
-            };
-            from.receive_signed_sync_message(doc, generation, &mut sf, &m, proof, &|_| true)
-                .unwrap();
-            moved = true;
-        }
-        if !moved {
+        let sent = send_signed(from, to, doc, (&mut sf, &mut st), true);
+        let answered = send_signed(to, from, doc, (&mut st, &mut sf), false);
+        if !sent && !answered {
             return;
         }
     }
@@ -134,6 +135,18 @@ fn node_json(name: &str, cpu: &str) -> String {
     format!(
         r#"{{"apiVersion":"v1","kind":"Node","metadata":{{"name":"{name}","labels":{{"kubernetes.io/hostname":"{name}"}}}},"status":{{"allocatable":{{"cpu":"{cpu}","memory":"64Gi","pods":"110"}}}}}}"#
     )
+}
+
+fn node_upsert(name: &str, cpu: &str) -> ObjectChange {
+    upsert(key(ObjectKind::Node, None, name), &node_json(name, cpu))
+}
+
+/// An in-memory store writing `doc`, signing as `signer`.
+fn writer(signer: &'static str, doc: &DocId) -> Store {
+    let mut s = Store::in_memory(test_config());
+    s.set_trust(trust(signer));
+    s.open_writer(doc).unwrap();
+    s
 }
 
 fn pod_json(name: &str, node: &str) -> String {
@@ -176,17 +189,12 @@ fn write_fixture(dir: &Path) -> Manifest {
         .apply(&own_ret, vec![res("gone", TOMBSTONE)])
         .unwrap();
 
-    let mut agent = Store::in_memory(test_config());
-    agent.set_trust(trust("cluster/golden/agent/_cluster"));
-    agent.open_writer(&agent_doc).unwrap();
+    let mut agent = writer("cluster/golden/agent/_cluster", &agent_doc);
     agent
         .apply(
             &agent_doc,
             vec![
-                upsert(
-                    key(ObjectKind::Node, None, "node-b"),
-                    &node_json("node-b", "16"),
-                ),
+                node_upsert("node-b", "16"),
                 upsert(key(ObjectKind::DeviceClass, None, "gpu.example.com"), CLASS),
                 upsert(key(ObjectKind::ClusterInfo, None, "cluster"), INFO),
             ],
@@ -198,10 +206,7 @@ fn write_fixture(dir: &Path) -> Manifest {
         .apply(
             &agent_doc,
             vec![
-                upsert(
-                    key(ObjectKind::Node, None, "node-b"),
-                    &node_json("node-b", "32"),
-                ),
+                node_upsert("node-b", "32"),
                 upsert(
                     key(ObjectKind::Pod, Some("default"), "web-1"),
                     &pod_json("web-1", "node-b"),
@@ -211,25 +216,18 @@ fn write_fixture(dir: &Path) -> Manifest {
         .unwrap();
     sync_signed(&mut agent, &mut replica, &agent_doc);
 
-    let mut node = Store::in_memory(test_config());
-    node.set_trust(trust("cluster/golden/agent/node-a"));
-    node.open_writer(&node_doc).unwrap();
+    let mut node = writer("cluster/golden/agent/node-a", &node_doc);
     node.apply(
         &node_doc,
         vec![
-            upsert(
-                key(ObjectKind::Node, None, "node-a"),
-                &node_json("node-a", "8"),
-            ),
+            node_upsert("node-a", "8"),
             upsert(key(ObjectKind::ResourceSlice, None, "node-a-gpu"), SLICE),
         ],
     )
     .unwrap();
     sync_signed(&mut node, &mut replica, &node_doc);
 
-    let mut r1 = Store::in_memory(test_config());
-    r1.set_trust(trust("replica/r1"));
-    r1.open_writer(&other_res).unwrap();
+    let mut r1 = writer("replica/r1", &other_res);
     r1.apply(&other_res, vec![res("r1-0001700000000000", RESERVATION_R1)])
         .unwrap();
     sync_signed(&mut r1, &mut replica, &other_res);

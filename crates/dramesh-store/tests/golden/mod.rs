@@ -88,11 +88,10 @@ fn key(kind: ObjectKind, ns: Option<&str>, name: &str) -> ObjectKey {
 fn send_signed(
     from: &mut Store,
     to: &mut Store,
-    doc: &DocId,
+    (doc, generation): (&DocId, u64),
     (sf, st): (&mut SyncState, &mut SyncState),
     from_writer: bool,
 ) -> bool {
-    let generation = from.entry(doc).expect("held").generation;
     let Some((m, signed)) = from
         .generate_signed_sync_message(doc, generation, sf)
         .unwrap()
@@ -112,9 +111,10 @@ fn send_signed(
 /// send.
 fn sync_signed(from: &mut Store, to: &mut Store, doc: &DocId) {
     let (mut sf, mut st) = (SyncState::new(), SyncState::new());
+    let generation = from.entry(doc).expect("held").generation;
     for _ in 0..20 {
-        let sent = send_signed(from, to, doc, (&mut sf, &mut st), true);
-        let answered = send_signed(to, from, doc, (&mut st, &mut sf), false);
+        let sent = send_signed(from, to, (doc, generation), (&mut sf, &mut st), true);
+        let answered = send_signed(to, from, (doc, generation), (&mut st, &mut sf), false);
         if !sent && !answered {
             return;
         }

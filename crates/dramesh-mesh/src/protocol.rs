@@ -1446,7 +1446,8 @@ impl Protocol {
             s.relay = h.relay;
             s.scope = Some(scope);
             if announced.minor != version::PROTOCOL_MINOR {
-                info!(%peer, peer_version = %announced, "session with a peer of an adjacent protocol version");
+                // Debug: during a rolling upgrade every session is one (thousands on a relay).
+                debug!(%peer, peer_version = %announced, "session with a peer of an adjacent protocol version");
             }
             s.peer_version = Some(announced);
             s.features = features;

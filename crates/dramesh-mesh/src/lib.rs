@@ -7,6 +7,8 @@
 //! - [`store`]: the [`DocStore`](store::DocStore) trait the mesh replicates.
 //! - [`wire`]: protobuf envelope and length-prefixed framing with a hard size limit.
 //! - [`protocol`]: sans-I/O replication state machine (push, relay, anti-entropy, authorization).
+//! - [`version`]: protocol versions and features announced in `Hello`, and the rule admitting a
+//!   peer.
 //! - [`certs`]: development PKI generation and loading (rcgen, PEM).
 //! - [`transport`]: quinn/rustls mutual-TLS endpoint configuration.
 //! - [`node`]: the async node the daemons run ([`node::MeshHandle`]).
@@ -28,6 +30,7 @@ pub mod signing;
 pub mod store;
 pub mod store_adapter;
 pub mod transport;
+pub mod version;
 pub mod wire;
 
 pub use identity::PeerIdentity;

@@ -203,6 +203,7 @@ impl Observer {
             ("refused_by_store", c.rejected_by_store),
             ("bad_signature", c.rejected_bad_signature),
             ("stale_generation", c.stale_generation),
+            ("version_refused", c.version_refusals_sent),
             ("identity_rejected", t.identity_rejections),
             ("handshake_failed", t.handshake_failures),
         ] {

@@ -44,6 +44,13 @@
 //!   count in [`Counters::rejected_bad_signature`].
 //! - Nothing but `Hello` is accepted before the peer's `Hello`; protocol violations close the
 //!   connection.
+//! - **Versions**: a peer whose `Hello` announces a protocol version this node does not speak
+//!   ([`crate::version::admit`]) gets a `Refusal` with code `VERSION` naming both versions
+//!   instead of a session; the connection is closed [`VERSION_REFUSAL_LINGER`] later (so the
+//!   refusal reaches it), or at once when the peer's own refusal arrives. Both sides count
+//!   ([`Counters::version_refusals_sent`], [`Counters::version_refusals_received`]) and log it,
+//!   at most once per peer per [`REFUSAL_LOG_INTERVAL`]. A session records the features both
+//!   sides announced ([`SessionStatus::features`]).
 //! - **Refusals reach the writer**: when the store refuses a writer's message for its own
 //!   document, the replica marks the session refused ([`SessionStatus::refused`], cleared by
 //!   the next accepted message) and sends a typed `Refusal` at most once per
@@ -66,10 +73,11 @@ use sha2::{Digest as _, Sha256};
 
 use crate::identity::PeerIdentity;
 use crate::store::{DocStore, RejectReason};
+use crate::version::{self, PeerVersion};
 use crate::wire::{self, WIRE_VERSION, pb, pb::envelope::Body};
 
-/// Protocol version carried in `Hello`; peers with another version are disconnected.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// Major protocol version carried in `Hello.protocol_version` (see [`crate::version`]).
+pub const PROTOCOL_VERSION: u32 = version::PROTOCOL_MAJOR;
 /// Most replicas accepted from one `PeerExchange`.
 pub const MAX_PEER_EXCHANGE: usize = 1024;
 /// Longest accepted advertised address.
@@ -243,6 +251,11 @@ pub struct Counters {
     pub refusals_received: u64,
     /// New generations started after a refusal showed the own generation lying in the future.
     pub generation_recoveries: u64,
+    /// Sessions refused because the peer's `Hello` announced a protocol version this node does
+    /// not speak.
+    pub version_refusals_sent: u64,
+    /// Version refusals received from peers that do not speak this node's protocol version.
+    pub version_refusals_received: u64,
 }
 
 /// Protocol-level view of one session.
@@ -273,6 +286,10 @@ pub struct SessionStatus {
     pub relay: bool,
     /// What the session exchanges (`None` before the peer's hello).
     pub scope: Option<Scope>,
+    /// The version the peer announced in its hello (`None` before it).
+    pub peer_version: Option<PeerVersion>,
+    /// The features both sides announced (empty before the peer's hello).
+    pub features: BTreeSet<String>,
 }
 
 struct DocSync {
@@ -322,6 +339,13 @@ struct Session {
     relay: bool,
     /// What the session exchanges; `None` until the peer's hello.
     scope: Option<Scope>,
+    /// See [`SessionStatus::peer_version`].
+    peer_version: Option<PeerVersion>,
+    /// See [`SessionStatus::features`].
+    features: BTreeSet<String>,
+    /// This node refused the peer's version: every later frame but a refusal is ignored until
+    /// the connection closes.
+    version_refused: bool,
     /// Mean digest probe and heartbeat periods of the session (a node agent and its relay
     /// use the slower `node_*` ones).
     anti_entropy_interval: Duration,
@@ -415,12 +439,23 @@ pub struct Protocol {
     /// A replica learned a replica it did not know: the next tick tells every session (see
     /// [`Protocol::learn_replica`]).
     announce: bool,
+    /// Sessions refused for their version, by when they are closed
+    /// ([`VERSION_REFUSAL_LINGER`]).
+    closing: BTreeSet<(Instant, ConnId)>,
+    /// When a version refusal was last logged, by peer (at most once per
+    /// [`REFUSAL_LOG_INTERVAL`]).
+    version_logged: HashMap<PeerIdentity, Instant>,
 }
 
 /// A replica tells a refused writer why at most this often per document and connection.
 pub const REFUSAL_INTERVAL: Duration = Duration::from_secs(10);
 /// A writer logs refusals of its document at most this often.
 pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(60);
+/// How long a session refused for its version stays open after the refusal was sent, so the
+/// refusal reaches the peer before the connection closes (closing drops unsent frames).
+pub const VERSION_REFUSAL_LINGER: Duration = Duration::from_secs(1);
+/// Most peers whose last version-refusal log time is remembered.
+const MAX_VERSION_LOGGED: usize = 10_000;
 /// Longest refusal text sent or logged.
 const MAX_REFUSAL_REASON: usize = 1024;
 
@@ -554,6 +589,8 @@ impl Protocol {
             timers: BTreeSet::new(),
             relay_sessions: 0,
             announce: false,
+            closing: BTreeSet::new(),
+            version_logged: HashMap::new(),
         }
     }
 
@@ -692,6 +729,8 @@ impl Protocol {
                 advertise_addr: s.advertise_addr.clone(),
                 relay: s.relay,
                 scope: s.scope.clone(),
+                peer_version: s.peer_version.clone(),
+                features: s.features.clone(),
             })
             .collect()
     }
@@ -775,6 +814,9 @@ impl Protocol {
                 reached: BTreeSet::new(),
                 relay: false,
                 scope: None,
+                peer_version: None,
+                features: BTreeSet::new(),
+                version_refused: false,
                 anti_entropy_interval: ae,
                 heartbeat_interval: hb,
                 timer: None,
@@ -782,13 +824,14 @@ impl Protocol {
                     .then(|| now + self.config.carrier_grace),
             },
         );
-        let hello = pb::Hello {
-            protocol_version: PROTOCOL_VERSION,
+        let mut hello = pb::Hello {
             role: role_of(&self.local) as i32,
             identity: self.local.uri(),
             advertise_addr: self.config.advertise_addr.clone().unwrap_or_default(),
             relay: self.relay,
+            ..Default::default()
         };
+        version::announce(&mut hello);
         self.send(&mut out, conn, Body::Hello(hello));
         out
     }
@@ -799,6 +842,9 @@ impl Protocol {
         let Some(session) = self.sessions.remove(&conn) else {
             return;
         };
+        if session.version_refused {
+            self.closing.retain(|(_, c)| *c != conn);
+        }
         if session.hello_received && session.relay {
             self.relay_sessions -= 1;
         }
@@ -1012,6 +1058,15 @@ impl Protocol {
     /// Periodic work: due relays and answers, digest probes, heartbeats, peer exchange.
     pub fn on_tick<S: DocStore>(&mut self, store: &mut S, now: Instant) -> Vec<Output> {
         let mut out = Vec::new();
+        while let Some(&(at, conn)) = self.closing.first()
+            && at <= now
+        {
+            self.closing.pop_first();
+            out.push(Output::Close {
+                conn,
+                reason: "protocol version refused".into(),
+            });
+        }
         let due: Vec<(ConnId, DocId)> = self
             .delayed
             .iter()
@@ -1225,14 +1280,40 @@ impl Protocol {
         session.last_heard = now;
         session.frames_in += 1;
         let hello_received = session.hello_received;
+        let version_refused = session.version_refused;
         let peer = session.identity.clone();
         self.counters.frames_in += 1;
+        if version_refused {
+            // Only the peer's own refusal means anything now (it closes the connection).
+            if let Some(Body::Refusal(r)) = envelope.body
+                && r.code == pb::RefusalCode::Version as i32
+            {
+                self.on_version_refusal(conn, &peer, &r, now, &mut out);
+            }
+            return out;
+        }
         if envelope.version != WIRE_VERSION {
-            self.protocol_error(
-                &mut out,
-                conn,
-                format!("envelope version {} not supported", envelope.version),
-            );
+            // The envelope version moves with the major protocol version: a peer of another
+            // major is refused like one announcing it in its hello.
+            if matches!(envelope.body, Some(Body::Hello(_))) && !hello_received {
+                let reason = format!(
+                    "peer sends envelope version {} ({}), this node speaks envelope version {WIRE_VERSION} ({})",
+                    envelope.version,
+                    match &envelope.body {
+                        Some(Body::Hello(h)) =>
+                            version::read(h).map_or_else(|e| e, |v| v.to_string()),
+                        _ => String::new(),
+                    },
+                    version::SOFTWARE,
+                );
+                self.refuse_version(conn, &peer, reason, now, &mut out);
+            } else {
+                self.protocol_error(
+                    &mut out,
+                    conn,
+                    format!("envelope version {} not supported", envelope.version),
+                );
+            }
             return out;
         }
         let Some(body) = envelope.body else {
@@ -1315,17 +1396,20 @@ impl Protocol {
         now: Instant,
         out: &mut Vec<Output>,
     ) {
-        if h.protocol_version != PROTOCOL_VERSION {
-            self.protocol_error(
-                out,
-                conn,
-                format!(
-                    "protocol version {} not supported (speaking {PROTOCOL_VERSION})",
-                    h.protocol_version
-                ),
-            );
-            return;
-        }
+        let announced = match version::read(&h) {
+            Ok(v) => v,
+            Err(reason) => {
+                self.protocol_error(out, conn, reason);
+                return;
+            }
+        };
+        let features = match version::admit(&announced) {
+            Ok(features) => features,
+            Err(mismatch) => {
+                self.refuse_version(conn, peer, mismatch.to_string(), now, out);
+                return;
+            }
+        };
         if h.role != role_of(peer) as i32 || h.identity != peer.uri() {
             self.protocol_error(
                 out,
@@ -1361,6 +1445,12 @@ impl Protocol {
             s.advertise_addr = advertise.clone();
             s.relay = h.relay;
             s.scope = Some(scope);
+            if announced.minor != version::PROTOCOL_MINOR {
+                // Debug: during a rolling upgrade every session is one (thousands on a relay).
+                debug!(%peer, peer_version = %announced, "session with a peer of an adjacent protocol version");
+            }
+            s.peer_version = Some(announced);
+            s.features = features;
         }
         self.schedule(conn);
         if !self.local.is_replica() && peer.is_replica() {
@@ -1834,6 +1924,75 @@ impl Protocol {
     /// A replica refused this writer's own document: log it (rate-limited), and when the
     /// generation was refused as lying in the future and the store's clock now agrees, start
     /// a new generation and offer it to every peer.
+    /// Whether a version refusal involving `peer` is to be logged now (at most once per
+    /// [`REFUSAL_LOG_INTERVAL`] per peer, whichever side refused).
+    fn version_log_due(&mut self, peer: &PeerIdentity, now: Instant) -> bool {
+        let due = self
+            .version_logged
+            .get(peer)
+            .is_none_or(|t| now.saturating_duration_since(*t) >= REFUSAL_LOG_INTERVAL);
+        if due {
+            if self.version_logged.len() >= MAX_VERSION_LOGGED {
+                self.version_logged
+                    .retain(|_, t| now.saturating_duration_since(*t) < REFUSAL_LOG_INTERVAL);
+            }
+            self.version_logged.insert(peer.clone(), now);
+        }
+        due
+    }
+
+    /// Refuses a session whose peer announced a version this node does not speak: sends the
+    /// `Refusal` (code `VERSION`, `reason` naming both versions), ignores the peer from now on
+    /// and closes the connection [`VERSION_REFUSAL_LINGER`] later, so the refusal gets there.
+    fn refuse_version(
+        &mut self,
+        conn: ConnId,
+        peer: &PeerIdentity,
+        reason: String,
+        now: Instant,
+        out: &mut Vec<Output>,
+    ) {
+        self.counters.version_refusals_sent += 1;
+        if self.version_log_due(peer, now) {
+            warn!(%peer, %reason, "refusing a peer of an incompatible protocol version (logged at most once a minute per peer)");
+        }
+        let reason = bounded(&reason);
+        if let Some(s) = self.sessions.get_mut(&conn) {
+            s.version_refused = true;
+        }
+        self.send(
+            out,
+            conn,
+            Body::Refusal(pb::Refusal {
+                doc: None,
+                generation: 0,
+                code: pb::RefusalCode::Version as i32,
+                reason,
+            }),
+        );
+        self.closing.insert((now + VERSION_REFUSAL_LINGER, conn));
+    }
+
+    /// A peer refused this node's version: logged, counted, and the connection closed.
+    fn on_version_refusal(
+        &mut self,
+        conn: ConnId,
+        peer: &PeerIdentity,
+        r: &pb::Refusal,
+        now: Instant,
+        out: &mut Vec<Output>,
+    ) {
+        self.counters.version_refusals_received += 1;
+        let reason = bounded(&r.reason);
+        if self.version_log_due(peer, now) {
+            warn!(%peer, %reason, "a peer refuses this node's protocol version (logged at most once a minute per peer)");
+        }
+        out.push(Output::Close {
+            conn,
+            reason: format!("refused for its protocol version: {reason}"),
+        });
+    }
+
     fn on_refusal<S: DocStore>(
         &mut self,
         store: &mut S,
@@ -1843,6 +2002,10 @@ impl Protocol {
         now: Instant,
         out: &mut Vec<Output>,
     ) {
+        if r.code == pb::RefusalCode::Version as i32 {
+            self.on_version_refusal(conn, peer, &r, now, out);
+            return;
+        }
         let Some(doc) = wire::doc_from_wire(r.doc.as_ref()) else {
             self.counters.protocol_errors += 1;
             debug!(%peer, "ignoring a refusal with an invalid document id");

@@ -480,6 +480,7 @@ mod tests {
                     identity: replica_id.uri(),
                     advertise_addr: String::new(),
                     relay: false,
+                    ..Default::default()
                 },
             ));
             let on_hello = p.handle_frame(&mut store, ConnId(1), hello, now);
@@ -528,6 +529,7 @@ mod tests {
                 identity: replica_id.uri(),
                 advertise_addr: String::new(),
                 relay: false,
+                ..Default::default()
             },
         ));
         p.handle_frame(&mut store, ConnId(1), hello, now);

@@ -9,6 +9,9 @@ use dramesh_mesh::wire::{self, pb, pb::envelope::Body};
 use dramesh_mesh::{DocStore, PeerIdentity};
 use dramesh_store::DocId;
 
+mod golden;
+mod versions;
+
 struct SimNode {
     proto: Protocol,
     store: MemStore,
@@ -44,6 +47,8 @@ struct Sim {
     /// [`Sim::release_held`]: a slow direction of a connection.
     hold_all_from: Option<usize>,
     held: Vec<(usize, ConnId, pb::Envelope)>,
+    /// When set, every frame routed to a peer, with its sender and receiver (golden fixtures).
+    recorded: Option<Vec<(usize, usize, pb::Envelope)>>,
 }
 
 fn replica(id: &str) -> PeerIdentity {
@@ -127,6 +132,7 @@ impl Sim {
             hold_sync_from: None,
             hold_all_from: None,
             held: Vec::new(),
+            recorded: None,
         }
     }
 
@@ -190,6 +196,9 @@ impl Sim {
                         *self.frames.entry(kind(&envelope)).or_default() += 1;
                         if matches!(envelope.body, Some(Body::Sync(_))) {
                             *self.syncs.entry((from, to)).or_default() += 1;
+                        }
+                        if let Some(r) = &mut self.recorded {
+                            r.push((from, to, envelope.clone()));
                         }
                         if let Some(Body::BucketRequest(r)) = &envelope.body {
                             self.bucket_requests
@@ -782,6 +791,7 @@ fn protocol_violations_close_the_connection() {
         identity: "dramesh://replica/r9".into(),
         advertise_addr: String::new(),
         relay: false,
+        ..Default::default()
     }));
     let out = node
         .proto
@@ -1181,6 +1191,7 @@ fn relay_sessions_need_exactly_one_relay_of_the_same_cluster() {
             identity: replica("r0").uri(),
             advertise_addr: String::new(),
             relay: true,
+            ..Default::default()
         })),
         now,
     );

@@ -90,6 +90,7 @@ async fn raw_session(
         identity: identity.identity.uri(),
         advertise_addr: String::new(),
         relay: false,
+        ..Default::default()
     }));
     send.write_all(&wire::encode_frame(&hello).unwrap())
         .await

@@ -621,6 +621,7 @@ async fn a_replica_relaying_a_forged_change_over_quic_is_refused_and_counted() {
             identity: rogue.uri(),
             advertise_addr: String::new(),
             relay: false,
+            ..Default::default()
         })))
         .await
         .unwrap();
@@ -745,6 +746,7 @@ async fn agent_of_cluster_a_cannot_alter_cluster_b() {
             identity: rogue.uri(),
             advertise_addr: String::new(),
             relay: false,
+            ..Default::default()
         })))
         .await
         .unwrap();

@@ -592,6 +592,58 @@ mod tests {
         assert_eq!(Record::decode(&json).unwrap(), hold);
     }
 
+    /// Reservation and retirement records as every release wrote them (the store's golden data
+    /// directories, `dramesh-store/tests/golden`) decode here, and fields a newer release adds
+    /// are ignored: replicas of adjacent versions read each other's documents.
+    #[test]
+    fn records_of_every_release_decode_and_unknown_fields_are_ignored() {
+        let golden =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../dramesh-store/tests/golden");
+        let (mut reservations, mut tombstones) = (0, 0);
+        for release in std::fs::read_dir(&golden).unwrap() {
+            let manifest = release.unwrap().path().join("store.json");
+            let Ok(bytes) = std::fs::read(&manifest) else {
+                continue;
+            };
+            let m: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+            for o in m["objects"].as_array().unwrap() {
+                let json = o["json"].as_str().unwrap().as_bytes();
+                match o["cluster"].as_str().unwrap() {
+                    "_reservations" => {
+                        let r = Record::decode(json)
+                            .unwrap_or_else(|e| panic!("{}: {e}", manifest.display()));
+                        assert_eq!(o["key"].as_str(), Some(format!("meta/{}", r.id).as_str()));
+                        reservations += 1;
+                    }
+                    "_retired" => {
+                        let t: crate::retire::Tombstone = serde_json::from_slice(json)
+                            .unwrap_or_else(|e| panic!("{}: {e}", manifest.display()));
+                        assert_eq!(
+                            o["key"].as_str(),
+                            Some(format!("meta/{}", t.cluster).as_str())
+                        );
+                        tombstones += 1;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        assert!(
+            reservations >= 2 && tombstones >= 1,
+            "{reservations} {tombstones}"
+        );
+
+        let mut newer = serde_json::to_value(record("r1", "r1-1", 60)).unwrap();
+        newer["addedByANewerRelease"] = serde_json::json!({"any": [1, 2]});
+        let r = Record::decode(&serde_json::to_vec(&newer).unwrap()).unwrap();
+        assert_eq!(r, record("r1", "r1-1", 60));
+        let t: crate::retire::Tombstone = serde_json::from_str(
+            r#"{"cluster":"c","retiredAtMs":1,"replica":"r1","by":"admin","reason":"new field"}"#,
+        )
+        .unwrap();
+        assert_eq!(t.cluster, "c");
+    }
+
     #[test]
     fn bad_records_are_refused() {
         let mut bad = record("r2", "r1-1", 60);

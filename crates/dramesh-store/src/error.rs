@@ -33,6 +33,26 @@ pub enum StoreError {
         doc: DocId,
     },
 
+    /// A document file was written in a newer store format than this build reads: the store
+    /// does not open (nothing in the directory was changed). Data a newer dramesh wrote is
+    /// never misread or moved aside as corrupt.
+    #[error(
+        "{}: written in store format {found} by a newer dramesh, this build reads store format \
+         {supported} and older ({others} more such files): refusing to open the data directory; \
+         run a dramesh release that reads it, or move the directory away to start empty",
+        path.display()
+    )]
+    NewerFormat {
+        /// The (first such) file.
+        path: PathBuf,
+        /// Its format, `major.minor` (or the magic that names it).
+        found: String,
+        /// This build's format, `major.minor`.
+        supported: String,
+        /// How many other files of the directory are of a newer format.
+        others: usize,
+    },
+
     /// The document is not held.
     #[error("document {doc} is unknown to this store")]
     UnknownDoc {

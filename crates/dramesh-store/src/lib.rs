@@ -36,7 +36,7 @@ pub use docid::{
 };
 pub use error::StoreError;
 pub use object::{ObjectChange, ObjectKey, ObjectKind};
-pub use persist::Durability;
+pub use persist::{Durability, STORE_FORMAT, STORE_FORMAT_MINOR};
 pub use store::{
     CorruptDoc, DocStats, MAX_FUTURE_GENERATION_MS, OpenReport, Proof, RolloverPolicy, Store,
     StoreConfig, TruncatedTail, WriteOutcome,

@@ -5,7 +5,8 @@
 //! record := len:u32le !len:u32le crc32:u32le kind:u8 payload[len]
 //!           (crc32 covers kind || payload; the complemented length makes a damaged length
 //!           field detectable instead of looking like a torn tail)
-//! kinds  := 1 header (JSON: doc id, generation, owned) | 2 snapshot (automerge save())
+//! kinds  := 1 header (JSON: format, format_minor, doc id, generation, owned, fresh_bytes,
+//!                     written_by) | 2 snapshot (automerge save())
 //!         | 3 changes (raw automerge changes since the previous record)
 //!         | 4 packed snapshot (raw DEFLATE, fastest level, of automerge save_nocompress())
 //! ```
@@ -24,6 +25,17 @@
 //!   away and reported.
 //! - A CRC mismatch anywhere else, a bad magic, a missing header or snapshot, or a record of an
 //!   unknown kind is corruption: the document is reported and never used.
+//! - **Versions.** The header's `format` is the major store format ([`STORE_FORMAT`]) and
+//!   `format_minor` the minor one ([`STORE_FORMAT_MINOR`]; absent in files written before it
+//!   existed: 1.0). What never changes, so every version can tell a file's format: the magic's
+//!   prefix `DRMSTOR`, the record framing, and the header as record 0 with a numeric `format`.
+//!   A minor version only adds header fields an older reader may ignore (any minor of this
+//!   major is read; unknown header fields are ignored); anything an older reader would misread
+//!   (a new record kind, another encoding) is a new major. A file of a newer major (or magic
+//!   `DRMSTOR<n>` with n > 1) is *not* corruption: the store refuses to open
+//!   ([`crate::StoreError::NewerFormat`]) rather than quarantine data a newer dramesh wrote.
+//!   Older files are migrated as they are rewritten: every snapshot (compaction, rollover, new
+//!   copy) is written in this build's format.
 //! - New generations and compactions are written to `<stem>.tmp`, fsynced, renamed over
 //!   `<stem>.amdoc` and the directory fsynced, so a crash leaves either the old or the new file.
 //!   The exception is a replica's first copy of a document under group commit: written and
@@ -39,6 +51,16 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 pub(crate) const MAGIC: &[u8; 8] = b"DRMSTOR1";
+/// The part of [`MAGIC`] every store format keeps.
+const MAGIC_PREFIX: &[u8; 7] = b"DRMSTOR";
+/// Major store format this build writes and reads (the header's `format`); files of a higher
+/// one are refused, never read.
+pub const STORE_FORMAT: u32 = 1;
+/// Minor store format this build writes (the header's `format_minor`): 1 adds `format_minor`
+/// and `written_by` to the header.
+pub const STORE_FORMAT_MINOR: u32 = 1;
+/// What a header's `written_by` says for files this build writes.
+const WRITTEN_BY: &str = concat!("dramesh ", env!("CARGO_PKG_VERSION"));
 pub(crate) const EXT: &str = "amdoc";
 const TMP_EXT: &str = "tmp";
 const RECORD_HEADER: usize = 13;
@@ -92,9 +114,14 @@ pub enum Durability {
     None,
 }
 
+/// A file's header record. Unknown fields are ignored (a newer minor format may add some).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct FileHeader {
+    /// Major store format ([`STORE_FORMAT`]).
     pub format: u32,
+    /// Minor store format; absent (0) in files written before it existed.
+    #[serde(default)]
+    pub format_minor: u32,
     pub doc: DocId,
     pub generation: u64,
     pub owned: bool,
@@ -102,6 +129,31 @@ pub(crate) struct FileHeader {
     /// policy); absent in files written before compaction existed.
     #[serde(default)]
     pub fresh_bytes: u64,
+    /// The release that wrote the file (informational; absent before format 1.1).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub written_by: String,
+}
+
+impl FileHeader {
+    /// A header in this build's format.
+    pub(crate) fn current(doc: DocId, generation: u64, owned: bool, fresh_bytes: u64) -> Self {
+        FileHeader {
+            format: STORE_FORMAT,
+            format_minor: STORE_FORMAT_MINOR,
+            doc,
+            generation,
+            owned,
+            fresh_bytes,
+            written_by: WRITTEN_BY.to_string(),
+        }
+    }
+}
+
+/// Only the header's format, read before the rest so that a newer format whose other fields
+/// differ is still recognized as newer.
+#[derive(serde::Deserialize)]
+struct FormatOnly {
+    format: u32,
 }
 
 /// Bytes a file spends on its magic and header record (used to size in-memory stores alike).
@@ -478,7 +530,10 @@ pub(crate) fn is_doc_file(path: &Path) -> bool {
 #[derive(Debug)]
 pub(crate) struct Corruption {
     pub reason: String,
-    pub header: Option<FileHeader>,
+    pub header: Option<Box<FileHeader>>,
+    /// The file is intact as far as this build can tell but of a newer store format (the
+    /// format as found, e.g. "2.0"): not corruption, the store must not open.
+    pub newer_format: Option<String>,
     /// The file ends (cut short, or in zero bytes) before its first snapshot is complete: a new
     /// file whose write a crash interrupted before it was made durable (see
     /// [`crate::Store::sync_pending`]), not damage.
@@ -495,7 +550,18 @@ pub(crate) fn parse_file(bytes: &[u8]) -> Result<LoadedFile, Corruption> {
         return Err(Corruption {
             reason: "file ends before its magic bytes".to_string(),
             header: None,
+            newer_format: None,
             unfinished: true,
+        });
+    }
+    if let Some(found) = newer_format(bytes) {
+        return Err(Corruption {
+            reason: format!(
+                "written in store format {found}, newer than this build's {STORE_FORMAT}.{STORE_FORMAT_MINOR}"
+            ),
+            header: None,
+            newer_format: Some(found),
+            unfinished: false,
         });
     }
     parse_records(bytes, &mut header).map_err(|(reason, ends_early)| Corruption {
@@ -503,8 +569,48 @@ pub(crate) fn parse_file(bytes: &[u8]) -> Result<LoadedFile, Corruption> {
         // A file this store writes is never cut short unless it was a replica copy's (files of
         // its own documents are fsynced before they are renamed into place).
         unfinished: ends_early && header.as_ref().is_none_or(|h| !h.owned),
-        header,
+        newer_format: None,
+        header: header.map(Box::new),
     })
+}
+
+/// The format of a file a newer build wrote, when it is one: magic `DRMSTOR<n>` with another
+/// `n`, or an intact first record (CRC matching) whose JSON `format` is above
+/// [`STORE_FORMAT`] (see the module docs for what every format keeps).
+fn newer_format(bytes: &[u8]) -> Option<String> {
+    if bytes.len() < MAGIC.len() || &bytes[..MAGIC_PREFIX.len()] != MAGIC_PREFIX {
+        return None;
+    }
+    if bytes[..MAGIC.len()] != MAGIC[..] {
+        let n = bytes[MAGIC.len() - 1];
+        return (n.is_ascii_digit() && n > MAGIC[MAGIC.len() - 1])
+            .then(|| format!("with magic DRMSTOR{}", n as char));
+    }
+    let rest = &bytes[MAGIC.len()..];
+    if rest.len() < RECORD_HEADER {
+        return None;
+    }
+    let word = |i: usize| u32::from_le_bytes([rest[i], rest[i + 1], rest[i + 2], rest[i + 3]]);
+    let (len, len_check, crc, kind) = (word(0) as usize, word(4), word(8), rest[12]);
+    if len_check != !(len as u32) || kind != KIND_HEADER || rest.len() - RECORD_HEADER < len {
+        return None;
+    }
+    let payload = &rest[RECORD_HEADER..RECORD_HEADER + len];
+    let mut h = crc32fast::Hasher::new();
+    h.update(&[kind]);
+    h.update(payload);
+    if h.finalize() != crc {
+        return None;
+    }
+    let f: FormatOnly = serde_json::from_slice(payload).ok()?;
+    if f.format <= STORE_FORMAT {
+        return None;
+    }
+    let minor = serde_json::from_slice::<serde_json::Value>(payload)
+        .ok()
+        .and_then(|v| v.get("format_minor").and_then(serde_json::Value::as_u64))
+        .unwrap_or(0);
+    Some(format!("{}.{minor}", f.format))
 }
 
 /// Errors carry whether the file merely ends before its first snapshot is complete.
@@ -554,9 +660,10 @@ fn parse_records(
             (0, KIND_HEADER) => {
                 let parsed: FileHeader = serde_json::from_slice(payload)
                     .map_err(|e| damaged(format!("unreadable header record: {e}")))?;
-                if parsed.format != 1 {
+                // Newer formats were recognized before; 0 never existed.
+                if parsed.format != STORE_FORMAT {
                     return Err(damaged(format!(
-                        "unsupported file format {}",
+                        "unsupported store format {}",
                         parsed.format
                     )));
                 }
@@ -605,13 +712,7 @@ mod tests {
     use super::*;
 
     fn sample() -> (FileHeader, Vec<u8>) {
-        let header = FileHeader {
-            format: 1,
-            doc: DocId::new("c", "agent-a"),
-            generation: 7,
-            owned: true,
-            fresh_bytes: 10,
-        };
+        let header = FileHeader::current(DocId::new("c", "agent-a"), 7, true, 10);
         let mut buf = MAGIC.to_vec();
         encode_record(&mut buf, KIND_HEADER, &serde_json::to_vec(&header).unwrap()).unwrap();
         encode_record(&mut buf, KIND_SNAPSHOT, b"snap").unwrap();

@@ -541,13 +541,12 @@ fn snapshot_file(
     signed: Option<&Attestation>,
 ) -> persist::NewFile {
     persist::NewFile {
-        header: FileHeader {
-            format: 1,
-            doc: id.clone(),
+        header: FileHeader::current(
+            id.clone(),
             generation,
             owned,
-            fresh_bytes: fresh_bytes.unwrap_or(framed_len(snapshot.len())),
-        },
+            fresh_bytes.unwrap_or(framed_len(snapshot.len())),
+        ),
         signed: signed.map(Attestation::encode),
         snapshot,
     }
@@ -601,7 +600,9 @@ impl Store {
     ///
     /// Corrupt files are moved aside and listed in the report, never loaded; their documents
     /// are absent and come back through sync (or, for a writer, through [`Store::open_writer`],
-    /// which starts a newer generation). Torn tails are truncated and listed.
+    /// which starts a newer generation). Torn tails are truncated and listed. A file of a newer
+    /// store format than this build reads refuses the whole directory
+    /// ([`StoreError::NewerFormat`]), before anything in it is changed.
     pub fn open(
         dir: impl AsRef<Path>,
         config: StoreConfig,
@@ -620,13 +621,17 @@ impl Store {
             .filter_map(|e| e.ok().map(|e| e.path()))
             .collect();
         paths.sort();
+        // Nothing in the directory is changed (files removed, moved aside or truncated) until
+        // every file was read: a file of a newer store format refuses the whole directory,
+        // untouched.
+        let mut tmp_files = Vec::new();
+        let mut unfinished = Vec::new();
+        let mut corrupt: Vec<(PathBuf, String, Option<FileHeader>)> = Vec::new();
+        let mut torn: Vec<(PathBuf, u64)> = Vec::new();
+        let mut newer: Vec<(PathBuf, String)> = Vec::new();
         for path in paths {
             if persist::is_tmp(&path) {
-                std::fs::remove_file(&path).map_err(|source| StoreError::Io {
-                    path: path.clone(),
-                    source,
-                })?;
-                report.removed_tmp_files += 1;
+                tmp_files.push(path);
                 continue;
             }
             if !persist::is_doc_file(&path) {
@@ -636,63 +641,47 @@ impl Store {
                 path: path.clone(),
                 source,
             })?;
-            let corrupt = |reason: String,
-                           header: Option<&FileHeader>|
-             -> Result<CorruptDoc, StoreError> {
-                let moved_to = persist::quarantine(&path)?;
-                tracing::error!(path = %path.display(), %reason, "corrupt document file dropped; it will be resynced");
-                Ok(CorruptDoc {
-                    path: path.clone(),
-                    moved_to,
-                    doc: header.map(|h| h.doc.clone()),
-                    generation: header.map(|h| h.generation),
-                    reason,
-                })
-            };
             let file = match persist::parse_file(&bytes) {
                 Ok(f) => f,
                 Err(c) if c.unfinished => {
-                    tracing::warn!(path = %path.display(), reason = %c.reason, "removed a new document file a crash cut short before it was durable; peers resend it");
-                    std::fs::remove_file(&path).map_err(|source| StoreError::Io {
-                        path: path.clone(),
-                        source,
-                    })?;
-                    report.removed_unfinished_files += 1;
+                    tracing::warn!(path = %path.display(), reason = %c.reason, "removing a new document file a crash cut short before it was durable; peers resend it");
+                    unfinished.push(path);
                     continue;
                 }
                 Err(c) => {
-                    report.corrupt.push(corrupt(c.reason, c.header.as_ref())?);
+                    match c.newer_format {
+                        Some(found) => newer.push((path, found)),
+                        None => corrupt.push((path, c.reason, c.header.map(|h| *h))),
+                    }
                     continue;
                 }
             };
             let expected_path = persist::doc_path(&dir, &file.header.doc);
             if expected_path != path {
-                report.corrupt.push(corrupt(
+                corrupt.push((
+                    path,
                     "file name does not match the document id in its header".to_string(),
-                    Some(&file.header),
-                )?);
+                    Some(file.header),
+                ));
                 continue;
             }
             if !file.header.doc.is_valid() {
-                report.corrupt.push(corrupt(
-                    format!(
-                        "document id {} in the header is not a valid (cluster, writer) name",
-                        file.header.doc
-                    ),
-                    Some(&file.header),
-                )?);
+                let reason = format!(
+                    "document id {} in the header is not a valid (cluster, writer) name",
+                    file.header.doc
+                );
+                corrupt.push((path, reason, Some(file.header)));
                 continue;
             }
             let mut doc = match load_file_doc(&file.automerge_bytes, file.snapshot_len as usize) {
                 Ok(d) => d,
                 Err(reason) => {
-                    report.corrupt.push(corrupt(reason, Some(&file.header))?);
+                    corrupt.push((path, reason, Some(file.header)));
                     continue;
                 }
             };
             if file.torn_tail > 0 {
-                persist::truncate(&path, file.valid_len, store.config.durability)?;
-                tracing::warn!(path = %path.display(), bytes = file.torn_tail, "truncated torn (unacknowledged) tail");
+                torn.push((path.clone(), file.valid_len));
                 report.truncated.push(TruncatedTail {
                     doc: file.header.doc.clone(),
                     path: path.clone(),
@@ -753,6 +742,40 @@ impl Store {
             store.view.set_term(&id.cluster, &id.writer, entry.term);
             store.docs.insert(id, entry);
             report.loaded += 1;
+        }
+        if let Some((path, found)) = newer.first() {
+            for (path, found) in &newer {
+                tracing::error!(path = %path.display(), format = %found, "document file of a newer store format");
+            }
+            return Err(StoreError::NewerFormat {
+                path: path.clone(),
+                found: found.clone(),
+                supported: format!("{}.{}", persist::STORE_FORMAT, persist::STORE_FORMAT_MINOR),
+                others: newer.len() - 1,
+            });
+        }
+        report.removed_tmp_files = tmp_files.len();
+        report.removed_unfinished_files = unfinished.len();
+        for path in tmp_files.into_iter().chain(unfinished) {
+            std::fs::remove_file(&path).map_err(|source| StoreError::Io {
+                path: path.clone(),
+                source,
+            })?;
+        }
+        for (path, len) in torn {
+            persist::truncate(&path, len, store.config.durability)?;
+            tracing::warn!(path = %path.display(), valid_bytes = len, "truncated torn (unacknowledged) tail");
+        }
+        for (path, reason, header) in corrupt {
+            let moved_to = persist::quarantine(&path)?;
+            tracing::error!(path = %path.display(), %reason, "corrupt document file dropped; it will be resynced");
+            report.corrupt.push(CorruptDoc {
+                doc: header.as_ref().map(|h| h.doc.clone()),
+                generation: header.as_ref().map(|h| h.generation),
+                path,
+                moved_to,
+                reason,
+            });
         }
         // Presence once every writer's term is known (the Lease holder's scope depends on it).
         let ids: Vec<DocId> = store.docs.keys().cloned().collect();

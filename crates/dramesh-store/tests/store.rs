@@ -1,6 +1,7 @@
 //! Store behaviour across peers: sync, authorship, generations, persistence and the digest.
 
 mod common;
+mod golden;
 
 use automerge::sync::SyncDoc;
 use automerge::transaction::Transactable;

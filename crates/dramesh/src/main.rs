@@ -27,10 +27,31 @@ use clap::{Parser, Subcommand, ValueEnum};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// What `dramesh --version` prints after the name: the release, the git commit it was built
+/// from (see `build.rs`), and the versions of the mesh protocol and the store's files this
+/// build speaks (ARCHITECTURE.md, "Compatibility").
+static LONG_VERSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    use dramesh_mesh::version as mesh;
+    format!(
+        "{}\ncommit: {}\nmesh protocol: {}.{} (accepts peers of minor {}..={}; features: {})\nstore format: {}.{} (reads every {}.x)",
+        env!("CARGO_PKG_VERSION"),
+        env!("DRAMESH_GIT_COMMIT"),
+        mesh::PROTOCOL_MAJOR,
+        mesh::PROTOCOL_MINOR,
+        mesh::PROTOCOL_MINOR.saturating_sub(mesh::MINOR_WINDOW),
+        mesh::PROTOCOL_MINOR + mesh::MINOR_WINDOW,
+        mesh::FEATURES.join(", "),
+        dramesh_store::STORE_FORMAT,
+        dramesh_store::STORE_FORMAT_MINOR,
+        dramesh_store::STORE_FORMAT,
+    )
+});
+
 #[derive(Parser)]
 #[command(
     name = "dramesh",
     version,
+    long_version = LONG_VERSION.as_str(),
     about = "Device-aware estimation, placement and preemption for multi-cluster Kubernetes DRA"
 )]
 struct Cli {

@@ -278,3 +278,37 @@ fn agent_relay_address_needs_the_lease_a_fixed_port_and_host_port() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("/nonexistent/"), "{err}");
 }
+
+#[test]
+fn version_names_the_release_commit_protocol_and_store_format() {
+    let out = dramesh(&["--version"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines[0],
+        concat!("dramesh ", env!("CARGO_PKG_VERSION")),
+        "{text}"
+    );
+    let commit = lines[1].strip_prefix("commit: ").expect("a commit line");
+    assert!(
+        commit == "unknown"
+            || (commit.len() == 40 && commit.bytes().all(|b| b.is_ascii_hexdigit())),
+        "{commit}"
+    );
+    use dramesh_mesh::version::{PROTOCOL_MAJOR, PROTOCOL_MINOR};
+    assert!(
+        lines[2].starts_with(&format!(
+            "mesh protocol: {PROTOCOL_MAJOR}.{PROTOCOL_MINOR} "
+        )),
+        "{text}"
+    );
+    assert!(
+        lines[3].starts_with(&format!(
+            "store format: {}.{} ",
+            dramesh_store::STORE_FORMAT,
+            dramesh_store::STORE_FORMAT_MINOR
+        )),
+        "{text}"
+    );
+}

@@ -207,11 +207,7 @@ impl Workload {
                 .filter(|(_, o)| matches!(o, ClusterObject::ResourceClaim(_)))
                 .map(|(i, _)| i)
                 .collect();
-            let gpus = self
-                .gpus
-                .entry(ci)
-                .or_insert_with(|| whole_gpus(c))
-                .clone();
+            let gpus = self.gpus.entry(ci).or_insert_with(|| whole_gpus(c)).clone();
             let free = free_devices(c, &gpus);
             if self.mix == Mix::Churn && roll < 50 && !nodes.is_empty() {
                 let node = nodes[self.rng.random_range(0..nodes.len())].clone();
@@ -233,7 +229,9 @@ impl Workload {
                 self.churn_claim(ci, id, false, &free, &claims)?
             }
         };
-        if keys.iter().any(|k| k.get(1..).is_some_and(|k| k.starts_with("Node/")))
+        if keys
+            .iter()
+            .any(|k| k.get(1..).is_some_and(|k| k.starts_with("Node/")))
             && !op.starts_with("relabel")
         {
             self.gpus.remove(&ci);
@@ -285,7 +283,10 @@ impl Workload {
                 .get(self.rng.random_range(0..free.len().max(1)))
                 .cloned()
             else {
-                bail!("cluster {} has no device to allocate and no claim to release", self.clusters[ci].name);
+                bail!(
+                    "cluster {} has no device to allocate and no claim to release",
+                    self.clusters[ci].name
+                );
             };
             let name = format!("chaos-claim-{id}");
             let cname = self.clusters[ci].name.clone();
@@ -385,7 +386,11 @@ impl Workload {
     /// The objects of the final files, read back from disk through the agents' loader.
     pub fn expected(&self) -> Result<ClusterState> {
         let mut out = ClusterState::new();
-        for c in self.clusters.iter().filter(|c| !self.retired.contains(&c.name)) {
+        for c in self
+            .clusters
+            .iter()
+            .filter(|c| !self.retired.contains(&c.name))
+        {
             let dir = self.root.join(&c.name);
             let loaded = load_path(&dir).map_err(|e| anyhow!("loading {dir:?}: {e}"))?;
             let objs = out.entry(c.name.clone()).or_default();
@@ -519,5 +524,61 @@ mod tests {
         assert!(keys.iter().any(|k| k.starts_with("ResourceClaim/ml/")));
         assert!(keys.iter().any(|k| k.starts_with("Node/us-east-train-")));
         assert_eq!(object_hash(&c.objects[0]).len(), 64);
+    }
+
+    #[test]
+    fn churn_keeps_the_clusters_size_and_writes_retired_ones_on_request() {
+        let dir = tempfile::tempdir().unwrap();
+        let fleet = dramesh_sim::demo_fleet();
+        let mut w = Workload::new(dir.path(), &fleet, 5).unwrap();
+        let nodes = |w: &Workload| -> usize {
+            w.expected()
+                .unwrap()
+                .values()
+                .map(|c| c.keys().filter(|k| k.starts_with("Node/")).count())
+                .sum()
+        };
+        let gone = w.cluster_names()[2].clone();
+        w.retire(&gone).unwrap();
+        let before = nodes(&w);
+        w.mix = Mix::Churn;
+        w.write_retired = true;
+        let mut ops = std::collections::BTreeSet::new();
+        let mut on_retired = 0;
+        for i in 0..300 {
+            let ch = w.step(i).unwrap();
+            ops.insert(ch.op.split_whitespace().next().unwrap().to_string());
+            // What was recorded is on disk, the retired cluster's changes included.
+            let loaded = load_path(&dir.path().join(&ch.cluster)).unwrap();
+            let keys: std::collections::BTreeSet<String> = loaded
+                .iter()
+                .filter_map(|l| match &l.manifest {
+                    Manifest::Object(o) => Some(key_string(o)),
+                    _ => None,
+                })
+                .collect();
+            for k in &ch.keys {
+                assert_eq!(
+                    keys.contains(&k[1..]),
+                    k.starts_with('+'),
+                    "change {} {k}",
+                    ch.seq
+                );
+            }
+            on_retired += usize::from(ch.cluster == gone);
+        }
+        assert_eq!(
+            ops,
+            ["allocate", "release", "relabel"]
+                .map(String::from)
+                .into_iter()
+                .collect()
+        );
+        assert!(
+            on_retired > 50,
+            "the retired cluster changed {on_retired} times"
+        );
+        assert!(!w.expected().unwrap().contains_key(&gone));
+        assert_eq!(nodes(&w), before, "churn adds and removes no node");
     }
 }

@@ -14,9 +14,15 @@
 //! change of the `_reservations` scope to this [`Table`] instead of the estimation view.
 //!
 //! Lifecycle and guarantees:
-//! - **Ids** are `<owner>-<seq>` (seq zero-padded, starting from the wall clock in ms so a
-//!   replica restarted without its disk does not reuse ids); they are unique, and they are the
-//!   tiebreak of overcommit resolution.
+//! - **Ids** are `<owner>-<seq>` (seq zero-padded, at least the wall clock in ms when it is
+//!   made, so a replica restarted without its disk does not reuse ids and ids of different
+//!   replicas rank roughly by creation time); they are unique, and they are the tiebreak of
+//!   overcommit resolution.
+//! - **Caps across replicas**: reservations made through the API carry the per-identity caps
+//!   they were admitted under ([`Record::caps`]); every replica ranks each creator's
+//!   unexpired ones by (seq, id) and voids those beyond the caps ([`Table::refresh_over_cap`]),
+//!   so replicas holding the same reservations void the same ones, and the owner releases
+//!   them (they end `conflicted`, with an `over_cap:` reason).
 //! - **Expiry never compares wall clocks.** Each replica records when it first saw a
 //!   reservation on its own monotonic clock. The owner deletes its reservation once `ttl`
 //!   has passed since it wrote it; every other replica treats it as expired `ttl + grace`

@@ -588,6 +588,29 @@ mod tests {
     }
 
     #[test]
+    fn one_file_is_written_as_the_whole_snapshot_writes_it_and_removed_when_empty() {
+        let (whole, one) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut c = generate(&demo_fleet()[0]);
+        write_snapshot(whole.path(), &c).unwrap();
+        write_snapshot_file(one.path(), &c, "nodes.yaml").unwrap();
+        let read = |d: &tempfile::TempDir, f: &str| std::fs::read(d.path().join(&c.name).join(f));
+        assert_eq!(
+            read(&one, "nodes.yaml").unwrap(),
+            read(&whole, "nodes.yaml").unwrap()
+        );
+        assert!(
+            read(&one, "resourceslices.yaml").is_err(),
+            "only the file asked for"
+        );
+        c.objects.retain(|o| !matches!(o, ClusterObject::Node(_)));
+        write_snapshot_file(one.path(), &c, "nodes.yaml").unwrap();
+        assert!(
+            read(&one, "nodes.yaml").is_err(),
+            "no node left: the file is removed"
+        );
+    }
+
+    #[test]
     fn shapes_have_expected_devices() {
         let count = |shape| -> usize {
             node_slices("c", "n", shape)

@@ -207,13 +207,20 @@ impl Workload {
                 .filter(|(_, o)| matches!(o, ClusterObject::ResourceClaim(_)))
                 .map(|(i, _)| i)
                 .collect();
-            let gpus = self.gpus.entry(ci).or_insert_with(|| whole_gpus(c)).clone();
-            let free = free_devices(c, &gpus);
-            if self.mix == Mix::Churn && roll < 50 && !nodes.is_empty() {
+            // Relabels are the cheapest change (the nodes file is small, no claim is read):
+            // most of the churn.
+            let relabel = self.mix == Mix::Churn && roll < 70 && !nodes.is_empty();
+            let free = if relabel || self.mix == Mix::Churn && roll >= 85 && !claims.is_empty() {
+                Vec::new()
+            } else {
+                let gpus = self.gpus.entry(ci).or_insert_with(|| whole_gpus(c));
+                free_devices(c, gpus)
+            };
+            if relabel {
                 let node = nodes[self.rng.random_range(0..nodes.len())].clone();
                 self.relabel_node(ci, &node, id)?
             } else if self.mix == Mix::Churn {
-                self.churn_claim(ci, id, roll < 75, &free, &claims)?
+                self.churn_claim(ci, id, roll < 85, &free, &claims)?
             } else if roll < 25 || nodes.len() <= 1 && roll < 40 {
                 self.add_node(ci, id)?
             } else if roll < 40 {

@@ -491,6 +491,16 @@ fn build_fresh(
     Ok(fresh)
 }
 
+/// The generation of `doc` that the store directory `dir` holds, read from the header of its
+/// file (`None` when there is none, or it does not read): how a tool or test watches a
+/// running writer's rollovers from outside the process.
+pub fn stored_generation(dir: &Path, doc: &DocId) -> Option<u64> {
+    let bytes = std::fs::read(persist::doc_path(dir, doc)).ok()?;
+    persist::parse_file(&bytes)
+        .ok()
+        .map(|f| f.header.generation)
+}
+
 /// Loads a document file's snapshot followed by its change records; every record must be a
 /// readable change, and none may depend on a change missing from the file.
 fn load_file_doc(bytes: &[u8], snapshot_len: usize) -> Result<Automerge, String> {

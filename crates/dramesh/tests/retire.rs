@@ -13,6 +13,7 @@
 
 mod common;
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,26 +25,14 @@ use common::{BIN, TwoReplicas, http, status_names, wait_for};
 fn a_retired_cluster_leaves_every_replica_and_comes_back_only_by_rejoining() {
     let tmp = tempfile::tempdir().expect("tmp");
     let tmp = tmp.path();
-    // Anyone may read and reserve; only the token file's `admin` may retire.
-    let tokens = tmp.join("tokens.csv");
-    std::fs::write(&tokens, "s3cret-admin,admin,1\n").expect("token file");
+    let mut f = start(tmp);
     let admin_token = tmp.join("admin-token");
     std::fs::write(&admin_token, "s3cret-admin\n").expect("token");
-    let tokens_arg = tokens.display().to_string();
-    let mut args = common::OPEN_API.to_vec();
-    args.extend(["--api-token-file", &tokens_arg, "--api-admins", "admin"]);
-    let mut f = TwoReplicas::start(tmp, &["keep", "gone"], &args);
     let (h1, h2) = (f.r1.http, f.r2.http);
     let meshes = [f.r1.mesh, f.r2.mesh];
     f.agent(tmp, "keep", &meshes, &[]);
     let gone_agent = f.agent(tmp, "gone", &meshes, &[]);
-    for h in [h1, h2] {
-        wait_for(
-            "both clusters on both replicas",
-            Duration::from_secs(60),
-            || status_names(h, "clusters").filter(|c| c.len() == 2),
-        );
-    }
+    wait_both_listed(&[h1, h2]);
 
     // A name no replica knows is refused, naming it; nothing is retired.
     let (code, body) =
@@ -73,18 +62,7 @@ fn a_retired_cluster_leaves_every_replica_and_comes_back_only_by_rejoining() {
     let (_, status) = common::http_json(h1, "GET", "/v1/status", None);
     assert_eq!(status["retired"][0]["by"], "admin", "{status}");
 
-    let only_keep = |h| {
-        let listed = status_names(h, "clusters")?;
-        let retired = status_names(h, "retired")?;
-        (listed == ["keep"] && retired == ["gone"]).then_some(())
-    };
-    for h in [h1, h2] {
-        wait_for(
-            "gone retired on both replicas",
-            Duration::from_secs(30),
-            || only_keep(h),
-        );
-    }
+    wait_retired(&[h1, h2]);
     // Its agent still runs and keeps trying: the cluster stays out (heartbeats and the old
     // generation are refused), on both replicas.
     std::thread::sleep(Duration::from_secs(3));
@@ -116,13 +94,7 @@ fn a_retired_cluster_leaves_every_replica_and_comes_back_only_by_rejoining() {
     // The agent restarted with --rejoin publishes a newer generation: the cluster is back.
     f.kill(gone_agent);
     f.agent(tmp, "gone", &meshes, &["--rejoin"]);
-    for h in [h1, h2] {
-        wait_for(
-            "gone back on both replicas",
-            Duration::from_secs(60),
-            || status_names(h, "clusters").filter(|c| c.len() == 2),
-        );
-    }
+    wait_both_listed(&[h1, h2]);
 }
 
 #[test]
@@ -216,23 +188,49 @@ fn dramesh_retire_speaks_tls_with_a_client_certificate() {
     assert_eq!(code, Some(2));
 }
 
-/// The generation of the document in the agent's data directory `data` (the header of its one
-/// `.amdoc` file, `"generation":<n>`), if it can be read now.
-fn agent_generation(data: &Path) -> Option<u64> {
-    for entry in std::fs::read_dir(data).ok()? {
-        let path = entry.ok()?.path();
-        if path.extension().is_some_and(|e| e == "amdoc") {
-            let bytes = std::fs::read(&path).ok()?;
-            let head = String::from_utf8_lossy(&bytes[..bytes.len().min(1024)]).to_string();
-            let at = head.find("\"generation\":")? + "\"generation\":".len();
-            let digits: String = head[at..]
-                .chars()
-                .take_while(char::is_ascii_digit)
-                .collect();
-            return digits.parse().ok();
-        }
+/// Replicas r1 and r2 for folder clusters `keep` and `gone`: anyone may read and reserve; only
+/// the token file's `admin` (token `s3cret-admin`) may retire.
+fn start(tmp: &Path) -> TwoReplicas {
+    let tokens = tmp.join("tokens.csv");
+    std::fs::write(&tokens, "s3cret-admin,admin,1\n").expect("token file");
+    let tokens_arg = tokens.display().to_string();
+    let mut args = common::OPEN_API.to_vec();
+    args.extend(["--api-token-file", &tokens_arg, "--api-admins", "admin"]);
+    TwoReplicas::start(tmp, &["keep", "gone"], &args)
+}
+
+/// Waits until every replica of `hs` lists both clusters.
+fn wait_both_listed(hs: &[SocketAddr]) {
+    for h in hs {
+        wait_for(
+            "both clusters on every replica",
+            Duration::from_secs(60),
+            || status_names(*h, "clusters").filter(|c| c.len() == 2),
+        );
     }
-    None
+}
+
+/// `Some` when replica `h` lists only `keep`, and `gone` as retired.
+fn only_keep(h: SocketAddr) -> Option<()> {
+    let listed = status_names(h, "clusters")?;
+    let retired = status_names(h, "retired")?;
+    (listed == ["keep"] && retired == ["gone"]).then_some(())
+}
+
+/// Waits until every replica of `hs` lists only `keep`, and `gone` as retired.
+fn wait_retired(hs: &[SocketAddr]) {
+    for h in hs {
+        wait_for(
+            "gone retired on every replica",
+            Duration::from_secs(30),
+            || only_keep(*h),
+        );
+    }
+}
+
+/// The generation of `gone`'s document in its agent's data directory `data`, if readable now.
+fn agent_generation(data: &Path) -> Option<u64> {
+    dramesh_store::stored_generation(data, &dramesh_store::DocId::new("gone", "_cluster"))
 }
 
 /// A Node of cluster `gone` whose annotation holds `n` and ~24 KB that differ with `n`, so each
@@ -258,12 +256,7 @@ fn a_retired_cluster_stays_retired_while_its_agent_keeps_writing_and_rolling_ove
     const MIN_ROLLOVERS: usize = 3;
     let tmp = tempfile::tempdir().expect("tmp");
     let tmp = tmp.path();
-    let tokens = tmp.join("tokens.csv");
-    std::fs::write(&tokens, "s3cret-admin,admin,1\n").expect("token file");
-    let tokens_arg = tokens.display().to_string();
-    let mut args = common::OPEN_API.to_vec();
-    args.extend(["--api-token-file", &tokens_arg, "--api-admins", "admin"]);
-    let mut f = TwoReplicas::start(tmp, &["keep", "gone"], &args);
+    let mut f = start(tmp);
     let (h1, h2) = (f.r1.http, f.r2.http);
     let meshes = [f.r1.mesh, f.r2.mesh];
     let node_file = f.fleet.join("gone").join("node.yaml");
@@ -271,13 +264,7 @@ fn a_retired_cluster_stays_retired_while_its_agent_keeps_writing_and_rolling_ove
     f.agent(tmp, "keep", &meshes, &[]);
     let gone_agent = f.agent(tmp, "gone", &meshes, &[]);
     let gone_data = tmp.join("agent-gone");
-    for h in [h1, h2] {
-        wait_for(
-            "both clusters on both replicas",
-            Duration::from_secs(60),
-            || status_names(h, "clusters").filter(|c| c.len() == 2),
-        );
-    }
+    wait_both_listed(&[h1, h2]);
     // The folder changes every 100 ms from now on, until the test ends.
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
@@ -310,18 +297,7 @@ fn a_retired_cluster_stays_retired_while_its_agent_keeps_writing_and_rolling_ove
                 .ok()
                 .and_then(|v| v["retiredAtMs"].as_u64())
                 .unwrap_or_else(|| panic!("retiredAtMs in {body}"));
-            let only_keep = |h| {
-                let listed = status_names(h, "clusters")?;
-                let retired = status_names(h, "retired")?;
-                (listed == ["keep"] && retired == ["gone"]).then_some(())
-            };
-            for h in [h1, h2] {
-                wait_for(
-                    "gone retired on both replicas",
-                    Duration::from_secs(30),
-                    || only_keep(h),
-                );
-            }
+            wait_retired(&[h1, h2]);
             // Hold: sampled every 250 ms on both replicas while the agent keeps writing and
             // rolling over; r2 is restarted from its disk half way.
             let start = Instant::now();
@@ -362,13 +338,7 @@ fn a_retired_cluster_stays_retired_while_its_agent_keeps_writing_and_rolling_ove
             // The agent restarted with --rejoin comes back.
             f.kill(gone_agent);
             f.agent(tmp, "gone", &meshes, &["--rejoin"]);
-            for h in [h1, h2] {
-                wait_for(
-                    "gone back on both replicas",
-                    Duration::from_secs(60),
-                    || status_names(h, "clusters").filter(|c| c.len() == 2),
-                );
-            }
+            wait_both_listed(&[h1, h2]);
         }));
         stop.store(true, Ordering::Relaxed);
         let _ = writer.join();

@@ -39,6 +39,6 @@ pub use object::{ObjectChange, ObjectKey, ObjectKind};
 pub use persist::{Durability, STORE_FORMAT, STORE_FORMAT_MINOR};
 pub use store::{
     CorruptDoc, DocStats, MAX_FUTURE_GENERATION_MS, OpenReport, Proof, RolloverPolicy, Store,
-    StoreConfig, TruncatedTail, WriteOutcome,
+    StoreConfig, TruncatedTail, WriteOutcome, stored_generation,
 };
 pub use sync_state::SyncState;

@@ -377,6 +377,7 @@ impl ApiLimitArgs {
             http: dramesh_telemetry::HttpLimits {
                 max_connections: http,
                 header_timeout: header,
+                ..Default::default()
             },
             grpc: dramesh_api::GrpcLimits {
                 max_connections: grpc,
@@ -787,6 +788,7 @@ fn main() -> ExitCode {
                     http: dramesh_telemetry::HttpLimits {
                         max_connections: fds::api_cap(fds::raise_nofile(), 1, max_http_connections),
                         header_timeout: Duration::from_secs(header_timeout.max(1)),
+                        ..Default::default()
                     },
                     rejoin,
                     credentials,

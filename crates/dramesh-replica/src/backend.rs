@@ -46,8 +46,7 @@ impl Backend for ReplicaBackend {
         let opts = EstimateOptions {
             assumed: assumed.into(),
             clusters: vec![q.cluster.clone()],
-            deadline: dramesh_api::deadline::current(),
-            ..EstimateOptions::default()
+            ..dramesh_api::deadline::estimate_options()
         };
         let est = s.compute(&indexes).estimator.estimate(view, &w, &opts);
         match est.cluster(&q.cluster) {
@@ -96,8 +95,7 @@ impl Backend for ReplicaBackend {
         let opts = EstimateOptions {
             assumed: assumed.into(),
             clusters: vec![q.cluster.clone()],
-            deadline: dramesh_api::deadline::current(),
-            ..EstimateOptions::default()
+            ..dramesh_api::deadline::estimate_options()
         };
         let est = dramesh_estimator::estimate_component_sets(view, &comps, &opts);
         match est.cluster(&q.cluster) {

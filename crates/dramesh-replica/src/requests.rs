@@ -15,10 +15,18 @@ use dramesh_model::load::{self, REQUEST_LIMITS};
 use dramesh_model::{Manifest, k8s};
 
 /// Decodes the native request's manifests (YAML or JSON text) into one workload. Each text is
-/// pre-scanned with [`REQUEST_LIMITS`], so parser memory stays small whatever the body holds.
+/// pre-scanned with [`REQUEST_LIMITS`], so parser memory stays small whatever the body holds;
+/// decoding stops between texts once the call's deadline passed or its caller went away
+/// ([`dramesh_api::deadline::passed`]).
 pub(crate) fn workload_from_manifests(manifests: &[String]) -> Result<Workload, ApiError> {
     let mut all: Vec<Manifest> = Vec::new();
     for (i, text) in manifests.iter().enumerate() {
+        if dramesh_api::deadline::passed() {
+            return Err(ApiError::Unavailable(format!(
+                "stopped decoding the workload's manifests at workload.manifests[{i}]: {}",
+                dramesh_estimator::DEADLINE_EXCEEDED
+            )));
+        }
         let name = format!("workload.manifests[{i}]");
         let loaded = load::load_str_with(Path::new(&name), text, &REQUEST_LIMITS)
             .map_err(|e| ApiError::InvalidRequest(e.to_string()))?;

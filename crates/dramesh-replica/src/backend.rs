@@ -506,11 +506,10 @@ mod tests {
         let past = dramesh_api::deadline::scoped(std::time::Instant::now(), || {
             state.estimate_manifests(&manifests, &[])
         });
-        assert_eq!(
-            past,
-            Err(ApiError::Unavailable(
-                dramesh_estimator::DEADLINE_EXCEEDED.into()
-            ))
+        // Refused before the manifests are even decoded.
+        assert!(
+            matches!(&past, Err(ApiError::Unavailable(m)) if m.contains(dramesh_estimator::DEADLINE_EXCEEDED)),
+            "{past:?}"
         );
         let placed = dramesh_api::deadline::scoped(std::time::Instant::now(), || {
             state.preempt_manifests(&manifests, &[], Some(100))

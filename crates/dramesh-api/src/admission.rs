@@ -1,12 +1,14 @@
 //! Admission by cost: every API request is charged the memory it is expected to need before
 //! any of it is parsed, against one budget per replica.
 //!
-//! * **Cost.** [`cost`]: a fixed [`BASE_COST`] plus the request's body bytes times the
-//!   expansion measured for its wire format ([`JSON_EXPANSION`] for HTTP/JSON bodies,
-//!   [`NATIVE_PROTO_EXPANSION`] for `dramesh.v1`, [`KARMADA_PROTO_EXPANSION`] for the Karmada
-//!   estimator's messages). The expansions are worst cases measured on crafted bodies
-//!   (docs/performance.md, "Admission by cost"): the peak memory of a request, from its bytes
-//!   to its answer, parsing, manifests and the estimate included, divided by its size.
+//! * **Cost.** Charged in two steps. Before the request is decoded, [`cost`]: a fixed
+//!   [`BASE_COST`] plus its body bytes times the expansion measured for its wire format
+//!   ([`JSON_EXPANSION`] for HTTP/JSON bodies, [`NATIVE_PROTO_EXPANSION`] for `dramesh.v1`,
+//!   [`KARMADA_PROTO_EXPANSION`] for the Karmada estimator's messages). Then, before any
+//!   manifest text in it is parsed, its nodes (the linear pre-scan of `dramesh_model::depth`)
+//!   times [`NODE_COST`], added to the same charge by the worker ([`grow_current`]). The
+//!   factors are worst cases measured on crafted bodies (docs/performance.md, "Admission by
+//!   cost"): the peak memory of a request divided by its bytes or nodes.
 //! * **Budget.** [`Budget`]: at most `total` bytes charged at once, and at most `share` of them
 //!   to one identity, so one reader cannot starve the others. A request over budget waits up to
 //!   `wait` for charges to be released, then is refused with a message naming the budget
@@ -35,15 +37,23 @@ use crate::metrics::Metrics;
 
 /// Charged to every request besides its body's expansion: buffers, the answer, the span.
 pub const BASE_COST: u64 = 64 * 1024;
-/// Peak memory per byte of an HTTP/JSON request body (measured worst case: manifests of
-/// one-character flow-sequence items, each becoming a string in the typed objects).
-pub const JSON_EXPANSION: u64 = 40;
-/// Peak memory per byte of a `dramesh.v1` gRPC message (the same manifests as text fields).
-pub const NATIVE_PROTO_EXPANSION: u64 = 40;
-/// Peak memory per byte of a Karmada estimator message (measured worst case: repeated empty
-/// messages, two bytes each on the wire, each a struct of strings once decoded and again once
-/// converted to Kubernetes types).
-pub const KARMADA_PROTO_EXPANSION: u64 = 160;
+/// Peak memory per byte of an HTTP/JSON request body until its manifests are parsed
+/// (measured: 54x for a manifest given as a JSON object `{"a":[1,1,...]}`, which is held as a
+/// JSON value; 5.6x for manifests given as text).
+pub const JSON_EXPANSION: u64 = 64;
+/// Peak memory per byte of a `dramesh.v1` gRPC message until its manifests are parsed
+/// (text fields: the message and its decoded strings, as for text manifests over HTTP).
+pub const NATIVE_PROTO_EXPANSION: u64 = 8;
+/// Peak memory per byte of a Karmada estimator message (worst case from the struct sizes:
+/// repeated empty messages, two bytes each on the wire, are a 112-byte struct once decoded,
+/// up to twice that with the vector's spare capacity, and 136 bytes more once converted to
+/// Kubernetes types).
+pub const KARMADA_PROTO_EXPANSION: u64 = 384;
+/// Peak memory per manifest node (scalar or collection, as the pre-scan counts them) while
+/// a request's manifests are decoded and used (measured worst case: a pod's `volumes` of
+/// `{name: a}` items, 3,080 bytes per node, each item a Kubernetes `Volume` struct with its
+/// thirty optional sources; a flow sequence of one-letter strings costs 74 bytes per node).
+pub const NODE_COST: u64 = 3_200;
 
 /// The expected memory of a request of `body_bytes` whose bytes expand by `expansion`.
 pub fn cost(body_bytes: u64, expansion: u64) -> u64 {
@@ -98,6 +108,7 @@ pub struct Budget {
 #[derive(Debug)]
 pub struct Charge {
     budget: Arc<Budget>,
+    api: &'static str,
     who: String,
     bytes: u64,
 }
@@ -157,7 +168,12 @@ impl Budget {
         self.used.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn try_take(self: &Arc<Self>, who: &str, bytes: u64) -> Result<Charge, Full> {
+    fn try_take(
+        self: &Arc<Self>,
+        api: &'static str,
+        who: &str,
+        bytes: u64,
+    ) -> Result<Charge, Full> {
         let mut used = self.lock();
         let mine = used.by.get(who).copied().unwrap_or(0);
         if used.total.saturating_add(bytes) > self.limits.total {
@@ -171,6 +187,7 @@ impl Budget {
         self.metrics.api_inflight_bytes.set(used.total as f64);
         Ok(Charge {
             budget: self.clone(),
+            api,
             who: who.to_owned(),
             bytes,
         })
@@ -199,14 +216,28 @@ impl Budget {
         who: &str,
         bytes: u64,
     ) -> Result<Charge, ApiError> {
+        self.admit_beyond(api, who, bytes, 0).await
+    }
+
+    /// [`Budget::admit`] for a request already charged `held` bytes (which count towards
+    /// the share when deciding whether it can ever fit).
+    async fn admit_beyond(
+        self: &Arc<Self>,
+        api: &'static str,
+        who: &str,
+        bytes: u64,
+        held: u64,
+    ) -> Result<Charge, ApiError> {
         let l = self.limits;
-        if bytes > l.share {
+        if bytes.saturating_add(held) > l.share {
             return Err(self.refuse(
                 api,
                 "too_large",
                 format!(
-                    "this request is expected to need {bytes} bytes of memory, more than one caller's share ({} bytes) of the API memory budget (--api-max-inflight-bytes {}); send a smaller request",
-                    l.share, l.total
+                    "this request is expected to need {} bytes of memory, more than one caller's share ({} bytes) of the API memory budget (--api-max-inflight-bytes {}); send a smaller request",
+                    bytes.saturating_add(held),
+                    l.share,
+                    l.total
                 ),
             ));
         }
@@ -215,7 +246,7 @@ impl Budget {
             let freed = self.freed.notified();
             let mut freed = std::pin::pin!(freed);
             freed.as_mut().enable();
-            let why = match self.try_take(who, bytes) {
+            let why = match self.try_take(api, who, bytes) {
                 Ok(c) => return Ok(c),
                 Err(why) => why,
             };
@@ -259,6 +290,52 @@ impl Budget {
         tracing::debug!(api, reason, %message, "request refused by the admission budget");
         ApiError::Overloaded(message)
     }
+}
+
+thread_local! {
+    static CURRENT: std::cell::RefCell<Option<Charge>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` (a backend call on a blocking worker) with `charge` as the call's charge, which
+/// [`grow_current`] raises; the charge, raised or not, is released when `f` returns.
+pub fn scoped_charge<R>(charge: Option<Charge>, f: impl FnOnce() -> R) -> R {
+    struct Release(Option<Charge>);
+    impl Drop for Release {
+        fn drop(&mut self) {
+            let prev = self.0.take();
+            // The call's charge (maybe raised) is dropped here: released.
+            drop(CURRENT.with(|c| std::mem::replace(&mut *c.borrow_mut(), prev)));
+        }
+    }
+    let _release = Release(CURRENT.with(|c| std::mem::replace(&mut *c.borrow_mut(), charge)));
+    f()
+}
+
+/// Adds `bytes` to the charge of the backend call running on this (blocking) thread, waiting
+/// as [`Budget::admit`] does; `Ok` without effect outside a charged call. Call it before the
+/// memory is spent (the replica: with the manifests' pre-scanned node count times
+/// [`NODE_COST`], before parsing them).
+pub fn grow_current(bytes: u64) -> Result<(), ApiError> {
+    let Some(charge) = CURRENT.with(|c| c.borrow_mut().take()) else {
+        return Ok(());
+    };
+    let more = match tokio::runtime::Handle::try_current() {
+        Ok(rt) => rt.block_on(charge.budget.admit_beyond(
+            charge.api,
+            &charge.who,
+            bytes,
+            charge.bytes,
+        )),
+        Err(_) => Err(ApiError::Internal(
+            "a charged call runs outside the runtime".into(),
+        )),
+    };
+    let mut charge = charge;
+    let r = more.map(|mut m| {
+        charge.bytes += std::mem::take(&mut m.bytes);
+    });
+    CURRENT.with(|c| *c.borrow_mut() = Some(charge));
+    r
 }
 
 /// Where a request's [`Charge`] waits in its extensions until the handler moves it into the
@@ -428,6 +505,30 @@ mod tests {
         drop((a, c));
         assert_eq!(b.in_use(), 0);
         assert_eq!(m.api_inflight_bytes.get(), 0.0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_worker_raises_its_charge_and_releases_it_all_at_its_end() {
+        let b = budget(1000, 600);
+        let c = b.admit("http", "a", 100).await.unwrap();
+        let b2 = b.clone();
+        let (grown, too_much, inside) = tokio::task::spawn_blocking(move || {
+            scoped_charge(Some(c), || {
+                let grown = grow_current(300);
+                let inside = b2.in_use();
+                // 400 held + 300 more is over the 600 share: refused at once.
+                let too_much = grow_current(300).unwrap_err().to_string();
+                (grown, too_much, inside)
+            })
+        })
+        .await
+        .unwrap();
+        assert_eq!(grown, Ok(()));
+        assert_eq!(inside, 400);
+        assert!(too_much.contains("700 bytes"), "{too_much}");
+        assert_eq!(b.in_use(), 0, "released with the worker's end");
+        // Outside a charged call: nothing to grow.
+        assert_eq!(grow_current(1 << 40), Ok(()));
     }
 
     #[tokio::test]

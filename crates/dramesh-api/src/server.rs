@@ -191,7 +191,7 @@ impl ApiState {
         let (stop, _stop_when_dropped) = crate::deadline::Stop::new();
         let task = tokio::task::spawn_blocking(move || {
             let _parent = span.enter();
-            let _charge = charge;
+            crate::admission::scoped_charge(charge, || {
             crate::deadline::scoped_until(deadline, stop, || {
                 Self::searched(
                     &metrics,
@@ -200,6 +200,7 @@ impl ApiState {
                     || f(backend.as_ref()),
                     |r| if r.is_ok() { "ok" } else { "error" },
                 )
+            })
             })
         });
         let out = match tokio::time::timeout(self.config.request_timeout, task).await {
@@ -246,7 +247,7 @@ impl ApiState {
         let (stop, _stop_when_dropped) = crate::deadline::Stop::new();
         let task = tokio::task::spawn_blocking(move || {
             let _parent = span.enter();
-            let _charge = charge;
+            crate::admission::scoped_charge(charge, || {
             crate::deadline::scoped_until(deadline, stop, || {
                 Self::searched(
                     &metrics,
@@ -261,6 +262,7 @@ impl ApiState {
                         ReplicaAnswer::Failed(_) => "error",
                     },
                 )
+            })
             })
         });
         let answer = match tokio::time::timeout(self.config.karmada_timeout, task).await {

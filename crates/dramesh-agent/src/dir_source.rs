@@ -375,11 +375,15 @@ mod tests {
             .collect();
         std::fs::set_permissions(&sub, std::fs::Permissions::from_mode(0o755)).unwrap();
         assert!(
-            bad.iter().any(|b| b.contains("/loop: symbolic link cannot be followed")),
+            bad.iter()
+                .any(|b| b.contains("/loop: symbolic link cannot be followed")),
             "{bad:?}"
         );
         if !listable {
-            assert!(bad.iter().any(|b| b.contains("/sub: cannot list")), "{bad:?}");
+            assert!(
+                bad.iter().any(|b| b.contains("/sub: cannot list")),
+                "{bad:?}"
+            );
         }
         // b.yaml cannot be seen for now: its objects stay, like a's.
         assert_eq!(names(&now), ["a", "b"]);

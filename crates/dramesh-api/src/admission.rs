@@ -487,11 +487,17 @@ mod tests {
         let a = b.admit("http", "a", 60).await.unwrap();
         // Over a's share.
         let e = b.admit("http", "a", 10).await.unwrap_err().to_string();
-        assert!(e.contains("share") && e.contains("--api-max-inflight-bytes 100"), "{e}");
+        assert!(
+            e.contains("share") && e.contains("--api-max-inflight-bytes 100"),
+            "{e}"
+        );
         // Another identity fits in what is left, but not beyond the total.
         let c = b.admit("http", "c", 40).await.unwrap();
         let e = b.admit("http", "d", 1).await.unwrap_err().to_string();
-        assert!(e.contains("budget") && e.contains("100 bytes in use"), "{e}");
+        assert!(
+            e.contains("budget") && e.contains("100 bytes in use"),
+            "{e}"
+        );
         assert_eq!(b.in_use(), 100);
         // Too large alone: refused at once.
         let e = b.admit("http", "d", 61).await.unwrap_err().to_string();
@@ -499,7 +505,11 @@ mod tests {
         let m = &b.metrics;
         let refused = |r: &str| m.api_admission_refusals_total.with(["http", r]).get();
         assert_eq!(
-            (refused("identity_share"), refused("budget"), refused("too_large")),
+            (
+                refused("identity_share"),
+                refused("budget"),
+                refused("too_large")
+            ),
             (1, 1, 1)
         );
         drop((a, c));
@@ -536,7 +546,8 @@ mod tests {
         let b = budget(100, 100);
         let mut a = b.admit("http", "a", 100).await.unwrap();
         let b2 = b.clone();
-        let waiter = tokio::spawn(async move { b2.admit("http", "b", 50).await.map(|c| c.bytes()) });
+        let waiter =
+            tokio::spawn(async move { b2.admit("http", "b", 50).await.map(|c| c.bytes()) });
         tokio::time::sleep(Duration::from_millis(20)).await;
         a.lower_to(50);
         assert_eq!(waiter.await.unwrap().unwrap(), 50);

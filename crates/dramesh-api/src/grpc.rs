@@ -32,7 +32,8 @@ use crate::server::{ApiState, ServeError, bind};
 pub const KARMADA_ESTIMATOR_PORT: u16 = 10352;
 
 /// The Karmada estimator's gRPC service name (the first segment of its method paths).
-pub(crate) const KARMADA_SERVICE: &str = crate::proto::karmada_service::estimator_server::SERVICE_NAME;
+pub(crate) const KARMADA_SERVICE: &str =
+    crate::proto::karmada_service::estimator_server::SERVICE_NAME;
 
 /// The value of the `object` metadata Karmada attaches (`kind=Deployment, name=ns/name`), for
 /// logs. Call it inside the log macro: tracing evaluates it only when the event is enabled.
@@ -190,7 +191,9 @@ impl Estimator for KarmadaEstimator {
             let cluster = q.cluster.clone();
             let n = self
                 .state
-                .call_karmada(m, &cluster, charge, move |b| b.max_available_component_sets(&q))
+                .call_karmada(m, &cluster, charge, move |b| {
+                    b.max_available_component_sets(&q)
+                })
                 .await;
             Ok(kpb::MaxAvailableComponentSetsResponse { max_sets: n })
         })
@@ -332,7 +335,10 @@ impl Dramesh for NativeService {
         observed(&self.state, API_NATIVE_GRPC, m, None, async move {
             creds.check(&self.state, Verb::Read, m).await?;
             let charge = creds.charge.take();
-            let mut r = self.state.call_native(m, charge, |b| Ok(b.status())).await?;
+            let mut r = self
+                .state
+                .call_native(m, charge, |b| Ok(b.status()))
+                .await?;
             r.ready = self.state.is_ready();
             Ok(r.into())
         })

@@ -110,7 +110,9 @@ async fn estimate(
     );
     json(
         state
-            .call_native(Method::EstimateAll, charge.take(), move |b| b.estimate_all(&req))
+            .call_native(Method::EstimateAll, charge.take(), move |b| {
+                b.estimate_all(&req)
+            })
             .instrument(span)
             .await,
     )
@@ -184,7 +186,9 @@ async fn reserve(
     };
     let span = tracing::info_span!("http", method = "Reserve", cluster = %req.cluster);
     let r = state
-        .call_native(Method::Reserve, charge.take(), move |b| b.reserve(&caller, &req))
+        .call_native(Method::Reserve, charge.take(), move |b| {
+            b.reserve(&caller, &req)
+        })
         .instrument(span)
         .await;
     match state.note_refusal(r) {
@@ -217,7 +221,9 @@ async fn get_reservation(
     let span = tracing::info_span!("http", method = "GetReservation", id = %id);
     json(
         state
-            .call_native(Method::GetReservation, charge.take(), move |b| b.reservation(&id))
+            .call_native(Method::GetReservation, charge.take(), move |b| {
+                b.reservation(&id)
+            })
             .instrument(span)
             .await,
     )
@@ -231,7 +237,9 @@ async fn release_reservation(
 ) -> Response {
     let span = tracing::info_span!("http", method = "Release", id = %id);
     let r = state
-        .call_native(Method::Release, charge.take(), move |b| b.release(&caller, &id))
+        .call_native(Method::Release, charge.take(), move |b| {
+            b.release(&caller, &id)
+        })
         .instrument(span)
         .await;
     json(state.note_refusal(r))
@@ -342,7 +350,11 @@ async fn admit_and_read_body(
             .to_owned();
         match state
             .budget
-            .admit(crate::metrics::API_HTTP, &who, cost(declared, JSON_EXPANSION))
+            .admit(
+                crate::metrics::API_HTTP,
+                &who,
+                cost(declared, JSON_EXPANSION),
+            )
             .await
         {
             Ok(c) => charge = Some(c),

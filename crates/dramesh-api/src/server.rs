@@ -192,15 +192,15 @@ impl ApiState {
         let task = tokio::task::spawn_blocking(move || {
             let _parent = span.enter();
             crate::admission::scoped_charge(charge, || {
-            crate::deadline::scoped_until(deadline, stop, || {
-                Self::searched(
-                    &metrics,
-                    method,
-                    "*",
-                    || f(backend.as_ref()),
-                    |r| if r.is_ok() { "ok" } else { "error" },
-                )
-            })
+                crate::deadline::scoped_until(deadline, stop, || {
+                    Self::searched(
+                        &metrics,
+                        method,
+                        "*",
+                        || f(backend.as_ref()),
+                        |r| if r.is_ok() { "ok" } else { "error" },
+                    )
+                })
             })
         });
         let out = match tokio::time::timeout(self.config.request_timeout, task).await {
@@ -248,21 +248,21 @@ impl ApiState {
         let task = tokio::task::spawn_blocking(move || {
             let _parent = span.enter();
             crate::admission::scoped_charge(charge, || {
-            crate::deadline::scoped_until(deadline, stop, || {
-                Self::searched(
-                    &metrics,
-                    method,
-                    &c,
-                    || f(backend.as_ref()),
-                    |a| match a {
-                        ReplicaAnswer::Count(_) => "count",
-                        ReplicaAnswer::Unknown { .. } => "unknown",
-                        ReplicaAnswer::UnknownCluster => "unknown_cluster",
-                        ReplicaAnswer::Stale { .. } => "stale_cluster",
-                        ReplicaAnswer::Failed(_) => "error",
-                    },
-                )
-            })
+                crate::deadline::scoped_until(deadline, stop, || {
+                    Self::searched(
+                        &metrics,
+                        method,
+                        &c,
+                        || f(backend.as_ref()),
+                        |a| match a {
+                            ReplicaAnswer::Count(_) => "count",
+                            ReplicaAnswer::Unknown { .. } => "unknown",
+                            ReplicaAnswer::UnknownCluster => "unknown_cluster",
+                            ReplicaAnswer::Stale { .. } => "stale_cluster",
+                            ReplicaAnswer::Failed(_) => "error",
+                        },
+                    )
+                })
             })
         });
         let answer = match tokio::time::timeout(self.config.karmada_timeout, task).await {
@@ -377,8 +377,9 @@ pub struct GrpcLimits {
     /// Default 512.
     pub max_connections: usize,
     /// Connections in their TLS handshake at most, apart from `max_connections`: at this cap
-    /// the oldest handshake is closed (`handshake_evicted`), so clients that open sockets and
-    /// send nothing only push each other out. Default 64.
+    /// the oldest handshake is closed (`handshake_evicted`), those that have sent nothing yet
+    /// first, so clients that open sockets and send nothing only push each other out, never a
+    /// client that is handshaking. Default 64.
     pub max_handshakes: usize,
     /// Time from the accept to the end of the TLS handshake. Default 5 s.
     pub handshake_timeout: Duration,
@@ -665,37 +666,62 @@ async fn accept_grpc(
         dramesh_telemetry::http::no_delay(&stream);
         let accepted = tokio::time::Instant::now();
         let Some(acceptor) = &acceptor else {
-            if let Some(conn) = accepting.conn(GrpcIo::Plain(stream), remote, Default::default(), accepted)
+            if let Some(conn) =
+                accepting.conn(GrpcIo::Plain(stream), remote, Default::default(), accepted)
                 && tx.send(Ok(conn)).await.is_err()
             {
                 return;
             }
             continue;
         };
+        let (stream, sent) = match dramesh_telemetry::conns::has_sent(stream) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(%remote, error = %e, "accepted gRPC socket unusable");
+                continue;
+            }
+        };
         // Nothing is ever in flight in the handshake table: there is always room.
         let Some((shaking, how)) = handshakes.admit() else {
             continue;
         };
+        if sent {
+            shaking.activity.set_trusted();
+        }
         if how == Admitted::Evicted {
             metrics.http_connection_closed(GRPC_LISTENER, "handshake_evicted");
         }
-        let accept = acceptor.accept(stream);
+        let acceptor = acceptor.clone();
         let tx = tx.clone();
         let accepting = accepting.clone();
         let failures = failures.clone();
         tokio::spawn(async move {
             let deadline = accepted + limits.handshake_timeout;
+            // A connection that has sent something (its ClientHello) is evicted only after
+            // the silent ones.
+            let shaking_activity = shaking.activity.clone();
+            let accept = async move {
+                let _ = stream.readable().await;
+                shaking_activity.set_trusted();
+                acceptor.accept(stream).await
+            };
             let shaken = tokio::select! {
                 r = tokio::time::timeout_at(deadline, accept) => r,
                 // Pushed out by newer handshakes (counted above).
                 () = shaking.activity.closed() => return,
             };
             drop(shaking);
-            let closed = || accepting.metrics.http_connection_closed(GRPC_LISTENER, "handshake_failed");
+            let closed = || {
+                accepting
+                    .metrics
+                    .http_connection_closed(GRPC_LISTENER, "handshake_failed")
+            };
             match shaken {
                 Ok(Ok(s)) => {
                     let peer = crate::tls::PeerCert::of(s.get_ref().1);
-                    if let Some(conn) = accepting.conn(GrpcIo::Tls(Box::new(s)), remote, peer, accepted) {
+                    if let Some(conn) =
+                        accepting.conn(GrpcIo::Tls(Box::new(s)), remote, peer, accepted)
+                    {
                         let _ = tx.send(Ok(conn)).await;
                     }
                 }
@@ -713,6 +739,9 @@ async fn accept_grpc(
                 }
             }
         });
+        // Let the handshakes just spawned see their first bytes before more accepts of a
+        // burst push them out.
+        tokio::task::yield_now().await;
     }
 }
 

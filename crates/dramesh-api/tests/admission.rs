@@ -76,8 +76,7 @@ impl Backend for Held {
             if !self.ignore_stop && dramesh_api::deadline::passed() {
                 break;
             }
-            if release.recv_timeout(Duration::from_millis(5)).is_ok() || Instant::now() > give_up
-            {
+            if release.recv_timeout(Duration::from_millis(5)).is_ok() || Instant::now() > give_up {
                 break;
             }
         }
@@ -196,7 +195,10 @@ async fn over_budget_requests_wait_then_get_503_naming_the_budget_unparsed() {
     let _ = answer(again).await;
     // Health and metrics are never charged.
     let metrics = reqwest_free_get(srv.addr, "/metrics").await;
-    assert!(metrics.contains("dramesh_api_inflight_budget_bytes"), "{metrics}");
+    assert!(
+        metrics.contains("dramesh_api_inflight_budget_bytes"),
+        "{metrics}"
+    );
     srv.stop().await;
 }
 

@@ -693,7 +693,10 @@ async fn at_the_grpc_cap_the_longest_idle_connection_makes_room() {
     let m = &srv.state.metrics;
     let until = tokio::time::Instant::now() + Duration::from_secs(2);
     while m.grpc_connections.get() < 2.0 {
-        assert!(tokio::time::Instant::now() < until, "two connections never counted");
+        assert!(
+            tokio::time::Instant::now() < until,
+            "two connections never counted"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // A real client over the cap gets its answer; the oldest idle connection is closed.

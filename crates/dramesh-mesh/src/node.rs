@@ -1480,7 +1480,8 @@ async fn dial_loop(
                     .dial_failures
                     .fetch_add(1, Ordering::Relaxed);
                 debug!(%addr, error = %e, "dial failed");
-                let refused = matches!(&e, DialError::Connection(c) if certificate_refusal(c).is_some());
+                let refused =
+                    matches!(&e, DialError::Connection(c) if certificate_refusal(c).is_some());
                 if !refused && log_due(&mut unreachable_logged) {
                     let peer = target
                         .as_ref()

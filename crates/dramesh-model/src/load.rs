@@ -645,7 +645,8 @@ pub fn list_manifest_files(dir: &Path) -> Result<Listing, LoadError> {
             let entry = match entry {
                 Ok(e) => e,
                 Err(e) => {
-                    out.unreadable.push((d.clone(), format!("cannot list: {e}")));
+                    out.unreadable
+                        .push((d.clone(), format!("cannot list: {e}")));
                     continue;
                 }
             };

@@ -12,7 +12,8 @@
 //! is told to close, connections without a verified client identity first
 //! ([`Activity::set_trusted`]); when every connection has a request in flight the new one is
 //! refused. In the handshake table nothing is ever in flight, so the oldest handshake is the
-//! one pushed out.
+//! one pushed out, those whose client has sent nothing yet first (the listeners mark a
+//! connection trusted there once its first bytes arrive).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -88,6 +89,16 @@ impl Activity {
     fn idle_since(&self) -> Instant {
         *self.idle_since.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// Whether the peer of a just accepted socket has sent something already (its TLS
+/// ClientHello, its request), without consuming it. A listener behind on a burst of accepts
+/// marks such a connection trusted in its handshake table at once, before its task runs.
+pub fn has_sent(stream: tokio::net::TcpStream) -> std::io::Result<(tokio::net::TcpStream, bool)> {
+    let s = stream.into_std()?;
+    let mut b = [0u8; 1];
+    let sent = matches!(s.peek(&mut b), Ok(n) if n > 0);
+    Ok((tokio::net::TcpStream::from_std(s)?, sent))
 }
 
 /// A request in flight on a connection (see [`Activity::enter`]).

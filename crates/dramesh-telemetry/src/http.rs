@@ -10,8 +10,9 @@
 //!   new one is closed at once. Both are counted in `dramesh_http_connections_closed_total`
 //!   (the table and its rules: [`crate::conns`]);
 //! * at most [`HttpLimits::max_handshakes`] connections in their handshake, apart from the
-//!   above: at that cap the oldest handshake is closed (`handshake_evicted`), so clients that
-//!   open sockets and send nothing only push each other out. A handshake must finish within
+//!   above: at that cap the oldest handshake is closed (`handshake_evicted`), those that have
+//!   sent nothing yet first, so clients that open sockets and send nothing only push each
+//!   other out, never a client that is handshaking. A handshake must finish within
 //!   [`HttpLimits::handshake_timeout`]; failures are counted by reason in
 //!   `dramesh_tls_handshake_failures_total{listener,reason}` and logged once per peer address
 //!   per minute;
@@ -41,8 +42,8 @@ use tokio::sync::watch;
 
 use crate::conns::{Admitted, ConnTable};
 use crate::metrics::Metrics;
-use crate::throttle::{EVERY_MINUTE, Throttle};
 use crate::registry::CONTENT_TYPE;
+use crate::throttle::{EVERY_MINUTE, Throttle};
 
 /// The scrape path.
 pub const METRICS_PATH: &str = "/metrics";
@@ -227,10 +228,20 @@ pub async fn serve_bounded_with<H: Handshake>(
                 }
             },
         };
+        let (stream, sent) = match crate::conns::has_sent(stream) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(listener = name, %peer, error = %e, "accepted socket unusable");
+                continue;
+            }
+        };
         // Nothing is ever in flight in the handshake table: there is always room.
         let Some((shaking, how)) = handshakes.admit() else {
             continue;
         };
+        if sent {
+            shaking.activity.set_trusted();
+        }
         if how == Admitted::Evicted {
             metrics.http_connection_closed(name, "handshake_evicted");
         }
@@ -244,8 +255,15 @@ pub async fn serve_bounded_with<H: Handshake>(
         let open = open.clone();
         let mut stop = stop_rx.clone();
         tasks.spawn(async move {
+            // A connection that has sent something is evicted only after the silent ones.
+            let shaking_activity = shaking.activity.clone();
+            let shake = async {
+                let _ = stream.readable().await;
+                shaking_activity.set_trusted();
+                handshake.handshake(stream).await
+            };
             let shaken = tokio::select! {
-                r = tokio::time::timeout(limits.handshake_timeout, handshake.handshake(stream)) => match r {
+                r = tokio::time::timeout(limits.handshake_timeout, shake) => match r {
                     Ok(Ok(s)) => Some(s),
                     Ok(Err(e)) => {
                         failures.record(peer, handshake.failure_reason(&e), &e);
@@ -324,6 +342,9 @@ pub async fn serve_bounded_with<H: Handshake>(
             drop(slot);
             open.dec();
         });
+        // Let the handshakes just spawned see their first bytes before more accepts of a
+        // burst push them out.
+        tokio::task::yield_now().await;
     }
     drop(listener);
     let _ = stop_tx.send(true);

@@ -41,8 +41,8 @@ pub mod spans;
 pub mod throttle;
 
 pub use http::{
-    HandshakeFailures, Handshake, HttpLimits, METRICS_PATH, Plain, metrics_router, serve_bounded, serve_bounded_with,
-    serve_metrics,
+    Handshake, HandshakeFailures, HttpLimits, METRICS_PATH, Plain, metrics_router, serve_bounded,
+    serve_bounded_with, serve_metrics,
 };
 pub use init::{
     OTLP_ENDPOINT_ENV, SERVICE_AGENT, SERVICE_REPLICA, ScopedTelemetry, TelemetryConfig,

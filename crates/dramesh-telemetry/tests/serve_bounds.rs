@@ -70,7 +70,10 @@ impl Handshake for ByteFirst {
         let mut b = [0u8; 1];
         stream.read_exact(&mut b).await?;
         if b[0] != b'H' {
-            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "not H"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "not H",
+            ));
         }
         Ok((stream, ()))
     }

@@ -373,7 +373,11 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
         "Ki" => 1 << 10,
         "Mi" => 1 << 20,
         "Gi" => 1 << 30,
-        _ => return Err(format!("{s:?}: expected bytes, optionally with Ki, Mi or Gi")),
+        _ => {
+            return Err(format!(
+                "{s:?}: expected bytes, optionally with Ki, Mi or Gi"
+            ));
+        }
     };
     digits
         .parse::<u64>()

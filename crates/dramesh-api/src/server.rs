@@ -674,23 +674,11 @@ async fn accept_grpc(
             }
             continue;
         };
-        let (stream, sent) = match dramesh_telemetry::conns::has_sent(stream) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::debug!(%remote, error = %e, "accepted gRPC socket unusable");
-                continue;
-            }
-        };
-        // Nothing is ever in flight in the handshake table: there is always room.
-        let Some((shaking, how)) = handshakes.admit() else {
+        let Some((stream, shaking)) =
+            dramesh_telemetry::conns::start_handshake(&handshakes, stream, GRPC_LISTENER, &metrics)
+        else {
             continue;
         };
-        if sent {
-            shaking.activity.set_trusted();
-        }
-        if how == Admitted::Evicted {
-            metrics.http_connection_closed(GRPC_LISTENER, "handshake_evicted");
-        }
         let acceptor = acceptor.clone();
         let tx = tx.clone();
         let accepting = accepting.clone();

@@ -101,6 +101,35 @@ pub fn has_sent(stream: tokio::net::TcpStream) -> std::io::Result<(tokio::net::T
     Ok((tokio::net::TcpStream::from_std(s)?, sent))
 }
 
+/// Takes a place for a just accepted socket in a listener's handshake table (counting a
+/// handshake it pushes out as `handshake_evicted` of `listener`), trusted at once when its
+/// peer has sent something already ([`has_sent`]), with TCP_NODELAY set. `None` when the
+/// socket is unusable.
+pub fn start_handshake(
+    handshakes: &Arc<ConnTable>,
+    stream: tokio::net::TcpStream,
+    listener: &str,
+    metrics: &crate::Metrics,
+) -> Option<(tokio::net::TcpStream, Slot)> {
+    let (stream, sent) = match has_sent(stream) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::debug!(listener, error = %e, "accepted socket unusable");
+            return None;
+        }
+    };
+    // Nothing is ever in flight in the handshake table: there is always room.
+    let (shaking, how) = handshakes.admit()?;
+    if sent {
+        shaking.activity.set_trusted();
+    }
+    if how == Admitted::Evicted {
+        metrics.http_connection_closed(listener, "handshake_evicted");
+    }
+    crate::http::no_delay(&stream);
+    Some((stream, shaking))
+}
+
 /// A request in flight on a connection (see [`Activity::enter`]).
 #[derive(Debug)]
 pub struct Busy(Arc<Activity>);

@@ -131,6 +131,11 @@ pub trait Handshake: Clone + Send + Sync + 'static {
         "io_error"
     }
 
+    /// Whether the handshake starts with the client's bytes (TLS: its ClientHello). The
+    /// listener then waits for them before starting it, and a connection that sent them is
+    /// pushed out of the handshake table only after silent ones. [`Plain`] has no handshake.
+    const CLIENT_SPEAKS_FIRST: bool = true;
+
     /// Whether the peer proved a verified identity (its connection is evicted last at the cap).
     fn trusted(peer: &Self::Peer) -> bool {
         let _ = peer;
@@ -172,6 +177,7 @@ pub struct Plain;
 impl Handshake for Plain {
     type Io = tokio::net::TcpStream;
     type Peer = ();
+    const CLIENT_SPEAKS_FIRST: bool = false;
     async fn handshake(
         &self,
         stream: tokio::net::TcpStream,
@@ -228,24 +234,11 @@ pub async fn serve_bounded_with<H: Handshake>(
                 }
             },
         };
-        let (stream, sent) = match crate::conns::has_sent(stream) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::debug!(listener = name, %peer, error = %e, "accepted socket unusable");
-                continue;
-            }
-        };
-        // Nothing is ever in flight in the handshake table: there is always room.
-        let Some((shaking, how)) = handshakes.admit() else {
+        let Some((stream, shaking)) =
+            crate::conns::start_handshake(&handshakes, stream, name, &metrics)
+        else {
             continue;
         };
-        if sent {
-            shaking.activity.set_trusted();
-        }
-        if how == Admitted::Evicted {
-            metrics.http_connection_closed(name, "handshake_evicted");
-        }
-        no_delay(&stream);
         open.inc();
         let handshake = handshake.clone();
         let router = router.clone();
@@ -258,8 +251,10 @@ pub async fn serve_bounded_with<H: Handshake>(
             // A connection that has sent something is evicted only after the silent ones.
             let shaking_activity = shaking.activity.clone();
             let shake = async {
-                let _ = stream.readable().await;
-                shaking_activity.set_trusted();
+                if H::CLIENT_SPEAKS_FIRST {
+                    let _ = stream.readable().await;
+                    shaking_activity.set_trusted();
+                }
                 handshake.handshake(stream).await
             };
             let shaken = tokio::select! {

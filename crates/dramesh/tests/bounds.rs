@@ -8,7 +8,8 @@
 //! - 600 silent TCP connections on the gRPC port, re-opened as soon as they are closed, do not
 //!   stop a TLS client with a client certificate (as karmada-scheduler dials) from calling
 //!   the Karmada `MaxAvailableReplicas`;
-//! - an agent whose certificate the replica refuses says so on stderr, naming the TLS alert;
+//! - an agent whose certificate the replica refuses says so on stderr, naming the TLS alert,
+//!   and so it does of a replica address where nothing answers;
 //! - a folder agent reports a loop of symbolic links by path and publishes the rest.
 //!
 //! Every process binds port 0; the addresses are read from its log.
@@ -117,7 +118,7 @@ fn agent(
     certs: &Path,
     ca_dir: &Path,
     cluster: &str,
-    replica: SocketAddr,
+    replicas: &[SocketAddr],
 ) -> Logged {
     let stem = format!("agent-{cluster}-_cluster");
     let mut cmd = Command::new(BIN);
@@ -125,7 +126,6 @@ fn agent(
         .args(["--source", "dir", "--dir", &dir.display().to_string()])
         .args(["--listen", "127.0.0.1:0"])
         .args(["--data-dir", &tmp.join("agent").display().to_string()])
-        .args(["--replica", &replica.to_string()])
         .args([
             "--mesh-cert",
             &certs.join(format!("{stem}.crt")).display().to_string(),
@@ -135,6 +135,9 @@ fn agent(
             &certs.join(format!("{stem}.key")).display().to_string(),
         ])
         .args(["--mesh-ca", &ca_dir.join("ca.crt").display().to_string()]);
+    for r in replicas {
+        cmd.args(["--replica", &r.to_string()]);
+    }
     Logged::spawn(cmd, "warn")
 }
 
@@ -460,7 +463,10 @@ fn an_agent_whose_certificate_is_refused_says_so_naming_the_tls_alert() {
     let (_r, at) = replica(tmp.path(), &certs, &extra);
     let dir = tmp.path().join("fleet");
     std::fs::create_dir_all(&dir).unwrap();
-    let a = agent(tmp.path(), &dir, &other, &certs, "c1", at.mesh);
+    // A second replica address where nothing answers.
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let nowhere = silent.local_addr().unwrap();
+    let a = agent(tmp.path(), &dir, &other, &certs, "c1", &[at.mesh, nowhere]);
     let line = a.wait_line(
         "the agent logs the refused certificate",
         Duration::from_secs(15),
@@ -473,6 +479,12 @@ fn an_agent_whose_certificate_is_refused_says_so_naming_the_tls_alert() {
             .any(|alert| line.contains(alert)),
         "no alert name in {line}"
     );
+    let line = a.wait_line(
+        "the agent logs the unreachable replica",
+        Duration::from_secs(15),
+        |l| l.contains("unreachable") && l.contains(&nowhere.to_string()),
+    );
+    eprintln!("reported: {line}");
 }
 
 #[test]
@@ -487,7 +499,7 @@ fn a_symlink_loop_in_the_agents_folder_is_reported_by_path_and_the_rest_publishe
     common::write_node_cluster(&dir, "node-1");
     // A link to itself, without a manifest name (a folder loop as a careless `ln -s` makes).
     std::os::unix::fs::symlink("loop", dir.join("loop")).unwrap();
-    let a = agent(tmp.path(), &dir, &certs, &certs, "c1", at.mesh);
+    let a = agent(tmp.path(), &dir, &certs, &certs, "c1", &[at.mesh]);
     let loop_path = dir.join("loop").display().to_string();
     let line = a.wait_line("the agent reports the loop", Duration::from_secs(15), |l| {
         l.contains(&loop_path) && l.contains("symbolic link")

@@ -10,9 +10,11 @@
 //! A file that fails to load (half-written, invalid YAML, an unknown field) is reported with
 //! `tracing::warn!` and its previously loaded objects are KEPT: a broken save must not
 //! delete state. Removing the file deletes its objects. A folder that cannot be listed keeps
-//! everything as well. A listed file that cannot be examined (a symlink loop or a dangling
-//! link named `*.yaml`, no permission) is reported by path and reason once, until its error
-//! changes or it reads again; reads never follow a loop, so nothing hangs.
+//! everything as well. An entry that cannot be examined (a symlink loop or a dangling link, a
+//! subfolder or file without permission) is reported by path and reason with
+//! `tracing::warn!`, again once a minute while it lasts and at once when its error changes;
+//! the rest of the folder is published as usual, and a file that was readable before keeps its
+//! objects. Reads never follow a loop, so nothing hangs.
 //!
 //! Objects are published as loaded (not trimmed), so unbound pods appear with their full
 //! status, including the `PodScheduled` condition the unschedulable-replica count reads.
@@ -23,7 +25,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use dramesh_model::load::{self, MAX_FILE_BYTES};
 use dramesh_model::{Manifest, ObjectKey};
@@ -64,9 +66,12 @@ struct FileState {
 pub struct DirState {
     files: BTreeMap<PathBuf, FileState>,
     last_poll: Option<SystemTime>,
-    /// Files that could not be examined, with the error last reported for each.
-    unreadable: BTreeMap<PathBuf, String>,
+    /// Entries that could not be examined: the error last reported for each, and when.
+    unreadable: BTreeMap<PathBuf, (String, Instant)>,
 }
+
+/// How often an entry that stays unreadable is reported again.
+const REPORT_EVERY: Duration = Duration::from_secs(60);
 
 type Objects = Vec<(ObjectKey, Arc<[u8]>)>;
 
@@ -91,10 +96,19 @@ impl DirState {
     /// files define the same object the later path wins.
     pub fn poll(&mut self, dir: &Path) -> BTreeMap<ObjectKey, Arc<[u8]>> {
         let poll_started = SystemTime::now();
-        match load::manifest_files(dir) {
-            Ok(paths) => {
-                self.files.retain(|p, _| paths.contains(p));
-                self.unreadable.retain(|p, _| paths.contains(p));
+        match load::list_manifest_files(dir) {
+            Ok(listing) => {
+                let paths = listing.files;
+                // Files below an entry that cannot be examined (a folder without permission)
+                // keep their objects, as a file that does not load does.
+                let hidden = |p: &Path| listing.unreadable.iter().any(|(q, _)| p.starts_with(q));
+                self.files.retain(|p, _| paths.contains(p) || hidden(p));
+                self.unreadable.retain(|p, _| {
+                    paths.contains(p) || listing.unreadable.iter().any(|(q, _)| q == p)
+                });
+                for (p, why) in listing.unreadable {
+                    self.report_unreadable(&p, why);
+                }
                 for p in paths {
                     self.poll_file(&p);
                 }
@@ -113,11 +127,25 @@ impl DirState {
         out
     }
 
-    /// Listed files that could not be examined, with why (e.g. a symlink loop).
+    /// Entries that could not be examined, with why (e.g. a symlink loop).
     pub fn unreadable(&self) -> impl Iterator<Item = (&Path, &str)> {
         self.unreadable
             .iter()
-            .map(|(p, e)| (p.as_path(), e.as_str()))
+            .map(|(p, (e, _))| (p.as_path(), e.as_str()))
+    }
+
+    /// Notes that `path` cannot be examined, logging it when it is new, its error changed, or
+    /// it was last logged [`REPORT_EVERY`] ago.
+    fn report_unreadable(&mut self, path: &Path, why: String) {
+        let due = match self.unreadable.get(path) {
+            Some((e, at)) => *e != why || at.elapsed() >= REPORT_EVERY,
+            None => true,
+        };
+        if due {
+            tracing::warn!(file = %path.display(), error = %why, "cannot examine an entry of the manifest folder; publishing the rest, keeping its previous objects (reported again once a minute while it lasts)");
+            self.unreadable
+                .insert(path.to_path_buf(), (why, Instant::now()));
+        }
     }
 
     fn poll_file(&mut self, path: &Path) {
@@ -134,10 +162,7 @@ impl DirState {
                 } else {
                     e.to_string()
                 };
-                if self.unreadable.get(path) != Some(&why) {
-                    tracing::warn!(file = %path.display(), error = %why, "cannot examine manifest file; keeping its previous objects");
-                    self.unreadable.insert(path.to_path_buf(), why);
-                }
+                self.report_unreadable(path, why);
                 return;
             }
         };
@@ -161,7 +186,7 @@ impl DirState {
         let bytes = match std::fs::read(path) {
             Ok(b) => b,
             Err(e) => {
-                tracing::warn!(file = %path.display(), error = %e, "cannot read manifest file; keeping its previous objects");
+                self.report_unreadable(path, format!("cannot read: {e}"));
                 return;
             }
         };
@@ -326,6 +351,42 @@ mod tests {
         std::fs::remove_file(dir.path().join("self.yaml")).unwrap();
         st.poll(dir.path());
         assert_eq!(st.unreadable().count(), 2);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn unreadable_entries_are_reported_and_the_rest_published() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.yaml"), NODE_A).unwrap();
+        // A loop of links without a manifest name, and a subfolder that cannot be listed.
+        std::os::unix::fs::symlink("loop", dir.path().join("loop")).unwrap();
+        let sub = dir.path().join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        std::fs::write(sub.join("b.yaml"), NODE_B).unwrap();
+        let mut st = DirState::default();
+        assert_eq!(names(&st.poll(dir.path())), ["a", "b"]);
+        std::fs::set_permissions(&sub, std::fs::Permissions::from_mode(0o000)).unwrap();
+        let listable = std::fs::read_dir(&sub).is_ok(); // root reads any folder
+        let now = st.poll(dir.path());
+        let bad: Vec<String> = st
+            .unreadable()
+            .map(|(p, e)| format!("{}: {e}", p.display()))
+            .collect();
+        std::fs::set_permissions(&sub, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(
+            bad.iter()
+                .any(|b| b.contains("/loop: symbolic link cannot be followed")),
+            "{bad:?}"
+        );
+        if !listable {
+            assert!(
+                bad.iter().any(|b| b.contains("/sub: cannot list")),
+                "{bad:?}"
+            );
+        }
+        // b.yaml cannot be seen for now: its objects stay, like a's.
+        assert_eq!(names(&now), ["a", "b"]);
     }
 
     #[test]

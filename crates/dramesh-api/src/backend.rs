@@ -54,6 +54,10 @@ pub enum ApiError {
     /// The replica cannot answer yet (view not loaded): gRPC Unavailable, HTTP 503.
     #[error("unavailable: {0}")]
     Unavailable(String),
+    /// Refused before it was parsed: the API memory budget or the caller's share of it stayed
+    /// full ([`crate::admission`]): gRPC ResourceExhausted, HTTP 503.
+    #[error("overloaded: {0}")]
+    Overloaded(String),
     /// Anything else: gRPC Internal, HTTP 500.
     #[error("internal error: {0}")]
     Internal(String),

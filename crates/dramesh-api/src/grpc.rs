@@ -7,7 +7,9 @@
 //! its computation fails or times out (karmada-scheduler discards every cluster's accurate
 //! answer when one estimator errors). Only a malformed request gets an error
 //! (InvalidArgument, naming the field). Messages above the configured size are refused before decoding
-//! (tonic answers OutOfRange, "decoded message length too large").
+//! (OutOfRange). Every call passes [`crate::admission::GrpcGate`] first: authenticated, and
+//! charged its expected memory before it is decoded (RESOURCE_EXHAUSTED when the budget stays
+//! full, the Karmada methods included: an error, not a 0 that would read as "does not fit").
 
 use std::net::SocketAddr;
 
@@ -29,6 +31,10 @@ use crate::server::{ApiState, ServeError, bind};
 /// Karmada's default scheduler-estimator port (`--server-port`, `--scheduler-estimator-port`).
 pub const KARMADA_ESTIMATOR_PORT: u16 = 10352;
 
+/// The Karmada estimator's gRPC service name (the first segment of its method paths).
+pub(crate) const KARMADA_SERVICE: &str =
+    crate::proto::karmada_service::estimator_server::SERVICE_NAME;
+
 /// The value of the `object` metadata Karmada attaches (`kind=Deployment, name=ns/name`), for
 /// logs. Call it inside the log macro: tracing evaluates it only when the event is enabled.
 fn object_of<T>(r: &Request<T>) -> String {
@@ -39,15 +45,27 @@ fn object_of<T>(r: &Request<T>) -> String {
         .unwrap_or_default()
 }
 
-/// The credentials a gRPC request presents, taken out of it before it is consumed.
+/// The credentials a gRPC request presents and what the gate found out about them (the
+/// identity it authenticated, the request's admission charge), taken out of it before it is
+/// consumed.
 struct Creds {
     certificate: Option<crate::auth::Identity>,
     authorization: Option<String>,
+    authenticated: Option<crate::auth::Identity>,
+    charge: Option<crate::admission::Charge>,
 }
 
 impl Creds {
     fn of<T>(r: &Request<T>) -> Creds {
         Creds {
+            authenticated: r
+                .extensions()
+                .get::<crate::admission::Authenticated>()
+                .map(|a| a.0.clone()),
+            charge: r
+                .extensions()
+                .get::<crate::admission::ChargeSlot>()
+                .and_then(crate::admission::ChargeSlot::take),
             certificate: r
                 .extensions()
                 .get::<crate::server::GrpcConnInfo>()
@@ -62,6 +80,12 @@ impl Creds {
     }
 
     async fn check(&self, state: &ApiState, verb: Verb, m: Method) -> Result<Caller, Status> {
+        if let Some(id) = &self.authenticated {
+            return state
+                .auth
+                .authorize(id.clone(), verb, &format!("call {}", m.as_str()))
+                .map_err(|r| state.auth.refused(&state.metrics, r).into());
+        }
         let creds = Credentials {
             certificate: self.certificate.as_ref(),
             authorization: self.authorization.as_deref(),
@@ -129,16 +153,17 @@ impl Estimator for KarmadaEstimator {
             object = %object_of(&request),
             "request"
         );
-        let creds = Creds::of(&request);
+        let mut creds = Creds::of(&request);
         let req = request.into_inner();
         let cluster = req.cluster.clone();
         observed(&self.state, API_KARMADA, m, Some(&cluster), async move {
+            let charge = creds.charge.take();
             creds.check(&self.state, Verb::Read, m).await?;
             let q = ReplicaQuery::from_proto(req).map_err(|e| self.invalid(m, e))?;
             let cluster = q.cluster.clone();
             let n = self
                 .state
-                .call_karmada(m, &cluster, move |b| b.max_available_replicas(&q))
+                .call_karmada(m, &cluster, charge, move |b| b.max_available_replicas(&q))
                 .await;
             Ok(kpb::MaxAvailableReplicasResponse { max_replicas: n })
         })
@@ -156,16 +181,19 @@ impl Estimator for KarmadaEstimator {
             object = %object_of(&request),
             "request"
         );
-        let creds = Creds::of(&request);
+        let mut creds = Creds::of(&request);
         let req = request.into_inner();
         let cluster = req.cluster.clone();
         observed(&self.state, API_KARMADA, m, Some(&cluster), async move {
+            let charge = creds.charge.take();
             creds.check(&self.state, Verb::Read, m).await?;
             let q = ComponentSetQuery::from_proto(req).map_err(|e| self.invalid(m, e))?;
             let cluster = q.cluster.clone();
             let n = self
                 .state
-                .call_karmada(m, &cluster, move |b| b.max_available_component_sets(&q))
+                .call_karmada(m, &cluster, charge, move |b| {
+                    b.max_available_component_sets(&q)
+                })
                 .await;
             Ok(kpb::MaxAvailableComponentSetsResponse { max_sets: n })
         })
@@ -183,16 +211,17 @@ impl Estimator for KarmadaEstimator {
             object = %object_of(&request),
             "request"
         );
-        let creds = Creds::of(&request);
+        let mut creds = Creds::of(&request);
         let req = request.into_inner();
         let cluster = req.cluster.clone();
         observed(&self.state, API_KARMADA, m, Some(&cluster), async move {
+            let charge = creds.charge.take();
             creds.check(&self.state, Verb::Read, m).await?;
             let q = UnschedulableQuery::from_proto(req);
             let cluster = q.cluster.clone();
             let n = self
                 .state
-                .call_karmada(m, &cluster, move |b| b.unschedulable_replicas(&q))
+                .call_karmada(m, &cluster, charge, move |b| b.unschedulable_replicas(&q))
                 .await;
             Ok(kpb::UnschedulableReplicasResponse {
                 unschedulable_replicas: n,
@@ -208,6 +237,7 @@ impl From<ApiError> for Status {
             ApiError::InvalidRequest(m) => Status::invalid_argument(m),
             ApiError::NotFound(m) => Status::not_found(m),
             ApiError::Unavailable(m) => Status::unavailable(m),
+            ApiError::Overloaded(m) => Status::resource_exhausted(m),
             ApiError::Internal(m) => Status::internal(m),
             ApiError::Refused(r) => match r.kind {
                 RefusalKind::Unauthenticated => Status::unauthenticated(r.message),
@@ -245,8 +275,13 @@ impl NativeService {
         F: FnOnce(&dyn Backend, &Caller) -> Result<T, ApiError> + Send + 'static,
     {
         observed(&self.state, API_NATIVE_GRPC, m, cluster, async move {
+            let mut creds = creds;
+            let charge = creds.charge.take();
             let caller = creds.check(&self.state, verb, m).await?;
-            let r = self.state.call_native(m, move |b| f(b, &caller)).await;
+            let r = self
+                .state
+                .call_native(m, charge, move |b| f(b, &caller))
+                .await;
             Ok(self.state.note_refusal(r)?.into())
         })
         .await
@@ -296,10 +331,14 @@ impl Dramesh for NativeService {
         request: Request<npb::StatusRequest>,
     ) -> Result<Response<npb::StatusResponse>, Status> {
         let m = Method::Status;
-        let creds = Creds::of(&request);
+        let mut creds = Creds::of(&request);
         observed(&self.state, API_NATIVE_GRPC, m, None, async move {
             creds.check(&self.state, Verb::Read, m).await?;
-            let mut r = self.state.call_native(m, |b| Ok(b.status())).await?;
+            let charge = creds.charge.take();
+            let mut r = self
+                .state
+                .call_native(m, charge, |b| Ok(b.status()))
+                .await?;
             r.ready = self.state.is_ready();
             Ok(r.into())
         })
@@ -327,15 +366,16 @@ impl Dramesh for NativeService {
         &self,
         request: Request<npb::ReleaseRequest>,
     ) -> Result<Response<npb::Reservation>, Status> {
-        let creds = Creds::of(&request);
+        let mut creds = Creds::of(&request);
         let id = request.into_inner().id;
         let m = Method::Release;
         observed(&self.state, API_NATIVE_GRPC, m, None, async move {
             let caller = creds.check(&self.state, Verb::Write, m).await?;
             let id = required_id(m, id)?;
+            let charge = creds.charge.take();
             let r = self
                 .state
-                .call_native(m, move |b| b.release(&caller, &id))
+                .call_native(m, charge, move |b| b.release(&caller, &id))
                 .await;
             Ok(self.state.note_refusal(r)?.into())
         })
@@ -346,15 +386,16 @@ impl Dramesh for NativeService {
         &self,
         request: Request<npb::GetReservationRequest>,
     ) -> Result<Response<npb::Reservation>, Status> {
-        let creds = Creds::of(&request);
+        let mut creds = Creds::of(&request);
         let id = request.into_inner().id;
         let m = Method::GetReservation;
         observed(&self.state, API_NATIVE_GRPC, m, None, async move {
             creds.check(&self.state, Verb::Read, m).await?;
             let id = required_id(m, id)?;
+            let charge = creds.charge.take();
             let r = self
                 .state
-                .call_native(m, move |b| b.reservation(&id))
+                .call_native(m, charge, move |b| b.reservation(&id))
                 .await?;
             Ok(r.into())
         })
@@ -366,10 +407,14 @@ impl Dramesh for NativeService {
         request: Request<npb::ListReservationsRequest>,
     ) -> Result<Response<npb::ListReservationsResponse>, Status> {
         let m = Method::ListReservations;
-        let creds = Creds::of(&request);
+        let mut creds = Creds::of(&request);
         observed(&self.state, API_NATIVE_GRPC, m, None, async move {
             creds.check(&self.state, Verb::Read, m).await?;
-            let reservations = self.state.call_native(m, |b| b.reservations()).await?;
+            let charge = creds.charge.take();
+            let reservations = self
+                .state
+                .call_native(m, charge, |b| b.reservations())
+                .await?;
             Ok(crate::native::ReservationList { reservations }.into())
         })
         .await
@@ -430,10 +475,14 @@ where
     // The server-side timeout backs up the per-call timeouts for the wire part of a request.
     let wire_timeout = state.config.request_timeout + std::time::Duration::from_secs(5);
     let limits = state.config.grpc;
+    let gate_state = state.clone();
     tonic::transport::Server::builder()
         .timeout(wire_timeout)
         .http2_keepalive_interval(Some(limits.keepalive_interval))
         .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+        .layer(tower::layer::layer_fn(move |inner| {
+            crate::admission::GrpcGate::new(inner, gate_state.clone())
+        }))
         .add_service(karmada_service(&state))
         .add_service(native_service(&state))
         .serve_with_incoming_shutdown(

@@ -16,7 +16,9 @@
 //!
 //! Every matched route is counted and timed by [`crate::metrics::track_http`].
 //!
-//! Guarantees: a body not received whole within the header timeout (counted from the end of
+//! Guarantees: every request but health, readiness and metrics is charged its expected memory
+//! before its body is read ([`crate::admission`]; 503 naming the budget when it stays full);
+//! a body not received whole within the header timeout (counted from the end of
 //! the headers) gets 408 and the connection is closed, so a client trickling a body cannot
 //! hold a connection the cap cannot evict; bodies above the configured limit get 413 before
 //! they are parsed; malformed
@@ -36,6 +38,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
+use crate::admission::ChargeSlot;
 use crate::auth::{Caller, Credentials, RefusalKind, http_verb};
 use crate::backend::ApiError;
 use crate::metrics::Method;
@@ -54,7 +57,7 @@ impl IntoResponse for ApiError {
         let status = match &self {
             ApiError::InvalidRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::Refused(r) => match r.kind {
                 RefusalKind::Unauthenticated => StatusCode::UNAUTHORIZED,
@@ -90,11 +93,16 @@ fn json<T: Serialize>(r: Result<T, ApiError>) -> Response {
     }
 }
 
-async fn estimate(State(state): State<ApiState>, body: Bytes) -> Response {
+async fn estimate(
+    State(state): State<ApiState>,
+    Extension(charge): Extension<ChargeSlot>,
+    body: Bytes,
+) -> Response {
     let req: EstimateRequest = match parse(Method::EstimateAll, &body) {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
+    drop(body);
     let span = tracing::info_span!(
         "http",
         method = "EstimateAll",
@@ -102,46 +110,61 @@ async fn estimate(State(state): State<ApiState>, body: Bytes) -> Response {
     );
     json(
         state
-            .call_native(Method::EstimateAll, move |b| b.estimate_all(&req))
+            .call_native(Method::EstimateAll, charge.take(), move |b| {
+                b.estimate_all(&req)
+            })
             .instrument(span)
             .await,
     )
 }
 
-async fn place(State(state): State<ApiState>, body: Bytes) -> Response {
+async fn place(
+    State(state): State<ApiState>,
+    Extension(charge): Extension<ChargeSlot>,
+    body: Bytes,
+) -> Response {
     let req: PlaceRequest = match parse(Method::Place, &body) {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
+    drop(body);
     let span = tracing::info_span!("http", method = "Place", clusters = req.clusters.len());
     json(
         state
-            .call_native(Method::Place, move |b| b.place(&req))
+            .call_native(Method::Place, charge.take(), move |b| b.place(&req))
             .instrument(span)
             .await,
     )
 }
 
-async fn preempt(State(state): State<ApiState>, body: Bytes) -> Response {
+async fn preempt(
+    State(state): State<ApiState>,
+    Extension(charge): Extension<ChargeSlot>,
+    body: Bytes,
+) -> Response {
     let req: PreemptRequest = match parse(Method::Preempt, &body) {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
+    drop(body);
     let span = tracing::info_span!("http", method = "Preempt", clusters = req.clusters.len());
     json(
         state
-            .call_native(Method::Preempt, move |b| b.preempt(&req))
+            .call_native(Method::Preempt, charge.take(), move |b| b.preempt(&req))
             .instrument(span)
             .await,
     )
 }
 
-async fn status(State(state): State<ApiState>) -> Response {
+async fn status(
+    State(state): State<ApiState>,
+    Extension(charge): Extension<ChargeSlot>,
+) -> Response {
     let span = tracing::info_span!("http", method = "Status");
     let ready = state.is_ready();
     json(
         state
-            .call_native(Method::Status, |b| Ok(b.status()))
+            .call_native(Method::Status, charge.take(), |b| Ok(b.status()))
             .instrument(span)
             .await
             .map(|mut s| {
@@ -154,6 +177,7 @@ async fn status(State(state): State<ApiState>) -> Response {
 async fn reserve(
     State(state): State<ApiState>,
     Extension(caller): Extension<Caller>,
+    Extension(charge): Extension<ChargeSlot>,
     body: Bytes,
 ) -> Response {
     let req: ReserveRequest = match parse(Method::Reserve, &body) {
@@ -162,7 +186,9 @@ async fn reserve(
     };
     let span = tracing::info_span!("http", method = "Reserve", cluster = %req.cluster);
     let r = state
-        .call_native(Method::Reserve, move |b| b.reserve(&caller, &req))
+        .call_native(Method::Reserve, charge.take(), move |b| {
+            b.reserve(&caller, &req)
+        })
         .instrument(span)
         .await;
     match state.note_refusal(r) {
@@ -171,11 +197,14 @@ async fn reserve(
     }
 }
 
-async fn list_reservations(State(state): State<ApiState>) -> Response {
+async fn list_reservations(
+    State(state): State<ApiState>,
+    Extension(charge): Extension<ChargeSlot>,
+) -> Response {
     let span = tracing::info_span!("http", method = "ListReservations");
     json(
         state
-            .call_native(Method::ListReservations, |b| {
+            .call_native(Method::ListReservations, charge.take(), |b| {
                 b.reservations()
                     .map(|reservations| ReservationList { reservations })
             })
@@ -184,11 +213,17 @@ async fn list_reservations(State(state): State<ApiState>) -> Response {
     )
 }
 
-async fn get_reservation(State(state): State<ApiState>, Path(id): Path<String>) -> Response {
+async fn get_reservation(
+    State(state): State<ApiState>,
+    Extension(charge): Extension<ChargeSlot>,
+    Path(id): Path<String>,
+) -> Response {
     let span = tracing::info_span!("http", method = "GetReservation", id = %id);
     json(
         state
-            .call_native(Method::GetReservation, move |b| b.reservation(&id))
+            .call_native(Method::GetReservation, charge.take(), move |b| {
+                b.reservation(&id)
+            })
             .instrument(span)
             .await,
     )
@@ -197,11 +232,14 @@ async fn get_reservation(State(state): State<ApiState>, Path(id): Path<String>) 
 async fn release_reservation(
     State(state): State<ApiState>,
     Extension(caller): Extension<Caller>,
+    Extension(charge): Extension<ChargeSlot>,
     Path(id): Path<String>,
 ) -> Response {
     let span = tracing::info_span!("http", method = "Release", id = %id);
     let r = state
-        .call_native(Method::Release, move |b| b.release(&caller, &id))
+        .call_native(Method::Release, charge.take(), move |b| {
+            b.release(&caller, &id)
+        })
         .instrument(span)
         .await;
     json(state.note_refusal(r))
@@ -250,12 +288,13 @@ pub fn with_auth(router: Router, state: &ApiState) -> Router {
 async fn retire_cluster(
     State(state): State<ApiState>,
     Extension(caller): Extension<Caller>,
+    Extension(charge): Extension<ChargeSlot>,
     Path(name): Path<String>,
 ) -> Response {
     let span = tracing::info_span!("http", method = "RetireCluster", cluster = %name);
     json(
         state
-            .call_native(Method::RetireCluster, move |b| {
+            .call_native(Method::RetireCluster, charge.take(), move |b| {
                 b.retire_cluster(&name, &caller.identity.user)
             })
             .instrument(span)
@@ -283,16 +322,70 @@ async fn metrics(State(state): State<ApiState>) -> Response {
         .into_response()
 }
 
-/// Reads the whole request body within `header_timeout` and the size limit before the route
-/// runs (408 and close, or 413, otherwise).
-async fn read_body_in_time(
+/// Charges the request its expected memory ([`crate::admission`]: by its declared size, or the
+/// size limit when it declares none), then reads the whole body within `header_timeout` and
+/// the size limit before the route runs (408 and close, or 413, otherwise) and lowers the
+/// charge to the body's real size. A request the budget refuses gets 503 naming the budget,
+/// after its body was read and discarded (never buffered, never parsed). Health, readiness
+/// and metrics are never charged.
+async fn admit_and_read_body(
     State(state): State<ApiState>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let (parts, body) = req.into_parts();
+    use crate::admission::{JSON_EXPANSION, cost};
+    use http_body_util::BodyExt;
+    let (mut parts, body) = req.into_parts();
     let limit = state.config.max_request_bytes;
     let wait = state.config.http.header_timeout;
+    let mut charge = None;
+    if http_verb(&parts.method, parts.uri.path()).is_some() {
+        let declared = axum::body::HttpBody::size_hint(&body)
+            .upper()
+            .map_or(limit as u64, |n| n.min(limit as u64));
+        let who = parts
+            .extensions
+            .get::<Caller>()
+            .map_or(crate::auth::ANONYMOUS, |c| c.identity.user.as_str())
+            .to_owned();
+        match state
+            .budget
+            .admit(
+                crate::metrics::API_HTTP,
+                &who,
+                cost(declared, JSON_EXPANSION),
+            )
+            .await
+        {
+            Ok(c) => charge = Some(c),
+            Err(e) => {
+                // Read what the client sends and drop it, so it sees the answer rather than a
+                // reset connection; at most the size limit, within the header timeout.
+                let mut body = body;
+                let mut left = limit;
+                let drained = tokio::time::timeout(wait, async {
+                    while let Some(Ok(f)) = body.frame().await {
+                        let n = f.data_ref().map_or(0, |d| d.len());
+                        if n > left {
+                            return false;
+                        }
+                        left -= n;
+                    }
+                    true
+                })
+                .await
+                .unwrap_or(false);
+                let mut r = e.into_response();
+                if !drained {
+                    r.headers_mut().insert(
+                        header::CONNECTION,
+                        header::HeaderValue::from_static("close"),
+                    );
+                }
+                return r;
+            }
+        }
+    }
     let bytes = match tokio::time::timeout(wait, axum::body::to_bytes(body, limit)).await {
         Ok(Ok(b)) => b,
         Ok(Err(e)) => {
@@ -319,6 +412,12 @@ async fn read_body_in_time(
             return r;
         }
     };
+    if let Some(c) = &mut charge {
+        c.lower_to(cost(bytes.len() as u64, JSON_EXPANSION));
+    }
+    parts
+        .extensions
+        .insert(charge.map(ChargeSlot::new).unwrap_or_default());
     next.run(axum::extract::Request::from_parts(
         parts,
         axum::body::Body::from(bytes),
@@ -345,7 +444,7 @@ pub fn http_router(state: ApiState) -> Router {
         .route("/metrics", get(metrics))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
-            read_body_in_time,
+            admit_and_read_body,
         ))
         .route_layer(axum::middleware::from_fn_with_state(
             state.metrics.clone(),

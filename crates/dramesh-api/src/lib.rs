@@ -6,6 +6,8 @@
 //!   Kubernetes messages) and v1.18+ (`*Bytes` fields), answering for any cluster of the view;
 //!   plus the native `dramesh.v1.Dramesh` service on the same port.
 //! * [`http`]: the native API as HTTP/JSON, with `/healthz`, `/readyz` and `/metrics`.
+//! * [`admission`]: every request charged its expected memory against one budget before it
+//!   is parsed; the gRPC gate (busy connections, authentication, charge).
 //! * [`auth`]: who calls (client certificate, bearer token, TokenReview) and whether they may
 //!   (read, write, admin), per-identity caps, counted and rate-limited refusal logs.
 //! * [`tokenreview`]: bearer tokens reviewed by a Kubernetes API server (TokenReview).
@@ -20,6 +22,7 @@
 //!   crate's tests, the interop test and `examples/fake_estimator`.
 //! * [`proto`]: generated protobuf code (schema in `proto/karmada` and `proto/dramesh/v1`).
 
+pub mod admission;
 pub mod auth;
 pub mod backend;
 pub mod codec;
@@ -42,4 +45,6 @@ pub use convert::FreshnessMap;
 pub use grpc::{KARMADA_ESTIMATOR_PORT, serve_grpc, serve_grpc_on};
 pub use http::{http_router, serve_http, serve_http_on, serve_router, with_auth};
 pub use metrics::{Method, MethodCounts, Metrics, ZeroReason};
-pub use server::{ApiConfig, ApiState, GrpcConnInfo, GrpcLimits, HTTP_API_LISTENER, ServeError};
+pub use server::{
+    ApiConfig, ApiState, GRPC_LISTENER, GrpcConnInfo, GrpcLimits, HTTP_API_LISTENER, ServeError,
+};

@@ -2,14 +2,21 @@
 //!
 //! Guarantees: every backend call runs on Tokio's blocking pool under a timeout, so a slow
 //! estimate never stalls the network runtime; request bodies above
-//! [`ApiConfig::max_request_bytes`] are refused before they are decoded.
+//! [`ApiConfig::max_request_bytes`] are refused before they are decoded; every request is
+//! charged its expected memory against the admission budget before it is parsed
+//! ([`crate::admission`]), and the charge is held by the worker until its work ends. A worker
+//! stops at its deadline, and as soon as its caller stops waiting (the request was dropped:
+//! the client went away, or the answer was sent), see [`crate::deadline`].
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use dramesh_telemetry::conns::{Activity, Admitted, ConnTable, Slot};
 use dramesh_telemetry::spans::fields;
+
+use crate::admission::{Budget, BudgetLimits, Charge};
 
 use crate::auth::{Auth, Caller, Credentials, Verb};
 use crate::backend::{ApiError, Backend, ReplicaAnswer};
@@ -34,6 +41,8 @@ pub struct ApiConfig {
     /// TLS of both listeners; `None` serves plaintext (the daemon allows that only when asked
     /// explicitly).
     pub tls: Option<crate::tls::ApiTls>,
+    /// The admission budget shared by both listeners ([`crate::admission`]).
+    pub budget: BudgetLimits,
 }
 
 impl Default for ApiConfig {
@@ -45,6 +54,7 @@ impl Default for ApiConfig {
             http: dramesh_telemetry::HttpLimits::default(),
             grpc: GrpcLimits::default(),
             tls: None,
+            budget: BudgetLimits::default(),
         }
     }
 }
@@ -62,15 +72,20 @@ pub struct ApiState {
     pub ready: Arc<AtomicBool>,
     /// Who may call what.
     pub auth: Arc<Auth>,
+    /// The admission budget, built from `config.budget` and `metrics`.
+    pub budget: Arc<Budget>,
 }
 
 impl ApiState {
     /// State with default limits, a fresh metric set and `ready` unset.
     pub fn new(backend: Arc<dyn Backend>) -> ApiState {
+        let metrics = Arc::new(Metrics::new());
+        let config = ApiConfig::default();
         ApiState {
             backend,
-            metrics: Arc::new(Metrics::new()),
-            config: ApiConfig::default(),
+            budget: Budget::new(config.budget, metrics.clone()),
+            metrics,
+            config,
             ready: Arc::new(AtomicBool::new(false)),
             auth: Arc::new(Auth::default()),
         }
@@ -110,12 +125,14 @@ impl ApiState {
     /// The same state with `config`.
     pub fn with_config(mut self, config: ApiConfig) -> ApiState {
         self.config = config;
+        self.budget = Budget::new(self.config.budget, self.metrics.clone());
         self
     }
 
     /// Records into `metrics` (the daemon's one registry) instead of a private one.
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> ApiState {
         self.metrics = metrics;
+        self.budget = Budget::new(self.config.budget, self.metrics.clone());
         self
     }
 
@@ -155,8 +172,14 @@ impl ApiState {
         self.ready.store(ready, Ordering::Release);
     }
 
-    /// Runs a native API call on the blocking pool under `request_timeout`.
-    pub(crate) async fn call_native<T, F>(&self, method: Method, f: F) -> Result<T, ApiError>
+    /// Runs a native API call on the blocking pool under `request_timeout`; `charge` (the
+    /// request's admission charge) is released when the computation ends.
+    pub(crate) async fn call_native<T, F>(
+        &self,
+        method: Method,
+        charge: Option<Charge>,
+        f: F,
+    ) -> Result<T, ApiError>
     where
         T: Send + 'static,
         F: FnOnce(&dyn Backend) -> Result<T, ApiError> + Send + 'static,
@@ -165,16 +188,19 @@ impl ApiState {
         let metrics = self.metrics.clone();
         let span = tracing::Span::current();
         let deadline = std::time::Instant::now() + self.config.request_timeout;
+        let (stop, _stop_when_dropped) = crate::deadline::Stop::new();
         let task = tokio::task::spawn_blocking(move || {
             let _parent = span.enter();
-            crate::deadline::scoped(deadline, || {
-                Self::searched(
-                    &metrics,
-                    method,
-                    "*",
-                    || f(backend.as_ref()),
-                    |r| if r.is_ok() { "ok" } else { "error" },
-                )
+            crate::admission::scoped_charge(charge, || {
+                crate::deadline::scoped_until(deadline, stop, || {
+                    Self::searched(
+                        &metrics,
+                        method,
+                        "*",
+                        || f(backend.as_ref()),
+                        |r| if r.is_ok() { "ok" } else { "error" },
+                    )
+                })
             })
         });
         let out = match tokio::time::timeout(self.config.request_timeout, task).await {
@@ -201,8 +227,15 @@ impl ApiState {
     }
 
     /// Runs a Karmada estimator call on the blocking pool under `karmada_timeout` and turns
-    /// the answer into the number sent on the wire (0 for anything but a computed count).
-    pub(crate) async fn call_karmada<F>(&self, method: Method, cluster: &str, f: F) -> i32
+    /// the answer into the number sent on the wire (0 for anything but a computed count);
+    /// `charge` is released when the computation ends.
+    pub(crate) async fn call_karmada<F>(
+        &self,
+        method: Method,
+        cluster: &str,
+        charge: Option<Charge>,
+        f: F,
+    ) -> i32
     where
         F: FnOnce(&dyn Backend) -> ReplicaAnswer + Send + 'static,
     {
@@ -211,22 +244,25 @@ impl ApiState {
         let span = tracing::Span::current();
         let c = cluster.to_owned();
         let deadline = std::time::Instant::now() + self.config.karmada_timeout;
+        let (stop, _stop_when_dropped) = crate::deadline::Stop::new();
         let task = tokio::task::spawn_blocking(move || {
             let _parent = span.enter();
-            crate::deadline::scoped(deadline, || {
-                Self::searched(
-                    &metrics,
-                    method,
-                    &c,
-                    || f(backend.as_ref()),
-                    |a| match a {
-                        ReplicaAnswer::Count(_) => "count",
-                        ReplicaAnswer::Unknown { .. } => "unknown",
-                        ReplicaAnswer::UnknownCluster => "unknown_cluster",
-                        ReplicaAnswer::Stale { .. } => "stale_cluster",
-                        ReplicaAnswer::Failed(_) => "error",
-                    },
-                )
+            crate::admission::scoped_charge(charge, || {
+                crate::deadline::scoped_until(deadline, stop, || {
+                    Self::searched(
+                        &metrics,
+                        method,
+                        &c,
+                        || f(backend.as_ref()),
+                        |a| match a {
+                            ReplicaAnswer::Count(_) => "count",
+                            ReplicaAnswer::Unknown { .. } => "unknown",
+                            ReplicaAnswer::UnknownCluster => "unknown_cluster",
+                            ReplicaAnswer::Stale { .. } => "stale_cluster",
+                            ReplicaAnswer::Failed(_) => "error",
+                        },
+                    )
+                })
             })
         });
         let answer = match tokio::time::timeout(self.config.karmada_timeout, task).await {
@@ -331,11 +367,22 @@ pub(crate) async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, Se
 /// Bounds of the gRPC listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GrpcLimits {
-    /// Open connections at most; a connection accepted beyond it is closed at once (and
-    /// counted in `dramesh_grpc_connections_refused_total`). gRPC clients such as
-    /// karmada-scheduler keep one long-lived connection per server, so this is a cap on
-    /// clients, not on calls. Default 512.
+    /// Open connections past their TLS handshake at most. A connection that completes its
+    /// handshake at the cap closes the one idle the longest (no call in flight; connections
+    /// without a verified client certificate first); when every connection has a call in
+    /// flight it is closed itself. Both are counted in
+    /// `dramesh_http_connections_closed_total{listener="grpc"}` (refusals also in
+    /// `dramesh_grpc_connections_refused_total`). gRPC clients such as karmada-scheduler keep
+    /// one long-lived connection per server, so this is a cap on clients, not on calls.
+    /// Default 512.
     pub max_connections: usize,
+    /// Connections in their TLS handshake at most, apart from `max_connections`: at this cap
+    /// the oldest handshake is closed (`handshake_evicted`), those that have sent nothing yet
+    /// first, so clients that open sockets and send nothing only push each other out, never a
+    /// client that is handshaking. Default 64.
+    pub max_handshakes: usize,
+    /// Time from the accept to the end of the TLS handshake. Default 5 s.
+    pub handshake_timeout: Duration,
     /// A new connection must send the HTTP/2 preface within this time, or it is closed.
     /// Default 10 s.
     pub preface_timeout: Duration,
@@ -350,12 +397,17 @@ impl Default for GrpcLimits {
     fn default() -> Self {
         GrpcLimits {
             max_connections: 512,
+            max_handshakes: 64,
+            handshake_timeout: Duration::from_secs(5),
             preface_timeout: Duration::from_secs(10),
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(10),
         }
     }
 }
+
+/// The gRPC listener's name in connection and handshake metrics (`listener` label).
+pub const GRPC_LISTENER: &str = "grpc";
 
 /// The HTTP/2 client preface every gRPC connection starts with, in bytes.
 const H2_PREFACE_LEN: u64 = 24;
@@ -374,14 +426,18 @@ pub struct GrpcConnInfo {
     pub remote: Option<SocketAddr>,
     /// The identity of its verified client certificate, if any.
     pub certificate: crate::tls::PeerCert,
+    /// Whether a call is in flight on the connection (marked by [`crate::admission::GrpcGate`]).
+    pub(crate) activity: Option<Arc<Activity>>,
 }
 
-/// An accepted gRPC connection: holds its place under the cap while open, and fails reads
-/// when the HTTP/2 preface has not arrived within the preface timeout of the accept.
+/// An accepted gRPC connection: holds its place under the cap while open, fails reads and
+/// writes once it was evicted to make room, and fails reads when the HTTP/2 preface has not
+/// arrived within the preface timeout of the accept.
 pub(crate) struct GrpcConn {
     io: GrpcIo,
     info: GrpcConnInfo,
-    _permit: tokio::sync::OwnedSemaphorePermit,
+    _slot: Slot,
+    evicted: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
     metrics: Arc<Metrics>,
     preface_left: u64,
     preface_deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
@@ -390,6 +446,18 @@ pub(crate) struct GrpcConn {
 impl Drop for GrpcConn {
     fn drop(&mut self) {
         self.metrics.grpc_connections.dec();
+    }
+}
+
+impl GrpcConn {
+    /// An error once the connection was told to close (evicted to make room).
+    fn poll_evicted(&mut self, cx: &mut std::task::Context<'_>) -> Option<std::io::Error> {
+        self.evicted.as_mut().poll(cx).is_ready().then(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::ConnectionAborted,
+                "closed to make room for a new connection at the connection cap",
+            )
+        })
     }
 }
 
@@ -410,6 +478,9 @@ impl tokio::io::AsyncRead for GrpcConn {
     ) -> std::task::Poll<std::io::Result<()>> {
         use std::task::Poll;
         let this = &mut *self;
+        if let Some(e) = this.poll_evicted(cx) {
+            return Poll::Ready(Err(e));
+        }
         if this.preface_left > 0 && this.preface_deadline.as_mut().poll(cx).is_ready() {
             return Poll::Ready(Err(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
@@ -432,6 +503,9 @@ impl tokio::io::AsyncWrite for GrpcConn {
         cx: &mut std::task::Context<'_>,
         buf: &[u8],
     ) -> std::task::Poll<std::io::Result<usize>> {
+        if let Some(e) = self.poll_evicted(cx) {
+            return std::task::Poll::Ready(Err(e));
+        }
         io_call!(self, io => std::pin::Pin::new(io).poll_write(cx, buf))
     }
 
@@ -454,6 +528,9 @@ impl tokio::io::AsyncWrite for GrpcConn {
         cx: &mut std::task::Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> std::task::Poll<std::io::Result<usize>> {
+        if let Some(e) = self.poll_evicted(cx) {
+            return std::task::Poll::Ready(Err(e));
+        }
         io_call!(self, io => std::pin::Pin::new(io).poll_write_vectored(cx, bufs))
     }
 
@@ -474,12 +551,15 @@ impl tonic::transport::server::Connected for GrpcConn {
 }
 
 /// Accepted connections of a listener for tonic's `serve_with_incoming*`: TCP_NODELAY set
-/// (tonic's own `tcp_nodelay` applies only to listeners it binds itself), at most
-/// `limits.max_connections` open (closed on accept beyond it), each bound by the preface
-/// timeout from its accept, which with TLS also bounds the handshake. Handshakes run in their
-/// own tasks, so a slow one never delays the accept of others. Accept errors are logged and
-/// retried after 50 ms, so a persistent one (no descriptors left) neither spins nor stops the
-/// server. The accept task ends, closing the listener, when tonic drops this stream.
+/// (tonic's own `tcp_nodelay` applies only to listeners it binds itself), the two connection
+/// tables of [`dramesh_telemetry::conns`] (handshakes apart, bounded by
+/// `limits.max_handshakes` and `limits.handshake_timeout`; then `limits.max_connections` with
+/// the longest-idle connection evicted at the cap), each connection bound by the preface
+/// timeout from its accept. Handshakes run in their own tasks, so a slow one never delays the
+/// accept of others; failed ones are counted by reason and logged once per peer address per
+/// minute. Accept errors are logged and retried after 50 ms, so a persistent one (no
+/// descriptors left) neither spins nor stops the server. The accept task ends, closing the
+/// listener, when tonic drops this stream.
 pub(crate) struct GrpcIncoming {
     rx: tokio::sync::mpsc::Receiver<std::io::Result<GrpcConn>>,
 }
@@ -497,6 +577,62 @@ impl GrpcIncoming {
     }
 }
 
+/// Everything an accepted connection needs to become a [`GrpcConn`].
+#[derive(Clone)]
+struct Accepting {
+    conns: Arc<ConnTable>,
+    limits: GrpcLimits,
+    metrics: Arc<Metrics>,
+}
+
+impl Accepting {
+    /// Takes a place in the main table for a connection past its handshake, or `None` (counted)
+    /// when every connection has a call in flight.
+    fn conn(
+        &self,
+        io: GrpcIo,
+        remote: SocketAddr,
+        certificate: crate::tls::PeerCert,
+        accepted: tokio::time::Instant,
+    ) -> Option<GrpcConn> {
+        let closed = |reason| self.metrics.http_connection_closed(GRPC_LISTENER, reason);
+        let Some((slot, how)) = self.conns.admit() else {
+            closed("refused_at_cap");
+            self.metrics.grpc_connections_refused_total.inc();
+            tracing::debug!(
+                %remote,
+                max = self.limits.max_connections,
+                "gRPC connection refused: every connection has a call in flight"
+            );
+            return None;
+        };
+        if how == Admitted::Evicted {
+            closed("evicted_idle");
+        }
+        if certificate.0.is_some() {
+            slot.activity.set_trusted();
+        }
+        let activity = slot.activity.clone();
+        let watched = activity.clone();
+        self.metrics.grpc_connections.inc();
+        Some(GrpcConn {
+            io,
+            info: GrpcConnInfo {
+                remote: Some(remote),
+                certificate,
+                activity: Some(activity),
+            },
+            _slot: slot,
+            evicted: Box::pin(async move { watched.closed().await }),
+            metrics: self.metrics.clone(),
+            preface_left: H2_PREFACE_LEN,
+            preface_deadline: Box::pin(tokio::time::sleep_until(
+                accepted + self.limits.preface_timeout,
+            )),
+        })
+    }
+}
+
 async fn accept_grpc(
     listener: tokio::net::TcpListener,
     limits: GrpcLimits,
@@ -504,7 +640,16 @@ async fn accept_grpc(
     tls: Option<crate::tls::ApiTls>,
     tx: tokio::sync::mpsc::Sender<std::io::Result<GrpcConn>>,
 ) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let accepting = Accepting {
+        conns: ConnTable::new(limits.max_connections),
+        limits,
+        metrics: metrics.clone(),
+    };
+    let handshakes = ConnTable::new(limits.max_handshakes);
+    let failures = Arc::new(dramesh_telemetry::HandshakeFailures::new(
+        GRPC_LISTENER,
+        metrics.clone(),
+    ));
     let acceptor = tls.as_ref().map(crate::tls::ApiTls::grpc_acceptor);
     loop {
         let (stream, remote) = tokio::select! {
@@ -518,62 +663,73 @@ async fn accept_grpc(
                 }
             },
         };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            metrics.grpc_connections_refused_total.inc();
-            tracing::debug!(
-                max = limits.max_connections,
-                "gRPC connection refused: connection cap reached"
-            );
+        dramesh_telemetry::http::no_delay(&stream);
+        let accepted = tokio::time::Instant::now();
+        let Some(acceptor) = &acceptor else {
+            if let Some(conn) =
+                accepting.conn(GrpcIo::Plain(stream), remote, Default::default(), accepted)
+                && tx.send(Ok(conn)).await.is_err()
+            {
+                return;
+            }
             continue;
         };
-        dramesh_telemetry::http::no_delay(&stream);
-        let deadline = tokio::time::Instant::now() + limits.preface_timeout;
-        // Counted as open once it is handed to the server; a connection whose handshake fails
-        // drops this closure, and the permit in it, without having been counted.
-        let metrics = metrics.clone();
-        let conn = move |io, certificate| {
-            metrics.grpc_connections.inc();
-            GrpcConn {
-                io,
-                info: GrpcConnInfo {
-                    remote: Some(remote),
-                    certificate,
-                },
-                _permit: permit,
-                metrics,
-                preface_left: H2_PREFACE_LEN,
-                preface_deadline: Box::pin(tokio::time::sleep_until(deadline)),
-            }
+        let Some((stream, shaking)) =
+            dramesh_telemetry::conns::start_handshake(&handshakes, stream, GRPC_LISTENER, &metrics)
+        else {
+            continue;
         };
-        match &acceptor {
-            None => {
-                if tx
-                    .send(Ok(conn(GrpcIo::Plain(stream), Default::default())))
-                    .await
-                    .is_err()
-                {
-                    return;
+        let acceptor = acceptor.clone();
+        let tx = tx.clone();
+        let accepting = accepting.clone();
+        let failures = failures.clone();
+        tokio::spawn(async move {
+            let deadline = accepted + limits.handshake_timeout;
+            // A connection that has sent something (its ClientHello) is evicted only after
+            // the silent ones.
+            let shaking_activity = shaking.activity.clone();
+            let accept = async move {
+                let _ = stream.readable().await;
+                shaking_activity.set_trusted();
+                acceptor.accept(stream).await
+            };
+            let shaken = tokio::select! {
+                r = tokio::time::timeout_at(deadline, accept) => r,
+                // Pushed out by newer handshakes (counted above).
+                () = shaking.activity.closed() => return,
+            };
+            drop(shaking);
+            let closed = || {
+                accepting
+                    .metrics
+                    .http_connection_closed(GRPC_LISTENER, "handshake_failed")
+            };
+            match shaken {
+                Ok(Ok(s)) => {
+                    let peer = crate::tls::PeerCert::of(s.get_ref().1);
+                    if let Some(conn) =
+                        accepting.conn(GrpcIo::Tls(Box::new(s)), remote, peer, accepted)
+                    {
+                        let _ = tx.send(Ok(conn)).await;
+                    }
+                }
+                Ok(Err(e)) => {
+                    failures.record(remote, crate::tls::handshake_failure_reason(&e), &e);
+                    closed();
+                }
+                Err(_) => {
+                    failures.record(
+                        remote,
+                        "timeout",
+                        &format_args!("no TLS handshake within {:?}", limits.handshake_timeout),
+                    );
+                    closed();
                 }
             }
-            Some(acceptor) => {
-                let accept = acceptor.accept(stream);
-                let tx = tx.clone();
-                tokio::spawn(async move {
-                    match tokio::time::timeout_at(deadline, accept).await {
-                        Ok(Ok(s)) => {
-                            let peer = crate::tls::PeerCert::of(s.get_ref().1);
-                            let _ = tx.send(Ok(conn(GrpcIo::Tls(Box::new(s)), peer))).await;
-                        }
-                        Ok(Err(e)) => {
-                            tracing::debug!(%remote, error = %e, "gRPC TLS handshake failed");
-                        }
-                        Err(_) => {
-                            tracing::debug!(%remote, "gRPC TLS handshake timed out");
-                        }
-                    }
-                });
-            }
-        }
+        });
+        // Let the handshakes just spawned see their first bytes before more accepts of a
+        // burst push them out.
+        tokio::task::yield_now().await;
     }
 }
 

@@ -252,4 +252,50 @@ impl dramesh_telemetry::Handshake for HttpTls {
         let peer = PeerCert::of(s.get_ref().1);
         Ok((s, peer))
     }
+
+    fn failure_reason(&self, e: &std::io::Error) -> &'static str {
+        handshake_failure_reason(e)
+    }
+
+    fn trusted(peer: &PeerCert) -> bool {
+        peer.0.is_some()
+    }
+}
+
+/// The `reason` label of a failed server handshake (`dramesh_tls_handshake_failures_total`):
+/// a fixed set, so a hostile client cannot create label values.
+pub fn handshake_failure_reason(e: &std::io::Error) -> &'static str {
+    use rustls::{CertificateError, Error};
+    if let Some(r) = e.get_ref().and_then(|i| i.downcast_ref::<Error>()) {
+        return match r {
+            Error::InvalidCertificate(c) => match c {
+                CertificateError::UnknownIssuer => "unknown_ca",
+                CertificateError::BadSignature => "bad_signature",
+                CertificateError::Expired | CertificateError::ExpiredContext { .. } => {
+                    "certificate_expired"
+                }
+                CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => {
+                    "certificate_not_yet_valid"
+                }
+                CertificateError::Revoked => "certificate_revoked",
+                _ => "bad_certificate",
+            },
+            Error::NoCertificatesPresented => "no_certificate",
+            Error::AlertReceived(_) => "alert_from_client",
+            Error::PeerIncompatible(_) | Error::NoApplicationProtocol => "incompatible",
+            Error::InvalidMessage(_)
+            | Error::InappropriateMessage { .. }
+            | Error::InappropriateHandshakeMessage { .. } => "not_tls",
+            Error::PeerMisbehaved(_) => "misbehaved",
+            _ => "tls_error",
+        };
+    }
+    match e.kind() {
+        std::io::ErrorKind::UnexpectedEof
+        | std::io::ErrorKind::ConnectionReset
+        | std::io::ErrorKind::ConnectionAborted
+        | std::io::ErrorKind::BrokenPipe => "closed",
+        std::io::ErrorKind::InvalidData => "not_tls",
+        _ => "io_error",
+    }
 }

@@ -252,6 +252,23 @@ async fn karmada_scheduler_tls_choices_all_work_and_plaintext_is_refused() {
             "a foreign client certificate was accepted"
         ),
     }
+    // Both failed handshakes are counted by reason (issue 32 item 2).
+    let failures = |reason: &str| {
+        srv.state
+            .metrics
+            .tls_handshake_failures_total
+            .with([dramesh_api::GRPC_LISTENER, reason])
+            .get()
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while failures("not_tls") == 0 || failures("unknown_ca") == 0 {
+        assert!(
+            std::time::Instant::now() < until,
+            "not counted by reason: {}",
+            srv.state.metrics.render()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     srv.stop().await;
 }
 

@@ -675,7 +675,7 @@ async fn server_closes(s: &mut tokio::net::TcpStream, limit: std::time::Duration
 }
 
 #[tokio::test]
-async fn connections_beyond_the_grpc_cap_are_closed_and_counted() {
+async fn at_the_grpc_cap_the_longest_idle_connection_makes_room() {
     use std::time::Duration;
     let state = demo_state().with_config(ApiConfig {
         grpc: dramesh_api::GrpcLimits {
@@ -689,23 +689,35 @@ async fn connections_beyond_the_grpc_cap_are_closed_and_counted() {
     for _ in 0..2 {
         held.push(tokio::net::TcpStream::connect(srv.addr).await.unwrap());
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let mut extra = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
-    assert!(
-        server_closes(&mut extra, Duration::from_secs(2)).await,
-        "a third connection over a cap of 2 stayed open"
-    );
-    assert_eq!(srv.state.metrics.grpc_connections_refused_total.get(), 1);
-    assert_eq!(srv.state.metrics.grpc_connections.get(), 2.0);
-    // Closing one makes room again: a real client gets an answer.
-    drop(held.pop());
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Before the cap: the two idle connections are open.
+    let m = &srv.state.metrics;
+    let until = tokio::time::Instant::now() + Duration::from_secs(2);
+    while m.grpc_connections.get() < 2.0 {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "two connections never counted"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // A real client over the cap gets its answer; the oldest idle connection is closed.
     let mut c = EstimatorClient::new(channel(srv.addr).await);
     let r = c
         .max_available_replicas(member1_query().to_proto(WireStyle::V119))
         .await
-        .expect("answer once a slot is free");
+        .expect("answer at the cap");
     assert_eq!(r.into_inner().max_replicas, 32);
+    assert!(
+        server_closes(&mut held[0], Duration::from_secs(2)).await,
+        "the oldest idle connection stayed open"
+    );
+    let closed = |reason| {
+        m.http_connections_closed_total
+            .with([dramesh_api::GRPC_LISTENER, reason])
+            .get()
+    };
+    assert_eq!(closed("evicted_idle"), 1);
+    assert_eq!(m.grpc_connections_refused_total.get(), 0);
+    assert!(m.grpc_connections.get() <= 2.0);
     drop((held, c));
     srv.stop().await;
 }

@@ -54,6 +54,9 @@ pub struct EstimateOptions {
     /// caller gave up is freed within one node's work. Checked between nodes, never inside
     /// an allocation search, so what the caches keep is always complete.
     pub deadline: Option<Instant>,
+    /// Raised when the caller stops waiting before the deadline (its client went away):
+    /// treated as a passed deadline.
+    pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// The error of clusters left out because [`EstimateOptions::deadline`] passed.
@@ -64,9 +67,12 @@ pub const DEADLINE_EXCEEDED: &str = "deadline exceeded: the caller stopped waiti
 const NODES_PER_DEADLINE_CHECK: usize = 64;
 
 impl EstimateOptions {
-    /// Whether the deadline has passed.
+    /// Whether the deadline has passed or the caller stopped waiting.
     pub fn past_deadline(&self) -> bool {
-        self.deadline.is_some_and(|d| Instant::now() >= d)
+        self.stop
+            .as_ref()
+            .is_some_and(|s| s.load(std::sync::atomic::Ordering::Acquire))
+            || self.deadline.is_some_and(|d| Instant::now() >= d)
     }
 
     /// [`EstimateOptions::past_deadline`], read only at every

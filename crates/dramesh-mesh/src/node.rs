@@ -161,8 +161,10 @@ pub struct TransportCounters {
     pub handshake_failures: u64,
     /// Dial attempts that failed.
     pub dial_failures: u64,
-    /// Dialed connections that ended in a TLS alert: a peer refused our certificate, or we
-    /// refused theirs (logged once per peer address per minute, naming the alert).
+    /// Dialed connections that ended in a TLS alert: a peer refused our certificate or
+    /// handshake, or we refused theirs (logged once per peer address per minute, naming the
+    /// alert, e.g. `BadCertificate`, `UnknownCA`, `DecryptError` for a chain whose signature does
+    /// not verify).
     pub certificate_refusals: u64,
     /// Connections closed because the certificate carried no valid identity.
     pub identity_rejections: u64,
@@ -1417,8 +1419,18 @@ async fn dial_manager(ctx: Ctx, seeds: Vec<SocketAddr>, own_addr: SocketAddr) {
     loops.abort_all();
 }
 
-/// How often a dial loop logs that a certificate was refused on its address.
+/// How often a dial loop logs that a certificate was refused on its address, or that the
+/// address could not be reached.
 const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// Whether a log line last written at `last` may be written again now (and if so, notes it).
+fn log_due(last: &mut Option<Instant>) -> bool {
+    if last.is_none_or(|t| t.elapsed() >= REFUSAL_LOG_EVERY) {
+        *last = Some(Instant::now());
+        return true;
+    }
+    false
+}
 
 /// Keeps a connection to `addr` up: dial, run, and redial with backoff and jitter.
 async fn dial_loop(
@@ -1429,6 +1441,7 @@ async fn dial_loop(
 ) {
     let mut backoff = ctx.transport.backoff_min;
     let mut refusal_logged: Option<Instant> = None;
+    let mut unreachable_logged: Option<Instant> = None;
     loop {
         if ctx.shared.closing.load(Ordering::Relaxed) || !*wanted.borrow() {
             return;
@@ -1467,6 +1480,14 @@ async fn dial_loop(
                     .dial_failures
                     .fetch_add(1, Ordering::Relaxed);
                 debug!(%addr, error = %e, "dial failed");
+                let refused =
+                    matches!(&e, DialError::Connection(c) if certificate_refusal(c).is_some());
+                if !refused && log_due(&mut unreachable_logged) {
+                    let peer = target
+                        .as_ref()
+                        .map_or_else(|| "unknown identity".to_string(), ToString::to_string);
+                    warn!(%addr, %peer, error = %e, "mesh peer unreachable; retrying (logged at most once a minute per peer)");
+                }
                 match e {
                     // The timeout spaced this attempt from the last; sleeping on top of it
                     // only delays finding the peer once it is reachable again (a healed
@@ -1482,8 +1503,7 @@ async fn dial_loop(
                 .transport
                 .certificate_refusals
                 .fetch_add(1, Ordering::Relaxed);
-            if refusal_logged.is_none_or(|t| t.elapsed() >= REFUSAL_LOG_EVERY) {
-                refusal_logged = Some(Instant::now());
+            if log_due(&mut refusal_logged) {
                 let peer = target
                     .as_ref()
                     .map_or_else(|| "unknown identity".to_string(), ToString::to_string);
@@ -1516,18 +1536,21 @@ impl std::fmt::Display for DialError {
     }
 }
 
-/// The certificate refusal a connection ended with, if it ended in a TLS alert (carried as a
-/// QUIC crypto error, codes 0x100-0x1ff): who refused, the alert, and the peer's reason text.
+/// The refusal a connection ended with, if it ended in a TLS alert (carried as a QUIC crypto
+/// error, codes 0x100-0x1ff): who refused, the alert by its TLS name (`BadCertificate`,
+/// `UnknownCA`, `DecryptError` when a chain's signature does not verify, ...), and the peer's
+/// reason text. TLS 1.3 clients finish their handshake before the server checks their
+/// certificate, so a refused client certificate shows as the peer closing with the alert.
 pub(crate) fn certificate_refusal(e: &quinn::ConnectionError) -> Option<String> {
     let (code, by, detail) = match e {
         quinn::ConnectionError::ConnectionClosed(c) => (
             u64::from(c.error_code),
-            "the peer refused this node's certificate",
+            "the peer refused this node's TLS handshake (its certificate, or the handshake itself)",
             String::from_utf8_lossy(&c.reason).into_owned(),
         ),
         quinn::ConnectionError::TransportError(t) => (
             u64::from(t.code),
-            "this node refused the peer's certificate",
+            "this node refused the peer's TLS handshake",
             t.reason.clone(),
         ),
         _ => return None,
@@ -1535,21 +1558,11 @@ pub(crate) fn certificate_refusal(e: &quinn::ConnectionError) -> Option<String> 
     if !(0x100..0x200).contains(&code) {
         return None;
     }
-    let alert = match code & 0xff {
-        42 => "bad_certificate",
-        43 => "unsupported_certificate",
-        44 => "certificate_revoked",
-        45 => "certificate_expired",
-        46 => "certificate_unknown",
-        48 => "unknown_ca",
-        49 => "access_denied",
-        116 => "certificate_required",
-        _ => return None,
-    };
+    let alert = rustls::AlertDescription::from((code & 0xff) as u8);
     Some(if detail.is_empty() {
-        format!("{by}: TLS alert {alert}")
+        format!("{by}: TLS alert {alert:?}")
     } else {
-        format!("{by}: TLS alert {alert} ({detail})")
+        format!("{by}: TLS alert {alert:?} ({detail})")
     })
 }
 
@@ -1639,22 +1652,26 @@ mod tests {
     }
 
     #[test]
-    fn certificate_alerts_are_named_and_other_closes_are_not_refusals() {
+    fn tls_alerts_are_named_and_other_closes_are_not_refusals() {
         let why = certificate_refusal(&closed_by_peer(
             0x130,
             "invalid peer certificate: UnknownIssuer",
         ))
-        .expect("unknown_ca is a refusal");
+        .expect("UnknownCA is a refusal");
         assert!(
-            why.contains("the peer refused this node's certificate"),
+            why.contains("the peer refused this node's TLS handshake"),
             "{why}"
         );
-        assert!(why.contains("unknown_ca"), "{why}");
+        assert!(why.contains("TLS alert UnknownCA"), "{why}");
         assert!(why.contains("UnknownIssuer"), "{why}");
-        let why = certificate_refusal(&closed_by_peer(0x12a, "")).expect("bad_certificate");
-        assert!(why.ends_with("TLS alert bad_certificate"), "{why}");
-        // A handshake failure that is not about certificates (handshake_failure, 40).
-        assert_eq!(certificate_refusal(&closed_by_peer(0x128, "")), None);
+        let why = certificate_refusal(&closed_by_peer(0x12a, "")).expect("BadCertificate");
+        assert!(why.ends_with("TLS alert BadCertificate"), "{why}");
+        // A chain from another CA with the same name: its signature does not verify.
+        let why = certificate_refusal(&closed_by_peer(0x133, "")).expect("DecryptError");
+        assert!(why.ends_with("TLS alert DecryptError"), "{why}");
+        // Any alert is named, not only certificate ones (handshake_failure, 40).
+        let why = certificate_refusal(&closed_by_peer(0x128, "")).expect("HandshakeFailure");
+        assert!(why.ends_with("TLS alert HandshakeFailure"), "{why}");
         assert_eq!(
             certificate_refusal(&quinn::ConnectionError::LocallyClosed),
             None

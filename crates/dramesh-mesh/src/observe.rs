@@ -72,6 +72,8 @@ struct Totals {
     bytes: HashMap<String, (u64, u64)>,
     /// reason -> refused-write total as of the last refresh.
     rejected: HashMap<&'static str, u64>,
+    /// (listener, reason) -> failed TLS handshakes of the mesh as of the last refresh.
+    tls: HashMap<(&'static str, &'static str), u64>,
 }
 
 /// Metrics and peer state of one replica or agent.
@@ -209,6 +211,20 @@ impl Observer {
         ] {
             let last = totals.rejected.entry(reason).or_insert(0);
             m.reject_writes(reason, growth(last, now));
+        }
+        // Failed mesh handshakes in the API listeners' family: those of incoming
+        // connections, and dials that ended in a TLS alert (logged naming it).
+        for (key, now) in [
+            (("mesh", "handshake_failed"), t.handshake_failures),
+            (("mesh_dial", "tls_alert"), t.certificate_refusals),
+        ] {
+            let last = totals.tls.entry(key).or_insert(0);
+            let n = growth(last, now);
+            if n > 0 {
+                m.tls_handshake_failures_total
+                    .with([key.0, key.1])
+                    .inc_by(n);
+            }
         }
     }
 }

@@ -605,31 +605,81 @@ pub fn load_paths<P: AsRef<Path>>(paths: &[P]) -> Result<Vec<Loaded>, LoadError>
     Ok(out)
 }
 
-/// The manifest files below a directory, sorted by path.
+/// The manifest files below a directory, sorted by path; the first entry that cannot be
+/// examined (see [`list_manifest_files`]) is an error.
 pub fn manifest_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
-    let mut files = Vec::new();
+    let listing = list_manifest_files(dir)?;
+    if let Some((p, why)) = listing.unreadable.into_iter().next() {
+        return Err(LoadError::file(&p, why));
+    }
+    Ok(listing.files)
+}
+
+/// What [`list_manifest_files`] found below a directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Listing {
+    /// `.yaml`, `.yml` and `.json` files (or links to files), sorted by path.
+    pub files: Vec<PathBuf>,
+    /// Entries that could not be examined, with why: a folder that cannot be listed, a link
+    /// that cannot be followed (a loop, a dangling target), sorted by path.
+    pub unreadable: Vec<(PathBuf, String)>,
+}
+
+/// The manifest files below `dir`, and the entries below it that could not be examined; only
+/// `dir` itself failing to list is an error. Subfolders are descended, links to folders are
+/// not (a link to an ancestor would loop); a link is examined through its target, so a loop of
+/// links is reported and never followed forever.
+pub fn list_manifest_files(dir: &Path) -> Result<Listing, LoadError> {
+    let mut out = Listing::default();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        let entries =
-            std::fs::read_dir(&d).map_err(|e| LoadError::file(&d, format!("cannot list: {e}")))?;
+        let entries = match std::fs::read_dir(&d) {
+            Ok(e) => e,
+            Err(e) if d == dir => return Err(LoadError::file(&d, format!("cannot list: {e}"))),
+            Err(e) => {
+                out.unreadable.push((d, format!("cannot list: {e}")));
+                continue;
+            }
+        };
         for entry in entries {
-            let entry = entry.map_err(|e| LoadError::file(&d, format!("cannot list: {e}")))?;
+            let entry = match entry {
+                Ok(e) => e,
+                Err(e) => {
+                    out.unreadable
+                        .push((d.clone(), format!("cannot list: {e}")));
+                    continue;
+                }
+            };
             let p = entry.path();
-            let ft = entry
-                .file_type()
-                .map_err(|e| LoadError::file(&p, e.to_string()))?;
+            let ft = match entry.file_type() {
+                Ok(ft) => ft,
+                Err(e) => {
+                    out.unreadable.push((p, e.to_string()));
+                    continue;
+                }
+            };
+            let manifest = p
+                .extension()
+                .is_some_and(|e| e == "yaml" || e == "yml" || e == "json");
             if ft.is_dir() {
                 stack.push(p);
-            } else if p
-                .extension()
-                .is_some_and(|e| e == "yaml" || e == "yml" || e == "json")
-            {
-                files.push(p);
+            } else if ft.is_symlink() {
+                match std::fs::metadata(&p) {
+                    Ok(m) if m.is_dir() => {}
+                    Ok(_) if manifest => out.files.push(p),
+                    Ok(_) => {}
+                    Err(e) => out
+                        .unreadable
+                        .push((p, format!("symbolic link cannot be followed: {e}"))),
+                }
+            } else if manifest {
+                out.files.push(p);
             }
         }
     }
-    files.sort();
-    Ok(files)
+    out.files.sort();
+    out.unreadable.sort();
+    Ok(out)
 }
 
 #[cfg(test)]

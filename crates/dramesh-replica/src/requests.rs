@@ -15,10 +15,26 @@ use dramesh_model::load::{self, REQUEST_LIMITS};
 use dramesh_model::{Manifest, k8s};
 
 /// Decodes the native request's manifests (YAML or JSON text) into one workload. Each text is
-/// pre-scanned with [`REQUEST_LIMITS`], so parser memory stays small whatever the body holds.
+/// pre-scanned with [`REQUEST_LIMITS`], so parser memory stays small whatever the body holds;
+/// before any is parsed, the call's admission charge is raised by their node count times
+/// [`dramesh_api::admission::NODE_COST`] (a text the pre-scan refuses is left to the loader,
+/// which reports it); decoding stops between texts once the call's deadline passed or its
+/// caller went away ([`dramesh_api::deadline::passed`]).
 pub(crate) fn workload_from_manifests(manifests: &[String]) -> Result<Workload, ApiError> {
+    let nodes: u64 = manifests
+        .iter()
+        .map_while(|t| dramesh_model::depth::prescan(t, &REQUEST_LIMITS).ok())
+        .map(|p| p.nodes as u64)
+        .sum();
+    dramesh_api::admission::grow_current(nodes.saturating_mul(dramesh_api::admission::NODE_COST))?;
     let mut all: Vec<Manifest> = Vec::new();
     for (i, text) in manifests.iter().enumerate() {
+        if dramesh_api::deadline::passed() {
+            return Err(ApiError::Unavailable(format!(
+                "stopped decoding the workload's manifests at workload.manifests[{i}]: {}",
+                dramesh_estimator::DEADLINE_EXCEEDED
+            )));
+        }
         let name = format!("workload.manifests[{i}]");
         let loaded = load::load_str_with(Path::new(&name), text, &REQUEST_LIMITS)
             .map_err(|e| ApiError::InvalidRequest(e.to_string()))?;

@@ -440,8 +440,7 @@ impl ReplicaState {
         let opts = EstimateOptions {
             assumed,
             clusters: clusters.to_vec(),
-            deadline: dramesh_api::deadline::current(),
-            ..EstimateOptions::default()
+            ..dramesh_api::deadline::estimate_options()
         };
         let est = self
             .compute(&indexes)
@@ -474,8 +473,7 @@ impl ReplicaState {
             assumed,
             clusters: clusters.to_vec(),
             stale: self.stale_clusters(),
-            deadline: dramesh_api::deadline::current(),
-            ..EstimateOptions::default()
+            ..dramesh_api::deadline::estimate_options()
         };
         let placed = dramesh_estimator::place(
             &indexes.view,
@@ -507,8 +505,7 @@ impl ReplicaState {
             assumed,
             clusters: clusters.to_vec(),
             stale: self.stale_clusters(),
-            deadline: dramesh_api::deadline::current(),
-            ..EstimateOptions::default()
+            ..dramesh_api::deadline::estimate_options()
         };
         if opts.clusters.is_empty()
             && let Some(a) = w.policy.as_ref().and_then(|p| p.affinity.as_ref())

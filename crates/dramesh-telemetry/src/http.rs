@@ -2,16 +2,24 @@
 //! endpoint), served with bounds, plus the `GET /metrics` route.
 //!
 //! [`serve_bounded`] guarantees, per listener:
-//! * at most [`HttpLimits::max_connections`] open connections. When a new connection arrives at
-//!   the cap, the connection idle the longest (no request being answered: waiting for its next
-//!   request or still sending headers) is closed to make room, so idle or slow clients can
-//!   never lock out `/healthz`; when every connection is answering a request, the new one is
-//!   closed at once. Both are counted in `dramesh_http_connections_closed_total`;
+//! * at most [`HttpLimits::max_connections`] open connections past their handshake. When a
+//!   connection completes its handshake at the cap, the connection idle the longest (no
+//!   request being answered: waiting for its next request or still sending headers; those
+//!   without a verified client identity first) is closed to make room, so idle or slow
+//!   clients can never lock out `/healthz`; when every connection is answering a request, the
+//!   new one is closed at once. Both are counted in `dramesh_http_connections_closed_total`
+//!   (the table and its rules: [`crate::conns`]);
+//! * at most [`HttpLimits::max_handshakes`] connections in their handshake, apart from the
+//!   above: at that cap the oldest handshake is closed (`handshake_evicted`), those that have
+//!   sent nothing yet first, so clients that open sockets and send nothing only push each
+//!   other out, never a client that is handshaking. A handshake must finish within
+//!   [`HttpLimits::handshake_timeout`]; failures are counted by reason in
+//!   `dramesh_tls_handshake_failures_total{listener,reason}` and logged once per peer address
+//!   per minute;
 //! * a request's headers must be complete within [`HttpLimits::header_timeout`] of the accept
 //!   or of the end of the previous response, which also closes idle keep-alive connections;
-//! * with [`serve_bounded_with`], a handshake (TLS) per connection within
-//!   [`HttpLimits::header_timeout`] of the accept, off the accept loop, its result (the peer's
-//!   identity) in every request's extensions;
+//! * with [`serve_bounded_with`], a handshake (TLS) per connection, off the accept loop, its
+//!   result (the peer's identity) in every request's extensions;
 //! * TCP_NODELAY on every accepted socket (answers are small writes that Nagle plus the
 //!   client's delayed ACK would hold about 40 ms);
 //! * at shutdown, accepting stops, idle connections close at once and the others after their
@@ -20,10 +28,9 @@
 //! The `/metrics` route renders the registry on every scrape (no caching, so values are never
 //! stale) and answers with [`crate::CONTENT_TYPE`].
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
@@ -31,10 +38,12 @@ use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 
+use crate::conns::{Admitted, ConnTable};
 use crate::metrics::Metrics;
 use crate::registry::CONTENT_TYPE;
+use crate::throttle::{EVERY_MINUTE, Throttle};
 
 /// The scrape path.
 pub const METRICS_PATH: &str = "/metrics";
@@ -44,9 +53,14 @@ pub const METRICS_PATH: &str = "/metrics";
 pub struct HttpLimits {
     /// Open connections at most (see the module doc for what happens at the cap). Default 512.
     pub max_connections: usize,
-    /// Time to complete a request's headers after the accept or the previous response; also
-    /// how long an idle keep-alive connection stays open. Default 10 s.
+    /// Time to complete a request's headers after the handshake or the previous response;
+    /// also how long an idle keep-alive connection stays open. Default 10 s.
     pub header_timeout: Duration,
+    /// Connections in their handshake at most, apart from `max_connections` (see the module
+    /// doc). Default 64.
+    pub max_handshakes: usize,
+    /// Time from the accept to the end of the handshake. Default 5 s.
+    pub handshake_timeout: Duration,
 }
 
 impl Default for HttpLimits {
@@ -54,6 +68,8 @@ impl Default for HttpLimits {
         HttpLimits {
             max_connections: 512,
             header_timeout: Duration::from_secs(10),
+            max_handshakes: 64,
+            handshake_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -94,81 +110,6 @@ pub fn no_delay(stream: &tokio::net::TcpStream) {
     }
 }
 
-/// One open connection as the accept loop sees it.
-struct Slot {
-    /// Requests being answered on it.
-    busy: Arc<AtomicUsize>,
-    /// Tells its task to close it.
-    close: Arc<Notify>,
-    /// When it last started waiting for a request (accept or end of an answer).
-    idle_since: Arc<Mutex<Instant>>,
-}
-
-/// Counts a request as being answered while alive, and restarts the idle clock when dropped.
-struct Busy {
-    busy: Arc<AtomicUsize>,
-    idle_since: Arc<Mutex<Instant>>,
-}
-
-impl Busy {
-    fn enter(busy: &Arc<AtomicUsize>, idle_since: &Arc<Mutex<Instant>>) -> Busy {
-        busy.fetch_add(1, Ordering::AcqRel);
-        Busy {
-            busy: busy.clone(),
-            idle_since: idle_since.clone(),
-        }
-    }
-}
-
-impl Drop for Busy {
-    fn drop(&mut self) {
-        if let Ok(mut t) = self.idle_since.lock() {
-            *t = Instant::now();
-        }
-        self.busy.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// Open connections of one listener, by accept number.
-#[derive(Default)]
-struct Slots(Mutex<BTreeMap<u64, Slot>>);
-
-impl Slots {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Slot>> {
-        // A panic while holding this lock leaves a map that is still consistent.
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Makes room for one more connection under `max`: `Ok(None)` when there is room,
-    /// `Ok(Some(id))` after telling the longest-idle connection `id` to close, `Err(())` when
-    /// every connection is answering a request.
-    fn make_room(&self, max: usize) -> Result<Option<u64>, ()> {
-        let mut slots = self.lock();
-        if slots.len() < max {
-            return Ok(None);
-        }
-        let idle = slots
-            .iter()
-            .filter(|(_, s)| s.busy.load(Ordering::Acquire) == 0)
-            .min_by_key(|(_, s)| {
-                s.idle_since
-                    .lock()
-                    .map(|t| *t)
-                    .unwrap_or_else(|_| Instant::now())
-            })
-            .map(|(id, _)| *id);
-        match idle {
-            Some(id) => {
-                if let Some(s) = slots.remove(&id) {
-                    s.close.notify_one();
-                }
-                Ok(Some(id))
-            }
-            None => Err(()),
-        }
-    }
-}
-
 /// What a listener does with an accepted socket before HTTP starts on it: nothing
 /// ([`Plain`]), or a TLS handshake. Whatever it learns about the peer (e.g. the identity in a
 /// client certificate) is put into the extensions of every request of the connection.
@@ -178,11 +119,55 @@ pub trait Handshake: Clone + Send + Sync + 'static {
     /// What requests of the connection carry in their extensions.
     type Peer: Clone + Send + Sync + 'static;
     /// Turns an accepted socket into the stream HTTP runs over. [`serve_bounded_with`] bounds
-    /// it by [`HttpLimits::header_timeout`].
+    /// it by [`HttpLimits::handshake_timeout`].
     fn handshake(
         &self,
         stream: tokio::net::TcpStream,
     ) -> impl Future<Output = std::io::Result<(Self::Io, Self::Peer)>> + Send;
+
+    /// The `reason` label of a failed handshake (a small fixed set, e.g. `unknown_ca`).
+    fn failure_reason(&self, e: &std::io::Error) -> &'static str {
+        let _ = e;
+        "io_error"
+    }
+
+    /// Whether the handshake starts with the client's bytes (TLS: its ClientHello). The
+    /// listener then waits for them before starting it, and a connection that sent them is
+    /// pushed out of the handshake table only after silent ones. [`Plain`] has no handshake.
+    const CLIENT_SPEAKS_FIRST: bool = true;
+
+    /// Whether the peer proved a verified identity (its connection is evicted last at the cap).
+    fn trusted(peer: &Self::Peer) -> bool {
+        let _ = peer;
+        false
+    }
+}
+
+/// Failed handshakes of a listener: counted by reason and logged once per peer address per
+/// minute (also used by the gRPC listener, which has its own accept loop).
+pub struct HandshakeFailures {
+    listener: &'static str,
+    metrics: Arc<Metrics>,
+    log: Throttle<IpAddr>,
+}
+
+impl HandshakeFailures {
+    /// Failures of listener `listener`, recorded into `metrics`.
+    pub fn new(listener: &'static str, metrics: Arc<Metrics>) -> HandshakeFailures {
+        HandshakeFailures {
+            listener,
+            metrics,
+            log: Throttle::new(EVERY_MINUTE, 4096),
+        }
+    }
+
+    /// Records that `peer`'s handshake failed for `reason` (`detail` says more, in the log).
+    pub fn record(&self, peer: SocketAddr, reason: &'static str, detail: &dyn std::fmt::Display) {
+        self.metrics.tls_handshake_failure(self.listener, reason);
+        if self.log.allow(&peer.ip()) {
+            tracing::warn!(listener = self.listener, %peer, reason, error = %detail, "TLS handshake failed (logged at most once a minute per peer address)");
+        }
+    }
 }
 
 /// Plain TCP: no handshake; requests carry `()`.
@@ -192,6 +177,7 @@ pub struct Plain;
 impl Handshake for Plain {
     type Io = tokio::net::TcpStream;
     type Peer = ();
+    const CLIENT_SPEAKS_FIRST: bool = false;
     async fn handshake(
         &self,
         stream: tokio::net::TcpStream,
@@ -213,10 +199,10 @@ pub async fn serve_bounded(
     serve_bounded_with(listener, router, Plain, name, limits, metrics, shutdown).await
 }
 
-/// [`serve_bounded`] with `handshake` run on every accepted socket first (e.g. TLS). The
-/// handshake must finish within [`HttpLimits::header_timeout`] of the accept (the connection
-/// counts as idle meanwhile, so it is the first evicted at the cap); a failed or late one is
-/// counted as `handshake_failed` in `dramesh_http_connections_closed_total`.
+/// [`serve_bounded`] with `handshake` run on every accepted socket first (e.g. TLS), under the
+/// handshake bounds of the module doc; a failed or late one is counted as `handshake_failed`
+/// in `dramesh_http_connections_closed_total` and by reason in
+/// `dramesh_tls_handshake_failures_total`.
 pub async fn serve_bounded_with<H: Handshake>(
     listener: tokio::net::TcpListener,
     router: Router,
@@ -226,17 +212,17 @@ pub async fn serve_bounded_with<H: Handshake>(
     metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let slots = Arc::new(Slots::default());
+    let conns = ConnTable::new(limits.max_connections);
+    let handshakes = ConnTable::new(limits.max_handshakes);
+    let failures = Arc::new(HandshakeFailures::new(name, metrics.clone()));
     let (stop_tx, stop_rx) = watch::channel(false);
-    let mut conns = tokio::task::JoinSet::new();
-    let mut next_id = 0u64;
-    let max = limits.max_connections.max(1);
+    let mut tasks = tokio::task::JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
     let open = metrics.http_connections.with([name]);
     loop {
         let (stream, peer) = tokio::select! {
             () = &mut shutdown => break,
-            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
             r = listener.accept() => match r {
                 Ok(a) => a,
                 Err(e) => {
@@ -248,69 +234,74 @@ pub async fn serve_bounded_with<H: Handshake>(
                 }
             },
         };
-        match slots.make_room(max) {
-            Ok(None) => {}
-            Ok(Some(_)) => metrics.http_connection_closed(name, "evicted_idle"),
-            Err(()) => {
-                metrics.http_connection_closed(name, "refused_at_cap");
-                tracing::debug!(listener = name, %peer, max, "connection refused: every connection is busy");
-                drop(stream);
-                continue;
-            }
-        }
-        no_delay(&stream);
-        let id = next_id;
-        next_id += 1;
-        let slot = Slot {
-            busy: Arc::new(AtomicUsize::new(0)),
-            close: Arc::new(Notify::new()),
-            idle_since: Arc::new(Mutex::new(Instant::now())),
+        let Some((stream, shaking)) =
+            crate::conns::start_handshake(&handshakes, stream, name, &metrics)
+        else {
+            continue;
         };
-        let (busy, close, idle_since) = (
-            slot.busy.clone(),
-            slot.close.clone(),
-            slot.idle_since.clone(),
-        );
-        slots.lock().insert(id, slot);
         open.inc();
         let handshake = handshake.clone();
         let router = router.clone();
-        let slots = slots.clone();
+        let conns = conns.clone();
+        let failures = failures.clone();
         let metrics = metrics.clone();
         let open = open.clone();
         let mut stop = stop_rx.clone();
-        conns.spawn(async move {
+        tasks.spawn(async move {
+            // A connection that has sent something is evicted only after the silent ones.
+            let shaking_activity = shaking.activity.clone();
+            let shake = async {
+                if H::CLIENT_SPEAKS_FIRST {
+                    let _ = stream.readable().await;
+                    shaking_activity.set_trusted();
+                }
+                handshake.handshake(stream).await
+            };
             let shaken = tokio::select! {
-                r = tokio::time::timeout(limits.header_timeout, handshake.handshake(stream)) => match r {
-                    Ok(Ok(s)) => Ok(s),
+                r = tokio::time::timeout(limits.handshake_timeout, shake) => match r {
+                    Ok(Ok(s)) => Some(s),
                     Ok(Err(e)) => {
-                        tracing::debug!(listener = name, %peer, error = %e, "handshake failed");
-                        Err(true)
+                        failures.record(peer, handshake.failure_reason(&e), &e);
+                        metrics.http_connection_closed(name, "handshake_failed");
+                        None
                     }
                     Err(_) => {
-                        tracing::debug!(listener = name, %peer, "handshake timed out");
-                        Err(true)
+                        failures.record(peer, "timeout", &format_args!("no handshake within {:?}", limits.handshake_timeout));
+                        metrics.http_connection_closed(name, "handshake_failed");
+                        None
                     }
                 },
-                // Evicted (already counted) or stopping.
-                () = close.notified() => Err(false),
-                _ = stop.wait_for(|v| *v) => Err(false),
+                // Pushed out by newer handshakes (already counted) or stopping.
+                () = shaking.activity.closed() => None,
+                _ = stop.wait_for(|v| *v) => None,
             };
-            let (stream, peer_info) = match shaken {
-                Ok(s) => s,
-                Err(failed) => {
-                    if failed {
-                        metrics.http_connection_closed(name, "handshake_failed");
+            drop(shaking);
+            let Some((stream, peer_info)) = shaken else {
+                open.dec();
+                return;
+            };
+            let slot = match conns.admit() {
+                Some((slot, how)) => {
+                    if how == Admitted::Evicted {
+                        metrics.http_connection_closed(name, "evicted_idle");
                     }
-                    slots.lock().remove(&id);
+                    slot
+                }
+                None => {
+                    metrics.http_connection_closed(name, "refused_at_cap");
+                    tracing::debug!(listener = name, %peer, "connection refused: every connection is busy");
                     open.dec();
                     return;
                 }
             };
+            if H::trusted(&peer_info) {
+                slot.activity.set_trusted();
+            }
+            let activity = slot.activity.clone();
             let inner = hyper_util::service::TowerToHyperService::new(router);
             let svc = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
                 req.extensions_mut().insert(peer_info.clone());
-                let guard = Busy::enter(&busy, &idle_since);
+                let guard = activity.enter();
                 let fut = hyper::service::Service::call(&inner, req);
                 async move {
                     let r = fut.await;
@@ -335,7 +326,7 @@ pub async fn serve_bounded_with<H: Handshake>(
                     }
                     false
                 }
-                () = close.notified() => true,
+                () = slot.activity.closed() => true,
                 _ = stop.wait_for(|v| *v) => true,
             };
             if closing {
@@ -343,13 +334,16 @@ pub async fn serve_bounded_with<H: Handshake>(
                 conn.as_mut().graceful_shutdown();
                 let _ = tokio::time::timeout(limits.header_timeout, conn).await;
             }
-            slots.lock().remove(&id);
+            drop(slot);
             open.dec();
         });
+        // Let the handshakes just spawned see their first bytes before more accepts of a
+        // burst push them out.
+        tokio::task::yield_now().await;
     }
     drop(listener);
     let _ = stop_tx.send(true);
-    while conns.join_next().await.is_some() {}
+    while tasks.join_next().await.is_some() {}
     Ok(())
 }
 

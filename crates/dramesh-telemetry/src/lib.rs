@@ -7,7 +7,9 @@
 //! - [`Metrics`]: the dramesh metric set as typed handles over a [`Registry`] that renders the
 //!   Prometheus text format 0.0.4; [`metrics_router`] serves it on `GET /metrics`.
 //! - [`serve_bounded`]: every HTTP listener of a daemon, with a connection cap, header and idle
-//!   timeouts and TCP_NODELAY ([`http`] module docs).
+//!   timeouts and TCP_NODELAY ([`http`] module docs); [`conns`]: the connection tables with fair
+//!   eviction that it and the replica's gRPC listener share.
+//! - [`throttle`]: log lines rate-limited per key (once per peer, replica or file per minute).
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -30,15 +32,17 @@
 //! # Ok(()) }
 //! ```
 
+pub mod conns;
 pub mod http;
 pub mod init;
 pub mod metrics;
 pub mod registry;
 pub mod spans;
+pub mod throttle;
 
 pub use http::{
-    Handshake, HttpLimits, METRICS_PATH, Plain, metrics_router, serve_bounded, serve_bounded_with,
-    serve_metrics,
+    Handshake, HandshakeFailures, HttpLimits, METRICS_PATH, Plain, metrics_router, serve_bounded,
+    serve_bounded_with, serve_metrics,
 };
 pub use init::{
     OTLP_ENDPOINT_ENV, SERVICE_AGENT, SERVICE_REPLICA, ScopedTelemetry, TelemetryConfig,

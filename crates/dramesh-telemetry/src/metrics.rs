@@ -54,6 +54,14 @@ pub mod names {
     pub const GRPC_CONNECTIONS_REFUSED_TOTAL: &str = "dramesh_grpc_connections_refused_total";
     /// See [`super::Metrics::api_refusals_total`].
     pub const API_REFUSALS_TOTAL: &str = "dramesh_api_refusals_total";
+    /// See [`super::Metrics::tls_handshake_failures_total`].
+    pub const TLS_HANDSHAKE_FAILURES_TOTAL: &str = "dramesh_tls_handshake_failures_total";
+    /// See [`super::Metrics::api_inflight_bytes`].
+    pub const API_INFLIGHT_BYTES: &str = "dramesh_api_inflight_bytes";
+    /// See [`super::Metrics::api_inflight_budget_bytes`].
+    pub const API_INFLIGHT_BUDGET_BYTES: &str = "dramesh_api_inflight_budget_bytes";
+    /// See [`super::Metrics::api_admission_refusals_total`].
+    pub const API_ADMISSION_REFUSALS_TOTAL: &str = "dramesh_api_admission_refusals_total";
 
     /// Every name above, in registration order.
     pub const ALL: &[&str] = &[
@@ -78,6 +86,10 @@ pub mod names {
         GRPC_CONNECTIONS,
         GRPC_CONNECTIONS_REFUSED_TOTAL,
         API_REFUSALS_TOTAL,
+        TLS_HANDSHAKE_FAILURES_TOTAL,
+        API_INFLIGHT_BYTES,
+        API_INFLIGHT_BUDGET_BYTES,
+        API_ADMISSION_REFUSALS_TOTAL,
     ];
 }
 
@@ -179,6 +191,18 @@ pub struct Metrics {
     /// `{identity,reason}`: API requests refused as unauthenticated (401), forbidden (403) or
     /// over a per-identity cap (429).
     pub api_refusals_total: Arc<CounterVec<2>>,
+    /// `{listener,reason}`: TLS handshakes that failed on an API or metrics listener
+    /// (`timeout`, `closed`, `not_tls`, `unknown_ca`, `bad_certificate`, ...).
+    pub tls_handshake_failures_total: Arc<CounterVec<2>>,
+    /// Memory charged to API requests being computed (their expected cost, see the API's
+    /// admission budget).
+    pub api_inflight_bytes: Arc<Gauge>,
+    /// The API's admission budget (`--api-max-inflight-bytes`).
+    pub api_inflight_budget_bytes: Arc<Gauge>,
+    /// `{api,reason}`: API requests refused before parsing because the budget (`budget`) or the
+    /// caller's share of it (`identity_share`) stayed full, or their cost alone exceeds the
+    /// share (`too_large`).
+    pub api_admission_refusals_total: Arc<CounterVec<2>>,
 }
 
 impl Default for Metrics {
@@ -345,6 +369,32 @@ impl Metrics {
                 ["identity", "reason"],
             )
             .expect(REGISTERED);
+        let tls_handshake_failures_total = r
+            .counter_vec(
+                TLS_HANDSHAKE_FAILURES_TOTAL,
+                "TLS handshakes that failed on a listener, by listener and reason.",
+                ["listener", "reason"],
+            )
+            .expect(REGISTERED);
+        let api_inflight_bytes = r
+            .gauge(
+                API_INFLIGHT_BYTES,
+                "Memory charged to API requests being computed, in bytes.",
+            )
+            .expect(REGISTERED);
+        let api_inflight_budget_bytes = r
+            .gauge(
+                API_INFLIGHT_BUDGET_BYTES,
+                "The budget of memory API requests in progress may be charged, in bytes.",
+            )
+            .expect(REGISTERED);
+        let api_admission_refusals_total = r
+            .counter_vec(
+                API_ADMISSION_REFUSALS_TOTAL,
+                "API requests refused before parsing: budget full, the caller's share full, or too large alone.",
+                ["api", "reason"],
+            )
+            .expect(REGISTERED);
         // Fixed label values are always present so a dashboard sees 0 rather than no data.
         for s in ReservationLabel::ALL {
             reservations.with([s.as_str()]);
@@ -378,7 +428,18 @@ impl Metrics {
             grpc_connections,
             grpc_connections_refused_total,
             api_refusals_total,
+            tls_handshake_failures_total,
+            api_inflight_bytes,
+            api_inflight_budget_bytes,
+            api_admission_refusals_total,
         }
+    }
+
+    /// Counts a failed TLS handshake of `listener`.
+    pub fn tls_handshake_failure(&self, listener: &str, reason: &str) {
+        self.tls_handshake_failures_total
+            .with([listener, reason])
+            .inc();
     }
 
     /// Counts an HTTP connection of `listener` the server closed, and why.

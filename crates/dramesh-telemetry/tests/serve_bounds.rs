@@ -1,5 +1,6 @@
 //! `serve_bounded`: connection cap with idle eviction, header and idle timeouts, connection
-//! metrics (issue 14 item 4). TCP_NODELAY is checked by the module's unit test.
+//! metrics (issue 14 item 4); the separate cap and timeout of connections still in their
+//! handshake (issue 32 item 2). TCP_NODELAY is checked by the module's unit test.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -7,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::routing::get;
-use dramesh_telemetry::{HttpLimits, Metrics, serve_bounded};
+use dramesh_telemetry::{Handshake, HttpLimits, Metrics, serve_bounded_with};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::timeout;
@@ -18,8 +19,8 @@ struct Server {
     _stop: tokio::sync::oneshot::Sender<()>,
 }
 
-async fn start(limits: HttpLimits) -> Server {
-    let router = Router::new()
+fn router() -> Router {
+    Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route(
             "/slow",
@@ -27,14 +28,22 @@ async fn start(limits: HttpLimits) -> Server {
                 tokio::time::sleep(Duration::from_secs(5)).await;
                 "slow"
             }),
-        );
+        )
+}
+
+async fn start(limits: HttpLimits) -> Server {
+    start_with(limits, dramesh_telemetry::Plain).await
+}
+
+async fn start_with<H: Handshake>(limits: HttpLimits, handshake: H) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let metrics = Arc::new(Metrics::new());
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(serve_bounded(
+    tokio::spawn(serve_bounded_with(
         listener,
-        router,
+        router(),
+        handshake,
         "test",
         limits,
         metrics.clone(),
@@ -46,6 +55,30 @@ async fn start(limits: HttpLimits) -> Server {
         addr,
         metrics,
         _stop: tx,
+    }
+}
+
+/// A handshake that waits for one byte `H` from the client (a stand-in for TLS: a client that
+/// sends nothing never completes it).
+#[derive(Clone)]
+struct ByteFirst;
+
+impl Handshake for ByteFirst {
+    type Io = TcpStream;
+    type Peer = ();
+    async fn handshake(&self, mut stream: TcpStream) -> std::io::Result<(TcpStream, ())> {
+        let mut b = [0u8; 1];
+        stream.read_exact(&mut b).await?;
+        if b[0] != b'H' {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "not H",
+            ));
+        }
+        Ok((stream, ()))
+    }
+    fn failure_reason(&self, _: &std::io::Error) -> &'static str {
+        "not_h"
     }
 }
 
@@ -81,6 +114,7 @@ async fn idle_connections_beyond_the_cap_do_not_lock_out_healthz() {
     let srv = start(HttpLimits {
         max_connections: 8,
         header_timeout: Duration::from_secs(60),
+        ..HttpLimits::default()
     })
     .await;
     let mut idle = Vec::new();
@@ -111,6 +145,7 @@ async fn a_new_connection_is_closed_at_once_when_every_connection_is_busy() {
     let srv = start(HttpLimits {
         max_connections: 2,
         header_timeout: Duration::from_secs(60),
+        ..HttpLimits::default()
     })
     .await;
     let mut busy = Vec::new();
@@ -135,6 +170,7 @@ async fn a_half_sent_request_is_closed_after_the_header_timeout() {
     let srv = start(HttpLimits {
         max_connections: 16,
         header_timeout: Duration::from_millis(400),
+        ..HttpLimits::default()
     })
     .await;
     let mut s = TcpStream::connect(srv.addr).await.unwrap();
@@ -156,6 +192,7 @@ async fn idle_keep_alive_connections_are_closed() {
     let srv = start(HttpLimits {
         max_connections: 16,
         header_timeout: Duration::from_millis(400),
+        ..HttpLimits::default()
     })
     .await;
     let mut s = TcpStream::connect(srv.addr).await.unwrap();
@@ -175,4 +212,67 @@ async fn idle_keep_alive_connections_are_closed() {
         .expect("silent connection still open after 3 s");
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(srv.metrics.http_connections.with(["test"]).get(), 0.0);
+}
+
+#[tokio::test]
+async fn silent_sockets_in_their_handshake_do_not_lock_out_a_client_that_completes_it() {
+    let srv = start_with(
+        HttpLimits {
+            max_connections: 8,
+            max_handshakes: 4,
+            ..HttpLimits::default()
+        },
+        ByteFirst,
+    )
+    .await;
+    let mut silent = Vec::new();
+    for _ in 0..40 {
+        silent.push(TcpStream::connect(srv.addr).await.unwrap());
+    }
+    let mut s = TcpStream::connect(srv.addr).await.unwrap();
+    s.write_all(b"HGET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = String::new();
+    timeout(Duration::from_secs(2), s.read_to_string(&mut out))
+        .await
+        .expect("answered within 2 s")
+        .unwrap();
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(
+        closed(&srv.metrics, "handshake_evicted") >= 36,
+        "{}",
+        srv.metrics.render()
+    );
+    assert_eq!(closed(&srv.metrics, "evicted_idle"), 0);
+}
+
+#[tokio::test]
+async fn handshakes_are_bounded_in_time_and_failures_counted_by_reason() {
+    let srv = start_with(
+        HttpLimits {
+            handshake_timeout: Duration::from_millis(300),
+            ..HttpLimits::default()
+        },
+        ByteFirst,
+    )
+    .await;
+    let mut silent = TcpStream::connect(srv.addr).await.unwrap();
+    closed_within(&mut silent, Duration::from_secs(3))
+        .await
+        .expect("a socket silent in its handshake is closed");
+    let mut wrong = TcpStream::connect(srv.addr).await.unwrap();
+    wrong.write_all(b"X").await.unwrap();
+    closed_within(&mut wrong, Duration::from_secs(3))
+        .await
+        .expect("a failed handshake closes the connection");
+    let failures = |reason: &str| {
+        srv.metrics
+            .tls_handshake_failures_total
+            .with(["test", reason])
+            .get()
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!((failures("timeout"), failures("not_h")), (1, 1));
+    assert_eq!(closed(&srv.metrics, "handshake_failed"), 2);
 }

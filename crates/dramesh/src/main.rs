@@ -8,6 +8,7 @@ mod apiauth;
 mod certs;
 mod demo;
 mod fds;
+mod memlimit;
 mod plan;
 mod retire;
 mod table;
@@ -378,6 +379,36 @@ struct ApiLimitArgs {
     /// Seconds one native API call (estimate, place, preempt, reservations) may compute.
     #[arg(long, default_value_t = 10)]
     request_timeout: u64,
+    /// Memory API requests in progress may be charged at once, in bytes (suffixes Ki, Mi, Gi);
+    /// one caller at most half. Default: a quarter of the container's memory limit (cgroup),
+    /// 1Gi without one.
+    #[arg(long, value_parser = parse_bytes)]
+    api_max_inflight_bytes: Option<u64>,
+}
+
+/// Bytes, optionally with a binary suffix (`512Mi`, `2Gi`).
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let (digits, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => s.split_at(i),
+        None => (s, ""),
+    };
+    let mult: u64 = match unit {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        _ => {
+            return Err(format!(
+                "{s:?}: expected bytes, optionally with Ki, Mi or Gi"
+            ));
+        }
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("{s:?}: expected a positive number of bytes"))
 }
 
 impl ApiLimitArgs {
@@ -396,11 +427,23 @@ impl ApiLimitArgs {
             );
         }
         let d = dramesh_api::ApiConfig::default();
+        let budget = self.api_max_inflight_bytes.unwrap_or_else(|| {
+            let limit = memlimit::cgroup_memory_limit();
+            let b = memlimit::default_budget(limit);
+            tracing::info!(
+                memory_limit = limit,
+                budget = b,
+                "API admission budget defaulted from the container's memory limit"
+            );
+            b
+        });
         dramesh_api::ApiConfig {
+            budget: dramesh_api::admission::BudgetLimits::new(budget),
             request_timeout: Duration::from_secs(self.request_timeout.max(1)),
             http: dramesh_telemetry::HttpLimits {
                 max_connections: http,
                 header_timeout: header,
+                ..Default::default()
             },
             grpc: dramesh_api::GrpcLimits {
                 max_connections: grpc,
@@ -811,6 +854,7 @@ fn main() -> ExitCode {
                     http: dramesh_telemetry::HttpLimits {
                         max_connections: fds::api_cap(fds::raise_nofile(), 1, max_http_connections),
                         header_timeout: Duration::from_secs(header_timeout.max(1)),
+                        ..Default::default()
                     },
                     rejoin,
                     credentials,

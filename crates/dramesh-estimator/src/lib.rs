@@ -65,4 +65,4 @@ pub use reservations::{
 pub use resources::{ResList, ResName};
 pub use snapshot::{SnapshotError, load_snapshot};
 pub use view::{ApplyError, ClusterView, NodeEntry, NodeUsage, Owner, PodEntry, View};
-pub use workload::{TemplateRef, Workload, WorkloadError, load_workload};
+pub use workload::{ClaimRef, TemplateRef, TemplateSource, Workload, WorkloadError, load_workload};

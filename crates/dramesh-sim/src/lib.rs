@@ -516,6 +516,7 @@ pub fn write_snapshot(dir: &Path, cluster: &Cluster) -> std::io::Result<()> {
             ClusterObject::DeviceClass(_) => "deviceclasses.yaml",
             ClusterObject::ResourceClaim(_) => "resourceclaims.yaml",
             ClusterObject::DeviceTaintRule(_) => "devicetaintrules.yaml",
+            ClusterObject::ResourceClaimTemplate(_) => "resourceclaimtemplates.yaml",
         };
         by_file.entry(file).or_default().push(v);
     }

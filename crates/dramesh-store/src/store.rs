@@ -330,9 +330,10 @@ fn in_writer_scope(doc: &DocId, term: u64, max_term: u64, key: &str, value: &[u8
     };
     let owner = match k.kind {
         ObjectKind::Node => Some(Owner::Node(k.name.clone())),
-        ObjectKind::DeviceClass | ObjectKind::DeviceTaintRule | ObjectKind::ClusterInfo => {
-            Some(Owner::Cluster)
-        }
+        ObjectKind::DeviceClass
+        | ObjectKind::DeviceTaintRule
+        | ObjectKind::ClusterInfo
+        | ObjectKind::ResourceClaimTemplate => Some(Owner::Cluster),
         _ => match owner_of_json(k.kind, value) {
             Ok(owner) => owner,
             Err(_) => return false,

@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use dramesh_estimator::ClaimRef;
+use dramesh_estimator::{ClaimRef, MAX_CLAIM_REFS};
 use k8s_openapi::api::core::v1::{
     NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Toleration,
 };
@@ -100,14 +100,6 @@ pub struct ReplicaRequirements {
     pub claim_refs: Vec<ClaimRef>,
 }
 
-/// Most `resourceClaimRefs` one request may carry: Kubernetes' limit of claims per pod.
-pub const MAX_CLAIM_REFS: usize = 32;
-
-/// The pod claim standing for the `i`-th `resourceClaimRefs` entry.
-fn ref_pod_claim(i: usize) -> String {
-    format!("ref-{i}")
-}
-
 fn claim_refs_from_proto(
     refs: Vec<pb::ResourceClaimReference>,
     path: &str,
@@ -121,23 +113,16 @@ fn claim_refs_from_proto(
             ),
         ));
     }
-    refs.into_iter()
+    refs.iter()
         .enumerate()
         .map(|(i, r)| {
-            // The template name wins when both are set, as in Karmada's extraction.
-            if !r.resource_claim_template_name.is_empty() {
-                Ok(ClaimRef::Template {
-                    pod_claim: ref_pod_claim(i),
-                    name: r.resource_claim_template_name,
+            ClaimRef::from_reference(i, &r.resource_claim_template_name, &r.resource_claim_name)
+                .ok_or_else(|| {
+                    err(
+                        format!("{path}.resourceClaimRefs[{i}]"),
+                        "names neither a resourceClaimTemplateName nor a resourceClaimName",
+                    )
                 })
-            } else if !r.resource_claim_name.is_empty() {
-                Ok(ClaimRef::Claim(r.resource_claim_name))
-            } else {
-                Err(err(
-                    format!("{path}.resourceClaimRefs[{i}]"),
-                    "names neither a resourceClaimTemplateName nor a resourceClaimName",
-                ))
-            }
         })
         .collect()
 }

@@ -97,6 +97,27 @@ pub enum ClaimRef {
     Claim(String),
 }
 
+impl ClaimRef {
+    /// The `i`-th entry of Karmada's `resourceClaimRefs`, as its Go type carries it: the
+    /// template name wins when both are set (Karmada's extraction rule); `None` when neither
+    /// is. Its pod claim is `ref-<i>` (the reference carries none).
+    pub fn from_reference(i: usize, template_name: &str, claim_name: &str) -> Option<ClaimRef> {
+        if !template_name.is_empty() {
+            Some(ClaimRef::Template {
+                pod_claim: format!("ref-{i}"),
+                name: template_name.to_string(),
+            })
+        } else if !claim_name.is_empty() {
+            Some(ClaimRef::Claim(claim_name.to_string()))
+        } else {
+            None
+        }
+    }
+}
+
+/// Most claim references one workload may carry: Kubernetes' limit of claims per pod.
+pub const MAX_CLAIM_REFS: usize = 32;
+
 /// How [`Workload::from_pod_spec_with`] finds the ResourceClaimTemplates a pod spec names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TemplateSource {

@@ -369,18 +369,9 @@ mod tests {
     /// dropped into the folder publishes the template under its namespaced key.
     #[test]
     fn resource_claim_templates_are_published() {
-        let Some(real) = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .ancestors()
-            .map(|a| {
-                a.join("shared/fixtures/real/dra-example-driver/demo-examples/basic-resourceclaimtemplate/basic-resourceclaimtemplate.yaml")
-            })
-            .find(|f| f.is_file())
-        else {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "shared/fixtures/real is absent (CI is set)"
-            );
-            eprintln!("skipping: shared/fixtures/real is absent");
+        let Some(real) = dramesh_fakeapi::shared_fixtures(
+            "real/dra-example-driver/demo-examples/basic-resourceclaimtemplate/basic-resourceclaimtemplate.yaml",
+        ) else {
             return;
         };
         let dir = tempfile::tempdir().unwrap();

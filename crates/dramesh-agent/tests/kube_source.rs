@@ -692,15 +692,9 @@ async fn pending_pods_reach_the_cluster_scope_and_move_when_bound() {
 /// `shared/fixtures/real` in the nearest ancestor, as JSON; `None` (with a message) when the folder is absent, a
 /// failure when `CI` is set.
 fn real_claim_template() -> Option<Value> {
-    let Some(f) = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .map(|a| a.join("shared/fixtures/real/dra-example-driver/demo-examples/basic-multiple-requests/basic-multiple-requests.yaml"))
-        .find(|f| f.is_file())
-    else {
-        assert!(std::env::var_os("CI").is_none(), "shared/fixtures/real is absent (CI is set)");
-        eprintln!("skipping: shared/fixtures/real is absent");
-        return None;
-    };
+    let f = dramesh_fakeapi::shared_fixtures(
+        "real/dra-example-driver/demo-examples/basic-multiple-requests/basic-multiple-requests.yaml",
+    )?;
     dramesh_model::load::load_path(&f)
         .unwrap()
         .into_iter()

@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use dramesh_estimator::{ClaimRef, MAX_CLAIM_REFS};
+use dramesh_estimator::ClaimRef;
 use k8s_openapi::api::core::v1::{
     NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Toleration,
 };
@@ -104,27 +104,16 @@ fn claim_refs_from_proto(
     refs: Vec<pb::ResourceClaimReference>,
     path: &str,
 ) -> Result<Vec<ClaimRef>, ConvertError> {
-    if refs.len() > MAX_CLAIM_REFS {
-        return Err(err(
-            format!("{path}.resourceClaimRefs"),
-            format!(
-                "{} entries, more than the {MAX_CLAIM_REFS} claims a pod may have",
-                refs.len()
-            ),
-        ));
-    }
-    refs.iter()
-        .enumerate()
-        .map(|(i, r)| {
-            ClaimRef::from_reference(i, &r.resource_claim_template_name, &r.resource_claim_name)
-                .ok_or_else(|| {
-                    err(
-                        format!("{path}.resourceClaimRefs[{i}]"),
-                        "names neither a resourceClaimTemplateName nor a resourceClaimName",
-                    )
-                })
-        })
-        .collect()
+    ClaimRef::from_references(refs.iter().map(|r| {
+        (
+            r.resource_claim_template_name.as_str(),
+            r.resource_claim_name.as_str(),
+        )
+    }))
+    .map_err(|(i, message)| match i {
+        Some(i) => err(format!("{path}.resourceClaimRefs[{i}]"), message),
+        None => err(format!("{path}.resourceClaimRefs"), message),
+    })
 }
 
 fn claim_refs_to_proto(refs: &[ClaimRef]) -> Vec<pb::ResourceClaimReference> {
@@ -941,7 +930,7 @@ mod tests {
                 resource_claim_name: "c".into(),
                 ..Default::default()
             };
-            MAX_CLAIM_REFS + 1
+            dramesh_estimator::MAX_CLAIM_REFS + 1
         ];
         let e = ReplicaQuery::from_proto(r(many)).expect_err("too many");
         assert_eq!(e.field, "replicaRequirements.resourceClaimRefs");

@@ -115,6 +115,37 @@ impl ClaimRef {
     }
 }
 
+impl ClaimRef {
+    /// Karmada's `resourceClaimRefs` list, each entry as (`resourceClaimTemplateName`,
+    /// `resourceClaimName`), by [`ClaimRef::from_reference`]. Err names the entry at fault
+    /// (`None`: the list, longer than [`MAX_CLAIM_REFS`]) and what is wrong, for the caller to
+    /// put its field path on.
+    pub fn from_references<'a>(
+        refs: impl ExactSizeIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<Vec<ClaimRef>, (Option<usize>, String)> {
+        if refs.len() > MAX_CLAIM_REFS {
+            return Err((
+                None,
+                format!(
+                    "{} entries, more than the {MAX_CLAIM_REFS} claims a pod may have",
+                    refs.len()
+                ),
+            ));
+        }
+        refs.enumerate()
+            .map(|(i, (template, claim))| {
+                ClaimRef::from_reference(i, template, claim).ok_or_else(|| {
+                    (
+                        Some(i),
+                        "names neither a resourceClaimTemplateName nor a resourceClaimName"
+                            .to_string(),
+                    )
+                })
+            })
+            .collect()
+    }
+}
+
 /// Most claim references one workload may carry: Kubernetes' limit of claims per pod.
 pub const MAX_CLAIM_REFS: usize = 32;
 

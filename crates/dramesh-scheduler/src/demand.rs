@@ -10,9 +10,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use dramesh_estimator::{
-    ClaimRef, Component, MAX_CLAIM_REFS, NodeClaim, ResList, TemplateSource, Workload,
-};
+use dramesh_estimator::{ClaimRef, Component, NodeClaim, ResList, TemplateSource, Workload};
 use dramesh_model::k8s::{PodSpec, PodTemplateSpec, PriorityClass, ResourceClaimTemplate};
 use k8s_openapi::api::core::v1::{Affinity, Container, NodeAffinity, ResourceRequirements};
 use serde_json::Value;
@@ -188,29 +186,18 @@ fn claim_refs(b: &Binding) -> Result<Option<Vec<ClaimRef>>, InputError> {
         return Ok(None);
     };
     let field = "spec.replicaRequirements.resourceClaimRefs";
-    if refs.len() > MAX_CLAIM_REFS {
-        return Err(InputError {
-            object: b.id(),
-            field: field.into(),
-            message: format!(
-                "{} entries, more than the {MAX_CLAIM_REFS} claims a pod may have",
-                refs.len()
-            ),
-        });
-    }
-    refs.iter()
-        .enumerate()
-        .map(|(i, r)| {
-            ClaimRef::from_reference(i, &r.resource_claim_template_name, &r.resource_claim_name)
-                .ok_or_else(|| InputError {
-                    object: b.id(),
-                    field: format!("{field}[{i}]"),
-                    message: "names neither a resourceClaimTemplateName nor a resourceClaimName"
-                        .into(),
-                })
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map(Some)
+    ClaimRef::from_references(refs.iter().map(|r| {
+        (
+            r.resource_claim_template_name.as_str(),
+            r.resource_claim_name.as_str(),
+        )
+    }))
+    .map(Some)
+    .map_err(|(i, message)| InputError {
+        object: b.id(),
+        field: i.map_or_else(|| field.to_string(), |i| format!("{field}[{i}]")),
+        message,
+    })
 }
 
 /// The binding's demand. `template` is the resource template (`spec.resource`) as the API

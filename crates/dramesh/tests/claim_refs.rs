@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{
@@ -23,21 +23,6 @@ use serde_json::{Value, json};
 
 const NODE: &str = "dra-example-driver-cluster-worker";
 const NS: &str = "basic-resourceclaimtemplate";
-
-fn real() -> Option<PathBuf> {
-    let found = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .map(|a| a.join("shared/fixtures/real/dra-example-driver"))
-        .find(|d| d.is_dir());
-    if found.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "shared/fixtures/real is absent (CI is set)"
-        );
-        eprintln!("skipping: shared/fixtures/real is absent");
-    }
-    found
-}
 
 /// A member cluster folder: the kind worker Node, its real slice and DeviceClass, and the
 /// real manifest file `templates` (ResourceClaimTemplate, Namespace and Pods, as the example
@@ -73,7 +58,9 @@ fn query(cluster: &str) -> ReplicaQuery {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refs_resolve_against_each_clusters_published_templates() {
-    let Some(real) = real() else { return };
+    let Some(real) = dramesh_fakeapi::shared_fixtures("real/dra-example-driver") else {
+        return;
+    };
     let tmp = tempfile::tempdir().expect("tmp");
     let tmp = tmp.path();
     let mut r = Replicas::start(tmp, &["r1"], &["east", "west"], OPEN_API);

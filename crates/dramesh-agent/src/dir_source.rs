@@ -426,6 +426,43 @@ mod tests {
         );
     }
 
+    /// The real dra-example-driver file (a Namespace, a ResourceClaimTemplate, two Pods)
+    /// dropped into the folder publishes the template under its namespaced key.
+    #[test]
+    fn resource_claim_templates_are_published() {
+        let Some(real) = dramesh_fakeapi::shared_fixtures(
+            "real/dra-example-driver/demo-examples/basic-resourceclaimtemplate/basic-resourceclaimtemplate.yaml",
+        ) else {
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(&real, dir.path().join("templates.yaml")).unwrap();
+        let mut s = DirState::default();
+        let objs = s.poll(dir.path());
+        let key = ObjectKey::new(
+            ObjectKind::ResourceClaimTemplate,
+            Some("basic-resourceclaimtemplate"),
+            "single-gpu",
+        );
+        let v: serde_json::Value = serde_json::from_slice(&objs[&key]).unwrap();
+        assert_eq!(
+            v["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"],
+            "gpu.example.com"
+        );
+        let kinds: Vec<ObjectKind> = objs.keys().map(|k| k.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                ObjectKind::Pod,
+                ObjectKind::Pod,
+                ObjectKind::ResourceClaimTemplate
+            ],
+            "the Namespace is not cluster state"
+        );
+        std::fs::remove_file(dir.path().join("templates.yaml")).unwrap();
+        assert!(s.poll(dir.path()).is_empty());
+    }
+
     #[tokio::test]
     async fn source_sends_snapshot_then_changes() {
         let dir = tempfile::tempdir().unwrap();

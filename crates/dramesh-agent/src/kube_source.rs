@@ -5,7 +5,9 @@
 //! its own Node (`metadata.name=<node>`), its node's pods and ResourceSlices
 //! (`spec.nodeName=<node>`), network-attached slices and unbound pods (`spec.nodeName=`,
 //! i.e. without a node; unbound pods are published once the scheduler marked them
-//! `PodScheduled=False`, see [`crate::trim::pod_owner`]), DeviceClasses, optionally DeviceTaintRules (`resource.k8s.io/v1beta2`), and all
+//! `PodScheduled=False`, see [`crate::trim::pod_owner`]), DeviceClasses, ResourceClaimTemplates
+//! (names, namespaces and claim specs: what Karmada's `resourceClaimRefs` are resolved
+//! against), optionally DeviceTaintRules (`resource.k8s.io/v1beta2`), and all
 //! ResourceClaims (the API has no filter for "allocated on this node", so claims are filtered
 //! here by [`crate::trim::claim_owner`]). It publishes its node's records under
 //! [`Scope::Node`]; while it holds the Lease it also publishes the cluster-scoped ones under
@@ -98,7 +100,11 @@ enum WatchId {
     Classes = 5,
     TaintRules = 6,
     PendingPods = 7,
+    ClaimTemplates = 8,
 }
+
+/// Number of watches (one mirror each).
+const WATCHES: usize = 9;
 
 const NODE_WATCHES: [WatchId; 4] = [
     WatchId::Node,
@@ -106,12 +112,13 @@ const NODE_WATCHES: [WatchId; 4] = [
     WatchId::NodeSlices,
     WatchId::Claims,
 ];
-const CLUSTER_WATCHES: [WatchId; 5] = [
+const CLUSTER_WATCHES: [WatchId; 6] = [
     WatchId::Claims,
     WatchId::NetworkSlices,
     WatchId::Classes,
     WatchId::TaintRules,
     WatchId::PendingPods,
+    WatchId::ClaimTemplates,
 ];
 
 enum Internal {
@@ -134,7 +141,7 @@ struct State {
 
 impl State {
     fn new(cfg: &KubeSourceConfig) -> State {
-        let mut mirrors: Vec<Mirror> = (0..8)
+        let mut mirrors: Vec<Mirror> = (0..WATCHES)
             .map(|_| Mirror::new(Some(cfg.node_name.clone())))
             .collect();
         if !cfg.watch_device_taint_rules {
@@ -330,6 +337,13 @@ pub async fn run_kube_source(
         base(),
         WatchId::Classes,
         trim::class_record,
+        itx.clone(),
+    ));
+    tasks.spawn(watch_into(
+        Api::<k8s::ResourceClaimTemplate>::all(client.clone()),
+        base(),
+        WatchId::ClaimTemplates,
+        trim::claim_template_record,
         itx.clone(),
     ));
     if cfg.watch_device_taint_rules {

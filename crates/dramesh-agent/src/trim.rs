@@ -174,6 +174,23 @@ pub fn trim_claim(c: &k8s::ResourceClaim) -> k8s::ResourceClaim {
     c
 }
 
+/// A ResourceClaimTemplate as allocation reads it: its name, namespace and the claim spec
+/// (`spec.spec`); the claims' own metadata (`spec.metadata`) and everything else are dropped,
+/// so a label or annotation edit publishes nothing.
+pub fn trim_claim_template(t: &k8s::ResourceClaimTemplate) -> k8s::ResourceClaimTemplate {
+    k8s::ResourceClaimTemplate {
+        metadata: ObjectMeta {
+            name: t.metadata.name.clone(),
+            namespace: t.metadata.namespace.clone(),
+            ..ObjectMeta::default()
+        },
+        spec: k8s::ResourceClaimTemplateSpec {
+            metadata: None,
+            spec: t.spec.spec.clone(),
+        },
+    }
+}
+
 /// A DeviceTaintRule with trimmed metadata and no status.
 pub fn trim_taint_rule(r: &k8s::DeviceTaintRule) -> k8s::DeviceTaintRule {
     let mut r = r.clone();
@@ -246,6 +263,14 @@ pub fn claim_record(c: &k8s::ResourceClaim) -> Record {
 pub fn taint_rule_record(r: &k8s::DeviceTaintRule) -> Record {
     Record::new(
         ClusterObject::DeviceTaintRule(Arc::new(trim_taint_rule(r))),
+        Some(Owner::Cluster),
+    )
+}
+
+/// A ResourceClaimTemplate as a record, owned by the cluster leader.
+pub fn claim_template_record(t: &k8s::ResourceClaimTemplate) -> Record {
+    Record::new(
+        ClusterObject::ResourceClaimTemplate(Arc::new(trim_claim_template(t))),
         Some(Owner::Cluster),
     )
 }

@@ -687,3 +687,114 @@ async fn pending_pods_reach_the_cluster_scope_and_move_when_bound() {
     })
     .await;
 }
+
+/// A real ResourceClaimTemplate (dra-example-driver's `multiple-gpus`, two GPU requests) from
+/// `shared/fixtures/real` in the nearest ancestor, as JSON; `None` (with a message) when the folder is absent, a
+/// failure when `CI` is set.
+fn real_claim_template() -> Option<Value> {
+    let f = dramesh_fakeapi::shared_fixtures(
+        "real/dra-example-driver/demo-examples/basic-multiple-requests/basic-multiple-requests.yaml",
+    )?;
+    dramesh_model::load::load_path(&f)
+        .unwrap()
+        .into_iter()
+        .find_map(|l| match l.manifest {
+            dramesh_model::Manifest::Object(o @ ClusterObject::ResourceClaimTemplate(_)) => {
+                Some(to_value(&o))
+            }
+            _ => None,
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resource_claim_templates_reach_the_cluster_scope_trimmed() {
+    let Some(mut tpl) = real_claim_template() else {
+        return;
+    };
+    bounded(async {
+        let api = FakeApi::start().await;
+        let nodes = seed(&api);
+        let me = nodes[0].clone();
+        // As an API server returns it: bookkeeping and labels the agent must drop.
+        tpl["apiVersion"] = json!("resource.k8s.io/v1");
+        tpl["kind"] = json!("ResourceClaimTemplate");
+        tpl["metadata"]["labels"] = json!({"app": "demo"});
+        tpl["metadata"]["managedFields"] = json!([{"manager": "kubectl", "operation": "Update"}]);
+        tpl["spec"]["metadata"] = json!({"labels": {"claim": "demo"}});
+        api.apply(tpl.clone());
+        let ns = "basic-multiple-requests";
+        let cs = Scope::Cluster { term: 0 };
+        let key = ObjectKey::new(ObjectKind::ResourceClaimTemplate, Some(ns), "multiple-gpus");
+        let mut a = Agent::start(&api, &me, Some(lease("a", 3000)));
+        a.until("template in the cluster scope", |v| {
+            v.has(
+                &cs,
+                ObjectKind::ResourceClaimTemplate,
+                Some(ns),
+                "multiple-gpus",
+            )
+        })
+        .await;
+        let got = a.view.cluster(0).unwrap()[&key].clone();
+        assert_eq!(
+            got["metadata"],
+            json!({"name": "multiple-gpus", "namespace": ns})
+        );
+        assert_eq!(
+            got["spec"],
+            json!({"spec": tpl["spec"]["spec"]}),
+            "the claim spec, no claim metadata"
+        );
+        assert_eq!(
+            got["spec"]["spec"]["devices"]["requests"]
+                .as_array()
+                .map(Vec::len),
+            Some(2)
+        );
+        assert!(
+            a.view.node(&me).is_some_and(|s| s
+                .keys()
+                .all(|k| k.kind != ObjectKind::ResourceClaimTemplate)),
+            "templates are the Lease holder's"
+        );
+        // It decodes as the view reads it.
+        let bytes = serde_json::to_vec(&got).unwrap();
+        assert!(ClusterObject::from_json(ObjectKind::ResourceClaimTemplate, &bytes).is_ok());
+
+        // A label-only change publishes nothing; a spec change does; a deletion deletes.
+        let before = a.view.batches;
+        let mut labelled = api
+            .get("ResourceClaimTemplate", Some(ns), "multiple-gpus")
+            .unwrap();
+        labelled["metadata"]["labels"] = json!({"app": "other"});
+        api.apply(labelled);
+        a.drain_for(Duration::from_millis(800)).await;
+        assert_eq!(
+            a.view.batches, before,
+            "trimmed-equal updates are suppressed"
+        );
+        let mut changed = api
+            .get("ResourceClaimTemplate", Some(ns), "multiple-gpus")
+            .unwrap();
+        changed["spec"]["spec"]["devices"]["requests"][1]["exactly"]["count"] = json!(3);
+        api.apply(changed);
+        a.until("changed template", |v| {
+            v.cluster(0).and_then(|s| s.get(&key)).is_some_and(|t| {
+                t["spec"]["spec"]["devices"]["requests"][1]["exactly"]["count"] == 3
+            })
+        })
+        .await;
+        assert!(api.delete("ResourceClaimTemplate", Some(ns), "multiple-gpus"));
+        a.until("deleted template", |v| {
+            !v.has(
+                &cs,
+                ObjectKind::ResourceClaimTemplate,
+                Some(ns),
+                "multiple-gpus",
+            )
+        })
+        .await;
+        a.task.abort();
+    })
+    .await;
+}

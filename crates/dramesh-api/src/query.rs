@@ -15,6 +15,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use dramesh_estimator::ClaimRef;
 use k8s_openapi::api::core::v1::{
     NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Toleration,
 };
@@ -93,6 +94,41 @@ pub struct ReplicaRequirements {
     pub priority_class_name: String,
     /// DRA devices per replica.
     pub dra: DraRequirements,
+    /// Karmada's `resourceClaimRefs` (dramesh extension number until upstream assigns one,
+    /// see proto/karmada/README.md): the pod's claims by name, resolved in each member
+    /// cluster. A template reference's pod claim is `ref-<index>` (the wire carries none).
+    pub claim_refs: Vec<ClaimRef>,
+}
+
+fn claim_refs_from_proto(
+    refs: Vec<pb::ResourceClaimReference>,
+    path: &str,
+) -> Result<Vec<ClaimRef>, ConvertError> {
+    ClaimRef::from_references(refs.iter().map(|r| {
+        (
+            r.resource_claim_template_name.as_str(),
+            r.resource_claim_name.as_str(),
+        )
+    }))
+    .map_err(|(i, message)| match i {
+        Some(i) => err(format!("{path}.resourceClaimRefs[{i}]"), message),
+        None => err(format!("{path}.resourceClaimRefs"), message),
+    })
+}
+
+fn claim_refs_to_proto(refs: &[ClaimRef]) -> Vec<pb::ResourceClaimReference> {
+    refs.iter()
+        .map(|r| match r {
+            ClaimRef::Template { name, .. } => pb::ResourceClaimReference {
+                resource_claim_template_name: name.clone(),
+                resource_claim_name: String::new(),
+            },
+            ClaimRef::Claim(name) => pb::ResourceClaimReference {
+                resource_claim_template_name: String::new(),
+                resource_claim_name: name.clone(),
+            },
+        })
+        .collect()
 }
 
 /// One component of a multi-template workload.
@@ -411,6 +447,7 @@ impl ReplicaRequirements {
             namespace: r.namespace,
             priority_class_name: r.priority_class_name,
             dra: dra_from_proto(r.dra_requirements, path)?,
+            claim_refs: claim_refs_from_proto(r.resource_claim_refs, path)?,
         })
     }
 
@@ -429,6 +466,8 @@ impl ReplicaRequirements {
             namespace: String::new(),
             priority_class_name: r.priority_class_name,
             dra: dra_from_proto(r.dra_requirements, path)?,
+            // Karmada's design keeps claim references out of components.
+            claim_refs: Vec::new(),
         })
     }
 }
@@ -508,6 +547,7 @@ impl ReplicaQuery {
                 priority_class_name: self.requirements.priority_class_name.clone(),
                 resource_request_bytes: byte_requests(&self.requirements.resource_request, style),
                 dra_requirements: dra_to_proto(&self.requirements.dra),
+                resource_claim_refs: claim_refs_to_proto(&self.requirements.claim_refs),
             }),
             assumed_workloads: assumed_to_proto(&self.assumed_workloads, style),
         }
@@ -715,6 +755,13 @@ mod tests {
                     }],
                     shared_claims: vec!["shared-nic".into()],
                 },
+                claim_refs: vec![
+                    ClaimRef::Template {
+                        pod_claim: "ref-0".into(),
+                        name: "gpu-tmpl".into(),
+                    },
+                    ClaimRef::Claim("shared-nic".into()),
+                ],
             },
             assumed_workloads: vec![AssumedWorkload {
                 namespace: "ml".into(),
@@ -766,6 +813,127 @@ mod tests {
         let nc = r.node_claim.as_ref().expect("node claim");
         assert!(nc.node_affinity.is_none() && nc.tolerations.is_empty());
         assert_eq!(nc.tolerations_bytes.len(), 2);
+    }
+
+    /// The number `ReplicaRequirements.resourceClaimRefs` has in the .proto file: the one
+    /// place it is written (switching to Karmada's number is editing that line).
+    fn claim_refs_field_number() -> u64 {
+        let proto = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../proto/karmada/pkg/estimator/pb/estimator.proto");
+        let text = std::fs::read_to_string(&proto).expect("estimator.proto");
+        let line = text
+            .lines()
+            .find(|l| l.contains("resourceClaimRefs ="))
+            .expect("a resourceClaimRefs field");
+        let n = line
+            .split('=')
+            .nth(1)
+            .and_then(|r| r.trim().trim_end_matches(';').trim().parse().ok())
+            .expect("a field number");
+        // Not a number Karmada's ReplicaRequirements uses or reserves, nor field 100.
+        assert!(n > 5 && n != 100, "{n}");
+        n
+    }
+
+    fn varint(mut v: u64, out: &mut Vec<u8>) {
+        while v >= 0x80 {
+            out.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+    }
+
+    /// A length-delimited field as protoc-gen-go writes it: tag, length, bytes.
+    fn ld(field: u64, bytes: &[u8], out: &mut Vec<u8>) {
+        varint(field << 3 | 2, out);
+        varint(bytes.len() as u64, out);
+        out.extend_from_slice(bytes);
+    }
+
+    /// A `MaxAvailableReplicasRequest` with `resourceClaimRefs`, encoded by hand the way
+    /// protoc-gen-go (Karmada's client) writes it: fields in number order, proto3 strings
+    /// left out when empty, the map entry as key 1 / value 2, each Quantity as
+    /// `resource.Quantity#Marshal()` bytes.
+    #[test]
+    fn resource_claim_refs_decode_from_go_style_bytes() {
+        let n = claim_refs_field_number();
+        let mut cpu = Vec::new();
+        ld(1, b"cpu", &mut cpu);
+        ld(2, b"\x0a\x01\x32", &mut cpu); // Quantity "2"
+        let mut template_ref = Vec::new();
+        ld(1, b"gpu-tmpl", &mut template_ref);
+        let mut claim_ref = Vec::new();
+        ld(2, b"shared-nic", &mut claim_ref);
+        let mut both = Vec::new();
+        ld(1, b"nic-tmpl", &mut both);
+        ld(2, b"ignored", &mut both);
+        let mut req = Vec::new();
+        ld(3, b"ml", &mut req);
+        ld(5, &cpu, &mut req);
+        for r in [&template_ref, &claim_ref, &both] {
+            ld(n, r, &mut req);
+        }
+        let mut msg = Vec::new();
+        ld(1, b"member-1", &mut msg);
+        ld(2, &req, &mut msg);
+        let decoded = pb::MaxAvailableReplicasRequest::decode(msg.as_slice()).expect("decode");
+        // prost writes the same bytes back: the hand encoding is the canonical one.
+        assert_eq!(decoded.encode_to_vec(), msg);
+        let got = ReplicaQuery::from_proto(decoded).expect("convert");
+        assert_eq!(got.cluster, "member-1");
+        assert_eq!(got.requirements.namespace, "ml");
+        assert_eq!(got.requirements.resource_request["cpu"], q("2"));
+        assert_eq!(
+            got.requirements.claim_refs,
+            [
+                ClaimRef::Template {
+                    pod_claim: "ref-0".into(),
+                    name: "gpu-tmpl".into()
+                },
+                ClaimRef::Claim("shared-nic".into()),
+                // Both set: the template name wins, as in Karmada's extraction.
+                ClaimRef::Template {
+                    pod_claim: "ref-2".into(),
+                    name: "nic-tmpl".into()
+                },
+            ]
+        );
+        assert!(got.requirements.dra.is_empty(), "field 100 was not sent");
+
+        // The same bytes at another number are an unknown field, skipped: the number read
+        // from the .proto file is the one the generated code uses.
+        let mut elsewhere = Vec::new();
+        ld(n + 1, &template_ref, &mut elsewhere);
+        let mut msg = Vec::new();
+        ld(2, &elsewhere, &mut msg);
+        let got = ReplicaQuery::from_proto(
+            pb::MaxAvailableReplicasRequest::decode(msg.as_slice()).expect("decode"),
+        )
+        .expect("convert");
+        assert!(got.requirements.claim_refs.is_empty());
+    }
+
+    #[test]
+    fn empty_or_too_many_claim_refs_are_named() {
+        let r = |refs: Vec<pb::ResourceClaimReference>| pb::MaxAvailableReplicasRequest {
+            cluster: "c".into(),
+            replica_requirements: Some(pb::ReplicaRequirements {
+                resource_claim_refs: refs,
+                ..Default::default()
+            }),
+            assumed_workloads: vec![],
+        };
+        let e = ReplicaQuery::from_proto(r(vec![Default::default()])).expect_err("empty");
+        assert_eq!(e.field, "replicaRequirements.resourceClaimRefs[0]");
+        let many = vec![
+            pb::ResourceClaimReference {
+                resource_claim_name: "c".into(),
+                ..Default::default()
+            };
+            dramesh_estimator::MAX_CLAIM_REFS + 1
+        ];
+        let e = ReplicaQuery::from_proto(r(many)).expect_err("too many");
+        assert_eq!(e.field, "replicaRequirements.resourceClaimRefs");
     }
 
     #[test]
@@ -879,6 +1047,7 @@ mod tests {
                     replicas: 1,
                     requirements: ReplicaRequirements {
                         namespace: String::new(),
+                        claim_refs: Vec::new(),
                         ..s.requirements.clone()
                     },
                 },

@@ -215,6 +215,7 @@ fn agent_rbac_is_read_only_plus_a_namespaced_lease() {
         ("resource.k8s.io", "deviceclasses"),
         ("resource.k8s.io", "resourceclaims"),
         ("resource.k8s.io", "devicetaintrules"),
+        ("resource.k8s.io", "resourceclaimtemplates"),
         ("", "nodes"),
         ("", "pods"),
     ] {

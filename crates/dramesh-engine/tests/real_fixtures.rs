@@ -307,7 +307,7 @@ fn selector_expressions(m: &Manifest) -> Vec<(String, String)> {
             serde_json::to_value(&**c).unwrap_or(Value::Null),
             "/spec/devices/requests",
         ),
-        Manifest::ResourceClaimTemplate(t) => (
+        Manifest::Object(ClusterObject::ResourceClaimTemplate(t)) => (
             "ResourceClaimTemplate",
             serde_json::to_value(&**t).unwrap_or(Value::Null),
             "/spec/spec/devices/requests",
@@ -392,7 +392,9 @@ fn template_spec(loaded: &[Loaded], name: &str) -> Value {
     loaded
         .iter()
         .find_map(|l| match &l.manifest {
-            Manifest::ResourceClaimTemplate(t) if t.metadata.name.as_deref() == Some(name) => {
+            Manifest::Object(ClusterObject::ResourceClaimTemplate(t))
+                if t.metadata.name.as_deref() == Some(name) =>
+            {
                 serde_json::to_value(&**t)
                     .ok()
                     .map(|v| v["spec"]["spec"].clone())

@@ -8,6 +8,9 @@
 //!   `warm_with_assumed_no_claims` with the same replicas holding no devices.
 //! - `fleet_100x1000x8`: 100 clusters of 1,000 nodes x 8 GPUs, same workload; plus
 //!   placement (dynamic weight) and preemption of a workload that fits nowhere.
+//!   `estimate_warm_claim_refs` repeats the warm query with the claim as a reference (Karmada's
+//!   `resourceClaimRefs`) that every cluster resolves against the template it publishes:
+//!   the cost of resolving per cluster on top of `estimate_warm`.
 
 #[path = "../tests/common/fleet.rs"]
 mod fleet;
@@ -18,21 +21,27 @@ use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use dramesh_estimator::{
-    AssumedWorkload, EstimateOptions, Estimator, Policy, View, Workload, place, preempt,
+    AssumedWorkload, ClaimRef, EstimateOptions, Estimator, Policy, View, Workload, place, preempt,
 };
 use dramesh_model::{ClusterObject, ObjectChange, ObjectKey, ObjectKind};
 use dramesh_sim::typed::{self, FleetSpec};
 use serde_json::json;
 
-fn gpu_workload(replicas: i64) -> Workload {
-    let tpl: dramesh_model::k8s::ResourceClaimTemplate = serde_json::from_value(json!({
+fn gpu_template() -> dramesh_model::k8s::ResourceClaimTemplate {
+    serde_json::from_value(json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
         "metadata": {"name": "gpu", "namespace": "default"},
         "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": typed::CLASS}}]}}}
     }))
-    .expect("template");
+    .expect("template")
+}
+
+fn gpu_workload(replicas: i64) -> Workload {
     let mut templates = HashMap::new();
-    templates.insert(("default".to_string(), "gpu".to_string()), Arc::new(tpl));
+    templates.insert(
+        ("default".to_string(), "gpu".to_string()),
+        Arc::new(gpu_template()),
+    );
     let spec = json!({
         "containers": [{"name": "c", "resources": {"requests": {"cpu": "2", "memory": "16Gi"}}}],
         "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu"}]
@@ -131,6 +140,25 @@ fn hundred_clusters(c: &mut Criterion) {
     est.estimate(&view, &w, &opts);
     g.bench_function("estimate_warm", |b| {
         b.iter(|| black_box(est.estimate(&view, &w, &opts).total))
+    });
+    let tpl = ClusterObject::ResourceClaimTemplate(Arc::new(gpu_template()));
+    for i in 0..100 {
+        view.apply_object(&format!("c{i}"), tpl.clone())
+            .expect("template");
+    }
+    let mut by_ref = gpu_workload(1);
+    by_ref.templates.clear();
+    by_ref.claim_refs = vec![ClaimRef::Template {
+        pod_claim: "gpu".into(),
+        name: "gpu".into(),
+    }];
+    by_ref.refresh_fingerprint();
+    assert_eq!(
+        est.estimate(&view, &by_ref, &opts).total,
+        est.estimate(&view, &w, &opts).total
+    );
+    g.bench_function("estimate_warm_claim_refs", |b| {
+        b.iter(|| black_box(est.estimate(&view, &by_ref, &opts).total))
     });
     let mut on = false;
     g.bench_function("estimate_after_one_node_change", |b| {

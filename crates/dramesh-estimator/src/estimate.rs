@@ -416,13 +416,22 @@ impl Estimator {
             if !opts.clusters.is_empty() && !opts.clusters.contains(&c.name) {
                 continue;
             }
+            // Claim references are resolved per cluster; the resolved workload's fingerprint
+            // names the templates it found, so memos and caches are per template content.
+            let w = match c.workload(w) {
+                Ok(w) => w,
+                Err(e) => {
+                    clusters.push(error_estimate(c, e));
+                    continue;
+                }
+            };
             if opts.past_deadline() {
                 clusters.push(error_estimate(c, DEADLINE_EXCEEDED.into()));
             } else if opts.disable_cache {
-                clusters.push(estimate_cluster(c, w, opts, None, None));
+                clusters.push(estimate_cluster(c, &w, opts, None, None));
             } else {
                 let list = opts.assumed.shared(&c.name);
-                clusters.push(self.estimate_memoized(c, w, opts, list));
+                clusters.push(self.estimate_memoized(c, &w, opts, list));
             }
         }
         let total = clusters
@@ -802,6 +811,11 @@ pub(crate) fn estimate_cluster(
     overlay: Option<&Overlay>,
     cache: Option<&mut DeviceCache>,
 ) -> ClusterEstimate {
+    let w = match c.workload(w) {
+        Ok(w) => w,
+        Err(e) => return error_estimate(c, e),
+    };
+    let w = &*w;
     let mut out = blank_estimate(c);
     if c.nodes.is_empty() {
         out.limited_by = "no nodes".into();

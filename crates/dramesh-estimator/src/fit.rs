@@ -28,6 +28,7 @@
 //! bypass the caches; once an assumed replica holds a device that is not local to its node,
 //! the whole query does.
 
+use std::borrow::Cow;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -217,6 +218,24 @@ pub(crate) struct DeviceQuery<'a> {
     assumed: Option<AssumedDevices>,
 }
 
+impl ClusterView {
+    /// `w` as it is estimated in this cluster: its [`Workload::claim_refs`] resolved against
+    /// the cluster's ResourceClaimTemplates by the rule of [`Workload::in_cluster`]. An error
+    /// names the template the cluster lacks. (Here rather than in `view`, which the
+    /// workload's layer is below.)
+    pub fn workload<'w>(&self, w: &'w Workload) -> Result<Cow<'w, Workload>, String> {
+        let resolved = w.in_cluster(&self.name, !self.claim_templates.is_empty(), |ns, name| {
+            self.claim_templates
+                .get(&(ns.to_string(), name.to_string()))
+                .cloned()
+        })?;
+        Ok(match resolved {
+            Some(r) => Cow::Owned(r),
+            None => Cow::Borrowed(w),
+        })
+    }
+}
+
 fn claim_from(namespace: &str, name: &str, spec: ResourceClaimSpec) -> ResourceClaim {
     ResourceClaim {
         metadata: ObjectMeta {
@@ -247,6 +266,10 @@ impl<'a> DeviceQuery<'a> {
         assumed: &mut Option<AssumedDevices>,
         max_steps: Option<u64>,
     ) -> Result<Option<DeviceQuery<'a>>, String> {
+        // A no-op for a workload already resolved in `c` (every caller but assumed
+        // workloads' deductions resolves first).
+        let w = c.workload(w)?;
+        let w = &*w;
         let devices = &c.devices;
         let mut dra_extended = Vec::new();
         let ext_enabled = Options::for_version(devices.version)

@@ -65,4 +65,6 @@ pub use reservations::{
 pub use resources::{ResList, ResName};
 pub use snapshot::{SnapshotError, load_snapshot};
 pub use view::{ApplyError, ClusterView, NodeEntry, NodeUsage, Owner, PodEntry, View};
-pub use workload::{TemplateRef, Workload, WorkloadError, load_workload};
+pub use workload::{
+    ClaimRef, MAX_CLAIM_REFS, TemplateRef, TemplateSource, Workload, WorkloadError, load_workload,
+};

@@ -808,12 +808,22 @@ pub fn preempt(
             });
             continue;
         }
+        let w = match c.workload(w) {
+            Ok(w) => w,
+            Err(e) => {
+                result.clusters.push(ClusterPreemption {
+                    reason: Some(e),
+                    ..ClusterPreemption::unchanged(&c.name, before)
+                });
+                continue;
+            }
+        };
         let cache = if opts.disable_cache {
             None
         } else {
             Some(estimator.device_cache.entry(c.name.clone()).or_default())
         };
-        let (p, gave_up) = preempt_cluster_with(c, w, opts, before, cache);
+        let (p, gave_up) = preempt_cluster_with(c, &w, opts, before, cache);
         if gave_up {
             unknown.push(c.name.clone());
         }

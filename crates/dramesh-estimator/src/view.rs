@@ -9,10 +9,12 @@
 //! current allocations of those claims are read); terminal pods and pods not bound to a node
 //! do not count against capacity, as in Karmada's estimator.
 
+use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use dramesh_model::k8s::{Node, Pod, Taint};
+use dramesh_model::k8s::{Node, Pod, ResourceClaimTemplate, Taint};
 use dramesh_model::{ClusterInfo, ClusterObject, ObjectChange, ObjectKey, ObjectKind};
 
 use crate::cluster_devices::{CHANGE_LOG, ClaimHandle, ClusterDevices};
@@ -159,6 +161,9 @@ pub struct ClusterView {
     /// Interned owners and request lists, so a million pods of a few workloads share them.
     owners: HashSet<Arc<Owner>>,
     request_lists: HashSet<Arc<ResList>>,
+    /// ResourceClaimTemplates by (namespace, name), each with a hash of its spec (what a
+    /// workload resolving it is cached under).
+    pub(crate) claim_templates: BTreeMap<(String, String), (Arc<ResourceClaimTemplate>, u64)>,
 }
 
 impl ClusterView {
@@ -212,6 +217,22 @@ impl ClusterView {
     /// The Kubernetes version the cluster reported.
     pub fn kubernetes_version(&self) -> Option<&str> {
         self.info.kubernetes_version.as_deref()
+    }
+
+    /// A ResourceClaimTemplate the cluster publishes.
+    pub fn claim_template(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Option<&Arc<ResourceClaimTemplate>> {
+        self.claim_templates
+            .get(&(namespace.to_string(), name.to_string()))
+            .map(|(t, _)| t)
+    }
+
+    /// Number of ResourceClaimTemplates the cluster publishes.
+    pub fn claim_template_count(&self) -> usize {
+        self.claim_templates.len()
     }
 
     fn bump(&mut self, node: &Arc<str>) {
@@ -431,6 +452,19 @@ impl View {
                 c.info = (*info).clone();
                 c.devices.set_version(info.kubernetes_version.as_deref());
             }
+            ClusterObject::ResourceClaimTemplate(t) => {
+                let mut h = DefaultHasher::new();
+                serde_json::to_string(&t.spec)
+                    .unwrap_or_default()
+                    .hash(&mut h);
+                let spec_hash = h.finish();
+                let k = (key.namespace.clone().unwrap_or_default(), key.name.clone());
+                // Only the spec is read: a metadata update changes no answer.
+                if c.claim_templates.get(&k).map(|(_, h)| *h) != Some(spec_hash) {
+                    c.generation += 1;
+                    c.claim_templates.insert(k, (t, spec_hash));
+                }
+            }
         }
         Ok(())
     }
@@ -471,6 +505,12 @@ impl View {
                 c.generation += 1;
                 c.info = ClusterInfo::default();
                 c.devices.set_version(None);
+            }
+            ObjectKind::ResourceClaimTemplate => {
+                let k = (key.namespace.clone().unwrap_or_default(), key.name.clone());
+                if c.claim_templates.remove(&k).is_some() {
+                    c.generation += 1;
+                }
             }
         }
     }

@@ -2,9 +2,11 @@
 //! StatefulSet, Job or Pod, reduced to what one replica needs (requests, node claim,
 //! ResourceClaimTemplates, shared claims), its replica count, priority and identity.
 //!
-//! Guarantees: every ResourceClaimTemplate the pod template references is resolved or
-//! loading fails naming it; the fingerprint changes whenever anything that affects
-//! per-node fit changes.
+//! Guarantees: every ResourceClaimTemplate the pod template references is resolved, either
+//! from the templates given with it or, as Karmada's `resourceClaimRefs` are, in each member
+//! cluster ([`Workload::claim_refs`], [`Workload::in_cluster`]); a template found nowhere is
+//! an error naming it. The fingerprint changes whenever anything that affects per-node fit
+//! changes.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, HashMap};
@@ -77,6 +79,90 @@ impl From<load::LoadError> for WorkloadError {
     }
 }
 
+/// A claim of the pod named by reference and resolved in each member cluster: Karmada's
+/// `ResourceClaimReference` (`work/v1alpha2` `ReplicaRequirements.resourceClaimRefs`, from the
+/// DRA estimator design of karmada-io/karmada PR 7389), with the pod claim it stands for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ClaimRef {
+    /// `resourceClaimTemplateName`: every replica gets a fresh claim from the
+    /// ResourceClaimTemplate of this name in the workload's namespace of the cluster.
+    Template {
+        /// The pod claim (`spec.resourceClaims[].name`) the reference stands for.
+        pod_claim: String,
+        /// The template's name.
+        name: String,
+    },
+    /// `resourceClaimName`: an existing ResourceClaim of the workload's namespace that every
+    /// replica shares. It must exist in the cluster; it is allocated once, not per replica.
+    Claim(String),
+}
+
+impl ClaimRef {
+    /// The `i`-th entry of Karmada's `resourceClaimRefs`, as its Go type carries it: the
+    /// template name wins when both are set (Karmada's extraction rule); `None` when neither
+    /// is. Its pod claim is `ref-<i>` (the reference carries none).
+    pub fn from_reference(i: usize, template_name: &str, claim_name: &str) -> Option<ClaimRef> {
+        if !template_name.is_empty() {
+            Some(ClaimRef::Template {
+                pod_claim: format!("ref-{i}"),
+                name: template_name.to_string(),
+            })
+        } else if !claim_name.is_empty() {
+            Some(ClaimRef::Claim(claim_name.to_string()))
+        } else {
+            None
+        }
+    }
+}
+
+impl ClaimRef {
+    /// Karmada's `resourceClaimRefs` list, each entry as (`resourceClaimTemplateName`,
+    /// `resourceClaimName`), by [`ClaimRef::from_reference`]. Err names the entry at fault
+    /// (`None`: the list, longer than [`MAX_CLAIM_REFS`]) and what is wrong, for the caller to
+    /// put its field path on.
+    pub fn from_references<'a>(
+        refs: impl ExactSizeIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<Vec<ClaimRef>, (Option<usize>, String)> {
+        if refs.len() > MAX_CLAIM_REFS {
+            return Err((
+                None,
+                format!(
+                    "{} entries, more than the {MAX_CLAIM_REFS} claims a pod may have",
+                    refs.len()
+                ),
+            ));
+        }
+        refs.enumerate()
+            .map(|(i, (template, claim))| {
+                ClaimRef::from_reference(i, template, claim).ok_or_else(|| {
+                    (
+                        Some(i),
+                        "names neither a resourceClaimTemplateName nor a resourceClaimName"
+                            .to_string(),
+                    )
+                })
+            })
+            .collect()
+    }
+}
+
+/// Most claim references one workload may carry: Kubernetes' limit of claims per pod.
+pub const MAX_CLAIM_REFS: usize = 32;
+
+/// How [`Workload::from_pod_spec_with`] finds the ResourceClaimTemplates a pod spec names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TemplateSource {
+    /// Only among the templates given: a name missing there is
+    /// [`WorkloadError::MissingTemplate`] (request field 100, whose templates have
+    /// made-up names).
+    Given,
+    /// In each member cluster, as Karmada's `resourceClaimRefs` are: the pod's claims
+    /// become [`Workload::claim_refs`]; the given templates, when they include every name,
+    /// are the fallback for clusters that publish no ResourceClaimTemplates (see
+    /// [`Workload::in_cluster`]).
+    Cluster,
+}
+
 /// One ResourceClaimTemplate reference of the pod template.
 #[derive(Debug, Clone)]
 pub struct TemplateRef {
@@ -109,6 +195,10 @@ pub struct Workload {
     pub templates: Vec<TemplateRef>,
     /// `resourceClaimName` references: claims shared by all replicas.
     pub shared_claims: Vec<String>,
+    /// Claims resolved in each member cluster (Karmada's `resourceClaimRefs`); when not
+    /// empty, [`Workload::in_cluster`] decides per cluster whether they or `templates` and
+    /// `shared_claims` apply.
+    pub claim_refs: Vec<ClaimRef>,
     /// Pod priority.
     pub priority: i32,
     /// True unless the PriorityClass says `preemptionPolicy: Never`.
@@ -127,7 +217,63 @@ impl Workload {
 
     /// True when replicas need DRA devices.
     pub fn needs_devices(&self) -> bool {
-        !self.templates.is_empty() || !self.shared_claims.is_empty()
+        !self.templates.is_empty() || !self.shared_claims.is_empty() || !self.claim_refs.is_empty()
+    }
+
+    /// The workload as it is estimated in one member cluster, or `None` when that is the
+    /// workload itself. The rule for [`Workload::claim_refs`]:
+    ///
+    /// * no references: the workload's own claims;
+    /// * the cluster publishes ResourceClaimTemplates (`publishes`), or the workload has no
+    ///   claims of its own: the references, each template looked up by `lookup(namespace,
+    ///   name)` (the template and a hash of its spec) in the workload's namespace; one that is
+    ///   missing is an error naming it (`ResourceClaimTemplate ml/gpu not found in cluster
+    ///   c1`), which answers 0 for the cluster. Shared claims are checked where devices are
+    ///   fitted (a missing one is `ResourceClaim ml/x not found in cluster c1`);
+    /// * the cluster publishes none (an agent that does not watch them): the workload's own
+    ///   claims, the templates the caller gave (Karmada's own copies, request field 100).
+    pub fn in_cluster(
+        &self,
+        cluster: &str,
+        publishes: bool,
+        lookup: impl Fn(&str, &str) -> Option<(Arc<ResourceClaimTemplate>, u64)>,
+    ) -> Result<Option<Workload>, String> {
+        let own = !self.templates.is_empty() || !self.shared_claims.is_empty();
+        if self.claim_refs.is_empty() || (own && !publishes) {
+            return Ok(None);
+        }
+        let mut h = DefaultHasher::new();
+        self.fingerprint.hash(&mut h);
+        let mut templates = Vec::new();
+        let mut shared = Vec::new();
+        for r in &self.claim_refs {
+            match r {
+                ClaimRef::Template { pod_claim, name } => {
+                    let (template, spec_hash) = lookup(&self.namespace, name).ok_or_else(|| {
+                        format!(
+                            "ResourceClaimTemplate {}/{name} not found in cluster {cluster}",
+                            self.namespace
+                        )
+                    })?;
+                    (pod_claim, spec_hash).hash(&mut h);
+                    templates.push(TemplateRef {
+                        pod_claim: pod_claim.clone(),
+                        template,
+                    });
+                }
+                ClaimRef::Claim(name) => {
+                    name.hash(&mut h);
+                    shared.push(name.clone());
+                }
+            }
+        }
+        Ok(Some(Workload {
+            templates,
+            shared_claims: shared,
+            claim_refs: Vec::new(),
+            fingerprint: h.finish(),
+            ..self.clone()
+        }))
     }
 
     /// Builds a workload from decoded manifests.
@@ -166,7 +312,7 @@ impl Workload {
                         spec: p.spec.clone(),
                     }),
                 )),
-                Manifest::ResourceClaimTemplate(t) => {
+                Manifest::Object(dramesh_model::ClusterObject::ResourceClaimTemplate(t)) => {
                     let ns = t
                         .metadata
                         .namespace
@@ -262,7 +408,15 @@ impl Workload {
                 ),
             })?;
         }
-        let mut w = Workload::from_pod_spec(&kind, &namespace, &name, replicas, spec, &templates)?;
+        let mut w = Workload::from_pod_spec_with(
+            &kind,
+            &namespace,
+            &name,
+            replicas,
+            spec,
+            &templates,
+            TemplateSource::Cluster,
+        )?;
         w.uid = uid;
         w.priority = priority.0;
         w.preempt_lower_priority = priority.1;
@@ -270,8 +424,8 @@ impl Workload {
         Ok(w)
     }
 
-    /// Builds a workload from a pod spec and the templates it may reference
-    /// (keyed by namespace and name).
+    /// Builds a workload from a pod spec and the templates it references, which must all be
+    /// given (keyed by namespace and name): [`TemplateSource::Given`].
     pub fn from_pod_spec(
         kind: &str,
         namespace: &str,
@@ -280,6 +434,28 @@ impl Workload {
         spec: PodSpec,
         templates: &HashMap<(String, String), Arc<ResourceClaimTemplate>>,
     ) -> Result<Workload, WorkloadError> {
+        Workload::from_pod_spec_with(
+            kind,
+            namespace,
+            name,
+            replicas,
+            spec,
+            templates,
+            TemplateSource::Given,
+        )
+    }
+
+    /// Builds a workload from a pod spec, finding the templates it references as `source`
+    /// says.
+    pub fn from_pod_spec_with(
+        kind: &str,
+        namespace: &str,
+        name: &str,
+        replicas: i64,
+        spec: PodSpec,
+        templates: &HashMap<(String, String), Arc<ResourceClaimTemplate>>,
+        source: TemplateSource,
+    ) -> Result<Workload, WorkloadError> {
         let label = format!("{kind} {namespace}/{name}");
         let requests = pod_requests(&spec).map_err(|m| WorkloadError::Invalid {
             workload: label.clone(),
@@ -287,22 +463,42 @@ impl Workload {
         })?;
         let mut refs = Vec::new();
         let mut shared = Vec::new();
+        let mut claim_refs = Vec::new();
+        let mut all_given = true;
         for rc in spec.resource_claims.iter().flatten() {
+            // The template name wins when both are set, as in Karmada's extraction.
             if let Some(t) = &rc.resource_claim_template_name {
-                let tpl = templates
-                    .get(&(namespace.to_string(), t.clone()))
-                    .ok_or_else(|| WorkloadError::MissingTemplate {
-                        workload: label.clone(),
-                        namespace: namespace.to_string(),
-                        name: t.clone(),
-                    })?;
-                refs.push(TemplateRef {
+                claim_refs.push(ClaimRef::Template {
                     pod_claim: rc.name.clone(),
-                    template: tpl.clone(),
+                    name: t.clone(),
                 });
+                match templates.get(&(namespace.to_string(), t.clone())) {
+                    Some(tpl) => refs.push(TemplateRef {
+                        pod_claim: rc.name.clone(),
+                        template: tpl.clone(),
+                    }),
+                    None if source == TemplateSource::Cluster => all_given = false,
+                    None => {
+                        return Err(WorkloadError::MissingTemplate {
+                            workload: label.clone(),
+                            namespace: namespace.to_string(),
+                            name: t.clone(),
+                        });
+                    }
+                }
             } else if let Some(c) = &rc.resource_claim_name {
+                claim_refs.push(ClaimRef::Claim(c.clone()));
                 shared.push(c.clone());
             }
+        }
+        match source {
+            TemplateSource::Given => claim_refs.clear(),
+            // A fallback is all of the pod's claims or none of them.
+            TemplateSource::Cluster if !all_given => {
+                refs.clear();
+                shared.clear();
+            }
+            TemplateSource::Cluster => {}
         }
         let affinity = spec
             .affinity
@@ -328,6 +524,7 @@ impl Workload {
             node_claim,
             templates: refs,
             shared_claims: shared,
+            claim_refs,
             priority: 0,
             preempt_lower_priority: true,
             policy: None,
@@ -356,6 +553,7 @@ impl Workload {
                 .hash(&mut h);
         }
         self.shared_claims.hash(&mut h);
+        self.claim_refs.hash(&mut h);
         self.fingerprint = h.finish();
     }
 

@@ -151,9 +151,25 @@ fn missing_template_is_an_error_naming_it() {
         "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x, namespace: ml}\nspec:\n  selector: {matchLabels: {a: b}}\n  template:\n    spec:\n      containers: [{name: c, image: i}]\n      resourceClaims: [{name: g, resourceClaimTemplateName: nope}]\n",
     )
     .unwrap();
-    let err = load_workload(&[&f]).unwrap_err().to_string();
+    // A template the files do not give is looked up in each member cluster, and one that a
+    // cluster lacks answers 0 there, naming it.
+    let w = load_workload(&[&f]).unwrap();
     std::fs::remove_dir_all(&tmp).unwrap();
-    assert!(err.contains("ResourceClaimTemplate ml/nope"), "{err}");
+    let view = load_snapshot(&dir().join("fleet")).unwrap();
+    let est = estimate(&view, &w, &EstimateOptions::default());
+    for c in &est.clusters {
+        assert_eq!(c.max_replicas, 0, "{c:?}");
+        assert_eq!(
+            c.error.as_deref(),
+            Some(
+                format!(
+                    "ResourceClaimTemplate ml/nope not found in cluster {}",
+                    c.name
+                )
+                .as_str()
+            )
+        );
+    }
 }
 
 /// A cluster folder that is a symbolic link is read like any other; a broken link fails naming

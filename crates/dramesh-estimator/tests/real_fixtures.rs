@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use common::*;
 use dramesh_estimator::{EstimateOptions, View, Workload, estimate};
-use dramesh_model::{Manifest, load};
+use dramesh_model::{ClusterObject, Manifest, load};
 use serde_json::json;
 
 fn real() -> Option<PathBuf> {
@@ -33,11 +33,13 @@ fn manifests(files: &[PathBuf]) -> Vec<Manifest> {
         .collect()
 }
 
-/// Applies every cluster object to `cluster`, returns the rest.
+/// Applies every cluster object to `cluster`, returns the rest (ResourceClaimTemplates are
+/// returned: these tests give them with the workload).
 fn feed(view: &mut View, cluster: &str, ms: Vec<Manifest>) -> Vec<Manifest> {
     let mut rest = Vec::new();
     for m in ms {
         match m {
+            Manifest::Object(ClusterObject::ResourceClaimTemplate(_)) => rest.push(m),
             Manifest::Object(o) => view.apply_object(cluster, o).unwrap(),
             other => rest.push(other),
         }
@@ -117,7 +119,7 @@ fn aws_view(
     ));
     let mut templates = HashMap::new();
     for m in rest {
-        if let Manifest::ResourceClaimTemplate(t) = m {
+        if let Manifest::Object(ClusterObject::ResourceClaimTemplate(t)) = m {
             templates.insert(("default".to_string(), t.metadata.name.clone().unwrap()), t);
         }
     }

@@ -49,8 +49,6 @@ impl fmt::Display for Source {
 pub enum Manifest {
     /// State published by a member cluster.
     Object(ClusterObject),
-    /// A ResourceClaimTemplate.
-    ResourceClaimTemplate(Arc<k8s::ResourceClaimTemplate>),
     /// A Deployment.
     Deployment(Arc<k8s::Deployment>),
     /// A StatefulSet.
@@ -75,7 +73,6 @@ impl Manifest {
     pub fn kind(&self) -> &str {
         match self {
             Manifest::Object(o) => o.kind().as_str(),
-            Manifest::ResourceClaimTemplate(_) => "ResourceClaimTemplate",
             Manifest::Deployment(_) => "Deployment",
             Manifest::StatefulSet(_) => "StatefulSet",
             Manifest::Job(_) => "Job",
@@ -299,9 +296,10 @@ pub fn decode_manifest(value: Value) -> Result<Manifest, (Option<String>, FieldE
                     .map(|o| Manifest::Object(ClusterObject::ResourceClaim(Arc::new(o)))),
             )
         }
-        "ResourceClaimTemplate" => {
-            typed(decode_value(value).map(|o| Manifest::ResourceClaimTemplate(Arc::new(o))))
-        }
+        "ResourceClaimTemplate" => typed(
+            decode_value(value)
+                .map(|o| Manifest::Object(ClusterObject::ResourceClaimTemplate(Arc::new(o)))),
+        ),
         "DeviceTaintRule" => {
             if !matches!(
                 api_version.as_str(),

@@ -28,11 +28,14 @@ pub enum ObjectKind {
     DeviceTaintRule,
     /// Cluster facts: Kubernetes version, labels (`cluster.yaml` or the agent's report).
     ClusterInfo,
+    /// A ResourceClaimTemplate (what Karmada's `resourceClaimRefs` name, resolved in each
+    /// member cluster).
+    ResourceClaimTemplate,
 }
 
 impl ObjectKind {
     /// Every kind.
-    pub const ALL: [ObjectKind; 7] = [
+    pub const ALL: [ObjectKind; 8] = [
         ObjectKind::Node,
         ObjectKind::Pod,
         ObjectKind::ResourceSlice,
@@ -40,6 +43,7 @@ impl ObjectKind {
         ObjectKind::ResourceClaim,
         ObjectKind::DeviceTaintRule,
         ObjectKind::ClusterInfo,
+        ObjectKind::ResourceClaimTemplate,
     ];
 
     /// The Kubernetes kind name.
@@ -52,12 +56,16 @@ impl ObjectKind {
             ObjectKind::ResourceClaim => "ResourceClaim",
             ObjectKind::DeviceTaintRule => "DeviceTaintRule",
             ObjectKind::ClusterInfo => "ClusterInfo",
+            ObjectKind::ResourceClaimTemplate => "ResourceClaimTemplate",
         }
     }
 
     /// True for namespaced kinds.
     pub fn namespaced(self) -> bool {
-        matches!(self, ObjectKind::Pod | ObjectKind::ResourceClaim)
+        matches!(
+            self,
+            ObjectKind::Pod | ObjectKind::ResourceClaim | ObjectKind::ResourceClaimTemplate
+        )
     }
 }
 
@@ -138,6 +146,8 @@ pub enum ClusterObject {
     DeviceTaintRule(Arc<k8s::DeviceTaintRule>),
     /// The cluster's facts.
     ClusterInfo(Arc<ClusterInfo>),
+    /// A ResourceClaimTemplate.
+    ResourceClaimTemplate(Arc<k8s::ResourceClaimTemplate>),
 }
 
 fn meta_key(
@@ -167,6 +177,7 @@ impl ClusterObject {
             ClusterObject::ResourceClaim(_) => ObjectKind::ResourceClaim,
             ClusterObject::DeviceTaintRule(_) => ObjectKind::DeviceTaintRule,
             ClusterObject::ClusterInfo(_) => ObjectKind::ClusterInfo,
+            ClusterObject::ResourceClaimTemplate(_) => ObjectKind::ResourceClaimTemplate,
         }
     }
 
@@ -181,6 +192,7 @@ impl ClusterObject {
             ClusterObject::ResourceClaim(o) => meta_key(kind, &o.metadata),
             ClusterObject::DeviceTaintRule(o) => meta_key(kind, &o.metadata),
             ClusterObject::ClusterInfo(_) => ObjectKey::new(kind, None, "cluster"),
+            ClusterObject::ResourceClaimTemplate(o) => meta_key(kind, &o.metadata),
         }
     }
 
@@ -194,6 +206,7 @@ impl ClusterObject {
             ClusterObject::ResourceClaim(o) => serde_json::to_vec(&**o),
             ClusterObject::DeviceTaintRule(o) => serde_json::to_vec(&**o),
             ClusterObject::ClusterInfo(o) => serde_json::to_vec(&**o),
+            ClusterObject::ResourceClaimTemplate(o) => serde_json::to_vec(&**o),
         };
         // Serializing these plain data types to a Vec cannot fail.
         r.unwrap_or_default()
@@ -215,6 +228,9 @@ impl ClusterObject {
                 ClusterObject::DeviceTaintRule(Arc::new(decode_json(json)?))
             }
             ObjectKind::ClusterInfo => ClusterObject::ClusterInfo(Arc::new(decode_json(json)?)),
+            ObjectKind::ResourceClaimTemplate => {
+                ClusterObject::ResourceClaimTemplate(Arc::new(decode_json(json)?))
+            }
         })
     }
 }

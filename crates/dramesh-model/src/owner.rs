@@ -183,7 +183,10 @@ pub fn owner_of_json(kind: ObjectKind, json: &[u8]) -> Result<Option<Owner>, ser
             .status
             .and_then(|s| s.allocation)
             .map(|a| allocation_owner(a.node_selector.as_ref())),
-        ObjectKind::DeviceClass | ObjectKind::DeviceTaintRule | ObjectKind::ClusterInfo => {
+        ObjectKind::DeviceClass
+        | ObjectKind::DeviceTaintRule
+        | ObjectKind::ClusterInfo
+        | ObjectKind::ResourceClaimTemplate => {
             serde_json::from_slice::<serde::de::IgnoredAny>(json)?;
             Some(Owner::Cluster)
         }
@@ -347,6 +350,11 @@ mod tests {
                 r#"{"metadata":{"name":"gpu"},"spec":{}}"#.into(),
                 Some(Owner::Cluster),
             ),
+            (
+                ObjectKind::ResourceClaimTemplate,
+                r#"{"metadata":{"name":"gpu","namespace":"ml"},"spec":{"spec":{}}}"#.into(),
+                Some(Owner::Cluster),
+            ),
         ];
         for (kind, json, want) in cases {
             let (read, typed) = both(kind, &json);
@@ -367,6 +375,7 @@ mod tests {
             (ObjectKind::ResourceClaim, r#"{"status":{"allocation":7}}"#),
             (ObjectKind::Node, r#"[]"#),
             (ObjectKind::DeviceClass, r#"{"metadata":"#),
+            (ObjectKind::ResourceClaimTemplate, r#"{"spec":"#),
         ] {
             assert!(owner_of_json(kind, json.as_bytes()).is_err(), "{json}");
             assert!(

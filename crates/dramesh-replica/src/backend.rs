@@ -257,6 +257,7 @@ mod tests {
                     }],
                     shared_claims: vec![],
                 },
+                claim_refs: vec![],
             },
             assumed_workloads: vec![],
         };
@@ -319,6 +320,82 @@ mod tests {
             backend.max_available_replicas(&q),
             ReplicaAnswer::UnknownCluster
         );
+    }
+
+    /// Karmada's `resourceClaimRefs` with and without field 100 (proto/karmada/README.md):
+    /// a cluster that publishes ResourceClaimTemplates uses its own; field 100's specs are
+    /// used where a cluster publishes none; without them such a cluster answers 0 naming the
+    /// template.
+    #[test]
+    fn karmada_claim_refs_resolve_per_cluster_with_field_100_as_the_fallback() {
+        let state = state_with_fleet();
+        let backend = ReplicaBackend {
+            state: state.clone(),
+        };
+        let w = workload_from_manifests(&[TRAINER.to_string()]).unwrap();
+        let one_gpu = w.templates[0].template.clone();
+        // gpu-east publishes its own gpu-80g: two GPUs per replica.
+        let mut two = (*one_gpu).clone();
+        if let Some(r) = two
+            .spec
+            .spec
+            .devices
+            .as_mut()
+            .and_then(|d| d.requests.as_mut())
+        {
+            r[0].exactly.as_mut().unwrap().count = Some(2);
+        }
+        let obj = dramesh_model::ClusterObject::ResourceClaimTemplate(Arc::new(two));
+        state.apply_changes(&[("gpu-east".to_string(), ObjectChange::upsert(&obj))]);
+        let requirements = |refs: bool, field_100: bool| ReplicaRequirements {
+            node_claim: NodeClaim {
+                tolerations: w.node_claim.tolerations.clone(),
+                ..NodeClaim::default()
+            },
+            resource_request: [("cpu".to_string(), k8s::K8sQuantity("8".into()))]
+                .into_iter()
+                .collect(),
+            namespace: "ml".into(),
+            priority_class_name: String::new(),
+            dra: DraRequirements {
+                claim_templates: field_100
+                    .then(|| ClaimTemplate {
+                        pod_claim_name: "gpu".into(),
+                        spec: one_gpu.spec.clone(),
+                    })
+                    .into_iter()
+                    .collect(),
+                shared_claims: vec![],
+            },
+            claim_refs: if refs {
+                vec![dramesh_estimator::ClaimRef::Template {
+                    pod_claim: "ref-0".into(),
+                    name: "gpu-80g".into(),
+                }]
+            } else {
+                vec![]
+            },
+        };
+        let ask = |cluster: &str, refs: bool, field_100: bool| {
+            backend.max_available_replicas(&ReplicaQuery {
+                cluster: cluster.into(),
+                requirements: requirements(refs, field_100),
+                assumed_workloads: vec![],
+            })
+        };
+        // east-gpu-1 has 2 free GPUs, east-gpu-2 4: 1 + 2 replicas of two GPUs, 6 of one.
+        assert_eq!(ask("gpu-east", true, true), ReplicaAnswer::Count(3));
+        assert_eq!(ask("gpu-east", true, false), ReplicaAnswer::Count(3));
+        assert_eq!(ask("gpu-east", false, true), ReplicaAnswer::Count(6));
+        // gpu-west publishes no templates: field 100 when sent, else 0 naming the template.
+        assert_eq!(ask("gpu-west", true, true), ReplicaAnswer::Count(2));
+        match ask("gpu-west", true, false) {
+            ReplicaAnswer::Failed(e) => assert_eq!(
+                e,
+                "ResourceClaimTemplate ml/gpu-80g not found in cluster gpu-west"
+            ),
+            other => panic!("gpu-west: {other:?}"),
+        }
     }
 
     #[test]

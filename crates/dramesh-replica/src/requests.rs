@@ -2,7 +2,9 @@
 //! `ReplicaRequirements` turned into the same kind of pod spec a Deployment would have (one
 //! container with the requests, node selector, required node affinity, tolerations, and
 //! resource claims for the DRA templates and shared claims), so the Karmada path and the
-//! native manifest path estimate identical workloads identically.
+//! native manifest path estimate identical workloads identically. Karmada's
+//! `resourceClaimRefs` become the workload's claim references, resolved in each member
+//! cluster; field 100's templates are then the fallback for clusters that publish none.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -150,8 +152,15 @@ pub(crate) fn workload_of(
     } else {
         r.namespace.as_str()
     };
-    Workload::from_pod_spec("Deployment", namespace, name, replicas, spec, &templates)
-        .map_err(|e| e.to_string())
+    let mut w = Workload::from_pod_spec("Deployment", namespace, name, replicas, spec, &templates)
+        .map_err(|e| e.to_string())?;
+    // `resourceClaimRefs` are resolved in each member cluster; field 100's claims are the
+    // fallback where a cluster publishes no templates (`Workload::in_cluster`).
+    if with_dra && !r.claim_refs.is_empty() {
+        w.claim_refs = r.claim_refs.clone();
+        w.refresh_fingerprint();
+    }
+    Ok(w)
 }
 
 /// Karmada assumed workloads as the estimator's deductions for `cluster`, with the DRA

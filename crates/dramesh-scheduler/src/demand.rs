@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use dramesh_estimator::{Component, NodeClaim, ResList, Workload, WorkloadError};
+use dramesh_estimator::{ClaimRef, Component, NodeClaim, ResList, TemplateSource, Workload};
 use dramesh_model::k8s::{PodSpec, PodTemplateSpec, PriorityClass, ResourceClaimTemplate};
 use k8s_openapi::api::core::v1::{Affinity, Container, NodeAffinity, ResourceRequirements};
 use serde_json::Value;
@@ -174,9 +174,38 @@ fn may_preempt(b: &Binding, spec: &PodSpec, classes: &BTreeMap<String, PriorityC
     }
 }
 
+/// `spec.replicaRequirements.resourceClaimRefs` as claim references, `None` when absent or
+/// empty.
+fn claim_refs(b: &Binding) -> Result<Option<Vec<ClaimRef>>, InputError> {
+    let Some(refs) = b
+        .replica_requirements
+        .as_ref()
+        .map(|r| &r.resource_claim_refs)
+        .filter(|r| !r.is_empty())
+    else {
+        return Ok(None);
+    };
+    let field = "spec.replicaRequirements.resourceClaimRefs";
+    ClaimRef::from_references(refs.iter().map(|r| {
+        (
+            r.resource_claim_template_name.as_str(),
+            r.resource_claim_name.as_str(),
+        )
+    }))
+    .map(Some)
+    .map_err(|(i, message)| InputError {
+        object: b.id(),
+        field: i.map_or_else(|| field.to_string(), |i| format!("{field}[{i}]")),
+        message,
+    })
+}
+
 /// The binding's demand. `template` is the resource template (`spec.resource`) as the API
-/// server returns it, `claims` the ResourceClaimTemplates of its namespace it references,
-/// `classes` the PriorityClasses by name.
+/// server returns it, `claims` the ResourceClaimTemplates of its namespace it references that
+/// the Karmada API server holds (the fallback for member clusters that publish none; one
+/// missing there leaves no fallback), `classes` the PriorityClasses by name. The claims are
+/// the binding's `spec.replicaRequirements.resourceClaimRefs` when it has them, else the pod
+/// template's `spec.resourceClaims`, resolved in each member cluster.
 pub fn demand(
     b: &Binding,
     template: Option<&Value>,
@@ -251,26 +280,27 @@ pub fn demand(
     })?;
     let templates = claim_templates(claims)?;
     let preempt = may_preempt(b, &spec, classes);
-    let mut w = Workload::from_pod_spec(
+    // The pod's claims are resolved in each member cluster; Karmada's own templates are the
+    // fallback for clusters that publish none (`Workload::in_cluster`).
+    let mut w = Workload::from_pod_spec_with(
         &r.kind,
         &r.namespace,
         &r.name,
         i64::from(b.replicas),
         spec,
         &templates,
+        TemplateSource::Cluster,
     )
-    .map_err(|e| match e {
-        WorkloadError::MissingTemplate { name, .. } => InputError {
-            object: object.clone(),
-            field: "spec.template.spec.resourceClaims".into(),
-            message: format!("references ResourceClaimTemplate {name}, which was not provided"),
-        },
-        other => InputError {
-            object: object.clone(),
-            field: "spec.template.spec".into(),
-            message: other.to_string(),
-        },
+    .map_err(|e| InputError {
+        object: object.clone(),
+        field: "spec.template.spec".into(),
+        message: e.to_string(),
     })?;
+    // The binding's own references, when Karmada's detector wrote them, name the claims.
+    if let Some(refs) = claim_refs(b)? {
+        w.claim_refs = refs;
+        w.refresh_fingerprint();
+    }
     w.uid = (!r.uid.is_empty()).then(|| r.uid.clone());
     w.priority = b.priority();
     w.preempt_lower_priority = preempt;
@@ -368,14 +398,27 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_claim_template_is_named() {
+    fn a_template_karmada_lacks_is_resolved_in_the_member_clusters_only() {
         let b = binding();
         let t = deployment(
             json!({"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "two-gpus"}]}),
         );
-        let e = demand(&b, Some(&t), &[gpu_template()], &BTreeMap::new()).expect_err("missing");
-        assert_eq!(e.object, "Deployment default/web");
-        assert!(e.message.contains("two-gpus"), "{e}");
+        let d = demand(&b, Some(&t), &[gpu_template()], &BTreeMap::new()).expect("demand");
+        let Demand::Replicas(w) = &d else {
+            panic!("{d:?}")
+        };
+        assert!(d.needs_devices());
+        assert!(
+            w.templates.is_empty(),
+            "no fallback: Karmada does not hold two-gpus"
+        );
+        assert_eq!(
+            w.claim_refs,
+            [dramesh_estimator::ClaimRef::Template {
+                pod_claim: "gpu".into(),
+                name: "two-gpus".into()
+            }]
+        );
         let mut v1beta = gpu_template();
         v1beta["apiVersion"] = json!("resource.k8s.io/v1beta1");
         let t = deployment(json!({}));

@@ -148,6 +148,23 @@ pub struct ReplicaRequirements {
     /// `priorityClassName`.
     #[serde(default, deserialize_with = "nd")]
     pub priority_class_name: String,
+    /// `resourceClaimRefs`: the pod's claims by name, from Karmada's DRA estimator design
+    /// (PR 7389). The ResourceBinding CRD among the fixtures (Karmada v1.19 line) does not
+    /// have the field yet; a server whose CRD has it returns it, and it is read then.
+    #[serde(default, deserialize_with = "nd")]
+    pub resource_claim_refs: Vec<ResourceClaimReference>,
+}
+
+/// Karmada's `ResourceClaimReference` (`work/v1alpha2`, DRA estimator design).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceClaimReference {
+    /// `resourceClaimTemplateName`: every replica gets a claim from this template.
+    #[serde(default, deserialize_with = "nd")]
+    pub resource_claim_template_name: String,
+    /// `resourceClaimName`: an existing claim every replica shares.
+    #[serde(default, deserialize_with = "nd")]
+    pub resource_claim_name: String,
 }
 
 /// One of `spec.components` (multi-template workloads).

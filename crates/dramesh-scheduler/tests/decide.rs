@@ -591,3 +591,136 @@ fn cluster_resource_bindings_get_karmadas_event_wording() {
         d.events[0].message
     );
 }
+
+/// The member cluster's own `one-gpu`: two GPUs per replica.
+fn member_template() -> dramesh_model::ClusterObject {
+    let mut t = claim_template();
+    t["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] = json!(2);
+    dramesh_model::ClusterObject::ResourceClaimTemplate(std::sync::Arc::new(
+        serde_json::from_value(t).expect("template"),
+    ))
+}
+
+/// A binding carrying Karmada's `resourceClaimRefs` (DRA estimator design), as an API server
+/// whose ResourceBinding CRD has the field returns it. The CRD among the fixtures does not
+/// have it yet; decoding accepts it all the same.
+fn binding_with_refs(refs: Value) -> Binding {
+    let mut v = json!({
+        "metadata": {"name": "train-deployment", "namespace": "default", "generation": 2},
+        "spec": {
+            "resource": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "default", "name": "train", "uid": "u-1"},
+            "replicas": 6,
+            "replicaRequirements": {"resourceRequest": {"cpu": "1", "memory": "4Gi"}, "namespace": "default",
+                                    "resourceClaimRefs": refs},
+            "placement": dynamic(),
+            "schedulerName": "dramesh-scheduler"
+        }
+    });
+    if v["spec"]["replicaRequirements"]["resourceClaimRefs"].is_null() {
+        v["spec"]["replicaRequirements"]
+            .as_object_mut()
+            .map(|r| r.remove("resourceClaimRefs"));
+    }
+    Binding::from_value(BindingKind::ResourceBinding, &v).expect("binding")
+}
+
+fn available(b: &Binding, d: &Demand, view: &View) -> BTreeMap<String, i64> {
+    let cl = clusters();
+    decide(
+        b,
+        d,
+        Fleet {
+            clusters: &cl,
+            view,
+        },
+        &mut Estimator::new(),
+        &mut EstimateOptions::default(),
+    )
+    .available
+}
+
+#[test]
+fn claim_references_use_the_member_clusters_templates_and_karmadas_where_none() {
+    let mut view = view();
+    // c0's agent publishes its own one-gpu (two GPUs); c1's and c2's publish none.
+    view.apply_object("c0", member_template()).expect("apply");
+    let refs = json!([{"resourceClaimTemplateName": "one-gpu"}]);
+    let b = binding_with_refs(refs);
+    let r = b.replica_requirements.as_ref().expect("requirements");
+    assert_eq!(
+        r.resource_claim_refs.len(),
+        1,
+        "read although the fixture CRD lacks it"
+    );
+    assert_eq!(
+        r.resource_claim_refs[0].resource_claim_template_name,
+        "one-gpu"
+    );
+    let d = demand(
+        &b,
+        Some(&template(true)),
+        &[claim_template()],
+        &BTreeMap::new(),
+    )
+    .expect("demand");
+    let Demand::Replicas(w) = &d else {
+        panic!("{d:?}")
+    };
+    assert_eq!(
+        w.claim_refs,
+        [dramesh_estimator::ClaimRef::Template {
+            pod_claim: "ref-0".into(),
+            name: "one-gpu".into()
+        }],
+        "the binding's references"
+    );
+    let got = available(&b, &d, &view);
+    // c0: 8 free GPUs, two per replica (its own template); c1: 4 free, one each (Karmada's
+    // template: c1 publishes none); c2 is full.
+    assert_eq!(got.get("c0"), Some(&4), "{got:?}");
+    assert_eq!(got.get("c1"), Some(&4), "{got:?}");
+    assert_eq!(got.get("c2").copied().unwrap_or(0), 0, "{got:?}");
+
+    // Without references on the binding, the pod template's claims are resolved the same way.
+    let plain = binding_with_refs(Value::Null);
+    let d = demand(
+        &plain,
+        Some(&template(true)),
+        &[claim_template()],
+        &BTreeMap::new(),
+    )
+    .expect("demand");
+    assert_eq!(available(&plain, &d, &view), got);
+
+    // Karmada holds no one-gpu: no fallback, so c1 answers 0, naming the template.
+    let d = demand(&b, Some(&template(true)), &[], &BTreeMap::new()).expect("demand");
+    let cl = clusters();
+    let decision = decide(
+        &b,
+        &d,
+        Fleet {
+            clusters: &cl,
+            view: &view,
+        },
+        &mut Estimator::new(),
+        &mut EstimateOptions::default(),
+    );
+    assert_eq!(decision.available.get("c0"), Some(&4));
+    assert_eq!(decision.available.get("c1").copied().unwrap_or(0), 0);
+    let why = format!("{:?} {:?}", decision.excluded, decision.condition);
+    assert!(
+        why.contains("ResourceClaimTemplate default/one-gpu not found in cluster c1"),
+        "{why}"
+    );
+
+    // A reference naming nothing is an input error naming the field.
+    let bad = binding_with_refs(json!([{}]));
+    let e = demand(
+        &bad,
+        Some(&template(true)),
+        &[claim_template()],
+        &BTreeMap::new(),
+    )
+    .expect_err("empty reference");
+    assert_eq!(e.field, "spec.replicaRequirements.resourceClaimRefs[0]");
+}

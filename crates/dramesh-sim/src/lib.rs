@@ -508,6 +508,7 @@ fn snapshot_file(o: &ClusterObject) -> &'static str {
         ClusterObject::DeviceClass(_) => "deviceclasses.yaml",
         ClusterObject::ResourceClaim(_) => "resourceclaims.yaml",
         ClusterObject::DeviceTaintRule(_) => "devicetaintrules.yaml",
+        ClusterObject::ResourceClaimTemplate(_) => "resourceclaimtemplates.yaml",
     }
 }
 

@@ -11,6 +11,7 @@
 //! | `DeviceClass`     | `class/<name>`           |
 //! | `DeviceTaintRule` | `taintrule/<name>`       |
 //! | `ClusterInfo`     | `meta/<name>` (`meta/cluster`) |
+//! | `ResourceClaimTemplate` | `claimtemplate/<ns>/<name>` |
 //!
 //! Keys starting with `_` are reserved for the store itself ([`TERM_KEY`], [`REJOIN_KEY`]). Names and namespaces
 //! must be non-empty and must not contain `/` (Kubernetes names never do), which makes the
@@ -39,6 +40,7 @@ fn prefix(kind: ObjectKind) -> &'static str {
         ObjectKind::DeviceClass => "class",
         ObjectKind::DeviceTaintRule => "taintrule",
         ObjectKind::ClusterInfo => "meta",
+        ObjectKind::ResourceClaimTemplate => "claimtemplate",
     }
 }
 
@@ -51,6 +53,7 @@ fn kind_of_prefix(p: &str) -> Option<ObjectKind> {
         "class" => ObjectKind::DeviceClass,
         "taintrule" => ObjectKind::DeviceTaintRule,
         "meta" => ObjectKind::ClusterInfo,
+        "claimtemplate" => ObjectKind::ResourceClaimTemplate,
         _ => return None,
     })
 }
@@ -62,7 +65,8 @@ fn valid_segment(s: &str) -> bool {
 /// The document key for an object.
 ///
 /// Fails when the name or namespace is empty or contains `/`, or when the namespace presence
-/// does not match the kind (pods and claims are namespaced, everything else is not).
+/// does not match the kind (pods, claims and claim templates are namespaced, everything else
+/// is not).
 pub fn doc_key(key: &ObjectKey) -> Result<String, StoreError> {
     let bad = |reason: &str| StoreError::InvalidKey {
         key: format!("{key:?}"),
@@ -134,6 +138,7 @@ mod tests {
             k(ObjectKind::DeviceClass, None, "gpu.example.com"),
             k(ObjectKind::DeviceTaintRule, None, "r"),
             k(ObjectKind::ClusterInfo, None, "cluster"),
+            k(ObjectKind::ResourceClaimTemplate, Some("ml"), "gpu-tmpl"),
         ];
         for key in keys {
             let s = doc_key(&key).unwrap();
@@ -147,6 +152,11 @@ mod tests {
             doc_key(&k(ObjectKind::ClusterInfo, None, "cluster")).unwrap(),
             "meta/cluster"
         );
+        assert_eq!(
+            doc_key(&k(ObjectKind::ResourceClaimTemplate, Some("ml"), "t")).unwrap(),
+            "claimtemplate/ml/t"
+        );
+        assert!(doc_key(&k(ObjectKind::ResourceClaimTemplate, None, "t")).is_err());
     }
 
     #[test]

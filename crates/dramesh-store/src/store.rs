@@ -336,9 +336,10 @@ fn in_writer_scope(doc: &DocId, term: u64, max_term: u64, key: &str, value: &[u8
     };
     let owner = match k.kind {
         ObjectKind::Node => Some(Owner::Node(k.name.clone())),
-        ObjectKind::DeviceClass | ObjectKind::DeviceTaintRule | ObjectKind::ClusterInfo => {
-            Some(Owner::Cluster)
-        }
+        ObjectKind::DeviceClass
+        | ObjectKind::DeviceTaintRule
+        | ObjectKind::ClusterInfo
+        | ObjectKind::ResourceClaimTemplate => Some(Owner::Cluster),
         _ => match owner_of_json(k.kind, value) {
             Ok(owner) => owner,
             Err(_) => return false,
@@ -2432,6 +2433,25 @@ mod tests {
     use super::*;
     use crate::attest::{HeadsSigner, HeadsVerifier};
     use automerge::sync;
+
+    /// ResourceClaimTemplates are the cluster's (the Lease holder's), whatever their value:
+    /// a node agent's copy shows only while its term is the highest, as a DeviceClass's.
+    #[test]
+    fn claim_templates_are_in_the_lease_holders_scope_only() {
+        let node = DocId::new("c", "n1");
+        let key = "claimtemplate/ml/gpu";
+        let value = br#"{"metadata":{"name":"gpu","namespace":"ml"},"spec":{"spec":{}}}"#;
+        assert!(in_writer_scope(&node, 3, 3, key, value));
+        assert!(!in_writer_scope(&node, 2, 3, key, value));
+        assert!(in_writer_scope(&node, 2, 3, "node/n1", b"{}"));
+        assert!(in_writer_scope(
+            &DocId::new("c", crate::CLUSTER_PUBLISHER),
+            0,
+            3,
+            key,
+            value
+        ));
+    }
 
     #[test]
     fn changed_keys_are_read_from_root_operations() {

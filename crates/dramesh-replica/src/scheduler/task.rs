@@ -516,7 +516,7 @@ impl Ctx {
                 .await
             {
                 Ok(Some(c)) => claims.push(c.value().clone()),
-                // `demand` names the missing template.
+                // Resolved in the member clusters only: no fallback where one publishes none.
                 Ok(None) => {}
                 Err(e) => return Err(e.to_string()),
             }

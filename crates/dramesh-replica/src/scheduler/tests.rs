@@ -672,3 +672,49 @@ async fn a_stale_verdict_is_not_written_over_a_newer_decision() {
     assert_eq!(running.count("unschedulable"), 0);
     running.stop().await;
 }
+
+/// The pod's claims are resolved in each member cluster: c0's agent publishes its own
+/// `one-gpu` (two GPUs per replica), c1's publishes no templates, so Karmada's (one GPU) is
+/// used there. The reservations held carry the same rule, so they deduct two GPUs per
+/// replica on c0 as well.
+#[tokio::test]
+async fn claim_templates_come_from_the_member_cluster_and_karmada_where_it_has_none() {
+    let fake = FakeApi::start().await;
+    if !fake.validates_karmada_crds() {
+        eprintln!("skipped: ../shared/fixtures/karmada/crds is absent, writes cannot be validated");
+        return;
+    }
+    let st = state("r1");
+    publish(&st, 0, 0, None); // c0: 8 free GPUs
+    publish(&st, 1, 0, None); // c1: 8 free GPUs
+    let mut own = claim_template();
+    own["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] = json!(2);
+    let own = ClusterObject::ResourceClaimTemplate(Arc::new(
+        serde_json::from_value(own).expect("template"),
+    ));
+    st.apply_changes(&[("c0".to_string(), ObjectChange::upsert(&own))]);
+    setup(&fake);
+    fake.apply(deployment("llm"));
+    // Karmada's template everywhere would make 8 + 8 available (6 and 6); c0's own: 4 + 8.
+    fake.apply(binding("llm", 12));
+    let running = start(&fake, st.clone(), Duration::from_millis(20));
+    let b = wait_binding(&fake, "llm", "scheduled", is_success_at_generation).await;
+    assert_eq!(
+        targets(&b),
+        [("c0".to_string(), 4), ("c1".to_string(), 8)],
+        "{b:#}"
+    );
+    // Every GPU is held now, two per replica on c0: one more replica fits nowhere.
+    fake.apply(deployment("more"));
+    fake.apply(binding("more", 1));
+    let b = wait_binding(&fake, "more", "unschedulable", |b| {
+        scheduled(b).is_some_and(|c| c["status"] == "False")
+    })
+    .await;
+    assert_eq!(
+        scheduled(&b).cloned().unwrap_or_default()["reason"],
+        "Unschedulable",
+        "{b:#}"
+    );
+    running.stop().await;
+}

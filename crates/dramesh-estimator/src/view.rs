@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use dramesh_model::k8s::{Node, Pod, Taint};
+use dramesh_model::karpenter::{NodeClaim, NodePool};
 use dramesh_model::{ClusterInfo, ClusterObject, ObjectChange, ObjectKey, ObjectKind};
 
 use crate::cluster_devices::{CHANGE_LOG, ClaimHandle, ClusterDevices};
@@ -156,6 +157,11 @@ pub struct ClusterView {
     pub(crate) log: VecDeque<(u64, Arc<str>)>,
     /// Changes at or before this generation may be missing from `log`.
     pub(crate) log_floor: u64,
+    /// Karpenter NodePools and NodeClaims (scale-up headroom reads them; no estimate of the
+    /// nodes there now does).
+    pub(crate) autoscaling: Autoscaling,
+    /// Pods not bound to a node (agents publish those the scheduler could not place).
+    pub(crate) unbound_pods: usize,
     /// Interned owners and request lists, so a million pods of a few workloads share them.
     owners: HashSet<Arc<Owner>>,
     request_lists: HashSet<Arc<ResList>>,
@@ -209,9 +215,59 @@ impl ClusterView {
         self.generation
     }
 
+    /// The cluster's Karpenter NodePools and NodeClaims.
+    pub fn autoscaling(&self) -> &Autoscaling {
+        &self.autoscaling
+    }
+
+    /// Pods the view holds that are not bound to a node (the scheduler could not place them).
+    pub fn unbound_pods(&self) -> usize {
+        self.unbound_pods
+    }
+
     /// The Kubernetes version the cluster reported.
     pub fn kubernetes_version(&self) -> Option<&str> {
         self.info.kubernetes_version.as_deref()
+    }
+
+    /// A cluster holding one new, empty node shaped like `node` (see `crate::headroom`): its
+    /// labels without `kubernetes.io/hostname`, its taints without the controller-managed
+    /// `node.kubernetes.io/` ones and `karpenter.sh/disrupted`, schedulable, its allocatable,
+    /// and its node-local devices with nothing allocated. The copy keeps the node's name (its
+    /// slices name it), so a workload pinned by `matchFields metadata.name` to that node would
+    /// match the copy too. `None` when the node is unknown.
+    pub(crate) fn new_node_like(&self, node: &str) -> Option<ClusterView> {
+        let src = self.nodes.get(node)?;
+        let devices = self.devices.for_new_node(node);
+        let name = devices
+            .node_key(node)
+            .cloned()
+            .unwrap_or_else(|| src.name.clone());
+        let mut labels = src.labels.clone();
+        labels.remove("kubernetes.io/hostname");
+        let taints = src
+            .taints
+            .iter()
+            .filter(|t| {
+                !t.key.starts_with("node.kubernetes.io/") && t.key != "karpenter.sh/disrupted"
+            })
+            .cloned()
+            .collect();
+        let entry = NodeEntry {
+            name: name.clone(),
+            labels,
+            taints,
+            unschedulable: false,
+            allocatable: src.allocatable.clone(),
+        };
+        let mut out = ClusterView {
+            name: self.name.clone(),
+            info: self.info.clone(),
+            devices,
+            ..ClusterView::default()
+        };
+        out.nodes.insert(name, entry);
+        Some(out)
     }
 
     fn bump(&mut self, node: &Arc<str>) {
@@ -259,6 +315,9 @@ impl ClusterView {
         let Some(mut old) = self.pods.remove(key) else {
             return;
         };
+        if old.node.is_none() {
+            self.unbound_pods = self.unbound_pods.saturating_sub(1);
+        }
         // Drop the pod's handles before asking whether anyone else holds them.
         drop(std::mem::take(&mut old.claim_handles));
         for claim in &old.claims {
@@ -305,7 +364,30 @@ impl ClusterView {
             let node = node.clone();
             self.bump(&node);
         }
+        if entry.node.is_none() {
+            self.unbound_pods += 1;
+        }
         self.pods.insert(key, entry);
+    }
+}
+
+/// A cluster's Karpenter objects, by name. Only scale-up headroom reads them; a change bumps
+/// the cluster's generation but no node's, so no per-node answer is computed again for it.
+#[derive(Debug, Default, Clone)]
+pub struct Autoscaling {
+    /// NodePools by name.
+    pub pools: BTreeMap<String, Arc<NodePool>>,
+    /// NodeClaims by name.
+    pub claims: BTreeMap<String, Arc<NodeClaim>>,
+}
+
+impl Autoscaling {
+    /// The NodeClaims launched by `pool`, in name order.
+    pub fn claims_of<'a>(&'a self, pool: &'a str) -> impl Iterator<Item = &'a NodeClaim> + 'a {
+        self.claims
+            .values()
+            .map(|c| &**c)
+            .filter(move |c| c.pool() == Some(pool))
     }
 }
 
@@ -431,6 +513,18 @@ impl View {
                 c.info = (*info).clone();
                 c.devices.set_version(info.kubernetes_version.as_deref());
             }
+            ClusterObject::NodePool(p) => {
+                if c.autoscaling.pools.get(&key.name) != Some(&p) {
+                    c.generation += 1;
+                    c.autoscaling.pools.insert(key.name.clone(), p);
+                }
+            }
+            ClusterObject::NodeClaim(nc) => {
+                if c.autoscaling.claims.get(&key.name) != Some(&nc) {
+                    c.generation += 1;
+                    c.autoscaling.claims.insert(key.name.clone(), nc);
+                }
+            }
         }
         Ok(())
     }
@@ -471,6 +565,16 @@ impl View {
                 c.generation += 1;
                 c.info = ClusterInfo::default();
                 c.devices.set_version(None);
+            }
+            ObjectKind::NodePool => {
+                if c.autoscaling.pools.remove(&key.name).is_some() {
+                    c.generation += 1;
+                }
+            }
+            ObjectKind::NodeClaim => {
+                if c.autoscaling.claims.remove(&key.name).is_some() {
+                    c.generation += 1;
+                }
             }
         }
     }

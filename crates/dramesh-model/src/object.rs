@@ -8,6 +8,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::k8s;
+use crate::karpenter;
 
 /// The kinds of object a member cluster publishes.
 #[derive(
@@ -28,11 +29,15 @@ pub enum ObjectKind {
     DeviceTaintRule,
     /// Cluster facts: Kubernetes version, labels (`cluster.yaml` or the agent's report).
     ClusterInfo,
+    /// A Karpenter NodePool (`karpenter.sh/v1`, trimmed).
+    NodePool,
+    /// A Karpenter NodeClaim (`karpenter.sh/v1`, trimmed).
+    NodeClaim,
 }
 
 impl ObjectKind {
     /// Every kind.
-    pub const ALL: [ObjectKind; 7] = [
+    pub const ALL: [ObjectKind; 9] = [
         ObjectKind::Node,
         ObjectKind::Pod,
         ObjectKind::ResourceSlice,
@@ -40,6 +45,8 @@ impl ObjectKind {
         ObjectKind::ResourceClaim,
         ObjectKind::DeviceTaintRule,
         ObjectKind::ClusterInfo,
+        ObjectKind::NodePool,
+        ObjectKind::NodeClaim,
     ];
 
     /// The Kubernetes kind name.
@@ -52,6 +59,8 @@ impl ObjectKind {
             ObjectKind::ResourceClaim => "ResourceClaim",
             ObjectKind::DeviceTaintRule => "DeviceTaintRule",
             ObjectKind::ClusterInfo => "ClusterInfo",
+            ObjectKind::NodePool => "NodePool",
+            ObjectKind::NodeClaim => "NodeClaim",
         }
     }
 
@@ -138,6 +147,10 @@ pub enum ClusterObject {
     DeviceTaintRule(Arc<k8s::DeviceTaintRule>),
     /// The cluster's facts.
     ClusterInfo(Arc<ClusterInfo>),
+    /// A Karpenter NodePool.
+    NodePool(Arc<karpenter::NodePool>),
+    /// A Karpenter NodeClaim.
+    NodeClaim(Arc<karpenter::NodeClaim>),
 }
 
 fn meta_key(
@@ -167,6 +180,8 @@ impl ClusterObject {
             ClusterObject::ResourceClaim(_) => ObjectKind::ResourceClaim,
             ClusterObject::DeviceTaintRule(_) => ObjectKind::DeviceTaintRule,
             ClusterObject::ClusterInfo(_) => ObjectKind::ClusterInfo,
+            ClusterObject::NodePool(_) => ObjectKind::NodePool,
+            ClusterObject::NodeClaim(_) => ObjectKind::NodeClaim,
         }
     }
 
@@ -181,6 +196,8 @@ impl ClusterObject {
             ClusterObject::ResourceClaim(o) => meta_key(kind, &o.metadata),
             ClusterObject::DeviceTaintRule(o) => meta_key(kind, &o.metadata),
             ClusterObject::ClusterInfo(_) => ObjectKey::new(kind, None, "cluster"),
+            ClusterObject::NodePool(o) => ObjectKey::new(kind, None, &o.metadata.name),
+            ClusterObject::NodeClaim(o) => ObjectKey::new(kind, None, &o.metadata.name),
         }
     }
 
@@ -194,6 +211,8 @@ impl ClusterObject {
             ClusterObject::ResourceClaim(o) => serde_json::to_vec(&**o),
             ClusterObject::DeviceTaintRule(o) => serde_json::to_vec(&**o),
             ClusterObject::ClusterInfo(o) => serde_json::to_vec(&**o),
+            ClusterObject::NodePool(o) => serde_json::to_vec(&**o),
+            ClusterObject::NodeClaim(o) => serde_json::to_vec(&**o),
         };
         // Serializing these plain data types to a Vec cannot fail.
         r.unwrap_or_default()
@@ -215,8 +234,21 @@ impl ClusterObject {
                 ClusterObject::DeviceTaintRule(Arc::new(decode_json(json)?))
             }
             ObjectKind::ClusterInfo => ClusterObject::ClusterInfo(Arc::new(decode_json(json)?)),
+            ObjectKind::NodePool => {
+                ClusterObject::NodePool(Arc::new(crate::load::decode_karpenter(json_value(json)?)?))
+            }
+            ObjectKind::NodeClaim => ClusterObject::NodeClaim(Arc::new(
+                crate::load::decode_karpenter(json_value(json)?)?,
+            )),
         })
     }
+}
+
+fn json_value(json: &[u8]) -> Result<serde_json::Value, crate::load::FieldError> {
+    serde_json::from_slice(json).map_err(|e| crate::load::FieldError {
+        field: String::new(),
+        message: format!("invalid JSON: {e}"),
+    })
 }
 
 /// One change to one cluster's state, as carried from an agent to the views.

@@ -143,6 +143,17 @@ pub struct ReplicaState {
     /// Per-identity caps of reservations, and the lock that makes checking them and writing
     /// a reservation one step (taken before `feed`).
     pub(crate) caps: Mutex<dramesh_api::auth::Caps>,
+    /// Scale-up headroom (`--estimate-autoscaler-headroom`), `None` when off: Karmada's
+    /// NodePool failure detection, shown the view after every applied batch and at every
+    /// query that counts headroom, on this replica's monotonic clock. A leaf lock, taken
+    /// while the indexes are held.
+    headroom: Mutex<Option<HeadroomState>>,
+}
+
+/// The failure detection of scale-up headroom and the start of its clock.
+struct HeadroomState {
+    health: dramesh_estimator::AutoscalerHealth,
+    started: Instant,
 }
 
 #[cfg(test)]
@@ -190,6 +201,7 @@ impl ReplicaState {
             cache_bytes: AtomicUsize::new(DEFAULT_CACHE_BYTES),
             changes: AtomicU64::new(0),
             fresh: Mutex::new(HashMap::new()),
+            headroom: Mutex::new(None),
         });
         state.rebuild_from_store();
         state
@@ -220,6 +232,56 @@ impl ReplicaState {
     /// Sets the per-identity caps of reservations created from now on.
     pub fn set_caps(&self, caps: dramesh_api::auth::Caps) {
         *lock(&self.caps) = caps;
+    }
+
+    /// Turns scale-up headroom from Karpenter NodePools on or off (off by default): when on,
+    /// Karmada answers include it, native estimates report it beside `maxReplicas`, and
+    /// placement and preemption count it when a request asks to.
+    pub fn set_autoscaler_headroom(&self, on: bool) {
+        let indexes = self.indexes();
+        let mut h = lock(&self.headroom);
+        *h = on.then(|| HeadroomState {
+            health: dramesh_estimator::AutoscalerHealth::new(),
+            started: Instant::now(),
+        });
+        if let Some(st) = h.as_mut() {
+            st.health.observe(&indexes.view, Duration::ZERO);
+        }
+    }
+
+    /// Whether scale-up headroom is on.
+    pub fn autoscaler_headroom(&self) -> bool {
+        lock(&self.headroom).is_some()
+    }
+
+    /// The headroom options of an estimate over `view` (held by the caller), the pools
+    /// failed as of now; `None` when headroom is off. `count`: add it to `max_replicas`.
+    pub(crate) fn headroom_options(
+        &self,
+        view: &View,
+        count: bool,
+    ) -> Option<dramesh_estimator::HeadroomOptions> {
+        let mut h = lock(&self.headroom);
+        let st = h.as_mut()?;
+        let failed = st.health.observe(view, st.started.elapsed());
+        Some(dramesh_estimator::HeadroomOptions { failed, count })
+    }
+
+    /// [`ReplicaState::headroom_options`] for a request that asks to count headroom
+    /// (`use_headroom`): an error when headroom is off, nothing when not asked.
+    pub(crate) fn headroom_asked(
+        &self,
+        view: &View,
+        asked: bool,
+    ) -> Result<Option<dramesh_estimator::HeadroomOptions>, ApiError> {
+        if !asked {
+            return Ok(None);
+        }
+        self.headroom_options(view, true).map(Some).ok_or_else(|| {
+            ApiError::InvalidRequest(
+                "useHeadroom: this replica does not count scale-up headroom (start it with --estimate-autoscaler-headroom)".into(),
+            )
+        })
     }
 
     /// Bounds the estimator's caches by `bytes` (default
@@ -351,6 +413,9 @@ impl ReplicaState {
                 }
                 pending.apply(cluster, change);
             }
+            if let Some(st) = lock(&self.headroom).as_mut() {
+                st.health.observe(view, st.started.elapsed());
+            }
         }
         let mut fresh = lock(&self.fresh);
         for (cluster, _) in changes {
@@ -441,6 +506,7 @@ impl ReplicaState {
             assumed,
             clusters: clusters.to_vec(),
             deadline: dramesh_api::deadline::current(),
+            headroom: self.headroom_options(&indexes.view, false),
             ..EstimateOptions::default()
         };
         let est = self
@@ -456,6 +522,7 @@ impl ReplicaState {
         manifests: &[String],
         clusters: &[String],
         replicas: Option<i64>,
+        use_headroom: bool,
     ) -> Result<PlacementResult, ApiError> {
         let mut w = workload_from_manifests(manifests)?;
         if let Some(r) = replicas {
@@ -475,6 +542,7 @@ impl ReplicaState {
             clusters: clusters.to_vec(),
             stale: self.stale_clusters(),
             deadline: dramesh_api::deadline::current(),
+            headroom: self.headroom_asked(&indexes.view, use_headroom)?,
             ..EstimateOptions::default()
         };
         let placed = dramesh_estimator::place(
@@ -494,6 +562,7 @@ impl ReplicaState {
         manifests: &[String],
         clusters: &[String],
         replicas: Option<i64>,
+        use_headroom: bool,
     ) -> Result<PreemptionResult, ApiError> {
         let mut w = workload_from_manifests(manifests)?;
         if let Some(r) = replicas {
@@ -508,6 +577,7 @@ impl ReplicaState {
             clusters: clusters.to_vec(),
             stale: self.stale_clusters(),
             deadline: dramesh_api::deadline::current(),
+            headroom: self.headroom_asked(view, use_headroom)?,
             ..EstimateOptions::default()
         };
         if opts.clusters.is_empty()

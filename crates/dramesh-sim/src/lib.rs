@@ -516,6 +516,8 @@ pub fn write_snapshot(dir: &Path, cluster: &Cluster) -> std::io::Result<()> {
             ClusterObject::DeviceClass(_) => "deviceclasses.yaml",
             ClusterObject::ResourceClaim(_) => "resourceclaims.yaml",
             ClusterObject::DeviceTaintRule(_) => "devicetaintrules.yaml",
+            ClusterObject::NodePool(_) => "nodepools.yaml",
+            ClusterObject::NodeClaim(_) => "nodeclaims.yaml",
         };
         by_file.entry(file).or_default().push(v);
     }

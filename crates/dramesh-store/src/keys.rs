@@ -11,6 +11,8 @@
 //! | `DeviceClass`     | `class/<name>`           |
 //! | `DeviceTaintRule` | `taintrule/<name>`       |
 //! | `ClusterInfo`     | `meta/<name>` (`meta/cluster`) |
+//! | `NodePool` (Karpenter)  | `nodepool/<name>`  |
+//! | `NodeClaim` (Karpenter) | `nodeclaim/<name>` |
 //!
 //! Keys starting with `_` are reserved for the store itself ([`TERM_KEY`]). Names and namespaces
 //! must be non-empty and must not contain `/` (Kubernetes names never do), which makes the
@@ -32,6 +34,8 @@ fn prefix(kind: ObjectKind) -> &'static str {
         ObjectKind::DeviceClass => "class",
         ObjectKind::DeviceTaintRule => "taintrule",
         ObjectKind::ClusterInfo => "meta",
+        ObjectKind::NodePool => "nodepool",
+        ObjectKind::NodeClaim => "nodeclaim",
     }
 }
 
@@ -44,6 +48,8 @@ fn kind_of_prefix(p: &str) -> Option<ObjectKind> {
         "class" => ObjectKind::DeviceClass,
         "taintrule" => ObjectKind::DeviceTaintRule,
         "meta" => ObjectKind::ClusterInfo,
+        "nodepool" => ObjectKind::NodePool,
+        "nodeclaim" => ObjectKind::NodeClaim,
         _ => return None,
     })
 }
@@ -127,6 +133,8 @@ mod tests {
             k(ObjectKind::DeviceClass, None, "gpu.example.com"),
             k(ObjectKind::DeviceTaintRule, None, "r"),
             k(ObjectKind::ClusterInfo, None, "cluster"),
+            k(ObjectKind::NodePool, None, "gpu-pool"),
+            k(ObjectKind::NodeClaim, None, "gpu-pool-x7k2p"),
         ];
         for key in keys {
             let s = doc_key(&key).unwrap();

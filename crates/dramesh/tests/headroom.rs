@@ -20,7 +20,11 @@ use dramesh_api::query::{
 use serde_json::{Value, json};
 
 fn karpenter_fixture(file: &str) -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/karpenter")).join(file)
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/karpenter"
+    ))
+    .join(file)
 }
 
 /// 8 GPUs on the p4d node of tests/karpenter/node-p4d.yaml, and their DeviceClass.
@@ -118,9 +122,12 @@ fn karmada_query() -> ReplicaQuery {
                 tolerations: vec![toleration],
                 ..NodeClaim::default()
             },
-            resource_request: [("cpu".to_string(), q("4")), ("memory".to_string(), q("32Gi"))]
-                .into_iter()
-                .collect(),
+            resource_request: [
+                ("cpu".to_string(), q("4")),
+                ("memory".to_string(), q("32Gi")),
+            ]
+            .into_iter()
+            .collect(),
             namespace: "ml".into(),
             dra: DraRequirements {
                 claim_templates: vec![ClaimTemplate {
@@ -174,9 +181,14 @@ async fn a_replica_with_headroom_counts_what_new_karpenter_nodes_could_hold() {
     procs
         .0
         .push(spawn_replica_with(tmp, &certs, "r1", &a1, &[], &with_flag));
-    procs
-        .0
-        .push(spawn_replica_with(tmp, &certs, "r2", &a2, &[a1.mesh], OPEN_API));
+    procs.0.push(spawn_replica_with(
+        tmp,
+        &certs,
+        "r2",
+        &a2,
+        &[a1.mesh],
+        OPEN_API,
+    ));
     let folder = tmp.join("gpu");
     write_cluster(&folder);
     procs.0.push(spawn_folder_agent(

@@ -885,6 +885,7 @@ mod tests {
                     error: None,
                     assumed_unplaced: 2,
                     unknown_nodes: 1,
+                    headroom_replicas: Some(10),
                     stale: false,
                     data_age_seconds: Some(1.5),
                 },
@@ -910,6 +911,12 @@ mod tests {
         assert!(json["clusters"][1].get("assumedUnplaced").is_none());
         assert_eq!(json["clusters"][0]["unknownNodes"], 1);
         assert!(json["clusters"][1].get("unknownNodes").is_none());
+        assert_eq!(json["clusters"][0]["headroomReplicas"], 10);
+        assert!(json["clusters"][1].get("headroomReplicas").is_none());
+        assert_eq!(
+            pb::EstimateResponse::from(r.clone()).clusters[0].headroom_replicas,
+            Some(10)
+        );
         assert_eq!(json["clusters"][0]["stale"], false);
         assert_eq!(json["clusters"][1]["stale"], true);
         assert_eq!(json["clusters"][1]["dataAgeSeconds"], 300.25);
@@ -947,9 +954,15 @@ mod tests {
             },
             clusters: vec!["c1".into()],
             replicas: Some(3),
+            use_headroom: true,
         };
         let wire = pb::PlaceRequest::from(req.clone());
         assert!(wire.workload.is_some());
+        assert!(wire.use_headroom);
+        assert_eq!(
+            serde_json::to_value(&req).expect("json")["useHeadroom"],
+            true
+        );
         assert_eq!(PlaceRequest::from(wire), req);
         let bare = EstimateRequest::from(pb::EstimateRequest::default());
         assert_eq!(

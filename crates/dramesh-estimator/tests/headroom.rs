@@ -601,6 +601,9 @@ fn karmada_pool(v: &View, pool: &str, w: &Workload) -> Option<i64> {
     best
 }
 
+/// (pool, type) -> (allocatable cpu cores, memory GiB, pods, capacity cpu, capacity GiB).
+type Generated = (i64, i64, i64, i64, i64);
+
 /// A tiny deterministic generator (xorshift64*).
 struct Rng(u64);
 
@@ -621,8 +624,7 @@ fn cpu_memory_headroom_is_never_above_karmadas_formula_and_lower_only_by_whole_n
     for round in 0..300 {
         let mut objs = Vec::new();
         let pools = 1 + rng.next(3) as usize;
-        // (pool, type) -> (alloc cpu cores, memory GiB, pods, capacity cpu, capacity GiB)
-        let mut shapes: BTreeMap<(String, String), (i64, i64, i64, i64, i64)> = BTreeMap::new();
+        let mut shapes: BTreeMap<(String, String), Generated> = BTreeMap::new();
         // pool -> (cpu limit, memory limit GiB)
         let mut pool_limits: BTreeMap<String, (Option<i64>, Option<i64>)> = BTreeMap::new();
         for p in 0..pools {

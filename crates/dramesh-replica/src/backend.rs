@@ -432,6 +432,7 @@ mod tests {
                 workload: workload.clone(),
                 clusters: vec![],
                 replicas: None,
+                use_headroom: false,
             })
             .unwrap();
         let placed: BTreeMap<String, i64> = p
@@ -566,6 +567,7 @@ mod tests {
                 workload: workload.clone(),
                 clusters: vec![],
                 replicas: Some(6),
+                use_headroom: false,
             })
             .unwrap();
         assert_eq!(p.unschedulable, None);
@@ -578,6 +580,7 @@ mod tests {
                 workload: workload.clone(),
                 clusters: vec![],
                 replicas: Some(8),
+                use_headroom: false,
             })
             .unwrap();
         assert!(p.clusters.is_empty());
@@ -589,6 +592,7 @@ mod tests {
                 workload,
                 clusters: vec![],
                 replicas: Some(8),
+                use_headroom: false,
             })
             .unwrap();
         assert_eq!(pre.chosen.as_deref(), Some("gpu-east"));

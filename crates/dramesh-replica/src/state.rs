@@ -19,7 +19,7 @@
 //!
 //! # Lock order
 //!
-//! Seven locks, always taken in this order, and each only inside a small method of this module
+//! Eight locks, always taken in this order, and each only inside a small method of this module
 //! (plus `caps`, taken first and only by `reserve`, so that checking a creator's caps and
 //! writing its reservation are one step; `resolving`, taken first and only by the
 //! resolution, which takes 3, 4 and 5 inside it, so resolutions are made one at a time; and
@@ -39,6 +39,8 @@
 //!    change feed, possibly while the indexes are held.
 //! 7. `retired` (the latest tombstone per retired cluster, see [`crate::retire`]): a leaf,
 //!    held only for one closure (`with_retired`) that takes no other lock.
+//! 8. `headroom` (the NodePool failure detection of scale-up headroom): a leaf, taken with
+//!    the indexes held (the view it observes), released before `compute` is taken.
 //!
 //! The mesh holds `store` too (the same mutex) and takes no lock of this state.
 

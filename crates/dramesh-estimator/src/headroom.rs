@@ -413,29 +413,49 @@ impl AutoscalerHealth {
     }
 
     /// Observes every cluster's pools at `now` (a monotonic clock's reading, never earlier
-    /// than a previous call's) and returns the pools skipped as failed. Pools that left the
-    /// view are forgotten.
+    /// than a previous call's) and returns the pools skipped as failed. Pools of clusters
+    /// that left the view are forgotten.
     pub fn observe(&mut self, view: &View, now: Duration) -> Arc<BTreeSet<(String, String)>> {
-        let mut seen: BTreeSet<(String, String)> = BTreeSet::new();
-        let mut failed = BTreeSet::new();
         for c in view.clusters() {
-            let a = c.autoscaling();
-            if a.pools.is_empty() {
-                continue;
-            }
-            let pending = c.unbound_pods() > 0;
-            for name in a.pools.keys() {
-                let claims = a.claims_of(name).count();
-                let key = (c.name.clone(), name.clone());
-                let st = self.pools.entry(key.clone()).or_default();
-                if step(st, claims, pending, now) {
-                    failed.insert(key.clone());
-                }
-                seen.insert(key);
+            self.observe_cluster(c, now);
+        }
+        self.pools.retain(|(c, _), _| view.cluster(c).is_some());
+        self.failed(now)
+    }
+
+    /// Observes one cluster's pools at `now` (costs one pass over its NodeClaims); its pools
+    /// that are gone are forgotten.
+    pub fn observe_cluster(&mut self, c: &ClusterView, now: Duration) {
+        let a = c.autoscaling();
+        let mut claims: BTreeMap<&str, usize> = BTreeMap::new();
+        for cl in a.claims.values() {
+            if let Some(p) = cl.pool() {
+                *claims.entry(p).or_default() += 1;
             }
         }
-        self.pools.retain(|k, _| seen.contains(k));
-        Arc::new(failed)
+        let pending = c.unbound_pods() > 0;
+        for name in a.pools.keys() {
+            let n = claims.get(name.as_str()).copied().unwrap_or(0);
+            let st = self.pools.entry((c.name.clone(), name.clone())).or_default();
+            step(st, n, pending, now);
+        }
+        self.pools
+            .retain(|(cl, p), _| cl != &c.name || a.pools.contains_key(p));
+    }
+
+    /// The pools skipped as failed at `now`: marked failed less than [`RECOVERY_INTERVAL`]
+    /// before it.
+    pub fn failed(&self, now: Duration) -> Arc<BTreeSet<(String, String)>> {
+        Arc::new(
+            self.pools
+                .iter()
+                .filter(|(_, st)| {
+                    st.failed_at
+                        .is_some_and(|at| now.saturating_sub(at) < RECOVERY_INTERVAL)
+                })
+                .map(|(k, _)| k.clone())
+                .collect(),
+        )
     }
 }
 

@@ -50,7 +50,7 @@ impl Backend for ReplicaBackend {
             assumed: assumed.into(),
             clusters: vec![q.cluster.clone()],
             deadline: dramesh_api::deadline::current(),
-            headroom: s.headroom_options(view, true),
+            headroom: s.headroom_options(view, std::slice::from_ref(&q.cluster), true),
             ..EstimateOptions::default()
         };
         let est = s.compute(&indexes).estimator.estimate(view, &w, &opts);

@@ -256,16 +256,26 @@ impl ReplicaState {
         lock(&self.headroom).is_some()
     }
 
-    /// The headroom options of an estimate over `view` (held by the caller), the pools
-    /// failed as of now; `None` when headroom is off. `count`: add it to `max_replicas`.
+    /// The headroom options of an estimate of `clusters` (every cluster when empty) over
+    /// `view` (held by the caller): those clusters' pools observed now, the pools failed as of
+    /// now; `None` when headroom is off. `count`: add it to `max_replicas`.
     pub(crate) fn headroom_options(
         &self,
         view: &View,
+        clusters: &[String],
         count: bool,
     ) -> Option<dramesh_estimator::HeadroomOptions> {
         let mut h = lock(&self.headroom);
         let st = h.as_mut()?;
-        let failed = st.health.observe(view, st.started.elapsed());
+        let now = st.started.elapsed();
+        let failed = if clusters.is_empty() {
+            st.health.observe(view, now)
+        } else {
+            for c in clusters.iter().filter_map(|c| view.cluster(c)) {
+                st.health.observe_cluster(c, now);
+            }
+            st.health.failed(now)
+        };
         Some(dramesh_estimator::HeadroomOptions { failed, count })
     }
 
@@ -274,12 +284,13 @@ impl ReplicaState {
     pub(crate) fn headroom_asked(
         &self,
         view: &View,
+        clusters: &[String],
         asked: bool,
     ) -> Result<Option<dramesh_estimator::HeadroomOptions>, ApiError> {
         if !asked {
             return Ok(None);
         }
-        self.headroom_options(view, true).map(Some).ok_or_else(|| {
+        self.headroom_options(view, clusters, true).map(Some).ok_or_else(|| {
             ApiError::InvalidRequest(
                 "useHeadroom: this replica does not count scale-up headroom (start it with --estimate-autoscaler-headroom)".into(),
             )
@@ -416,7 +427,11 @@ impl ReplicaState {
                 pending.apply(cluster, change);
             }
             if let Some(st) = lock(&self.headroom).as_mut() {
-                st.health.observe(view, st.started.elapsed());
+                let now = st.started.elapsed();
+                let touched: BTreeSet<&str> = changes.iter().map(|(c, _)| c.as_str()).collect();
+                for c in touched.into_iter().filter_map(|c| view.cluster(c)) {
+                    st.health.observe_cluster(c, now);
+                }
             }
         }
         let mut fresh = lock(&self.fresh);
@@ -508,7 +523,7 @@ impl ReplicaState {
             assumed,
             clusters: clusters.to_vec(),
             deadline: dramesh_api::deadline::current(),
-            headroom: self.headroom_options(&indexes.view, false),
+            headroom: self.headroom_options(&indexes.view, clusters, false),
             ..EstimateOptions::default()
         };
         let est = self
@@ -544,7 +559,7 @@ impl ReplicaState {
             clusters: clusters.to_vec(),
             stale: self.stale_clusters(),
             deadline: dramesh_api::deadline::current(),
-            headroom: self.headroom_asked(&indexes.view, use_headroom)?,
+            headroom: self.headroom_asked(&indexes.view, clusters, use_headroom)?,
             ..EstimateOptions::default()
         };
         let placed = dramesh_estimator::place(
@@ -579,7 +594,7 @@ impl ReplicaState {
             clusters: clusters.to_vec(),
             stale: self.stale_clusters(),
             deadline: dramesh_api::deadline::current(),
-            headroom: self.headroom_asked(view, use_headroom)?,
+            headroom: self.headroom_asked(view, clusters, use_headroom)?,
             ..EstimateOptions::default()
         };
         if opts.clusters.is_empty()

@@ -24,7 +24,9 @@ use crate::assumed::{Assumed, AssumedList, DeductionLog, NodeFree, assumed_deduc
 use crate::filter::NodeClaim;
 use crate::fit::{AssumedDevices, DeviceCache, DeviceQuery};
 use crate::hash::{FastMap, FastSet};
-use crate::headroom::{ClusterHeadroom, HeadroomOptions, NodeCount, cluster_headroom};
+use crate::headroom::{
+    ClusterHeadroom, HeadroomOptions, NodeCount, PoolPlan, cluster_headroom, plan,
+};
 use crate::overlay::Overlay;
 use crate::quota::QuotaSet;
 use crate::resources::{ResList, ResName};
@@ -189,6 +191,9 @@ pub struct Estimator {
     builds: u64,
     /// Headroom's per-node counts of hypothetical nodes (see [`ShapeKey`]).
     shape_counts: FastMap<ShapeKey, (ShapeGens, NodeCount)>,
+    /// Headroom's NodePool plans per cluster, with the cluster generation they were made at
+    /// (one entry per cluster with NodePools).
+    pool_plans: FastMap<String, (u64, Arc<[PoolPlan]>)>,
 }
 
 /// (cluster, shape node, workload key) of a hypothetical node's count.
@@ -363,6 +368,7 @@ impl Estimator {
             deductions: FastMap::default(),
             builds: 0,
             shape_counts: FastMap::default(),
+            pool_plans: FastMap::default(),
             max_bytes,
         }
     }
@@ -474,14 +480,30 @@ impl Estimator {
         if self.shape_counts.len() > MAX_SHAPE_COUNTS {
             self.shape_counts = FastMap::default();
         }
+        if self.pool_plans.len() > MAX_SHAPE_COUNTS {
+            self.pool_plans = FastMap::default();
+        }
         let wkey = workload_key(w, opts);
         let plain = EstimateOptions {
             max_allocation_steps: opts.max_allocation_steps,
             deadline: opts.deadline,
             ..EstimateOptions::default()
         };
+        if c.autoscaling().pools.is_empty() {
+            self.pool_plans.remove(&c.name);
+            return;
+        }
+        let plans = match self.pool_plans.get(&c.name) {
+            Some((g, p)) if *g == c.generation => p.clone(),
+            _ => {
+                let p: Arc<[PoolPlan]> = plan(c).into();
+                self.pool_plans
+                    .insert(c.name.clone(), (c.generation, p.clone()));
+                p
+            }
+        };
         let counts = &mut self.shape_counts;
-        let headroom = cluster_headroom(c, h, !w.shared_claims.is_empty(), |c, node| {
+        let headroom = cluster_headroom(c, &plans, h, !w.shared_claims.is_empty(), |c, node| {
             let gens = (
                 c.node_gen.get(&node.name).copied().unwrap_or(0),
                 c.devices.node_generation(&node.name),

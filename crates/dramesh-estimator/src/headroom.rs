@@ -183,21 +183,69 @@ fn res_amounts(l: &ResList) -> Amounts {
     l.iter().map(|(r, v)| (r.clone(), v)).collect()
 }
 
-/// A node shape the pool can launch.
-struct Shape<'a> {
+/// A node shape a pool can launch: the instance type, the node it is learned from, and what
+/// one such node costs against the limits.
+#[derive(Debug, Clone)]
+struct Shape {
     instance_type: String,
-    node: &'a NodeEntry,
+    node: Arc<str>,
     cost: Amounts,
+}
+
+/// What the view says about one NodePool, whatever the workload: its shapes, the types it may
+/// launch without a known shape, what its limits leave, and the resources it limits.
+#[derive(Debug, Clone)]
+pub(crate) struct PoolPlan {
+    name: String,
+    shapes: Vec<Shape>,
+    unknown: Vec<String>,
+    remaining: Amounts,
+    limited: Vec<String>,
+}
+
+/// The plans of cluster `c`'s NodePools, in name order (one pass over its nodes and claims
+/// per pool). They depend only on the view, so callers keep them per cluster generation.
+pub(crate) fn plan(c: &ClusterView) -> Vec<PoolPlan> {
+    let a = c.autoscaling();
+    let mut out = Vec::with_capacity(a.pools.len());
+    for (name, pool) in &a.pools {
+        let claims: Vec<&NodeClaim> = a.claims_of(name).collect();
+        let (shapes, unknown) = shapes(c, name, pool, &claims);
+        let limits = amounts(&pool.spec.limits);
+        let mut remaining = limits.clone();
+        for cl in &claims {
+            let cost = claim_cost(cl).or_else(|| {
+                let t = cl.instance_type()?;
+                shapes
+                    .iter()
+                    .find(|s| s.instance_type == t)
+                    .map(|s| s.cost.clone())
+            });
+            for (r, v) in cost.iter().flatten() {
+                if let Some(left) = remaining.get_mut(r) {
+                    *left = left.saturating_sub(*v);
+                }
+            }
+        }
+        out.push(PoolPlan {
+            name: name.clone(),
+            shapes,
+            unknown,
+            remaining,
+            limited: limits.keys().map(|r| r.as_str().to_string()).collect(),
+        });
+    }
+    out
 }
 
 /// The shapes of `pool`'s instance types (one per type, from the first node in name order)
 /// and the types it may launch without a known shape.
-fn shapes<'a>(
-    c: &'a ClusterView,
+fn shapes(
+    c: &ClusterView,
     name: &str,
     pool: &NodePool,
     claims: &[&NodeClaim],
-) -> (Vec<Shape<'a>>, Vec<String>) {
+) -> (Vec<Shape>, Vec<String>) {
     let mut found: BTreeMap<String, &NodeEntry> = BTreeMap::new();
     for n in c.nodes() {
         if n.labels.get(NODEPOOL_LABEL).map(String::as_str) != Some(name) {
@@ -236,7 +284,7 @@ fn shapes<'a>(
             }
             Shape {
                 instance_type: t,
-                node,
+                node: node.name.clone(),
                 cost,
             }
         })
@@ -261,36 +309,37 @@ fn nodes_allowed(remaining: &Amounts, cost: &Amounts) -> Option<(i64, ResName)> 
     best
 }
 
-/// The headroom of cluster `c` for a workload whose hypothetical nodes `count` counts (the
-/// caller's per-node fit on [`ClusterView::new_node_like`]); `None` when the cluster has no
-/// NodePools. `shared_claims`: the workload names shared ResourceClaims, which new nodes are
-/// not counted for.
+/// The headroom of cluster `c` from its pools' `plans` ([`plan`] of the same view) for a
+/// workload whose hypothetical nodes `count` counts (the caller's per-node fit on
+/// [`ClusterView::new_node_like`]); `None` when the cluster has no NodePools.
+/// `shared_claims`: the workload names shared ResourceClaims, which new nodes are not
+/// counted for.
 pub(crate) fn cluster_headroom(
     c: &ClusterView,
+    plans: &[PoolPlan],
     opts: &HeadroomOptions,
     shared_claims: bool,
     mut count: impl FnMut(&ClusterView, &NodeEntry) -> NodeCount,
 ) -> Option<ClusterHeadroom> {
-    let a = c.autoscaling();
-    if a.pools.is_empty() {
+    if plans.is_empty() {
         return None;
     }
     let mut out = ClusterHeadroom {
         replicas: 0,
         pools: Vec::new(),
     };
-    for (name, pool) in &a.pools {
+    for pp in plans {
         let mut ph = PoolHeadroom {
-            pool: name.clone(),
+            pool: pp.name.clone(),
             replicas: 0,
             instance_type: None,
             nodes: 0,
             per_node: 0,
             reason: String::new(),
-            unknown_shapes: Vec::new(),
+            unknown_shapes: pp.unknown.clone(),
             lower_bound: false,
         };
-        if opts.failed.contains(&(c.name.clone(), name.clone())) {
+        if opts.failed.contains(&(c.name.clone(), pp.name.clone())) {
             ph.reason = format!(
                 "failed: pending pods and no NodeClaims for over {}s, skipped for {}s",
                 FAILURE_THRESHOLD.as_secs(),
@@ -304,38 +353,18 @@ pub(crate) fn cluster_headroom(
             out.pools.push(ph);
             continue;
         }
-        let claims: Vec<&NodeClaim> = a.claims_of(name).collect();
-        let (shapes, unknown) = shapes(c, name, pool, &claims);
-        ph.unknown_shapes = unknown;
-        let limits = amounts(&pool.spec.limits);
-        let mut remaining = limits.clone();
-        for cl in &claims {
-            let cost = claim_cost(cl).or_else(|| {
-                let t = cl.instance_type()?;
-                shapes
-                    .iter()
-                    .find(|s| s.instance_type == t)
-                    .map(|s| s.cost.clone())
-            });
-            for (r, v) in cost.iter().flatten() {
-                if let Some(left) = remaining.get_mut(r) {
-                    *left = left.saturating_sub(*v);
-                }
-            }
-        }
         let mut reasons: Vec<String> = Vec::new();
         // (replicas, nodes, per-node count, instance type, explanation) of the best type.
         let mut best: Option<(i64, i64, NodeCount, String, String)> = None;
-        for s in &shapes {
-            let Some((nodes, bound_by)) = nodes_allowed(&remaining, &s.cost) else {
-                let named: Vec<&str> = limits.keys().map(ResName::as_str).collect();
+        for s in &pp.shapes {
+            let Some((nodes, bound_by)) = nodes_allowed(&pp.remaining, &s.cost) else {
                 reasons.push(format!(
                     "{}: no limit bounds its nodes (limits: {})",
                     s.instance_type,
-                    if named.is_empty() {
+                    if pp.limited.is_empty() {
                         "none".to_string()
                     } else {
-                        named.join(", ")
+                        pp.limited.join(", ")
                     }
                 ));
                 continue;
@@ -344,7 +373,15 @@ pub(crate) fn cluster_headroom(
                 reasons.push(format!("{}: limit {bound_by} reached", s.instance_type));
                 continue;
             }
-            let n = count(c, s.node);
+            let n = match c.node(&s.node) {
+                Some(node) => count(c, node),
+                None => NodeCount {
+                    replicas: 0,
+                    limited_by: String::new(),
+                    error: Some(format!("node {} is gone", s.node)),
+                    lower_bound: false,
+                },
+            };
             if let Some(e) = &n.error {
                 reasons.push(format!("{}: {e}", s.instance_type));
                 continue;
@@ -373,7 +410,7 @@ pub(crate) fn cluster_headroom(
                 ph.reason = why;
             }
             None => {
-                if shapes.is_empty() {
+                if pp.shapes.is_empty() {
                     reasons.push("no node of the pool shows an instance type's shape".into());
                 }
                 if !ph.unknown_shapes.is_empty() {
@@ -436,7 +473,10 @@ impl AutoscalerHealth {
         let pending = c.unbound_pods() > 0;
         for name in a.pools.keys() {
             let n = claims.get(name.as_str()).copied().unwrap_or(0);
-            let st = self.pools.entry((c.name.clone(), name.clone())).or_default();
+            let st = self
+                .pools
+                .entry((c.name.clone(), name.clone()))
+                .or_default();
             step(st, n, pending, now);
         }
         self.pools

@@ -20,52 +20,12 @@ use dramesh_model::karpenter::{INSTANCE_TYPE_LABEL, NODEPOOL_LABEL};
 use dramesh_model::{ClusterObject, Manifest, ObjectKind, Quantity, load};
 use serde_json::{Value, json};
 
-/// `shared/fixtures/real` in the nearest ancestor of this crate that has one (the
-/// repository's `../shared`, also from a git worktree nested deeper), or `None` (with a
-/// message) when there is none; with `CI` set a missing folder fails the test.
-fn real() -> Option<PathBuf> {
-    let found = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .map(|a| a.join("shared/fixtures/real"))
-        .find(|d| d.is_dir());
-    if found.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "shared/fixtures/real is absent and CI is set"
-        );
-        eprintln!(
-            "skipping: no shared/fixtures/real above {}",
-            env!("CARGO_MANIFEST_DIR")
-        );
-    }
-    found
-}
-
 fn karpenter_fixture(file: &str) -> PathBuf {
     PathBuf::from(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../tests/karpenter"
     ))
     .join(file)
-}
-
-fn load_all(files: &[PathBuf]) -> Vec<Manifest> {
-    load::load_paths(files)
-        .unwrap()
-        .into_iter()
-        .map(|l| l.manifest)
-        .collect()
-}
-
-fn feed(view: &mut View, cluster: &str, ms: Vec<Manifest>) -> Vec<Manifest> {
-    let mut rest = Vec::new();
-    for m in ms {
-        match m {
-            Manifest::Object(o) => view.apply_object(cluster, o).unwrap(),
-            other => rest.push(other),
-        }
-    }
-    rest
 }
 
 fn with_headroom(count: bool) -> EstimateOptions {
@@ -102,7 +62,7 @@ fn aws(root: &std::path::Path) -> Aws {
     let rest = feed(
         &mut view,
         "aws",
-        load_all(&[
+        manifests(&[
             karpenter_fixture("node-p4d.yaml"),
             karpenter_fixture("nodepool-gpu.yaml"),
             karpenter_fixture("nodeclaims-gpu.yaml"),
@@ -117,15 +77,15 @@ fn aws(root: &std::path::Path) -> Aws {
         dir.join("device-class.yaml"),
         root.join("nvidia-dra-driver-gpu/helm/deviceclasses.rendered.yaml"),
     ];
-    let slices: Vec<Value> = load_all(&slice_files)
+    let slices: Vec<Value> = manifests(&slice_files)
         .into_iter()
         .map(|m| match m {
             Manifest::Object(o) => serde_json::from_slice(&o.to_json()).unwrap(),
             other => panic!("not a slice: {other:?}"),
         })
         .collect();
-    let classes = load_all(&class_files);
-    feed(&mut view, "aws", load_all(&slice_files));
+    let classes = manifests(&class_files);
+    feed(&mut view, "aws", manifests(&slice_files));
     feed(&mut view, "aws", classes.clone());
     // The captured allocated claim (gpu-6 and the EFA on root a0): it holds devices of the
     // existing node, never of a new one. Its device status lacks lastTransitionTime, which
@@ -142,7 +102,7 @@ fn aws(root: &std::path::Path) -> Aws {
         claim.into_iter().map(|l| l.manifest).collect(),
     );
     let mut templates = HashMap::new();
-    for m in load_all(&[dir.join("resource-claim-template.yaml")]) {
+    for m in manifests(&[dir.join("resource-claim-template.yaml")]) {
         if let Manifest::ResourceClaimTemplate(t) = m {
             templates.insert(("default".to_string(), t.metadata.name.clone().unwrap()), t);
         }

@@ -1,49 +1,17 @@
 //! Estimates on real-world DRA manifests from ../shared/fixtures/real (skipped with a
-//! message when that folder is absent). Expected numbers are derived by hand in comments.
+//! message when that folder is absent, failing when `CI` is set). Expected numbers are derived
+//! by hand in comments.
 
 mod common;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use common::*;
 use dramesh_estimator::{EstimateOptions, View, Workload, estimate};
 use dramesh_model::{Manifest, load};
 use serde_json::json;
-
-fn real() -> Option<PathBuf> {
-    let p = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/fixtures/real"
-    ));
-    if p.is_dir() {
-        Some(p)
-    } else {
-        eprintln!("skipping: {} is absent", p.display());
-        None
-    }
-}
-
-fn manifests(files: &[PathBuf]) -> Vec<Manifest> {
-    load::load_paths(files)
-        .unwrap()
-        .into_iter()
-        .map(|l| l.manifest)
-        .collect()
-}
-
-/// Applies every cluster object to `cluster`, returns the rest.
-fn feed(view: &mut View, cluster: &str, ms: Vec<Manifest>) -> Vec<Manifest> {
-    let mut rest = Vec::new();
-    for m in ms {
-        match m {
-            Manifest::Object(o) => view.apply_object(cluster, o).unwrap(),
-            other => rest.push(other),
-        }
-    }
-    rest
-}
 
 #[test]
 fn karmada_dra_proposal_worked_example_gives_one_replica() {

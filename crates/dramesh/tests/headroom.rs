@@ -14,9 +14,7 @@ use common::{
     OPEN_API, Procs, ReplicaListen, http_json, karmada_client, make_certs, spawn_folder_agent,
     spawn_replica_with, try_http_json, wait_for,
 };
-use dramesh_api::query::{
-    ClaimTemplate, DraRequirements, NodeClaim, ReplicaQuery, ReplicaRequirements, WireStyle,
-};
+use dramesh_api::query::{ReplicaQuery, WireStyle};
 use serde_json::{Value, json};
 
 fn karpenter_fixture(file: &str) -> PathBuf {
@@ -106,40 +104,17 @@ fn write_cluster(dir: &Path) {
 }
 
 fn karmada_query() -> ReplicaQuery {
-    let spec = serde_json::from_value(json!({
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}
-    }))
-    .expect("template spec");
     let toleration = serde_json::from_value(
         json!({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}),
     )
     .expect("toleration");
-    let q = |s: &str| k8s_openapi::apimachinery::pkg::api::resource::Quantity(s.into());
-    ReplicaQuery {
-        cluster: "gpu".into(),
-        requirements: ReplicaRequirements {
-            node_claim: NodeClaim {
-                tolerations: vec![toleration],
-                ..NodeClaim::default()
-            },
-            resource_request: [
-                ("cpu".to_string(), q("4")),
-                ("memory".to_string(), q("32Gi")),
-            ]
-            .into_iter()
-            .collect(),
-            namespace: "ml".into(),
-            dra: DraRequirements {
-                claim_templates: vec![ClaimTemplate {
-                    pod_claim_name: "gpu".into(),
-                    spec,
-                }],
-                shared_claims: vec![],
-            },
-            ..ReplicaRequirements::default()
-        },
-        assumed_workloads: vec![],
-    }
+    common::karmada_dra_query(
+        "gpu",
+        "ml",
+        "gpu.nvidia.com",
+        ("4", "32Gi"),
+        vec![toleration],
+    )
 }
 
 async fn karmada_answer(addr: std::net::SocketAddr) -> i32 {

@@ -62,3 +62,49 @@ pub fn view_of(cluster: &str, objs: Vec<ClusterObject>) -> View {
     }
     v
 }
+
+/// `shared/fixtures/real` in the nearest ancestor of this crate that has one (the
+/// repository's `../shared`, also from a git worktree nested deeper), or `None` (with a
+/// message) when there is none; with `CI` set a missing folder fails the test.
+pub fn real() -> Option<std::path::PathBuf> {
+    let found = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .map(|a| a.join("shared/fixtures/real"))
+        .find(|d| d.is_dir());
+    if found.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "shared/fixtures/real is absent and CI is set"
+        );
+        eprintln!(
+            "skipping: no shared/fixtures/real above {}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+    }
+    found
+}
+
+/// Every manifest of `files`, in order.
+pub fn manifests(files: &[std::path::PathBuf]) -> Vec<dramesh_model::Manifest> {
+    dramesh_model::load::load_paths(files)
+        .unwrap()
+        .into_iter()
+        .map(|l| l.manifest)
+        .collect()
+}
+
+/// Applies every cluster object to `cluster`, returns the rest.
+pub fn feed(
+    view: &mut View,
+    cluster: &str,
+    ms: Vec<dramesh_model::Manifest>,
+) -> Vec<dramesh_model::Manifest> {
+    let mut rest = Vec::new();
+    for m in ms {
+        match m {
+            dramesh_model::Manifest::Object(o) => view.apply_object(cluster, o).unwrap(),
+            other => rest.push(other),
+        }
+    }
+    rest
+}

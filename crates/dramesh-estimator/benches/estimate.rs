@@ -10,9 +10,9 @@
 //!   placement (dynamic weight) and preemption of a workload that fits nowhere.
 //! - `headroom_1000x8`: one cluster of 1,000 nodes x 8 GPUs, all of one Karpenter NodePool
 //!   and instance type, with a NodeClaim each and a GPU limit leaving room for 100 more nodes;
-//!   the estimate without headroom (`warm`), with it (`warm_with_headroom`: the hypothetical
-//!   node's count cached), and `headroom_cold` (fresh estimator: every node and the
-//!   hypothetical one counted).
+//!   the estimate without headroom (`warm`), with it (`warm_with_headroom`: the pool plan and
+//!   the hypothetical node's count cached), and with a fresh estimator without (`cold`) and
+//!   with headroom (`headroom_cold`: every node, the pool plan and the hypothetical node).
 
 #[path = "../tests/common/fleet.rs"]
 mod fleet;
@@ -216,6 +216,9 @@ fn headroom(c: &mut Criterion) {
     });
     g.bench_function("warm_with_headroom", |b| {
         b.iter(|| black_box(est.estimate(&view, &w, &on).total))
+    });
+    g.bench_function("cold", |b| {
+        b.iter(|| black_box(Estimator::new().estimate(&view, &w, &off).total))
     });
     g.bench_function("headroom_cold", |b| {
         b.iter(|| black_box(Estimator::new().estimate(&view, &w, &on).total))

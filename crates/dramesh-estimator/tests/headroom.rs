@@ -17,7 +17,7 @@ use dramesh_estimator::{
     estimate,
 };
 use dramesh_model::karpenter::{INSTANCE_TYPE_LABEL, NODEPOOL_LABEL};
-use dramesh_model::{ClusterObject, Manifest, ObjectKind, Quantity, load};
+use dramesh_model::{ClusterObject, Manifest, ObjectKind, Quantity};
 use serde_json::{Value, json};
 
 fn karpenter_fixture(file: &str) -> PathBuf {
@@ -87,20 +87,8 @@ fn aws(root: &std::path::Path) -> Aws {
     let classes = manifests(&class_files);
     feed(&mut view, "aws", manifests(&slice_files));
     feed(&mut view, "aws", classes.clone());
-    // The captured allocated claim (gpu-6 and the EFA on root a0): it holds devices of the
-    // existing node, never of a new one. Its device status lacks lastTransitionTime, which
-    // only status.allocation does not need, so that part is cut (as in real_fixtures.rs).
-    let claim_file = dir.join("resource-claim.yaml");
-    let text = std::fs::read_to_string(&claim_file).unwrap();
-    let cut = text
-        .find("\n  devices:\n  - conditions")
-        .unwrap_or(text.len());
-    let claim = load::load_str(&claim_file, &text[..cut]).unwrap();
-    feed(
-        &mut view,
-        "aws",
-        claim.into_iter().map(|l| l.manifest).collect(),
-    );
+    // The captured allocated claim holds devices of the existing node, never of a new one.
+    feed(&mut view, "aws", aws_allocated_claim(&dir));
     let mut templates = HashMap::new();
     for m in manifests(&[dir.join("resource-claim-template.yaml")]) {
         if let Manifest::ResourceClaimTemplate(t) = m {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use common::*;
 use dramesh_estimator::{EstimateOptions, View, Workload, estimate};
-use dramesh_model::{Manifest, load};
+use dramesh_model::Manifest;
 use serde_json::json;
 
 #[test]
@@ -69,20 +69,7 @@ fn aws_view(
         dir.join("resource-claim-template.yaml"),
     ]);
     let mut rest = feed(&mut view, "aws", ms);
-    // The captured claim's status.devices conditions lack lastTransitionTime, which the typed
-    // decoder requires; only status.allocation matters here, so the device status is cut.
-    let claim_file = dir.join("resource-claim.yaml");
-    let text = std::fs::read_to_string(&claim_file).unwrap();
-    let cut = text
-        .find("\n  devices:\n  - conditions")
-        .unwrap_or(text.len());
-    let claim = load::load_str(&claim_file, &text[..cut]).unwrap();
-    assert_eq!(claim.len(), 1);
-    rest.extend(feed(
-        &mut view,
-        "aws",
-        claim.into_iter().map(|l| l.manifest).collect(),
-    ));
+    rest.extend(feed(&mut view, "aws", aws_allocated_claim(&dir)));
     let mut templates = HashMap::new();
     for m in rest {
         if let Manifest::ResourceClaimTemplate(t) = m {

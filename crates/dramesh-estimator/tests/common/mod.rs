@@ -108,3 +108,18 @@ pub fn feed(
     }
     rest
 }
+
+/// The allocated claim captured with the dranet AWS p4d example (`dir` is
+/// `dranet/examples/aws_eks_examples/gpu-efa`: gpu-6 and the EFA on PCIe root a0). Its
+/// `status.devices` conditions lack `lastTransitionTime`, which the typed decoder requires;
+/// only `status.allocation` matters to estimates, so the device status is cut.
+pub fn aws_allocated_claim(dir: &std::path::Path) -> Vec<dramesh_model::Manifest> {
+    let claim_file = dir.join("resource-claim.yaml");
+    let text = std::fs::read_to_string(&claim_file).unwrap();
+    let cut = text
+        .find("\n  devices:\n  - conditions")
+        .unwrap_or(text.len());
+    let claim = dramesh_model::load::load_str(&claim_file, &text[..cut]).unwrap();
+    assert_eq!(claim.len(), 1);
+    claim.into_iter().map(|l| l.manifest).collect()
+}

@@ -5,8 +5,10 @@
 //! its own Node (`metadata.name=<node>`), its node's pods and ResourceSlices
 //! (`spec.nodeName=<node>`), network-attached slices and unbound pods (`spec.nodeName=`,
 //! i.e. without a node; unbound pods are published once the scheduler marked them
-//! `PodScheduled=False`, see [`crate::trim::pod_owner`]), DeviceClasses, optionally DeviceTaintRules (`resource.k8s.io/v1beta2`), and all
-//! ResourceClaims (the API has no filter for "allocated on this node", so claims are filtered
+//! `PodScheduled=False`, see [`crate::trim::pod_owner`]), DeviceClasses, optionally DeviceTaintRules (`resource.k8s.io/v1beta2`),
+//! Karpenter's NodePools and NodeClaims (`karpenter.sh/v1`, through a dynamic client; where
+//! the CRDs are absent, 404, or the agent may not list them, 403, they count as empty, logged
+//! once per failing streak, and are retried with backoff), and all ResourceClaims (the API has no filter for "allocated on this node", so claims are filtered
 //! here by [`crate::trim::claim_owner`]). It publishes its node's records under
 //! [`Scope::Node`]; while it holds the Lease it also publishes the cluster-scoped ones under
 //! [`Scope::Cluster`] with the Lease term. All agents watch the cluster-scoped kinds so a new

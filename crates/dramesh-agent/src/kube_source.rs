@@ -7,8 +7,11 @@
 //! i.e. without a node; unbound pods are published once the scheduler marked them
 //! `PodScheduled=False`, see [`crate::trim::pod_owner`]), DeviceClasses, ResourceClaimTemplates
 //! (names, namespaces and claim specs: what Karmada's `resourceClaimRefs` are resolved
-//! against), optionally DeviceTaintRules (`resource.k8s.io/v1beta2`), and all
-//! ResourceClaims (the API has no filter for "allocated on this node", so claims are filtered
+//! against), optionally DeviceTaintRules (`resource.k8s.io/v1beta2`), Karpenter's NodePools
+//! and NodeClaims (`karpenter.sh/v1`, through a dynamic client; where the CRDs are absent,
+//! 404, or the agent may not list them, 403, they count as empty, logged once per failing
+//! streak, and are retried with backoff), and all ResourceClaims (the API has no filter for
+//! "allocated on this node", so claims are filtered
 //! here by [`crate::trim::claim_owner`]). It publishes its node's records under
 //! [`Scope::Node`]; while it holds the Lease it also publishes the cluster-scoped ones under
 //! [`Scope::Cluster`] with the Lease term. All agents watch the cluster-scoped kinds so a new
@@ -31,6 +34,7 @@ use dramesh_model::k8s;
 use dramesh_model::{ClusterInfo, ClusterObject, ObjectChange};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource};
@@ -54,6 +58,10 @@ pub struct KubeSourceConfig {
     /// Also watch `resource.k8s.io/v1beta2` DeviceTaintRules. When the API server does not
     /// serve them (404) the watch counts as empty and keeps retrying with backoff.
     pub watch_device_taint_rules: bool,
+    /// Also watch Karpenter's `karpenter.sh/v1` NodePools and NodeClaims (scale-up headroom).
+    /// Where Karpenter is not installed (404) or the agent may not list them (403), they
+    /// count as empty, logged once, and the watch keeps retrying with backoff.
+    pub watch_karpenter: bool,
     /// Objects per list page (`limit`); `None` lists without paging.
     pub page_size: Option<u32>,
     /// Cluster facts published with the detected Kubernetes version.
@@ -67,12 +75,14 @@ pub struct KubeSourceConfig {
 
 impl KubeSourceConfig {
     /// Defaults for a node agent: no election (set [`KubeSourceConfig::lease`] for DaemonSets),
-    /// no DeviceTaintRules, pages of 500, version re-read every 10 minutes.
+    /// no DeviceTaintRules, Karpenter's objects watched, pages of 500, version re-read every
+    /// 10 minutes.
     pub fn new(node_name: &str) -> KubeSourceConfig {
         KubeSourceConfig {
             node_name: node_name.to_string(),
             lease: None,
             watch_device_taint_rules: false,
+            watch_karpenter: true,
             page_size: Some(500),
             cluster_info: ClusterInfo::default(),
             version_refresh: Duration::from_secs(600),
@@ -101,10 +111,21 @@ enum WatchId {
     TaintRules = 6,
     PendingPods = 7,
     ClaimTemplates = 8,
+    NodePools = 9,
+    NodeClaims = 10,
+}
+
+impl WatchId {
+    /// Watches of kinds another project installs (Karpenter's CRDs): a 403 on their first
+    /// list, like a 404, means "not available here", so a cluster without Karpenter, or an
+    /// agent whose RBAC predates it, still publishes everything else.
+    fn optional(self) -> bool {
+        matches!(self, WatchId::NodePools | WatchId::NodeClaims)
+    }
 }
 
 /// Number of watches (one mirror each).
-const WATCHES: usize = 9;
+const WATCHES: usize = 11;
 
 const NODE_WATCHES: [WatchId; 4] = [
     WatchId::Node,
@@ -112,13 +133,15 @@ const NODE_WATCHES: [WatchId; 4] = [
     WatchId::NodeSlices,
     WatchId::Claims,
 ];
-const CLUSTER_WATCHES: [WatchId; 6] = [
+const CLUSTER_WATCHES: [WatchId; 8] = [
     WatchId::Claims,
     WatchId::NetworkSlices,
     WatchId::Classes,
     WatchId::TaintRules,
     WatchId::PendingPods,
     WatchId::ClaimTemplates,
+    WatchId::NodePools,
+    WatchId::NodeClaims,
 ];
 
 enum Internal {
@@ -146,6 +169,10 @@ impl State {
             .collect();
         if !cfg.watch_device_taint_rules {
             mirrors[WatchId::TaintRules as usize].apply(MirrorEvent::InitDone);
+        }
+        if !cfg.watch_karpenter {
+            mirrors[WatchId::NodePools as usize].apply(MirrorEvent::InitDone);
+            mirrors[WatchId::NodeClaims as usize].apply(MirrorEvent::InitDone);
         }
         State {
             node: cfg.node_name.clone(),
@@ -355,6 +382,32 @@ pub async fn run_kube_source(
             itx.clone(),
         ));
     }
+    if cfg.watch_karpenter {
+        for (plural, kind, id, conv) in [
+            (
+                "nodepools",
+                "NodePool",
+                WatchId::NodePools,
+                trim::nodepool_record as fn(&DynamicObject) -> Record,
+            ),
+            (
+                "nodeclaims",
+                "NodeClaim",
+                WatchId::NodeClaims,
+                trim::nodeclaim_record,
+            ),
+        ] {
+            let gvk = GroupVersionKind::gvk("karpenter.sh", "v1", kind);
+            let ar = ApiResource::from_gvk_with_plural(&gvk, plural);
+            tasks.spawn(watch_into(
+                Api::<DynamicObject>::all_with(client.clone(), &ar),
+                base(),
+                id,
+                conv,
+                itx.clone(),
+            ));
+        }
+    }
     tasks.spawn(watch_version(
         client.clone(),
         cfg.version_refresh,
@@ -483,12 +536,18 @@ async fn watch_into<K>(
             }
             Ok(Event::Apply(o)) => MirrorEvent::Apply(conv(&o)),
             Ok(Event::Delete(o)) => MirrorEvent::Delete(conv(&o).key),
-            Err(watcher::Error::InitialListFailed(kube::Error::Api(s))) if s.code == 404 => {
+            Err(watcher::Error::InitialListFailed(kube::Error::Api(s)))
+                if s.code == 404 || (s.code == 403 && id.optional()) =>
+            {
                 if reported_missing {
                     continue;
                 }
                 reported_missing = true;
-                tracing::warn!(watch = ?id, "resource not served by the API server; treating it as empty");
+                if s.code == 404 {
+                    tracing::warn!(watch = ?id, "resource not served by the API server; treating it as empty");
+                } else {
+                    tracing::warn!(watch = ?id, "listing this optional resource is forbidden; treating it as empty");
+                }
                 // Nothing of a kind the server does not serve exists.
                 if tx
                     .send(Internal::Watch(id, MirrorEvent::Init))

@@ -15,7 +15,7 @@
 use std::sync::Arc;
 
 use dramesh_model::k8s::{self, ObjectMeta};
-use dramesh_model::{ClusterObject, ObjectKey};
+use dramesh_model::{ClusterObject, ObjectKey, ObjectKind};
 use k8s_openapi::api::core::v1::{
     Container, NodeCondition, NodeSpec, NodeStatus, PodCondition, PodSpec, PodStatus,
 };
@@ -273,6 +273,45 @@ pub fn claim_template_record(t: &k8s::ResourceClaimTemplate) -> Record {
         ClusterObject::ResourceClaimTemplate(Arc::new(trim_claim_template(t))),
         Some(Owner::Cluster),
     )
+}
+
+/// A Karpenter object from a dynamic watch, decoded into its trimmed type and owned by the
+/// cluster leader. One that does not decode (a limit that is not a quantity, a list past its
+/// bound) is logged and given no owner, so it is not published and a copy published before
+/// is withdrawn: headroom is never computed from a pool read wrongly.
+fn karpenter_record<T>(
+    o: &kube::api::DynamicObject,
+    kind: ObjectKind,
+    wrap: fn(Arc<T>) -> ClusterObject,
+) -> Record
+where
+    T: serde::de::DeserializeOwned + dramesh_model::karpenter::Bounded,
+{
+    let name = o.metadata.name.clone().unwrap_or_default();
+    let decoded = serde_json::to_value(o)
+        .map_err(|e| e.to_string())
+        .and_then(|v| dramesh_model::load::decode_karpenter::<T>(v).map_err(|e| e.to_string()));
+    match decoded {
+        Ok(t) => Record::new(wrap(Arc::new(t)), Some(Owner::Cluster)),
+        Err(e) => {
+            tracing::warn!(%kind, name, error = %e, "Karpenter object not published");
+            Record {
+                key: ObjectKey::new(kind, None, &name),
+                owner: None,
+                json: Arc::from(&b"{}"[..]),
+            }
+        }
+    }
+}
+
+/// A Karpenter NodePool as a record, owned by the cluster leader (see `karpenter_record`).
+pub fn nodepool_record(o: &kube::api::DynamicObject) -> Record {
+    karpenter_record(o, ObjectKind::NodePool, ClusterObject::NodePool)
+}
+
+/// A Karpenter NodeClaim as a record, owned by the cluster leader (see `karpenter_record`).
+pub fn nodeclaim_record(o: &kube::api::DynamicObject) -> Record {
+    karpenter_record(o, ObjectKind::NodeClaim, ClusterObject::NodeClaim)
 }
 
 /// `major.minor` from the API server's version info, tolerating provider suffixes such as

@@ -798,3 +798,117 @@ async fn resource_claim_templates_reach_the_cluster_scope_trimmed() {
     })
     .await;
 }
+
+/// The Karpenter objects of tests/karpenter as Karpenter writes them (one list item each).
+fn karpenter_objects() -> Vec<Value> {
+    let dir = std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/karpenter"
+    ));
+    let mut out = Vec::new();
+    for f in ["nodepool-gpu.yaml", "nodeclaims-gpu.yaml"] {
+        let text = std::fs::read_to_string(dir.join(f)).unwrap();
+        let v: Value = serde_norway::from_str(&text).unwrap();
+        match v["items"].as_array() {
+            Some(items) => out.extend(items.iter().cloned()),
+            None => out.push(v),
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn karpenter_objects_are_published_trimmed_by_the_lease_holder() {
+    bounded(async {
+        let api = FakeApi::start().await;
+        let nodes = seed(&api);
+        for o in karpenter_objects() {
+            api.apply(o);
+        }
+        let mut a = Agent::start(&api, &nodes[0], None);
+        let cs = Scope::Cluster { term: 0 };
+        a.until("the NodePool and both NodeClaims", |v| {
+            v.count(&cs, ObjectKind::NodePool) == 1 && v.count(&cs, ObjectKind::NodeClaim) == 2
+        })
+        .await;
+        let c = a.view.cluster(0).unwrap();
+        let pool = &c[&ObjectKey::new(ObjectKind::NodePool, None, "gpu-pool")];
+        assert_eq!(pool["apiVersion"], "karpenter.sh/v1");
+        assert_eq!(pool["spec"]["limits"]["nvidia.com/gpu"], "24");
+        assert_eq!(
+            pool["spec"]["limits"]["cpu"], "1k",
+            "int-or-string, canonical: {pool}"
+        );
+        let reqs = pool["spec"]["template"]["spec"]["requirements"]
+            .as_array()
+            .unwrap();
+        assert_eq!(reqs[0]["values"], json!(["p4d.24xlarge", "p5.48xlarge"]));
+        // Trimmed: what headroom does not read is not published.
+        assert!(pool["spec"].get("disruption").is_none(), "{pool}");
+        assert!(pool.get("status").is_none(), "{pool}");
+        assert!(pool["metadata"].get("annotations").is_none(), "{pool}");
+        let claim = &c[&ObjectKey::new(ObjectKind::NodeClaim, None, "gpu-pool-x7k2p")];
+        assert_eq!(
+            claim["metadata"]["labels"]["karpenter.sh/nodepool"],
+            "gpu-pool"
+        );
+        assert_eq!(claim["status"]["capacity"]["nvidia.com/gpu"], "8");
+        assert_eq!(
+            claim["status"]["nodeName"],
+            "ip-192-168-153-160.ec2.internal"
+        );
+        assert_eq!(
+            claim["status"]["conditions"][1],
+            json!({"type": "Launched", "status": "True"}),
+            "conditions without times or messages: {claim}"
+        );
+        assert!(claim.get("spec").is_none(), "{claim}");
+        // Node agents do not hold them: they are cluster-scoped.
+        assert_eq!(
+            a.view
+                .count(&Scope::Node(nodes[0].clone()), ObjectKind::NodePool),
+            0
+        );
+
+        // A pool deleted in the cluster is deleted downstream.
+        assert!(api.delete("NodePool", None, "gpu-pool"));
+        a.until("the NodePool deleted", |v| {
+            v.count(&cs, ObjectKind::NodePool) == 0
+        })
+        .await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_without_karpenter_or_without_its_rbac_still_publishes_everything_else() {
+    bounded(async {
+        for forbid in [false, true] {
+            let api = FakeApi::start().await;
+            let nodes = seed(&api);
+            for k in ["NodePool", "NodeClaim"] {
+                if forbid {
+                    api.forbid(k);
+                } else {
+                    api.hide(k);
+                }
+            }
+            let mut a = Agent::start(&api, &nodes[0], None);
+            a.until("cluster snapshot", |v| v.cluster(0).is_some())
+                .await;
+            let cs = Scope::Cluster { term: 0 };
+            assert_eq!(
+                a.view.count(&cs, ObjectKind::DeviceClass),
+                4,
+                "forbid={forbid}"
+            );
+            assert_eq!(a.view.count(&cs, ObjectKind::NodePool), 0);
+            assert!(
+                count_requests(&api, "/nodepools", false) >= 1,
+                "the agent asked: {:#?}",
+                api.requests()
+            );
+        }
+    })
+    .await;
+}

@@ -36,6 +36,7 @@ impl ClusterEstimate {
             error,
             assumed_unplaced,
             unknown_nodes,
+            headroom,
         } = c;
         ClusterEstimate {
             name: name.clone(),
@@ -48,6 +49,7 @@ impl ClusterEstimate {
             error: error.clone(),
             assumed_unplaced: *assumed_unplaced,
             unknown_nodes: *unknown_nodes,
+            headroom_replicas: headroom.as_ref().map(|h| h.replicas),
             stale: fresh.stale,
             data_age_seconds: fresh.data_age_seconds,
         }

@@ -91,6 +91,12 @@ pub struct ClusterEstimate {
     /// replica fits there is unknown; omitted when 0.
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub unknown_nodes: u32,
+    /// Replicas that new nodes of the cluster's Karpenter NodePools could hold within their
+    /// limits, beside `maxReplicas` (what is there now); present when the replica runs with
+    /// `--estimate-autoscaler-headroom` and the cluster has NodePools. `limitedBy` ends with
+    /// how it was counted (`...; headroom: 10 (nodepool gpu-pool, p5.48xlarge)`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headroom_replicas: Option<i64>,
     /// The cluster's data is older than the replica's staleness limit (`--stale-after`).
     #[serde(default)]
     pub stale: bool,
@@ -139,6 +145,10 @@ pub struct PlaceRequest {
     /// Overrides the workload's replica count.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<i64>,
+    /// Count scale-up headroom from Karpenter NodePools as available room (needs the
+    /// replica's `--estimate-autoscaler-headroom`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub use_headroom: bool,
 }
 
 /// Replicas assigned to one cluster.
@@ -192,6 +202,10 @@ pub struct PreemptRequest {
     /// Overrides the workload's replica count.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<i64>,
+    /// Count scale-up headroom from Karpenter NodePools as room that needs no eviction
+    /// (needs the replica's `--estimate-autoscaler-headroom`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub use_headroom: bool,
 }
 
 /// One evicted workload.
@@ -523,11 +537,11 @@ mirror!(EstimateRequest <=> EstimateRequest {
     required: [workload],
 });
 mirror!(PlaceRequest <=> PlaceRequest {
-    plain: [clusters, replicas],
+    plain: [clusters, replicas, use_headroom],
     required: [workload],
 });
 mirror!(PreemptRequest <=> PreemptRequest {
-    plain: [clusters, replicas],
+    plain: [clusters, replicas, use_headroom],
     required: [workload],
 });
 mirror!(ReserveRequest <=> ReserveRequest {
@@ -535,7 +549,7 @@ mirror!(ReserveRequest <=> ReserveRequest {
     required: [workload],
 });
 mirror!(ClusterEstimate <=> ClusterEstimate {
-    plain: [name, max_replicas, limited_by, nodes_considered, kubernetes_version, error, assumed_unplaced, unknown_nodes, stale, data_age_seconds],
+    plain: [name, max_replicas, limited_by, nodes_considered, kubernetes_version, error, assumed_unplaced, unknown_nodes, stale, data_age_seconds, headroom_replicas],
     each: [excluded_nodes, limits],
 });
 mirror!(EstimateResponse <=> EstimateResponse {
@@ -871,6 +885,7 @@ mod tests {
                     error: None,
                     assumed_unplaced: 2,
                     unknown_nodes: 1,
+                    headroom_replicas: Some(10),
                     stale: false,
                     data_age_seconds: Some(1.5),
                 },
@@ -896,6 +911,12 @@ mod tests {
         assert!(json["clusters"][1].get("assumedUnplaced").is_none());
         assert_eq!(json["clusters"][0]["unknownNodes"], 1);
         assert!(json["clusters"][1].get("unknownNodes").is_none());
+        assert_eq!(json["clusters"][0]["headroomReplicas"], 10);
+        assert!(json["clusters"][1].get("headroomReplicas").is_none());
+        assert_eq!(
+            pb::EstimateResponse::from(r.clone()).clusters[0].headroom_replicas,
+            Some(10)
+        );
         assert_eq!(json["clusters"][0]["stale"], false);
         assert_eq!(json["clusters"][1]["stale"], true);
         assert_eq!(json["clusters"][1]["dataAgeSeconds"], 300.25);
@@ -933,9 +954,15 @@ mod tests {
             },
             clusters: vec!["c1".into()],
             replicas: Some(3),
+            use_headroom: true,
         };
         let wire = pb::PlaceRequest::from(req.clone());
         assert!(wire.workload.is_some());
+        assert!(wire.use_headroom);
+        assert_eq!(
+            serde_json::to_value(&req).expect("json")["useHeadroom"],
+            true
+        );
         assert_eq!(PlaceRequest::from(wire), req);
         let bare = EstimateRequest::from(pb::EstimateRequest::default());
         assert_eq!(

@@ -218,6 +218,8 @@ fn agent_rbac_is_read_only_plus_a_namespaced_lease() {
         ("resource.k8s.io", "resourceclaimtemplates"),
         ("", "nodes"),
         ("", "pods"),
+        ("karpenter.sh", "nodepools"),
+        ("karpenter.sh", "nodeclaims"),
     ] {
         for v in ["get", "list", "watch"] {
             want.insert((g.to_string(), res.to_string(), v.to_string()));

@@ -298,7 +298,9 @@ pub(crate) type PoolKey = (Arc<str>, Arc<str>);
 
 /// Devices, classes and taint rules of one cluster, indexed for allocation.
 pub struct Inventory {
-    cel: CelEnv,
+    /// Shared with the inventories [`Inventory::node_copy`] makes, so their classes' compiled
+    /// selectors stay valid and their CEL caches are warm.
+    cel: Arc<CelEnv>,
     pub(crate) slices: BTreeMap<String, Arc<Slice>>,
     /// Slice names with `spec.nodeName`, per node (sorted; see [`NameSet`]).
     pub(crate) by_node: HashMap<String, NameSet>,
@@ -341,7 +343,7 @@ impl Inventory {
     /// An empty inventory whose CEL environment uses these limits.
     pub fn with_cel_limits(limits: Limits) -> Inventory {
         Inventory {
-            cel: CelEnv::new(limits),
+            cel: Arc::new(CelEnv::new(limits)),
             slices: BTreeMap::new(),
             by_node: HashMap::new(),
             nodeless: BTreeSet::new(),
@@ -370,6 +372,38 @@ impl Inventory {
             inv.upsert_taint_rule(r)?;
         }
         Ok(inv)
+    }
+
+    /// An inventory of what a new node shaped like `node` would see: `node`'s local slices
+    /// (shared, not re-parsed), every DeviceClass and DeviceTaintRule of this inventory, no
+    /// node-less slice, and this inventory's CEL environment (so selectors compiled for the
+    /// classes are the same programs). Nothing is allocated in it.
+    pub fn node_copy(&self, node: &str) -> Inventory {
+        let mut out = Inventory {
+            cel: self.cel.clone(),
+            slices: BTreeMap::new(),
+            by_node: HashMap::new(),
+            nodeless: BTreeSet::new(),
+            pools: BTreeMap::new(),
+            classes: self.classes.clone(),
+            taint_rules: self.taint_rules.clone(),
+            compiled: Mutex::new(HashMap::new()),
+            cores: CoreInterner::new(),
+        };
+        for name in self.by_node.get(node).into_iter().flatten() {
+            let Some(slice) = self.slices.get(name) else {
+                continue;
+            };
+            set_insert(out.by_node.entry(node.to_string()).or_default(), name);
+            set_insert(
+                out.pools
+                    .entry((slice.driver.clone(), slice.pool.clone()))
+                    .or_default(),
+                name,
+            );
+            out.slices.insert(name.clone(), slice.clone());
+        }
+        out
     }
 
     pub(crate) fn cel(&self) -> &CelEnv {

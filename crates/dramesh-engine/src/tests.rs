@@ -623,6 +623,47 @@ fn class_devices_follow_the_allocators_selection() {
     );
 }
 
+#[test]
+fn a_node_copy_holds_that_nodes_slices_every_class_and_allocates_alike() {
+    let mut inv = inventory(&[
+        slice("s1", "node-1", "pool-1", 3, &["x", "y"]),
+        slice("s2", "node-2", "pool-2", 1, &["x"]),
+    ]);
+    let typed: k8s::DeviceClass = yaml(
+        "metadata: {name: type-x}\nspec:\n  selectors:\n  - cel: {expression: 'device.attributes[\"driver-a\"].type == \"x\"'}\n",
+    );
+    inv.upsert_class(&typed).expect("class");
+    let copy = inv.node_copy("node-1");
+    assert_eq!(copy.slice_count(), 1, "only node-1's slice");
+    assert_eq!(copy.class_count(), 2);
+    let mut devs: Vec<String> = copy
+        .class_devices("type-x")
+        .map(|(d, p, n)| format!("{d}/{p}/{n}"))
+        .collect();
+    devs.sort();
+    assert_eq!(
+        devs,
+        ["driver-a/pool-1/device-1", "driver-a/pool-1/device-3"]
+    );
+    // The same claim gets the same answer from the copy (the compiled selectors are shared).
+    let node = NodeInfo::named("node-1");
+    let c = count_claim("c", 3);
+    let run = |inv: &Inventory| {
+        devices(&allocate(
+            inv,
+            &AllocatedState::new(),
+            &node,
+            &[&c],
+            &Options::default(),
+        ))
+    };
+    assert_eq!(run(&copy), run(&inv));
+    assert!(
+        copy.node_copy("node-2").slice_count() == 0,
+        "a copy holds node-1 only"
+    );
+}
+
 /// Devices `<driver>-0..n` in pool `<driver>` on node-1: `type` cycles x, x, y, y, `numa`
 /// cycles 0, 1, and `id` is the index, so no two devices are interchangeable for a claim
 /// constraining `id`.

@@ -11,6 +11,11 @@
 //!   `estimate_warm_claim_refs` repeats the warm query with the claim as a reference (Karmada's
 //!   `resourceClaimRefs`) that every cluster resolves against the template it publishes:
 //!   the cost of resolving per cluster on top of `estimate_warm`.
+//! - `headroom_1000x8`: one cluster of 1,000 nodes x 8 GPUs, all of one Karpenter NodePool
+//!   and instance type, with a NodeClaim each and a GPU limit leaving room for 100 more nodes;
+//!   the estimate without headroom (`warm`), with it (`warm_with_headroom`: the pool plan and
+//!   the hypothetical node's count cached), and with a fresh estimator without (`cold`) and
+//!   with headroom (`headroom_cold`: every node, the pool plan and the hypothetical node).
 
 #[path = "../tests/common/fleet.rs"]
 mod fleet;
@@ -189,5 +194,65 @@ fn hundred_clusters(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, one_cluster, hundred_clusters);
+/// The fleet's cluster `c0` with every node in NodePool `gpu` as instance type `g8`, a
+/// NodeClaim per node (8 GPUs of capacity each) and a GPU limit 100 nodes above that.
+fn autoscaled(nodes: usize) -> View {
+    let mut view = fleet(1, nodes);
+    let entries: Vec<_> = view.cluster("c0").expect("c0").nodes().cloned().collect();
+    let apply = |view: &mut View, v: serde_json::Value, kind: ObjectKind| {
+        let o = ClusterObject::from_json(kind, v.to_string().as_bytes()).expect("object");
+        view.apply_object("c0", o).expect("apply");
+    };
+    for n in &entries {
+        let mut labels = n.labels.clone();
+        labels.insert("karpenter.sh/nodepool".into(), "gpu".into());
+        labels.insert("node.kubernetes.io/instance-type".into(), "g8".into());
+        let node = json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": &*n.name, "labels": labels},
+            "spec": {"taints": n.taints},
+            "status": {"allocatable": n.allocatable.to_map()}});
+        apply(&mut view, node, ObjectKind::Node);
+        let claim = json!({"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+            "metadata": {"name": format!("gpu-{}", n.name),
+                "labels": {"karpenter.sh/nodepool": "gpu", "node.kubernetes.io/instance-type": "g8"}},
+            "status": {"nodeName": &*n.name, "capacity": {"nvidia.com/gpu": "8"}}});
+        apply(&mut view, claim, ObjectKind::NodeClaim);
+    }
+    let pool = json!({"apiVersion": "karpenter.sh/v1", "kind": "NodePool",
+        "metadata": {"name": "gpu"},
+        "spec": {"limits": {"nvidia.com/gpu": ((nodes + 100) * 8).to_string()}}});
+    apply(&mut view, pool, ObjectKind::NodePool);
+    view
+}
+
+fn headroom(c: &mut Criterion) {
+    let view = autoscaled(1000);
+    let w = gpu_workload(1);
+    let off = EstimateOptions::default();
+    let on = EstimateOptions {
+        headroom: Some(dramesh_estimator::HeadroomOptions::default()),
+        ..EstimateOptions::default()
+    };
+    let mut g = c.benchmark_group("headroom_1000x8");
+    g.sample_size(10);
+    let mut est = Estimator::new();
+    let got = est.estimate(&view, &w, &on);
+    let h = got.clusters[0].headroom.as_ref().expect("headroom");
+    assert_eq!(h.replicas, 800, "{h:?}");
+    g.bench_function("warm", |b| {
+        b.iter(|| black_box(est.estimate(&view, &w, &off).total))
+    });
+    g.bench_function("warm_with_headroom", |b| {
+        b.iter(|| black_box(est.estimate(&view, &w, &on).total))
+    });
+    g.bench_function("cold", |b| {
+        b.iter(|| black_box(Estimator::new().estimate(&view, &w, &off).total))
+    });
+    g.bench_function("headroom_cold", |b| {
+        b.iter(|| black_box(Estimator::new().estimate(&view, &w, &on).total))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, one_cluster, hundred_clusters, headroom);
 criterion_main!(benches);

@@ -451,21 +451,7 @@ impl ClusterDevices {
             max_counters,
         });
         match &node {
-            Some(n) => {
-                let names = &mut self.node_slices.entry(n.clone()).or_default().slices;
-                match names.binary_search_by(|x| x.0.as_str().cmp(name)) {
-                    Ok(i) => names[i].1 = meta.clone(),
-                    Err(i) => names.insert(i, (name.to_string(), meta.clone())),
-                }
-                self.pool_nodes
-                    .entry(meta.pool_key.clone())
-                    .or_default()
-                    .push(n.clone());
-                self.refresh_shape(n);
-                self.pool_node.insert(meta.pool_key.clone(), n.clone());
-                self.refresh_pool_home(&meta.pool_key);
-                self.bump_node(n);
-            }
+            Some(n) => self.register_local(name, n, &meta),
             None => {
                 self.shared_slices += 1;
                 self.bump_shared();
@@ -473,6 +459,54 @@ impl ClusterDevices {
         }
         self.slices.insert(name.to_string(), meta);
         Ok(())
+    }
+
+    /// Indexes node `n`'s local slice `name` (the inventory already holds it).
+    fn register_local(&mut self, name: &str, n: &Arc<str>, meta: &Arc<SliceMeta>) {
+        let names = &mut self.node_slices.entry(n.clone()).or_default().slices;
+        match names.binary_search_by(|x| x.0.as_str().cmp(name)) {
+            Ok(i) => names[i].1 = meta.clone(),
+            Err(i) => names.insert(i, (name.to_string(), meta.clone())),
+        }
+        self.pool_nodes
+            .entry(meta.pool_key.clone())
+            .or_default()
+            .push(n.clone());
+        self.refresh_shape(n);
+        self.pool_node.insert(meta.pool_key.clone(), n.clone());
+        self.refresh_pool_home(&meta.pool_key);
+        self.bump_node(n);
+    }
+
+    /// The device state a new, empty node shaped like `node` would have: `node`'s local
+    /// slices (from [`Inventory::node_copy`], not re-parsed), every DeviceClass and
+    /// DeviceTaintRule, this cluster's Kubernetes version, nothing allocated and no
+    /// node-less slice (devices attached to the network are not counted for new nodes).
+    pub(crate) fn for_new_node(&self, node: &str) -> ClusterDevices {
+        let mut out = ClusterDevices {
+            version: self.version,
+            version_error: self.version_error.clone(),
+            inventory: self.inventory.node_copy(node),
+            classes: self.classes.clone(),
+            taint_rules: self.taint_rules,
+            ..ClusterDevices::default()
+        };
+        let Some(local) = self.node_slices.get(node) else {
+            return out;
+        };
+        let n = out.intern_node(node);
+        for (name, meta) in &local.slices {
+            // The copies keep the interned pool names, so lookups by address still find them.
+            out.names.insert(meta.pool_key.0.clone());
+            out.names.insert(meta.pool_key.1.clone());
+            let meta = Arc::new(SliceMeta {
+                node: Some(n.clone()),
+                ..(**meta).clone()
+            });
+            out.register_local(name, &n, &meta);
+            out.slices.insert(name.clone(), meta);
+        }
+        out
     }
 
     fn remove_meta(&mut self, name: &str) {

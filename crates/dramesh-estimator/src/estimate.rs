@@ -24,6 +24,9 @@ use crate::assumed::{Assumed, AssumedList, DeductionLog, NodeFree, assumed_deduc
 use crate::filter::NodeClaim;
 use crate::fit::{AssumedDevices, DeviceCache, DeviceQuery};
 use crate::hash::{FastMap, FastSet};
+use crate::headroom::{
+    ClusterHeadroom, HeadroomOptions, NodeCount, PoolPlan, cluster_headroom, plan,
+};
 use crate::overlay::Overlay;
 use crate::quota::QuotaSet;
 use crate::resources::{ResList, ResName};
@@ -57,6 +60,11 @@ pub struct EstimateOptions {
     /// Raised when the caller stops waiting before the deadline (its client went away):
     /// treated as a passed deadline.
     pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// Scale-up headroom from Karpenter NodePools (see `crate::headroom`): `None` does not
+    /// compute it (the default); with it every cluster with NodePools reports
+    /// [`ClusterEstimate::headroom`], added to `max_replicas` when
+    /// [`HeadroomOptions::count`] says so.
+    pub headroom: Option<HeadroomOptions>,
 }
 
 /// The error of clusters left out because [`EstimateOptions::deadline`] passed.
@@ -115,6 +123,12 @@ pub struct ClusterEstimate {
     /// replica fits is unknown (not "no"), and its share of `max_replicas` is a lower bound.
     #[serde(skip_serializing_if = "is_zero_u32")]
     pub unknown_nodes: u32,
+    /// Replicas new nodes of the cluster's Karpenter NodePools could hold, when headroom was
+    /// asked for ([`EstimateOptions::headroom`]) and the cluster has NodePools. Part of
+    /// `max_replicas` only when [`HeadroomOptions::count`] was set; `limited_by` then ends
+    /// with its summary either way.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub headroom: Option<ClusterHeadroom>,
 }
 
 fn is_zero(n: &i64) -> bool {
@@ -181,7 +195,22 @@ pub struct Estimator {
     deductions: FastMap<String, DeductionLog>,
     /// Deduction builds made (numbers them).
     builds: u64,
+    /// Headroom's per-node counts of hypothetical nodes (see [`ShapeKey`]).
+    shape_counts: FastMap<ShapeKey, (ShapeGens, NodeCount)>,
+    /// Headroom's NodePool plans per cluster, with the cluster generation they were made at
+    /// (one entry per cluster with NodePools).
+    pool_plans: FastMap<String, (u64, Arc<[PoolPlan]>)>,
 }
+
+/// (cluster, shape node, workload key) of a hypothetical node's count.
+type ShapeKey = (String, Arc<str>, u64);
+/// What a hypothetical node's count was computed from: the shape node's view generation and
+/// device generation, and the cluster's shared device generation.
+type ShapeGens = (u64, u64, u64);
+
+/// Entries of [`Estimator::shape_counts`] before it is cleared (a few per NodePool and
+/// instance type per workload; each well under a kilobyte).
+const MAX_SHAPE_COUNTS: usize = 4096;
 
 /// Default bound of an estimator's caches: 512 MiB, which with the view of a 100-cluster ×
 /// 1,000-node fleet (1.4 GiB) and the store keeps a replica within its 4 GiB.
@@ -344,6 +373,8 @@ impl Estimator {
             memo_bytes: 0,
             deductions: FastMap::default(),
             builds: 0,
+            shape_counts: FastMap::default(),
+            pool_plans: FastMap::default(),
             max_bytes,
         }
     }
@@ -425,14 +456,24 @@ impl Estimator {
                     continue;
                 }
             };
-            if opts.past_deadline() {
-                clusters.push(error_estimate(c, DEADLINE_EXCEEDED.into()));
+            let mut out = if opts.past_deadline() {
+                error_estimate(c, DEADLINE_EXCEEDED.into())
             } else if opts.disable_cache {
-                clusters.push(estimate_cluster(c, &w, opts, None, None));
+                estimate_cluster(c, &w, opts, None, None)
             } else {
                 let list = opts.assumed.shared(&c.name);
-                clusters.push(self.estimate_memoized(c, &w, opts, list));
+                self.estimate_memoized(c, &w, opts, list)
+            };
+            if let Some(h) = &opts.headroom
+                && out.error.is_none()
+            {
+                if opts.past_deadline() {
+                    out = error_estimate(c, DEADLINE_EXCEEDED.into());
+                } else {
+                    self.add_headroom(c, &w, opts, h, &mut out);
+                }
             }
+            clusters.push(out);
         }
         let total = clusters
             .iter()
@@ -440,6 +481,74 @@ impl Estimator {
             .fold(0i64, i64::saturating_add);
         self.trim();
         Estimate { clusters, total }
+    }
+
+    /// Adds cluster `c`'s scale-up headroom to `out` (see `crate::headroom`).
+    fn add_headroom(
+        &mut self,
+        c: &ClusterView,
+        w: &Workload,
+        opts: &EstimateOptions,
+        h: &HeadroomOptions,
+        out: &mut ClusterEstimate,
+    ) {
+        if self.shape_counts.len() > MAX_SHAPE_COUNTS {
+            self.shape_counts = FastMap::default();
+        }
+        if self.pool_plans.len() > MAX_SHAPE_COUNTS {
+            self.pool_plans = FastMap::default();
+        }
+        let wkey = workload_key(w, opts);
+        let plain = EstimateOptions {
+            max_allocation_steps: opts.max_allocation_steps,
+            deadline: opts.deadline,
+            ..EstimateOptions::default()
+        };
+        if c.autoscaling().pools.is_empty() {
+            self.pool_plans.remove(&c.name);
+            return;
+        }
+        let plans = match self.pool_plans.get(&c.name) {
+            Some((g, p)) if *g == c.generation => p.clone(),
+            _ => {
+                let p: Arc<[PoolPlan]> = plan(c).into();
+                self.pool_plans
+                    .insert(c.name.clone(), (c.generation, p.clone()));
+                p
+            }
+        };
+        let counts = &mut self.shape_counts;
+        let headroom = cluster_headroom(c, &plans, h, !w.shared_claims.is_empty(), |c, node| {
+            let gens = (
+                c.node_gen.get(&node.name).copied().unwrap_or(0),
+                c.devices.node_generation(&node.name),
+                c.devices.shared_generation(),
+            );
+            let key = (c.name.clone(), node.name.clone(), wkey);
+            if let Some((g, n)) = counts.get(&key)
+                && *g == gens
+            {
+                return n.clone();
+            }
+            let n = count_new_node(c, node, w, &plain);
+            counts.insert(key, (gens, n.clone()));
+            n
+        });
+        let Some(headroom) = headroom else {
+            return;
+        };
+        out.limited_by = format!("{}; {}", out.limited_by, headroom.summary());
+        if h.count {
+            out.max_replicas = out.max_replicas.saturating_add(headroom.replicas);
+            if let Some(q) = &opts.quotas
+                && let Some((cap, res)) = q.limit(&c.name, w, c)
+                && cap < out.max_replicas
+            {
+                out.max_replicas = cap;
+                out.limited_by = format!("quota:{res}");
+            }
+        }
+        out.headroom = Some(headroom);
     }
 
     /// The cluster's deductions of `list` (its assumed workloads, in order), taken out of
@@ -474,6 +583,45 @@ impl Estimator {
     }
 }
 
+/// The memo key of a workload: its fingerprint, mixed with the search budget (answers under
+/// another budget are other answers).
+fn workload_key(w: &Workload, opts: &EstimateOptions) -> u64 {
+    opts.max_allocation_steps.map_or(w.fingerprint, |s| {
+        w.fingerprint ^ s.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    })
+}
+
+/// Replicas of `w` on a new, empty node shaped like `node` of `c` (the per-node fit of every
+/// estimate, on [`ClusterView::new_node_like`]).
+fn count_new_node(
+    c: &ClusterView,
+    node: &NodeEntry,
+    w: &Workload,
+    opts: &EstimateOptions,
+) -> NodeCount {
+    let Some(shape) = c.new_node_like(&node.name) else {
+        return NodeCount {
+            replicas: 0,
+            limited_by: String::new(),
+            error: Some(format!("node {} is gone", node.name)),
+            lower_bound: false,
+        };
+    };
+    let e = estimate_cluster(&shape, w, opts, None, None);
+    let limited_by = if e.error.is_none() && e.nodes_considered == 0 {
+        let why: Vec<&str> = e.excluded_nodes.keys().map(String::as_str).collect();
+        format!("excluded by {}", why.join(", "))
+    } else {
+        e.limited_by.clone()
+    };
+    NodeCount {
+        replicas: e.max_replicas,
+        lower_bound: e.is_lower_bound(),
+        limited_by,
+        error: e.error,
+    }
+}
+
 impl Estimator {
     /// Brings the cluster's memo for `w` up to date by revisiting only the nodes changed
     /// since it was made (in the view, or in the deductions of the assumed workloads
@@ -485,13 +633,7 @@ impl Estimator {
         opts: &EstimateOptions,
         list: Option<&AssumedList>,
     ) -> ClusterEstimate {
-        // Answers under another search budget are other answers.
-        let key = (
-            c.name.clone(),
-            opts.max_allocation_steps.map_or(w.fingerprint, |s| {
-                w.fingerprint ^ s.wrapping_mul(0x9e37_79b9_7f4a_7c15)
-            }),
-        );
+        let key = (c.name.clone(), workload_key(w, opts));
         let memo = self.take_memo(&key);
         let mut log = match list {
             None => None,
@@ -864,6 +1006,7 @@ pub(crate) fn blank_estimate(c: &ClusterView) -> ClusterEstimate {
         error: None,
         assumed_unplaced: 0,
         unknown_nodes: 0,
+        headroom: None,
     }
 }
 

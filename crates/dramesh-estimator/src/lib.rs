@@ -13,6 +13,10 @@
 //! 6. `assumed`: in-flight workloads deducted before an estimate.
 //! 7. `estimate`: per-cluster max replicas.
 //! 8. `placement`, `preempt`, `reservations`: built on estimates.
+//!
+//! `headroom` (scale-up headroom from Karpenter NodePools) sits between `view` and
+//! `estimate`: it plans hypothetical nodes from the view, and `estimate` counts them with its
+//! per-node fit through a closure.
 
 mod assumed;
 mod cluster_devices;
@@ -20,6 +24,7 @@ mod estimate;
 mod filter;
 mod fit;
 mod hash;
+mod headroom;
 mod overlay;
 mod placement;
 mod policy;
@@ -49,6 +54,10 @@ pub use estimate::{
     Estimator, LIMIT_UNKNOWN, estimate, estimate_component_sets,
 };
 pub use filter::{Exclusion, NodeClaim, NodeFacts};
+pub use headroom::{
+    AutoscalerHealth, ClusterHeadroom, FAILURE_THRESHOLD, HeadroomOptions, PoolHeadroom,
+    RECOVERY_INTERVAL,
+};
 pub use placement::{
     PlacementResult, Previous, SpreadCandidate, SpreadDemand, TargetCluster, assign,
     assign_keeping, divide_static_weights, place, select_spread, tie_ascending, webster,
@@ -64,7 +73,7 @@ pub use reservations::{
 };
 pub use resources::{ResList, ResName};
 pub use snapshot::{SnapshotError, load_snapshot};
-pub use view::{ApplyError, ClusterView, NodeEntry, NodeUsage, Owner, PodEntry, View};
+pub use view::{ApplyError, Autoscaling, ClusterView, NodeEntry, NodeUsage, Owner, PodEntry, View};
 pub use workload::{
     ClaimRef, MAX_CLAIM_REFS, TemplateRef, TemplateSource, Workload, WorkloadError, load_workload,
 };

@@ -15,6 +15,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use dramesh_model::k8s::{Node, Pod, ResourceClaimTemplate, Taint};
+use dramesh_model::karpenter::{NodeClaim, NodePool};
 use dramesh_model::{ClusterInfo, ClusterObject, ObjectChange, ObjectKey, ObjectKind};
 
 use crate::cluster_devices::{CHANGE_LOG, ClaimHandle, ClusterDevices};
@@ -158,6 +159,11 @@ pub struct ClusterView {
     pub(crate) log: VecDeque<(u64, Arc<str>)>,
     /// Changes at or before this generation may be missing from `log`.
     pub(crate) log_floor: u64,
+    /// Karpenter NodePools and NodeClaims (scale-up headroom reads them; no estimate of the
+    /// nodes there now does).
+    pub(crate) autoscaling: Autoscaling,
+    /// Pods not bound to a node (agents publish those the scheduler could not place).
+    pub(crate) unbound_pods: usize,
     /// Interned owners and request lists, so a million pods of a few workloads share them.
     owners: HashSet<Arc<Owner>>,
     request_lists: HashSet<Arc<ResList>>,
@@ -214,6 +220,16 @@ impl ClusterView {
         self.generation
     }
 
+    /// The cluster's Karpenter NodePools and NodeClaims.
+    pub fn autoscaling(&self) -> &Autoscaling {
+        &self.autoscaling
+    }
+
+    /// Pods the view holds that are not bound to a node (the scheduler could not place them).
+    pub fn unbound_pods(&self) -> usize {
+        self.unbound_pods
+    }
+
     /// The Kubernetes version the cluster reported.
     pub fn kubernetes_version(&self) -> Option<&str> {
         self.info.kubernetes_version.as_deref()
@@ -233,6 +249,46 @@ impl ClusterView {
     /// Number of ResourceClaimTemplates the cluster publishes.
     pub fn claim_template_count(&self) -> usize {
         self.claim_templates.len()
+    }
+
+    /// A cluster holding one new, empty node shaped like `node` (see `crate::headroom`): its
+    /// labels without `kubernetes.io/hostname`, its taints without the controller-managed
+    /// `node.kubernetes.io/` ones and `karpenter.sh/disrupted`, schedulable, its allocatable,
+    /// and its node-local devices with nothing allocated. The copy keeps the node's name (its
+    /// slices name it), so a workload pinned by `matchFields metadata.name` to that node would
+    /// match the copy too. `None` when the node is unknown.
+    pub(crate) fn new_node_like(&self, node: &str) -> Option<ClusterView> {
+        let src = self.nodes.get(node)?;
+        let devices = self.devices.for_new_node(node);
+        let name = devices
+            .node_key(node)
+            .cloned()
+            .unwrap_or_else(|| src.name.clone());
+        let mut labels = src.labels.clone();
+        labels.remove("kubernetes.io/hostname");
+        let taints = src
+            .taints
+            .iter()
+            .filter(|t| {
+                !t.key.starts_with("node.kubernetes.io/") && t.key != "karpenter.sh/disrupted"
+            })
+            .cloned()
+            .collect();
+        let entry = NodeEntry {
+            name: name.clone(),
+            labels,
+            taints,
+            unschedulable: false,
+            allocatable: src.allocatable.clone(),
+        };
+        let mut out = ClusterView {
+            name: self.name.clone(),
+            info: self.info.clone(),
+            devices,
+            ..ClusterView::default()
+        };
+        out.nodes.insert(name, entry);
+        Some(out)
     }
 
     fn bump(&mut self, node: &Arc<str>) {
@@ -280,6 +336,9 @@ impl ClusterView {
         let Some(mut old) = self.pods.remove(key) else {
             return;
         };
+        if old.node.is_none() {
+            self.unbound_pods = self.unbound_pods.saturating_sub(1);
+        }
         // Drop the pod's handles before asking whether anyone else holds them.
         drop(std::mem::take(&mut old.claim_handles));
         for claim in &old.claims {
@@ -326,7 +385,30 @@ impl ClusterView {
             let node = node.clone();
             self.bump(&node);
         }
+        if entry.node.is_none() {
+            self.unbound_pods += 1;
+        }
         self.pods.insert(key, entry);
+    }
+}
+
+/// A cluster's Karpenter objects, by name. Only scale-up headroom reads them; a change bumps
+/// the cluster's generation but no node's, so no per-node answer is computed again for it.
+#[derive(Debug, Default, Clone)]
+pub struct Autoscaling {
+    /// NodePools by name.
+    pub pools: BTreeMap<String, Arc<NodePool>>,
+    /// NodeClaims by name.
+    pub claims: BTreeMap<String, Arc<NodeClaim>>,
+}
+
+impl Autoscaling {
+    /// The NodeClaims launched by `pool`, in name order.
+    pub fn claims_of<'a>(&'a self, pool: &'a str) -> impl Iterator<Item = &'a NodeClaim> + 'a {
+        self.claims
+            .values()
+            .map(|c| &**c)
+            .filter(move |c| c.pool() == Some(pool))
     }
 }
 
@@ -465,6 +547,18 @@ impl View {
                     c.claim_templates.insert(k, (t, spec_hash));
                 }
             }
+            ClusterObject::NodePool(p) => {
+                if c.autoscaling.pools.get(&key.name) != Some(&p) {
+                    c.generation += 1;
+                    c.autoscaling.pools.insert(key.name.clone(), p);
+                }
+            }
+            ClusterObject::NodeClaim(nc) => {
+                if c.autoscaling.claims.get(&key.name) != Some(&nc) {
+                    c.generation += 1;
+                    c.autoscaling.claims.insert(key.name.clone(), nc);
+                }
+            }
         }
         Ok(())
     }
@@ -509,6 +603,16 @@ impl View {
             ObjectKind::ResourceClaimTemplate => {
                 let k = (key.namespace.clone().unwrap_or_default(), key.name.clone());
                 if c.claim_templates.remove(&k).is_some() {
+                    c.generation += 1;
+                }
+            }
+            ObjectKind::NodePool => {
+                if c.autoscaling.pools.remove(&key.name).is_some() {
+                    c.generation += 1;
+                }
+            }
+            ObjectKind::NodeClaim => {
+                if c.autoscaling.claims.remove(&key.name).is_some() {
                     c.generation += 1;
                 }
             }

@@ -55,7 +55,7 @@
 
 pub mod schema;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -180,6 +180,22 @@ const RESOURCES: &[Res] = &[
         true,
         true,
         false,
+    ),
+    res(
+        "nodepools",
+        "karpenter.sh/v1",
+        "NodePool",
+        false,
+        true,
+        true,
+    ),
+    res(
+        "nodeclaims",
+        "karpenter.sh/v1",
+        "NodeClaim",
+        false,
+        true,
+        true,
     ),
     res("deployments", "apps/v1", "Deployment", true, true, true),
     res("statefulsets", "apps/v1", "StatefulSet", true, true, true),
@@ -359,6 +375,10 @@ struct St {
     slow_answers: Option<(Duration, Duration, u64)>,
     /// Counter for `uid`s (unique across deletions and re-creations).
     uids: u64,
+    /// Kinds every request for which is refused with 403 (RBAC that does not grant them).
+    forbidden: BTreeSet<&'static str>,
+    /// Kinds answered 404 as if their API were not installed.
+    hidden: BTreeSet<&'static str>,
 }
 
 /// The fake API server. Cloning shares the state.
@@ -780,6 +800,21 @@ impl FakeApi {
         Some(*min + Duration::from_micros(z % span))
     }
 
+    /// Refuses every later request for `kind` with 403 Forbidden, as an API server does when
+    /// the caller's RBAC does not grant the resource.
+    pub fn forbid(&self, kind: &str) {
+        if let Some(r) = RESOURCES.iter().find(|r| r.kind == kind) {
+            self.lock().forbidden.insert(r.kind);
+        }
+    }
+
+    /// Answers every later request for `kind` with 404, as an API server without its CRD.
+    pub fn hide(&self, kind: &str) {
+        if let Some(r) = RESOURCES.iter().find(|r| r.kind == kind) {
+            self.lock().hidden.insert(r.kind);
+        }
+    }
+
     /// Every write request (POST, PUT, PATCH) received so far, in order, with the answer's code.
     pub fn writes(&self) -> Vec<Write> {
         self.writes_from(0)
@@ -954,6 +989,23 @@ impl FakeApi {
         };
         if !scope_ok || !sub_ok {
             return not_found();
+        }
+        let (forbidden, hidden) = {
+            let st = self.lock();
+            (
+                st.forbidden.contains(res.kind),
+                st.hidden.contains(res.kind),
+            )
+        };
+        if hidden {
+            return not_found();
+        }
+        if forbidden {
+            return err(
+                403,
+                "Forbidden",
+                &format!("{} is forbidden: the fake grants nothing on it", res.plural),
+            );
         }
         let watching = q.get("watch").is_some_and(|w| w == "true" || w == "1");
         if method == Method::GET && name.is_none() && !watching {

@@ -7,6 +7,7 @@
 pub mod attr;
 pub mod depth;
 pub mod k8s;
+pub mod karpenter;
 pub mod load;
 pub mod nodesel;
 pub mod object;

@@ -192,6 +192,22 @@ pub fn decode_value<T: DeserializeOwned + serde::Serialize>(value: Value) -> Res
     Ok(typed)
 }
 
+/// Decodes a Karpenter object (`karpenter.sh/v1`) leniently: fields the trimmed type does not
+/// have are ignored (a controller's CRD grows with every release), the fields it reads are
+/// typed (errors name their path), and its bounds are checked ([`crate::karpenter::Bounded`]).
+pub fn decode_karpenter<T: DeserializeOwned + crate::karpenter::Bounded>(
+    value: Value,
+) -> Result<T, FieldError> {
+    let typed: T = serde_path_to_error::deserialize(&value).map_err(|e| FieldError {
+        field: clean_path(&e.path().to_string()),
+        message: e.inner().to_string(),
+    })?;
+    typed
+        .check()
+        .map_err(|(field, message)| FieldError { field, message })?;
+    Ok(typed)
+}
+
 fn clean_path(p: &str) -> String {
     if p == "." {
         String::new()
@@ -344,6 +360,18 @@ pub fn decode_manifest(value: Value) -> Result<Manifest, (Option<String>, FieldE
                         message: e.message,
                     }),
             )
+        }
+        "NodePool" | "NodeClaim" if api_version.starts_with("karpenter.sh/") => {
+            if api_version != crate::karpenter::API_VERSION {
+                return wrong_version(crate::karpenter::API_VERSION);
+            }
+            typed(if kind == "NodePool" {
+                decode_karpenter(value)
+                    .map(|o| Manifest::Object(ClusterObject::NodePool(Arc::new(o))))
+            } else {
+                decode_karpenter(value)
+                    .map(|o| Manifest::Object(ClusterObject::NodeClaim(Arc::new(o))))
+            })
         }
         _ => Ok(Manifest::Other {
             api_version,

@@ -8,6 +8,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::k8s;
+use crate::karpenter;
 
 /// The kinds of object a member cluster publishes.
 #[derive(
@@ -31,11 +32,15 @@ pub enum ObjectKind {
     /// A ResourceClaimTemplate (what Karmada's `resourceClaimRefs` name, resolved in each
     /// member cluster).
     ResourceClaimTemplate,
+    /// A Karpenter NodePool (`karpenter.sh/v1`, trimmed).
+    NodePool,
+    /// A Karpenter NodeClaim (`karpenter.sh/v1`, trimmed).
+    NodeClaim,
 }
 
 impl ObjectKind {
     /// Every kind.
-    pub const ALL: [ObjectKind; 8] = [
+    pub const ALL: [ObjectKind; 10] = [
         ObjectKind::Node,
         ObjectKind::Pod,
         ObjectKind::ResourceSlice,
@@ -44,6 +49,8 @@ impl ObjectKind {
         ObjectKind::DeviceTaintRule,
         ObjectKind::ClusterInfo,
         ObjectKind::ResourceClaimTemplate,
+        ObjectKind::NodePool,
+        ObjectKind::NodeClaim,
     ];
 
     /// The Kubernetes kind name.
@@ -57,6 +64,8 @@ impl ObjectKind {
             ObjectKind::DeviceTaintRule => "DeviceTaintRule",
             ObjectKind::ClusterInfo => "ClusterInfo",
             ObjectKind::ResourceClaimTemplate => "ResourceClaimTemplate",
+            ObjectKind::NodePool => "NodePool",
+            ObjectKind::NodeClaim => "NodeClaim",
         }
     }
 
@@ -148,6 +157,10 @@ pub enum ClusterObject {
     ClusterInfo(Arc<ClusterInfo>),
     /// A ResourceClaimTemplate.
     ResourceClaimTemplate(Arc<k8s::ResourceClaimTemplate>),
+    /// A Karpenter NodePool.
+    NodePool(Arc<karpenter::NodePool>),
+    /// A Karpenter NodeClaim.
+    NodeClaim(Arc<karpenter::NodeClaim>),
 }
 
 fn meta_key(
@@ -178,6 +191,8 @@ impl ClusterObject {
             ClusterObject::DeviceTaintRule(_) => ObjectKind::DeviceTaintRule,
             ClusterObject::ClusterInfo(_) => ObjectKind::ClusterInfo,
             ClusterObject::ResourceClaimTemplate(_) => ObjectKind::ResourceClaimTemplate,
+            ClusterObject::NodePool(_) => ObjectKind::NodePool,
+            ClusterObject::NodeClaim(_) => ObjectKind::NodeClaim,
         }
     }
 
@@ -193,6 +208,8 @@ impl ClusterObject {
             ClusterObject::DeviceTaintRule(o) => meta_key(kind, &o.metadata),
             ClusterObject::ClusterInfo(_) => ObjectKey::new(kind, None, "cluster"),
             ClusterObject::ResourceClaimTemplate(o) => meta_key(kind, &o.metadata),
+            ClusterObject::NodePool(o) => ObjectKey::new(kind, None, &o.metadata.name),
+            ClusterObject::NodeClaim(o) => ObjectKey::new(kind, None, &o.metadata.name),
         }
     }
 
@@ -207,6 +224,8 @@ impl ClusterObject {
             ClusterObject::DeviceTaintRule(o) => serde_json::to_vec(&**o),
             ClusterObject::ClusterInfo(o) => serde_json::to_vec(&**o),
             ClusterObject::ResourceClaimTemplate(o) => serde_json::to_vec(&**o),
+            ClusterObject::NodePool(o) => serde_json::to_vec(&**o),
+            ClusterObject::NodeClaim(o) => serde_json::to_vec(&**o),
         };
         // Serializing these plain data types to a Vec cannot fail.
         r.unwrap_or_default()
@@ -231,8 +250,21 @@ impl ClusterObject {
             ObjectKind::ResourceClaimTemplate => {
                 ClusterObject::ResourceClaimTemplate(Arc::new(decode_json(json)?))
             }
+            ObjectKind::NodePool => {
+                ClusterObject::NodePool(Arc::new(crate::load::decode_karpenter(json_value(json)?)?))
+            }
+            ObjectKind::NodeClaim => ClusterObject::NodeClaim(Arc::new(
+                crate::load::decode_karpenter(json_value(json)?)?,
+            )),
         })
     }
+}
+
+fn json_value(json: &[u8]) -> Result<serde_json::Value, crate::load::FieldError> {
+    serde_json::from_slice(json).map_err(|e| crate::load::FieldError {
+        field: String::new(),
+        message: format!("invalid JSON: {e}"),
+    })
 }
 
 /// One change to one cluster's state, as carried from an agent to the views.

@@ -190,6 +190,11 @@ pub fn owner_of_json(kind: ObjectKind, json: &[u8]) -> Result<Option<Owner>, ser
             serde_json::from_slice::<serde::de::IgnoredAny>(json)?;
             Some(Owner::Cluster)
         }
+        // Karpenter's objects are cluster-scoped: the Lease holder publishes them.
+        ObjectKind::NodePool | ObjectKind::NodeClaim => {
+            serde_json::from_slice::<serde::de::IgnoredAny>(json)?;
+            Some(Owner::Cluster)
+        }
     })
 }
 

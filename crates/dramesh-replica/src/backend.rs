@@ -43,9 +43,13 @@ impl Backend for ReplicaBackend {
         };
         // Only this cluster is estimated: its reservations after Karmada's assumed ones.
         assumed.extend(reserved.cluster(&q.cluster).iter().map(|a| (**a).clone()));
+        // With --estimate-autoscaler-headroom the answer includes what new nodes of the
+        // cluster's NodePools could hold, as Karmada's estimator does with
+        // --node-capacity-providers=karpenter.
         let opts = EstimateOptions {
             assumed: assumed.into(),
             clusters: vec![q.cluster.clone()],
+            headroom: s.headroom_options(view, std::slice::from_ref(&q.cluster), true),
             ..dramesh_api::deadline::estimate_options()
         };
         let est = s.compute(&indexes).estimator.estimate(view, &w, &opts);
@@ -132,17 +136,23 @@ impl Backend for ReplicaBackend {
     }
 
     fn place(&self, req: &PlaceRequest) -> Result<PlaceResponse, ApiError> {
-        let p = self
-            .state
-            .place_manifests(&req.workload.manifests, &req.clusters, req.replicas)?;
+        let p = self.state.place_manifests(
+            &req.workload.manifests,
+            &req.clusters,
+            req.replicas,
+            req.use_headroom,
+        )?;
         let fresh = self.state.freshness_map(&req.clusters);
         Ok(PlaceResponse::from_placement(&p, &fresh))
     }
 
     fn preempt(&self, req: &PreemptRequest) -> Result<PreemptResponse, ApiError> {
-        let p =
-            self.state
-                .preempt_manifests(&req.workload.manifests, &req.clusters, req.replicas)?;
+        let p = self.state.preempt_manifests(
+            &req.workload.manifests,
+            &req.clusters,
+            req.replicas,
+            req.use_headroom,
+        )?;
         let fresh = self.state.freshness_map(&req.clusters);
         Ok(PreemptResponse::from_preemption(&p, &fresh))
     }
@@ -497,6 +507,7 @@ mod tests {
                 workload: workload.clone(),
                 clusters: vec![],
                 replicas: None,
+                use_headroom: false,
             })
             .unwrap();
         let placed: BTreeMap<String, i64> = p
@@ -545,12 +556,12 @@ mod tests {
                 .all(|c| c.data_age_seconds.is_some() && !c.stale)
         );
         assert_eq!(without_freshness(&native), json(&est));
-        let p = state.place_manifests(&m, &[], None).unwrap();
+        let p = state.place_manifests(&m, &[], None, false).unwrap();
         assert_eq!(
             without_freshness(&PlaceResponse::from_placement(&p, &fresh)),
             json(&p)
         );
-        let pre = state.preempt_manifests(&m, &[], Some(8)).unwrap();
+        let pre = state.preempt_manifests(&m, &[], Some(8), false).unwrap();
         assert!(
             pre.clusters.iter().any(|c| !c.victims.is_empty()),
             "the fleet should offer victims: {pre:?}"
@@ -589,7 +600,7 @@ mod tests {
             "{past:?}"
         );
         let placed = dramesh_api::deadline::scoped(std::time::Instant::now(), || {
-            state.preempt_manifests(&manifests, &[], Some(100))
+            state.preempt_manifests(&manifests, &[], Some(100), false)
         });
         assert!(placed.is_err());
         assert_eq!(state.estimate_manifests(&manifests, &[]).unwrap(), before);
@@ -630,6 +641,7 @@ mod tests {
                 workload: workload.clone(),
                 clusters: vec![],
                 replicas: Some(6),
+                use_headroom: false,
             })
             .unwrap();
         assert_eq!(p.unschedulable, None);
@@ -642,6 +654,7 @@ mod tests {
                 workload: workload.clone(),
                 clusters: vec![],
                 replicas: Some(8),
+                use_headroom: false,
             })
             .unwrap();
         assert!(p.clusters.is_empty());
@@ -653,6 +666,7 @@ mod tests {
                 workload,
                 clusters: vec![],
                 replicas: Some(8),
+                use_headroom: false,
             })
             .unwrap();
         assert_eq!(pre.chosen.as_deref(), Some("gpu-east"));

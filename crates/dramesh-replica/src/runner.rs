@@ -61,6 +61,10 @@ pub struct ReplicaConfig {
     pub stale_after: Duration,
     /// Byte bound of the estimator's caches ([`dramesh_estimator::DEFAULT_CACHE_BYTES`]).
     pub estimate_cache_bytes: usize,
+    /// Count scale-up headroom from Karpenter NodePools (`--estimate-autoscaler-headroom`):
+    /// Karmada answers include it, native estimates report it separately, placement and
+    /// preemption count it when a request asks to.
+    pub estimate_autoscaler_headroom: bool,
     /// Replication switches and limits of the mesh node.
     pub protocol: ProtocolConfig,
     /// How long a starting replica waits for a peer replica to be reachable before it counts
@@ -119,10 +123,12 @@ impl Replica {
             let id = id.clone();
             let stale = config.stale_after;
             let cache_bytes = config.estimate_cache_bytes;
+            let headroom = config.estimate_autoscaler_headroom;
             let caps = config.caps;
             tokio::task::spawn_blocking(move || {
                 let state = ReplicaState::new(&id, stale, store);
                 state.set_estimate_cache_bytes(cache_bytes);
+                state.set_autoscaler_headroom(headroom);
                 state.set_caps(caps);
                 state
             })

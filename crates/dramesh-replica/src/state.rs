@@ -19,7 +19,7 @@
 //!
 //! # Lock order
 //!
-//! Seven locks, always taken in this order, and each only inside a small method of this module
+//! Eight locks, always taken in this order, and each only inside a small method of this module
 //! (plus `caps`, taken first and only by `reserve`, so that checking a creator's caps and
 //! writing its reservation are one step; `resolving`, taken first and only by the
 //! resolution, which takes 3, 4 and 5 inside it, so resolutions are made one at a time; and
@@ -39,6 +39,8 @@
 //!    change feed, possibly while the indexes are held.
 //! 7. `retired` (the latest tombstone per retired cluster, see [`crate::retire`]): a leaf,
 //!    held only for one closure (`with_retired`) that takes no other lock.
+//! 8. `headroom` (the NodePool failure detection of scale-up headroom): a leaf, taken with
+//!    the indexes held (the view it observes), released before `compute` is taken.
 //!
 //! The mesh holds `store` too (the same mutex) and takes no lock of this state.
 
@@ -143,6 +145,17 @@ pub struct ReplicaState {
     /// Per-identity caps of reservations, and the lock that makes checking them and writing
     /// a reservation one step (taken before `feed`).
     pub(crate) caps: Mutex<dramesh_api::auth::Caps>,
+    /// Scale-up headroom (`--estimate-autoscaler-headroom`), `None` when off: Karmada's
+    /// NodePool failure detection, shown the view after every applied batch and at every
+    /// query that counts headroom, on this replica's monotonic clock. A leaf lock, taken
+    /// while the indexes are held.
+    headroom: Mutex<Option<HeadroomState>>,
+}
+
+/// The failure detection of scale-up headroom and the start of its clock.
+struct HeadroomState {
+    health: dramesh_estimator::AutoscalerHealth,
+    started: Instant,
 }
 
 #[cfg(test)]
@@ -190,6 +203,7 @@ impl ReplicaState {
             cache_bytes: AtomicUsize::new(DEFAULT_CACHE_BYTES),
             changes: AtomicU64::new(0),
             fresh: Mutex::new(HashMap::new()),
+            headroom: Mutex::new(None),
         });
         state.rebuild_from_store();
         state
@@ -220,6 +234,67 @@ impl ReplicaState {
     /// Sets the per-identity caps of reservations created from now on.
     pub fn set_caps(&self, caps: dramesh_api::auth::Caps) {
         *lock(&self.caps) = caps;
+    }
+
+    /// Turns scale-up headroom from Karpenter NodePools on or off (off by default): when on,
+    /// Karmada answers include it, native estimates report it beside `maxReplicas`, and
+    /// placement and preemption count it when a request asks to.
+    pub fn set_autoscaler_headroom(&self, on: bool) {
+        let indexes = self.indexes();
+        let mut h = lock(&self.headroom);
+        *h = on.then(|| HeadroomState {
+            health: dramesh_estimator::AutoscalerHealth::new(),
+            started: Instant::now(),
+        });
+        if let Some(st) = h.as_mut() {
+            st.health.observe(&indexes.view, Duration::ZERO);
+        }
+    }
+
+    /// Whether scale-up headroom is on.
+    pub fn autoscaler_headroom(&self) -> bool {
+        lock(&self.headroom).is_some()
+    }
+
+    /// The headroom options of an estimate of `clusters` (every cluster when empty) over
+    /// `view` (held by the caller): those clusters' pools observed now, the pools failed as of
+    /// now; `None` when headroom is off. `count`: add it to `max_replicas`.
+    pub(crate) fn headroom_options(
+        &self,
+        view: &View,
+        clusters: &[String],
+        count: bool,
+    ) -> Option<dramesh_estimator::HeadroomOptions> {
+        let mut h = lock(&self.headroom);
+        let st = h.as_mut()?;
+        let now = st.started.elapsed();
+        let failed = if clusters.is_empty() {
+            st.health.observe(view, now)
+        } else {
+            for c in clusters.iter().filter_map(|c| view.cluster(c)) {
+                st.health.observe_cluster(c, now);
+            }
+            st.health.failed(now)
+        };
+        Some(dramesh_estimator::HeadroomOptions { failed, count })
+    }
+
+    /// [`ReplicaState::headroom_options`] for a request that asks to count headroom
+    /// (`use_headroom`): an error when headroom is off, nothing when not asked.
+    pub(crate) fn headroom_asked(
+        &self,
+        view: &View,
+        clusters: &[String],
+        asked: bool,
+    ) -> Result<Option<dramesh_estimator::HeadroomOptions>, ApiError> {
+        if !asked {
+            return Ok(None);
+        }
+        self.headroom_options(view, clusters, true).map(Some).ok_or_else(|| {
+            ApiError::InvalidRequest(
+                "useHeadroom: this replica does not count scale-up headroom (start it with --estimate-autoscaler-headroom)".into(),
+            )
+        })
     }
 
     /// Bounds the estimator's caches by `bytes` (default
@@ -351,6 +426,13 @@ impl ReplicaState {
                 }
                 pending.apply(cluster, change);
             }
+            if let Some(st) = lock(&self.headroom).as_mut() {
+                let now = st.started.elapsed();
+                let touched: BTreeSet<&str> = changes.iter().map(|(c, _)| c.as_str()).collect();
+                for c in touched.into_iter().filter_map(|c| view.cluster(c)) {
+                    st.health.observe_cluster(c, now);
+                }
+            }
         }
         let mut fresh = lock(&self.fresh);
         for (cluster, _) in changes {
@@ -440,6 +522,7 @@ impl ReplicaState {
         let opts = EstimateOptions {
             assumed,
             clusters: clusters.to_vec(),
+            headroom: self.headroom_options(&indexes.view, clusters, false),
             ..dramesh_api::deadline::estimate_options()
         };
         let est = self
@@ -455,6 +538,7 @@ impl ReplicaState {
         manifests: &[String],
         clusters: &[String],
         replicas: Option<i64>,
+        use_headroom: bool,
     ) -> Result<PlacementResult, ApiError> {
         let mut w = workload_from_manifests(manifests)?;
         if let Some(r) = replicas {
@@ -473,6 +557,7 @@ impl ReplicaState {
             assumed,
             clusters: clusters.to_vec(),
             stale: self.stale_clusters(),
+            headroom: self.headroom_asked(&indexes.view, clusters, use_headroom)?,
             ..dramesh_api::deadline::estimate_options()
         };
         let placed = dramesh_estimator::place(
@@ -492,6 +577,7 @@ impl ReplicaState {
         manifests: &[String],
         clusters: &[String],
         replicas: Option<i64>,
+        use_headroom: bool,
     ) -> Result<PreemptionResult, ApiError> {
         let mut w = workload_from_manifests(manifests)?;
         if let Some(r) = replicas {
@@ -505,6 +591,7 @@ impl ReplicaState {
             assumed,
             clusters: clusters.to_vec(),
             stale: self.stale_clusters(),
+            headroom: self.headroom_asked(view, clusters, use_headroom)?,
             ..dramesh_api::deadline::estimate_options()
         };
         if opts.clusters.is_empty()

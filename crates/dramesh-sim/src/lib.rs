@@ -509,6 +509,8 @@ fn snapshot_file(o: &ClusterObject) -> &'static str {
         ClusterObject::ResourceClaim(_) => "resourceclaims.yaml",
         ClusterObject::DeviceTaintRule(_) => "devicetaintrules.yaml",
         ClusterObject::ResourceClaimTemplate(_) => "resourceclaimtemplates.yaml",
+        ClusterObject::NodePool(_) => "nodepools.yaml",
+        ClusterObject::NodeClaim(_) => "nodeclaims.yaml",
     }
 }
 

@@ -12,6 +12,8 @@
 //! | `DeviceTaintRule` | `taintrule/<name>`       |
 //! | `ClusterInfo`     | `meta/<name>` (`meta/cluster`) |
 //! | `ResourceClaimTemplate` | `claimtemplate/<ns>/<name>` |
+//! | `NodePool` (Karpenter)  | `nodepool/<name>`  |
+//! | `NodeClaim` (Karpenter) | `nodeclaim/<name>` |
 //!
 //! Keys starting with `_` are reserved for the store itself ([`TERM_KEY`], [`REJOIN_KEY`]). Names and namespaces
 //! must be non-empty and must not contain `/` (Kubernetes names never do), which makes the
@@ -41,6 +43,8 @@ fn prefix(kind: ObjectKind) -> &'static str {
         ObjectKind::DeviceTaintRule => "taintrule",
         ObjectKind::ClusterInfo => "meta",
         ObjectKind::ResourceClaimTemplate => "claimtemplate",
+        ObjectKind::NodePool => "nodepool",
+        ObjectKind::NodeClaim => "nodeclaim",
     }
 }
 
@@ -54,6 +58,8 @@ fn kind_of_prefix(p: &str) -> Option<ObjectKind> {
         "taintrule" => ObjectKind::DeviceTaintRule,
         "meta" => ObjectKind::ClusterInfo,
         "claimtemplate" => ObjectKind::ResourceClaimTemplate,
+        "nodepool" => ObjectKind::NodePool,
+        "nodeclaim" => ObjectKind::NodeClaim,
         _ => return None,
     })
 }
@@ -139,6 +145,8 @@ mod tests {
             k(ObjectKind::DeviceTaintRule, None, "r"),
             k(ObjectKind::ClusterInfo, None, "cluster"),
             k(ObjectKind::ResourceClaimTemplate, Some("ml"), "gpu-tmpl"),
+            k(ObjectKind::NodePool, None, "gpu-pool"),
+            k(ObjectKind::NodeClaim, None, "gpu-pool-x7k2p"),
         ];
         for key in keys {
             let s = doc_key(&key).unwrap();

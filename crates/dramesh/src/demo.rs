@@ -328,6 +328,7 @@ pub(crate) async fn run(serve: bool, tls: crate::apiauth::TlsArgs) -> anyhow::Re
             data_dir: None,
             stale_after: Duration::from_secs(120),
             estimate_cache_bytes: dramesh_estimator::DEFAULT_CACHE_BYTES,
+            estimate_autoscaler_headroom: false,
             protocol: ProtocolConfig::default(),
             ready_timeout: dramesh_replica::DEFAULT_READY_TIMEOUT,
             api_config: dramesh_api::ApiConfig {
@@ -447,9 +448,11 @@ pub(crate) async fn run(serve: bool, tls: crate::apiauth::TlsArgs) -> anyhow::Re
     );
     let placement = r1
         .state
-        .place_manifests(&[ONE_GPU.to_string()], &[], None)?;
+        .place_manifests(&[ONE_GPU.to_string()], &[], None, false)?;
     for o in others {
-        let got = o.state.place_manifests(&[ONE_GPU.to_string()], &[], None)?;
+        let got = o
+            .state
+            .place_manifests(&[ONE_GPU.to_string()], &[], None, false)?;
         if serde_json::to_value(&got)? != serde_json::to_value(&placement)? {
             bail!("replica {} placed differently from {}", o.id, r1.id);
         }
@@ -461,11 +464,11 @@ pub(crate) async fn run(serve: bool, tls: crate::apiauth::TlsArgs) -> anyhow::Re
     );
     let pre = r1
         .state
-        .preempt_manifests(&preemption_manifests(), &[], None)?;
+        .preempt_manifests(&preemption_manifests(), &[], None, false)?;
     for o in others {
         let got = o
             .state
-            .preempt_manifests(&preemption_manifests(), &[], None)?;
+            .preempt_manifests(&preemption_manifests(), &[], None, false)?;
         if serde_json::to_value(&got)? != serde_json::to_value(&pre)? {
             bail!(
                 "replica {} chose a different preemption from {}",

@@ -179,6 +179,11 @@ enum Command {
         /// Byte bound of the estimator's result caches (least recently used evicted first).
         #[arg(long, default_value_t = dramesh_estimator::DEFAULT_CACHE_BYTES)]
         estimate_cache_bytes: usize,
+        /// Count scale-up headroom: the replicas new nodes of a cluster's Karpenter NodePools
+        /// could hold within their limits. Karmada answers include it; native answers report
+        /// it as headroomReplicas; placement and preemption count it when a request asks to.
+        #[arg(long)]
+        estimate_autoscaler_headroom: bool,
         /// Seconds a restarted replica waits for a peer replica to be reachable before it is
         /// ready from its disk alone (with a peer, it is ready once their digests matched).
         #[arg(long, default_value_t = dramesh_replica::DEFAULT_READY_TIMEOUT.as_secs())]
@@ -667,6 +672,7 @@ fn main() -> ExitCode {
             mesh_ca,
             stale_after,
             estimate_cache_bytes,
+            estimate_autoscaler_headroom,
             ready_timeout,
             chaos_disable_anti_entropy,
             chaos_disable_push,
@@ -722,6 +728,7 @@ fn main() -> ExitCode {
                     data_dir: Some(data_dir),
                     stale_after: Duration::from_secs(stale_after),
                     estimate_cache_bytes,
+                    estimate_autoscaler_headroom,
                     protocol,
                     ready_timeout: Duration::from_secs(ready_timeout),
                     api_config: dramesh_api::ApiConfig {

@@ -297,6 +297,7 @@ mod tests {
             error: None,
             assumed_unplaced: 0,
             unknown_nodes,
+            headroom: None,
         };
         let est = Estimate {
             clusters: vec![

@@ -23,9 +23,7 @@ use common::{
     BIN, Procs, ReplicaListen, WORKLOAD, http_json, karmada_client, make_certs, run_ok,
     spawn_folder_agent, spawn_replica, try_http_json, wait_exit, wait_for,
 };
-use dramesh_api::query::{
-    ClaimTemplate, DraRequirements, ReplicaQuery, ReplicaRequirements, WireStyle,
-};
+use dramesh_api::query::{ReplicaQuery, WireStyle};
 use serde_json::{Value, json};
 
 /// `dramesh estimate --snapshot` per cluster.
@@ -69,37 +67,7 @@ fn http_estimate(addr: SocketAddr) -> BTreeMap<String, i64> {
 }
 
 fn karmada_query(cluster: &str) -> ReplicaQuery {
-    let spec = serde_json::from_value(json!({
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}
-    }))
-    .expect("template spec");
-    ReplicaQuery {
-        cluster: cluster.into(),
-        requirements: ReplicaRequirements {
-            resource_request: [
-                (
-                    "cpu".to_string(),
-                    k8s_openapi::apimachinery::pkg::api::resource::Quantity("4".into()),
-                ),
-                (
-                    "memory".to_string(),
-                    k8s_openapi::apimachinery::pkg::api::resource::Quantity("16Gi".into()),
-                ),
-            ]
-            .into_iter()
-            .collect(),
-            namespace: "demo".into(),
-            dra: DraRequirements {
-                claim_templates: vec![ClaimTemplate {
-                    pod_claim_name: "gpu".into(),
-                    spec,
-                }],
-                shared_claims: vec![],
-            },
-            ..ReplicaRequirements::default()
-        },
-        assumed_workloads: vec![],
-    }
+    common::karmada_dra_query(cluster, "demo", "gpu.nvidia.com", ("4", "16Gi"), vec![])
 }
 
 async fn karmada_estimate(addr: SocketAddr, clusters: &[String]) -> BTreeMap<String, i64> {

@@ -62,3 +62,67 @@ pub fn view_of(cluster: &str, objs: Vec<ClusterObject>) -> View {
     }
     v
 }
+
+/// `shared/fixtures/real` in the nearest ancestor of this crate that has one (the
+/// repository's `../shared`, also from a git worktree nested deeper), or `None` (with a
+/// message) when there is none; with `CI` set a missing folder fails the test.
+pub fn real() -> Option<std::path::PathBuf> {
+    let found = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .map(|a| a.join("shared/fixtures/real"))
+        .find(|d| d.is_dir());
+    if found.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "shared/fixtures/real is absent and CI is set"
+        );
+        eprintln!(
+            "skipping: no shared/fixtures/real above {}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+    }
+    found
+}
+
+/// Every manifest of `files`, in order.
+pub fn manifests(files: &[std::path::PathBuf]) -> Vec<dramesh_model::Manifest> {
+    dramesh_model::load::load_paths(files)
+        .unwrap()
+        .into_iter()
+        .map(|l| l.manifest)
+        .collect()
+}
+
+/// Applies every cluster object to `cluster`, returns the rest (ResourceClaimTemplates are
+/// returned: these tests give them with the workload).
+pub fn feed(
+    view: &mut View,
+    cluster: &str,
+    ms: Vec<dramesh_model::Manifest>,
+) -> Vec<dramesh_model::Manifest> {
+    use dramesh_model::{ClusterObject, Manifest};
+    let mut rest = Vec::new();
+    for m in ms {
+        match m {
+            Manifest::Object(ClusterObject::ResourceClaimTemplate(_)) => rest.push(m),
+            Manifest::Object(o) => view.apply_object(cluster, o).unwrap(),
+            other => rest.push(other),
+        }
+    }
+    rest
+}
+
+/// The allocated claim captured with the dranet AWS p4d example (`dir` is
+/// `dranet/examples/aws_eks_examples/gpu-efa`: gpu-6 and the EFA on PCIe root a0). Its
+/// `status.devices` conditions lack `lastTransitionTime`, which the typed decoder requires;
+/// only `status.allocation` matters to estimates, so the device status is cut.
+pub fn aws_allocated_claim(dir: &std::path::Path) -> Vec<dramesh_model::Manifest> {
+    let claim_file = dir.join("resource-claim.yaml");
+    let text = std::fs::read_to_string(&claim_file).unwrap();
+    let cut = text
+        .find("\n  devices:\n  - conditions")
+        .unwrap_or(text.len());
+    let claim = dramesh_model::load::load_str(&claim_file, &text[..cut]).unwrap();
+    assert_eq!(claim.len(), 1);
+    claim.into_iter().map(|l| l.manifest).collect()
+}

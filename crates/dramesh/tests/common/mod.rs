@@ -304,6 +304,49 @@ pub(crate) async fn karmada_client(addr: SocketAddr) -> EstimatorClient<Channel>
     EstimatorClient::new(channel)
 }
 
+/// A Karmada `MaxAvailableReplicas` question for `cluster`: replicas of `cpu` and `memory`
+/// with one device of DeviceClass `class` each (dramesh's DRA extension), in `namespace`,
+/// tolerating `tolerations`.
+pub(crate) fn karmada_dra_query(
+    cluster: &str,
+    namespace: &str,
+    class: &str,
+    (cpu, memory): (&str, &str),
+    tolerations: Vec<k8s_openapi::api::core::v1::Toleration>,
+) -> dramesh_api::query::ReplicaQuery {
+    use dramesh_api::query::{ClaimTemplate, DraRequirements, NodeClaim, ReplicaRequirements};
+    let spec = serde_json::from_value(serde_json::json!({
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": class}}]}}
+    }))
+    .expect("template spec");
+    let q = |s: &str| k8s_openapi::apimachinery::pkg::api::resource::Quantity(s.into());
+    dramesh_api::query::ReplicaQuery {
+        cluster: cluster.into(),
+        requirements: ReplicaRequirements {
+            node_claim: NodeClaim {
+                tolerations,
+                ..NodeClaim::default()
+            },
+            resource_request: [
+                ("cpu".to_string(), q(cpu)),
+                ("memory".to_string(), q(memory)),
+            ]
+            .into_iter()
+            .collect(),
+            namespace: namespace.into(),
+            dra: DraRequirements {
+                claim_templates: vec![ClaimTemplate {
+                    pod_claim_name: "gpu".into(),
+                    spec,
+                }],
+                shared_claims: vec![],
+            },
+            ..ReplicaRequirements::default()
+        },
+        assumed_workloads: vec![],
+    }
+}
+
 /// Polls `f` every 100 ms until it returns `Some`, for at most `limit`; panics naming `what`
 /// when time runs out.
 pub(crate) fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {

@@ -91,7 +91,7 @@ fn aws(root: &std::path::Path) -> Aws {
     feed(&mut view, "aws", aws_allocated_claim(&dir));
     let mut templates = HashMap::new();
     for m in manifests(&[dir.join("resource-claim-template.yaml")]) {
-        if let Manifest::ResourceClaimTemplate(t) = m {
+        if let Manifest::Object(dramesh_model::ClusterObject::ResourceClaimTemplate(t)) = m {
             templates.insert(("default".to_string(), t.metadata.name.clone().unwrap()), t);
         }
     }

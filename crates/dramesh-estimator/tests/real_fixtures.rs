@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use common::*;
 use dramesh_estimator::{EstimateOptions, View, Workload, estimate};
-use dramesh_model::Manifest;
+use dramesh_model::{ClusterObject, Manifest};
 use serde_json::json;
 
 #[test]

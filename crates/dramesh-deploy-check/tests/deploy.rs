@@ -157,7 +157,7 @@ fn every_kustomization_renders_and_decodes() {
                 .iter()
                 .any(|(v, k, _)| r.api_version() == *v && r.kind() == *k)
         });
-        if karmada_objects && !karmada::crds_available() {
+        if karmada_objects && dramesh_testkit::fixtures(dramesh_testkit::KARMADA_CRDS).is_none() {
             eprintln!(
                 "skipped {}: ../shared/fixtures/karmada/crds is absent, Karmada objects cannot be checked",
                 dir.display()
@@ -1141,10 +1141,7 @@ fn hostpath_variant_reads_node_files_and_runs_no_signer() {
 
 #[test]
 fn the_scheduler_policy_example_routes_to_dramesh_and_passes_karmadas_crd() {
-    if !karmada::crds_available() {
-        eprintln!(
-            "skipped: ../shared/fixtures/karmada/crds is absent, Karmada objects cannot be checked"
-        );
+    if dramesh_testkit::fixtures(dramesh_testkit::KARMADA_CRDS).is_none() {
         return;
     }
     let objs = checked("overlays/example/scheduler-policy");

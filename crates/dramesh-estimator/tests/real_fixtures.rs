@@ -13,16 +13,7 @@ use dramesh_model::{Manifest, load};
 use serde_json::json;
 
 fn real() -> Option<PathBuf> {
-    let p = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/fixtures/real"
-    ));
-    if p.is_dir() {
-        Some(p)
-    } else {
-        eprintln!("skipping: {} is absent", p.display());
-        None
-    }
+    dramesh_testkit::fixtures(dramesh_testkit::REAL)
 }
 
 fn manifests(files: &[PathBuf]) -> Vec<Manifest> {

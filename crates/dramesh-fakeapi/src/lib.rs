@@ -233,10 +233,7 @@ fn res_by_gvk(api_version: &str, kind: &str) -> Res {
 /// deeper). `None` when absent: binding writes are then stored unvalidated, and tests that
 /// need validation must print a skip message ([`FakeApi::validates_karmada_crds`]).
 pub fn karmada_crds_dir() -> Option<PathBuf> {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .map(|a| a.join("shared/fixtures/karmada/crds"))
-        .find(|d| d.is_dir())
+    dramesh_testkit::fixtures_dir(dramesh_testkit::KARMADA_CRDS)
 }
 
 /// The compiled schemas by CRD file name, loaded once per process.

@@ -689,7 +689,11 @@ async fn connections_beyond_the_grpc_cap_are_closed_and_counted() {
     for _ in 0..2 {
         held.push(tokio::net::TcpStream::connect(srv.addr).await.unwrap());
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Both are accepted and counted before the third arrives.
+    wait_until("two connections counted", Duration::from_secs(5), || {
+        srv.state.metrics.grpc_connections.get() == 2.0
+    })
+    .await;
     let mut extra = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
     assert!(
         server_closes(&mut extra, Duration::from_secs(2)).await,
@@ -727,7 +731,10 @@ async fn a_grpc_connection_without_a_preface_is_closed_after_the_preface_timeout
     partial.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
     assert!(server_closes(&mut silent, Duration::from_secs(3)).await);
     assert!(server_closes(&mut partial, Duration::from_secs(3)).await);
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(srv.state.metrics.grpc_connections.get(), 0.0);
+    // The gauge drops when the server's connection tasks end, just after the close is seen.
+    wait_until("no connection counted", Duration::from_secs(5), || {
+        srv.state.metrics.grpc_connections.get() == 0.0
+    })
+    .await;
     srv.stop().await;
 }

@@ -23,8 +23,6 @@ const KNOWN: &[(&str, &[&str])] = &[
     // placement uses object::nd (serde default for null) and patch::go_json; object holds
     // Placement; patch writes object's Binding.
     ("dramesh-scheduler", &["object", "patch", "placement"]),
-    // docid buckets with digest::first_u64; digest is keyed by DocId.
-    ("dramesh-store", &["digest", "docid"]),
 ];
 
 #[test]

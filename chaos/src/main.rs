@@ -104,15 +104,17 @@ fn find_dramesh(explicit: Option<PathBuf>) -> Result<PathBuf> {
         }
         return Ok(std::fs::canonicalize(p)?);
     }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("target"));
-    for p in [target.join("release/dramesh"), target.join("debug/dramesh")] {
-        if p.is_file() {
-            return Ok(std::fs::canonicalize(p)?);
-        }
+    // Cargo builds both binaries of a profile into one directory, wherever the target
+    // directory is (CARGO_TARGET_DIR, a config setting): the one beside this executable.
+    let exe = std::env::current_exe().context("the path of dramesh-chaos itself")?;
+    let p = exe.with_file_name("dramesh");
+    if p.is_file() {
+        return Ok(p);
     }
-    bail!("no dramesh binary: build it (cargo build -p dramesh) or pass --dramesh PATH")
+    bail!(
+        "no dramesh binary beside {}: build it (cargo build -p dramesh) or pass --dramesh PATH",
+        exe.display()
+    )
 }
 
 fn stand_in_server(listen: SocketAddr) -> Result<()> {

@@ -5,7 +5,7 @@
 //! writes naming their change numbers.
 //!
 //! Skips with a message when not root. As root it needs a `dramesh` binary that knows the
-//! chaos switches (target/debug or target/release): `cargo nextest run --workspace`, as
+//! chaos switches beside `dramesh-chaos` (same profile): `cargo nextest run --workspace`, as
 //! scripts/test runs it, builds it before any test starts; `cargo test -p dramesh-chaos`
 //! alone does not, so run `cargo build -p dramesh` first.
 
@@ -15,23 +15,20 @@ use std::process::Command;
 /// A built `dramesh` whose `replica` subcommand accepts every switch `--break-replication`
 /// passes (the probe fails on an unknown flag before printing help).
 fn dramesh() -> Result<PathBuf, String> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    let candidates = [target.join("debug/dramesh"), target.join("release/dramesh")];
-    for bin in candidates.iter().filter(|p| p.is_file()) {
-        let probe = Command::new(bin)
-            .args(["replica", "--chaos-disable-anti-entropy"])
-            .args(["--chaos-disable-peer-exchange", "--help"])
-            .output();
-        if probe.is_ok_and(|o| o.status.success()) {
-            return Ok(bin.clone());
-        }
+    // Beside dramesh-chaos: cargo builds a profile's binaries into one directory, wherever
+    // the target directory is.
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_dramesh-chaos")).with_file_name("dramesh");
+    let probe = Command::new(&bin)
+        .args(["replica", "--chaos-disable-anti-entropy"])
+        .args(["--chaos-disable-peer-exchange", "--help"])
+        .output();
+    if probe.is_ok_and(|o| o.status.success()) {
+        return Ok(bin);
     }
     Err(format!(
-        "no dramesh binary with the replica chaos switches among {candidates:?}: \
-         run `cargo build -p dramesh` first"
+        "no dramesh binary with the replica chaos switches at {}: \
+         run `cargo build -p dramesh` first",
+        bin.display()
     ))
 }
 

@@ -430,7 +430,7 @@ mod tests {
     /// dropped into the folder publishes the template under its namespaced key.
     #[test]
     fn resource_claim_templates_are_published() {
-        let Some(real) = dramesh_fakeapi::shared_fixtures(
+        let Some(real) = dramesh_testkit::fixtures(
             "real/dra-example-driver/demo-examples/basic-resourceclaimtemplate/basic-resourceclaimtemplate.yaml",
         ) else {
             return;

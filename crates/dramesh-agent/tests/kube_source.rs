@@ -692,7 +692,7 @@ async fn pending_pods_reach_the_cluster_scope_and_move_when_bound() {
 /// `shared/fixtures/real` in the nearest ancestor, as JSON; `None` (with a message) when the folder is absent, a
 /// failure when `CI` is set.
 fn real_claim_template() -> Option<Value> {
-    let f = dramesh_fakeapi::shared_fixtures(
+    let f = dramesh_testkit::fixtures(
         "real/dra-example-driver/demo-examples/basic-multiple-requests/basic-multiple-requests.yaml",
     )?;
     dramesh_model::load::load_path(&f)

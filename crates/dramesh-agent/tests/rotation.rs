@@ -38,6 +38,18 @@ fn write_atomically(path: &std::path::Path, text: &str) {
     std::fs::rename(&tmp, path).unwrap();
 }
 
+/// Waits (at most 20 s) until `replica` has refused `n` handshakes in all.
+async fn refused(replica: &MeshHandle, n: u64) {
+    let start = Instant::now();
+    while replica.transport_counters().handshake_failures < n {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "fewer than {n} handshakes refused"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_presents_a_rotated_certificate_without_restarting() {
     let dir = tempfile::tempdir().unwrap();
@@ -88,8 +100,8 @@ async fn agent_presents_a_rotated_certificate_without_restarting() {
     .await
     .unwrap();
 
-    // The replica refuses the expired certificate: no session for a while.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The replica refuses the expired certificate: the agent's dials fail their handshakes.
+    refused(&replica, 1).await;
     assert!(
         !replica.connected_identities().contains(&me),
         "the replica accepted an expired certificate"
@@ -101,7 +113,10 @@ async fn agent_presents_a_rotated_certificate_without_restarting() {
         node: "n2".into(),
     };
     write_atomically(&bundle_path, &bundle(&ca, &other, now - 60, now + 3600));
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Two more dials (the file is re-read every 100 ms, dials back off 0.2-2 s) are still
+    // refused: the agent kept its expired certificate (the other one would be accepted).
+    let before = replica.transport_counters().handshake_failures;
+    refused(&replica, before + 2).await;
     assert!(!replica.connected_identities().contains(&other));
     assert!(!replica.connected_identities().contains(&me));
 

@@ -7,10 +7,8 @@ use std::sync::Arc;
 use dramesh_cel::{CelEnv, CompileError, DeviceInput, Limits};
 use dramesh_model::{AttrValue, QualifiedName, Quantity, Semver};
 
-const FIXTURE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../../shared/fixtures/real/cel-expressions.md"
-);
+/// The fixture, under the shared fixtures' `real/`.
+const FIXTURE: &str = "real/cel-expressions.md";
 
 /// Upstream expressions that are not valid CEL (a stray quote in a KEP example).
 const MALFORMED_UPSTREAM: &[&str] = &[r#"'device.capacity['google-tpu'].tpus == quantity("16")"#];
@@ -87,10 +85,10 @@ fn rich_device(driver: &str) -> DeviceInput {
 
 #[test]
 fn every_real_expression_compiles_and_evaluates() {
-    let Ok(text) = std::fs::read_to_string(FIXTURE) else {
-        eprintln!("skipping: {FIXTURE} is absent");
+    let Some(path) = dramesh_testkit::fixtures(FIXTURE) else {
         return;
     };
+    let text = std::fs::read_to_string(&path).unwrap();
     let exprs = expressions(&text);
     assert!(exprs.len() >= 90, "only {} expressions parsed", exprs.len());
     let env = CelEnv::new(Limits::default());

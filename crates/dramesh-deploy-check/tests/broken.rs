@@ -366,10 +366,7 @@ fn a_typo_in_a_copy_of_the_real_replica_manifests_is_caught() {
 
 #[test]
 fn a_mistake_in_a_copy_of_the_scheduler_policy_example_fails_karmadas_crd() {
-    if !dramesh_deploy_check::karmada::crds_available() {
-        eprintln!(
-            "skipped: ../shared/fixtures/karmada/crds is absent, Karmada objects cannot be checked"
-        );
+    if dramesh_testkit::fixtures(dramesh_testkit::KARMADA_CRDS).is_none() {
         return;
     }
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -157,7 +157,7 @@ fn every_kustomization_renders_and_decodes() {
                 .iter()
                 .any(|(v, k, _)| r.api_version() == *v && r.kind() == *k)
         });
-        if karmada_objects && !karmada::crds_available() {
+        if karmada_objects && dramesh_testkit::fixtures(dramesh_testkit::KARMADA_CRDS).is_none() {
             eprintln!(
                 "skipped {}: ../shared/fixtures/karmada/crds is absent, Karmada objects cannot be checked",
                 dir.display()
@@ -1144,10 +1144,7 @@ fn hostpath_variant_reads_node_files_and_runs_no_signer() {
 
 #[test]
 fn the_scheduler_policy_example_routes_to_dramesh_and_passes_karmadas_crd() {
-    if !karmada::crds_available() {
-        eprintln!(
-            "skipped: ../shared/fixtures/karmada/crds is absent, Karmada objects cannot be checked"
-        );
+    if dramesh_testkit::fixtures(dramesh_testkit::KARMADA_CRDS).is_none() {
         return;
     }
     let objs = checked("overlays/example/scheduler-policy");
@@ -1160,4 +1157,50 @@ fn the_scheduler_policy_example_routes_to_dramesh_and_passes_karmadas_crd() {
     );
     // The CRD's defaults were applied: the schema, not just the YAML, was checked.
     assert_eq!(pp["spec"]["conflictResolution"], "Abort", "{pp:#}");
+}
+
+/// Every container of every workload in every kustomization runs the one image
+/// `ghcr.io/dramesh/dramesh`, tagged with this release's version: one kustomize `images:`
+/// entry retags them all, and `scripts/image` tags what it builds with the same version.
+#[test]
+fn every_workload_runs_the_one_image_tagged_with_the_release() {
+    let root = deploy_root();
+    let want = format!("ghcr.io/dramesh/dramesh:{}", env!("CARGO_PKG_VERSION"));
+    let mut seen = BTreeSet::new();
+    for dir in kustomization_dirs(&root).unwrap() {
+        let workloads = render(&dir)
+            .unwrap()
+            .iter()
+            .any(|r| matches!(r.kind(), "DaemonSet" | "StatefulSet" | "Deployment"));
+        if !workloads {
+            continue;
+        }
+        for c in check(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let spec = match &c.object {
+                Typed::DaemonSet(o) => o.spec.as_ref().and_then(|s| s.template.spec.as_ref()),
+                Typed::StatefulSet(o) => o.spec.as_ref().and_then(|s| s.template.spec.as_ref()),
+                Typed::Deployment(o) => o.spec.as_ref().and_then(|s| s.template.spec.as_ref()),
+                _ => None,
+            };
+            let Some(spec) = spec else { continue };
+            for ctr in spec
+                .containers
+                .iter()
+                .chain(spec.init_containers.iter().flatten())
+            {
+                assert_eq!(
+                    ctr.image.as_deref(),
+                    Some(want.as_str()),
+                    "{}: container {}",
+                    dir.display(),
+                    ctr.name
+                );
+                seen.insert(ctr.name.clone());
+            }
+        }
+    }
+    // The agent, the signer and the replica at least.
+    for name in ["agent", "signer", "replica"] {
+        assert!(seen.contains(name), "no {name} container checked: {seen:?}");
+    }
 }

@@ -22,19 +22,7 @@ use dramesh_model::load::{Loaded, Manifest, load_path, load_str};
 use serde_json::{Value, json};
 
 fn fixtures_root() -> Option<PathBuf> {
-    let root = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/fixtures/real"
-    ));
-    if root.is_dir() {
-        Some(root)
-    } else {
-        eprintln!(
-            "skipping: real-world fixtures not found at {} (they live next to the repository)",
-            root.display()
-        );
-        None
-    }
+    dramesh_testkit::fixtures(dramesh_testkit::REAL)
 }
 
 /// Files the fixtures' README lists as malformed upstream examples kept as negative tests.

@@ -17,21 +17,9 @@ use serde_json::json;
 const NODE: &str = "dra-example-driver-cluster-worker";
 const NS: &str = "basic-resourceclaimtemplate";
 
-/// `shared/fixtures/real/dra-example-driver` in the nearest ancestor that has it (the
-/// repository's `../shared`, also from a git worktree nested deeper).
+/// `shared/fixtures/real/dra-example-driver` (see `dramesh_testkit::fixtures`).
 fn real() -> Option<PathBuf> {
-    let found = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .map(|a| a.join("shared/fixtures/real/dra-example-driver"))
-        .find(|d| d.is_dir());
-    if found.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "shared/fixtures/real is absent (CI is set)"
-        );
-        eprintln!("skipping: shared/fixtures/real is absent");
-    }
-    found
+    dramesh_testkit::fixtures("real/dra-example-driver")
 }
 
 fn load(path: PathBuf) -> Vec<Manifest> {

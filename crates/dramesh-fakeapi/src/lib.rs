@@ -251,28 +251,7 @@ fn res_by_gvk(api_version: &str, kind: &str) -> Res {
 /// deeper). `None` when absent: binding writes are then stored unvalidated, and tests that
 /// need validation must print a skip message ([`FakeApi::validates_karmada_crds`]).
 pub fn karmada_crds_dir() -> Option<PathBuf> {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .map(|a| a.join("shared/fixtures/karmada/crds"))
-        .find(|d| d.is_dir())
-}
-
-/// `shared/fixtures/<sub>` in the nearest ancestor of this crate that has it (as
-/// [`karmada_crds_dir`]), for tests that read the real manifests. `None` when absent, after a
-/// skip message; absent while `CI` is set is a test failure (the folder must be there).
-pub fn shared_fixtures(sub: &str) -> Option<PathBuf> {
-    let found = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .map(|a| a.join("shared/fixtures").join(sub))
-        .find(|p| p.exists());
-    if found.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "shared/fixtures/{sub} is absent (CI is set)"
-        );
-        eprintln!("skipping: shared/fixtures/{sub} is absent");
-    }
-    found
+    dramesh_testkit::fixtures_dir(dramesh_testkit::KARMADA_CRDS)
 }
 
 /// The compiled schemas by CRD file name, loaded once per process.

@@ -29,15 +29,11 @@ fn binding(name: &str) -> Value {
                     "replicaDivisionPreference": "Aggregated"}}}})
 }
 
-/// Skips (loudly) when the CRD fixtures are not beside the repository.
+/// Skips (loudly; fails under CI) when the CRD fixtures are not beside the repository.
 fn crds(api: &FakeApi) -> bool {
-    if !api.validates_karmada_crds() {
-        eprintln!(
-            "skipping: Karmada CRD fixtures not found (shared/fixtures/karmada/crds beside the repository)"
-        );
-        return false;
-    }
-    true
+    let present = dramesh_testkit::fixtures(dramesh_testkit::KARMADA_CRDS).is_some();
+    assert_eq!(present, api.validates_karmada_crds());
+    present
 }
 
 async fn setup() -> (FakeApi, Api<DynamicObject>) {
@@ -425,8 +421,7 @@ async fn bindings_as_karmada_writes_them_pass_the_schema() {
 /// every keyword Karmada's schemas use (an unimplemented one fails compilation by name).
 #[test]
 fn every_fixture_crd_compiles() {
-    let Some(dir) = dramesh_fakeapi::karmada_crds_dir() else {
-        eprintln!("skipping: Karmada CRD fixtures not found");
+    let Some(dir) = dramesh_testkit::fixtures(dramesh_testkit::KARMADA_CRDS) else {
         return;
     };
     let mut compiled = 0;

@@ -3,17 +3,16 @@
 //! 100,000-level hostile file refused. Without ../shared the real-fixture case is skipped.
 
 use std::hint::black_box;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use dramesh_model::depth::{MAX_DEPTH, check_depth};
 use dramesh_model::load::load_str;
 
 fn bench(c: &mut Criterion) {
-    let real = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/fixtures/karmada/crds/work.karmada.io_resourcebindings.yaml"
-    ));
+    let real = dramesh_testkit::fixtures_dir(dramesh_testkit::KARMADA_CRDS)
+        .unwrap_or_default()
+        .join("work.karmada.io_resourcebindings.yaml");
     match std::fs::read_to_string(&real) {
         Ok(text) => {
             c.bench_function("depth_scan_real_117KB", |b| {

@@ -7,17 +7,7 @@ use dramesh_model::depth::{MAX_DEPTH, check_depth};
 use dramesh_model::load;
 
 fn shared(sub: &str) -> Option<PathBuf> {
-    let p = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/fixtures"
-    ))
-    .join(sub);
-    if p.is_dir() {
-        Some(p)
-    } else {
-        eprintln!("skipping: {} is absent", p.display());
-        None
-    }
+    dramesh_testkit::fixtures(sub)
 }
 
 fn files(dir: &Path, out: &mut Vec<PathBuf>) {

@@ -8,7 +8,7 @@
 
 use sha2::{Digest as _, Sha256};
 
-use crate::docid::{DocId, HeadsHash};
+use crate::docid::{DocId, HeadsHash, first_u64};
 
 /// Number of digest buckets. Fixed by the mesh wire protocol version.
 pub const DIGEST_BUCKETS: u32 = 64;
@@ -64,12 +64,6 @@ pub(crate) fn fingerprint(doc: &DocId, generation: u64, heads_hash: &HeadsHash) 
     h.update(generation.to_be_bytes());
     h.update(heads_hash);
     first_u64(&h.finalize())
-}
-
-pub(crate) fn first_u64(bytes: &[u8]) -> u64 {
-    let mut b = [0u8; 8];
-    b.copy_from_slice(&bytes[..8]);
-    u64::from_be_bytes(b)
 }
 
 /// Bucketed summary of a set of entries (see the module docs).

@@ -128,7 +128,7 @@ impl DocId {
         h.update(self.cluster.as_bytes());
         h.update([0]);
         h.update(self.writer.as_bytes());
-        (crate::digest::first_u64(&h.finalize()) % u64::from(crate::DIGEST_BUCKETS)) as u32
+        (first_u64(&h.finalize()) % u64::from(crate::DIGEST_BUCKETS)) as u32
     }
 
     /// File stem used for this document in a store directory (hex of the first 16 hash bytes).
@@ -181,6 +181,13 @@ pub fn hex(bytes: &[u8]) -> String {
         s.push(DIGITS[(b & 15) as usize] as char);
     }
     s
+}
+
+/// The first 8 bytes of a hash as a big-endian number (bucket indexes, digest entry hashes).
+pub(crate) fn first_u64(bytes: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&bytes[..8]);
+    u64::from_be_bytes(b)
 }
 
 #[cfg(test)]

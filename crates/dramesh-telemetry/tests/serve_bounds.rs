@@ -210,7 +210,11 @@ async fn idle_keep_alive_connections_are_closed() {
     closed_within(&mut silent, Duration::from_secs(3))
         .await
         .expect("silent connection still open after 3 s");
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The gauge drops when the server's connection tasks end, just after the close is seen.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while srv.metrics.http_connections.with(["test"]).get() != 0.0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert_eq!(srv.metrics.http_connections.with(["test"]).get(), 0.0);
 }
 

@@ -117,22 +117,23 @@ fn reservations_need_a_writer_its_creator_to_release_and_stay_under_caps() {
         "--api-max-ttl",
         "600",
     ];
-    let at = [ReplicaListen::free(), ReplicaListen::free()];
+    let mut at = [ReplicaListen::any(), ReplicaListen::any()];
     let mut procs = Procs::default();
     procs.0.push(spawn_replica_with(
         tmp.path(),
         &certs,
         "r1",
-        &at[0],
+        &mut at[0],
         &[],
         &flags,
     ));
+    let seed = at[0].mesh;
     procs.0.push(spawn_replica_with(
         tmp.path(),
         &certs,
         "r2",
-        &at[1],
-        &[at[0].mesh],
+        &mut at[1],
+        &[seed],
         &flags,
     ));
     procs.0.push(spawn_folder_agent(

@@ -58,7 +58,7 @@ fn query(cluster: &str) -> ReplicaQuery {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refs_resolve_against_each_clusters_published_templates() {
-    let Some(real) = dramesh_fakeapi::shared_fixtures("real/dra-example-driver") else {
+    let Some(real) = dramesh_testkit::fixtures("real/dra-example-driver") else {
         return;
     };
     let tmp = tempfile::tempdir().expect("tmp");

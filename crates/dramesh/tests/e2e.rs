@@ -128,11 +128,11 @@ async fn replicas_converge_and_answer_like_the_cli() {
     let mut procs = Procs::default();
     let mut replicas: Vec<ReplicaListen> = Vec::new();
     for id in ["r1", "r2", "r3"] {
-        let a = ReplicaListen::free();
+        let mut a = ReplicaListen::any();
         let seeds: Vec<SocketAddr> = replicas.first().map(|r| r.mesh).into_iter().collect();
         procs
             .0
-            .push(spawn_replica(tmp.path(), &certs, id, &a, &seeds));
+            .push(spawn_replica(tmp.path(), &certs, id, &mut a, &seeds));
         replicas.push(a);
     }
     let meshes: Vec<SocketAddr> = replicas.iter().map(|r| r.mesh).collect();

@@ -149,18 +149,18 @@ async fn a_replica_with_headroom_counts_what_new_karpenter_nodes_could_hold() {
     let tmp = tmp.path();
     let certs = tmp.join("certs");
     make_certs(&certs, &["r1", "r2"], &["gpu/_cluster".to_string()]);
-    let (a1, a2) = (ReplicaListen::free(), ReplicaListen::free());
+    let (mut a1, mut a2) = (ReplicaListen::any(), ReplicaListen::any());
     let mut with_flag = OPEN_API.to_vec();
     with_flag.push("--estimate-autoscaler-headroom");
     let mut procs = Procs::default();
     procs
         .0
-        .push(spawn_replica_with(tmp, &certs, "r1", &a1, &[], &with_flag));
+        .push(spawn_replica_with(tmp, &certs, "r1", &mut a1, &[], &with_flag));
     procs.0.push(spawn_replica_with(
         tmp,
         &certs,
         "r2",
-        &a2,
+        &mut a2,
         &[a1.mesh],
         OPEN_API,
     ));

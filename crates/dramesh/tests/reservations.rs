@@ -133,13 +133,17 @@ fn concurrent_reservations_resolve_identically_on_every_replica() {
     make_certs(&certs, &["r1", "r2", "r3"], &["gpu/_cluster".to_string()]);
 
     let ids = ["r1", "r2", "r3"];
-    let replicas: Vec<ReplicaListen> = ids.iter().map(|_| ReplicaListen::free()).collect();
+    let mut replicas: Vec<ReplicaListen> = ids.iter().map(|_| ReplicaListen::any()).collect();
     let mut procs = Procs::default();
     // r1 and r2 cannot reach each other until r3 joins.
     for i in 0..2 {
-        procs
-            .0
-            .push(spawn_replica(tmp.path(), &certs, ids[i], &replicas[i], &[]));
+        procs.0.push(spawn_replica(
+            tmp.path(),
+            &certs,
+            ids[i],
+            &mut replicas[i],
+            &[],
+        ));
     }
     let first_two: Vec<SocketAddr> = replicas[..2].iter().map(|r| r.mesh).collect();
     procs.0.push(spawn_folder_agent(
@@ -191,12 +195,13 @@ fn concurrent_reservations_resolve_identically_on_every_replica() {
     assert_eq!(gpu_estimate(replicas[1].http), Some(2));
 
     // r3 joins with both as seeds; the mesh merges the reservation documents.
+    let seeds = [replicas[0].mesh, replicas[1].mesh];
     procs.0.push(spawn_replica(
         tmp.path(),
         &certs,
         "r3",
-        &replicas[2],
-        &[replicas[0].mesh, replicas[1].mesh],
+        &mut replicas[2],
+        &seeds,
     ));
     let t0 = Instant::now();
     let want = vec![

@@ -114,13 +114,13 @@ fn dramesh_retire_speaks_tls_with_a_client_certificate() {
         "admin",
     ]);
     let file = |name: &str| certs.join(name).display().to_string();
-    let at = common::ReplicaListen::free();
+    let mut at = common::ReplicaListen::any();
     let mut procs = common::Procs::default();
     procs.0.push(common::spawn_replica_with(
         tmp,
         &certs,
         "r1",
-        &at,
+        &mut at,
         &[],
         &[
             "--api-cert",

@@ -55,8 +55,7 @@ fn binding(name: &str, scheduler: &str) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_with_the_scheduler_role_schedule_bindings_that_name_them() {
     let fake = FakeApi::start().await;
-    if !fake.validates_karmada_crds() {
-        eprintln!("skipped: ../shared/fixtures/karmada/crds is absent, writes cannot be validated");
+    if dramesh_testkit::fixtures(dramesh_testkit::KARMADA_CRDS).is_none() {
         return;
     }
     fake.apply(cluster("big"));
@@ -143,7 +142,7 @@ fn write_kubeconfig(tmp: &Path, fake: &FakeApi) -> String {
 /// `extra` arguments.
 fn replica_command(tmp: &std::path::Path, extra: &[&str]) -> Command {
     let certs = tmp.join("certs");
-    let at = ReplicaListen::free();
+    let at = ReplicaListen::any();
     let file = |f: &str| certs.join(f).display().to_string();
     let mut cmd = Command::new(BIN);
     cmd.args(["replica", "--id", "r1", "--api-insecure"])
@@ -322,12 +321,7 @@ struct Mesh {
 impl Mesh {
     async fn start() -> Option<Mesh> {
         let fake = FakeApi::start().await;
-        if !fake.validates_karmada_crds() {
-            eprintln!(
-                "skipped: ../shared/fixtures/karmada/crds is absent, writes cannot be validated"
-            );
-            return None;
-        }
+        dramesh_testkit::fixtures(dramesh_testkit::KARMADA_CRDS)?;
         apply_karmada_fleet(&fake);
         let tmp = tempfile::tempdir().expect("tmp");
         let kubeconfig = write_kubeconfig(tmp.path(), &fake);

@@ -145,8 +145,7 @@ fn events(fake: &FakeApi, binding: &str, reason: &str) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_high_priority_gpu_binding_evicts_a_lower_one_and_lands() {
     let fake = FakeApi::start().await;
-    if !fake.validates_karmada_crds() {
-        eprintln!("skipped: ../shared/fixtures/karmada/crds is absent, writes cannot be validated");
+    if dramesh_testkit::fixtures(dramesh_testkit::KARMADA_CRDS).is_none() {
         return;
     }
     fake.apply(cluster("gpu"));

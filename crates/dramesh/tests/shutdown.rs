@@ -50,11 +50,11 @@ fn replica_exits_within_5s_of_sigterm_with_requests_in_flight() {
     let tmp = tempfile::tempdir().expect("tmp");
     let certs = tmp.path().join("certs");
     make_certs(&certs, &["r1"], &[]);
-    let at = ReplicaListen::free();
+    let mut at = ReplicaListen::any();
     let mut procs = Procs::default();
     procs
         .0
-        .push(spawn_replica(tmp.path(), &certs, "r1", &at, &[]));
+        .push(spawn_replica(tmp.path(), &certs, "r1", &mut at, &[]));
     wait_for("replica /healthz", Duration::from_secs(30), || {
         healthy(at.http).then_some(())
     });
@@ -91,11 +91,11 @@ fn agent_exits_within_5s_of_sigterm_while_its_replica_is_frozen() {
     let tmp = tempfile::tempdir().expect("tmp");
     let certs = tmp.path().join("certs");
     make_certs(&certs, &["r1"], &["c1/_cluster".to_string()]);
-    let at = ReplicaListen::free();
+    let mut at = ReplicaListen::any();
     let mut procs = Procs::default();
     procs
         .0
-        .push(spawn_replica(tmp.path(), &certs, "r1", &at, &[]));
+        .push(spawn_replica(tmp.path(), &certs, "r1", &mut at, &[]));
     wait_for("replica /healthz", Duration::from_secs(30), || {
         healthy(at.http).then_some(())
     });
@@ -150,13 +150,13 @@ fn replica_healthz_answers_with_idle_connections_beyond_its_cap() {
     let tmp = tempfile::tempdir().expect("tmp");
     let certs = tmp.path().join("certs");
     make_certs(&certs, &["r1"], &[]);
-    let at = ReplicaListen::free();
+    let mut at = ReplicaListen::any();
     let mut procs = Procs::default();
     procs.0.push(spawn_replica_with(
         tmp.path(),
         &certs,
         "r1",
-        &at,
+        &mut at,
         &[],
         &[
             "--max-http-connections",

@@ -23,6 +23,22 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use tokio::sync::oneshot;
 
+/// Polls `cond` every 10 ms until it holds; panics naming `what` after `limit`.
+pub(crate) async fn wait_until(
+    what: &str,
+    limit: std::time::Duration,
+    mut cond: impl FnMut() -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + limit;
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not within {limit:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 pub(crate) struct Running {
     pub(crate) addr: SocketAddr,
     pub(crate) state: ApiState,

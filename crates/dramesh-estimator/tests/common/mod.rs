@@ -63,25 +63,10 @@ pub fn view_of(cluster: &str, objs: Vec<ClusterObject>) -> View {
     v
 }
 
-/// `shared/fixtures/real` in the nearest ancestor of this crate that has one (the
-/// repository's `../shared`, also from a git worktree nested deeper), or `None` (with a
-/// message) when there is none; with `CI` set a missing folder fails the test.
+/// `shared/fixtures/real` in the nearest ancestor that has one, or `None` (with a message);
+/// with `CI` set a missing folder fails the test (`dramesh_testkit::fixtures`).
 pub fn real() -> Option<std::path::PathBuf> {
-    let found = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .map(|a| a.join("shared/fixtures/real"))
-        .find(|d| d.is_dir());
-    if found.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "shared/fixtures/real is absent and CI is set"
-        );
-        eprintln!(
-            "skipping: no shared/fixtures/real above {}",
-            env!("CARGO_MANIFEST_DIR")
-        );
-    }
-    found
+    dramesh_testkit::fixtures(dramesh_testkit::REAL)
 }
 
 /// Every manifest of `files`, in order.

@@ -227,8 +227,7 @@ fn setup(fake: &FakeApi) {
 #[tokio::test]
 async fn bindings_land_where_devices_fit_keep_clusters_and_survive_conflicts() {
     let fake = FakeApi::start().await;
-    if !fake.validates_karmada_crds() {
-        eprintln!("skipped: ../shared/fixtures/karmada/crds is absent, writes cannot be validated");
+    if dramesh_testkit::fixtures(dramesh_testkit::KARMADA_CRDS).is_none() {
         return;
     }
     let st = state("r1");
@@ -332,8 +331,7 @@ async fn bindings_land_where_devices_fit_keep_clusters_and_survive_conflicts() {
 #[tokio::test]
 async fn a_cluster_turning_not_ready_moves_the_replicas() {
     let fake = FakeApi::start().await;
-    if !fake.validates_karmada_crds() {
-        eprintln!("skipped: ../shared/fixtures/karmada/crds is absent, writes cannot be validated");
+    if dramesh_testkit::fixtures(dramesh_testkit::KARMADA_CRDS).is_none() {
         return;
     }
     let st = state("r1");
@@ -365,8 +363,7 @@ async fn a_cluster_turning_not_ready_moves_the_replicas() {
 #[tokio::test]
 async fn a_binding_that_fits_nowhere_is_no_cluster_fit() {
     let fake = FakeApi::start().await;
-    if !fake.validates_karmada_crds() {
-        eprintln!("skipped: ../shared/fixtures/karmada/crds is absent, writes cannot be validated");
+    if dramesh_testkit::fixtures(dramesh_testkit::KARMADA_CRDS).is_none() {
         return;
     }
     let st = state("r1");
@@ -446,8 +443,7 @@ fn bridge(
 #[tokio::test]
 async fn nothing_is_decided_before_the_clusters_are_listed() {
     let fake = FakeApi::start().await;
-    if !fake.validates_karmada_crds() {
-        eprintln!("skipped: ../shared/fixtures/karmada/crds is absent, writes cannot be validated");
+    if dramesh_testkit::fixtures(dramesh_testkit::KARMADA_CRDS).is_none() {
         return;
     }
     let st = state("r1");
@@ -485,8 +481,7 @@ async fn two_replicas_writing_first_take_back_what_does_not_fit_within_the_settl
 /// settles to what fits and stays there.
 async fn compete(confirm: Confirm) {
     let fake = FakeApi::start().await;
-    if !fake.validates_karmada_crds() {
-        eprintln!("skipped: ../shared/fixtures/karmada/crds is absent, writes cannot be validated");
+    if dramesh_testkit::fixtures(dramesh_testkit::KARMADA_CRDS).is_none() {
         return;
     }
     let (a, b) = (state("ra"), state("rb"));
@@ -582,8 +577,7 @@ async fn compete(confirm: Confirm) {
 #[tokio::test]
 async fn a_cluster_resource_binding_of_a_non_workload_goes_to_every_matching_cluster() {
     let fake = FakeApi::start().await;
-    if !fake.validates_karmada_crds() {
-        eprintln!("skipped: ../shared/fixtures/karmada/crds is absent, writes cannot be validated");
+    if dramesh_testkit::fixtures(dramesh_testkit::KARMADA_CRDS).is_none() {
         return;
     }
     let st = state("r1");
@@ -623,8 +617,7 @@ async fn a_cluster_resource_binding_of_a_non_workload_goes_to_every_matching_clu
 #[tokio::test]
 async fn a_stale_verdict_is_not_written_over_a_newer_decision() {
     let fake = FakeApi::start().await;
-    if !fake.validates_karmada_crds() {
-        eprintln!("skipped: ../shared/fixtures/karmada/crds is absent, writes cannot be validated");
+    if dramesh_testkit::fixtures(dramesh_testkit::KARMADA_CRDS).is_none() {
         return;
     }
     // No free GPU on this replica's view: its verdict is Unschedulable (a status write only).

@@ -8,7 +8,7 @@
 use std::ffi::OsStr;
 use std::fmt::Debug;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
@@ -397,20 +397,6 @@ impl Drop for Procs {
     }
 }
 
-/// A loopback address with a TCP port free at the time of the call.
-pub(crate) fn tcp_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free tcp port")
-}
-
-/// A loopback address with a UDP port free at the time of the call (QUIC mesh listeners).
-pub(crate) fn udp_addr() -> SocketAddr {
-    UdpSocket::bind("127.0.0.1:0")
-        .and_then(|s| s.local_addr())
-        .expect("free udp port")
-}
-
 /// `dramesh certs --out out` for the replica ids and `cluster/agent` names.
 pub(crate) fn make_certs(out: &Path, replicas: &[&str], agents: &[String]) {
     let mut args = vec![
@@ -427,17 +413,22 @@ pub(crate) fn make_certs(out: &Path, replicas: &[&str], agents: &[String]) {
     run_ok(&args);
 }
 
-/// Spawns `cmd` with the mesh identity `<certs>/<stem>.{crt,key}` and the CA of
-/// `dramesh certs`, logging warnings to the test's stderr.
-fn spawn_meshed(mut cmd: Command, certs: &Path, stem: &str) -> Child {
+/// Adds the mesh identity `<certs>/<stem>.{crt,key}` and the CA of `dramesh certs` to `cmd`,
+/// which logs warnings to the test's stderr.
+fn meshed(cmd: &mut Command, certs: &Path, stem: &str) {
     let cert = |stem: &str, ext: &str| certs.join(format!("{stem}.{ext}")).display().to_string();
     cmd.args(["--mesh-cert", &cert(stem, "crt")])
         .args(["--mesh-key", &cert(stem, "key")])
         .args(["--mesh-ca", &cert("ca", "crt")])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
+        .stderr(Stdio::inherit());
+}
+
+/// Spawns `cmd` with the mesh identity of [`meshed`].
+fn spawn_meshed(mut cmd: Command, certs: &Path, stem: &str) -> Child {
+    meshed(&mut cmd, certs, stem);
+    cmd.spawn()
         .unwrap_or_else(|e| panic!("spawn dramesh {stem}: {e}"))
 }
 
@@ -450,14 +441,84 @@ pub(crate) struct ReplicaListen {
 }
 
 impl ReplicaListen {
-    /// Free loopback ports.
-    pub(crate) fn free() -> ReplicaListen {
+    /// Port 0 on loopback for every listener: the replica binds them and
+    /// [`spawn_replica_with`] reads back the ports it got. (No port is picked by binding and
+    /// releasing it, which another process could take before the replica binds it.)
+    pub(crate) fn any() -> ReplicaListen {
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
         ReplicaListen {
-            mesh: udp_addr(),
-            http: tcp_addr(),
-            grpc: tcp_addr(),
+            mesh: any,
+            http: any,
+            grpc: any,
         }
     }
+
+    /// The addresses of the replica's `replica started ... mesh=A http=A grpc=A` log line.
+    fn from_started_line(line: &str) -> Option<ReplicaListen> {
+        let field = |name: &str| -> Option<SocketAddr> {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(name)?.strip_prefix('='))?
+                .parse()
+                .ok()
+        };
+        Some(ReplicaListen {
+            mesh: field("mesh")?,
+            http: field("http")?,
+            grpc: field("grpc")?,
+        })
+    }
+}
+
+/// Waits (at most 60 s) for the `replica started` line of `child` (a replica logging at
+/// info), forwarding its stderr to the test's: the addresses it bound, or everything it
+/// printed before it exited.
+fn replica_started(child: &mut Child) -> Result<ReplicaListen, String> {
+    let stderr = child.stderr.take().expect("piped stderr");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        // Read to the end even after the start, so the replica never blocks on a full pipe.
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            eprintln!("{line}");
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut seen = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                if line.contains("replica started")
+                    && let Some(at) = ReplicaListen::from_started_line(&line)
+                {
+                    return Ok(at);
+                }
+                seen.push(line);
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
+                return Err(format!("exited ({status}): {}", seen.join("\n")));
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("no start within 60 s: {}", seen.join("\n")));
+            }
+        }
+    }
+}
+
+#[test]
+fn started_lines_parse() {
+    let line = "2026-11-28T02:14:57Z  INFO dramesh_replica::runner: replica started replica=r0 \
+                mesh=127.0.0.1:43831 http=127.0.0.1:38511 grpc=127.0.0.1:40685 api_tls=false";
+    let at = ReplicaListen::from_started_line(line).expect("parsed");
+    assert_eq!(
+        (at.mesh.port(), at.http.port(), at.grpc.port()),
+        (43831, 38511, 40685)
+    );
+    assert!(ReplicaListen::from_started_line("replica started replica=r0 mesh=x").is_none());
 }
 
 /// Lets every caller, anonymous included, read and write: for the tests of what a replica
@@ -465,40 +526,64 @@ impl ReplicaListen {
 pub(crate) const OPEN_API: &[&str] = &["--api-writers", "group:system:unauthenticated"];
 
 /// `dramesh replica --id id` with the certificates of `make_certs`, its data in `data/<id>`,
-/// joining the mesh through `seeds`; plaintext APIs open to anyone ([`OPEN_API`]).
+/// joining the mesh through `seeds`; plaintext APIs open to anyone ([`OPEN_API`]). Returns
+/// once it has started, with `at` set to the addresses it bound (see [`spawn_replica_with`]).
 pub(crate) fn spawn_replica(
     data: &Path,
     certs: &Path,
     id: &str,
-    at: &ReplicaListen,
+    at: &mut ReplicaListen,
     seeds: &[SocketAddr],
 ) -> Child {
     spawn_replica_with(data, certs, id, at, seeds, OPEN_API)
 }
 
 /// `dramesh replica` with `extra` arguments; `--api-insecure` unless they name `--api-cert`.
+/// Listens where `at` says ([`ReplicaListen::any`] for ports the replica binds itself), and
+/// returns once the replica logged its start, with `at` set to the addresses it bound. A
+/// restart on the ports a replica had before can find one taken meanwhile by another socket:
+/// a start that fails with EADDRINUSE is retried for up to 10 s.
 pub(crate) fn spawn_replica_with(
     data: &Path,
     certs: &Path,
     id: &str,
-    at: &ReplicaListen,
+    at: &mut ReplicaListen,
     seeds: &[SocketAddr],
     extra: &[&str],
 ) -> Child {
     let stem = format!("replica-{id}");
-    let mut cmd = Command::new(BIN);
-    cmd.args(["replica", "--id", id]).args(extra);
-    if !extra.contains(&"--api-cert") {
-        cmd.arg("--api-insecure");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["replica", "--id", id]).args(extra);
+        if !extra.contains(&"--api-cert") {
+            cmd.arg("--api-insecure");
+        }
+        cmd.args(["--listen-mesh", &at.mesh.to_string()])
+            .args(["--api", &at.http.to_string()])
+            .args(["--grpc", &at.grpc.to_string()])
+            .args(["--data-dir", &data.join(id).display().to_string()]);
+        for s in seeds {
+            cmd.args(["--seed", &s.to_string()]);
+        }
+        meshed(&mut cmd, certs, &stem);
+        // The start line is logged at info.
+        cmd.env("RUST_LOG", "warn,dramesh_replica::runner=info")
+            .stderr(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn dramesh {stem}: {e}"));
+        match replica_started(&mut child) {
+            Ok(bound) => {
+                *at = bound;
+                return child;
+            }
+            Err(e) if e.contains("Address already in use") && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => panic!("replica {id} did not start: {e}"),
+        }
     }
-    cmd.args(["--listen-mesh", &at.mesh.to_string()])
-        .args(["--api", &at.http.to_string()])
-        .args(["--grpc", &at.grpc.to_string()])
-        .args(["--data-dir", &data.join(id).display().to_string()]);
-    for s in seeds {
-        cmd.args(["--seed", &s.to_string()]);
-    }
-    spawn_meshed(cmd, certs, &stem)
 }
 
 /// `dramesh agent` named `_cluster` (the whole-cluster publisher) for `cluster`, publishing the folder `dir` to the replicas'
@@ -606,16 +691,16 @@ impl TwoReplicas {
         let certs = tmp.join("certs");
         let agents: Vec<String> = clusters.iter().map(|c| format!("{c}/_cluster")).collect();
         make_certs(&certs, &["r1", "r2"], &agents);
-        let (r1, r2) = (ReplicaListen::free(), ReplicaListen::free());
+        let (mut r1, mut r2) = (ReplicaListen::any(), ReplicaListen::any());
         let mut procs = Procs::default();
         procs
             .0
-            .push(spawn_replica_with(tmp, &certs, "r1", &r1, &[], extra));
+            .push(spawn_replica_with(tmp, &certs, "r1", &mut r1, &[], extra));
         procs.0.push(spawn_replica_with(
             tmp,
             &certs,
             "r2",
-            &r2,
+            &mut r2,
             &[r1.mesh],
             extra,
         ));
@@ -659,8 +744,8 @@ impl TwoReplicas {
     pub(crate) fn restart_r2(&mut self, tmp: &Path) {
         self.kill(1);
         let args: Vec<&str> = self.extra.iter().map(String::as_str).collect();
-        self.procs.0[1] =
-            spawn_replica_with(tmp, &self.certs, "r2", &self.r2, &[self.r1.mesh], &args);
+        let seeds = [self.r1.mesh];
+        self.procs.0[1] = spawn_replica_with(tmp, &self.certs, "r2", &mut self.r2, &seeds, &args);
     }
 }
 
@@ -696,13 +781,15 @@ impl Replicas {
         let certs = tmp.join("certs");
         let agents: Vec<String> = clusters.iter().map(|c| format!("{c}/_cluster")).collect();
         make_certs(&certs, ids, &agents);
-        let at: Vec<ReplicaListen> = ids.iter().map(|_| ReplicaListen::free()).collect();
+        let mut at: Vec<ReplicaListen> = Vec::new();
         let mut procs = Procs::default();
-        for (i, id) in ids.iter().enumerate() {
-            let seeds: Vec<SocketAddr> = at.iter().take(i.min(1)).map(|a| a.mesh).collect();
-            procs
-                .0
-                .push(spawn_replica_with(tmp, &certs, id, &at[i], &seeds, extra));
+        for id in ids {
+            let seeds: Vec<SocketAddr> = at.iter().take(1).map(|a| a.mesh).collect();
+            let mut bound = ReplicaListen::any();
+            procs.0.push(spawn_replica_with(
+                tmp, &certs, id, &mut bound, &seeds, extra,
+            ));
+            at.push(bound);
         }
         Replicas {
             certs,

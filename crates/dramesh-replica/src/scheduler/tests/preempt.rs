@@ -76,10 +76,7 @@ fn pods_leave(st: &ReplicaState, i: usize, owner: &str) {
 /// c0 and c1 (8 GPUs each) filled by the loop with `train-0` (priority 0) and `train-1`
 /// (priority 100), 4 replicas of each on each cluster, their pods running.
 async fn full_fleet(fake: &FakeApi) -> Option<(Arc<ReplicaState>, Running)> {
-    if !fake.validates_karmada_crds() {
-        eprintln!("skipped: ../shared/fixtures/karmada/crds is absent, writes cannot be validated");
-        return None;
-    }
+    dramesh_testkit::fixtures(dramesh_testkit::KARMADA_CRDS)?;
     let st = state("r1");
     publish(&st, 0, 0, None);
     publish(&st, 1, 0, None);

@@ -153,9 +153,14 @@ async fn a_replica_with_headroom_counts_what_new_karpenter_nodes_could_hold() {
     let mut with_flag = OPEN_API.to_vec();
     with_flag.push("--estimate-autoscaler-headroom");
     let mut procs = Procs::default();
-    procs
-        .0
-        .push(spawn_replica_with(tmp, &certs, "r1", &mut a1, &[], &with_flag));
+    procs.0.push(spawn_replica_with(
+        tmp,
+        &certs,
+        "r1",
+        &mut a1,
+        &[],
+        &with_flag,
+    ));
     procs.0.push(spawn_replica_with(
         tmp,
         &certs,

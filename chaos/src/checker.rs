@@ -122,6 +122,22 @@ pub enum Violation {
         /// The retired cluster.
         cluster: String,
     },
+    /// The replica listed a retired cluster again after it had dropped it (while the
+    /// tombstone was held).
+    RetiredClusterBack {
+        /// The replica.
+        replica: String,
+        /// The retired cluster.
+        cluster: String,
+        /// When it was listed again (ms since the scenario started).
+        at_ms: u64,
+    },
+    /// The hold of a tombstone proved nothing: the retired cluster's agent never rolled over
+    /// while it was held.
+    HoldUnproven {
+        /// What was seen.
+        detail: String,
+    },
     /// The replica lacks a cluster the final files have.
     MissingCluster {
         /// The replica.
@@ -229,6 +245,8 @@ impl Violation {
             Violation::Unreachable { .. }
                 | Violation::MissingCluster { .. }
                 | Violation::RetiredClusterListed { .. }
+                | Violation::RetiredClusterBack { .. }
+                | Violation::HoldUnproven { .. }
                 | Violation::LostWrite { .. }
                 | Violation::StaleObject { .. }
                 | Violation::LostDelete { .. }
@@ -251,6 +269,15 @@ impl fmt::Display for Violation {
             Violation::MissingCluster { replica, cluster } => {
                 write!(f, "{replica}: cluster {cluster} absent")
             }
+            Violation::RetiredClusterBack {
+                replica,
+                cluster,
+                at_ms,
+            } => write!(
+                f,
+                "{replica}: retired cluster {cluster} listed again at {at_ms} ms after it was dropped"
+            ),
+            Violation::HoldUnproven { detail } => write!(f, "tombstone hold unproven: {detail}"),
             Violation::RetiredClusterListed { replica, cluster } => {
                 write!(f, "{replica}: retired cluster {cluster} still listed")
             }

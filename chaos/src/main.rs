@@ -58,6 +58,10 @@ enum Cmd {
         /// Override the warm-up convergence timeout only (ms); wins over --converge-timeout-ms.
         #[arg(long)]
         warmup_timeout_ms: Option<u64>,
+        /// Changes per second the workload driver makes, instead of the profile's (or the
+        /// scenario's) rate. Each change rewrites only the files of the kinds it touched.
+        #[arg(long)]
+        write_rate: Option<f64>,
     },
     /// Removes every dmc-* namespace and dmcb*/dmv* link (idempotent).
     Cleanup,
@@ -239,6 +243,7 @@ fn real_main() -> Result<ExitCode> {
             fault_ms,
             converge_timeout_ms,
             warmup_timeout_ms,
+            write_rate,
         } => {
             sys::install_signal_handlers();
             let mut prof = Profile::named(&profile)?;
@@ -284,6 +289,7 @@ fn real_main() -> Result<ExitCode> {
                 seed,
                 replica_extra_args: replica_args,
                 agents_home_only,
+                write_rate,
             };
             let mut results = Vec::new();
             for sc in &chosen {

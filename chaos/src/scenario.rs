@@ -25,7 +25,7 @@ use crate::http;
 use crate::net::{Impairment, Lab};
 use crate::report::{self, ScenarioResult};
 use crate::sys;
-use crate::workload::Workload;
+use crate::workload::{Mix, Workload};
 
 /// Names of the three replicas.
 pub const REPLICAS: [&str; 3] = ["r1", "r2", "r3"];
@@ -83,6 +83,25 @@ pub enum Fault {
         via: String,
         /// Index of the retired cluster (and its agent host) in the fleet.
         cluster: usize,
+    },
+    /// At the start (after cutting `partition`, if any) the cluster of agent host
+    /// `AGENTS[cluster]` is retired through replica `via`, while the driver changes every
+    /// cluster, the retired one included, `write_rate` times a second ([`Mix::Churn`]): the
+    /// retired cluster's agent keeps publishing and rolling its document over. The tombstone
+    /// is then held for `hold_ms` after the heal, changes going on: a replica that has dropped
+    /// the cluster must never list it again (sampled every 500 ms from the retirement to the
+    /// end), and the agent must have rolled over during the hold, or the hold proves nothing.
+    RetireUnderLoad {
+        /// Both directions cut between these two sides for the fault window, if given.
+        partition: Option<(Vec<String>, Vec<String>)>,
+        /// The replica asked to retire it.
+        via: String,
+        /// Index of the retired cluster (and its agent host) in the fleet.
+        cluster: usize,
+        /// Changes per second the driver makes, from the retirement to the end of the hold.
+        write_rate: f64,
+        /// How long the tombstone is held after the heal.
+        hold_ms: u64,
     },
     /// The replica runs with its wall clock shifted by `offset` (libfaketime syntax).
     ClockShift {
@@ -178,6 +197,28 @@ pub fn all_scenarios(fault_ms: u64) -> Vec<Scenario> {
             },
         },
         Scenario {
+            name: "retire-under-load",
+            about: "a2's cluster retired through r1 while the driver makes 220 changes/s, a2's included; held 60 s",
+            fault: Fault::RetireUnderLoad {
+                partition: None,
+                via: "r1".into(),
+                cluster: 2,
+                write_rate: 220.0,
+                hold_ms: 60_000,
+            },
+        },
+        Scenario {
+            name: "retire-under-load-partition",
+            about: "r1+a0 | r2+r3+a1+a2; a2's cluster retired through r1 at 220 changes/s, a2's included; held 60 s after the heal",
+            fault: Fault::RetireUnderLoad {
+                partition: Some((hosts(&["r1", "a0"]), hosts(&["r2", "r3", "a1", "a2"]))),
+                via: "r1".into(),
+                cluster: 2,
+                write_rate: 220.0,
+                hold_ms: 60_000,
+            },
+        },
+        Scenario {
             name: "clock-shift",
             about: "r3's wall clock runs 2 h ahead (libfaketime; monotonic clock untouched)",
             fault: Fault::ClockShift {
@@ -259,6 +300,8 @@ pub struct RunOptions {
     pub replica_extra_args: Vec<String>,
     /// Each agent talks to its home replica only.
     pub agents_home_only: bool,
+    /// Changes per second the driver makes, instead of the profile's (or the scenario's) rate.
+    pub write_rate: Option<f64>,
 }
 
 /// A scenario's own seed: the run seed mixed with the scenario name.
@@ -522,13 +565,22 @@ pub fn run_scenario(sc: &Scenario, profile: &Profile, opts: &RunOptions) -> Resu
         }));
     }
     let outcome = play_fault(
-        sc, profile, &mut lab, &mut fleet, &mut wl, t0, seed, &mut notes,
+        sc,
+        profile,
+        opts.write_rate,
+        &mut lab,
+        &mut fleet,
+        &mut wl,
+        t0,
+        seed,
+        &mut notes,
     );
     stop.store(true, Ordering::SeqCst);
     for t in threads {
         let _ = t.join();
     }
-    let (fault_window, down, isolations, bytes_before, veth_before, metrics_before) = outcome?;
+    let (fault_window, down, isolations, bytes_before, veth_before, metrics_before, held) =
+        outcome?;
 
     let expected = wl.expected()?;
     let lw = wl.last_writes();
@@ -557,6 +609,7 @@ pub fn run_scenario(sc: &Scenario, profile: &Profile, opts: &RunOptions) -> Resu
         down,
         isolations,
     };
+    violations.extend(held);
     violations.extend(checker::check_queries(&hosts(&REPLICAS), &queries, &policy));
     fleet.stop_all();
     drop(fleet);
@@ -590,12 +643,122 @@ type FaultOutcome = (
     u64,
     u64,
     BTreeMap<String, u64>,
+    Vec<Violation>,
 );
+
+/// Retires cluster `AGENTS[cluster]`'s cluster through replica `via`; returns its name and
+/// the time of the retirement (`retiredAtMs`).
+fn retire(fleet: &Fleet, wl: &mut Workload, via: &str, cluster: usize) -> Result<(String, u64)> {
+    let name = wl
+        .cluster_names()
+        .get(cluster)
+        .cloned()
+        .with_context(|| format!("retire: the fleet has no cluster #{cluster}"))?;
+    let addr = *fleet
+        .api
+        .get(via)
+        .with_context(|| format!("retire: no replica {via}"))?;
+    let r = http::request(
+        addr,
+        "DELETE",
+        &format!("/v1/clusters/{name}"),
+        None,
+        Duration::from_secs(5),
+    )?;
+    if r.status != 200 {
+        bail!(
+            "retire {name} through {via}: HTTP {}: {}",
+            r.status,
+            String::from_utf8_lossy(&r.body)
+        );
+    }
+    let at = r
+        .json()
+        .ok()
+        .and_then(|v| v["retiredAtMs"].as_u64())
+        .with_context(|| format!("retire {name} through {via}: no retiredAtMs in the answer"))?;
+    wl.retire(&name)?;
+    Ok((name, at))
+}
+
+/// The generation of the one document in the data directory `dir` of an agent: its file's
+/// header (`"generation":<n>`), if readable now.
+pub fn agent_generation(dir: &Path) -> Option<u64> {
+    for entry in std::fs::read_dir(dir).ok()? {
+        let path = entry.ok()?.path();
+        if path.extension().is_some_and(|e| e == "amdoc") {
+            let mut head = vec![0u8; 1024];
+            let n = std::io::Read::read(&mut std::fs::File::open(&path).ok()?, &mut head).ok()?;
+            let head = String::from_utf8_lossy(&head[..n]).to_string();
+            let at = head.find("\"generation\":")? + "\"generation\":".len();
+            let digits: String = head[at..].chars().take_while(char::is_ascii_digit).collect();
+            return digits.parse().ok();
+        }
+    }
+    None
+}
+
+/// What the tombstone watch of [`Fault::RetireUnderLoad`] saw.
+#[derive(Default)]
+struct HoldWatch {
+    /// Replicas that have dropped the retired cluster.
+    dropped: std::collections::BTreeSet<String>,
+    /// Listed again after being dropped.
+    back: Vec<Violation>,
+    /// Generations of the retired agent's document begun after the retirement, with when
+    /// (ms since the scenario started) each was first seen.
+    generations: BTreeMap<u64, u64>,
+}
+
+/// Samples every 500 ms, until `stop`: which replicas list `cluster` (one that has dropped it
+/// and lists it again is a violation), and the generation of its agent's document (`dir`).
+fn watch_hold(
+    api: BTreeMap<String, SocketAddr>,
+    cluster: String,
+    dir: PathBuf,
+    retired_at_ms: u64,
+    t0: Instant,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<HoldWatch> {
+    std::thread::spawn(move || {
+        let mut w = HoldWatch::default();
+        while !stop.load(Ordering::SeqCst) {
+            let at_ms = t0.elapsed().as_millis() as u64;
+            if let Some(g) = agent_generation(&dir).filter(|g| *g > retired_at_ms) {
+                w.generations.entry(g).or_insert(at_ms);
+            }
+            for (r, a) in &api {
+                let Ok(v) = http::request(*a, "GET", "/v1/status", None, Duration::from_secs(2))
+                    .and_then(|r| r.json())
+                else {
+                    continue;
+                };
+                let listed = v["clusters"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["name"].as_str() == Some(cluster.as_str()));
+                if !listed {
+                    w.dropped.insert(r.clone());
+                } else if w.dropped.remove(r) {
+                    w.back.push(Violation::RetiredClusterBack {
+                        replica: r.clone(),
+                        cluster: cluster.clone(),
+                        at_ms,
+                    });
+                }
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        w
+    })
+}
 
 #[allow(clippy::too_many_arguments)]
 fn play_fault(
     sc: &Scenario,
     profile: &Profile,
+    write_rate: Option<f64>,
     lab: &mut Lab,
     fleet: &mut Fleet,
     wl: &mut Workload,
@@ -615,35 +778,47 @@ fn play_fault(
     // (process, restart due, killed at, is replica)
     let mut pending_restart: Option<(String, Instant, Instant, bool)> = None;
     let mut awaiting_ready: Option<(String, Instant)> = None;
+    let watch_stop = Arc::new(AtomicBool::new(false));
+    let mut watch: Option<(String, std::thread::JoinHandle<HoldWatch>)> = None;
+    let (scenario_rate, hold_ms) = match &sc.fault {
+        Fault::RetireUnderLoad {
+            write_rate,
+            hold_ms,
+            ..
+        } => (Some(*write_rate), *hold_ms),
+        _ => (None, 0),
+    };
+    let interval = match write_rate.or(scenario_rate) {
+        Some(r) if r > 0.0 => Duration::from_secs_f64(1.0 / r),
+        _ => Duration::from_millis(profile.write_interval_ms),
+    };
+    let writes_before = wl.changes.len();
     match &sc.fault {
         Fault::Partition { a, b } => lab.partition(a, b)?,
         Fault::RetireInPartition { a, b, via, cluster } => {
             lab.partition(a, b)?;
-            let name = wl
-                .cluster_names()
-                .get(*cluster)
-                .cloned()
-                .with_context(|| format!("retire: the fleet has no cluster #{cluster}"))?;
-            let addr = *fleet
-                .api
-                .get(via)
-                .with_context(|| format!("retire: no replica {via}"))?;
-            let r = http::request(
-                addr,
-                "DELETE",
-                &format!("/v1/clusters/{name}"),
-                None,
-                Duration::from_secs(5),
-            )?;
-            if r.status != 200 {
-                bail!(
-                    "retire {name} through {via}: HTTP {}: {}",
-                    r.status,
-                    String::from_utf8_lossy(&r.body)
-                );
-            }
-            wl.retire(&name)?;
+            let (name, _) = retire(fleet, wl, via, *cluster)?;
             notes.push(format!("retired {name} through {via}"));
+        }
+        Fault::RetireUnderLoad {
+            partition,
+            via,
+            cluster,
+            write_rate: _,
+            hold_ms: _,
+        } => {
+            if let Some((a, b)) = partition {
+                lab.partition(a, b)?;
+            }
+            let (name, at) = retire(fleet, wl, via, *cluster)?;
+            wl.mix = Mix::Churn;
+            wl.write_retired = true;
+            let dir = fleet.data_dir(AGENTS[*cluster]);
+            watch = Some((
+                name.clone(),
+                watch_hold(fleet.api.clone(), name.clone(), dir, at, t0, watch_stop.clone()),
+            ));
+            notes.push(format!("retired {name} through {via} at {at} ms since the epoch"));
         }
         Fault::OneWay { from, to } => {
             for f in from {
@@ -689,13 +864,26 @@ fn play_fault(
     }
     let fault_end = fault_start + Duration::from_millis(profile.fault_ms);
     let mut next_write = Instant::now();
+    // At hundreds of changes a second the writes due are caught up in bursts (at most 50 per
+    // round, so restarts stay on time); the tick is shorter than the write interval.
+    let tick = Duration::from_millis(20).min(interval / 2).max(Duration::from_millis(1));
+    let mut write_due = |wl: &mut Workload, now: Instant| -> Result<()> {
+        let mut n = 0;
+        while now >= next_write && n < 50 {
+            wl.step(ms(now))?;
+            next_write += interval;
+            n += 1;
+        }
+        if now >= next_write {
+            // Behind by more than a burst: the rate is what this machine sustains.
+            next_write = now;
+        }
+        Ok(())
+    };
     while Instant::now() < fault_end {
         sys::check_stop()?;
         let now = Instant::now();
-        if now >= next_write {
-            wl.step(ms(now))?;
-            next_write = now + Duration::from_millis(profile.write_interval_ms);
-        }
+        write_due(wl, now)?;
         if let Some((p, due, killed, is_replica)) = pending_restart.clone()
             && now >= due
         {
@@ -714,10 +902,46 @@ fn play_fault(
             });
             awaiting_ready = None;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(tick);
     }
     let heal = Instant::now();
     lab.heal()?;
+    // The tombstone is held after the heal, changes going on.
+    let hold_end = heal + Duration::from_millis(hold_ms);
+    while Instant::now() < hold_end {
+        sys::check_stop()?;
+        write_due(wl, Instant::now())?;
+        std::thread::sleep(tick);
+    }
+    let mut held = Vec::new();
+    if let Some((name, h)) = watch {
+        watch_stop.store(true, Ordering::SeqCst);
+        let w = h
+            .join()
+            .map_err(|_| anyhow::anyhow!("the tombstone watch panicked"))?;
+        let elapsed = fault_start.elapsed().as_secs_f64();
+        let writes = wl.changes.len() - writes_before;
+        notes.push(format!(
+            "{writes} changes in {elapsed:.1} s from the retirement ({:.0}/s)",
+            writes as f64 / elapsed
+        ));
+        let in_hold = w.generations.values().filter(|at| **at >= ms(heal)).count();
+        notes.push(format!(
+            "the agent of {name} started {} generations after the retirement, {in_hold} of them during the {} s hold after the heal",
+            w.generations.len(),
+            hold_ms / 1000
+        ));
+        held.extend(w.back);
+        if in_hold == 0 {
+            held.push(Violation::HoldUnproven {
+                detail: format!(
+                    "the agent of {name} did not roll over during the {} s hold ({} generations after the retirement)",
+                    hold_ms / 1000,
+                    w.generations.len()
+                ),
+            });
+        }
+    }
     if let Some((p, _, killed, is_replica)) = pending_restart {
         fleet.start_proc(&p)?;
         if is_replica {
@@ -737,13 +961,15 @@ fn play_fault(
     Ok((
         Window {
             start_ms: ms(fault_start),
-            end_ms: ms(heal),
+            // A held tombstone is part of the fault: convergence is measured from its end.
+            end_ms: ms(heal.max(hold_end)),
         },
         down,
         isolations,
         bytes_before,
         veth_before,
         metrics_before,
+        held,
     ))
 }
 

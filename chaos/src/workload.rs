@@ -2,8 +2,9 @@
 //! removed, claims allocated and released) while faults are active, and records every change.
 //!
 //! Guarantees: the sequence of changes is a pure function of the seed and the initial fleet;
-//! every change is written to disk (atomically per file, through `dramesh_sim::write_snapshot`)
-//! before it is recorded; [`Workload::expected`] reads the final files back through the same
+//! every change is written to disk before it is recorded (atomically per file; only the files
+//! of the kinds it touched, through `dramesh_sim::write_snapshot_file`, so hundreds of changes
+//! per second stay cheap); [`Workload::expected`] reads the final files back through the same
 //! loader the agents use, so the checker compares replicas with what was really on disk.
 
 use std::collections::BTreeMap;
@@ -36,6 +37,17 @@ pub struct Change {
     pub keys: Vec<String>,
 }
 
+/// Which changes the driver makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Mix {
+    /// Nodes added and removed, claims allocated and released: the fleet's shape changes.
+    Mixed,
+    /// A node's label rewritten, claims allocated and released: every change rewrites one
+    /// small file and the clusters keep their size, so it can run at hundreds of changes per
+    /// second for minutes.
+    Churn,
+}
+
 /// The driver's state: the clusters as last written.
 pub struct Workload {
     root: PathBuf,
@@ -46,6 +58,15 @@ pub struct Workload {
     pub changes: Vec<Change>,
     /// Clusters retired from the fleet ([`Workload::retire`]).
     retired: Vec<String>,
+    /// Which changes [`Workload::step`] makes.
+    pub mix: Mix,
+    /// Whether retired clusters keep changing (their agents keep publishing new data, and
+    /// rolling their documents over, which the replicas must refuse).
+    pub write_retired: bool,
+    /// Per cluster index: its whole GPUs, while no node was added or removed since they were
+    /// listed (reading them decodes every slice: too slow for every change at hundreds a
+    /// second).
+    gpus: BTreeMap<usize, Vec<(String, String)>>,
 }
 
 /// `Kind/ns/name` or `Kind/name`, as `/v1/debug/objects` reports keys.
@@ -125,6 +146,9 @@ impl Workload {
             next_id: 0,
             changes: Vec::new(),
             retired: Vec::new(),
+            mix: Mix::Mixed,
+            write_retired: false,
+            gpus: BTreeMap::new(),
         };
         for c in &w.clusters {
             w.write(c)?;
@@ -158,10 +182,13 @@ impl Workload {
 
     /// Makes one random change to one cluster, writes it, records it and returns it.
     pub fn step(&mut self, at_ms: u64) -> Result<Change> {
-        if self.clusters.is_empty() {
-            bail!("the workload has no cluster");
+        let candidates: Vec<usize> = (0..self.clusters.len())
+            .filter(|i| self.write_retired || !self.retired.contains(&self.clusters[*i].name))
+            .collect();
+        if candidates.is_empty() {
+            bail!("the workload has no cluster to change");
         }
-        let ci = self.rng.random_range(0..self.clusters.len());
+        let ci = candidates[self.rng.random_range(0..candidates.len())];
         let roll = self.rng.random_range(0..100u32);
         self.next_id += 1;
         let id = self.next_id;
@@ -180,8 +207,18 @@ impl Workload {
                 .filter(|(_, o)| matches!(o, ClusterObject::ResourceClaim(_)))
                 .map(|(i, _)| i)
                 .collect();
-            let free = free_devices(c);
-            if roll < 25 || nodes.len() <= 1 && roll < 40 {
+            let gpus = self
+                .gpus
+                .entry(ci)
+                .or_insert_with(|| whole_gpus(c))
+                .clone();
+            let free = free_devices(c, &gpus);
+            if self.mix == Mix::Churn && roll < 50 && !nodes.is_empty() {
+                let node = nodes[self.rng.random_range(0..nodes.len())].clone();
+                self.relabel_node(ci, &node, id)?
+            } else if self.mix == Mix::Churn {
+                self.churn_claim(ci, id, roll < 75, &free, &claims)?
+            } else if roll < 25 || nodes.len() <= 1 && roll < 40 {
                 self.add_node(ci, id)?
             } else if roll < 40 {
                 let victim = nodes[self.rng.random_range(0..nodes.len())].clone();
@@ -190,27 +227,18 @@ impl Workload {
                 if free.is_empty() {
                     self.add_node(ci, id)?
                 } else {
-                    let (node, dev) = free[self.rng.random_range(0..free.len())].clone();
-                    let name = format!("chaos-claim-{id}");
-                    let cname = self.clusters[ci].name.clone();
-                    let claim = claim_object(&cname, &name, &node, &dev)?;
-                    let key = key_string(&claim);
-                    self.clusters[ci].objects.push(claim);
-                    (
-                        format!("allocate {name} on {node}/{dev}"),
-                        vec![format!("+{key}")],
-                    )
+                    self.churn_claim(ci, id, true, &free, &claims)?
                 }
             } else {
-                let idx = claims[self.rng.random_range(0..claims.len())];
-                let o = self.clusters[ci].objects.remove(idx);
-                (
-                    format!("release {}", o.key().name),
-                    vec![format!("-{}", key_string(&o))],
-                )
+                self.churn_claim(ci, id, false, &free, &claims)?
             }
         };
-        self.write(&self.clusters[ci])?;
+        if keys.iter().any(|k| k.get(1..).is_some_and(|k| k.starts_with("Node/")))
+            && !op.starts_with("relabel")
+        {
+            self.gpus.remove(&ci);
+        }
+        self.write_touched(ci, &keys)?;
         let change = Change {
             seq: self.changes.len() as u64 + 1,
             at_ms,
@@ -220,6 +248,80 @@ impl Workload {
         };
         self.changes.push(change.clone());
         Ok(change)
+    }
+
+    /// Writes the files of cluster `ci` holding the kinds of `keys` (`+Kind/...`, `-Kind/...`);
+    /// everything when a node was removed (its pods, slices and claims go with it).
+    fn write_touched(&self, ci: usize, keys: &[String]) -> Result<()> {
+        let c = &self.clusters[ci];
+        let kinds: std::collections::BTreeSet<&str> = keys
+            .iter()
+            .filter_map(|k| k.get(1..)?.split('/').next())
+            .collect();
+        if kinds.contains("Node") && keys.iter().any(|k| k.starts_with("-Node/")) {
+            return self.write(c);
+        }
+        for (kind, file) in KIND_FILES {
+            if kinds.contains(kind) {
+                dramesh_sim::write_snapshot_file(&self.root, c, file)
+                    .with_context(|| format!("writing {file} of {}", c.name))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Allocates a free device to a new claim (`allocate`, when one is free), or releases
+    /// one of `claims`.
+    fn churn_claim(
+        &mut self,
+        ci: usize,
+        id: u64,
+        allocate: bool,
+        free: &[(String, String)],
+        claims: &[usize],
+    ) -> Result<(String, Vec<String>)> {
+        if allocate && !free.is_empty() || claims.is_empty() {
+            let Some((node, dev)) = free
+                .get(self.rng.random_range(0..free.len().max(1)))
+                .cloned()
+            else {
+                bail!("cluster {} has no device to allocate and no claim to release", self.clusters[ci].name);
+            };
+            let name = format!("chaos-claim-{id}");
+            let cname = self.clusters[ci].name.clone();
+            let claim = claim_object(&cname, &name, &node, &dev)?;
+            let key = key_string(&claim);
+            self.clusters[ci].objects.push(claim);
+            Ok((
+                format!("allocate {name} on {node}/{dev}"),
+                vec![format!("+{key}")],
+            ))
+        } else {
+            let idx = claims[self.rng.random_range(0..claims.len())];
+            let o = self.clusters[ci].objects.remove(idx);
+            Ok((
+                format!("release {}", o.key().name),
+                vec![format!("-{}", key_string(&o))],
+            ))
+        }
+    }
+
+    /// Rewrites label `chaos.dramesh.io/step` of node `node` to `id`.
+    fn relabel_node(&mut self, ci: usize, node: &str, id: u64) -> Result<(String, Vec<String>)> {
+        let c = &mut self.clusters[ci];
+        let Some(o) = c
+            .objects
+            .iter_mut()
+            .find(|o| matches!(o, ClusterObject::Node(_)) && o.key().name == node)
+        else {
+            bail!("relabel: cluster {} has no node {node}", c.name);
+        };
+        let mut v = as_json(o);
+        v["metadata"]["labels"]["chaos.dramesh.io/step"] = json!(id.to_string());
+        let relabeled = decode_value(v).map_err(|e| anyhow!("relabeling node {node}: {e:?}"))?;
+        *o = ClusterObject::Node(Arc::new(relabeled));
+        let key = key_string(o);
+        Ok((format!("relabel {node} step={id}"), vec![format!("+{key}")]))
     }
 
     fn add_node(&mut self, ci: usize, id: u64) -> Result<(String, Vec<String>)> {
@@ -262,15 +364,16 @@ impl Workload {
         (format!("remove node {node}"), removed)
     }
 
-    /// Retires cluster `name`: the driver stops changing it and it leaves [`Workload::expected`]
-    /// (its folder stays, so its agent keeps publishing what the replicas must refuse).
+    /// Retires cluster `name`: it leaves [`Workload::expected`], and the driver stops changing
+    /// it unless [`Workload::write_retired`] (its folder stays, so its agent keeps publishing
+    /// what the replicas must refuse).
     pub fn retire(&mut self, name: &str) -> Result<()> {
-        let before = self.clusters.len();
-        self.clusters.retain(|c| c.name != name);
-        if self.clusters.len() == before {
+        if !self.clusters.iter().any(|c| c.name == name) {
             bail!("retire: the workload has no cluster {name}");
         }
-        self.retired.push(name.to_string());
+        if !self.retired.iter().any(|r| r == name) {
+            self.retired.push(name.to_string());
+        }
         Ok(())
     }
 
@@ -282,7 +385,7 @@ impl Workload {
     /// The objects of the final files, read back from disk through the agents' loader.
     pub fn expected(&self) -> Result<ClusterState> {
         let mut out = ClusterState::new();
-        for c in &self.clusters {
+        for c in self.clusters.iter().filter(|c| !self.retired.contains(&c.name)) {
             let dir = self.root.join(&c.name);
             let loaded = load_path(&dir).map_err(|e| anyhow!("loading {dir:?}: {e}"))?;
             let objs = out.entry(c.name.clone()).or_default();
@@ -325,15 +428,20 @@ fn allocated_on(o: &ClusterObject) -> Vec<(String, String)> {
         .unwrap_or_default()
 }
 
-/// Whole GPUs (of nodes whose GPUs are not shared) that no claim holds.
-fn free_devices(c: &Cluster) -> Vec<(String, String)> {
+/// Of `gpus` ([`whole_gpus`] of `c`), those no claim holds.
+fn free_devices(c: &Cluster, gpus: &[(String, String)]) -> Vec<(String, String)> {
     let used: Vec<(String, String)> = c
         .objects
         .iter()
         .filter(|o| matches!(o, ClusterObject::ResourceClaim(_)))
         .flat_map(allocated_on)
         .collect();
-    let mut free = Vec::new();
+    gpus.iter().filter(|g| !used.contains(g)).cloned().collect()
+}
+
+/// Whole GPUs (of nodes whose GPUs are not shared), as (node, device).
+fn whole_gpus(c: &Cluster) -> Vec<(String, String)> {
+    let mut gpus = Vec::new();
     for o in &c.objects {
         if !matches!(o, ClusterObject::ResourceSlice(_)) {
             continue;
@@ -349,14 +457,12 @@ fn free_devices(c: &Cluster) -> Vec<(String, String)> {
             let Some(name) = d["name"].as_str() else {
                 continue;
             };
-            let whole = !name.contains("mig") && d.get("allowMultipleAllocations").is_none();
-            let pair = (node.to_string(), name.to_string());
-            if whole && !used.contains(&pair) {
-                free.push(pair);
+            if !name.contains("mig") && d.get("allowMultipleAllocations").is_none() {
+                gpus.push((node.to_string(), name.to_string()));
             }
         }
     }
-    free
+    gpus
 }
 
 #[cfg(test)]

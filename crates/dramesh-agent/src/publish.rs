@@ -101,9 +101,11 @@ pub struct AgentConfig {
     pub metrics: Option<SocketAddr>,
     /// Bounds of the metrics listener (connections, header and idle timeout).
     pub http: dramesh_telemetry::HttpLimits,
-    /// Start a new generation of the document at once, keeping its contents: how the agent
-    /// of a cluster retired from the fleet comes back (replicas refuse the generations that
-    /// began before the retirement).
+    /// Start a new generation of the document at once, keeping its contents, that asks to
+    /// rejoin the fleet ([`dramesh_store::Store::rejoin`]): how the agent of a cluster
+    /// retired from the fleet comes back. Replicas refuse every generation of a retired
+    /// cluster that does not rejoin after the retirement, including the ones the agent rolls
+    /// over to by itself; this is the only way back (a fresh data directory is not).
     pub rejoin: bool,
     /// Files the identity was read from, watched for a rotated credential; `None` never
     /// reloads (demo, tests).
@@ -248,7 +250,7 @@ impl Agent {
                 }
                 if rejoin {
                     let generation = store
-                        .rollover(&doc)
+                        .rejoin(&doc)
                         .with_context(|| format!("{what}: starting a new generation to rejoin"))?;
                     tracing::info!(%doc, generation, "rejoining the fleet with a new generation");
                 }

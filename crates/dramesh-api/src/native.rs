@@ -351,8 +351,8 @@ pub struct StatusReport {
 }
 
 /// A member cluster retired from the fleet (`DELETE /v1/clusters/{name}`): every replica drops
-/// its documents and refuses generations of them that began at or before `retired_at_ms`, so
-/// only an agent that starts a newer generation (`dramesh agent --rejoin`) brings it back.
+/// its documents and refuses every generation of them that does not rejoin after
+/// `retired_at_ms`, so only an agent started with `dramesh agent --rejoin` brings it back.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RetiredCluster {

@@ -90,6 +90,12 @@ impl MeshStore {
         self.store.rollover(doc)
     }
 
+    /// Starts a new generation of the writer's document that asks to rejoin the fleet (see
+    /// [`Store::rejoin`]).
+    pub fn rejoin(&mut self, doc: &DocId) -> Result<u64, StoreError> {
+        self.store.rejoin(doc)
+    }
+
     /// Applies a burst of local changes to the writer's document in one commit.
     pub fn apply(
         &mut self,

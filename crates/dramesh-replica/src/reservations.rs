@@ -92,6 +92,51 @@ pub(crate) struct Record {
     /// replicas that predate it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) preemptor: Option<String>,
+    /// Set on a reservation made through the API: the per-identity caps of the replica that
+    /// admitted it, which every replica judges it by in the cap ranking
+    /// ([`Table::refresh_over_cap`]). Absent on the scheduler role's reservations (not
+    /// capped) and in records of replicas that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) caps: Option<RecordCaps>,
+}
+
+/// The per-identity caps a reservation was admitted under (see [`Record::caps`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct RecordCaps {
+    /// Live reservations of the identity at most.
+    pub(crate) reservations: usize,
+    /// Replicas summed over them at most.
+    pub(crate) replicas: i64,
+    /// Bytes of workload manifests summed over them at most.
+    pub(crate) manifest_bytes: usize,
+}
+
+impl From<&dramesh_api::auth::Caps> for RecordCaps {
+    fn from(c: &dramesh_api::auth::Caps) -> Self {
+        RecordCaps {
+            reservations: c.max_reservations,
+            replicas: c.max_reserved_replicas,
+            manifest_bytes: c.max_manifest_bytes,
+        }
+    }
+}
+
+impl Record {
+    /// The sequence number of its id (`<owner>-<seq>`; `u64::MAX` when it is not a number):
+    /// with the id, its place in the cap ranking ([`Table::refresh_over_cap`]).
+    fn seq(&self) -> u64 {
+        self.id
+            .strip_prefix(self.owner.as_str())
+            .and_then(|s| s.strip_prefix('-'))
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(u64::MAX)
+    }
+
+    /// Bytes of its workload manifests (what the manifest-bytes cap counts).
+    pub(crate) fn manifest_bytes(&self) -> usize {
+        self.manifests.iter().map(String::len).sum()
+    }
 }
 
 impl Record {
@@ -192,6 +237,12 @@ pub(crate) struct Entry {
     pub(crate) seen: Instant,
 }
 
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// Decodes a record's workload manifests.
 pub(crate) type Decode<'a> = dyn FnMut(&[String]) -> Result<Arc<Workload>, String> + 'a;
 
@@ -230,14 +281,19 @@ pub(crate) struct Table {
     clusters: BTreeMap<Arc<str>, ClusterIndex>,
     /// Per preemptor: the ids of the preemption holds written for it.
     holds: BTreeMap<String, BTreeSet<String>>,
+    /// Per creator: its capped reservations (made through the API) in cap-ranking order.
+    capped: BTreeMap<String, BTreeSet<(u64, Arc<str>)>>,
+    /// The capped reservations the cap ranking voids, with why, as of the last
+    /// [`Table::refresh_over_cap`].
+    over_cap: BTreeMap<Arc<str>, String>,
+    /// Clusters with a reservation that entered or left `over_cap` since the last
+    /// [`Table::take_over_cap_changes`]: their resolution must be computed again.
+    over_cap_changed: BTreeSet<Arc<str>>,
 }
 
 impl Table {
     pub(crate) fn new(owner: &str) -> Table {
-        let ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
+        let ms = now_ms();
         Table {
             owner: owner.to_string(),
             entries: BTreeMap::new(),
@@ -247,11 +303,17 @@ impl Table {
             version: 0,
             clusters: BTreeMap::new(),
             holds: BTreeMap::new(),
+            capped: BTreeMap::new(),
+            over_cap: BTreeMap::new(),
+            over_cap_changed: BTreeSet::new(),
         }
     }
 
-    /// A fresh id for a reservation of this replica.
+    /// A fresh id for a reservation of this replica: its sequence number is at least the
+    /// wall clock in ms, so ids of different replicas rank roughly by creation time in the
+    /// cap ranking (up to the replicas' clock skew).
     pub(crate) fn next_id(&mut self) -> String {
+        self.next_seq = self.next_seq.max(now_ms());
         loop {
             let id = format!("{}-{:016}", self.owner, self.next_seq);
             self.next_seq += 1;
@@ -329,6 +391,18 @@ impl Table {
                 self.clusters.remove(cluster);
             }
         }
+        if e.record.caps.is_some() {
+            let key = (e.record.seq(), e.id.clone());
+            let ranked = self.capped.entry(e.record.creator.clone()).or_default();
+            if present {
+                ranked.insert(key);
+            } else {
+                ranked.remove(&key);
+                if ranked.is_empty() {
+                    self.capped.remove(&e.record.creator);
+                }
+            }
+        }
         if let Some(p) = &e.record.preemptor {
             let ids = self.holds.entry(p.clone()).or_default();
             if present {
@@ -340,6 +414,94 @@ impl Table {
                 }
             }
         }
+    }
+
+    /// Computes the cap ranking again as of `now`. Per creator, its capped reservations
+    /// unexpired here are ranked by (sequence number, id), i.e. by creation time, then
+    /// replica; one is *over cap* (void) when, added to the reservations ranked before it
+    /// that are not, it would pass one of the caps it was admitted under. A void
+    /// reservation holds nothing and counts towards no cap. The ranking is a function of
+    /// the reservations held and expiry alone, so replicas holding the same reservations
+    /// void the same ones.
+    pub(crate) fn refresh_over_cap(&mut self, now: Instant) {
+        let mut over: BTreeMap<Arc<str>, String> = BTreeMap::new();
+        for (creator, ranked) in &self.capped {
+            let (mut count, mut replicas, mut bytes) = (0usize, 0i64, 0usize);
+            for (_, id) in ranked {
+                let Some(e) = self.entries.get(&**id) else {
+                    continue;
+                };
+                let Some(caps) = e.record.caps.filter(|_| now < e.expiry) else {
+                    continue;
+                };
+                let (r, b) = (e.record.replicas, e.record.manifest_bytes());
+                let reason = if count >= caps.reservations {
+                    Some(format!(
+                        "over_cap: {creator} already holds {count} live reservations created before this one, the cap of live reservations per identity is {}",
+                        caps.reservations
+                    ))
+                } else if replicas.saturating_add(r) > caps.replicas {
+                    Some(format!(
+                        "over_cap: {creator} already holds {replicas} reserved replicas in reservations created before this one; {r} more would exceed the cap of reserved replicas per identity, {}",
+                        caps.replicas
+                    ))
+                } else if bytes.saturating_add(b) > caps.manifest_bytes {
+                    Some(format!(
+                        "over_cap: {creator} already holds {bytes} bytes of workload manifests in reservations created before this one; {b} more would exceed the cap of manifest bytes per identity, {}",
+                        caps.manifest_bytes
+                    ))
+                } else {
+                    None
+                };
+                match reason {
+                    Some(reason) => {
+                        over.insert(id.clone(), reason);
+                    }
+                    None => {
+                        count += 1;
+                        replicas = replicas.saturating_add(r);
+                        bytes = bytes.saturating_add(b);
+                    }
+                }
+            }
+        }
+        let changed: Vec<Arc<str>> = over
+            .keys()
+            .filter(|id| !self.over_cap.contains_key(*id))
+            .chain(self.over_cap.keys().filter(|id| !over.contains_key(*id)))
+            .filter_map(|id| self.entries.get(&**id).map(|e| e.cluster.clone()))
+            .collect();
+        self.over_cap_changed.extend(changed);
+        self.over_cap = over;
+    }
+
+    /// The clusters whose reservations entered or left the over-cap set since the last call.
+    pub(crate) fn take_over_cap_changes(&mut self) -> BTreeSet<Arc<str>> {
+        std::mem::take(&mut self.over_cap_changed)
+    }
+
+    /// The void reservations of the last [`Table::refresh_over_cap`], with why.
+    pub(crate) fn over_cap(&self) -> &BTreeMap<Arc<str>, String> {
+        &self.over_cap
+    }
+
+    /// What the capped reservations of `creator` unexpired at `now` and not void hold:
+    /// (reservations, replicas, manifest bytes). Call [`Table::refresh_over_cap`] first.
+    pub(crate) fn held_by(&self, creator: &str, now: Instant) -> (usize, i64, usize) {
+        self.capped
+            .get(creator)
+            .into_iter()
+            .flatten()
+            .filter(|(_, id)| !self.over_cap.contains_key(id))
+            .filter_map(|(_, id)| self.entries.get(&**id))
+            .filter(|e| now < e.expiry)
+            .fold((0, 0, 0), |(n, r, b), e| {
+                (
+                    n + 1,
+                    r.saturating_add(e.record.replicas),
+                    b.saturating_add(e.record.manifest_bytes()),
+                )
+            })
     }
 
     pub(crate) fn ended(&self, id: &str) -> Option<&ReservationStatus> {
@@ -390,15 +552,26 @@ impl Table {
                 self.upsert(record, json.clone(), now, decode);
             }
             ObjectChange::Delete { key } => {
+                // Whether a capped reservation was void is judged with everything known now
+                // (records that voided it may have arrived in the same batch).
+                if self
+                    .entries
+                    .get(&key.name)
+                    .is_some_and(|e| e.record.caps.is_some() && !self.over_cap.contains_key(&*e.id))
+                {
+                    self.refresh_over_cap(now);
+                }
                 if let Some(e) = self.entries.remove(&key.name) {
                     self.index(&e, false);
                     if !self.ended.contains_key(&key.name) {
-                        let state = if now >= self.expiry(&e) {
-                            ReservationState::Expired
-                        } else {
-                            ReservationState::Released
+                        // A void reservation's owner releases it: it ended over cap.
+                        let status = match self.over_cap.get(&*e.id) {
+                            Some(reason) => over_cap_status(&e.record, reason),
+                            None if now >= self.expiry(&e) => {
+                                base_status(&e.record, ReservationState::Expired)
+                            }
+                            None => base_status(&e.record, ReservationState::Released),
                         };
-                        let status = base_status(&e.record, state);
                         self.end(status);
                     }
                 }
@@ -486,6 +659,15 @@ impl Table {
     }
 }
 
+/// The status of `r`, ended because the cap ranking voided it (`reason`): conflicted, holding
+/// nothing.
+pub(crate) fn over_cap_status(r: &Record, reason: &str) -> ReservationStatus {
+    let mut st = base_status(r, ReservationState::Conflicted);
+    st.remaining = 0;
+    st.reason = Some(reason.to_string());
+    st
+}
+
 /// The status of `r` without resolution details.
 pub(crate) fn base_status(r: &Record, status: ReservationState) -> ReservationStatus {
     ReservationStatus {
@@ -532,6 +714,7 @@ mod tests {
             ttl_seconds: ttl,
             bound_at_creation: 0,
             preemptor: None,
+            caps: None,
         }
     }
 

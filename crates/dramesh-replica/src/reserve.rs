@@ -37,6 +37,9 @@ pub(crate) struct Own<'a> {
     pub(crate) priority: i32,
     /// Lifetime (1..=[`resv::MAX_TTL_SECONDS`]).
     pub(crate) ttl_seconds: u64,
+    /// The caps it was admitted under, for a reservation made through the API (see
+    /// [`resv::Record::caps`]); `None` for the scheduler role's.
+    pub(crate) caps: Option<resv::RecordCaps>,
 }
 
 /// A live preemption hold (see [`crate::reservations::Record::preemptor`]).
@@ -85,6 +88,9 @@ pub(crate) struct Resolved {
     /// By cluster.
     parts: BTreeMap<Arc<str>, Arc<ClusterPart>>,
     assumed: Assumed,
+    /// The reservations the cap ranking voided, with why ([`resv::Table::refresh_over_cap`]):
+    /// left out of every part.
+    over_cap: Arc<BTreeMap<Arc<str>, String>>,
 }
 
 impl Resolved {
@@ -131,8 +137,16 @@ impl ReplicaState {
         let now = Instant::now();
         // The table (lock 3) is not taken with the indexes (lock 4) held: versions first,
         // then what changed in the clusters that changed.
-        let versions: Vec<(Arc<str>, u64)> =
-            self.with_table(|t| t.cluster_versions().map(|(c, v)| (c.clone(), v)).collect());
+        // The cap ranking first: a cluster with a reservation that entered or left it is
+        // resolved again whole.
+        let (versions, over_cap, voided): (Vec<(Arc<str>, u64)>, _, _) = self.with_table(|t| {
+            t.refresh_over_cap(now);
+            (
+                t.cluster_versions().map(|(c, v)| (c.clone(), v)).collect(),
+                t.over_cap().clone(),
+                t.take_over_cap_changes(),
+            )
+        });
         // Clusters to resolve again, each with the table version after which only additions
         // need reading (its part's, when that part can be extended).
         let stale: Vec<(Arc<str>, Option<u64>)> = {
@@ -143,7 +157,8 @@ impl ReplicaState {
             let stale: Vec<(Arc<str>, Option<u64>)> = versions
                 .iter()
                 .filter_map(|(c, version)| {
-                    let Some(p) = parts.and_then(|p| p.get(c)) else {
+                    let Some(p) = parts.and_then(|p| p.get(c)).filter(|_| !voided.contains(c))
+                    else {
                         return Some((c.clone(), None));
                     };
                     let view_gen = view.cluster(c).map_or(0, |v| v.generation());
@@ -180,9 +195,19 @@ impl ReplicaState {
             Some(r) => Arc::try_unwrap(r).unwrap_or_else(|r| (*r).clone()),
             None => Resolved::default(),
         };
+        if *resolved.over_cap != over_cap {
+            resolved.over_cap = Arc::new(over_cap);
+        }
         for (cluster, read) in reads {
             let previous = resolved.parts.remove(&cluster);
-            let part = resolve_part(compute, view, &cluster, previous, read, now);
+            let part = resolve_part(
+                compute,
+                view,
+                &cluster,
+                previous,
+                read,
+                (now, &resolved.over_cap),
+            );
             resolved.assumed.set(&cluster, part.assumed.clone());
             resolved.parts.insert(cluster, part);
         }
@@ -377,7 +402,8 @@ impl ReplicaState {
 
     /// Refuses a reservation of `bytes` manifest bytes for `replicas` replicas and `ttl_seconds`
     /// that would take `caller` over one of its caps; counts every live reservation it
-    /// created, on any replica.
+    /// created through the API that the cap ranking does not void, on any replica, this
+    /// replica's own queued writes included (they enter the table before they are written).
     fn check_caps(
         &self,
         caps: &Caps,
@@ -389,17 +415,8 @@ impl ReplicaState {
         let user = &caller.identity.user;
         let now = Instant::now();
         let (count, held, held_bytes) = self.with_table(|table| {
-            table
-                .entries()
-                .filter(|(_, e)| e.record.creator == *user && now < table.expiry(e))
-                .fold((0usize, 0i64, 0usize), |(n, r, b), (_, e)| {
-                    let m: usize = e.record.manifests.iter().map(String::len).sum();
-                    (
-                        n + 1,
-                        r.saturating_add(e.record.replicas),
-                        b.saturating_add(m),
-                    )
-                })
+            table.refresh_over_cap(now);
+            table.held_by(user, now)
         });
         let over = |reason: &'static str, message: String| {
             Err(ApiError::Refused(Refusal {
@@ -524,6 +541,7 @@ impl ReplicaState {
                 ttl_seconds: r.ttl_seconds,
                 bound_at_creation,
                 preemptor: preemptor.map(str::to_string),
+                caps: r.caps,
             };
             let json = serde_json::to_vec(&record)
                 .map_err(|e| ApiError::Internal(format!("encoding reservation {id}: {e}")))?;
@@ -590,6 +608,7 @@ impl ReplicaState {
             replicas,
             priority: req.priority.unwrap_or(w.priority),
             ttl_seconds,
+            caps: Some((&*caps).into()),
         })?;
         drop(caps);
         self.reservation_status(&id)
@@ -637,11 +656,22 @@ impl ReplicaState {
 
     /// Deletes an own reservation, remembering how it ended.
     pub(crate) fn end_own(&self, id: &str, how: ReservationState) -> Result<(), ApiError> {
+        let Some(status) =
+            self.with_table(|t| t.get(id).map(|e| resv::base_status(&e.record, how)))
+        else {
+            return Ok(());
+        };
+        self.end_own_as(status)
+    }
+
+    /// Deletes an own reservation, remembering it as `status`.
+    fn end_own_as(&self, status: ReservationStatus) -> Result<(), ApiError> {
+        let (id, how) = (status.id.clone(), status.status);
+        let id = id.as_str();
         let known = self.with_table(|table| {
-            let Some(e) = table.get(id) else {
+            if table.get(id).is_none() {
                 return false;
-            };
-            let status = resv::base_status(&e.record, how);
+            }
             table.end(status);
             true
         });
@@ -655,28 +685,35 @@ impl ReplicaState {
         Ok(())
     }
 
-    /// The owner's housekeeping: deletes own reservations whose TTL passed or whose replicas
-    /// are all bound. Called periodically by the replica.
+    /// The owner's housekeeping: deletes own reservations whose TTL passed, whose replicas
+    /// are all bound, or that the cap ranking voids (they end conflicted, with the reason).
+    /// Called periodically by the replica.
     pub fn sweep_reservations(&self) {
         let res = self.resolution();
         let now = Instant::now();
-        let ended: Vec<(String, ReservationState)> = self.with_table(|table| {
+        let ended: Vec<ReservationStatus> = self.with_table(|table| {
             table
                 .entries()
                 .filter(|(_, e)| e.record.owner == self.replica)
-                .filter_map(|(id, e)| {
+                .filter_map(|(_, e)| {
                     if now >= table.expiry(e) {
-                        Some((id.clone(), ReservationState::Expired))
+                        Some(resv::base_status(&e.record, ReservationState::Expired))
+                    } else if let Some(reason) = res.over_cap.get(&*e.id) {
+                        Some(resv::over_cap_status(&e.record, reason))
                     } else if res.outcome(e).is_some_and(|(_, left)| left == 0) {
-                        Some((id.clone(), ReservationState::Satisfied))
+                        Some(resv::base_status(&e.record, ReservationState::Satisfied))
                     } else {
                         None
                     }
                 })
                 .collect()
         });
-        for (id, how) in ended {
-            if let Err(e) = self.end_own(&id, how) {
+        for status in ended {
+            if let Some(reason) = &status.reason {
+                tracing::warn!(id = %status.id, reason, "released a reservation over its creator's cap");
+            }
+            let id = status.id.clone();
+            if let Err(e) = self.end_own_as(status) {
                 tracing::warn!(id, error = %e, "ending a reservation failed; retrying on the next sweep");
             }
         }
@@ -692,12 +729,14 @@ fn resolve_part(
     cluster: &Arc<str>,
     previous: Option<Arc<ClusterPart>>,
     (version, read): (u64, ClusterRead),
-    now: Instant,
+    (now, over_cap): (Instant, &BTreeMap<Arc<str>, String>),
 ) -> Arc<ClusterPart> {
     let cv = view.cluster(cluster);
     let view_gen = cv.map_or(0, |v| v.generation());
     let (previous, all) = match (read, previous) {
-        (ClusterRead::Added(added), Some(mut p)) => {
+        (ClusterRead::Added(mut added), Some(mut p)) => {
+            // Void reservations hold nothing (their clusters are read whole when that changes).
+            added.retain(|e| !over_cap.contains_key(&*e.id));
             if p.view_gen == view_gen && p.until.is_none_or(|u| now < u) {
                 // New reservations that rank after every one resolved: resolved alone.
                 let more: Result<Vec<Reservation>, _> = added
@@ -740,6 +779,9 @@ fn resolve_part(
     for e in all {
         if now >= e.expiry {
             expired.insert(e.record.id.clone());
+        } else if over_cap.contains_key(&*e.id) {
+            // Void by the cap ranking: holds nothing.
+            continue;
         } else {
             until = Some(until.map_or(e.expiry, |u| u.min(e.expiry)));
             entries.push(e);
@@ -848,6 +890,12 @@ fn judged(table: &resv::Table, e: &resv::Entry, res: &Resolved, now: Instant) ->
         j.remaining = 0;
         return j;
     }
+    if let Some(reason) = res.over_cap.get(&*e.id) {
+        j.state = ReservationState::Conflicted;
+        j.remaining = 0;
+        j.reason = Some(reason.clone());
+        return j;
+    }
     match outcome.map(|(a, _)| a) {
         Some(Admission::Admitted) if j.remaining == 0 => j.state = ReservationState::Satisfied,
         Some(Admission::Admitted) => {}
@@ -947,6 +995,7 @@ mod tests {
             ttl_seconds: 300,
             bound_at_creation: 0,
             preemptor: None,
+            caps: None,
         };
         let json = serde_json::to_vec(&record).unwrap();
         (
@@ -1011,6 +1060,7 @@ mod tests {
                                 replicas: 1 + next(2) as i64,
                                 priority: 0,
                                 ttl_seconds: 300,
+                                caps: None,
                             }],
                             None,
                         )
@@ -1054,5 +1104,163 @@ mod tests {
             "most own writes should only extend ({extended})"
         );
         assert!(conflicted > 0, "the fleet should run out of GPUs");
+    }
+
+    fn alice() -> Caller {
+        Caller {
+            identity: dramesh_api::auth::Identity {
+                user: "alice".into(),
+                groups: vec![],
+            },
+            admin: false,
+        }
+    }
+
+    /// alice's record written by replica `owner` with sequence number `seq`, under a cap of
+    /// `cap` live reservations.
+    fn capped(owner: &str, seq: u64, cap: usize) -> (String, ObjectChange) {
+        let (scope, change) = foreign(owner, seq, "a", 1, 0);
+        let ObjectChange::Upsert { key, json } = change else {
+            unreachable!()
+        };
+        let mut record = Record::decode(&json).unwrap();
+        record.creator = "alice".into();
+        record.caps = Some(resv::RecordCaps {
+            reservations: cap,
+            replicas: 1_000,
+            manifest_bytes: 1 << 20,
+        });
+        let json = serde_json::to_vec(&record).unwrap();
+        (
+            scope,
+            ObjectChange::Upsert {
+                key,
+                json: Arc::from(json.as_slice()),
+            },
+        )
+    }
+
+    /// Two replicas admit alice's last slot at once: the reservation created later (higher
+    /// sequence number) is void on both, whatever order they learn of them in; it is not
+    /// deducted, its status says why, its owner releases it, and it ends conflicted.
+    #[test]
+    fn the_cap_ranking_voids_the_later_of_two_reservations_admitted_at_once() {
+        let caps = Caps {
+            max_reservations: 2,
+            ..Caps::default()
+        };
+        let mine = |st: &ReplicaState, name: &str| {
+            let req = ReserveRequest {
+                cluster: "a".into(),
+                workload: dramesh_api::native::Workload {
+                    manifests: deployment(name, 1),
+                },
+                replicas: Some(1),
+                ..ReserveRequest::default()
+            };
+            st.reserve(&alice(), &req).unwrap().id
+        };
+        let st = ReplicaState::in_memory("r1");
+        st.set_caps(caps);
+        st.apply_changes(&[node("a", 0, 8)]);
+        let first = mine(&st, "one");
+        let second = mine(&st, "two");
+        // A third is refused at once: this replica's own two count.
+        let refused = st.reserve(
+            &alice(),
+            &ReserveRequest {
+                cluster: "a".into(),
+                workload: dramesh_api::native::Workload {
+                    manifests: deployment("three", 1),
+                },
+                ..ReserveRequest::default()
+            },
+        );
+        assert!(
+            matches!(refused, Err(ApiError::Refused(ref r)) if r.reason == "cap_reservations"),
+            "{refused:?}"
+        );
+        assert_eq!(deductions(&st).len(), 2);
+        // Replica r0 admitted one of alice's before both (its sequence number is lower).
+        st.apply_changes(&[capped("r0", 1, 2)]);
+        let s = st.reservation_status(&second).unwrap();
+        assert_eq!(s.status, ReservationState::Conflicted, "{s:?}");
+        assert!(
+            s.reason.as_deref().unwrap().starts_with("over_cap: alice"),
+            "{s:?}"
+        );
+        assert_eq!(
+            st.reservation_status(&first).unwrap().status,
+            ReservationState::Live
+        );
+        assert_eq!(deductions(&st).len(), 2, "the void one is not deducted");
+        // Its owner releases it; it ends conflicted, with the reason.
+        st.sweep_reservations();
+        assert!(st.with_table(|t| t.get(&second).is_none()));
+        let s = st.reservation_status(&second).unwrap();
+        assert_eq!(s.status, ReservationState::Conflicted, "{s:?}");
+        assert!(s.reason.as_deref().unwrap().contains("over_cap"), "{s:?}");
+        assert_eq!(s.remaining, 0);
+
+        // Another replica learning of the same three records in the other order voids the
+        // same one.
+        let other = ReplicaState::in_memory("r9");
+        other.apply_changes(&[node("a", 0, 8)]);
+        let theirs = |id: &str| {
+            let e = st.with_table(|t| t.get(id).map(|e| e.record.clone()));
+            e.map(|r| {
+                let json = serde_json::to_vec(&r).unwrap();
+                (
+                    dramesh_store::RESERVATION_SCOPE.to_string(),
+                    ObjectChange::Upsert {
+                        key: resv::record_key(&r.id),
+                        json: Arc::from(json.as_slice()),
+                    },
+                )
+            })
+        };
+        other.apply_changes(&[theirs(&first).unwrap()]);
+        let mut late = capped("r1", 0, 2);
+        // The record st released, as it was before (same id, higher sequence than r0's).
+        if let ObjectChange::Upsert { key, json } = &mut late.1 {
+            let mut r = Record::decode(json).unwrap();
+            r.id = second.clone();
+            r.owner = "r1".into();
+            *key = resv::record_key(&r.id);
+            *json = Arc::from(serde_json::to_vec(&r).unwrap().as_slice());
+        }
+        other.apply_changes(&[late]);
+        assert_eq!(
+            other.reservation_status(&second).unwrap().status,
+            ReservationState::Live,
+            "two of a cap of two"
+        );
+        other.apply_changes(&[capped("r0", 1, 2)]);
+        let s = other.reservation_status(&second).unwrap();
+        assert_eq!(s.status, ReservationState::Conflicted, "{s:?}");
+        assert_eq!(deductions(&other).len(), 2);
+        // The owner's release arrives: ended over cap here too.
+        other.apply_changes(&[(
+            dramesh_store::RESERVATION_SCOPE.to_string(),
+            ObjectChange::Delete {
+                key: resv::record_key(&second),
+            },
+        )]);
+        let s = other.reservation_status(&second).unwrap();
+        assert_eq!(s.status, ReservationState::Conflicted, "{s:?}");
+        // A void reservation frees its place: once r0's ends, a new one of alice's fits.
+        other.apply_changes(&[(
+            dramesh_store::RESERVATION_SCOPE.to_string(),
+            ObjectChange::Delete {
+                key: resv::record_key("r0-0000000000000001"),
+            },
+        )]);
+        assert_eq!(
+            other.with_table(|t| {
+                t.refresh_over_cap(Instant::now());
+                t.held_by("alice", Instant::now())
+            }),
+            (1, 1, deployment("one", 1)[0].len())
+        );
     }
 }

@@ -11,8 +11,12 @@
 //! memory, the digest and disk and refuses their generations from then on, so a peer that
 //! still holds them (it was partitioned away) cannot bring them back, and neither can the
 //! cluster's agents while they run. Then the cluster leaves the view, the unbound-pod index
-//! and the freshness map. An agent started later with `--rejoin` writes a newer generation,
-//! which is accepted as usual: retirement is not a ban, only the end of what was there.
+//! and the freshness map. Only an agent started later with `--rejoin` comes back: it writes
+//! a generation that records the rejoin ([`dramesh_store::Store::rejoin`]), which replicas
+//! accept; a generation its agent rolls over to by itself (bounded history), or one a fresh
+//! data directory starts, carries no later rejoin and is refused however new it is. A
+//! replica that took such a generation before the tombstone reached it (partitioned, or
+//! restarted) drops it when the tombstone is applied.
 //! Concurrent retirements of one cluster by several replicas agree: the latest time wins.
 
 use std::collections::BTreeMap;

@@ -498,26 +498,53 @@ pub fn uniform_fleet(clusters: usize, nodes: usize, used_fraction: f64) -> Vec<C
         .collect()
 }
 
+/// The file of a snapshot folder an object goes to.
+fn snapshot_file(o: &ClusterObject) -> &'static str {
+    match o {
+        ClusterObject::ClusterInfo(_) => "cluster.yaml",
+        ClusterObject::Node(_) => "nodes.yaml",
+        ClusterObject::Pod(_) => "pods.yaml",
+        ClusterObject::ResourceSlice(_) => "resourceslices.yaml",
+        ClusterObject::DeviceClass(_) => "deviceclasses.yaml",
+        ClusterObject::ResourceClaim(_) => "resourceclaims.yaml",
+        ClusterObject::DeviceTaintRule(_) => "devicetaintrules.yaml",
+    }
+}
+
 /// Writes a cluster as a snapshot folder: `dir/<cluster>/{cluster.yaml, <kind>s.yaml}`.
 pub fn write_snapshot(dir: &Path, cluster: &Cluster) -> std::io::Result<()> {
+    write_snapshot_files(dir, cluster, |_| true)
+}
+
+/// Writes only the file `file` (`nodes.yaml`, `resourceclaims.yaml`, ...) of the snapshot
+/// folder [`write_snapshot`] writes, as it would write it, or removes it when no object of
+/// `cluster` belongs there: the cheap path when a change touched one kind (the chaos driver
+/// at hundreds of changes per second).
+pub fn write_snapshot_file(dir: &Path, cluster: &Cluster, file: &str) -> std::io::Result<()> {
+    write_snapshot_files(dir, cluster, |f| f == file)?;
+    let path = dir.join(&cluster.name).join(file);
+    if !cluster.objects.iter().any(|o| snapshot_file(o) == file) && path.exists() {
+        std::fs::remove_file(path)?;
+    }
+    Ok(())
+}
+
+/// Writes the files of the snapshot folder that `write` accepts (each atomically: a
+/// temporary file renamed over it).
+fn write_snapshot_files(
+    dir: &Path,
+    cluster: &Cluster,
+    write: impl Fn(&str) -> bool,
+) -> std::io::Result<()> {
     let cdir = dir.join(&cluster.name);
     std::fs::create_dir_all(&cdir)?;
     let mut by_file: std::collections::BTreeMap<&str, Vec<Value>> = Default::default();
-    for o in &cluster.objects {
+    for o in cluster.objects.iter().filter(|o| write(snapshot_file(o))) {
         let mut v: Value = serde_json::from_slice(&o.to_json()).map_err(std::io::Error::other)?;
-        let file = match o {
-            ClusterObject::ClusterInfo(_) => {
-                v = json!({"apiVersion": "dramesh.io/v1", "kind": "ClusterInfo", "spec": v});
-                "cluster.yaml"
-            }
-            ClusterObject::Node(_) => "nodes.yaml",
-            ClusterObject::Pod(_) => "pods.yaml",
-            ClusterObject::ResourceSlice(_) => "resourceslices.yaml",
-            ClusterObject::DeviceClass(_) => "deviceclasses.yaml",
-            ClusterObject::ResourceClaim(_) => "resourceclaims.yaml",
-            ClusterObject::DeviceTaintRule(_) => "devicetaintrules.yaml",
-        };
-        by_file.entry(file).or_default().push(v);
+        if let ClusterObject::ClusterInfo(_) = o {
+            v = json!({"apiVersion": "dramesh.io/v1", "kind": "ClusterInfo", "spec": v});
+        }
+        by_file.entry(snapshot_file(o)).or_default().push(v);
     }
     for (file, docs) in by_file {
         let mut text = String::new();

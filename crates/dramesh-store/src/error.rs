@@ -103,12 +103,13 @@ pub enum StoreError {
     },
 
     /// A sync message for a generation of a member cluster that was retired from the fleet
-    /// ([`Store::retire_cluster`](crate::Store::retire_cluster)) at or after that generation
-    /// began. Nothing was applied.
+    /// ([`Store::retire_cluster`](crate::Store::retire_cluster)) that does not rejoin it: it
+    /// began before the retirement, or its writer did not ask to rejoin after it
+    /// ([`Store::rejoin`](crate::Store::rejoin)). Nothing was applied.
     #[error(
         "document {doc} generation {generation}: cluster {cluster} was retired from the fleet at \
-         {retired_at_ms} ms since the epoch, after this generation began; restart its agent with \
-         --rejoin to publish again",
+         {retired_at_ms} ms since the epoch, and this generation does not rejoin it (a rollover \
+         is not a rejoin); restart its agent with --rejoin to publish again",
         cluster = doc.cluster
     )]
     RetiredCluster {

@@ -12,7 +12,7 @@
 //! | `DeviceTaintRule` | `taintrule/<name>`       |
 //! | `ClusterInfo`     | `meta/<name>` (`meta/cluster`) |
 //!
-//! Keys starting with `_` are reserved for the store itself ([`TERM_KEY`]). Names and namespaces
+//! Keys starting with `_` are reserved for the store itself ([`TERM_KEY`], [`REJOIN_KEY`]). Names and namespaces
 //! must be non-empty and must not contain `/` (Kubernetes names never do), which makes the
 //! mapping a bijection: [`parse_doc_key`] inverts [`doc_key`].
 
@@ -22,6 +22,13 @@ use crate::object::{ObjectKey, ObjectKind};
 /// Root-map key holding the writer's lease term (`u64`), used to rank documents of one cluster
 /// that hold the same key (cluster-scoped objects during a lease handover).
 pub const TERM_KEY: &str = "_term";
+
+/// Root-map key holding the generation (`u64`, the writer's clock in ms) at which the writer
+/// last asked to rejoin the fleet (`dramesh agent --rejoin`, [`crate::Store::rejoin`]). It is
+/// written into the base of that generation and carried into every later one like any value,
+/// so an automatic rollover keeps it and never moves it: a document of a retired cluster is
+/// accepted only when it is later than the retirement ([`crate::Store::retire_cluster`]).
+pub const REJOIN_KEY: &str = "_rejoin";
 
 fn prefix(kind: ObjectKind) -> &'static str {
     match kind {

@@ -21,7 +21,7 @@ use crate::auth::{check_authors, keep_changes};
 use crate::digest::{Digest, DocEntry, fingerprint};
 use crate::docid::{DocId, heads_hash, writer_actor};
 use crate::error::StoreError;
-use crate::keys::{TERM_KEY, doc_key, parse_doc_key};
+use crate::keys::{REJOIN_KEY, TERM_KEY, doc_key, parse_doc_key};
 use crate::object::{ObjectChange, ObjectKey};
 use crate::packed::{DEFAULT_PACKED_BYTES, PackedChanges, encode_message};
 use crate::persist::{self, Durability, FileHeader};
@@ -289,8 +289,14 @@ pub struct Store {
     compaction_rest_until: Instant,
     /// Compactions done (writers' and replicas').
     compactions: u64,
-    /// Retired member clusters: generations begun at or before this time (ms) are refused.
+    /// Retired member clusters: documents whose rejoin ([`REJOIN_KEY`]) is not later than
+    /// this time (ms) are refused, and so are generations begun at or before it.
     retired: BTreeMap<String, u64>,
+    /// Per document of a retired cluster: the latest generation received whole and refused
+    /// because it does not rejoin; it and earlier ones are refused at once from then on.
+    refused_generations: BTreeMap<DocId, u64>,
+    /// Set by [`Store::rejoin`] for the rollover it makes.
+    rejoin_next: bool,
     /// Signs own documents and verifies received changes (see [`Store::set_trust`]).
     trust: Option<Trust>,
     /// Records held outside their writer's scope and therefore not visible (see
@@ -386,7 +392,16 @@ fn read_value(doc: &Automerge, key: &str, at: Option<&[ChangeHash]>) -> Option<A
 }
 
 fn read_term<D: ReadDoc>(doc: &D) -> u64 {
-    match doc.get(ROOT, TERM_KEY) {
+    read_u64(doc, TERM_KEY)
+}
+
+/// The generation at which the writer last asked to rejoin ([`REJOIN_KEY`]; 0: never).
+fn read_rejoin<D: ReadDoc>(doc: &D) -> u64 {
+    read_u64(doc, REJOIN_KEY)
+}
+
+fn read_u64<D: ReadDoc>(doc: &D, key: &str) -> u64 {
+    match doc.get(ROOT, key) {
         Ok(Some((Value::Scalar(s), _))) => match s.as_ref() {
             ScalarValue::Uint(u) => *u,
             ScalarValue::Int(i) => u64::try_from(*i).unwrap_or(0),
@@ -443,7 +458,15 @@ fn load_options() -> LoadOptions<'static> {
 }
 
 /// A fresh single-change document holding the current values of `old`.
-fn build_fresh(doc_id: &DocId, old: &Automerge, generation: u64) -> Result<Automerge, StoreError> {
+/// The base of generation `generation` of `doc_id`: one change holding every current value of
+/// `old` (reserved keys included). With `rejoin`, [`REJOIN_KEY`] is set to the generation in
+/// that same change, so no copy of the generation exists without it.
+fn build_fresh(
+    doc_id: &DocId,
+    old: &Automerge,
+    generation: u64,
+    rejoin: bool,
+) -> Result<Automerge, StoreError> {
     let am = |source: automerge::AutomergeError| StoreError::Automerge {
         doc: doc_id.clone(),
         source: Box::new(source),
@@ -459,6 +482,10 @@ fn build_fresh(doc_id: &DocId, old: &Automerge, generation: u64) -> Result<Autom
     // they hold a complete, non-empty history of it.
     if tx.get(ROOT, TERM_KEY).map_err(am)?.is_none() {
         tx.put(ROOT, TERM_KEY, ScalarValue::Uint(0)).map_err(am)?;
+    }
+    if rejoin {
+        tx.put(ROOT, REJOIN_KEY, ScalarValue::Uint(generation))
+            .map_err(am)?;
     }
     tx.commit();
     Ok(fresh)
@@ -590,6 +617,8 @@ impl Store {
             compaction_rest_until: Instant::now(),
             compactions: 0,
             retired: BTreeMap::new(),
+            refused_generations: BTreeMap::new(),
+            rejoin_next: false,
             trust: None,
             out_of_scope: 0,
             packed: PackedChanges::new(DEFAULT_PACKED_BYTES),
@@ -954,7 +983,7 @@ impl Store {
             .get(doc)
             .map_or(0, |p| p.generation.saturating_add(1));
         let generation = self.now_millis().max(min_gen).max(1);
-        let fresh = build_fresh(doc, &Automerge::new(), generation)?;
+        let fresh = build_fresh(doc, &Automerge::new(), generation, false)?;
         let (stored, base) = self.write_snapshot(&snapshot_file(
             doc,
             generation,
@@ -1269,6 +1298,19 @@ impl Store {
         self.rollover_to(doc, 0)
     }
 
+    /// Asks to rejoin the fleet after a retirement of the writer's cluster: rolls the writer's
+    /// document over to a new generation whose base records that generation as the rejoin
+    /// ([`REJOIN_KEY`]); returns it. Replicas holding a tombstone of the cluster accept the
+    /// document only when its rejoin is later than the retirement, and every later rollover
+    /// carries the same rejoin, so only this call (never an automatic rollover) brings a
+    /// retired cluster back.
+    pub fn rejoin(&mut self, doc: &DocId) -> Result<u64, StoreError> {
+        self.rejoin_next = true;
+        let rolled = self.rollover_to(doc, 0);
+        self.rejoin_next = false;
+        rolled
+    }
+
     fn rollover_to(&mut self, doc: &DocId, min_generation: u64) -> Result<u64, StoreError> {
         self.settle(doc)?;
         let Some(e) = self.docs.get(doc).filter(|e| e.owned) else {
@@ -1282,7 +1324,7 @@ impl Store {
             0
         };
         let generation = next.max(min_generation).max(self.now_millis()).max(1);
-        let fresh = build_fresh(doc, &e.doc, generation)?;
+        let fresh = build_fresh(doc, &e.doc, generation, self.rejoin_next)?;
         let (stored, base) = self.write_snapshot(&snapshot_file(
             doc,
             generation,
@@ -1438,7 +1480,7 @@ impl Store {
         match self.docs.get(doc) {
             None => Ok(None),
             Some(e) => Ok(Some(
-                persist::pack_snapshot(&build_fresh(doc, &e.doc, e.generation)?).len(),
+                persist::pack_snapshot(&build_fresh(doc, &e.doc, e.generation, false)?).len(),
             )),
         }
     }
@@ -1680,7 +1722,11 @@ impl Store {
             });
         }
         if let Some(&retired_at_ms) = self.retired.get(&doc.cluster)
-            && generation <= retired_at_ms
+            && (generation <= retired_at_ms
+                || self
+                    .refused_generations
+                    .get(doc)
+                    .is_some_and(|g| generation <= *g))
         {
             return Err(StoreError::RetiredCluster {
                 doc: doc.clone(),
@@ -1981,6 +2027,20 @@ impl Store {
         let Some(p) = self.pending.remove(doc) else {
             return Ok(std::mem::take(&mut self.undelivered));
         };
+        // A generation of a retired cluster is adopted only when its writer asked to rejoin
+        // after the retirement: a rollover alone (however it started) never brings it back.
+        if let Some(&retired_at_ms) = self.retired.get(&doc.cluster)
+            && read_rejoin(&p.doc) <= retired_at_ms
+        {
+            let refused = self.refused_generations.entry(doc.clone()).or_insert(0);
+            *refused = (*refused).max(p.generation);
+            tracing::info!(doc = %doc, generation = p.generation, retired_at_ms, "refused a new generation of a retired cluster: it does not rejoin");
+            return Err(StoreError::RetiredCluster {
+                doc: doc.clone(),
+                generation: p.generation,
+                retired_at_ms,
+            });
+        }
         if let Err(err) = self.settle(doc) {
             self.pending.insert(doc.clone(), p);
             return Err(err);
@@ -2164,13 +2224,15 @@ impl Store {
     }
 
     /// Retires member cluster `cluster` as of `at_ms` (wall clock, ms since the epoch): every
-    /// replica copy of its documents whose generation began at or before then is dropped from
-    /// memory, the digest and disk (the directory is fsynced), and from now on messages for
-    /// such generations are refused with [`StoreError::RetiredCluster`]. A writer that comes
-    /// back later does so through a newer generation, which is accepted as usual. Returns the
-    /// visible changes (deletes). Idempotent; a later retirement of the same cluster moves the
-    /// bound forward, an earlier one changes nothing. The store's own documents are never
-    /// dropped.
+    /// replica copy of its documents that does not rejoin later ([`REJOIN_KEY`] at most
+    /// `at_ms`, as every document written before the retirement, and every later generation
+    /// its writer rolled over to by itself) is dropped from memory, the digest and disk (the
+    /// directory is fsynced). From now on messages for generations begun at or before then
+    /// are refused with [`StoreError::RetiredCluster`], and so is any later generation once
+    /// received whole without such a rejoin. A writer comes back only by asking to
+    /// ([`Store::rejoin`], `dramesh agent --rejoin`). Returns the visible changes (deletes).
+    /// Idempotent; a later retirement of the same cluster moves the bound forward, an earlier
+    /// one changes nothing. The store's own documents are never dropped.
     pub fn retire_cluster(
         &mut self,
         cluster: &str,
@@ -2185,7 +2247,7 @@ impl Store {
             .docs
             .range(DocId::new(cluster, "")..)
             .take_while(|(d, _)| d.cluster == cluster)
-            .filter(|(_, e)| !e.owned && e.generation <= bound)
+            .filter(|(_, e)| !e.owned && read_rejoin(&e.doc) <= bound)
             .map(|(d, _)| d.clone())
             .collect();
         let mut out = std::mem::take(&mut self.undelivered);

@@ -1176,7 +1176,7 @@ fn now_ms() -> u64 {
 }
 
 #[test]
-fn a_retired_cluster_is_dropped_from_memory_digest_and_disk_until_a_newer_generation() {
+fn a_retired_cluster_is_dropped_from_memory_digest_and_disk_until_its_writer_rejoins() {
     let rdir = tempfile::tempdir().unwrap();
     let config = StoreConfig {
         durability: Durability::Fsync,
@@ -1238,12 +1238,118 @@ fn a_retired_cluster_is_dropped_from_memory_digest_and_disk_until_a_newer_genera
     r.view = snapshot_view(&r.store);
     assert_eq!(r.view, snapshot_view(&b.store));
 
-    // A writer that comes back in a newer generation is accepted.
+    // A writer that rolls over by itself (as bounded history does, however often) does not
+    // come back: its new generation is received whole, found without a rejoin and refused,
+    // and its later messages are refused at once.
     r.store.retire_cluster("c1", at).unwrap();
     std::thread::sleep(std::time::Duration::from_millis(3));
-    let new_gen = a.store.rollover(&gone).unwrap();
-    assert!(new_gen > at);
+    for _ in 0..3 {
+        let rolled = a.store.rollover(&gone).unwrap();
+        assert!(rolled > at);
+        let err = offer(&mut a, &mut r, &gone, rolled).expect("a rollover is refused");
+        assert!(
+            matches!(err, StoreError::RetiredCluster { generation, .. } if generation == rolled),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("a rollover is not a rejoin"),
+            "{err}"
+        );
+        assert_eq!(r.store.entry(&gone), None);
+        assert_eq!(r.store.digest(), b.store.digest());
+        let again = offer(&mut a, &mut r, &gone, rolled).expect("refused at once");
+        assert!(
+            matches!(again, StoreError::RetiredCluster { .. }),
+            "{again}"
+        );
+    }
+
+    // The writer asks to rejoin: that generation, and every rollover after it, is accepted.
+    let new_gen = a.store.rejoin(&gone).unwrap();
     full_sync(&mut a, &mut r);
     assert_eq!(r.store.entry(&gone).unwrap().generation, new_gen);
     assert_eq!(r.store.get("c1", &node("n1")).as_deref(), Some(&b"3"[..]));
+    let later = a.store.rollover(&gone).unwrap();
+    full_sync(&mut a, &mut r);
+    assert_eq!(r.store.entry(&gone).unwrap().generation, later);
+    // A later retirement ends it again, rejoined or not.
+    std::thread::sleep(std::time::Duration::from_millis(3));
+    let at2 = now_ms();
+    r.store.retire_cluster("c1", at2).unwrap();
+    assert_eq!(r.store.entry(&gone), None);
+    let rolled = a.store.rollover(&gone).unwrap();
+    assert!(offer(&mut a, &mut r, &gone, rolled).is_some());
+    assert_eq!(r.store.entry(&gone), None);
+}
+
+/// Offers generation `generation` of `doc` from `a` to `r` until nothing more is sent, or `r`
+/// refuses a message: that refusal.
+fn offer(a: &mut Peer, r: &mut Peer, doc: &DocId, generation: u64) -> Option<StoreError> {
+    let (mut sa, mut sr) = (SyncState::new(), SyncState::new());
+    for _ in 0..50 {
+        let mut progressed = false;
+        if let Some(m) = a
+            .store
+            .generate_sync_message(doc, generation, &mut sa)
+            .unwrap()
+        {
+            match r
+                .store
+                .receive_sync_message(doc, generation, &mut sr, &m, &|_| true)
+            {
+                Ok(out) => apply_view(&mut r.view, out),
+                Err(e) => return Some(e),
+            }
+            progressed = true;
+        }
+        if let Some(m) = r
+            .store
+            .generate_sync_message(doc, generation, &mut sr)
+            .unwrap()
+        {
+            let out = a
+                .store
+                .receive_sync_message(doc, generation, &mut sa, &m, &|_| true)
+                .unwrap();
+            apply_view(&mut a.view, out);
+            progressed = true;
+        }
+        if !progressed {
+            return None;
+        }
+    }
+    None
+}
+
+#[test]
+fn a_replica_that_took_a_rollover_before_the_retirement_drops_it_when_the_tombstone_arrives() {
+    // r was partitioned when the cluster was retired; meanwhile the writer rolled over and r
+    // took the new generation. The tombstone, arriving after, drops it all the same (it does
+    // not rejoin), and a replica restarted from disk applies it at start the same way.
+    let rdir = tempfile::tempdir().unwrap();
+    let config = StoreConfig {
+        durability: Durability::Fsync,
+        ..StoreConfig::default()
+    };
+    let gone = DocId::new("c1", "n1");
+    let mut a = agent(&gone, test_config());
+    a.store.apply(&gone, vec![upsert(node("n1"), "1")]).unwrap();
+    let at = now_ms();
+    std::thread::sleep(std::time::Duration::from_millis(3));
+    let rolled = a.store.rollover(&gone).unwrap();
+    assert!(rolled > at);
+    let (rs, _) = Store::open(rdir.path(), config.clone()).unwrap();
+    let mut r = Peer::replica(rs);
+    full_sync(&mut a, &mut r);
+    assert_eq!(r.store.entry(&gone).unwrap().generation, rolled);
+    drop(r);
+    let (rs, report) = Store::open(rdir.path(), config).unwrap();
+    assert_eq!(report.loaded, 1);
+    let mut r = Peer::replica(rs);
+    r.view = snapshot_view(&r.store);
+    let out = r.store.retire_cluster("c1", at).unwrap();
+    assert_eq!(out.len(), 1, "the node leaves the view: {out:?}");
+    assert_eq!(r.store.entry(&gone), None);
+    assert_eq!(r.store.digest(), &dramesh_store::Digest::empty());
+    assert!(offer(&mut a, &mut r, &gone, rolled).is_some());
 }

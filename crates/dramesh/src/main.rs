@@ -263,8 +263,11 @@ enum Command {
         /// OTLP/gRPC collector for spans (http://host:4317); default $OTEL_EXPORTER_OTLP_ENDPOINT, else no export.
         #[arg(long)]
         otlp_endpoint: Option<String>,
-        /// Start a new generation of this agent's document: how a cluster retired with
-        /// `dramesh retire` comes back (replicas refuse what was published before).
+        /// Start a new generation of this agent's document that asks to rejoin the fleet: the
+        /// only way a cluster retired with `dramesh retire` comes back (replicas refuse what
+        /// was published before, and every later generation that does not rejoin, whether
+        /// a rollover or a fresh data directory started it). A one-time action: leave it out
+        /// of the agent's usual arguments, or every restart rejoins.
         #[arg(long)]
         rejoin: bool,
     },

@@ -6,11 +6,17 @@
 //! must not bring it back, r2 restarted from its disk must not list it either, and the agent
 //! restarted with `--rejoin` must bring it back. Every wait is bounded; processes are killed
 //! when the test ends, pass or fail.
+//!
+//! A second test keeps the retired cluster's agent writing, so that its store rolls over to
+//! new generations again and again (bounded history), and checks that neither replica lists
+//! the cluster again through 20 s of that (and a restart of r2), until the agent rejoins.
 
 mod common;
 
+use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use common::{BIN, TwoReplicas, http, status_names, wait_for};
 
@@ -208,4 +214,166 @@ fn dramesh_retire_speaks_tls_with_a_client_certificate() {
     // A key without its certificate is a usage error.
     let (code, _) = retire(&["--key-file", &key]);
     assert_eq!(code, Some(2));
+}
+
+/// The generation of the document in the agent's data directory `data` (the header of its one
+/// `.amdoc` file, `"generation":<n>`), if it can be read now.
+fn agent_generation(data: &Path) -> Option<u64> {
+    for entry in std::fs::read_dir(data).ok()? {
+        let path = entry.ok()?.path();
+        if path.extension().is_some_and(|e| e == "amdoc") {
+            let bytes = std::fs::read(&path).ok()?;
+            let head = String::from_utf8_lossy(&bytes[..bytes.len().min(1024)]).to_string();
+            let at = head.find("\"generation\":")? + "\"generation\":".len();
+            let digits: String = head[at..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            return digits.parse().ok();
+        }
+    }
+    None
+}
+
+/// A Node of cluster `gone` whose annotation holds `n` and ~24 KB that differ with `n`, so each
+/// change grows the agent's history enough to roll its document over every few changes.
+fn busy_node(n: u64) -> String {
+    let mut x = n.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let pad: String = (0..3_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            format!("{:08x}", x as u32)
+        })
+        .collect();
+    format!(
+        "apiVersion: v1\nkind: Node\nmetadata: {{name: n1, labels: {{step: \"{n}\"}}, annotations: {{pad: \"{pad}\"}}}}\nstatus:\n  allocatable: {{cpu: \"8\", memory: 32Gi, pods: \"110\"}}\n"
+    )
+}
+
+#[test]
+fn a_retired_cluster_stays_retired_while_its_agent_keeps_writing_and_rolling_over() {
+    const HOLD: Duration = Duration::from_secs(20);
+    const MIN_ROLLOVERS: usize = 3;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let tmp = tmp.path();
+    let tokens = tmp.join("tokens.csv");
+    std::fs::write(&tokens, "s3cret-admin,admin,1\n").expect("token file");
+    let tokens_arg = tokens.display().to_string();
+    let mut args = common::OPEN_API.to_vec();
+    args.extend(["--api-token-file", &tokens_arg, "--api-admins", "admin"]);
+    let mut f = TwoReplicas::start(tmp, &["keep", "gone"], &args);
+    let (h1, h2) = (f.r1.http, f.r2.http);
+    let meshes = [f.r1.mesh, f.r2.mesh];
+    let node_file = f.fleet.join("gone").join("node.yaml");
+    std::fs::write(&node_file, busy_node(0)).expect("node");
+    f.agent(tmp, "keep", &meshes, &[]);
+    let gone_agent = f.agent(tmp, "gone", &meshes, &[]);
+    let gone_data = tmp.join("agent-gone");
+    for h in [h1, h2] {
+        wait_for(
+            "both clusters on both replicas",
+            Duration::from_secs(60),
+            || status_names(h, "clusters").filter(|c| c.len() == 2),
+        );
+    }
+    // The folder changes every 100 ms from now on, until the test ends.
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let writer = s.spawn(|| {
+            let mut n = 1;
+            while !stop.load(Ordering::Relaxed) {
+                let tmp_file = node_file.with_extension("tmp");
+                std::fs::write(&tmp_file, busy_node(n)).expect("node");
+                std::fs::rename(&tmp_file, &node_file).expect("rename");
+                n += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            n
+        });
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            // The agent rolls over by itself under these writes (checked before retiring, so
+            // that a build whose agent never rolls over cannot pass the hold below vacuously).
+            let g0 = wait_for("the agent's generation", Duration::from_secs(10), || {
+                agent_generation(&gone_data)
+            });
+            wait_for("a rollover of the agent", Duration::from_secs(30), || {
+                agent_generation(&gone_data).filter(|g| *g > g0)
+            });
+
+            let (code, body) =
+                common::try_request_as(h1, Some("s3cret-admin"), "DELETE", "/v1/clusters/gone", "")
+                    .expect("DELETE");
+            assert_eq!(code, 200, "{body}");
+            let retired_at: u64 = serde_json::from_str::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| v["retiredAtMs"].as_u64())
+                .unwrap_or_else(|| panic!("retiredAtMs in {body}"));
+            let only_keep = |h| {
+                let listed = status_names(h, "clusters")?;
+                let retired = status_names(h, "retired")?;
+                (listed == ["keep"] && retired == ["gone"]).then_some(())
+            };
+            for h in [h1, h2] {
+                wait_for(
+                    "gone retired on both replicas",
+                    Duration::from_secs(30),
+                    || only_keep(h),
+                );
+            }
+            // Hold: sampled every 250 ms on both replicas while the agent keeps writing and
+            // rolling over; r2 is restarted from its disk half way.
+            let start = Instant::now();
+            let mut generations = std::collections::BTreeSet::new();
+            let mut restarted = false;
+            while start.elapsed() < HOLD {
+                if let Some(g) = agent_generation(&gone_data).filter(|g| *g > retired_at) {
+                    generations.insert(g);
+                }
+                if !restarted && start.elapsed() > HOLD / 2 {
+                    f.restart_r2(tmp);
+                    wait_for("r2 back", Duration::from_secs(60), || {
+                        status_names(h2, "retired")
+                    });
+                    restarted = true;
+                }
+                for h in [h1, h2] {
+                    assert!(
+                        only_keep(h).is_some(),
+                        "{h} lists {:?} (retired {:?}) {:.1} s after the retirement, the agent at generations {generations:?}",
+                        status_names(h, "clusters"),
+                        status_names(h, "retired"),
+                        start.elapsed().as_secs_f64()
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            assert!(
+                generations.len() >= MIN_ROLLOVERS,
+                "the agent rolled over only {} times after the retirement ({generations:?}): the hold proves nothing",
+                generations.len()
+            );
+            eprintln!(
+                "gone stayed retired for {HOLD:?} while its agent rolled over {} times",
+                generations.len()
+            );
+
+            // The agent restarted with --rejoin comes back.
+            f.kill(gone_agent);
+            f.agent(tmp, "gone", &meshes, &["--rejoin"]);
+            for h in [h1, h2] {
+                wait_for(
+                    "gone back on both replicas",
+                    Duration::from_secs(60),
+                    || status_names(h, "clusters").filter(|c| c.len() == 2),
+                );
+            }
+        }));
+        stop.store(true, Ordering::Relaxed);
+        let _ = writer.join();
+        if let Err(p) = result {
+            std::panic::resume_unwind(p);
+        }
+    });
 }

@@ -269,6 +269,7 @@ async fn write_hold(cx: &Context<'_>, cluster: &str) -> Result<String, String> {
             replicas,
             priority,
             ttl_seconds: resv::DEFAULT_TTL_SECONDS,
+            caps: None,
         };
         state
             .write_preemption_hold(&own, &preemptor)

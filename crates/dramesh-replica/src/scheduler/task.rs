@@ -882,6 +882,7 @@ fn hold(
             replicas: (*replicas).min(resv::MAX_REPLICAS),
             priority: w.priority,
             ttl_seconds: resv::DEFAULT_TTL_SECONDS,
+            caps: None,
         })
         .collect();
     let (ids, ticket) = st

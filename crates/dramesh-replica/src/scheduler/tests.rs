@@ -142,11 +142,12 @@ fn start_as(
         name: name.into(),
         settle,
         confirm,
+        shard: true,
     };
     let metrics = SchedulerMetrics::register(&dramesh_telemetry::Metrics::new())
         .expect("metric names are free");
     let (stop, rx) = watch::channel(false);
-    let task = tokio::spawn(run(state, client, role, Some(metrics.clone()), rx));
+    let task = tokio::spawn(run(state, client, role, Some(metrics.clone()), None, rx));
     Running {
         stop,
         task,

@@ -412,6 +412,8 @@ pub(crate) async fn run(
             c = crb.next() => l.binding_change(Kind::ClusterResourceBinding, c),
             c = cl.next() => l.cluster_change(c),
             c = pc.next() => l.class_change(c),
+            // Before anything is started on the old members.
+            _ = peers_changed(&mut l.peers) => { l.reshard(); false }
             Some(r) = l.tasks.join_next_with_id(), if !l.tasks.is_empty() => { l.finished(r); false }
             _ = sleep_until(next_check), if next_check.is_some() => { l.check().await; false }
             _ = tick.tick() => {
@@ -428,6 +430,16 @@ pub(crate) async fn run(
             return;
         }
     }
+}
+
+/// Returns when the peers changed; never when there are none or their sender is gone.
+async fn peers_changed(p: &mut Option<watch::Receiver<Peers>>) {
+    if let Some(r) = p
+        && r.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
 }
 
 async fn sleep_until(at: Option<Instant>) {

@@ -19,7 +19,15 @@
 //! `cargo bench -p dramesh-replica --bench scheduler`. `SCHED_FLEET=clusters,nodes` changes
 //! the fleet (default `100,1000`). `SCHED_VIEW_RATE=n` (default 0) also applies `n` node
 //! updates a second, round robin over the clusters, during the steady phase, as agents
-//! publishing their nodes' status would.
+//! publishing their nodes' status would (to every replica's view).
+//!
+//! `SCHED_REPLICAS=n` (default 1) runs `n` replicas sharing the work (`--scheduler-shard`):
+//! `n` replica states, each with its own store in its own data directory and the whole
+//! fleet in its view, and `n` scheduler loops, each with its own Karmada client and watches.
+//! Their reservation documents (role records included) are replicated between them every
+//! 50 ms by automerge sync, as the mesh does without QUIC: `DocStore` sync messages between
+//! every two stores, flushed, then `catch_up` into the receiver's table. All of it shares
+//! one process (the CPU figures are the sum).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -27,6 +35,9 @@ use std::time::{Duration, Instant};
 
 use dramesh_fakeapi::FakeApi;
 use dramesh_mesh::store_adapter::MeshStore;
+use dramesh_mesh::{DocStore, PeerIdentity};
+use dramesh_replica::Peers;
+use dramesh_store::{DocId, SyncState};
 use dramesh_model::ObjectChange;
 use dramesh_replica::karmada::{KarmadaClient, KarmadaOptions};
 use dramesh_replica::{ReplicaState, SchedulerRole};
@@ -194,6 +205,45 @@ impl Phase {
     }
 }
 
+/// Brings `to`'s copy of `from`'s reservation document up to date by automerge sync rounds
+/// (`states`: the sync state of each side for this pair), then applies what arrived to its
+/// view and table.
+fn sync_pair(from: &ReplicaState, to: &ReplicaState, states: &mut (SyncState, SyncState)) {
+    let doc = DocId::reservations(from.replica.clone());
+    let (a, b) = (
+        PeerIdentity::Replica {
+            id: from.replica.clone(),
+        },
+        PeerIdentity::Replica {
+            id: to.replica.clone(),
+        },
+    );
+    let Some(generation) = from.with_store(|s| s.store().entry(&doc).map(|e| e.generation)) else {
+        return;
+    };
+    for _ in 0..16 {
+        let out = from.with_store(|s| s.generate_sync_message(&doc, &mut states.0));
+        if let Some((msg, att)) = &out {
+            to.with_store(|s| {
+                if let Err(e) = s.receive_sync_message(&a, &doc, generation, &mut states.1, msg, att.as_ref()) {
+                    eprintln!("sync {doc}: {e:?}");
+                }
+                let _ = s.flush();
+            });
+        }
+        let back = to.with_store(|s| s.generate_sync_message(&doc, &mut states.1));
+        if let Some((msg, att)) = &back {
+            from.with_store(|s| {
+                let _ = s.receive_sync_message(&b, &doc, generation, &mut states.0, msg, att.as_ref());
+            });
+        }
+        if out.is_none() && back.is_none() {
+            break;
+        }
+    }
+    to.catch_up();
+}
+
 fn pct(lat: &[Duration], p: f64) -> f64 {
     let i = ((lat.len() as f64 * p).ceil() as usize).clamp(1, lat.len()) - 1;
     lat[i].as_secs_f64() * 1e3
@@ -239,6 +289,26 @@ fn report_cpu(label: &str, n: usize, since: (f64, f64)) {
     );
 }
 
+/// Prints how many bindings got more than one accepted spec write (decided by two replicas).
+fn spec_writes_per_binding(fake: &FakeApi) {
+    let mut per: HashMap<String, usize> = HashMap::new();
+    for w in fake.writes() {
+        if w.kind == "ResourceBinding" && w.subresource.is_none() && w.code < 300 {
+            *per.entry(w.name).or_default() += 1;
+        }
+    }
+    let twice = per.values().filter(|n| **n > 1).count();
+    let conflicts = fake
+        .writes()
+        .iter()
+        .filter(|w| w.kind == "ResourceBinding" && w.code == 409)
+        .count();
+    println!(
+        "spec writes: {} bindings written, {twice} more than once; {conflicts} conflicting binding writes",
+        per.len()
+    );
+}
+
 fn report(label: &str, n: usize, last: Duration, lat: &[Duration], failed: &[String]) {
     if lat.is_empty() {
         println!("{label}: no binding scheduled");
@@ -279,10 +349,24 @@ async fn main() {
     })
     .expect("log");
 
-    let dir = tempfile::tempdir().expect("temporary data directory");
-    let store = dramesh_mesh::daemon::open_store(Some(dir.path()), "bench").expect("store");
-    let store = Arc::new(Mutex::new(MeshStore::new(store, true)));
-    let state = ReplicaState::new("bench", Duration::from_secs(3600), store);
+    let replicas: usize = env("SCHED_REPLICAS", 1).max(1);
+    let dirs: Vec<tempfile::TempDir> = (0..replicas)
+        .map(|_| tempfile::tempdir().expect("temporary data directory"))
+        .collect();
+    let states: Vec<Arc<ReplicaState>> = dirs
+        .iter()
+        .enumerate()
+        .map(|(i, dir)| {
+            let id = if replicas == 1 {
+                "bench".to_string()
+            } else {
+                format!("bench{i}")
+            };
+            let store = dramesh_mesh::daemon::open_store(Some(dir.path()), &id).expect("store");
+            let store = Arc::new(Mutex::new(MeshStore::new(store, true)));
+            ReplicaState::new(&id, Duration::from_secs(3600), store)
+        })
+        .collect();
 
     let t = Instant::now();
     let spec = FleetSpec {
@@ -298,10 +382,12 @@ async fn main() {
         cluster_objects(&spec, c, &|n| n % 5, |o| {
             changes.push((name.clone(), ObjectChange::upsert(&o)));
         });
-        state.apply_changes(&changes);
+        for state in &states {
+            state.apply_changes(&changes);
+        }
     }
     eprintln!(
-        "fleet: {clusters} clusters x {nodes} nodes x 8 GPUs loaded in {:.1} s",
+        "fleet: {clusters} clusters x {nodes} nodes x 8 GPUs loaded into {replicas} replica(s) in {:.1} s",
         t.elapsed().as_secs_f64()
     );
 
@@ -319,13 +405,56 @@ async fn main() {
             {"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}]}}}}),
     );
 
-    let client = Arc::new(KarmadaClient::new(
-        fake.client(),
-        KarmadaOptions::new(SCHEDULER, "bench"),
-    ));
-    let role = SchedulerRole::new(std::path::PathBuf::new(), SCHEDULER);
     let (stop, rx) = tokio::sync::watch::channel(false);
-    let task = tokio::spawn(dramesh_replica::serve(state.clone(), client, role, rx));
+    let mut peers = Vec::new();
+    let mut tasks = Vec::new();
+    for state in &states {
+        let client = Arc::new(KarmadaClient::new(
+            fake.client(),
+            KarmadaOptions::new(SCHEDULER, &state.replica),
+        ));
+        let role = SchedulerRole::new(std::path::PathBuf::new(), SCHEDULER);
+        let others = states
+            .iter()
+            .filter(|s| s.replica != state.replica)
+            .map(|s| s.replica.clone());
+        let (tx, peers_rx) = tokio::sync::watch::channel(Peers {
+            alive: others.collect(),
+            caught_up: replicas == 1,
+        });
+        peers.push(tx);
+        tasks.push(tokio::spawn(dramesh_replica::serve_shared(
+            state.clone(),
+            client,
+            role,
+            peers_rx,
+            rx.clone(),
+        )));
+    }
+    // The mesh between the replicas: their reservation documents, every 50 ms.
+    let syncing = Arc::new(std::sync::atomic::AtomicBool::new(replicas > 1));
+    let syncer = (replicas > 1).then(|| {
+        let (states, syncing) = (states.clone(), syncing.clone());
+        std::thread::spawn(move || {
+            let mut pairs: HashMap<(usize, usize), (SyncState, SyncState)> = HashMap::new();
+            while syncing.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(50));
+                for i in 0..states.len() {
+                    for j in (0..states.len()).filter(|j| *j != i) {
+                        let st = pairs.entry((i, j)).or_default();
+                        sync_pair(&states[i], &states[j], st);
+                    }
+                }
+            }
+        })
+    });
+    if replicas > 1 {
+        // Caught up: every replica holds the others' role records (synced within 50 ms).
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        for p in &peers {
+            p.send_modify(|p| p.caught_up = true);
+        }
+    }
 
     let mut next = 0usize;
     let mut name = || {
@@ -349,7 +478,7 @@ async fn main() {
     let view_rate: u64 = env("SCHED_VIEW_RATE", 0);
     let updating = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(view_rate > 0));
     let updater = (view_rate > 0).then(|| {
-        let (state, updating) = (state.clone(), updating.clone());
+        let (states, updating) = (states.clone(), updating.clone());
         // The first node of each cluster, relabelled on every update.
         let mut firsts = Vec::new();
         for c in 0..clusters {
@@ -375,7 +504,9 @@ async fn main() {
                     .get_or_insert_default()
                     .insert("bench.dramesh.io/update".into(), applied.to_string());
                 let o = dramesh_model::ClusterObject::Node(Arc::new(node.clone()));
-                state.apply_changes(&[(cluster.clone(), ObjectChange::upsert(&o))]);
+                for state in &states {
+                    state.apply_changes(&[(cluster.clone(), ObjectChange::upsert(&o))]);
+                }
                 applied += 1;
                 let due = started + period.mul_f64(applied as f64);
                 std::thread::sleep(due.saturating_duration_since(Instant::now()));
@@ -421,11 +552,22 @@ async fn main() {
         .await;
     report("burst", burst, last, &lat, &failed);
     report_cpu("burst", burst, cpu);
-    println!(
-        "reservations live at the end: {}",
-        state.reservation_list(false).len()
-    );
+    for state in &states {
+        let own = state
+            .reservation_list(false)
+            .into_iter()
+            .filter(|r| r.owner == state.replica)
+            .count();
+        println!("{}: {own} own reservations live at the end", state.replica);
+    }
+    spec_writes_per_binding(&fake);
 
     let _ = stop.send(true);
-    let _ = task.await;
+    for t in tasks {
+        let _ = t.await;
+    }
+    syncing.store(false, std::sync::atomic::Ordering::Relaxed);
+    if let Some(s) = syncer {
+        let _ = s.join();
+    }
 }

@@ -691,7 +691,10 @@ pub fn agent_generation(dir: &Path) -> Option<u64> {
             let n = std::io::Read::read(&mut std::fs::File::open(&path).ok()?, &mut head).ok()?;
             let head = String::from_utf8_lossy(&head[..n]).to_string();
             let at = head.find("\"generation\":")? + "\"generation\":".len();
-            let digits: String = head[at..].chars().take_while(char::is_ascii_digit).collect();
+            let digits: String = head[at..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
             return digits.parse().ok();
         }
     }
@@ -816,9 +819,18 @@ fn play_fault(
             let dir = fleet.data_dir(AGENTS[*cluster]);
             watch = Some((
                 name.clone(),
-                watch_hold(fleet.api.clone(), name.clone(), dir, at, t0, watch_stop.clone()),
+                watch_hold(
+                    fleet.api.clone(),
+                    name.clone(),
+                    dir,
+                    at,
+                    t0,
+                    watch_stop.clone(),
+                ),
             ));
-            notes.push(format!("retired {name} through {via} at {at} ms since the epoch"));
+            notes.push(format!(
+                "retired {name} through {via} at {at} ms since the epoch"
+            ));
         }
         Fault::OneWay { from, to } => {
             for f in from {
@@ -866,7 +878,9 @@ fn play_fault(
     let mut next_write = Instant::now();
     // At hundreds of changes a second the writes due are caught up in bursts (at most 50 per
     // round, so restarts stay on time); the tick is shorter than the write interval.
-    let tick = Duration::from_millis(20).min(interval / 2).max(Duration::from_millis(1));
+    let tick = Duration::from_millis(20)
+        .min(interval / 2)
+        .max(Duration::from_millis(1));
     let mut write_due = |wl: &mut Workload, now: Instant| -> Result<()> {
         let mut n = 0;
         while now >= next_write && n < 50 {

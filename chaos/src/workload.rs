@@ -207,11 +207,7 @@ impl Workload {
                 .filter(|(_, o)| matches!(o, ClusterObject::ResourceClaim(_)))
                 .map(|(i, _)| i)
                 .collect();
-            let gpus = self
-                .gpus
-                .entry(ci)
-                .or_insert_with(|| whole_gpus(c))
-                .clone();
+            let gpus = self.gpus.entry(ci).or_insert_with(|| whole_gpus(c)).clone();
             let free = free_devices(c, &gpus);
             if self.mix == Mix::Churn && roll < 50 && !nodes.is_empty() {
                 let node = nodes[self.rng.random_range(0..nodes.len())].clone();
@@ -233,7 +229,9 @@ impl Workload {
                 self.churn_claim(ci, id, false, &free, &claims)?
             }
         };
-        if keys.iter().any(|k| k.get(1..).is_some_and(|k| k.starts_with("Node/")))
+        if keys
+            .iter()
+            .any(|k| k.get(1..).is_some_and(|k| k.starts_with("Node/")))
             && !op.starts_with("relabel")
         {
             self.gpus.remove(&ci);
@@ -285,7 +283,10 @@ impl Workload {
                 .get(self.rng.random_range(0..free.len().max(1)))
                 .cloned()
             else {
-                bail!("cluster {} has no device to allocate and no claim to release", self.clusters[ci].name);
+                bail!(
+                    "cluster {} has no device to allocate and no claim to release",
+                    self.clusters[ci].name
+                );
             };
             let name = format!("chaos-claim-{id}");
             let cname = self.clusters[ci].name.clone();
@@ -385,7 +386,11 @@ impl Workload {
     /// The objects of the final files, read back from disk through the agents' loader.
     pub fn expected(&self) -> Result<ClusterState> {
         let mut out = ClusterState::new();
-        for c in self.clusters.iter().filter(|c| !self.retired.contains(&c.name)) {
+        for c in self
+            .clusters
+            .iter()
+            .filter(|c| !self.retired.contains(&c.name))
+        {
             let dir = self.root.join(&c.name);
             let loaded = load_path(&dir).map_err(|e| anyhow!("loading {dir:?}: {e}"))?;
             let objs = out.entry(c.name.clone()).or_default();

@@ -36,12 +36,12 @@ use std::time::{Duration, Instant};
 use dramesh_fakeapi::FakeApi;
 use dramesh_mesh::store_adapter::MeshStore;
 use dramesh_mesh::{DocStore, PeerIdentity};
-use dramesh_replica::Peers;
-use dramesh_store::{DocId, SyncState};
 use dramesh_model::ObjectChange;
+use dramesh_replica::Peers;
 use dramesh_replica::karmada::{KarmadaClient, KarmadaOptions};
 use dramesh_replica::{ReplicaState, SchedulerRole};
 use dramesh_sim::typed::{FleetSpec, cluster_objects};
+use dramesh_store::{DocId, SyncState};
 use serde_json::{Value, json};
 
 const NS: &str = "ml";
@@ -225,7 +225,9 @@ fn sync_pair(from: &ReplicaState, to: &ReplicaState, states: &mut (SyncState, Sy
         let out = from.with_store(|s| s.generate_sync_message(&doc, &mut states.0));
         if let Some((msg, att)) = &out {
             to.with_store(|s| {
-                if let Err(e) = s.receive_sync_message(&a, &doc, generation, &mut states.1, msg, att.as_ref()) {
+                if let Err(e) =
+                    s.receive_sync_message(&a, &doc, generation, &mut states.1, msg, att.as_ref())
+                {
                     eprintln!("sync {doc}: {e:?}");
                 }
                 let _ = s.flush();
@@ -234,7 +236,8 @@ fn sync_pair(from: &ReplicaState, to: &ReplicaState, states: &mut (SyncState, Sy
         let back = to.with_store(|s| s.generate_sync_message(&doc, &mut states.1));
         if let Some((msg, att)) = &back {
             from.with_store(|s| {
-                let _ = s.receive_sync_message(&b, &doc, generation, &mut states.0, msg, att.as_ref());
+                let _ =
+                    s.receive_sync_message(&b, &doc, generation, &mut states.0, msg, att.as_ref());
             });
         }
         if out.is_none() && back.is_none() {

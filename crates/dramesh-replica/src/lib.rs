@@ -41,5 +41,7 @@ mod status_page;
 pub use backend::ReplicaBackend;
 pub use members::Peers;
 pub use runner::{DEFAULT_READY_TIMEOUT, Replica, ReplicaConfig};
-pub use scheduler::{Confirm, DEFAULT_SCHEDULER_NAME, DEFAULT_SETTLE, SchedulerRole, serve, serve_shared};
+pub use scheduler::{
+    Confirm, DEFAULT_SCHEDULER_NAME, DEFAULT_SETTLE, SchedulerRole, serve, serve_shared,
+};
 pub use state::ReplicaState;

@@ -40,7 +40,11 @@ pub(crate) struct RoleRecord {
 
 /// The store key of replica `replica`'s role record.
 pub(crate) fn role_key(replica: &str) -> ObjectKey {
-    ObjectKey::new(ObjectKind::ClusterInfo, None, &format!("{ROLE_PREFIX}{replica}"))
+    ObjectKey::new(
+        ObjectKind::ClusterInfo,
+        None,
+        &format!("{ROLE_PREFIX}{replica}"),
+    )
 }
 
 /// The replica whose role record `key` (of the reservation scope) is, if it is one.
@@ -146,7 +150,9 @@ mod tests {
         assert_eq!(roles.get("r1"), Some(&role("s")));
         apply(
             &mut roles,
-            &dramesh_model::ObjectChange::Delete { key: role_key("r1") },
+            &dramesh_model::ObjectChange::Delete {
+                key: role_key("r1"),
+            },
         );
         assert!(roles.is_empty());
     }

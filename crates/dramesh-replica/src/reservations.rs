@@ -506,7 +506,11 @@ impl Table {
         let changed: Vec<Arc<str>> = void
             .keys()
             .filter(|id| !self.void_decisions.contains_key(*id))
-            .chain(self.void_decisions.keys().filter(|id| !void.contains_key(*id)))
+            .chain(
+                self.void_decisions
+                    .keys()
+                    .filter(|id| !void.contains_key(*id)),
+            )
             .filter_map(|id| self.entries.get(&**id).map(|e| e.cluster.clone()))
             .collect();
         self.over_cap_changed.extend(changed);

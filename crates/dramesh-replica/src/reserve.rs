@@ -144,8 +144,8 @@ impl ReplicaState {
         // then what changed in the clusters that changed.
         // The cap ranking first: a cluster with a reservation that entered or left it is
         // resolved again whole.
-        let (versions, mut over_cap, void, voided): (Vec<(Arc<str>, u64)>, _, _, _) =
-            self.with_table(|t| {
+        let (versions, mut over_cap, void, voided): (Vec<(Arc<str>, u64)>, _, _, _) = self
+            .with_table(|t| {
                 t.refresh_over_cap(now);
                 (
                     t.cluster_versions().map(|(c, v)| (c.clone(), v)).collect(),

@@ -88,6 +88,7 @@ pub(crate) struct Indexes {
 pub(crate) struct DecisionEntry {
     pub(crate) id: Arc<str>,
     pub(crate) cluster: Arc<str>,
+    pub(crate) owner: String,
     pub(crate) decision: dramesh_scheduler::void::DecisionRef,
     /// When this replica first saw it (its owner: made it).
     pub(crate) seen: Instant,
@@ -420,14 +421,16 @@ impl ReplicaState {
             t.entries()
                 .filter(|(_, e)| e.record.creator == creator)
                 .filter(|(_, e)| {
-                    e.record.decision.as_ref().is_some_and(|d| {
-                        now.saturating_duration_since(e.seen) >= d.void_after()
-                    })
+                    e.record
+                        .decision
+                        .as_ref()
+                        .is_some_and(|d| now.saturating_duration_since(e.seen) >= d.void_after())
                 })
                 .filter_map(|(_, e)| {
                     Some(DecisionEntry {
                         id: e.id.clone(),
                         cluster: e.cluster.clone(),
+                        owner: e.record.owner.clone(),
                         decision: e.record.decision.clone()?,
                         seen: e.seen,
                     })

@@ -17,11 +17,7 @@ pub fn owner<'a, S: AsRef<str>>(key: &str, members: &'a [S]) -> Option<&'a str> 
     members
         .iter()
         .map(AsRef::as_ref)
-        .max_by(|a, b| {
-            weight(a, key)
-                .cmp(&weight(b, key))
-                .then_with(|| b.cmp(a))
-        })
+        .max_by(|a, b| weight(a, key).cmp(&weight(b, key)).then_with(|| b.cmp(a)))
 }
 
 /// The rendezvous weight of `member` for `key`: FNV-1a 64 over the member id, a separator

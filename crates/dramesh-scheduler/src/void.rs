@@ -10,6 +10,11 @@
 //! replica's settle window plus [`VOID_GRACE`]) every replica that sees the binding judges
 //! it with [`void`]: a decision the binding does not show holds nothing.
 //!
+//! A decision's spec write also sets the binding's [`DECIDED_BY`] annotation (`<replica>/<generation>`),
+//! so when two replicas decided the same generation (a takeover of a dead replica's binding,
+//! members seen differently for a moment) the one whose write landed is known, and the other's
+//! reservation is void even though the binding holds the same cluster.
+//!
 //! Why any replica may judge another's reservation: the verdict is a function of the
 //! replicated record and the binding as the Karmada API server serves it, so every replica
 //! that sees the same binding version reaches the same one; and the deciding replica never
@@ -36,6 +41,17 @@ pub const VOID_GRACE: Duration = Duration::from_secs(5);
 /// happen in it). Past it the decision is dropped, its reservations released, and the
 /// binding decided again.
 pub const WRITE_WINDOW: Duration = Duration::from_secs(2);
+
+/// The annotation a decision's spec write sets on the binding, `<replica>/<generation>`: which
+/// replica's decision for which generation the spec holds. Without it, a replica taking over
+/// a dead replica's binding and writing the same cluster would make the dead replica's
+/// unwritten reservation look written.
+pub const DECIDED_BY: &str = "scheduler.dramesh.io/decision";
+
+/// The value of [`DECIDED_BY`] for `replica`'s decision for `generation`.
+pub fn decided_by(replica: &str, generation: i64) -> String {
+    format!("{replica}/{generation}")
+}
 
 /// The decision a scheduler reservation holds: optional in the reservation record (records
 /// without it, and those of replicas that predate it, end at their TTL as before).
@@ -91,6 +107,8 @@ pub enum Served<'a> {
         generation: i64,
         /// `spec.clusters`.
         clusters: &'a [TargetCluster],
+        /// Its [`DECIDED_BY`] annotation, if any.
+        decided_by: Option<&'a str>,
     },
 }
 
@@ -104,6 +122,8 @@ pub enum Void {
     NotWritten,
     /// The binding moved on to a newer generation without the cluster.
     MovedOn,
+    /// Another replica's decision for the same generation is the one written.
+    Superseded,
 }
 
 impl Void {
@@ -124,25 +144,36 @@ impl Void {
                 "void: {b} moved on past generation {} without {cluster}",
                 d.generation
             ),
+            Void::Superseded => format!(
+                "void: another replica's decision for generation {} was written to {b}",
+                d.generation
+            ),
         }
     }
 }
 
-/// Whether the reservation on `cluster` holding decision `d`, first seen `age` ago on the
-/// judging replica, is void given the binding as `served`. Before [`DecisionRef::void_after`]
-/// it never is (the decision may still be on its way).
-pub fn void(d: &DecisionRef, cluster: &str, age: Duration, served: Served<'_>) -> Option<Void> {
+/// Whether the reservation of replica `owner` on `cluster` holding decision `d`, first seen
+/// `age` ago on the judging replica, is void given the binding as `served`. Before
+/// [`DecisionRef::void_after`] it never is (the decision may still be on its way).
+pub fn void(
+    owner: &str,
+    d: &DecisionRef,
+    cluster: &str,
+    age: Duration,
+    served: Served<'_>,
+) -> Option<Void> {
     if age < d.void_after() {
         return None;
     }
-    let (uid, generation, clusters) = match served {
+    let (uid, generation, clusters, by) = match served {
         Served::Unknown => return None,
         Served::Absent => return Some(Void::Deleted),
         Served::Present {
             uid,
             generation,
             clusters,
-        } => (uid, generation, clusters),
+            decided_by,
+        } => (uid, generation, clusters, decided_by),
     };
     if !d.uid.is_empty() && !uid.is_empty() && uid != d.uid {
         return Some(Void::Deleted);
@@ -156,8 +187,17 @@ pub fn void(d: &DecisionRef, cluster: &str, age: Duration, served: Served<'_>) -
         return None;
     }
     if generation > d.generation {
-        // A newer spec: the decision's write or a later change. With the cluster still in
-        // it the room may be in use; without it, it is not.
+        // A newer spec: a decision's write or a later change. The last decision written
+        // names itself: another replica's for this generation means this one never landed.
+        let last = by.and_then(|v| v.rsplit_once('/'));
+        if let Some((who, g)) = last
+            && g.parse::<i64>().ok() == Some(d.generation)
+            && who != owner
+        {
+            return Some(Void::Superseded);
+        }
+        // This decision, or a later one: with the cluster still in it the room may be in
+        // use; without it, it is not.
         return (assigned == 0).then_some(Void::MovedOn);
     }
     // The spec decided on: a written decision changes the spec, so the generation moves;
@@ -205,23 +245,34 @@ mod tests {
             uid,
             generation,
             clusters,
+            decided_by: None,
+        };
+        let by = |who: &'static str, generation, clusters| Served::Present {
+            uid: "u1",
+            generation,
+            clusters,
+            decided_by: Some(who),
         };
         let cases: Vec<(&str, Served<'_>, Option<Void>)> = vec![
             ("watch not listed", Served::Unknown, None),
             ("deleted", Served::Absent, Some(Void::Deleted)),
-            ("created again", present("u2", 1, &written), Some(Void::Deleted)),
-            ("never written", present("u1", 3, &none), Some(Void::NotWritten)),
+            (
+                "created again",
+                present("u2", 1, &written),
+                Some(Void::Deleted),
+            ),
+            (
+                "never written",
+                present("u1", 3, &none),
+                Some(Void::NotWritten),
+            ),
             (
                 "scale-up never written",
                 present("u1", 3, &partly),
                 Some(Void::NotWritten),
             ),
             ("written", present("u1", 4, &written), None),
-            (
-                "re-added, spec unchanged",
-                present("u1", 3, &written),
-                None,
-            ),
+            ("re-added, spec unchanged", present("u1", 3, &written), None),
             ("moved on with the cluster", present("u1", 6, &partly), None),
             (
                 "moved on without the cluster",
@@ -230,10 +281,27 @@ mod tests {
             ),
             ("a watch behind the decider", present("u1", 2, &none), None),
             ("served without a uid", present("", 4, &written), None),
+            ("written by its owner", by("r1/3", 4, &written), None),
+            (
+                "another replica's decision written instead",
+                by("r2/3", 4, &written),
+                Some(Void::Superseded),
+            ),
+            (
+                "another replica's later decision, the cluster kept",
+                by("r2/5", 6, &written),
+                None,
+            ),
+            (
+                "its own decision, then moved on without the cluster",
+                by("r1/3", 6, &elsewhere),
+                Some(Void::MovedOn),
+            ),
+            ("an unreadable annotation", by("r2", 4, &written), None),
         ];
         for (what, served, want) in cases {
-            assert_eq!(void(&d, "c0", young, served), None, "{what}, young");
-            assert_eq!(void(&d, "c0", old, served), want, "{what}, old");
+            assert_eq!(void("r1", &d, "c0", young, served), None, "{what}, young");
+            assert_eq!(void("r1", &d, "c0", old, served), want, "{what}, old");
         }
     }
 
@@ -246,9 +314,12 @@ mod tests {
         // The owner stops writing well before anyone may void.
         assert!(d.void_after() - d.write_deadline() >= Duration::from_secs(3));
         let served = Served::Absent;
-        assert_eq!(void(&d, "c0", Duration::from_millis(6_999), served), None);
         assert_eq!(
-            void(&d, "c0", Duration::from_secs(7), served),
+            void("r1", &d, "c0", Duration::from_millis(6_999), served),
+            None
+        );
+        assert_eq!(
+            void("r1", &d, "c0", Duration::from_secs(7), served),
             Some(Void::Deleted)
         );
     }

@@ -488,11 +488,7 @@ impl Loop {
     /// replica (before, it may not know the others' role records and would take every
     /// binding).
     fn may_decide(&self) -> bool {
-        !self.ctx.role.shard
-            || self
-                .peers
-                .as_ref()
-                .is_none_or(|p| p.borrow().caught_up)
+        !self.ctx.role.shard || self.peers.as_ref().is_none_or(|p| p.borrow().caught_up)
     }
 
     /// Whether this replica owns binding `o` (always, when not sharing).
@@ -541,7 +537,10 @@ impl Loop {
     /// own write); any other verdict holds for it too.
     fn judge_void(&mut self) {
         use dramesh_scheduler::void::{Served, Void, void};
-        let entries = self.ctx.state.decision_reservations(&self.ctx.role.creator());
+        let entries = self
+            .ctx
+            .state
+            .decision_reservations(&self.ctx.role.creator());
         if entries.is_empty() && self.void.is_empty() {
             return;
         }
@@ -574,10 +573,15 @@ impl Loop {
                     uid: &b.metadata.uid,
                     generation: b.metadata.generation,
                     clusters: &b.clusters,
+                    decided_by: b
+                        .metadata
+                        .annotations
+                        .get(dramesh_scheduler::void::DECIDED_BY)
+                        .map(String::as_str),
                 },
             };
             let age = now.saturating_duration_since(e.seen);
-            match void(d, &e.cluster, age, served) {
+            match void(&e.owner, d, &e.cluster, age, served) {
                 Some(Void::NotWritten) if written.contains(&*e.id) => {}
                 Some(v) => {
                     judged.insert(e.id.clone(), v.reason(d, &e.cluster));

@@ -631,8 +631,15 @@ impl Ctx {
                     "the decision was not written within its write window; its reservations are released and the binding is decided again".into(),
                 ));
             }
-            let body: Value = serde_json::from_str(&p.body)
+            let mut body: Value = serde_json::from_str(&p.body)
                 .map_err(|e| WriteError::Failed(format!("spec patch body: {e}")))?;
+            if write_by.is_some() {
+                // The decision names itself, so a replica judging another replica's
+                // reservation of the same generation can tell whose landed.
+                body["metadata"]["annotations"][dramesh_scheduler::void::DECIDED_BY] = Value::from(
+                    dramesh_scheduler::void::decided_by(&self.state.replica, b.metadata.generation),
+                );
+            }
             let r = BindingRef::of(kind, &current)
                 .ok_or_else(|| WriteError::Failed("the binding has no resourceVersion".into()))?;
             match self.client.patch(&r, &body).await {

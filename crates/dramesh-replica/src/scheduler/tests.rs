@@ -423,12 +423,20 @@ fn bridge(
 fn bridge_all(states: Vec<Arc<ReplicaState>>, delay: Duration) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let pairs: Vec<(usize, usize)> = (0..states.len())
-            .flat_map(|i| (0..states.len()).filter(move |j| *j != i).map(move |j| (i, j)))
+            .flat_map(|i| {
+                (0..states.len())
+                    .filter(move |j| *j != i)
+                    .map(move |j| (i, j))
+            })
             .collect();
         let mut seen: Vec<HashMap<String, Arc<[u8]>>> = vec![HashMap::new(); pairs.len()];
         loop {
             tokio::time::sleep(delay).await;
-            for (i, (from, to)) in pairs.iter().map(|(f, t)| (&states[*f], &states[*t])).enumerate() {
+            for (i, (from, to)) in pairs
+                .iter()
+                .map(|(f, t)| (&states[*f], &states[*t]))
+                .enumerate()
+            {
                 // The sender's store holds its own document only (what it receives goes to
                 // its table).
                 let now: HashMap<String, Arc<[u8]>> = from

@@ -117,7 +117,9 @@ async fn three_replicas_decide_each_binding_once_each_only_its_share() {
     // Each binding's owner by rendezvous hashing of its uid over the three.
     let mut share: BTreeMap<&str, u64> = BTreeMap::new();
     for n in &names {
-        *share.entry(owner(&uid(&fake, n), &ids).unwrap()).or_default() += 1;
+        *share
+            .entry(owner(&uid(&fake, n), &ids).unwrap())
+            .or_default() += 1;
     }
     wait_until("every outcome counted", || {
         loops.iter().map(|l| l.count("scheduled")).sum::<u64>() >= names.len() as u64
@@ -134,7 +136,11 @@ async fn three_replicas_decide_each_binding_once_each_only_its_share() {
     // Exactly one spec write per binding: no two replicas decided one.
     let patches = spec_patches(&fake);
     for n in &names {
-        assert_eq!(patches.get(&format!("{n}-deployment")), Some(&1), "{n}: {patches:?}");
+        assert_eq!(
+            patches.get(&format!("{n}-deployment")),
+            Some(&1),
+            "{n}: {patches:?}"
+        );
     }
     assert!(
         !fake
@@ -207,7 +213,11 @@ async fn a_stopped_replicas_bindings_are_taken_over() {
     );
     let patches = spec_patches(&fake);
     for n in &names {
-        assert_eq!(patches.get(&format!("{n}-deployment")), Some(&1), "{n}: {patches:?}");
+        assert_eq!(
+            patches.get(&format!("{n}-deployment")),
+            Some(&1),
+            "{n}: {patches:?}"
+        );
     }
     let (ra, rc) = (loops[0].take().unwrap(), loops[2].take().unwrap());
     wait_until("every outcome counted", || {
@@ -257,7 +267,10 @@ async fn a_decision_never_written_frees_its_room_after_settle_and_grace() {
             kind: "Deployment".into(),
             name: "ghost".into(),
         },
-        manifests: vec![deployment("ghost").to_string(), claim_template().to_string()],
+        manifests: vec![
+            deployment("ghost").to_string(),
+            claim_template().to_string(),
+        ],
         replicas: 8,
         priority: 0,
         ttl_seconds: 300,
@@ -284,7 +297,13 @@ async fn a_decision_never_written_frees_its_room_after_settle_and_grace() {
     // The room is held: unschedulable.
     let b = wait_binding(&fake, "real", "unschedulable", |b| scheduled(b).is_some()).await;
     assert_eq!(scheduled(&b).unwrap()["reason"], "Unschedulable", "{b:#}");
-    let b = wait_binding(&fake, "real", "landed on the freed room", is_success_at_generation).await;
+    let b = wait_binding(
+        &fake,
+        "real",
+        "landed on the freed room",
+        is_success_at_generation,
+    )
+    .await;
     let took = seen.elapsed();
     assert_eq!(targets(&b), [("c0".to_string(), 2)]);
     let void_after = decision.void_after();
@@ -292,16 +311,18 @@ async fn a_decision_never_written_frees_its_room_after_settle_and_grace() {
         took >= void_after && took < void_after + Duration::from_secs(2),
         "landed {took:?} after the dead replica's reservation was first seen (void after {void_after:?})"
     );
-    let dead = st.reservation_status(&record.id).expect("still known: its owner is dead");
+    let dead = st
+        .reservation_status(&record.id)
+        .expect("still known: its owner is dead");
     assert_eq!(
         (dead.status, dead.remaining),
         (ReservationState::Released, 0),
         "{dead:?}"
     );
     assert!(
-        dead.reason
-            .as_deref()
-            .is_some_and(|r| r.contains("was never written to ResourceBinding default/ghost-deployment")),
+        dead.reason.as_deref().is_some_and(
+            |r| r.contains("was never written to ResourceBinding default/ghost-deployment")
+        ),
         "{dead:?}"
     );
     // The written decision's own reservation is not void, however long it waits.

@@ -8,7 +8,7 @@
 //!   2 s after the kill (the room its unwritten decisions held is freed by the void rule, not
 //!   the 300 s TTL);
 //! - two replicas, a third joining during a burst of bindings that all fit: every binding is
-//!   scheduled, with exactly one accepted spec write each.
+//!   scheduled, with exactly one accepted spec write each and (almost) no conflicting one.
 //!
 //! Every wait is bounded and names what it waited for; processes are killed when a test ends.
 
@@ -319,4 +319,19 @@ async fn a_replica_joining_during_a_burst_leaves_every_binding_written_once() {
     for n in &names {
         assert_eq!(writes.get(n), Some(&1), "{n}: {writes:?}");
     }
+    // Decided once, not raced: every replica deciding every binding (sharing off) answers
+    // all but one write per binding with a conflict (measured: 23 for these 16). While the
+    // members change, two replicas may both own a binding for a moment.
+    let conflicts: Vec<String> = s
+        .fake
+        .writes()
+        .into_iter()
+        .filter(|w| w.kind == "ResourceBinding" && w.code == 409)
+        .map(|w| w.name)
+        .collect();
+    assert!(
+        conflicts.len() <= 2,
+        "{} conflicting binding writes: {conflicts:?}",
+        conflicts.len()
+    );
 }

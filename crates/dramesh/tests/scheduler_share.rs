@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{Replicas, status_names, wait_for};
+use common::{Replicas, wait_for};
 use dramesh_fakeapi::FakeApi;
 use dramesh_sim::{ClusterSpec, NodeGroup, NodeShape};
 use serde_json::{Value, json};
@@ -29,12 +29,7 @@ const SLOTS: i64 = 8;
 const SETTLE: Duration = Duration::from_millis(500);
 
 fn cluster(name: &str) -> Value {
-    json!({"apiVersion": "cluster.karmada.io/v1alpha1", "kind": "Cluster",
-        "metadata": {"name": name, "labels": {"name": name}},
-        "spec": {"syncMode": "Push"},
-        "status": {"conditions": [{"type": "Ready", "status": "True",
-            "reason": "", "message": "", "lastTransitionTime": "2026-11-25T12:00:00Z"}],
-            "apiEnablements": dramesh_sim::karmada_api_enablements()}})
+    common::karmada_cluster(name)
 }
 
 /// A Deployment of one pod with one GPU claim, and its binding over both clusters.
@@ -118,7 +113,7 @@ async fn setup(ids: &[&str], extra: &[&str]) -> Option<Setup> {
         replicas.agent(tmp.path(), c);
     }
     for at in &replicas.at {
-        wait_ready(at.http).await;
+        common::wait_clusters_and_ready(at.http, CLUSTERS.len()).await;
     }
     Some(Setup {
         fake,
@@ -126,27 +121,6 @@ async fn setup(ids: &[&str], extra: &[&str]) -> Option<Setup> {
         tmp,
         args,
     })
-}
-
-async fn wait_ready(h: std::net::SocketAddr) {
-    tokio::task::spawn_blocking(move || {
-        wait_for(
-            &format!("both clusters on the replica at {h}"),
-            Duration::from_secs(90),
-            || status_names(h, "clusters").filter(|c| c.len() == CLUSTERS.len()),
-        );
-        wait_for(
-            &format!("the replica at {h} ready"),
-            Duration::from_secs(60),
-            || {
-                common::try_request(h, "GET", "/readyz", "")
-                    .is_ok_and(|(code, _)| code == 200)
-                    .then_some(())
-            },
-        );
-    })
-    .await
-    .expect("wait");
 }
 
 /// Replicas bound per cluster over `names`, and how many bindings have a `Scheduled`

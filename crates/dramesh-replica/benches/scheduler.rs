@@ -24,10 +24,11 @@
 //! `SCHED_REPLICAS=n` (default 1) runs `n` replicas sharing the work (`--scheduler-shard`):
 //! `n` replica states, each with its own store in its own data directory and the whole
 //! fleet in its view, and `n` scheduler loops, each with its own Karmada client and watches.
-//! Their reservation documents (role records included) are replicated between them every
-//! 50 ms by automerge sync, as the mesh does without QUIC: `DocStore` sync messages between
-//! every two stores, flushed, then `catch_up` into the receiver's table. All of it shares
-//! one process (the CPU figures are the sum).
+//! Their reservation documents (role records included) are copied between them every 50 ms
+//! by a thread of the bench (`bench-copy`): when a document's heads moved, its records are
+//! read and what changed is applied to the other replicas' tables, as the store's change feed
+//! delivers them. This copying reads whole documents, far more than the mesh's incremental
+//! sync, so its CPU time is reported apart. All of it shares one process.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -35,13 +36,12 @@ use std::time::{Duration, Instant};
 
 use dramesh_fakeapi::FakeApi;
 use dramesh_mesh::store_adapter::MeshStore;
-use dramesh_mesh::{DocStore, PeerIdentity};
 use dramesh_model::ObjectChange;
 use dramesh_replica::Peers;
 use dramesh_replica::karmada::{KarmadaClient, KarmadaOptions};
 use dramesh_replica::{ReplicaState, SchedulerRole};
 use dramesh_sim::typed::{FleetSpec, cluster_objects};
-use dramesh_store::{DocId, SyncState};
+use dramesh_store::{DocId, RESERVATION_SCOPE};
 use serde_json::{Value, json};
 
 const NS: &str = "ml";
@@ -205,46 +205,52 @@ impl Phase {
     }
 }
 
-/// Brings `to`'s copy of `from`'s reservation document up to date by automerge sync rounds
-/// (`states`: the sync state of each side for this pair), then applies what arrived to its
-/// view and table.
-fn sync_pair(from: &ReplicaState, to: &ReplicaState, states: &mut (SyncState, SyncState)) {
+/// The records of a replica's own reservation document (its store holds no other: what it
+/// receives goes to its table), by key name, and the heads they were read at.
+type Copied = (Vec<[u8; 32]>, HashMap<String, Arc<[u8]>>);
+
+/// Copies what changed in `from`'s reservation document since `last` into every state of
+/// `to` (upserts and deletes, as the store's change feed would deliver them).
+fn copy_changes(from: &ReplicaState, to: &[&Arc<ReplicaState>], last: &mut Copied) {
     let doc = DocId::reservations(from.replica.clone());
-    let (a, b) = (
-        PeerIdentity::Replica {
-            id: from.replica.clone(),
-        },
-        PeerIdentity::Replica {
-            id: to.replica.clone(),
-        },
-    );
-    let Some(generation) = from.with_store(|s| s.store().entry(&doc).map(|e| e.generation)) else {
+    let heads = from.with_store(|s| s.store().heads(&doc).unwrap_or_default());
+    if heads == last.0 {
         return;
+    }
+    let now: HashMap<String, Arc<[u8]>> = from
+        .with_store(|s| s.store().snapshot())
+        .into_iter()
+        .filter(|(c, _)| c.as_str() == RESERVATION_SCOPE)
+        .filter_map(|(_, ch)| match ch {
+            ObjectChange::Upsert { key, json } => Some((key.name.clone(), json)),
+            ObjectChange::Delete { .. } => None,
+        })
+        .collect();
+    let key = |name: &str| {
+        dramesh_model::ObjectKey::new(dramesh_model::ObjectKind::ClusterInfo, None, name)
     };
-    for _ in 0..16 {
-        let out = from.with_store(|s| s.generate_sync_message(&doc, &mut states.0));
-        if let Some((msg, att)) = &out {
-            to.with_store(|s| {
-                if let Err(e) =
-                    s.receive_sync_message(&a, &doc, generation, &mut states.1, msg, att.as_ref())
-                {
-                    eprintln!("sync {doc}: {e:?}");
-                }
-                let _ = s.flush();
-            });
-        }
-        let back = to.with_store(|s| s.generate_sync_message(&doc, &mut states.1));
-        if let Some((msg, att)) = &back {
-            from.with_store(|s| {
-                let _ =
-                    s.receive_sync_message(&b, &doc, generation, &mut states.0, msg, att.as_ref());
-            });
-        }
-        if out.is_none() && back.is_none() {
-            break;
+    let mut changes = Vec::new();
+    for (name, json) in &now {
+        if last.1.get(name) != Some(json) {
+            changes.push((
+                RESERVATION_SCOPE.to_string(),
+                ObjectChange::Upsert {
+                    key: key(name),
+                    json: json.clone(),
+                },
+            ));
         }
     }
-    to.catch_up();
+    for name in last.1.keys().filter(|n| !now.contains_key(*n)) {
+        changes.push((
+            RESERVATION_SCOPE.to_string(),
+            ObjectChange::Delete { key: key(name) },
+        ));
+    }
+    for st in to {
+        st.apply_changes(&changes);
+    }
+    *last = (heads, now);
 }
 
 fn pct(lat: &[Duration], p: f64) -> f64 {
@@ -252,10 +258,11 @@ fn pct(lat: &[Duration], p: f64) -> f64 {
     lat[i].as_secs_f64() * 1e3
 }
 
-/// CPU seconds (user + system) used so far by this process, and by its thread named
-/// `dramesh-decide` (the scheduler's deciding thread), from /proc: a figure that holds on a
-/// machine busy with other work, where rates and latencies do not.
-fn cpu_seconds() -> (f64, f64) {
+/// CPU seconds (user + system) used so far by this process, by its threads named
+/// `dramesh-decide` (the scheduler's deciding threads) and by the bench's document copying
+/// (`bench-copy`), from /proc: a figure that holds on a machine busy with other work, where
+/// rates and latencies do not.
+fn cpu_seconds() -> (f64, f64, f64) {
     fn ticks(stat: &str) -> Option<f64> {
         // Fields after the command name (which may hold spaces): utime is the 14th field.
         let rest = &stat[stat.rfind(')')? + 2..];
@@ -267,27 +274,34 @@ fn cpu_seconds() -> (f64, f64) {
         .ok()
         .and_then(|s| ticks(&s))
         .unwrap_or(0.0);
-    let mut decider = 0.0;
+    let (mut decider, mut copy) = (0.0, 0.0);
     if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
         for t in tasks.flatten() {
             let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-            if comm.trim() == "dramesh-decide" {
-                decider += std::fs::read_to_string(t.path().join("stat"))
+            let used = || {
+                std::fs::read_to_string(t.path().join("stat"))
                     .ok()
                     .and_then(|s| ticks(&s))
-                    .unwrap_or(0.0);
+                    .unwrap_or(0.0)
+            };
+            match comm.trim() {
+                "dramesh-decide" => decider += used(),
+                "bench-copy" => copy += used(),
+                _ => {}
             }
         }
     }
-    (process, decider)
+    (process, decider, copy)
 }
 
-/// Prints the CPU time this process and the deciding thread spent per binding since `since`.
-fn report_cpu(label: &str, n: usize, since: (f64, f64)) {
-    let (p, d) = cpu_seconds();
+/// Prints the CPU time this process, the deciding threads and the bench's document copying
+/// spent per binding since `since`.
+fn report_cpu(label: &str, n: usize, since: (f64, f64, f64)) {
+    let (p, d, c) = cpu_seconds();
     println!(
-        "{label}: CPU per binding {:.2} ms in all, {:.2} ms on the deciding thread",
+        "{label}: CPU per binding {:.2} ms in all ({:.2} ms without the bench's document copying), {:.2} ms on the deciding threads",
         (p - since.0) * 1e3 / n as f64,
+        (p - since.0 - (c - since.2)) * 1e3 / n as f64,
         (d - since.1) * 1e3 / n as f64
     );
 }
@@ -438,18 +452,22 @@ async fn main() {
     let syncing = Arc::new(std::sync::atomic::AtomicBool::new(replicas > 1));
     let syncer = (replicas > 1).then(|| {
         let (states, syncing) = (states.clone(), syncing.clone());
-        std::thread::spawn(move || {
-            let mut pairs: HashMap<(usize, usize), (SyncState, SyncState)> = HashMap::new();
-            while syncing.load(std::sync::atomic::Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(50));
-                for i in 0..states.len() {
-                    for j in (0..states.len()).filter(|j| *j != i) {
-                        let st = pairs.entry((i, j)).or_default();
-                        sync_pair(&states[i], &states[j], st);
+        std::thread::Builder::new()
+            .name("bench-copy".into())
+            .spawn(move || {
+                let mut last: Vec<Copied> = vec![Default::default(); states.len()];
+                while syncing.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(50));
+                    for (i, from) in states.iter().enumerate() {
+                        let to: Vec<&Arc<ReplicaState>> = states
+                            .iter()
+                            .filter(|s| s.replica != from.replica)
+                            .collect();
+                        copy_changes(from, &to, &mut last[i]);
                     }
                 }
-            }
-        })
+            })
+            .expect("copying thread")
     });
     if replicas > 1 {
         // Caught up: every replica holds the others' role records (synced within 50 ms).
@@ -561,7 +579,11 @@ async fn main() {
             .into_iter()
             .filter(|r| r.owner == state.replica)
             .count();
-        println!("{}: {own} own reservations live at the end", state.replica);
+        let all = state.reservation_list(false).len();
+        println!(
+            "{}: {own} own reservations live at the end, {all} known",
+            state.replica
+        );
     }
     spec_writes_per_binding(&fake);
 

@@ -140,9 +140,28 @@ impl Resolution {
     }
 }
 
-/// The resolution order: priority descending, then id ascending.
+/// The resolution order: priority descending, then creation ascending (the sequence number
+/// ending the id, `<owner>-<seq>`, which replicas start from their wall clock in ms), then id
+/// ascending. Ranking by creation first, not by owner, keeps a reservation that arrives from
+/// another replica among those made at the same time: ranked by id alone, every reservation
+/// of one replica would rank before every one of another, and each arriving batch would
+/// resolve the whole of the other replica's again.
 fn rank_order(pa: i32, ida: &str, pb: i32, idb: &str) -> Ordering {
-    pb.cmp(&pa).then_with(|| ida.cmp(idb))
+    pb.cmp(&pa)
+        .then_with(|| seq_of(ida).cmp(&seq_of(idb)))
+        .then_with(|| ida.cmp(idb))
+}
+
+/// The sequence number ending `id` as (digits, digits): numeric order without parsing;
+/// `(0, "")` for an id without one.
+fn seq_of(id: &str) -> (usize, &str) {
+    match id.rsplit_once('-') {
+        Some((_, seq)) if !seq.is_empty() && seq.bytes().all(|b| b.is_ascii_digit()) => {
+            let seq = seq.trim_start_matches('0');
+            (seq.len(), seq)
+        }
+        _ => (0, ""),
+    }
 }
 
 /// [`rank_order`] of two reservations.

@@ -19,7 +19,16 @@
 //! `cargo bench -p dramesh-replica --bench scheduler`. `SCHED_FLEET=clusters,nodes` changes
 //! the fleet (default `100,1000`). `SCHED_VIEW_RATE=n` (default 0) also applies `n` node
 //! updates a second, round robin over the clusters, during the steady phase, as agents
-//! publishing their nodes' status would.
+//! publishing their nodes' status would (to every replica's view).
+//!
+//! `SCHED_REPLICAS=n` (default 1) runs `n` replicas sharing the work (`--scheduler-shard`):
+//! `n` replica states, each with its own store in its own data directory and the whole
+//! fleet in its view, and `n` scheduler loops, each with its own Karmada client and watches.
+//! Their reservation documents (role records included) are copied between them every 50 ms
+//! by a thread of the bench (`bench-copy`): when a document's heads moved, its records are
+//! read and what changed is applied to the other replicas' tables, as the store's change feed
+//! delivers them. This copying reads whole documents, far more than the mesh's incremental
+//! sync, so its CPU time is reported apart. All of it shares one process.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -28,9 +37,11 @@ use std::time::{Duration, Instant};
 use dramesh_fakeapi::FakeApi;
 use dramesh_mesh::store_adapter::MeshStore;
 use dramesh_model::ObjectChange;
+use dramesh_replica::Peers;
 use dramesh_replica::karmada::{KarmadaClient, KarmadaOptions};
 use dramesh_replica::{ReplicaState, SchedulerRole};
 use dramesh_sim::typed::{FleetSpec, cluster_objects};
+use dramesh_store::{DocId, RESERVATION_SCOPE};
 use serde_json::{Value, json};
 
 const NS: &str = "ml";
@@ -194,15 +205,64 @@ impl Phase {
     }
 }
 
+/// The records of a replica's own reservation document (its store holds no other: what it
+/// receives goes to its table), by key name, and the heads they were read at.
+type Copied = (Vec<[u8; 32]>, HashMap<String, Arc<[u8]>>);
+
+/// Copies what changed in `from`'s reservation document since `last` into every state of
+/// `to` (upserts and deletes, as the store's change feed would deliver them).
+fn copy_changes(from: &ReplicaState, to: &[&Arc<ReplicaState>], last: &mut Copied) {
+    let doc = DocId::reservations(from.replica.clone());
+    let heads = from.with_store(|s| s.store().heads(&doc).unwrap_or_default());
+    if heads == last.0 {
+        return;
+    }
+    let now: HashMap<String, Arc<[u8]>> = from
+        .with_store(|s| s.store().snapshot())
+        .into_iter()
+        .filter(|(c, _)| c.as_str() == RESERVATION_SCOPE)
+        .filter_map(|(_, ch)| match ch {
+            ObjectChange::Upsert { key, json } => Some((key.name.clone(), json)),
+            ObjectChange::Delete { .. } => None,
+        })
+        .collect();
+    let key = |name: &str| {
+        dramesh_model::ObjectKey::new(dramesh_model::ObjectKind::ClusterInfo, None, name)
+    };
+    let mut changes = Vec::new();
+    for (name, json) in &now {
+        if last.1.get(name) != Some(json) {
+            changes.push((
+                RESERVATION_SCOPE.to_string(),
+                ObjectChange::Upsert {
+                    key: key(name),
+                    json: json.clone(),
+                },
+            ));
+        }
+    }
+    for name in last.1.keys().filter(|n| !now.contains_key(*n)) {
+        changes.push((
+            RESERVATION_SCOPE.to_string(),
+            ObjectChange::Delete { key: key(name) },
+        ));
+    }
+    for st in to {
+        st.apply_changes(&changes);
+    }
+    *last = (heads, now);
+}
+
 fn pct(lat: &[Duration], p: f64) -> f64 {
     let i = ((lat.len() as f64 * p).ceil() as usize).clamp(1, lat.len()) - 1;
     lat[i].as_secs_f64() * 1e3
 }
 
-/// CPU seconds (user + system) used so far by this process, and by its thread named
-/// `dramesh-decide` (the scheduler's deciding thread), from /proc: a figure that holds on a
-/// machine busy with other work, where rates and latencies do not.
-fn cpu_seconds() -> (f64, f64) {
+/// CPU seconds (user + system) used so far by this process, by its threads named
+/// `dramesh-decide` (the scheduler's deciding threads) and by the bench's document copying
+/// (`bench-copy`), from /proc: a figure that holds on a machine busy with other work, where
+/// rates and latencies do not.
+fn cpu_seconds() -> (f64, f64, f64) {
     fn ticks(stat: &str) -> Option<f64> {
         // Fields after the command name (which may hold spaces): utime is the 14th field.
         let rest = &stat[stat.rfind(')')? + 2..];
@@ -214,28 +274,55 @@ fn cpu_seconds() -> (f64, f64) {
         .ok()
         .and_then(|s| ticks(&s))
         .unwrap_or(0.0);
-    let mut decider = 0.0;
+    let (mut decider, mut copy) = (0.0, 0.0);
     if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
         for t in tasks.flatten() {
             let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-            if comm.trim() == "dramesh-decide" {
-                decider += std::fs::read_to_string(t.path().join("stat"))
+            let used = || {
+                std::fs::read_to_string(t.path().join("stat"))
                     .ok()
                     .and_then(|s| ticks(&s))
-                    .unwrap_or(0.0);
+                    .unwrap_or(0.0)
+            };
+            match comm.trim() {
+                "dramesh-decide" => decider += used(),
+                "bench-copy" => copy += used(),
+                _ => {}
             }
         }
     }
-    (process, decider)
+    (process, decider, copy)
 }
 
-/// Prints the CPU time this process and the deciding thread spent per binding since `since`.
-fn report_cpu(label: &str, n: usize, since: (f64, f64)) {
-    let (p, d) = cpu_seconds();
+/// Prints the CPU time this process, the deciding threads and the bench's document copying
+/// spent per binding since `since`.
+fn report_cpu(label: &str, n: usize, since: (f64, f64, f64)) {
+    let (p, d, c) = cpu_seconds();
     println!(
-        "{label}: CPU per binding {:.2} ms in all, {:.2} ms on the deciding thread",
+        "{label}: CPU per binding {:.2} ms in all ({:.2} ms without the bench's document copying), {:.2} ms on the deciding threads",
         (p - since.0) * 1e3 / n as f64,
+        (p - since.0 - (c - since.2)) * 1e3 / n as f64,
         (d - since.1) * 1e3 / n as f64
+    );
+}
+
+/// Prints how many bindings got more than one accepted spec write (decided by two replicas).
+fn spec_writes_per_binding(fake: &FakeApi) {
+    let mut per: HashMap<String, usize> = HashMap::new();
+    for w in fake.writes() {
+        if w.kind == "ResourceBinding" && w.subresource.is_none() && w.code < 300 {
+            *per.entry(w.name).or_default() += 1;
+        }
+    }
+    let twice = per.values().filter(|n| **n > 1).count();
+    let conflicts = fake
+        .writes()
+        .iter()
+        .filter(|w| w.kind == "ResourceBinding" && w.code == 409)
+        .count();
+    println!(
+        "spec writes: {} bindings written, {twice} more than once; {conflicts} conflicting binding writes",
+        per.len()
     );
 }
 
@@ -279,10 +366,24 @@ async fn main() {
     })
     .expect("log");
 
-    let dir = tempfile::tempdir().expect("temporary data directory");
-    let store = dramesh_mesh::daemon::open_store(Some(dir.path()), "bench").expect("store");
-    let store = Arc::new(Mutex::new(MeshStore::new(store, true)));
-    let state = ReplicaState::new("bench", Duration::from_secs(3600), store);
+    let replicas: usize = env("SCHED_REPLICAS", 1).max(1);
+    let dirs: Vec<tempfile::TempDir> = (0..replicas)
+        .map(|_| tempfile::tempdir().expect("temporary data directory"))
+        .collect();
+    let states: Vec<Arc<ReplicaState>> = dirs
+        .iter()
+        .enumerate()
+        .map(|(i, dir)| {
+            let id = if replicas == 1 {
+                "bench".to_string()
+            } else {
+                format!("bench{i}")
+            };
+            let store = dramesh_mesh::daemon::open_store(Some(dir.path()), &id).expect("store");
+            let store = Arc::new(Mutex::new(MeshStore::new(store, true)));
+            ReplicaState::new(&id, Duration::from_secs(3600), store)
+        })
+        .collect();
 
     let t = Instant::now();
     let spec = FleetSpec {
@@ -298,10 +399,12 @@ async fn main() {
         cluster_objects(&spec, c, &|n| n % 5, |o| {
             changes.push((name.clone(), ObjectChange::upsert(&o)));
         });
-        state.apply_changes(&changes);
+        for state in &states {
+            state.apply_changes(&changes);
+        }
     }
     eprintln!(
-        "fleet: {clusters} clusters x {nodes} nodes x 8 GPUs loaded in {:.1} s",
+        "fleet: {clusters} clusters x {nodes} nodes x 8 GPUs loaded into {replicas} replica(s) in {:.1} s",
         t.elapsed().as_secs_f64()
     );
 
@@ -319,13 +422,60 @@ async fn main() {
             {"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}]}}}}),
     );
 
-    let client = Arc::new(KarmadaClient::new(
-        fake.client(),
-        KarmadaOptions::new(SCHEDULER, "bench"),
-    ));
-    let role = SchedulerRole::new(std::path::PathBuf::new(), SCHEDULER);
     let (stop, rx) = tokio::sync::watch::channel(false);
-    let task = tokio::spawn(dramesh_replica::serve(state.clone(), client, role, rx));
+    let mut peers = Vec::new();
+    let mut tasks = Vec::new();
+    for state in &states {
+        let client = Arc::new(KarmadaClient::new(
+            fake.client(),
+            KarmadaOptions::new(SCHEDULER, &state.replica),
+        ));
+        let role = SchedulerRole::new(std::path::PathBuf::new(), SCHEDULER);
+        let others = states
+            .iter()
+            .filter(|s| s.replica != state.replica)
+            .map(|s| s.replica.clone());
+        let (tx, peers_rx) = tokio::sync::watch::channel(Peers {
+            alive: others.collect(),
+            caught_up: replicas == 1,
+        });
+        peers.push(tx);
+        tasks.push(tokio::spawn(dramesh_replica::serve_shared(
+            state.clone(),
+            client,
+            role,
+            peers_rx,
+            rx.clone(),
+        )));
+    }
+    // The mesh between the replicas: their reservation documents, every 50 ms.
+    let syncing = Arc::new(std::sync::atomic::AtomicBool::new(replicas > 1));
+    let syncer = (replicas > 1).then(|| {
+        let (states, syncing) = (states.clone(), syncing.clone());
+        std::thread::Builder::new()
+            .name("bench-copy".into())
+            .spawn(move || {
+                let mut last: Vec<Copied> = vec![Default::default(); states.len()];
+                while syncing.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(50));
+                    for (i, from) in states.iter().enumerate() {
+                        let to: Vec<&Arc<ReplicaState>> = states
+                            .iter()
+                            .filter(|s| s.replica != from.replica)
+                            .collect();
+                        copy_changes(from, &to, &mut last[i]);
+                    }
+                }
+            })
+            .expect("copying thread")
+    });
+    if replicas > 1 {
+        // Caught up: every replica holds the others' role records (synced within 50 ms).
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        for p in &peers {
+            p.send_modify(|p| p.caught_up = true);
+        }
+    }
 
     let mut next = 0usize;
     let mut name = || {
@@ -349,7 +499,7 @@ async fn main() {
     let view_rate: u64 = env("SCHED_VIEW_RATE", 0);
     let updating = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(view_rate > 0));
     let updater = (view_rate > 0).then(|| {
-        let (state, updating) = (state.clone(), updating.clone());
+        let (states, updating) = (states.clone(), updating.clone());
         // The first node of each cluster, relabelled on every update.
         let mut firsts = Vec::new();
         for c in 0..clusters {
@@ -375,7 +525,9 @@ async fn main() {
                     .get_or_insert_default()
                     .insert("bench.dramesh.io/update".into(), applied.to_string());
                 let o = dramesh_model::ClusterObject::Node(Arc::new(node.clone()));
-                state.apply_changes(&[(cluster.clone(), ObjectChange::upsert(&o))]);
+                for state in &states {
+                    state.apply_changes(&[(cluster.clone(), ObjectChange::upsert(&o))]);
+                }
                 applied += 1;
                 let due = started + period.mul_f64(applied as f64);
                 std::thread::sleep(due.saturating_duration_since(Instant::now()));
@@ -421,11 +573,26 @@ async fn main() {
         .await;
     report("burst", burst, last, &lat, &failed);
     report_cpu("burst", burst, cpu);
-    println!(
-        "reservations live at the end: {}",
-        state.reservation_list(false).len()
-    );
+    for state in &states {
+        let own = state
+            .reservation_list(false)
+            .into_iter()
+            .filter(|r| r.owner == state.replica)
+            .count();
+        let all = state.reservation_list(false).len();
+        println!(
+            "{}: {own} own reservations live at the end, {all} known",
+            state.replica
+        );
+    }
+    spec_writes_per_binding(&fake);
 
     let _ = stop.send(true);
-    let _ = task.await;
+    for t in tasks {
+        let _ = t.await;
+    }
+    syncing.store(false, std::sync::atomic::Ordering::Relaxed);
+    if let Some(s) = syncer {
+        let _ = s.join();
+    }
 }

@@ -17,6 +17,7 @@
 //!   Events; kube I/O only).
 //! - `scheduler`: the scheduler role's loop ([`SchedulerRole`]): Karmada bindings whose
 //!   `spec.schedulerName` names this replica are decided on its view and written back.
+//! - [`members`]: which replicas share the scheduler role's work (role records, liveness).
 //! - `routes`, `status_page`, `observe`: the replica's own HTTP routes, the status page and the
 //!   reservation metrics.
 
@@ -24,6 +25,7 @@ mod backend;
 mod devstatus;
 mod group_commit;
 pub mod karmada;
+pub mod members;
 mod observe;
 mod pending;
 mod requests;
@@ -37,6 +39,9 @@ pub mod state;
 mod status_page;
 
 pub use backend::ReplicaBackend;
+pub use members::Peers;
 pub use runner::{DEFAULT_READY_TIMEOUT, Replica, ReplicaConfig};
-pub use scheduler::{Confirm, DEFAULT_SCHEDULER_NAME, DEFAULT_SETTLE, SchedulerRole, serve};
+pub use scheduler::{
+    Confirm, DEFAULT_SCHEDULER_NAME, DEFAULT_SETTLE, SchedulerRole, serve, serve_shared,
+};
 pub use state::ReplicaState;

@@ -104,6 +104,14 @@ pub(crate) struct Record {
     /// capped) and in records of replicas that predate it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) caps: Option<RecordCaps>,
+    /// Set on the scheduler role's reservations of a decision: the binding, the generation
+    /// decided on and the replicas the cluster gets. Once the decision had time to be
+    /// written, every replica that sees the binding voids the reservation when the binding
+    /// does not show it ([`dramesh_scheduler::void`]; [`Table::set_void_decisions`]). Absent
+    /// on preemption holds, API reservations and records of replicas that predate it (they
+    /// end at their TTL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) decision: Option<dramesh_scheduler::void::DecisionRef>,
 }
 
 /// The per-identity caps a reservation was admitted under (see [`Record::caps`]).
@@ -292,9 +300,13 @@ pub(crate) struct Table {
     /// The capped reservations the cap ranking voids, with why, as of the last
     /// [`Table::refresh_over_cap`].
     over_cap: BTreeMap<Arc<str>, String>,
-    /// Clusters with a reservation that entered or left `over_cap` since the last
-    /// [`Table::take_over_cap_changes`]: their resolution must be computed again.
+    /// Clusters with a reservation that entered or left `over_cap` (or `void_decisions`)
+    /// since the last [`Table::take_over_cap_changes`]: their resolution must be computed
+    /// again.
     over_cap_changed: BTreeSet<Arc<str>>,
+    /// Decisions' reservations the scheduler role judged void, with why (see
+    /// [`Record::decision`]): they hold nothing.
+    void_decisions: BTreeMap<Arc<str>, String>,
 }
 
 impl Table {
@@ -312,6 +324,7 @@ impl Table {
             capped: BTreeMap::new(),
             over_cap: BTreeMap::new(),
             over_cap_changed: BTreeSet::new(),
+            void_decisions: BTreeMap::new(),
         }
     }
 
@@ -486,6 +499,36 @@ impl Table {
         std::mem::take(&mut self.over_cap_changed)
     }
 
+    /// Replaces the decisions' reservations judged void (ids of unknown reservations are
+    /// left out); returns whether the set changed.
+    pub(crate) fn set_void_decisions(&mut self, void: BTreeMap<Arc<str>, String>) -> bool {
+        let void: BTreeMap<Arc<str>, String> = void
+            .into_iter()
+            .filter(|(id, _)| self.entries.contains_key(&**id))
+            .collect();
+        if void == self.void_decisions {
+            return false;
+        }
+        let changed: Vec<Arc<str>> = void
+            .keys()
+            .filter(|id| !self.void_decisions.contains_key(*id))
+            .chain(
+                self.void_decisions
+                    .keys()
+                    .filter(|id| !void.contains_key(*id)),
+            )
+            .filter_map(|id| self.entries.get(&**id).map(|e| e.cluster.clone()))
+            .collect();
+        self.over_cap_changed.extend(changed);
+        self.void_decisions = void;
+        true
+    }
+
+    /// The decisions' reservations judged void, with why.
+    pub(crate) fn void_decisions(&self) -> &BTreeMap<Arc<str>, String> {
+        &self.void_decisions
+    }
+
     /// The void reservations of the last [`Table::refresh_over_cap`], with why.
     pub(crate) fn over_cap(&self) -> &BTreeMap<Arc<str>, String> {
         &self.over_cap
@@ -569,10 +612,13 @@ impl Table {
                 }
                 if let Some(e) = self.entries.remove(&key.name) {
                     self.index(&e, false);
+                    let void = self.void_decisions.remove(&*e.id);
                     if !self.ended.contains_key(&key.name) {
-                        // A void reservation's owner releases it: it ended over cap.
+                        // A void reservation's owner releases it: it ended over cap, or
+                        // void.
                         let status = match self.over_cap.get(&*e.id) {
                             Some(reason) => over_cap_status(&e.record, reason),
+                            None if void.is_some() => void_status(&e.record, void.as_deref()),
                             None if now >= self.expiry(&e) => {
                                 base_status(&e.record, ReservationState::Expired)
                             }
@@ -674,6 +720,14 @@ pub(crate) fn over_cap_status(r: &Record, reason: &str) -> ReservationStatus {
     st
 }
 
+/// The status of `r`, ended or holding nothing because its decision is void (`reason`):
+/// released, with the reason.
+pub(crate) fn void_status(r: &Record, reason: Option<&str>) -> ReservationStatus {
+    let mut st = base_status(r, ReservationState::Released);
+    st.reason = reason.map(str::to_string);
+    st
+}
+
 /// The status of `r` without resolution details.
 pub(crate) fn base_status(r: &Record, status: ReservationState) -> ReservationStatus {
     ReservationStatus {
@@ -721,6 +775,7 @@ mod tests {
             bound_at_creation: 0,
             preemptor: None,
             caps: None,
+            decision: None,
         }
     }
 

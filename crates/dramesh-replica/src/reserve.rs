@@ -40,6 +40,8 @@ pub(crate) struct Own<'a> {
     /// The caps it was admitted under, for a reservation made through the API (see
     /// [`resv::Record::caps`]); `None` for the scheduler role's.
     pub(crate) caps: Option<resv::RecordCaps>,
+    /// The scheduler decision it holds (see [`resv::Record::decision`]).
+    pub(crate) decision: Option<dramesh_scheduler::void::DecisionRef>,
 }
 
 /// A live preemption hold (see [`crate::reservations::Record::preemptor`]).
@@ -88,9 +90,12 @@ pub(crate) struct Resolved {
     /// By cluster.
     parts: BTreeMap<Arc<str>, Arc<ClusterPart>>,
     assumed: Assumed,
-    /// The reservations the cap ranking voided, with why ([`resv::Table::refresh_over_cap`]):
-    /// left out of every part.
+    /// The reservations the cap ranking voided, with why ([`resv::Table::refresh_over_cap`]),
+    /// and the void decisions' (`void`): left out of every part.
     over_cap: Arc<BTreeMap<Arc<str>, String>>,
+    /// The decisions' reservations the scheduler role judged void, with why
+    /// ([`resv::Table::set_void_decisions`]).
+    void: Arc<BTreeMap<Arc<str>, String>>,
 }
 
 impl Resolved {
@@ -139,14 +144,18 @@ impl ReplicaState {
         // then what changed in the clusters that changed.
         // The cap ranking first: a cluster with a reservation that entered or left it is
         // resolved again whole.
-        let (versions, over_cap, voided): (Vec<(Arc<str>, u64)>, _, _) = self.with_table(|t| {
-            t.refresh_over_cap(now);
-            (
-                t.cluster_versions().map(|(c, v)| (c.clone(), v)).collect(),
-                t.over_cap().clone(),
-                t.take_over_cap_changes(),
-            )
-        });
+        let (versions, mut over_cap, void, voided): (Vec<(Arc<str>, u64)>, _, _, _) = self
+            .with_table(|t| {
+                t.refresh_over_cap(now);
+                (
+                    t.cluster_versions().map(|(c, v)| (c.clone(), v)).collect(),
+                    t.over_cap().clone(),
+                    t.void_decisions().clone(),
+                    t.take_over_cap_changes(),
+                )
+            });
+        // Void decisions are left out as reservations over cap are.
+        over_cap.extend(void.iter().map(|(id, why)| (id.clone(), why.clone())));
         // Clusters to resolve again, each with the table version after which only additions
         // need reading (its part's, when that part can be extended).
         let stale: Vec<(Arc<str>, Option<u64>)> = {
@@ -197,6 +206,9 @@ impl ReplicaState {
         };
         if *resolved.over_cap != over_cap {
             resolved.over_cap = Arc::new(over_cap);
+        }
+        if *resolved.void != void {
+            resolved.void = Arc::new(void);
         }
         for (cluster, read) in reads {
             let previous = resolved.parts.remove(&cluster);
@@ -542,6 +554,7 @@ impl ReplicaState {
                 bound_at_creation,
                 preemptor: preemptor.map(str::to_string),
                 caps: r.caps,
+                decision: r.decision.clone(),
             };
             let json = serde_json::to_vec(&record)
                 .map_err(|e| ApiError::Internal(format!("encoding reservation {id}: {e}")))?;
@@ -609,6 +622,7 @@ impl ReplicaState {
             priority: req.priority.unwrap_or(w.priority),
             ttl_seconds,
             caps: Some((&*caps).into()),
+            decision: None,
         })?;
         drop(caps);
         self.reservation_status(&id)
@@ -698,6 +712,8 @@ impl ReplicaState {
                 .filter_map(|(_, e)| {
                     if now >= table.expiry(e) {
                         Some(resv::base_status(&e.record, ReservationState::Expired))
+                    } else if let Some(reason) = res.void.get(&*e.id) {
+                        Some(resv::void_status(&e.record, Some(reason)))
                     } else if let Some(reason) = res.over_cap.get(&*e.id) {
                         Some(resv::over_cap_status(&e.record, reason))
                     } else if res.outcome(e).is_some_and(|(_, left)| left == 0) {
@@ -709,8 +725,14 @@ impl ReplicaState {
                 .collect()
         });
         for status in ended {
-            if let Some(reason) = &status.reason {
-                tracing::warn!(id = %status.id, reason, "released a reservation over its creator's cap");
+            match (&status.reason, status.status) {
+                (Some(reason), ReservationState::Released) => {
+                    tracing::info!(id = %status.id, reason, "released a reservation whose decision is void");
+                }
+                (Some(reason), _) => {
+                    tracing::warn!(id = %status.id, reason, "released a reservation over its creator's cap");
+                }
+                _ => {}
             }
             let id = status.id.clone();
             if let Err(e) = self.end_own_as(status) {
@@ -890,6 +912,12 @@ fn judged(table: &resv::Table, e: &resv::Entry, res: &Resolved, now: Instant) ->
         j.remaining = 0;
         return j;
     }
+    if let Some(reason) = res.void.get(&*e.id) {
+        j.state = ReservationState::Released;
+        j.remaining = 0;
+        j.reason = Some(reason.clone());
+        return j;
+    }
     if let Some(reason) = res.over_cap.get(&*e.id) {
         j.state = ReservationState::Conflicted;
         j.remaining = 0;
@@ -996,6 +1024,7 @@ mod tests {
             bound_at_creation: 0,
             preemptor: None,
             caps: None,
+            decision: None,
         };
         let json = serde_json::to_vec(&record).unwrap();
         (
@@ -1061,6 +1090,7 @@ mod tests {
                                 priority: 0,
                                 ttl_seconds: 300,
                                 caps: None,
+                                decision: None,
                             }],
                             None,
                         )

@@ -208,6 +208,7 @@ impl Replica {
             state.clone(),
             stop_rx.clone(),
         ));
+        let (peers_tx, peers_rx) = watch::channel(crate::members::Peers::default());
         tasks.spawn(readiness(
             mesh.clone(),
             state.clone(),
@@ -217,6 +218,7 @@ impl Replica {
             } else {
                 config.ready_timeout
             },
+            peers_tx,
             stop_rx.clone(),
         ));
         tasks.spawn(push_own_docs(mesh.clone(), state.clone(), stop_rx.clone()));
@@ -226,6 +228,7 @@ impl Replica {
                 client,
                 role,
                 metrics,
+                Some(peers_rx),
                 stop_rx.clone(),
             ));
         }
@@ -326,13 +329,15 @@ fn join(set: &BTreeSet<String>) -> String {
     set.iter().map(String::as_str).collect::<Vec<_>>().join(",")
 }
 
-/// Keeps the API's ready flag to the rule in the module docs. `wait` is how long to wait for
-/// a peer replica to be reachable at all.
+/// Keeps the API's ready flag to the rule in the module docs, and tells the scheduler role
+/// which peer replicas are alive and whether this one caught up (`peers`, see
+/// [`crate::members`]). `wait` is how long to wait for a peer replica to be reachable at all.
 async fn readiness(
     mesh: Arc<MeshHandle>,
     state: Arc<ReplicaState>,
     api: ApiState,
     wait: Duration,
+    peers: watch::Sender<crate::members::Peers>,
     mut stop: watch::Receiver<bool>,
 ) {
     let started = Instant::now();
@@ -344,9 +349,21 @@ async fn readiness(
             _ = tick.tick() => {}
             _ = stop.wait_for(|v| *v) => return,
         }
+        let now = Instant::now();
+        let connected = mesh.peers().await;
+        let alive: BTreeSet<String> = connected
+            .iter()
+            .filter(|p| {
+                p.hello_received
+                    && now.saturating_duration_since(p.last_heard) < crate::members::LIVE_WINDOW
+            })
+            .filter_map(|p| match &p.identity {
+                PeerIdentity::Replica { id } => Some(id.clone()),
+                _ => None,
+            })
+            .collect();
         if !caught_up {
-            let peers = mesh.peers().await;
-            let replicas: Vec<_> = peers
+            let replicas: Vec<_> = connected
                 .iter()
                 .filter(|p| p.identity.is_replica() && p.hello_received)
                 .collect();
@@ -361,6 +378,12 @@ async fn readiness(
                 );
             }
         }
+        peers.send_if_modified(|p| {
+            let changed = p.alive != alive || p.caught_up != caught_up;
+            p.alive = alive;
+            p.caught_up = caught_up;
+            changed
+        });
         let (has_cluster, all_stale) = {
             let state = state.clone();
             match tokio::task::spawn_blocking(move || {

@@ -41,6 +41,8 @@
 //!    held only for one closure (`with_retired`) that takes no other lock.
 //! 8. `headroom` (the NodePool failure detection of scale-up headroom): a leaf, taken with
 //!    the indexes held (the view it observes), released before `compute` is taken.
+//! 9. `roles` (the scheduler role records of the replicas, see [`crate::members`]): a leaf,
+//!    held only inside `apply_changes`, `role_records` and a rebuild, taking no other lock.
 //!
 //! The mesh holds `store` too (the same mutex) and takes no lock of this state.
 
@@ -81,6 +83,17 @@ pub(crate) struct Indexes {
     pub(crate) view: View,
     /// Unbound pods per cluster, for `GetUnschedulableReplicas`.
     pub(crate) pending: PendingIndex,
+}
+
+/// A live reservation holding a scheduler decision ([`ReplicaState::decision_reservations`]).
+#[derive(Debug, Clone)]
+pub(crate) struct DecisionEntry {
+    pub(crate) id: Arc<str>,
+    pub(crate) cluster: Arc<str>,
+    pub(crate) owner: String,
+    pub(crate) decision: dramesh_scheduler::void::DecisionRef,
+    /// When this replica first saw it (its owner: made it).
+    pub(crate) seen: Instant,
 }
 
 /// The estimator and the overcommit resolution last computed with it.
@@ -132,6 +145,8 @@ pub struct ReplicaState {
     fresh: Mutex<HashMap<String, Instant>>,
     /// The latest tombstone of each retired cluster.
     retired: Mutex<Retired>,
+    /// The scheduler role records of the replicas (their reservation documents' `_role`).
+    roles: Mutex<crate::members::Roles>,
     /// Whether this replica's reservation document could be opened for writing.
     pub(crate) reservations_writable: bool,
     /// Writes to this replica's reservation document, queued and made durable together.
@@ -189,6 +204,7 @@ impl ReplicaState {
         let state = Arc::new(ReplicaState {
             reservations: Mutex::new(Table::new(replica)),
             retired: Mutex::new(Retired::default()),
+            roles: Mutex::new(Default::default()),
             reservations_writable: writable,
             own_writes: Default::default(),
             resolving: Mutex::new(()),
@@ -360,6 +376,7 @@ impl ReplicaState {
             *indexes = Indexes::default();
             *self.compute(&indexes) = Compute::new(self.cache_bytes.load(Ordering::Relaxed));
         }
+        lock(&self.roles).clear();
         let keep: BTreeSet<String> = snapshot
             .iter()
             .filter(|(c, _)| resv::is_scope(c))
@@ -380,6 +397,12 @@ impl ReplicaState {
         let now = Instant::now();
         let (ours, changes): (Vec<_>, Vec<_>) =
             changes.iter().partition(|(c, _)| resv::is_scope(c));
+        let (roles, ours): (Vec<_>, Vec<_>) = ours
+            .into_iter()
+            .partition(|(_, ch)| crate::members::role_of(ch.key()).is_some());
+        if !roles.is_empty() {
+            self.apply_roles(&roles);
+        }
         if !ours.is_empty() {
             // The reservations of one decision share their manifests: decoded once.
             type Decoded = Result<Arc<dramesh_estimator::Workload>, String>;
@@ -408,6 +431,87 @@ impl ReplicaState {
         }
         // Counted after applying, so a reader that sees the new count sees the new view.
         self.changes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Applies changes of the replicas' scheduler role records.
+    fn apply_roles(&self, changes: &[&(String, ObjectChange)]) {
+        let mut roles = lock(&self.roles);
+        for (_, change) in changes {
+            crate::members::apply(&mut roles, change);
+        }
+    }
+
+    /// The scheduler role records of the replicas, by replica id.
+    pub(crate) fn role_records(&self) -> crate::members::Roles {
+        lock(&self.roles).clone()
+    }
+
+    /// Writes this replica's scheduler role record (`Some(name)`: it shares the work of
+    /// scheduler `name`), or deletes it (`None`), unless it already says so; returns once
+    /// durable. Blocking.
+    pub(crate) fn announce_role(&self, scheduler: Option<&str>) -> Result<(), ApiError> {
+        let record = scheduler.map(|s| crate::members::RoleRecord {
+            scheduler: s.to_string(),
+        });
+        if lock(&self.roles).get(&self.replica) == record.as_ref() {
+            return Ok(());
+        }
+        if !self.reservations_writable {
+            return Err(ApiError::Unavailable(
+                "this replica's reservation document could not be opened for writing".into(),
+            ));
+        }
+        let key = crate::members::role_key(&self.replica);
+        let change = match &record {
+            Some(r) => {
+                let json = serde_json::to_vec(r)
+                    .map_err(|e| ApiError::Internal(format!("encoding the role record: {e}")))?;
+                ObjectChange::Upsert {
+                    key,
+                    json: Arc::from(json.as_slice()),
+                }
+            }
+            None => ObjectChange::Delete { key },
+        };
+        let ticket = self.own_writes.submit(vec![change]);
+        self.wait_written(ticket)
+    }
+
+    /// Replaces the scheduler decisions' reservations judged void (by id, with why; see
+    /// [`crate::reservations::Record::decision`]); counts a change when the set changed, so
+    /// unschedulable bindings are retried on the freed room.
+    pub(crate) fn set_void_decisions(&self, void: std::collections::BTreeMap<Arc<str>, String>) {
+        if self.with_table(|t| t.set_void_decisions(void)) {
+            self.changes.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The live reservations holding scheduler decisions created by `creator` that this
+    /// replica first saw long enough ago to be judged ([`DecisionRef::void_after`]).
+    ///
+    /// [`DecisionRef::void_after`]: dramesh_scheduler::void::DecisionRef::void_after
+    pub(crate) fn decision_reservations(&self, creator: &str) -> Vec<DecisionEntry> {
+        let now = Instant::now();
+        self.with_table(|t| {
+            t.entries()
+                .filter(|(_, e)| e.record.creator == creator)
+                .filter(|(_, e)| {
+                    e.record
+                        .decision
+                        .as_ref()
+                        .is_some_and(|d| now.saturating_duration_since(e.seen) >= d.void_after())
+                })
+                .filter_map(|(_, e)| {
+                    Some(DecisionEntry {
+                        id: e.id.clone(),
+                        cluster: e.cluster.clone(),
+                        owner: e.record.owner.clone(),
+                        decision: e.record.decision.clone()?,
+                        seen: e.seen,
+                    })
+                })
+                .collect()
+        })
     }
 
     /// Applies member-cluster changes to the view and its side indexes and marks their

@@ -15,6 +15,9 @@
 //! - [`decide`](mod@decide): filter, estimate, select, assign ([`decide()`]).
 //! - [`patch`]: the bodies of the writes.
 //! - [`preempt`](mod@preempt): which lower-priority bindings to evict, and their patches.
+//! - [`share`]: which of the replicas sharing the work owns a binding (rendezvous hashing).
+//! - [`void`](mod@void): when a decision's reservation holds nothing (the decision is not in
+//!   the binding).
 
 pub mod decide;
 pub mod demand;
@@ -23,7 +26,9 @@ pub mod object;
 pub mod patch;
 pub mod placement;
 pub mod preempt;
+pub mod share;
 pub mod trigger;
+pub mod void;
 
 pub use decide::{Decision, Event, Fleet, Retry, decide, decide_after_loss};
 pub use demand::{Demand, claim_template_names, demand, priority_class_name};

@@ -218,6 +218,11 @@ enum Command {
         /// before-write (wait the settle window first; never more written than fits).
         #[arg(long, default_value = "after-write", requires = "karmada_kubeconfig")]
         scheduler_confirm: dramesh_replica::Confirm,
+        /// Whether the replicas with the same --scheduler-name split the bindings among
+        /// themselves (each binding decided by one live replica, by rendezvous hashing of
+        /// its uid); false: every replica decides every binding.
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set, requires = "karmada_kubeconfig")]
+        scheduler_shard: bool,
         /// OTLP/gRPC collector for spans (http://host:4317); default $OTEL_EXPORTER_OTLP_ENDPOINT, else no export.
         #[arg(long)]
         otlp_endpoint: Option<String>,
@@ -683,6 +688,7 @@ fn main() -> ExitCode {
             scheduler_name,
             scheduler_settle_ms,
             scheduler_confirm,
+            scheduler_shard,
             otlp_endpoint,
         } => daemon(
             telemetry(
@@ -743,6 +749,7 @@ fn main() -> ExitCode {
                             name: scheduler_name,
                             settle: Duration::from_millis(scheduler_settle_ms),
                             confirm: scheduler_confirm,
+                            shard: scheduler_shard,
                         }
                     }),
                 })

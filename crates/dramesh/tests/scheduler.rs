@@ -29,12 +29,7 @@ use kube::core::GroupVersionKind;
 use serde_json::{Value, json};
 
 fn cluster(name: &str) -> Value {
-    json!({"apiVersion": "cluster.karmada.io/v1alpha1", "kind": "Cluster",
-        "metadata": {"name": name, "labels": {"name": name}},
-        "spec": {"syncMode": "Push"},
-        "status": {"conditions": [{"type": "Ready", "status": "True",
-            "reason": "", "message": "", "lastTransitionTime": "2026-11-25T12:00:00Z"}],
-            "apiEnablements": dramesh_sim::karmada_api_enablements()}})
+    common::karmada_cluster(name)
 }
 
 fn binding(name: &str, scheduler: &str) -> Value {
@@ -336,25 +331,7 @@ impl Mesh {
         // heard of a cluster yet would schedule around it), and be ready: caught up with a
         // peer replica, so the mesh carries reservations between them.
         for at in &replicas.at {
-            let h = at.http;
-            tokio::task::spawn_blocking(move || {
-                wait_for(
-                    &format!("all four clusters on the replica at {h}"),
-                    Duration::from_secs(90),
-                    || status_names(h, "clusters").filter(|c| c.len() == FLEET.len()),
-                );
-                wait_for(
-                    &format!("the replica at {h} ready"),
-                    Duration::from_secs(60),
-                    || {
-                        common::try_request(h, "GET", "/readyz", "")
-                            .is_ok_and(|(code, _)| code == 200)
-                            .then_some(())
-                    },
-                );
-            })
-            .await
-            .expect("wait");
+            common::wait_clusters_and_ready(at.http, FLEET.len()).await;
         }
         Some(Mesh {
             fake,

@@ -22,12 +22,7 @@ use serde_json::{Value, json};
 const NS: &str = "default";
 
 fn cluster(name: &str) -> Value {
-    json!({"apiVersion": "cluster.karmada.io/v1alpha1", "kind": "Cluster",
-        "metadata": {"name": name, "labels": {"name": name}},
-        "spec": {"syncMode": "Push"},
-        "status": {"conditions": [{"type": "Ready", "status": "True",
-            "reason": "", "message": "", "lastTransitionTime": "2026-11-25T12:00:00Z"}],
-            "apiEnablements": dramesh_sim::karmada_api_enablements()}})
+    common::karmada_cluster(name)
 }
 
 /// Deployment `name` of GPU replicas, its pods of PriorityClass `class` when given.

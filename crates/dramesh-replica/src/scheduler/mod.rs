@@ -33,8 +33,16 @@
 //!   With [`Confirm::BeforeWrite`] the reservations are confirmed before the decision is
 //!   written instead, and a lost one makes the binding planned again before anything is
 //!   written.
-//!   Reservations end when the member cluster reports the pods, or at their TTL. See
-//!   ARCHITECTURE.md, "The loop on the replica", for the protocol and its limits.
+//!   Reservations end when the member cluster reports the pods, or at their TTL, or once
+//!   void: a decision's reservation names its binding and generation, and once the decision
+//!   had time to be written, a binding that does not show it voids it on every replica that
+//!   sees the binding ([`dramesh_scheduler::void`]; the loop judges every tick and never
+//!   starts writing a decision past its write deadline).
+//! - **Work shared across replicas** ([`SchedulerRole::shard`]): replicas with the same
+//!   scheduler name split the bindings by rendezvous hashing of their uid over the members
+//!   alive ([`crate::members`], [`dramesh_scheduler::share`]); each decides only the bindings
+//!   it owns but watches all, and queues those it newly owns when the members change.
+//!   See ARCHITECTURE.md, "The loop on the replica", for the protocol and its limits.
 
 mod decider;
 mod preempt;
@@ -53,6 +61,7 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
 use crate::karmada::{Cache, Change, KarmadaClient, Kind, ObjectKey, Watch};
+use crate::members::Peers;
 use crate::state::ReplicaState;
 use task::{Ctx, Done, Held, Job, MAX_EVENT_WRITES, Outcome, Verdict, blocking};
 
@@ -90,6 +99,10 @@ pub struct SchedulerRole {
     pub settle: Duration,
     /// Whether a decision is written before or after its reservations are confirmed.
     pub confirm: Confirm,
+    /// Whether the replicas with this scheduler name split the bindings among themselves
+    /// (`--scheduler-shard`, default on): each decides only the bindings it owns. Off, it
+    /// decides every binding, as every other replica does (conflicting writes decide).
+    pub shard: bool,
 }
 
 /// When a decision's reservations are confirmed by overcommit resolution, relative to
@@ -130,6 +143,7 @@ impl SchedulerRole {
             name: name.to_string(),
             settle: DEFAULT_SETTLE,
             confirm: Confirm::default(),
+            shard: true,
         }
     }
 
@@ -268,6 +282,15 @@ struct Loop {
     classes_synced: bool,
     /// Replicas to take back, by binding and cluster (lost reservations).
     lost: HashMap<Key, BTreeMap<String, i64>>,
+    /// Whether the ResourceBinding and ClusterResourceBinding watches listed everything
+    /// once: until then a binding missing from the cache is not known to be deleted.
+    bindings_synced: [bool; 2],
+    /// The other replicas as the mesh sees them (`None`: alone).
+    peers: Option<watch::Receiver<Peers>>,
+    /// The members sharing the work, sorted, this replica among them.
+    members: Vec<String>,
+    /// The decisions' reservations judged void at the last look.
+    void: BTreeSet<Arc<str>>,
 }
 
 /// Runs the scheduler role on `state` through `client` until `stop` turns true or a watch
@@ -279,7 +302,20 @@ pub async fn serve(
     role: SchedulerRole,
     stop: watch::Receiver<bool>,
 ) {
-    run(state, client, role, None, stop).await;
+    run(state, client, role, None, None, stop).await;
+}
+
+/// [`serve`] for a replica that shares the work with the replicas `peers` says are alive
+/// (for programs that exchange the replicas' reservation documents themselves; a
+/// [`crate::Replica`] learns them from its mesh).
+pub async fn serve_shared(
+    state: Arc<ReplicaState>,
+    client: Arc<KarmadaClient>,
+    role: SchedulerRole,
+    peers: watch::Receiver<Peers>,
+    stop: watch::Receiver<bool>,
+) {
+    run(state, client, role, None, Some(peers), stop).await;
 }
 
 /// Runs the scheduler loop until `stop` turns true (or a watch task dies).
@@ -288,6 +324,7 @@ pub(crate) async fn run(
     client: Arc<KarmadaClient>,
     role: SchedulerRole,
     metrics: Option<SchedulerMetrics>,
+    peers: Option<watch::Receiver<Peers>>,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut rb = client.watch(Kind::ResourceBinding);
@@ -301,6 +338,16 @@ pub(crate) async fn run(
             return;
         }
     };
+    // The role record: the other replicas count this one as a member once it arrives.
+    let announce = role.shard.then(|| role.name.clone());
+    match blocking(&state, move |st| st.announce_role(announce.as_deref())).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "the scheduler role record was not written; the other replicas do not leave this one a share");
+        }
+        Err(e) => tracing::warn!(error = %e, "the scheduler role record was not written"),
+    }
+    let me = state.replica.clone();
     let mut l = Loop {
         ctx: Arc::new(Ctx {
             state,
@@ -340,6 +387,10 @@ pub(crate) async fn run(
         clusters_synced: false,
         classes_synced: false,
         lost: HashMap::new(),
+        bindings_synced: [false; 2],
+        peers,
+        members: vec![me],
+        void: BTreeSet::new(),
     };
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -347,6 +398,7 @@ pub(crate) async fn run(
     loop {
         let can_start = l.clusters_synced
             && l.classes_synced
+            && l.may_decide()
             && !l.queue.is_empty()
             && l.running.len() < MAX_IN_FLIGHT;
         let next_check = l.checks.front().map(|c| c.due);
@@ -360,9 +412,17 @@ pub(crate) async fn run(
             c = crb.next() => l.binding_change(Kind::ClusterResourceBinding, c),
             c = cl.next() => l.cluster_change(c),
             c = pc.next() => l.class_change(c),
+            // Before anything is started on the old members.
+            _ = peers_changed(&mut l.peers) => { l.reshard(); false }
             Some(r) = l.tasks.join_next_with_id(), if !l.tasks.is_empty() => { l.finished(r); false }
             _ = sleep_until(next_check), if next_check.is_some() => { l.check().await; false }
-            _ = tick.tick() => { l.due(); l.recheck().await; false }
+            _ = tick.tick() => {
+                l.reshard();
+                l.due();
+                l.judge_void();
+                l.recheck().await;
+                false
+            }
             _ = std::future::ready(()), if can_start => { l.start_next(); false }
         };
         if ended {
@@ -370,6 +430,16 @@ pub(crate) async fn run(
             return;
         }
     }
+}
+
+/// Returns when the peers changed; never when there are none or their sender is gone.
+async fn peers_changed(p: &mut Option<watch::Receiver<Peers>>) {
+    if let Some(r) = p
+        && r.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
 }
 
 async fn sleep_until(at: Option<Instant>) {
@@ -382,6 +452,21 @@ async fn sleep_until(at: Option<Instant>) {
 fn report_dead(watches: &[&Watch]) {
     let why: Vec<String> = watches.iter().filter_map(|w| w.failing()).collect();
     tracing::error!(errors = ?why, "a Karmada watch ended; the scheduler role stopped");
+}
+
+/// What a binding's owner is hashed from: its uid (a binding created again under the same
+/// name is another binding), or its kind and name when it has none.
+fn share_key(o: &crate::karmada::Object) -> std::borrow::Cow<'_, str> {
+    let m = o.meta();
+    match m.uid.as_deref() {
+        Some(uid) if !uid.is_empty() => uid.into(),
+        _ => format!(
+            "{}/{}",
+            m.namespace.as_deref().unwrap_or(""),
+            m.name.as_deref().unwrap_or("")
+        )
+        .into(),
+    }
 }
 
 fn binding_kind(kind: Kind) -> BindingKind {
@@ -397,6 +482,120 @@ impl Loop {
             Kind::ClusterResourceBinding => &self.cluster_bindings,
             _ => &self.bindings,
         }
+    }
+
+    /// Whether this replica may decide yet: sharing, only once it has caught up with a peer
+    /// replica (before, it may not know the others' role records and would take every
+    /// binding).
+    fn may_decide(&self) -> bool {
+        !self.ctx.role.shard || self.peers.as_ref().is_none_or(|p| p.borrow().caught_up)
+    }
+
+    /// Whether this replica owns binding `o` (always, when not sharing).
+    fn owns(&self, o: &crate::karmada::Object) -> bool {
+        !self.ctx.role.shard
+            || dramesh_scheduler::share::owner(&share_key(o), &self.members)
+                == Some(self.ctx.state.replica.as_str())
+    }
+
+    /// Computes the members again; when they changed, queues the bindings this replica owns
+    /// now and did not before (a dead or leaving member's, or all of them at first).
+    fn reshard(&mut self) {
+        if !self.ctx.role.shard {
+            return;
+        }
+        let peers = self
+            .peers
+            .as_ref()
+            .map(|p| p.borrow().clone())
+            .unwrap_or_default();
+        let roles = self.ctx.state.role_records();
+        let me = self.ctx.state.replica.clone();
+        let members = crate::members::members(&me, &self.ctx.role.name, &roles, &peers);
+        if members == self.members {
+            return;
+        }
+        let before = std::mem::replace(&mut self.members, members);
+        tracing::info!(members = ?self.members, before = ?before, "the replicas sharing the bindings changed");
+        for kind in [Kind::ResourceBinding, Kind::ClusterResourceBinding] {
+            for o in self.cache(kind).list() {
+                let k = share_key(&o);
+                let owner = dramesh_scheduler::share::owner;
+                if owner(&k, &self.members) == Some(me.as_str())
+                    && owner(&k, &before) != Some(me.as_str())
+                {
+                    self.enqueue((kind, o.key()));
+                }
+            }
+        }
+    }
+
+    /// Judges the scheduler decisions' reservations old enough to be ([`dramesh_scheduler::void`])
+    /// against the bindings as this replica's watches hold them, and hands the void ones to
+    /// the state (which leaves them out of every estimate; their owner releases them). A
+    /// decision this replica wrote itself is never judged unwritten (its watch may lag its
+    /// own write); any other verdict holds for it too.
+    fn judge_void(&mut self) {
+        use dramesh_scheduler::void::{Served, Void, void};
+        let entries = self
+            .ctx
+            .state
+            .decision_reservations(&self.ctx.role.creator());
+        if entries.is_empty() && self.void.is_empty() {
+            return;
+        }
+        let written: HashSet<&str> = self
+            .checks
+            .iter()
+            .map(|c| &c.held)
+            .chain(self.watched.values())
+            .flat_map(|h| h.by_cluster.values().map(|(id, _)| id.as_str()))
+            .collect();
+        let now = Instant::now();
+        let mut judged = BTreeMap::new();
+        for e in &entries {
+            let (kind, i) = match e.decision.kind.as_str() {
+                "ResourceBinding" => (Kind::ResourceBinding, 0),
+                "ClusterResourceBinding" => (Kind::ClusterResourceBinding, 1),
+                _ => continue,
+            };
+            let d = &e.decision;
+            let ns = (!d.namespace.is_empty()).then_some(d.namespace.as_str());
+            let obj = self.cache(kind).get(ns, &d.name);
+            let b = obj
+                .as_ref()
+                .and_then(|o| self.ctx.decode(&(kind, o.key()), o).ok());
+            let served = match (self.bindings_synced[i], &obj, &b) {
+                (false, _, _) => Served::Unknown,
+                (true, None, _) => Served::Absent,
+                (true, Some(_), None) => Served::Unknown,
+                (true, Some(_), Some(b)) => Served::Present {
+                    uid: &b.metadata.uid,
+                    generation: b.metadata.generation,
+                    clusters: &b.clusters,
+                    decided_by: b
+                        .metadata
+                        .annotations
+                        .get(dramesh_scheduler::void::DECIDED_BY)
+                        .map(String::as_str),
+                },
+            };
+            let age = now.saturating_duration_since(e.seen);
+            match void(&e.owner, d, &e.cluster, age, served) {
+                Some(Void::NotWritten) if written.contains(&*e.id) => {}
+                Some(v) => {
+                    judged.insert(e.id.clone(), v.reason(d, &e.cluster));
+                }
+                None => {}
+            }
+        }
+        for (id, why) in &judged {
+            if !self.void.contains(id) {
+                tracing::info!(id = %id, reason = %why, "a decision's reservation is void: it holds nothing");
+            }
+        }
+        self.void = judged.keys().cloned().collect();
+        self.ctx.state.set_void_decisions(judged);
     }
 
     fn enqueue(&mut self, key: Key) {
@@ -431,6 +630,7 @@ impl Loop {
             }
             // A relist: only what changed while the watch was down is planned.
             Some(Change::Synced) => {
+                self.bindings_synced[usize::from(kind == Kind::ClusterResourceBinding)] = true;
                 for o in self.cache(kind).list() {
                     self.observe((kind, o.key()), o);
                 }
@@ -586,6 +786,12 @@ impl Loop {
             self.settle(&key, Outcome::Dropped, queued_at, view);
             return;
         };
+        // Another member's (its owner decides it), unless this replica has a lost decision
+        // of it to take back.
+        if !self.owns(&obj) && !self.lost.contains_key(&key) {
+            self.retry.remove(&key);
+            return;
+        }
         // A version this loop wrote and then wrote over: the newer one's event follows.
         let rv = obj.meta().resource_version.as_ref();
         if rv.is_some_and(|rv| self.superseded.get(&key).is_some_and(|s| s.contains(rv))) {

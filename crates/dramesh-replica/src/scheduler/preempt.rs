@@ -270,6 +270,7 @@ async fn write_hold(cx: &Context<'_>, cluster: &str) -> Result<String, String> {
             priority,
             ttl_seconds: resv::DEFAULT_TTL_SECONDS,
             caps: None,
+            decision: None,
         };
         state
             .write_preemption_hold(&own, &preemptor)

@@ -107,6 +107,11 @@ impl Outcome {
 pub(super) struct Held {
     /// Reservation id and the replicas it added, by cluster.
     pub(super) by_cluster: BTreeMap<String, (String, i64)>,
+    /// The last moment a write of the decision may start: its reservations name it
+    /// ([`dramesh_scheduler::void::DecisionRef`]), and any replica may void them once the
+    /// decision had time to be written; a write started later could land on room given
+    /// away.
+    pub(super) write_by: Instant,
 }
 
 /// What a task reports back to the loop.
@@ -287,7 +292,8 @@ impl Ctx {
                     }
                 }
             }
-            match self.write(kind, &obj, &b, &decision).await {
+            let write_by = held.as_ref().map(|h| h.write_by);
+            match self.write(kind, &obj, &b, &decision, write_by).await {
                 Ok((written, versions)) => {
                     // Events only when the decision changed something.
                     if !versions.is_empty() {
@@ -339,7 +345,7 @@ impl Ctx {
         message: String,
     ) -> Done {
         let d = Decision::error(message);
-        match self.write(kind, obj, b, &d).await {
+        match self.write(kind, obj, b, &d, None).await {
             Ok((written, versions)) => {
                 if !versions.is_empty() {
                     self.events(kind, &written, b, &d);
@@ -567,6 +573,7 @@ impl Ctx {
             let demand = demand.clone();
             let clusters = clusters.clone();
             let creator = self.role.creator();
+            let settle = self.role.settle;
             self.decider
                 .run(move |st| {
                     let deadline = Instant::now() + DECIDE_DEADLINE;
@@ -575,7 +582,9 @@ impl Ctx {
                     // Replicas are held relative to what the binding keeps: a lost cluster's
                     // replicas placed on it again are held again.
                     let base = kept.as_ref().unwrap_or(&b);
-                    let held = hold(st, base, &demand, &manifests, carried, &decision, &creator)?;
+                    let held = hold(
+                        st, base, &demand, &manifests, carried, &decision, &creator, settle,
+                    )?;
                     Ok::<_, String>((decision, held))
                 })
                 .await??
@@ -602,20 +611,35 @@ impl Ctx {
     }
 
     /// Writes `decision` on `obj` (read as `b`): the spec patch, then the status patch.
-    /// Returns the binding as last written and the resourceVersions of every write.
+    /// Returns the binding as last written and the resourceVersions of every write. A spec
+    /// write is not started after `write_by` (the decision's reservations may be void by the
+    /// time it lands).
     async fn write(
         &self,
         kind: Kind,
         obj: &Arc<Object>,
         b: &Binding,
         decision: &Decision,
+        write_by: Option<Instant>,
     ) -> Result<(Arc<Object>, Vec<String>), WriteError> {
         let at = now();
         let mut current = obj.clone();
         let mut written = Vec::new();
         for p in decision.patches(b, &at).into_iter().filter(|p| !p.status) {
-            let body: Value = serde_json::from_str(&p.body)
+            if write_by.is_some_and(|by| Instant::now() > by) {
+                return Err(WriteError::Failed(
+                    "the decision was not written within its write window; its reservations are released and the binding is decided again".into(),
+                ));
+            }
+            let mut body: Value = serde_json::from_str(&p.body)
                 .map_err(|e| WriteError::Failed(format!("spec patch body: {e}")))?;
+            if write_by.is_some() {
+                // The decision names itself, so a replica judging another replica's
+                // reservation of the same generation can tell whose landed.
+                body["metadata"]["annotations"][dramesh_scheduler::void::DECIDED_BY] = Value::from(
+                    dramesh_scheduler::void::decided_by(&self.state.replica, b.metadata.generation),
+                );
+            }
             let r = BindingRef::of(kind, &current)
                 .ok_or_else(|| WriteError::Failed("the binding has no resourceVersion".into()))?;
             match self.client.patch(&r, &body).await {
@@ -840,6 +864,7 @@ pub(super) fn judge<K>(st: &ReplicaState, decisions: Vec<(K, Held)>) -> Vec<(K, 
 /// Holds the replicas `decision` adds to `b` on dramesh-reported clusters as reservations of
 /// this replica, queued together (all or none; durable once the ticket is waited for).
 /// `carried` is the workload decoded from `manifests`, the binding's when it has one.
+#[allow(clippy::too_many_arguments)]
 fn hold(
     st: &ReplicaState,
     b: &Binding,
@@ -848,6 +873,7 @@ fn hold(
     carried: Option<Result<Arc<dramesh_estimator::Workload>, String>>,
     decision: &Decision,
     creator: &str,
+    settle: Duration,
 ) -> Result<Option<(Held, crate::group_commit::Ticket)>, String> {
     let (Some(clusters), Demand::Replicas(w)) = (&decision.clusters, demand) else {
         return Ok(None);
@@ -859,11 +885,11 @@ fn hold(
         let held = covered.get(&t.name).copied().unwrap_or(0);
         t.replicas - b.assigned(&t.name).max(held)
     };
-    let adds: Vec<(&str, i64)> = clusters
+    let adds: Vec<(&str, i64, i64)> = clusters
         .iter()
         .filter(|t| new(t) > 0)
         .filter(|t| st.with_view(|v| v.cluster(&t.name).is_some()))
-        .map(|t| (t.name.as_str(), new(t)))
+        .map(|t| (t.name.as_str(), new(t), t.replicas))
         .collect();
     if adds.is_empty() {
         return Ok(None);
@@ -872,9 +898,22 @@ fn hold(
         Some(w) => w?,
         None => return Err("the workload cannot be carried in a reservation: no manifests".into()),
     };
+    // Each reservation names the decision it holds (what the binding shows once written).
+    let settle_ms = u64::try_from(settle.as_millis()).unwrap_or(u64::MAX);
+    let decided = |target: i64| dramesh_scheduler::void::DecisionRef {
+        kind: b.kind.as_str().to_string(),
+        namespace: b.metadata.namespace.clone(),
+        name: b.metadata.name.clone(),
+        uid: b.metadata.uid.clone(),
+        generation: b.metadata.generation,
+        target,
+        settle_ms,
+    };
+    let made = Instant::now();
+    let write_by = made + decided(0).write_deadline();
     let own: Vec<Own<'_>> = adds
         .iter()
-        .map(|(cluster, replicas)| Own {
+        .map(|(cluster, replicas, target)| Own {
             creator,
             cluster,
             workload: &workload,
@@ -883,6 +922,7 @@ fn hold(
             priority: w.priority,
             ttl_seconds: resv::DEFAULT_TTL_SECONDS,
             caps: None,
+            decision: Some(decided(*target)),
         })
         .collect();
     let (ids, ticket) = st
@@ -891,9 +931,15 @@ fn hold(
     let by_cluster = adds
         .iter()
         .zip(ids)
-        .map(|((cluster, replicas), id)| (cluster.to_string(), (id, *replicas)))
+        .map(|((cluster, replicas, _), id)| (cluster.to_string(), (id, *replicas)))
         .collect();
-    Ok(Some((Held { by_cluster }, ticket)))
+    Ok(Some((
+        Held {
+            by_cluster,
+            write_by,
+        },
+        ticket,
+    )))
 }
 
 #[cfg(test)]

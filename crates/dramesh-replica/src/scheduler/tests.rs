@@ -13,6 +13,7 @@ use dramesh_scheduler::Binding;
 use serde_json::Value;
 
 mod preempt;
+mod share;
 mod slow;
 
 const ME: &str = "dramesh-scheduler";
@@ -132,6 +133,18 @@ fn start_as(
     name: &str,
     confirm: Confirm,
 ) -> Running {
+    start_with(fake, state, settle, name, confirm, None)
+}
+
+/// [`start_as`] with the peers the loop shares the work with (`None`: alone).
+fn start_with(
+    fake: &FakeApi,
+    state: Arc<ReplicaState>,
+    settle: Duration,
+    name: &str,
+    confirm: Confirm,
+    peers: Option<watch::Receiver<Peers>>,
+) -> Running {
     let id = state.replica.clone();
     let client = Arc::new(KarmadaClient::new(
         fake.client(),
@@ -142,11 +155,12 @@ fn start_as(
         name: name.into(),
         settle,
         confirm,
+        shard: true,
     };
     let metrics = SchedulerMetrics::register(&dramesh_telemetry::Metrics::new())
         .expect("metric names are free");
     let (stop, rx) = watch::channel(false);
-    let task = tokio::spawn(run(state, client, role, Some(metrics.clone()), rx));
+    let task = tokio::spawn(run(state, client, role, Some(metrics.clone()), peers, rx));
     Running {
         stop,
         task,
@@ -399,11 +413,29 @@ fn bridge(
     b: Arc<ReplicaState>,
     delay: Duration,
 ) -> tokio::task::JoinHandle<()> {
+    bridge_all(vec![a, b], delay)
+}
+
+/// [`bridge`] between every two of `states`.
+fn bridge_all(states: Vec<Arc<ReplicaState>>, delay: Duration) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let mut seen: [HashMap<String, Arc<[u8]>>; 2] = Default::default();
+        let pairs: Vec<(usize, usize)> = (0..states.len())
+            .flat_map(|i| {
+                (0..states.len())
+                    .filter(move |j| *j != i)
+                    .map(move |j| (i, j))
+            })
+            .collect();
+        let mut seen: Vec<HashMap<String, Arc<[u8]>>> = vec![HashMap::new(); pairs.len()];
         loop {
             tokio::time::sleep(delay).await;
-            for (i, (from, to)) in [(&a, &b), (&b, &a)].into_iter().enumerate() {
+            for (i, (from, to)) in pairs
+                .iter()
+                .map(|(f, t)| (&states[*f], &states[*t]))
+                .enumerate()
+            {
+                // The sender's store holds its own document only (what it receives goes to
+                // its table).
                 let now: HashMap<String, Arc<[u8]>> = from
                     .with_store(|s| s.store().snapshot())
                     .into_iter()

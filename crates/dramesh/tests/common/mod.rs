@@ -817,3 +817,37 @@ impl Replicas {
         ));
     }
 }
+
+/// A Karmada Cluster `name` (label `name: <name>`), Ready, listing every API
+/// `dramesh-sim` workloads use.
+pub(crate) fn karmada_cluster(name: &str) -> Value {
+    serde_json::json!({"apiVersion": "cluster.karmada.io/v1alpha1", "kind": "Cluster",
+        "metadata": {"name": name, "labels": {"name": name}},
+        "spec": {"syncMode": "Push"},
+        "status": {"conditions": [{"type": "Ready", "status": "True",
+            "reason": "", "message": "", "lastTransitionTime": "2026-11-25T12:00:00Z"}],
+            "apiEnablements": dramesh_sim::karmada_api_enablements()}})
+}
+
+/// Waits until the replica at `h` has `clusters` member clusters in its status and is ready
+/// (caught up with a peer replica, so the mesh carries reservations between them).
+pub(crate) async fn wait_clusters_and_ready(h: SocketAddr, clusters: usize) {
+    tokio::task::spawn_blocking(move || {
+        wait_for(
+            &format!("{clusters} clusters on the replica at {h}"),
+            Duration::from_secs(90),
+            || status_names(h, "clusters").filter(|c| c.len() == clusters),
+        );
+        wait_for(
+            &format!("the replica at {h} ready"),
+            Duration::from_secs(60),
+            || {
+                try_request(h, "GET", "/readyz", "")
+                    .is_ok_and(|(code, _)| code == 200)
+                    .then_some(())
+            },
+        );
+    })
+    .await
+    .expect("wait");
+}

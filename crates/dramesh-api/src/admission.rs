@@ -21,13 +21,12 @@
 //!
 //! HTTP requests are charged by their `Content-Length` (or the size limit) before the body is
 //! read; a refused body is read and discarded, never buffered. gRPC requests are charged by
-//! their message size before tonic decodes them ([`GrpcGate`]), after authentication (the
+//! their message size before tonic decodes them ([`crate::grpc::GrpcGate`]), after authentication (the
 //! identity a share is kept for).
 
 use std::collections::HashMap;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -353,117 +352,6 @@ impl ChargeSlot {
     pub fn take(&self) -> Option<Charge> {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
-}
-
-/// The identity the gRPC gate authenticated, for the handler to authorize.
-#[derive(Debug, Clone)]
-pub(crate) struct Authenticated(pub(crate) crate::auth::Identity);
-
-/// Tower middleware around the gRPC services: marks the connection busy while a request is in
-/// flight (so idle connections are known, [`crate::server::GrpcLimits`]), authenticates the
-/// caller, and charges the request by its message size before tonic decodes it.
-#[derive(Clone)]
-pub struct GrpcGate<S> {
-    inner: S,
-    state: crate::server::ApiState,
-}
-
-impl<S> GrpcGate<S> {
-    /// `inner` gated by `state`'s budget and authentication.
-    pub fn new(inner: S, state: crate::server::ApiState) -> GrpcGate<S> {
-        GrpcGate { inner, state }
-    }
-}
-
-type GrpcRequest = tonic::codegen::http::Request<tonic::body::Body>;
-type GrpcResponse = tonic::codegen::http::Response<tonic::body::Body>;
-
-impl<S> tonic::codegen::Service<GrpcRequest> for GrpcGate<S>
-where
-    S: tonic::codegen::Service<GrpcRequest, Response = GrpcResponse> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-{
-    type Response = GrpcResponse;
-    type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<GrpcResponse, S::Error>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: GrpcRequest) -> Self::Future {
-        // The ready service answers this call; its clone waits for the next poll_ready.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let state = self.state.clone();
-        Box::pin(async move {
-            let _busy = req
-                .extensions()
-                .get::<crate::server::GrpcConnInfo>()
-                .and_then(|i| i.activity.as_ref())
-                .map(|a| a.enter());
-            match gate(&state, req).await {
-                Ok(req) => inner.call(req).await,
-                Err(status) => Ok(status.into_http()),
-            }
-        })
-    }
-}
-
-/// Authenticates and charges one gRPC request (see [`GrpcGate`]).
-async fn gate(
-    state: &crate::server::ApiState,
-    req: GrpcRequest,
-) -> Result<GrpcRequest, tonic::Status> {
-    use http_body_util::BodyExt;
-    let (mut parts, body) = req.into_parts();
-    let karmada = parts
-        .uri
-        .path()
-        .starts_with(&format!("/{}/", crate::grpc::KARMADA_SERVICE));
-    let (api, expansion) = if karmada {
-        (crate::metrics::API_KARMADA, KARMADA_PROTO_EXPANSION)
-    } else {
-        (crate::metrics::API_NATIVE_GRPC, NATIVE_PROTO_EXPANSION)
-    };
-    let certificate = parts
-        .extensions
-        .get::<crate::server::GrpcConnInfo>()
-        .and_then(|i| i.certificate.0.clone());
-    // A value that is not ASCII cannot be a bearer token: kept (as empty) so it is refused.
-    let authorization = parts
-        .headers
-        .get("authorization")
-        .map(|v| v.to_str().unwrap_or_default().to_owned());
-    let creds = crate::auth::Credentials {
-        certificate: certificate.as_ref(),
-        authorization: authorization.as_deref(),
-    };
-    let identity = match state.auth.authenticate(&creds).await {
-        Ok(id) => id,
-        Err(r) => return Err(state.auth.refused(&state.metrics, r).into()),
-    };
-    // One gRPC message with its 5-byte frame header; tonic refuses larger ones when decoding.
-    let limit = state.config.max_request_bytes.saturating_add(5);
-    let bytes = match http_body_util::Limited::new(body, limit).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
-            return Err(tonic::Status::out_of_range(format!(
-                "request message too large (over {} bytes), or not received whole: {e}",
-                state.config.max_request_bytes
-            )));
-        }
-    };
-    let charge = state
-        .budget
-        .admit(api, &identity.user, cost(bytes.len() as u64, expansion))
-        .await?;
-    parts.extensions.insert(Authenticated(identity));
-    parts.extensions.insert(ChargeSlot::new(charge));
-    Ok(tonic::codegen::http::Request::from_parts(
-        parts,
-        tonic::body::Body::new(http_body_util::Full::new(bytes)),
-    ))
 }
 
 #[cfg(test)]

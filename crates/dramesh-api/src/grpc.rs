@@ -7,7 +7,7 @@
 //! its computation fails or times out (karmada-scheduler discards every cluster's accurate
 //! answer when one estimator errors). Only a malformed request gets an error
 //! (InvalidArgument, naming the field). Messages above the configured size are refused before decoding
-//! (OutOfRange). Every call passes [`crate::admission::GrpcGate`] first: authenticated, and
+//! (OutOfRange). Every call passes [`GrpcGate`] first: authenticated, and
 //! charged its expected memory before it is decoded (RESOURCE_EXHAUSTED when the budget stays
 //! full, the Karmada methods included: an error, not a 0 that would read as "does not fit").
 
@@ -18,6 +18,7 @@ use tracing::Instrument;
 
 use dramesh_telemetry::spans::fields;
 
+use crate::admission;
 use crate::auth::{Caller, Credentials, RefusalKind, Verb};
 use crate::backend::{ApiError, Backend};
 use crate::metrics::{API_KARMADA, API_NATIVE_GRPC, Method};
@@ -58,10 +59,7 @@ struct Creds {
 impl Creds {
     fn of<T>(r: &Request<T>) -> Creds {
         Creds {
-            authenticated: r
-                .extensions()
-                .get::<crate::admission::Authenticated>()
-                .map(|a| a.0.clone()),
+            authenticated: r.extensions().get::<Authenticated>().map(|a| a.0.clone()),
             charge: r
                 .extensions()
                 .get::<crate::admission::ChargeSlot>()
@@ -481,7 +479,7 @@ where
         .http2_keepalive_interval(Some(limits.keepalive_interval))
         .http2_keepalive_timeout(Some(limits.keepalive_timeout))
         .layer(tower::layer::layer_fn(move |inner| {
-            crate::admission::GrpcGate::new(inner, gate_state.clone())
+            GrpcGate::new(inner, gate_state.clone())
         }))
         .add_service(karmada_service(&state))
         .add_service(native_service(&state))
@@ -496,4 +494,128 @@ where
         )
         .await?;
     Ok(())
+}
+
+/// The identity the gRPC gate authenticated, for the handler to authorize.
+#[derive(Debug, Clone)]
+pub(crate) struct Authenticated(pub(crate) crate::auth::Identity);
+
+/// Tower middleware around the gRPC services: marks the connection busy while a request is in
+/// flight (so idle connections are known, [`crate::server::GrpcLimits`]), authenticates the
+/// caller, and charges the request by its message size before tonic decodes it.
+#[derive(Clone)]
+pub struct GrpcGate<S> {
+    inner: S,
+    state: crate::server::ApiState,
+}
+
+impl<S> GrpcGate<S> {
+    /// `inner` gated by `state`'s budget and authentication.
+    pub fn new(inner: S, state: crate::server::ApiState) -> GrpcGate<S> {
+        GrpcGate { inner, state }
+    }
+}
+
+type GrpcRequest = tonic::codegen::http::Request<tonic::body::Body>;
+type GrpcResponse = tonic::codegen::http::Response<tonic::body::Body>;
+
+impl<S> tonic::codegen::Service<GrpcRequest> for GrpcGate<S>
+where
+    S: tonic::codegen::Service<GrpcRequest, Response = GrpcResponse> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = GrpcResponse;
+    type Error = S::Error;
+    type Future = std::pin::Pin<Box<dyn Future<Output = Result<GrpcResponse, S::Error>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: GrpcRequest) -> Self::Future {
+        // The ready service answers this call; its clone waits for the next poll_ready.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let state = self.state.clone();
+        Box::pin(async move {
+            let _busy = req
+                .extensions()
+                .get::<crate::server::GrpcConnInfo>()
+                .and_then(|i| i.activity.as_ref())
+                .map(|a| a.enter());
+            match gate(&state, req).await {
+                Ok(req) => inner.call(req).await,
+                Err(status) => Ok(status.into_http()),
+            }
+        })
+    }
+}
+
+/// Authenticates and charges one gRPC request (see [`GrpcGate`]).
+async fn gate(
+    state: &crate::server::ApiState,
+    req: GrpcRequest,
+) -> Result<GrpcRequest, tonic::Status> {
+    use http_body_util::BodyExt;
+    let (mut parts, body) = req.into_parts();
+    let karmada = parts
+        .uri
+        .path()
+        .starts_with(&format!("/{}/", KARMADA_SERVICE));
+    let (api, expansion) = if karmada {
+        (
+            crate::metrics::API_KARMADA,
+            admission::KARMADA_PROTO_EXPANSION,
+        )
+    } else {
+        (
+            crate::metrics::API_NATIVE_GRPC,
+            admission::NATIVE_PROTO_EXPANSION,
+        )
+    };
+    let certificate = parts
+        .extensions
+        .get::<crate::server::GrpcConnInfo>()
+        .and_then(|i| i.certificate.0.clone());
+    // A value that is not ASCII cannot be a bearer token: kept (as empty) so it is refused.
+    let authorization = parts
+        .headers
+        .get("authorization")
+        .map(|v| v.to_str().unwrap_or_default().to_owned());
+    let creds = crate::auth::Credentials {
+        certificate: certificate.as_ref(),
+        authorization: authorization.as_deref(),
+    };
+    let identity = match state.auth.authenticate(&creds).await {
+        Ok(id) => id,
+        Err(r) => return Err(state.auth.refused(&state.metrics, r).into()),
+    };
+    // One gRPC message with its 5-byte frame header; tonic refuses larger ones when decoding.
+    let limit = state.config.max_request_bytes.saturating_add(5);
+    let bytes = match http_body_util::Limited::new(body, limit).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            return Err(tonic::Status::out_of_range(format!(
+                "request message too large (over {} bytes), or not received whole: {e}",
+                state.config.max_request_bytes
+            )));
+        }
+    };
+    let charge = state
+        .budget
+        .admit(
+            api,
+            &identity.user,
+            admission::cost(bytes.len() as u64, expansion),
+        )
+        .await?;
+    parts.extensions.insert(Authenticated(identity));
+    parts.extensions.insert(admission::ChargeSlot::new(charge));
+    Ok(tonic::codegen::http::Request::from_parts(
+        parts,
+        tonic::body::Body::new(http_body_util::Full::new(bytes)),
+    ))
 }

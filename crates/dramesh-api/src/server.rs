@@ -426,7 +426,7 @@ pub struct GrpcConnInfo {
     pub remote: Option<SocketAddr>,
     /// The identity of its verified client certificate, if any.
     pub certificate: crate::tls::PeerCert,
-    /// Whether a call is in flight on the connection (marked by [`crate::admission::GrpcGate`]).
+    /// Whether a call is in flight on the connection (marked by [`crate::grpc::GrpcGate`]).
     pub(crate) activity: Option<Arc<Activity>>,
 }
 

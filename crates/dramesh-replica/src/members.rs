@@ -136,7 +136,11 @@ mod tests {
         // Itself always, role record or not (it may not have arrived back yet).
         assert_eq!(members("z", "s", &Roles::new(), &peers), ["z"]);
         assert_eq!(role_of(&role_key("r1")), Some("r1"));
-        assert_eq!(role_of(&crate::reservations::record_key("r1-1")), None);
+        assert_eq!(
+            role_of(&ObjectKey::new(ObjectKind::ClusterInfo, None, "r1-1")),
+            None,
+            "a reservation's key (`reservations::record_key`)"
+        );
         // Written, read back, deleted.
         let mut roles = Roles::new();
         let json = serde_json::to_vec(&role("s")).unwrap();

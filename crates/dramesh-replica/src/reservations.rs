@@ -843,7 +843,7 @@ mod tests {
     fn records_of_every_release_decode_and_unknown_fields_are_ignored() {
         let golden =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../dramesh-store/tests/golden");
-        let (mut reservations, mut tombstones) = (0, 0);
+        let mut reservations = 0;
         for release in std::fs::read_dir(&golden).unwrap() {
             let manifest = release.unwrap().path().join("store.json");
             let Ok(bytes) = std::fs::read(&manifest) else {
@@ -859,33 +859,16 @@ mod tests {
                         assert_eq!(o["key"].as_str(), Some(format!("meta/{}", r.id).as_str()));
                         reservations += 1;
                     }
-                    "_retired" => {
-                        let t: crate::retire::Tombstone = serde_json::from_slice(json)
-                            .unwrap_or_else(|e| panic!("{}: {e}", manifest.display()));
-                        assert_eq!(
-                            o["key"].as_str(),
-                            Some(format!("meta/{}", t.cluster).as_str())
-                        );
-                        tombstones += 1;
-                    }
                     _ => {}
                 }
             }
         }
-        assert!(
-            reservations >= 2 && tombstones >= 1,
-            "{reservations} {tombstones}"
-        );
+        assert!(reservations >= 2, "{reservations}");
 
         let mut newer = serde_json::to_value(record("r1", "r1-1", 60)).unwrap();
         newer["addedByANewerRelease"] = serde_json::json!({"any": [1, 2]});
         let r = Record::decode(&serde_json::to_vec(&newer).unwrap()).unwrap();
         assert_eq!(r, record("r1", "r1-1", 60));
-        let t: crate::retire::Tombstone = serde_json::from_str(
-            r#"{"cluster":"c","retiredAtMs":1,"replica":"r1","by":"admin","reason":"new field"}"#,
-        )
-        .unwrap();
-        assert_eq!(t.cluster, "c");
     }
 
     #[test]

@@ -126,7 +126,7 @@ pub fn start_handshake(
     if how == Admitted::Evicted {
         metrics.http_connection_closed(listener, "handshake_evicted");
     }
-    crate::http::no_delay(&stream);
+    no_delay(&stream);
     Some((stream, shaking))
 }
 
@@ -226,6 +226,14 @@ impl ConnTable {
             },
             how,
         ))
+    }
+}
+
+/// Sets TCP_NODELAY on an accepted connection: replies are small writes that Nagle's algorithm
+/// plus delayed ACKs would hold for ~40 ms (`crate::http`'s module doc).
+pub fn no_delay(stream: &tokio::net::TcpStream) {
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(error = %e, "cannot set TCP_NODELAY on an accepted connection");
     }
 }
 

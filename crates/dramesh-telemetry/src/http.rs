@@ -104,11 +104,7 @@ pub async fn serve_metrics(
 }
 
 /// Sets TCP_NODELAY on an accepted connection (see the module doc for why).
-pub fn no_delay(stream: &tokio::net::TcpStream) {
-    if let Err(e) = stream.set_nodelay(true) {
-        tracing::debug!(error = %e, "cannot set TCP_NODELAY on an accepted connection");
-    }
-}
+pub use crate::conns::no_delay;
 
 /// What a listener does with an accepted socket before HTTP starts on it: nothing
 /// ([`Plain`]), or a TLS handshake. Whatever it learns about the peer (e.g. the identity in a

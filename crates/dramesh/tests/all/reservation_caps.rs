@@ -9,7 +9,7 @@
 //! live reservations of each identity, at most 50; every other one that was admitted is void:
 //! its owner reports it `conflicted` with an `over_cap` reason, and no replica lists it live.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;

@@ -3,7 +3,7 @@
 //! must get past argument parsing to its first file read (the mounted credentials, absent
 //! here), not stop at a usage error.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

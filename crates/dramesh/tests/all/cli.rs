@@ -1,6 +1,6 @@
 //! The `dramesh` command-line contract: outputs and exit codes.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

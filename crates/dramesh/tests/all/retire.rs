@@ -11,7 +11,7 @@
 //! new generations again and again (bounded history), and checks that neither replica lists
 //! the cluster again through 20 s of that (and a restart of r2), until the agent rejoins.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::path::Path;

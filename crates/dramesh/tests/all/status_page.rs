@@ -8,7 +8,7 @@
 //! Without it the test prints a loud skip message and passes, except when `CI` is set: then a
 //! missing browser fails the test.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};

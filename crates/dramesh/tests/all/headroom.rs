@@ -5,7 +5,7 @@
 //! it, and placement counts it when asked; r2 answers what fits now and refuses
 //! `useHeadroom`. Every wait is bounded; processes are killed when the test ends.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

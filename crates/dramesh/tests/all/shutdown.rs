@@ -3,7 +3,7 @@
 //! connection, a gRPC connection, a frozen peer), and idle connections beyond the replica's
 //! connection cap do not stop `/healthz` answering.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

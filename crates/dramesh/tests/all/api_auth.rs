@@ -11,7 +11,7 @@
 //! Tokens travel over plaintext here (`--api-insecure`): TLS itself is tested in
 //! `dramesh-api`'s tests/auth.rs and by the Python interop over TLS.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::Duration;

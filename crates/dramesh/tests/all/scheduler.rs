@@ -14,7 +14,7 @@
 //! Every wait is bounded and names what it waited for; processes are killed when a test ends,
 //! pass or fail.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

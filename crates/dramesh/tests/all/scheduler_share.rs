@@ -12,7 +12,7 @@
 //!
 //! Every wait is bounded and names what it waited for; processes are killed when a test ends.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -8,7 +8,7 @@
 //! `train`'s pods are gone from the folder `llm` lands on `gpu`. Every wait is bounded;
 //! processes are killed when the test ends, pass or fail.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::path::Path;

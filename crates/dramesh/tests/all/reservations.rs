@@ -13,7 +13,7 @@
 //! every replica re-admits r1's reservation (estimate 0); r1 cannot release r2's reservation.
 //! Every wait is bounded; processes are killed when the test ends, pass or fail.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

@@ -7,7 +7,7 @@
 //! time it answers 200, r2's status must already list `late`, which only r1 could give it.
 //! Every wait is bounded; processes are killed when the test ends, pass or fail.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

@@ -10,7 +10,7 @@
 //! its three sections. Every wait is bounded;
 //! processes are killed when the test ends, pass or fail.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::io::Read;

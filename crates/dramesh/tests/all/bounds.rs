@@ -14,7 +14,7 @@
 //!
 //! Every process binds port 0; the addresses are read from its log.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::{SocketAddr, TcpStream};

@@ -8,7 +8,7 @@
 //! message when absent, failed when `CI` is set). Every wait is bounded; processes are
 //! killed when the test ends, pass or fail.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

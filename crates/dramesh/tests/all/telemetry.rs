@@ -7,7 +7,7 @@
 //! and that the collector received `api.request`, `alloc.search` and `mesh.sync` spans from the
 //! replicas, the allocation search nested in its request's trace.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

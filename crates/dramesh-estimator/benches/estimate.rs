@@ -17,7 +17,7 @@
 //!   the hypothetical node's count cached), and with a fresh estimator without (`cold`) and
 //!   with headroom (`headroom_cold`: every node, the pool plan and the hypothetical node).
 
-#[path = "../tests/common/fleet.rs"]
+#[path = "../tests/all/common/fleet.rs"]
 mod fleet;
 
 use std::collections::HashMap;

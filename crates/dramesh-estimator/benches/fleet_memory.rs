@@ -2,7 +2,7 @@
 //! allocated claim per GPU (800,000 of each), read from /proc/self/status (Linux).
 //! Run: `cargo bench -p dramesh-estimator --bench fleet_memory`.
 
-#[path = "../tests/common/fleet.rs"]
+#[path = "../tests/all/common/fleet.rs"]
 mod fleet;
 
 use dramesh_sim::typed::FleetSpec;

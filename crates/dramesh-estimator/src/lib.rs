@@ -44,7 +44,7 @@ mod layering;
 #[cfg(test)]
 extern crate self as dramesh_estimator;
 #[cfg(test)]
-#[path = "../tests/common/fleet.rs"]
+#[path = "../tests/all/common/fleet.rs"]
 mod test_fleet;
 
 pub use assumed::{Assumed, AssumedList, AssumedWorkload};

@@ -1,7 +1,7 @@
 //! Renders the dramesh metric set after recording values and parses it back with an independent
 //! parser: every metric present with the right TYPE, labels escaped, histograms consistent.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! message when that folder is absent, failing when `CI` is set). Expected numbers are derived
 //! by hand in comments.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! client certificate, skip-verify), plaintext refused by a TLS listener, bearer tokens, verbs,
 //! and refusals counted by identity and reason.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -5,7 +5,7 @@
 //! - spread selection by cluster and region (pkg/scheduler/core/spreadconstraint),
 //! - static weights with the last assignment breaking ties (pkg/scheduler/core/division_algorithm.go).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

@@ -1,6 +1,6 @@
 //! Serves `/metrics` over real HTTP on loopback and scrapes it with a plain TCP client.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,8 +2,7 @@
 //! says so (`limitedBy`, `unknownNodes`), caches keep it a give-up, and preemption neither
 //! evicts on it nor reports "does not fit".
 
-#[path = "common/fleet.rs"]
-mod fleet;
+use crate::fleet;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -1,8 +1,7 @@
 //! The cached estimate (per-node and same-shape caches) must equal the naive replica-by-
 //! replica allocation on random fleets, before and after incremental changes.
 
-#[path = "common/fleet.rs"]
-mod fleet;
+use crate::fleet;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 //! option off; and Karmada's `NodeAutoscalerEstimator` formula as an oracle (never below
 //! dramesh's count for CPU/memory workloads, equal to it where whole nodes pack exactly).
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;

@@ -1,6 +1,6 @@
 //! In-process tonic client against the gRPC server over the demo table backend.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::sync::Arc;

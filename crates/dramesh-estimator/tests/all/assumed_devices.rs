@@ -2,8 +2,7 @@
 //! with a device allocation each, and the estimate counts against the devices they hold.
 //! Every estimate is checked on the cached path and on the naive (`disable_cache`) path.
 
-#[path = "common/fleet.rs"]
-mod fleet;
+use crate::fleet;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 //! Built from the real dra-example-driver manifests in ../shared/fixtures/real (skipped with a
 //! message when that folder is absent, failed when `CI` is set).
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::sync::Arc;

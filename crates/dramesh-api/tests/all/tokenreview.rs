@@ -2,7 +2,7 @@
 //! client against the fake API server of `dramesh-fakeapi`: a valid token reads, an unknown one
 //! is refused (401), a writer group from the review may reserve, and answers are cached.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -2,7 +2,7 @@
 //! are refused unparsed, naming the budget; a request's charge is held until its worker
 //! stops, not until its answer; a client that goes away stops its worker.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};

@@ -1,6 +1,6 @@
 //! The HTTP/JSON server over the demo table backend, spoken to with raw HTTP/1.1.
 
-mod common;
+use crate::common;
 
 use common::*;
 use dramesh_api::ApiConfig;

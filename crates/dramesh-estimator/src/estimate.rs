@@ -268,7 +268,9 @@ struct ClusterMemo {
     view_gen: u64,
     dev_counter: u64,
     shared_gen: u64,
-    per_node: FastMap<Arc<str>, NodeOutcome>,
+    /// Per node in name order (the view's order): a sorted vector is ~40 % smaller than a
+    /// hash table at its load factor, and a full count appends in order.
+    per_node: Vec<(Arc<str>, NodeOutcome)>,
     total: i64,
     considered: u32,
     excluded: BTreeMap<String, u32>,
@@ -278,7 +280,7 @@ struct ClusterMemo {
 impl ClusterMemo {
     /// Estimated heap size: table slots at capacity, map nodes and their key strings.
     fn heap_bytes(&self, key: &MemoKey) -> usize {
-        let per_node = self.per_node.capacity() * (size_of::<(Arc<str>, NodeOutcome)>() + 1);
+        let per_node = self.per_node.capacity() * size_of::<(Arc<str>, NodeOutcome)>();
         let labels: usize = self
             .excluded
             .keys()
@@ -775,22 +777,39 @@ fn count_nodes(
         Some(names) => Box::new(names.iter().map(|n| (n, c.nodes.get(n)))),
         None => Box::new(c.nodes.iter().map(|(n, e)| (n, Some(e)))),
     };
+    if only.is_none() {
+        m.per_node.clear();
+        m.per_node.reserve_exact(c.nodes.len());
+    }
     let mut result = Ok(());
     for (i, (name, node)) in nodes.enumerate() {
         if opts.past_deadline_at(i) {
             result = Err(DEADLINE_EXCEEDED.to_string());
             break;
         }
-        if let Some(old) = m.per_node.remove(name) {
-            m.add(&old, -1);
-        }
+        // `only` is sorted and `c.nodes` iterates in name order, so a full count appends.
+        let at = match m.per_node.last() {
+            Some((last, _)) if **last < **name => Err(m.per_node.len()),
+            None => Err(0),
+            _ => m.per_node.binary_search_by(|(n, _)| (**n).cmp(&**name)),
+        };
         let Some(node) = node else {
+            if let Ok(i) = at {
+                let (_, old) = m.per_node.remove(i);
+                m.add(&old, -1);
+            }
             continue;
         };
         match node_fit(c, w, node, None, res, devq.as_mut()) {
             Ok(o) => {
                 m.add(&o, 1);
-                m.per_node.insert(node.name.clone(), o);
+                match at {
+                    Ok(i) => {
+                        let old = std::mem::replace(&mut m.per_node[i].1, o);
+                        m.add(&old, -1);
+                    }
+                    Err(i) => m.per_node.insert(i, (node.name.clone(), o)),
+                }
             }
             Err(e) => {
                 result = Err(e);
@@ -1131,7 +1150,7 @@ mod tests {
                 factor: Some(Factor::Pods),
             };
             m.add(&o, 1);
-            m.per_node.insert(Arc::from(format!("n{i}")), o);
+            m.per_node.push((Arc::from(format!("n{i:06}")), o));
         }
         m
     }

@@ -851,16 +851,14 @@ mod tests {
             };
             let m: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
             for o in m["objects"].as_array().unwrap() {
-                let json = o["json"].as_str().unwrap().as_bytes();
-                match o["cluster"].as_str().unwrap() {
-                    "_reservations" => {
-                        let r = Record::decode(json)
-                            .unwrap_or_else(|e| panic!("{}: {e}", manifest.display()));
-                        assert_eq!(o["key"].as_str(), Some(format!("meta/{}", r.id).as_str()));
-                        reservations += 1;
-                    }
-                    _ => {}
+                if o["cluster"].as_str() != Some("_reservations") {
+                    continue;
                 }
+                let json = o["json"].as_str().unwrap().as_bytes();
+                let r =
+                    Record::decode(json).unwrap_or_else(|e| panic!("{}: {e}", manifest.display()));
+                assert_eq!(o["key"].as_str(), Some(format!("meta/{}", r.id).as_str()));
+                reservations += 1;
             }
         }
         assert!(reservations >= 2, "{reservations}");

@@ -190,6 +190,8 @@ pub struct Estimator {
     /// Sum of the memos' `bytes`.
     memo_bytes: usize,
     max_bytes: usize,
+    /// Set from the view at each estimate ([`CacheBound::View`]), or fixed.
+    bound: CacheBound,
     /// Per cluster: the deductions of its assumed workloads, kept for the next estimate
     /// with the same assumed list or one that extends it.
     deductions: FastMap<String, DeductionLog>,
@@ -213,8 +215,30 @@ type ShapeGens = (u64, u64, u64);
 const MAX_SHAPE_COUNTS: usize = 4096;
 
 /// Default bound of an estimator's caches: 512 MiB, which with the view of a 100-cluster ×
-/// 1,000-node fleet (1.4 GiB) and the store keeps a replica within its 4 GiB.
+/// 1,000-node fleet (1.4 GiB) and the store keeps a replica within its 4 GiB. It is also the
+/// ceiling of a view-sized bound ([`CacheBound::View`]).
 pub const DEFAULT_CACHE_BYTES: usize = 512 << 20;
+
+/// Floor of a view-sized bound: room for about a hundred memos of a 5,000-node cluster.
+pub const MIN_CACHE_BYTES: usize = 32 << 20;
+
+/// How an estimator's caches are bounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheBound {
+    /// A fixed number of bytes (replica `--estimate-cache-bytes`).
+    Bytes(usize),
+    /// Sized from the view at each estimate: [`view_cache_bytes`].
+    View,
+}
+
+/// The cache bound [`CacheBound::View`] gives `view`: a quarter of the view's estimated heap
+/// ([`View::estimated_bytes`]), at least [`MIN_CACHE_BYTES`] and at most
+/// [`DEFAULT_CACHE_BYTES`]. So the caches grow with what they are computed against (a memo
+/// holds one answer per node), not with the number of distinct requests: after any traffic a
+/// replica holds about 1.25× its loaded size (or the view plus 32 MiB for a small view).
+pub fn view_cache_bytes(view: &View) -> usize {
+    (view.estimated_bytes() / 4).clamp(MIN_CACHE_BYTES, DEFAULT_CACHE_BYTES)
+}
 
 type MemoKey = (String, u64);
 
@@ -268,7 +292,9 @@ struct ClusterMemo {
     view_gen: u64,
     dev_counter: u64,
     shared_gen: u64,
-    per_node: FastMap<Arc<str>, NodeOutcome>,
+    /// Per node in name order (the view's order): a sorted vector is ~40 % smaller than a
+    /// hash table at its load factor, and a full count appends in order.
+    per_node: Vec<(Arc<str>, NodeOutcome)>,
     total: i64,
     considered: u32,
     excluded: BTreeMap<String, u32>,
@@ -278,7 +304,7 @@ struct ClusterMemo {
 impl ClusterMemo {
     /// Estimated heap size: table slots at capacity, map nodes and their key strings.
     fn heap_bytes(&self, key: &MemoKey) -> usize {
-        let per_node = self.per_node.capacity() * (size_of::<(Arc<str>, NodeOutcome)>() + 1);
+        let per_node = self.per_node.capacity() * size_of::<(Arc<str>, NodeOutcome)>();
         let labels: usize = self
             .excluded
             .keys()
@@ -365,6 +391,15 @@ impl Estimator {
 
     /// An estimator whose caches stay within about `max_bytes` of heap.
     pub fn with_cache_bytes(max_bytes: usize) -> Estimator {
+        Estimator::with_cache_bound(CacheBound::Bytes(max_bytes))
+    }
+
+    /// An estimator whose caches are bounded as `bound` says.
+    pub fn with_cache_bound(bound: CacheBound) -> Estimator {
+        let max_bytes = match bound {
+            CacheBound::Bytes(b) => b,
+            CacheBound::View => MIN_CACHE_BYTES,
+        };
         Estimator {
             device_cache: FastMap::default(),
             memos: FastMap::default(),
@@ -376,7 +411,14 @@ impl Estimator {
             shape_counts: FastMap::default(),
             pool_plans: FastMap::default(),
             max_bytes,
+            bound,
         }
+    }
+
+    /// The bound the caches are held to now (for [`CacheBound::View`], as of the last
+    /// estimate).
+    pub fn cache_bound_bytes(&self) -> usize {
+        self.max_bytes
     }
 
     /// Estimated heap bytes the caches hold now (memos and device answers).
@@ -442,6 +484,9 @@ impl Estimator {
 
     /// Max available replicas of `w` per cluster.
     pub fn estimate(&mut self, view: &View, w: &Workload, opts: &EstimateOptions) -> Estimate {
+        if self.bound == CacheBound::View {
+            self.max_bytes = view_cache_bytes(view);
+        }
         let mut clusters = Vec::new();
         for c in view.clusters() {
             if !opts.clusters.is_empty() && !opts.clusters.contains(&c.name) {
@@ -775,22 +820,39 @@ fn count_nodes(
         Some(names) => Box::new(names.iter().map(|n| (n, c.nodes.get(n)))),
         None => Box::new(c.nodes.iter().map(|(n, e)| (n, Some(e)))),
     };
+    if only.is_none() {
+        m.per_node.clear();
+        m.per_node.reserve_exact(c.nodes.len());
+    }
     let mut result = Ok(());
     for (i, (name, node)) in nodes.enumerate() {
         if opts.past_deadline_at(i) {
             result = Err(DEADLINE_EXCEEDED.to_string());
             break;
         }
-        if let Some(old) = m.per_node.remove(name) {
-            m.add(&old, -1);
-        }
+        // `only` is sorted and `c.nodes` iterates in name order, so a full count appends.
+        let at = match m.per_node.last() {
+            Some((last, _)) if **last < **name => Err(m.per_node.len()),
+            None => Err(0),
+            _ => m.per_node.binary_search_by(|(n, _)| (**n).cmp(&**name)),
+        };
         let Some(node) = node else {
+            if let Ok(i) = at {
+                let (_, old) = m.per_node.remove(i);
+                m.add(&old, -1);
+            }
             continue;
         };
         match node_fit(c, w, node, None, res, devq.as_mut()) {
             Ok(o) => {
                 m.add(&o, 1);
-                m.per_node.insert(node.name.clone(), o);
+                match at {
+                    Ok(i) => {
+                        let old = std::mem::replace(&mut m.per_node[i].1, o);
+                        m.add(&old, -1);
+                    }
+                    Err(i) => m.per_node.insert(i, (node.name.clone(), o)),
+                }
             }
             Err(e) => {
                 result = Err(e);
@@ -1131,7 +1193,7 @@ mod tests {
                 factor: Some(Factor::Pods),
             };
             m.add(&o, 1);
-            m.per_node.insert(Arc::from(format!("n{i}")), o);
+            m.per_node.push((Arc::from(format!("n{i:06}")), o));
         }
         m
     }
@@ -1166,6 +1228,54 @@ mod tests {
         est.put_memo(key(9), memo(1000));
         assert!(!est.memos.contains_key(&key(9)));
         assert!(est.cache_bytes() <= est.max_bytes);
+    }
+
+    #[test]
+    fn view_sized_bound_is_a_quarter_of_the_view_within_the_floor() {
+        let spec = |nodes| dramesh_sim::typed::FleetSpec {
+            clusters: 1,
+            nodes_per_cluster: nodes,
+            gpus_per_node: 8,
+            owners_per_cluster: 4,
+            kubernetes_version: "1.36".into(),
+        };
+        let small = crate::test_fleet::fleet(&spec(2), &|_| 8).unwrap();
+        assert_eq!(view_cache_bytes(&small), MIN_CACHE_BYTES);
+        let large = crate::test_fleet::fleet(&spec(1000), &|_| 8).unwrap();
+        let [node, pod, slice, claim] = crate::view::VIEW_BYTES_PER;
+        let c = large.clusters().next().unwrap();
+        let counted = 1000 * node
+            + c.pod_count() * pod
+            + c.devices().slice_count() * slice
+            + c.devices().claim_count() * claim;
+        assert_eq!(c.pod_count(), 8000);
+        assert_eq!(large.estimated_bytes(), counted);
+        assert!(counted / 4 > MIN_CACHE_BYTES, "{counted}");
+        assert_eq!(view_cache_bytes(&large), counted / 4);
+        // An estimator sized by the view takes its bound from the view it estimates against.
+        let spec = serde_json::json!({"containers": [{"name": "c",
+            "resources": {"requests": {"cpu": "1"}}}]});
+        let w = Workload::from_pod_spec(
+            "Deployment",
+            "ml",
+            "w",
+            1,
+            serde_json::from_value(spec).unwrap(),
+            &Default::default(),
+        )
+        .unwrap();
+        let mut est = Estimator::with_cache_bound(CacheBound::View);
+        assert_eq!(est.cache_bound_bytes(), MIN_CACHE_BYTES);
+        est.estimate(&large, &w, &EstimateOptions::default());
+        assert_eq!(est.cache_bound_bytes(), counted / 4);
+        assert!(est.cache_bytes() > 0 && est.cache_bytes() <= counted / 4);
+        let mut fixed = Estimator::with_cache_bound(CacheBound::Bytes(1 << 20));
+        fixed.estimate(&large, &w, &EstimateOptions::default());
+        assert_eq!(
+            fixed.cache_bound_bytes(),
+            1 << 20,
+            "an explicit bound is kept"
+        );
     }
 
     #[test]

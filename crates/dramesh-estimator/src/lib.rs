@@ -50,8 +50,9 @@ mod test_fleet;
 pub use assumed::{Assumed, AssumedList, AssumedWorkload};
 pub use cluster_devices::{ClassUsage, ClusterDevices};
 pub use estimate::{
-    ClusterEstimate, Component, DEADLINE_EXCEEDED, DEFAULT_CACHE_BYTES, Estimate, EstimateOptions,
-    Estimator, LIMIT_UNKNOWN, estimate, estimate_component_sets,
+    CacheBound, ClusterEstimate, Component, DEADLINE_EXCEEDED, DEFAULT_CACHE_BYTES, Estimate,
+    EstimateOptions, Estimator, LIMIT_UNKNOWN, MIN_CACHE_BYTES, estimate, estimate_component_sets,
+    view_cache_bytes,
 };
 pub use filter::{Exclusion, NodeClaim, NodeFacts};
 pub use headroom::{
@@ -73,7 +74,10 @@ pub use reservations::{
 };
 pub use resources::{ResList, ResName};
 pub use snapshot::{SnapshotError, load_snapshot};
-pub use view::{ApplyError, Autoscaling, ClusterView, NodeEntry, NodeUsage, Owner, PodEntry, View};
+pub use view::{
+    ApplyError, Autoscaling, ClusterView, NodeEntry, NodeUsage, Owner, PodEntry, VIEW_BYTES_PER,
+    View,
+};
 pub use workload::{
     ClaimRef, MAX_CLAIM_REFS, TemplateRef, TemplateSource, Workload, WorkloadError, load_workload,
 };

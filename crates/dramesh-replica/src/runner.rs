@@ -59,8 +59,8 @@ pub struct ReplicaConfig {
     pub data_dir: Option<PathBuf>,
     /// Karmada answers for a cluster not heard from for this long are 0.
     pub stale_after: Duration,
-    /// Byte bound of the estimator's caches ([`dramesh_estimator::DEFAULT_CACHE_BYTES`]).
-    pub estimate_cache_bytes: usize,
+    /// Bound of the estimator's caches (default [`dramesh_estimator::CacheBound::View`]).
+    pub estimate_cache_bound: dramesh_estimator::CacheBound,
     /// Count scale-up headroom from Karpenter NodePools (`--estimate-autoscaler-headroom`):
     /// Karmada answers include it, native estimates report it separately, placement and
     /// preemption count it when a request asks to.
@@ -122,12 +122,12 @@ impl Replica {
             let store = store.clone();
             let id = id.clone();
             let stale = config.stale_after;
-            let cache_bytes = config.estimate_cache_bytes;
+            let cache_bound = config.estimate_cache_bound;
             let headroom = config.estimate_autoscaler_headroom;
             let caps = config.caps;
             tokio::task::spawn_blocking(move || {
                 let state = ReplicaState::new(&id, stale, store);
-                state.set_estimate_cache_bytes(cache_bytes);
+                state.set_estimate_cache_bound(cache_bound);
                 state.set_autoscaler_headroom(headroom);
                 state.set_caps(caps);
                 state

@@ -47,13 +47,13 @@
 //! The mesh holds `store` too (the same mutex) and takes no lock of this state.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use dramesh_api::native::{ClusterStatus, Freshness, ResourceAmount, StatusReport};
 use dramesh_api::{ApiError, FreshnessMap, ReplicaAnswer};
-use dramesh_estimator::{DEFAULT_CACHE_BYTES, ResList};
+use dramesh_estimator::{CacheBound, ResList};
 use dramesh_estimator::{
     Estimate, EstimateOptions, Estimator, PlacementResult, PreemptionResult, View,
 };
@@ -111,10 +111,10 @@ pub(crate) struct Compute {
 }
 
 impl Compute {
-    /// Empty caches bounded by `cache_bytes`.
-    fn new(cache_bytes: usize) -> Compute {
+    /// Empty caches bounded as `bound` says.
+    fn new(bound: CacheBound) -> Compute {
         Compute {
-            estimator: Estimator::with_cache_bytes(cache_bytes),
+            estimator: Estimator::with_cache_bound(bound),
             resolved: None,
             bound: Default::default(),
             epochs: 0,
@@ -136,8 +136,8 @@ pub struct ReplicaState {
     reservations: Mutex<Table>,
     indexes: RwLock<Indexes>,
     compute: Mutex<Compute>,
-    /// Byte bound of the estimator's caches.
-    cache_bytes: AtomicUsize,
+    /// Bound of the estimator's caches.
+    cache_bound: Mutex<CacheBound>,
     /// Counts changes that can free or take capacity (view changes, a cluster forgotten,
     /// reservation changes): the scheduler role retries unschedulable bindings when it moved.
     changes: AtomicU64,
@@ -215,8 +215,8 @@ impl ReplicaState {
             store,
             feed: Mutex::new(()),
             indexes: RwLock::new(Indexes::default()),
-            compute: Mutex::new(Compute::new(DEFAULT_CACHE_BYTES)),
-            cache_bytes: AtomicUsize::new(DEFAULT_CACHE_BYTES),
+            compute: Mutex::new(Compute::new(CacheBound::View)),
+            cache_bound: Mutex::new(CacheBound::View),
             changes: AtomicU64::new(0),
             fresh: Mutex::new(HashMap::new()),
             headroom: Mutex::new(None),
@@ -313,12 +313,12 @@ impl ReplicaState {
         })
     }
 
-    /// Bounds the estimator's caches by `bytes` (default
-    /// [`dramesh_estimator::DEFAULT_CACHE_BYTES`]); the caches start over empty.
-    pub fn set_estimate_cache_bytes(&self, bytes: usize) {
-        self.cache_bytes.store(bytes, Ordering::Relaxed);
+    /// Bounds the estimator's caches as `bound` says (default [`CacheBound::View`]); the
+    /// caches start over empty.
+    pub fn set_estimate_cache_bound(&self, bound: CacheBound) {
+        *lock(&self.cache_bound) = bound;
         let indexes = self.indexes();
-        *self.compute(&indexes) = Compute::new(bytes);
+        *self.compute(&indexes) = Compute::new(bound);
     }
 
     pub(crate) fn compute(&self, _held: &Indexes) -> MutexGuard<'_, Compute> {
@@ -374,7 +374,8 @@ impl ReplicaState {
         {
             let mut indexes = write(&self.indexes);
             *indexes = Indexes::default();
-            *self.compute(&indexes) = Compute::new(self.cache_bytes.load(Ordering::Relaxed));
+            let bound = *lock(&self.cache_bound);
+            *self.compute(&indexes) = Compute::new(bound);
         }
         lock(&self.roles).clear();
         let keep: BTreeSet<String> = snapshot

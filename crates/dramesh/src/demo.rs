@@ -327,7 +327,7 @@ pub(crate) async fn run(serve: bool, tls: crate::apiauth::TlsArgs) -> anyhow::Re
             seeds,
             data_dir: None,
             stale_after: Duration::from_secs(120),
-            estimate_cache_bytes: dramesh_estimator::DEFAULT_CACHE_BYTES,
+            estimate_cache_bound: dramesh_estimator::CacheBound::View,
             estimate_autoscaler_headroom: false,
             protocol: ProtocolConfig::default(),
             ready_timeout: dramesh_replica::DEFAULT_READY_TIMEOUT,

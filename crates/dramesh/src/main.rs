@@ -177,8 +177,9 @@ enum Command {
         #[arg(long, default_value_t = 120)]
         stale_after: u64,
         /// Byte bound of the estimator's result caches (least recently used evicted first).
-        #[arg(long, default_value_t = dramesh_estimator::DEFAULT_CACHE_BYTES)]
-        estimate_cache_bytes: usize,
+        /// Default: a quarter of the view's estimated size, at least 32 MiB and at most 512 MiB.
+        #[arg(long)]
+        estimate_cache_bytes: Option<usize>,
         /// Count scale-up headroom: the replicas new nodes of a cluster's Karpenter NodePools
         /// could hold within their limits. Karmada answers include it; native answers report
         /// it as headroomReplicas; placement and preemption count it when a request asks to.
@@ -733,7 +734,10 @@ fn main() -> ExitCode {
                         .collect::<anyhow::Result<_>>()?,
                     data_dir: Some(data_dir),
                     stale_after: Duration::from_secs(stale_after),
-                    estimate_cache_bytes,
+                    estimate_cache_bound: estimate_cache_bytes
+                        .map_or(dramesh_estimator::CacheBound::View, |b| {
+                            dramesh_estimator::CacheBound::Bytes(b)
+                        }),
                     estimate_autoscaler_headroom,
                     protocol,
                     ready_timeout: Duration::from_secs(ready_timeout),

@@ -12,7 +12,7 @@
 //! `cargo bench -p dramesh --bench replica_memory`; `MEMORY_CACHE_BYTES=N` passes
 //! `--estimate-cache-bytes N` (unset: the replica's default).
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/all/common/mod.rs"]
 mod common;
 
 use std::path::Path;

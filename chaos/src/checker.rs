@@ -224,6 +224,41 @@ pub enum Violation {
         /// When (ms since the scenario started).
         at_ms: u64,
     },
+    /// Strict scheduling: bindings held more replicas in a cluster than fit.
+    Overcommit {
+        /// When it was first seen (ms since the scenario started).
+        at_ms: u64,
+        /// Replicas bound beyond what fits, summed over clusters.
+        over: i64,
+    },
+    /// Bindings still held more than fits later than the repair bound after the heal.
+    NotRepaired {
+        /// When it was seen (ms since the scenario started).
+        at_ms: u64,
+        /// Replicas bound beyond what fits, summed over clusters.
+        over: i64,
+        /// The bound, from the heal.
+        repair_ms: u64,
+    },
+    /// At the end, fewer replicas were bound than fit (and were asked for).
+    SlotsUnused {
+        /// Replicas bound.
+        bound: i64,
+        /// Replicas that should have been bound: what fits, or every binding if fewer.
+        wanted: i64,
+    },
+    /// The scheduler check proved nothing (no sample past the repair bound).
+    ScheduleUnproven {
+        /// What was seen.
+        detail: String,
+    },
+    /// At the end, bindings carried no `Scheduled` condition.
+    NoCondition {
+        /// How many.
+        count: usize,
+        /// The first few names.
+        first: Vec<String>,
+    },
     /// An isolated replica reported data fresher than the time it had been cut off.
     DataAgeUnderstated {
         /// The replica.
@@ -252,6 +287,11 @@ impl Violation {
                 | Violation::LostDelete { .. }
                 | Violation::DigestMissing { .. }
                 | Violation::DigestsDiffer { .. }
+                | Violation::Overcommit { .. }
+                | Violation::NotRepaired { .. }
+                | Violation::SlotsUnused { .. }
+                | Violation::NoCondition { .. }
+                | Violation::ScheduleUnproven { .. }
         )
     }
 }
@@ -343,6 +383,30 @@ impl fmt::Display for Violation {
             Violation::DataAgeMissing { replica, at_ms } => {
                 write!(f, "{replica}: answer at {at_ms} ms reports no data age")
             }
+            Violation::Overcommit { at_ms, over } => write!(
+                f,
+                "strict scheduling overcommitted: {over} replica(s) bound beyond what fits at {at_ms} ms"
+            ),
+            Violation::NotRepaired {
+                at_ms,
+                over,
+                repair_ms,
+            } => write!(
+                f,
+                "{over} replica(s) still bound beyond what fits at {at_ms} ms, more than {repair_ms} ms after the heal"
+            ),
+            Violation::SlotsUnused { bound, wanted } => write!(
+                f,
+                "at the end {bound} replica(s) were bound where {wanted} fit and were asked for"
+            ),
+            Violation::ScheduleUnproven { detail } => {
+                write!(f, "scheduling check unproven: {detail}")
+            }
+            Violation::NoCondition { count, first } => write!(
+                f,
+                "at the end {count} binding(s) had no Scheduled condition (first: {})",
+                first.join(", ")
+            ),
             Violation::DataAgeUnderstated {
                 replica,
                 at_ms,
@@ -511,6 +575,148 @@ pub fn check_queries(
         }
     }
     out
+}
+
+/// The bindings of a scheduler scenario at one instant, as the Karmada API server holds them.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct BindSample {
+    /// When (ms since the scenario started).
+    pub at_ms: u64,
+    /// Bindings that exist.
+    pub bindings: usize,
+    /// Replicas bound per member cluster (`spec.clusters`).
+    pub bound: BTreeMap<String, i64>,
+    /// Bindings without a `Scheduled` condition.
+    pub without_condition: Vec<String>,
+}
+
+impl BindSample {
+    /// Replicas bound beyond what fits, summed over clusters (a cluster absent from `fit` fits
+    /// none).
+    pub fn over(&self, fit: &BTreeMap<String, i64>) -> i64 {
+        self.bound
+            .iter()
+            .map(|(c, b)| (b - fit.get(c).copied().unwrap_or(0)).max(0))
+            .sum()
+    }
+
+    /// Replicas bound in all clusters.
+    pub fn total(&self) -> i64 {
+        self.bound.values().sum()
+    }
+}
+
+/// The rules a scheduler scenario is held to.
+#[derive(Debug, Clone)]
+pub struct SchedulePolicy {
+    /// Replicas of the workload that fit, per cluster (measured before the fault).
+    pub fit: BTreeMap<String, i64>,
+    /// Bindings created (one replica each).
+    pub bindings: usize,
+    /// When the fault ended (ms since the scenario started).
+    pub heal_ms: u64,
+    /// Bindings must hold no more than fits this long after the heal.
+    pub repair_ms: u64,
+    /// No sample may ever hold more than fits (strict mode).
+    pub strict: bool,
+}
+
+/// Figures of a scheduler scenario.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct ScheduleSummary {
+    /// Largest overcommit seen (replicas beyond what fits) and when.
+    pub worst_over: i64,
+    /// When the worst overcommit was first seen.
+    pub worst_at_ms: Option<u64>,
+    /// Total time any overcommit lasted (sum of the sample intervals that began over).
+    pub over_ms: u64,
+    /// From the heal to the first sample after which nothing was over again; `None` when
+    /// nothing was over after the heal.
+    pub repaired_after_heal_ms: Option<u64>,
+    /// Replicas bound at the last sample.
+    pub final_bound: i64,
+}
+
+/// Checks a scheduler scenario's samples (in time order) against `p`.
+pub fn check_schedule(
+    samples: &[BindSample],
+    p: &SchedulePolicy,
+) -> (ScheduleSummary, Vec<Violation>) {
+    let mut sum = ScheduleSummary::default();
+    let mut out = Vec::new();
+    let mut last_over_after_heal = None;
+    for (i, s) in samples.iter().enumerate() {
+        let over = s.over(&p.fit);
+        if over > sum.worst_over {
+            sum.worst_over = over;
+            sum.worst_at_ms = Some(s.at_ms);
+        }
+        if over > 0 {
+            if let Some(next) = samples.get(i + 1) {
+                sum.over_ms += next.at_ms.saturating_sub(s.at_ms);
+            }
+            if p.strict
+                && !out
+                    .iter()
+                    .any(|v| matches!(v, Violation::Overcommit { .. }))
+            {
+                out.push(Violation::Overcommit {
+                    at_ms: s.at_ms,
+                    over,
+                });
+            }
+            if s.at_ms >= p.heal_ms {
+                last_over_after_heal = Some(i);
+            }
+            if s.at_ms > p.heal_ms + p.repair_ms
+                && !out
+                    .iter()
+                    .any(|v| matches!(v, Violation::NotRepaired { .. }))
+            {
+                out.push(Violation::NotRepaired {
+                    at_ms: s.at_ms,
+                    over,
+                    repair_ms: p.repair_ms,
+                });
+            }
+        }
+    }
+    sum.repaired_after_heal_ms = last_over_after_heal.map(|i| {
+        samples
+            .get(i + 1)
+            .map_or(u64::MAX, |n| n.at_ms.saturating_sub(p.heal_ms))
+    });
+    match samples.last() {
+        None => out.push(Violation::ScheduleUnproven {
+            detail: "no sample of the bindings was taken".into(),
+        }),
+        Some(last) => {
+            if last.at_ms <= p.heal_ms + p.repair_ms {
+                out.push(Violation::ScheduleUnproven {
+                    detail: format!(
+                        "the last sample ({} ms) is not past the repair bound ({} ms after the heal at {} ms)",
+                        last.at_ms, p.repair_ms, p.heal_ms
+                    ),
+                });
+            }
+            sum.final_bound = last.total();
+            let fit: i64 = p.fit.values().sum();
+            let wanted = fit.min(p.bindings as i64);
+            if sum.final_bound < wanted {
+                out.push(Violation::SlotsUnused {
+                    bound: sum.final_bound,
+                    wanted,
+                });
+            }
+            if !last.without_condition.is_empty() {
+                out.push(Violation::NoCondition {
+                    count: last.without_condition.len(),
+                    first: last.without_condition.iter().take(5).cloned().collect(),
+                });
+            }
+        }
+    }
+    (sum, out)
 }
 
 #[cfg(test)]
@@ -733,5 +939,102 @@ mod tests {
             &v[0],
             Violation::DataAgeUnderstated { at_ms: 10000, .. }
         ));
+    }
+
+    fn bind(at_ms: u64, c1: i64, c2: i64) -> BindSample {
+        BindSample {
+            at_ms,
+            bindings: 30,
+            bound: BTreeMap::from([("c1".into(), c1), ("c2".into(), c2)]),
+            without_condition: vec![],
+        }
+    }
+
+    fn sched_policy(strict: bool) -> SchedulePolicy {
+        SchedulePolicy {
+            fit: BTreeMap::from([("c1".into(), 5), ("c2".into(), 4)]),
+            bindings: 30,
+            heal_ms: 10_000,
+            repair_ms: 2_000,
+            strict,
+        }
+    }
+
+    #[test]
+    fn overcommit_during_the_cut_repaired_in_time_passes_the_available_mode() {
+        let s = [
+            bind(5_000, 5, 4),
+            bind(8_000, 10, 4),
+            bind(10_000, 10, 8),
+            bind(11_000, 5, 4),
+            bind(13_000, 5, 4),
+        ];
+        let (sum, v) = check_schedule(&s, &sched_policy(false));
+        assert!(v.is_empty(), "{v:?}");
+        assert_eq!(sum.worst_over, 9);
+        assert_eq!(sum.worst_at_ms, Some(10_000));
+        assert_eq!(sum.over_ms, 3_000);
+        assert_eq!(sum.repaired_after_heal_ms, Some(1_000));
+        assert_eq!(sum.final_bound, 9);
+        let (_, v) = check_schedule(&s, &sched_policy(true));
+        assert!(
+            matches!(
+                v.as_slice(),
+                [Violation::Overcommit {
+                    at_ms: 8_000,
+                    over: 5
+                }]
+            ),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn overcommit_past_the_repair_bound_unused_slots_and_missing_conditions_fail() {
+        let mut last = bind(14_000, 3, 4);
+        last.without_condition = vec!["b1".into()];
+        let s = [bind(9_000, 6, 4), bind(12_500, 6, 4), last];
+        let (sum, v) = check_schedule(&s, &sched_policy(false));
+        assert_eq!(sum.repaired_after_heal_ms, Some(4_000));
+        assert!(
+            matches!(
+                v[0],
+                Violation::NotRepaired {
+                    at_ms: 12_500,
+                    over: 1,
+                    repair_ms: 2_000
+                }
+            ),
+            "{v:?}"
+        );
+        assert!(
+            matches!(
+                v[1],
+                Violation::SlotsUnused {
+                    bound: 7,
+                    wanted: 9
+                }
+            ),
+            "{v:?}"
+        );
+        assert!(
+            matches!(&v[2], Violation::NoCondition { count: 1, .. }),
+            "{v:?}"
+        );
+        assert_eq!(v.len(), 3);
+    }
+
+    #[test]
+    fn samples_that_end_before_the_repair_bound_prove_nothing() {
+        let (_, v) = check_schedule(&[bind(11_000, 5, 4)], &sched_policy(false));
+        assert!(
+            matches!(v.as_slice(), [Violation::ScheduleUnproven { .. }]),
+            "{v:?}"
+        );
+        let (_, v) = check_schedule(&[], &sched_policy(false));
+        assert!(
+            matches!(v.as_slice(), [Violation::ScheduleUnproven { .. }]),
+            "{v:?}"
+        );
     }
 }

@@ -300,6 +300,11 @@ impl Fleet {
         self.proc(name)?.kill()
     }
 
+    /// The run's working folder (the scenario's output folder).
+    pub fn dir(&self) -> &Path {
+        &self.cfg.dir
+    }
+
     /// The data directory of process `name`.
     pub fn data_dir(&self, name: &str) -> PathBuf {
         self.cfg.dir.join("data").join(name)

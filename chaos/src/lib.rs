@@ -6,7 +6,8 @@
 //!
 //! Modules: [`net`] (namespaces and firewall faults), [`nfqueue`] (the delay/loss helper),
 //! [`http`] (client), [`fleet`] (processes), [`workload`] (driver), [`checker`] (pure
-//! verification), [`scenario`] (profiles and the runner), [`report`] (figures).
+//! verification), [`scenario`] (profiles and the runner), [`sched`] (the Karmada API server and bindings of
+//! the scheduler scenarios), [`report`] (figures).
 
 pub mod checker;
 pub mod fleet;
@@ -15,5 +16,6 @@ pub mod net;
 pub mod nfqueue;
 pub mod report;
 pub mod scenario;
+pub mod sched;
 pub mod sys;
 pub mod workload;

@@ -24,6 +24,7 @@ use crate::fleet::{Fleet, FleetConfig};
 use crate::http;
 use crate::net::{Impairment, Lab};
 use crate::report::{self, ScenarioResult};
+use crate::sched::Karmada;
 use crate::sys;
 use crate::workload::{Mix, Workload};
 
@@ -102,6 +103,31 @@ pub enum Fault {
         write_rate: f64,
         /// How long the tombstone is held after the heal.
         hold_ms: u64,
+    },
+    /// The replicas schedule Karmada bindings (the scheduler role, confirming `confirm`)
+    /// while the mesh between `a` and `b` is cut. At the start, `oversubscribe` × what fits of
+    /// one-GPU bindings for cluster `AGENTS[cluster]`'s cluster are created over the first
+    /// half of the window; the driver makes no changes (what fits stays fixed). Bound replicas
+    /// are sampled until `hold_ms` after the heal. Every mode must bind exactly what fits
+    /// (no more, every slot used) within `repair_ms` of the heal; `strict` also forbids any
+    /// overcommit during the cut.
+    SchedulerPartition {
+        /// Hosts on one side.
+        a: Vec<String>,
+        /// Hosts on the other side.
+        b: Vec<String>,
+        /// `--scheduler-confirm` of every replica.
+        confirm: String,
+        /// Whether no overcommit is allowed at any instant.
+        strict: bool,
+        /// The member cluster the bindings name.
+        cluster: usize,
+        /// Bindings per replica that fits.
+        oversubscribe: u32,
+        /// Sampling after the heal.
+        hold_ms: u64,
+        /// Bound on the repair after the heal.
+        repair_ms: u64,
     },
     /// The replica runs with its wall clock shifted by `offset` (libfaketime syntax).
     ClockShift {
@@ -219,6 +245,34 @@ pub fn all_scenarios(fault_ms: u64) -> Vec<Scenario> {
             },
         },
         Scenario {
+            name: "scheduler-partition",
+            about: "r1 | r2+r3 (agents reach all); 3x more one-GPU bindings than fit arrive during the cut, replicas confirm after writing; exactly what fits within 2 s of the heal",
+            fault: Fault::SchedulerPartition {
+                a: hosts(&["r1"]),
+                b: hosts(&["r2", "r3"]),
+                confirm: "after-write".into(),
+                strict: false,
+                cluster: 0,
+                oversubscribe: 3,
+                hold_ms: 10_000,
+                repair_ms: 2_000,
+            },
+        },
+        Scenario {
+            name: "scheduler-partition-before-write",
+            about: "the same, replicas confirming before writing",
+            fault: Fault::SchedulerPartition {
+                a: hosts(&["r1"]),
+                b: hosts(&["r2", "r3"]),
+                confirm: "before-write".into(),
+                strict: false,
+                cluster: 0,
+                oversubscribe: 3,
+                hold_ms: 10_000,
+                repair_ms: 2_000,
+            },
+        },
+        Scenario {
             name: "clock-shift",
             about: "r3's wall clock runs 2 h ahead (libfaketime; monotonic clock untouched)",
             fault: Fault::ClockShift {
@@ -262,6 +316,7 @@ impl Profile {
                     "replica-sigkill",
                     "disk-truncate",
                     "retire-in-partition",
+                    "scheduler-partition",
                 ],
                 fault_ms: 10_000,
                 write_interval_ms: 250,
@@ -513,6 +568,20 @@ pub fn run_scenario(sc: &Scenario, profile: &Profile, opts: &RunOptions) -> Resu
     if let Fault::ClockShift { replica, offset } = &sc.fault {
         clock_offsets.insert(replica.clone(), offset.clone());
     }
+    let mut notes = Vec::new();
+    let mut replica_extra_args = opts.replica_extra_args.clone();
+    let karmada = match &sc.fault {
+        Fault::SchedulerPartition { confirm, .. } => {
+            let k = Karmada::start(lab.gateway, &dir, &clusters, confirm)?;
+            if !k.validates() {
+                // Scheduling is checked either way; only the CRD check of writes is missing.
+                notes.push("binding writes not checked against Karmada's CRDs (../shared/fixtures/karmada/crds absent)".into());
+            }
+            replica_extra_args.extend(k.replica_args());
+            Some(k)
+        }
+        _ => None,
+    };
     let cfg = FleetConfig {
         dramesh: opts.dramesh.clone(),
         dir: dir.clone(),
@@ -522,12 +591,11 @@ pub fn run_scenario(sc: &Scenario, profile: &Profile, opts: &RunOptions) -> Resu
             .zip(&clusters)
             .map(|(h, c)| (h.to_string(), c.clone(), wl.cluster_dir(c)))
             .collect(),
-        replica_extra_args: opts.replica_extra_args.clone(),
+        replica_extra_args,
         agents_home_only: opts.agents_home_only,
         clock_offsets,
     };
     let mut fleet = Fleet::start(&lab, cfg, Duration::from_secs(30))?;
-    let mut notes = Vec::new();
 
     let expected0 = wl.expected()?;
     let (warm, warm_v) = converge(
@@ -571,6 +639,7 @@ pub fn run_scenario(sc: &Scenario, profile: &Profile, opts: &RunOptions) -> Resu
         &mut lab,
         &mut fleet,
         &mut wl,
+        karmada.as_ref(),
         t0,
         seed,
         &mut notes,
@@ -757,6 +826,49 @@ fn watch_hold(
     })
 }
 
+/// A scheduler scenario in progress.
+struct SchedRun {
+    /// The clusters every binding names.
+    clusters: Vec<String>,
+    /// Bindings to create, and created so far.
+    total: usize,
+    created: usize,
+    /// Time between creations.
+    every: Duration,
+    sampler: std::thread::JoinHandle<Vec<checker::BindSample>>,
+    policy: checker::SchedulePolicy,
+}
+
+/// Replicas of the chaos probe (one CPU, one GPU) that fit in `cluster`, the same on every
+/// replica (they converged in the warm-up), or an error naming what differed.
+fn fit_everywhere(fleet: &Fleet, cluster: &str) -> Result<i64> {
+    let mut fits = BTreeMap::new();
+    for (r, a) in &fleet.api {
+        let v = http::request(
+            *a,
+            "POST",
+            "/v1/estimate",
+            Some(ESTIMATE_BODY.as_bytes()),
+            Duration::from_secs(10),
+        )
+        .and_then(|r| r.json())
+        .with_context(|| format!("estimating what fits on {r}"))?;
+        let fit = v["clusters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["name"] == cluster)
+            .and_then(|c| c["maxReplicas"].as_i64())
+            .with_context(|| format!("{r}'s estimate has no maxReplicas for {cluster}: {v}"))?;
+        fits.insert(r.clone(), fit);
+    }
+    let first = *fits.values().next().context("no replica to ask")?;
+    if first <= 0 || fits.values().any(|f| *f != first) {
+        bail!("what fits in {cluster} is not one positive number on every replica: {fits:?}");
+    }
+    Ok(first)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn play_fault(
     sc: &Scenario,
@@ -765,6 +877,7 @@ fn play_fault(
     lab: &mut Lab,
     fleet: &mut Fleet,
     wl: &mut Workload,
+    karmada: Option<&Karmada>,
     t0: Instant,
     seed: u64,
     notes: &mut Vec<String>,
@@ -789,8 +902,14 @@ fn play_fault(
             hold_ms,
             ..
         } => (Some(*write_rate), *hold_ms),
+        Fault::SchedulerPartition { hold_ms, .. } => (None, *hold_ms),
         _ => (None, 0),
     };
+    // The scheduler scenarios keep what fits fixed: the driver changes nothing.
+    let drive = !matches!(sc.fault, Fault::SchedulerPartition { .. });
+    let sampler_stop = Arc::new(AtomicBool::new(false));
+    // (binding clusters, bindings to create, created so far, interval, the sampler, policy)
+    let mut sched: Option<SchedRun> = None;
     let interval = match write_rate.or(scenario_rate) {
         Some(r) if r > 0.0 => Duration::from_secs_f64(1.0 / r),
         _ => Duration::from_millis(profile.write_interval_ms),
@@ -873,6 +992,42 @@ fn play_fault(
             ));
         }
         Fault::ClockShift { .. } => {}
+        Fault::SchedulerPartition {
+            a,
+            b,
+            strict,
+            cluster,
+            oversubscribe,
+            repair_ms,
+            ..
+        } => {
+            let k = karmada.context("a scheduler scenario without its Karmada API server")?;
+            let name = wl
+                .cluster_names()
+                .get(*cluster)
+                .cloned()
+                .with_context(|| format!("the fleet has no cluster #{cluster}"))?;
+            let fit = fit_everywhere(fleet, &name)?;
+            let total = fit as usize * *oversubscribe as usize;
+            notes.push(format!(
+                "{fit} one-GPU replicas fit in {name} (every replica's estimate); {total} bindings created during the cut"
+            ));
+            lab.partition(a, b)?;
+            sched = Some(SchedRun {
+                clusters: vec![name.clone()],
+                total,
+                created: 0,
+                every: Duration::from_millis(profile.fault_ms / 2) / total.max(1) as u32,
+                sampler: k.sampler(t0, Duration::from_millis(100), sampler_stop.clone()),
+                policy: checker::SchedulePolicy {
+                    fit: BTreeMap::from([(name, fit)]),
+                    bindings: total,
+                    heal_ms: 0,
+                    repair_ms: *repair_ms,
+                    strict: *strict,
+                },
+            });
+        }
     }
     let fault_end = fault_start + Duration::from_millis(profile.fault_ms);
     let mut next_write = Instant::now();
@@ -897,7 +1052,15 @@ fn play_fault(
     while Instant::now() < fault_end {
         sys::check_stop()?;
         let now = Instant::now();
-        write_due(wl, now)?;
+        if drive {
+            write_due(wl, now)?;
+        }
+        if let (Some(run), Some(k)) = (sched.as_mut(), karmada) {
+            while run.created < run.total && now >= fault_start + run.every * run.created as u32 {
+                k.create_binding(run.created, &run.clusters)?;
+                run.created += 1;
+            }
+        }
         if let Some((p, due, killed, is_replica)) = pending_restart.clone()
             && now >= due
         {
@@ -924,10 +1087,43 @@ fn play_fault(
     let hold_end = heal + Duration::from_millis(hold_ms);
     while Instant::now() < hold_end {
         sys::check_stop()?;
-        write_due(wl, Instant::now())?;
+        if drive {
+            write_due(wl, Instant::now())?;
+        }
         std::thread::sleep(tick);
     }
     let mut held = Vec::new();
+    if let Some(mut run) = sched {
+        sampler_stop.store(true, Ordering::SeqCst);
+        let samples = run
+            .sampler
+            .join()
+            .map_err(|_| anyhow::anyhow!("the binding sampler panicked"))?;
+        run.policy.heal_ms = ms(heal);
+        let (sum, v) = checker::check_schedule(&samples, &run.policy);
+        notes.push(format!(
+            "created {} of {} bindings; worst overcommit {} replica(s) at {} ms, overcommitted {:.1} s in all; {}; {} bound at the end",
+            run.created,
+            run.total,
+            sum.worst_over,
+            sum.worst_at_ms.map_or("-".into(), |t| t.to_string()),
+            sum.over_ms as f64 / 1000.0,
+            match sum.repaired_after_heal_ms {
+                Some(r) => format!("what fits again {:.1} s after the heal", r as f64 / 1000.0),
+                None => "nothing over what fits after the heal".into(),
+            },
+            sum.final_bound,
+        ));
+        if run.created < run.total {
+            bail!(
+                "created {} of {} bindings during the fault window",
+                run.created,
+                run.total
+            );
+        }
+        write_jsonl(&fleet.dir().join("bindings.jsonl"), &samples)?;
+        held.extend(v);
+    }
     if let Some((name, h)) = watch {
         watch_stop.store(true, Ordering::SeqCst);
         let w = h

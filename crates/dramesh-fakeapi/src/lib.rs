@@ -494,8 +494,16 @@ fn selects(sel: &Selector, ns: Option<&str>, v: &Value) -> bool {
 impl FakeApi {
     /// Starts the server on 127.0.0.1 with an ephemeral port.
     pub async fn start() -> FakeApi {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
+        FakeApi::start_on(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+            .await
+            .expect("binding the fake API server to 127.0.0.1")
+    }
+
+    /// Starts the server on `addr` (port 0: an ephemeral one), for clients in other network
+    /// namespaces (the chaos suite's replicas).
+    pub async fn start_on(addr: std::net::SocketAddr) -> std::io::Result<FakeApi> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let url = format!("http://{}", listener.local_addr()?);
         let api = FakeApi {
             st: Arc::new(Mutex::new(St {
                 rv: 100,
@@ -527,7 +535,7 @@ impl FakeApi {
                 });
             }
         });
-        api
+        Ok(api)
     }
 
     /// A kubeconfig (YAML text) whose current context points at this server with a bearer

@@ -52,7 +52,7 @@ impl Backend for ReplicaBackend {
             headroom: s.headroom_options(view, std::slice::from_ref(&q.cluster), true),
             ..dramesh_api::deadline::estimate_options()
         };
-        let est = s.compute(&indexes).estimator.estimate(view, &w, &opts);
+        let est = indexes.compute().estimator.estimate(view, &w, &opts);
         match est.cluster(&q.cluster) {
             Some(c) => match &c.error {
                 Some(e) => ReplicaAnswer::Failed(e.clone()),

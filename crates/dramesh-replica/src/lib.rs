@@ -6,9 +6,12 @@
 //!
 //! - [`runner`]: the running replica (start/stop, the change feed, readiness, data age).
 //! - [`state`]: [`ReplicaState`]: the view and its side indexes, estimates, status, freshness.
-//! - `reserve`, `reservations`, `group_commit`: in-flight reservations (resolution, writing
-//!   with group commit; the record and its table).
-//! - `retire`: retiring member clusters through replicated tombstones.
+//! - `reservation_table` (the replicated record and the merged table),
+//!   `reservation_resolution` (`Reservations`, the component the state composes: the locked
+//!   table, caps, overcommit resolution, own writes), `reservation_api` (reserve, release,
+//!   sweep), `group_commit` (writing with group commit): in-flight reservations.
+//! - `retire`: retiring member clusters through replicated tombstones (`RetiredClusters`,
+//!   the component the state composes).
 //! - `requests`: API requests (manifests, Karmada requirements) as estimator workloads.
 //! - `backend`: [`ReplicaBackend`], the API crate's `Backend` over the state.
 //! - `pending`: unbound pods for `GetUnschedulableReplicas`; `devstatus`: device counts by
@@ -29,8 +32,9 @@ pub mod members;
 mod observe;
 mod pending;
 mod requests;
-mod reservations;
-mod reserve;
+mod reservation_api;
+mod reservation_resolution;
+mod reservation_table;
 mod retire;
 mod routes;
 pub mod runner;

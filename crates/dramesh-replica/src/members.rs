@@ -139,7 +139,7 @@ mod tests {
         assert_eq!(
             role_of(&ObjectKey::new(ObjectKind::ClusterInfo, None, "r1-1")),
             None,
-            "a reservation's key (`reservations::record_key`)"
+            "a reservation's key (`reservation_table::record_key`)"
         );
         // Written, read back, deleted.
         let mut roles = Roles::new();

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use dramesh_api::ApiError;
 use dramesh_api::query::{self, ReplicaRequirements};
-use dramesh_estimator::{AssumedWorkload, Workload};
+use dramesh_estimator::{AssumedWorkload, View, Workload};
 use dramesh_model::load::{self, REQUEST_LIMITS};
 use dramesh_model::{Manifest, k8s};
 
@@ -192,6 +192,23 @@ pub(crate) fn assumed_of(
         }
     }
     Ok(out)
+}
+
+/// `Ok` when every named cluster is in the view, else `NotFound` naming the missing ones.
+pub(crate) fn check_clusters(view: &View, clusters: &[String]) -> Result<(), ApiError> {
+    let unknown: Vec<&str> = clusters
+        .iter()
+        .filter(|c| view.cluster(c).is_none())
+        .map(String::as_str)
+        .collect();
+    if unknown.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::NotFound(format!(
+            "cluster(s) not in this replica's view: {}",
+            unknown.join(", ")
+        )))
+    }
 }
 
 #[cfg(test)]

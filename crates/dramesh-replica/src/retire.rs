@@ -20,7 +20,7 @@
 //! Concurrent retirements of one cluster by several replicas agree: the latest time wins.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use dramesh_api::ApiError;
@@ -29,7 +29,7 @@ use dramesh_model::{ObjectChange, ObjectKey, ObjectKind};
 use dramesh_store::{DocId, RETIRED_SCOPE, valid_segment};
 use serde::{Deserialize, Serialize};
 
-use crate::state::ReplicaState;
+use dramesh_mesh::lock;
 
 /// The retirement document written by `replica`.
 pub(crate) fn doc_id(replica: &str) -> DocId {
@@ -62,24 +62,56 @@ impl From<Tombstone> for RetiredCluster {
     }
 }
 
-/// The latest tombstone of each retired cluster.
+/// The retired clusters component of a replica: the latest tombstone of each retired
+/// cluster. It owns its lock, a leaf: no method takes another or calls out while holding it.
 #[derive(Debug, Default)]
-pub(crate) struct Retired(BTreeMap<String, Tombstone>);
+pub(crate) struct RetiredClusters {
+    latest: Mutex<BTreeMap<String, Tombstone>>,
+}
 
-impl Retired {
-    /// Records `t`; true when it is the latest for its cluster (it moved the bound).
-    fn record(&mut self, t: Tombstone) -> bool {
-        match self.0.get(&t.cluster) {
-            Some(have) if have.retired_at_ms >= t.retired_at_ms => false,
+impl RetiredClusters {
+    /// Records the tombstone a change of the retirement scope carries; returns its cluster
+    /// and time when it is the latest for that cluster (it moved the bound: the caller
+    /// retires the cluster), `None` when it is older than what is known, or does not decode.
+    pub(crate) fn record(&self, change: &ObjectChange) -> Option<(String, u64)> {
+        let ObjectChange::Upsert { key, json } = change else {
+            // Tombstones are never deleted; a delete means nothing here.
+            return None;
+        };
+        let t = match serde_json::from_slice::<Tombstone>(json) {
+            Ok(t) if t.cluster == key.name && valid_segment(&t.cluster) => t,
+            Ok(t) => {
+                tracing::warn!(key = %key, cluster = %t.cluster, "tombstone names another cluster than its key; ignored");
+                return None;
+            }
+            Err(e) => {
+                tracing::warn!(key = %key, error = %e, "tombstone does not decode; ignored");
+                return None;
+            }
+        };
+        let mut latest = lock(&self.latest);
+        match latest.get(&t.cluster) {
+            Some(have) if have.retired_at_ms >= t.retired_at_ms => None,
             _ => {
-                self.0.insert(t.cluster.clone(), t);
-                true
+                let out = (t.cluster.clone(), t.retired_at_ms);
+                latest.insert(t.cluster.clone(), t);
+                Some(out)
             }
         }
     }
 
+    /// Whether `cluster` is retired.
     pub(crate) fn contains(&self, cluster: &str) -> bool {
-        self.0.contains_key(cluster)
+        lock(&self.latest).contains_key(cluster)
+    }
+
+    /// Every retired cluster, by name.
+    pub(crate) fn list(&self) -> Vec<RetiredCluster> {
+        lock(&self.latest)
+            .values()
+            .cloned()
+            .map(Into::into)
+            .collect()
     }
 }
 
@@ -89,98 +121,32 @@ fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-impl ReplicaState {
-    /// Retires member cluster `name` on behalf of API identity `by`: writes the tombstone into
-    /// this replica's retirement document and applies it here at once (the mesh carries it
-    /// to every other replica). `NotFound` when neither the view nor the store knows the
-    /// cluster, so a typo retires nothing.
-    pub fn retire_cluster(&self, name: &str, by: &str) -> Result<RetiredCluster, ApiError> {
-        if !valid_segment(name) {
-            return Err(ApiError::InvalidRequest(format!(
-                "retire: cluster name {name:?} is not a valid cluster name"
-            )));
-        }
-        let known = self.with_view(|v| v.cluster(name).is_some())
-            || self.with_store(|s| s.store().holds_cluster(name));
-        if !known {
-            return Err(ApiError::NotFound(format!(
-                "retire: cluster {name} is not in this replica's view"
-            )));
-        }
-        let t = Tombstone {
-            cluster: name.to_string(),
-            retired_at_ms: now_ms(),
-            replica: self.replica.clone(),
-            by: by.to_string(),
-        };
-        let json = serde_json::to_vec(&t)
-            .map_err(|e| ApiError::Internal(format!("encoding the tombstone: {e}")))?;
-        let change = ObjectChange::Upsert {
-            key: ObjectKey::new(ObjectKind::ClusterInfo, None, name),
-            json: Arc::from(json),
-        };
-        self.with_feed(|| {
-            let outcome = self
-                .with_store(|s| s.apply(&doc_id(&self.replica), vec![change]))
-                .map_err(|e| ApiError::Internal(format!("writing the retirement document: {e}")))?;
-            self.apply_changes(&outcome.view);
-            self.own_docs_changed.notify_one();
-            Ok::<_, ApiError>(())
-        })?;
-        tracing::warn!(
-            cluster = name,
-            by,
-            at_ms = t.retired_at_ms,
-            "retired a member cluster from the fleet"
-        );
-        Ok(t.into())
+/// The tombstone of member cluster `name` retired now by this replica (`replica`) on behalf
+/// of API identity `by`, and the change that writes it into this replica's retirement
+/// document; `InvalidRequest` when `name` is not a valid cluster name.
+pub(crate) fn tombstone(
+    name: &str,
+    replica: &str,
+    by: &str,
+) -> Result<(Tombstone, ObjectChange), ApiError> {
+    if !valid_segment(name) {
+        return Err(ApiError::InvalidRequest(format!(
+            "retire: cluster name {name:?} is not a valid cluster name"
+        )));
     }
-
-    /// Every retired cluster, by name.
-    pub fn retired_clusters(&self) -> Vec<RetiredCluster> {
-        self.with_retired(|r| r.0.values().cloned().map(Into::into).collect())
-    }
-
-    /// Applies tombstones (changes of the retirement scope) in the feed: drops each cluster
-    /// from the store, then from the view and its indexes. Called with the feed held.
-    pub(crate) fn apply_tombstones(&self, changes: &[&(String, ObjectChange)]) {
-        for (_, change) in changes {
-            let ObjectChange::Upsert { key, json } = change else {
-                // Tombstones are never deleted; a delete means nothing here.
-                continue;
-            };
-            let t = match serde_json::from_slice::<Tombstone>(json) {
-                Ok(t) if t.cluster == key.name && valid_segment(&t.cluster) => t,
-                Ok(t) => {
-                    tracing::warn!(key = %key, cluster = %t.cluster, "tombstone names another cluster than its key; ignored");
-                    continue;
-                }
-                Err(e) => {
-                    tracing::warn!(key = %key, error = %e, "tombstone does not decode; ignored");
-                    continue;
-                }
-            };
-            let (cluster, at) = (t.cluster.clone(), t.retired_at_ms);
-            if !self.with_retired(|r| r.record(t)) {
-                continue;
-            }
-            let dropped = match self.with_store(|s| s.retire_cluster(&cluster, at)) {
-                Ok(d) => d,
-                Err(e) => {
-                    // What was dropped from memory stays dropped; the file is removed on the
-                    // next start, when the tombstone is applied again.
-                    tracing::error!(cluster = %cluster, error = %e, "retiring a cluster: removing its files failed");
-                    Vec::new()
-                }
-            };
-            let remaining = self.with_store(|s| s.store().holds_cluster(&cluster));
-            self.apply_view_changes(&dropped.iter().collect::<Vec<_>>());
-            if !remaining {
-                self.forget_cluster(&cluster);
-            }
-            tracing::info!(cluster = %cluster, at_ms = at, kept_newer = remaining, "applied a cluster retirement");
-        }
-    }
+    let t = Tombstone {
+        cluster: name.to_string(),
+        retired_at_ms: now_ms(),
+        replica: replica.to_string(),
+        by: by.to_string(),
+    };
+    let json = serde_json::to_vec(&t)
+        .map_err(|e| ApiError::Internal(format!("encoding the tombstone: {e}")))?;
+    let change = ObjectChange::Upsert {
+        key: ObjectKey::new(ObjectKind::ClusterInfo, None, name),
+        json: Arc::from(json),
+    };
+    Ok((t, change))
 }
 
 #[cfg(test)]

@@ -1,8 +1,8 @@
 //! What a replica answers from: [`ReplicaState`], the estimation view fed with the visible
 //! object changes the store reports, the side indexes fed from the same stream (device status,
 //! unbound pods), one [`Estimator`] whose caches survive between calls, a monotonic freshness
-//! clock per cluster, the reservation table, and the replicated store (for digests and the
-//! debug endpoint).
+//! clock per cluster, the reservations and retired clusters (components it composes), and the
+//! replicated store (for digests and the debug endpoint).
 //!
 //! Guarantees:
 //! - Karmada questions are answered for exactly one cluster: a cluster not in the view is
@@ -11,47 +11,46 @@
 //!   fresh or stale) is [`ReplicaAnswer::Stale`].
 //! - The view and the pending-pod index change together, under one lock, so a reader never
 //!   sees one ahead of the other.
-//! - In-flight reservations (see [`crate::reservations`]) are routed out of the store's change
-//!   stream into their own table; every estimate (Karmada and native, placement and
-//!   preemption included) deducts the reservations that overcommit resolution
-//!   ([`dramesh_estimator::resolve`]) admits, recomputed per cluster whenever that cluster's
-//!   reservation set, its set of unexpired reservations or its view changes.
+//! - In-flight reservations (see [`crate::reservation_table`]) are routed out of the store's
+//!   change stream into their component, [`Reservations`]; every estimate (Karmada and
+//!   native, placement and preemption included) deducts the reservations that overcommit
+//!   resolution ([`dramesh_estimator::resolve`]) admits, recomputed per cluster whenever that
+//!   cluster's reservation set, its set of unexpired reservations or its view changes.
+//! - Retired clusters (see [`crate::retire`]) are their own component, [`RetiredClusters`];
+//!   this state composes both with the view and the store.
 //!
 //! # Lock order
 //!
-//! Eight locks, always taken in this order, and each only inside a small method of this module
-//! (plus `caps`, taken first and only by `reserve`, so that checking a creator's caps and
-//! writing its reservation are one step; `resolving`, taken first and only by the
-//! resolution, which takes 3, 4 and 5 inside it, so resolutions are made one at a time; and
-//! the queue of [`crate::group_commit`], a leaf):
+//! The order is kept by where each lock lives, not by a rule for call sites:
 //!
-//! 1. `feed`: serializes draining the store's queue with applying it (and writing this
-//!    replica's reservation document), so batches reach the view in the order the store
-//!    produced them. Taken only by [`ReplicaState::catch_up`],
-//!    [`ReplicaState::rebuild_from_store`] and the reservation writer (the group commit's
-//!    writing waiter), never with another lock held.
-//! 2. `store`, 3. `reservations` (the table): leaves. Each is held only for the duration of one
-//!    closure ([`ReplicaState::with_store`], `with_table`) that takes no other lock.
-//! 4. `indexes` (RwLock: view, pending) then 5. `compute` (the estimator and the
-//!    cached resolution): `compute` can only be taken by handing in the held indexes
-//!    (`ReplicaState::compute(&Indexes)`), so it is never taken first.
-//! 6. `fresh` (data age per cluster): a leaf, taken only inside `touch`, `data_age` and the
-//!    change feed, possibly while the indexes are held.
-//! 7. `retired` (the latest tombstone per retired cluster, see [`crate::retire`]): a leaf,
-//!    held only for one closure (`with_retired`) that takes no other lock.
-//! 8. `headroom` (the NodePool failure detection of scale-up headroom): a leaf, taken with
-//!    the indexes held (the view it observes), released before `compute` is taken.
-//! 9. `roles` (the scheduler role records of the replicas, see [`crate::members`]): a leaf,
-//!    held only inside `apply_changes`, `role_records` and a rebuild, taking no other lock.
-//!
-//! The mesh holds `store` too (the same mutex) and takes no lock of this state.
+//! 1. `caps` (private to [`Reservations`]): held only by [`Reservations::admit`] around the
+//!    write of a reservation made through the API, so checking its creator's caps and
+//!    writing it are one step; nothing else takes it but `set_caps`, alone.
+//! 2. `feed`: serializes draining the store's queue with applying it (and writing this
+//!    replica's reservation and retirement documents), so batches reach the view in the
+//!    order the store produced them. Taken only by [`ReplicaState::catch_up`],
+//!    [`ReplicaState::rebuild_from_store`] and `with_feed` (the group commit's writing
+//!    waiter, a retirement), none of which is called with a lock of this state held.
+//! 3. `store`: held only for one closure ([`ReplicaState::with_store`]) that takes no other
+//!    lock. The mesh holds it too (the same mutex) and takes no lock of this state.
+//! 4. `indexes` (RwLock: view, pending) and then its `compute` (the estimator and the
+//!    reservation resolution cache): `compute` is a field of [`Indexes`], reachable only
+//!    through a held guard ([`Indexes::compute`]), so it is never taken first. A resolution
+//!    holds both throughout, which makes resolutions one at a time, each from the last.
+//! 5. Leaves, taken last and holding no other lock: the reservation table (private to
+//!    [`Reservations`], whose module reaches no lock of this state, so it is taken with the
+//!    indexes and compute held by a resolution), the retired clusters (private to
+//!    [`RetiredClusters`], likewise), the group commit's queue (private to it), and, each
+//!    inside one small method here, `fresh` (data age per cluster), `headroom` (NodePool
+//!    failure detection, taken with the indexes held), `roles` (the replicas' scheduler role
+//!    records) and `cache_bound`.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
-use dramesh_api::native::{ClusterStatus, Freshness, ResourceAmount, StatusReport};
+use dramesh_api::native::{ClusterStatus, Freshness, ResourceAmount, RetiredCluster, StatusReport};
 use dramesh_api::{ApiError, FreshnessMap, ReplicaAnswer};
 use dramesh_estimator::{CacheBound, ResList};
 use dramesh_estimator::{
@@ -62,11 +61,14 @@ use dramesh_mesh::store_adapter::MeshStore;
 use dramesh_model::ObjectChange;
 
 use crate::devstatus;
+use crate::group_commit::Ticket;
 use crate::pending::PendingIndex;
-use crate::requests::workload_from_manifests;
-use crate::reservations::{self as resv, Table};
-use crate::reserve::Resolved;
-use crate::retire::{self, Retired};
+use crate::requests::{check_clusters, workload_from_manifests};
+use crate::reservation_resolution::{
+    DecisionEntry, Judged, PreemptionHold, Reservations, ResolutionCache, Resolved,
+};
+use crate::reservation_table as resv;
+use crate::retire::{self, RetiredClusters};
 
 fn read<T>(m: &RwLock<T>) -> RwLockReadGuard<'_, T> {
     m.read().unwrap_or_else(|e| e.into_inner())
@@ -76,38 +78,39 @@ fn write<T>(m: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     m.write().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The indexes fed from the store's change stream; always updated together.
-#[derive(Default)]
+/// The indexes fed from the store's change stream; always updated together. The estimator
+/// that answers over them is inside, behind its own lock, so only a holder of the indexes
+/// can take it.
 pub(crate) struct Indexes {
     /// The estimation view.
     pub(crate) view: View,
     /// Unbound pods per cluster, for `GetUnschedulableReplicas`.
     pub(crate) pending: PendingIndex,
+    compute: Mutex<Compute>,
 }
 
-/// A live reservation holding a scheduler decision ([`ReplicaState::decision_reservations`]).
-#[derive(Debug, Clone)]
-pub(crate) struct DecisionEntry {
-    pub(crate) id: Arc<str>,
-    pub(crate) cluster: Arc<str>,
-    pub(crate) owner: String,
-    pub(crate) decision: dramesh_scheduler::void::DecisionRef,
-    /// When this replica first saw it (its owner: made it).
-    pub(crate) seen: Instant,
+impl Indexes {
+    /// Empty indexes, the estimator's caches bounded as `bound` says.
+    fn new(bound: CacheBound) -> Indexes {
+        Indexes {
+            view: View::default(),
+            pending: PendingIndex::default(),
+            compute: Mutex::new(Compute::new(bound)),
+        }
+    }
+
+    /// The estimator and the resolution cache; reachable only through held indexes, which
+    /// fixes the order indexes → compute.
+    pub(crate) fn compute(&self) -> MutexGuard<'_, Compute> {
+        lock(&self.compute)
+    }
 }
 
 /// The estimator and the overcommit resolution last computed with it.
 pub(crate) struct Compute {
     pub(crate) estimator: Estimator,
-    /// The last resolution; each cluster's part records what it was computed from, so a
-    /// change of one cluster's reservations resolves that cluster again, not all of them.
-    pub(crate) resolved: Option<Arc<Resolved>>,
-    /// Bound pods per workload, for the replicas a reservation still holds.
-    pub(crate) bound: crate::reservations::BoundPods,
-    /// Cluster resolutions computed so far (numbers them).
-    pub(crate) epochs: u64,
-    /// Of those, the ones that only resolved reservations added after all others.
-    pub(crate) extended: u64,
+    /// What the reservations' resolution keeps between calls (the last one included).
+    pub(crate) resolution: ResolutionCache,
 }
 
 impl Compute {
@@ -115,10 +118,7 @@ impl Compute {
     fn new(bound: CacheBound) -> Compute {
         Compute {
             estimator: Estimator::with_cache_bound(bound),
-            resolved: None,
-            bound: Default::default(),
-            epochs: 0,
-            extended: 0,
+            resolution: ResolutionCache::default(),
         }
     }
 }
@@ -132,10 +132,9 @@ pub struct ReplicaState {
     pub stale_after: Duration,
     store: Arc<Mutex<MeshStore>>,
     feed: Mutex<()>,
-    /// Every known reservation (own and merged).
-    reservations: Mutex<Table>,
+    /// Every known reservation (own and merged), its resolution, this replica's writes.
+    pub(crate) reservations: Reservations,
     indexes: RwLock<Indexes>,
-    compute: Mutex<Compute>,
     /// Bound of the estimator's caches.
     cache_bound: Mutex<CacheBound>,
     /// Counts changes that can free or take capacity (view changes, a cluster forgotten,
@@ -144,22 +143,12 @@ pub struct ReplicaState {
     /// Last time each cluster's writers were heard from (a change or a heartbeat).
     fresh: Mutex<HashMap<String, Instant>>,
     /// The latest tombstone of each retired cluster.
-    retired: Mutex<Retired>,
+    retired: RetiredClusters,
     /// The scheduler role records of the replicas (their reservation documents' `_role`).
     roles: Mutex<crate::members::Roles>,
-    /// Whether this replica's reservation document could be opened for writing.
-    pub(crate) reservations_writable: bool,
-    /// Writes to this replica's reservation document, queued and made durable together.
-    pub(crate) own_writes: crate::group_commit::GroupCommit,
-    /// Held while computing the overcommit resolution (taken before every other lock): one
-    /// resolution at a time, each starting from the last.
-    pub(crate) resolving: Mutex<()>,
     /// Signalled after this replica wrote its reservation or retirement document (the mesh
     /// pushes both).
     pub(crate) own_docs_changed: Arc<tokio::sync::Notify>,
-    /// Per-identity caps of reservations, and the lock that makes checking them and writing
-    /// a reservation one step (taken before `feed`).
-    pub(crate) caps: Mutex<dramesh_api::auth::Caps>,
     /// Scale-up headroom (`--estimate-autoscaler-headroom`), `None` when off: Karmada's
     /// NodePool failure detection, shown the view after every applied batch and at every
     /// query that counts headroom, on this replica's monotonic clock. A leaf lock, taken
@@ -202,20 +191,15 @@ impl ReplicaState {
             tracing::error!(error = %e, "the retirement document cannot be written; clusters cannot be retired here");
         }
         let state = Arc::new(ReplicaState {
-            reservations: Mutex::new(Table::new(replica)),
-            retired: Mutex::new(Retired::default()),
+            reservations: Reservations::new(replica, writable),
+            retired: RetiredClusters::default(),
             roles: Mutex::new(Default::default()),
-            reservations_writable: writable,
-            own_writes: Default::default(),
-            resolving: Mutex::new(()),
             own_docs_changed: Arc::new(tokio::sync::Notify::new()),
-            caps: Mutex::new(dramesh_api::auth::Caps::default()),
             replica: replica.to_string(),
             stale_after,
             store,
             feed: Mutex::new(()),
-            indexes: RwLock::new(Indexes::default()),
-            compute: Mutex::new(Compute::new(CacheBound::View)),
+            indexes: RwLock::new(Indexes::new(CacheBound::View)),
             cache_bound: Mutex::new(CacheBound::View),
             changes: AtomicU64::new(0),
             fresh: Mutex::new(HashMap::new()),
@@ -230,26 +214,14 @@ impl ReplicaState {
         f(&mut lock(&self.store))
     }
 
-    /// Runs `f` on the reservation table (a leaf lock: `f` takes no other).
-    pub(crate) fn with_table<R>(&self, f: impl FnOnce(&mut Table) -> R) -> R {
-        f(&mut lock(&self.reservations))
-    }
-
-    /// Runs `f` on the retired-cluster table (a leaf lock: `f` takes no other).
-    pub(crate) fn with_retired<R>(&self, f: impl FnOnce(&mut Retired) -> R) -> R {
-        f(&mut lock(&self.retired))
-    }
-
     /// Read access to the view and its side indexes.
     pub(crate) fn indexes(&self) -> RwLockReadGuard<'_, Indexes> {
         read(&self.indexes)
     }
 
-    /// The estimator and resolution cache; taking it requires holding the indexes, which
-    /// fixes the order indexes → compute.
     /// Sets the per-identity caps of reservations created from now on.
     pub fn set_caps(&self, caps: dramesh_api::auth::Caps) {
-        *lock(&self.caps) = caps;
+        self.reservations.set_caps(caps);
     }
 
     /// Turns scale-up headroom from Karpenter NodePools on or off (off by default): when on,
@@ -318,11 +290,7 @@ impl ReplicaState {
     pub fn set_estimate_cache_bound(&self, bound: CacheBound) {
         *lock(&self.cache_bound) = bound;
         let indexes = self.indexes();
-        *self.compute(&indexes) = Compute::new(bound);
-    }
-
-    pub(crate) fn compute(&self, _held: &Indexes) -> MutexGuard<'_, Compute> {
-        lock(&self.compute)
+        *indexes.compute() = Compute::new(bound);
     }
 
     /// Runs `f` on the view (under the indexes' read lock).
@@ -335,7 +303,8 @@ impl ReplicaState {
         self.changes.load(Ordering::Relaxed)
     }
 
-    /// Runs `f` with the feed serialized (lock 1); used by the reservation writer.
+    /// Runs `f` with the feed serialized (lock 2); used by the reservation writer and a
+    /// retirement.
     pub(crate) fn with_feed<R>(&self, f: impl FnOnce() -> R) -> R {
         let _feed = lock(&self.feed);
         f()
@@ -373,9 +342,8 @@ impl ReplicaState {
         };
         {
             let mut indexes = write(&self.indexes);
-            *indexes = Indexes::default();
             let bound = *lock(&self.cache_bound);
-            *self.compute(&indexes) = Compute::new(bound);
+            *indexes = Indexes::new(bound);
         }
         lock(&self.roles).clear();
         let keep: BTreeSet<String> = snapshot
@@ -384,7 +352,7 @@ impl ReplicaState {
             .map(|(_, ch)| ch.key().name.clone())
             .collect();
         self.apply_changes(&snapshot);
-        self.with_table(|t| t.retain(&keep));
+        self.reservations.retain(&keep);
     }
 
     /// Applies visible object changes: reservations to their table, member-cluster data to
@@ -405,24 +373,7 @@ impl ReplicaState {
             self.apply_roles(&roles);
         }
         if !ours.is_empty() {
-            // The reservations of one decision share their manifests: decoded once.
-            type Decoded = Result<Arc<dramesh_estimator::Workload>, String>;
-            let mut decoded: HashMap<Vec<String>, Decoded> = HashMap::new();
-            let mut decode = |m: &[String]| {
-                if let Some(w) = decoded.get(m) {
-                    return w.clone();
-                }
-                let w = workload_from_manifests(m)
-                    .map(Arc::new)
-                    .map_err(|e| e.to_string());
-                decoded.insert(m.to_vec(), w.clone());
-                w
-            };
-            self.with_table(|table| {
-                for (_, change) in ours {
-                    table.apply(change, now, &mut decode);
-                }
-            });
+            self.reservations.apply(&ours, now);
         }
         let (tombstones, changes): (Vec<_>, Vec<_>) =
             changes.into_iter().partition(|(c, _)| retire::is_scope(c));
@@ -457,11 +408,7 @@ impl ReplicaState {
         if lock(&self.roles).get(&self.replica) == record.as_ref() {
             return Ok(());
         }
-        if !self.reservations_writable {
-            return Err(ApiError::Unavailable(
-                "this replica's reservation document could not be opened for writing".into(),
-            ));
-        }
+        self.reservations.check_writable()?;
         let key = crate::members::role_key(&self.replica);
         let change = match &record {
             Some(r) => {
@@ -474,15 +421,15 @@ impl ReplicaState {
             }
             None => ObjectChange::Delete { key },
         };
-        let ticket = self.own_writes.submit(vec![change]);
+        let ticket = self.reservations.submit(vec![change]);
         self.wait_written(ticket)
     }
 
     /// Replaces the scheduler decisions' reservations judged void (by id, with why; see
-    /// [`crate::reservations::Record::decision`]); counts a change when the set changed, so
+    /// [`crate::reservation_table::Record::decision`]); counts a change when the set changed, so
     /// unschedulable bindings are retried on the freed room.
     pub(crate) fn set_void_decisions(&self, void: std::collections::BTreeMap<Arc<str>, String>) {
-        if self.with_table(|t| t.set_void_decisions(void)) {
+        if self.reservations.set_void_decisions(void) {
             self.changes.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -492,27 +439,158 @@ impl ReplicaState {
     ///
     /// [`DecisionRef::void_after`]: dramesh_scheduler::void::DecisionRef::void_after
     pub(crate) fn decision_reservations(&self, creator: &str) -> Vec<DecisionEntry> {
-        let now = Instant::now();
-        self.with_table(|t| {
-            t.entries()
-                .filter(|(_, e)| e.record.creator == creator)
-                .filter(|(_, e)| {
-                    e.record
-                        .decision
-                        .as_ref()
-                        .is_some_and(|d| now.saturating_duration_since(e.seen) >= d.void_after())
-                })
-                .filter_map(|(_, e)| {
-                    Some(DecisionEntry {
-                        id: e.id.clone(),
-                        cluster: e.cluster.clone(),
-                        owner: e.record.owner.clone(),
-                        decision: e.record.decision.clone()?,
-                        seen: e.seen,
-                    })
-                })
-                .collect()
-        })
+        self.reservations.decision_entries(creator, Instant::now())
+    }
+
+    /// The current overcommit resolution of the reservations over the view (see
+    /// [`Reservations::resolve`]); blocking: call it off the async reactor.
+    pub(crate) fn resolution(&self) -> Arc<Resolved> {
+        let indexes = self.indexes();
+        let mut compute = indexes.compute();
+        let Compute {
+            estimator,
+            resolution,
+        } = &mut *compute;
+        self.reservations
+            .resolve(&indexes.view, estimator, resolution)
+    }
+
+    /// Per cluster with live or expired reservations, the epoch of its last resolution that
+    /// changed the state of a reservation resolved before ([`Resolved::outcome_epochs`]).
+    /// Blocking (it resolves): call it off the async reactor.
+    pub(crate) fn outcome_epochs(&self) -> std::collections::BTreeMap<Arc<str>, u64> {
+        self.resolution().outcome_epochs()
+    }
+
+    /// Deductions of the admitted reservations, for estimates.
+    pub(crate) fn reserved(&self) -> dramesh_estimator::Assumed {
+        self.resolution().assumed()
+    }
+
+    /// [`ReplicaState::reserved`] for a decision of the binding `b`: its preemption holds
+    /// count only for what `b` has assigned ([`Reservations::assumed_for`]).
+    pub(crate) fn reserved_for(
+        &self,
+        b: &dramesh_scheduler::Binding,
+    ) -> dramesh_estimator::Assumed {
+        let res = self.resolution();
+        self.reservations.assumed_for(&res, b)
+    }
+
+    /// The unexpired preemption holds written for the binding `preemptor` (`Binding::id`),
+    /// by any replica, ordered by id.
+    pub(crate) fn preemption_holds(&self, preemptor: &str) -> Vec<PreemptionHold> {
+        self.reservations.preemption_holds(preemptor)
+    }
+
+    /// The states of reservations `ids` on this replica, from one resolution (those it does
+    /// not know, or knows only as ended, are left out).
+    pub(crate) fn reservation_states<'a>(
+        &self,
+        ids: impl IntoIterator<Item = &'a String>,
+    ) -> HashMap<&'a str, Judged> {
+        let res = self.resolution();
+        self.reservations.states(&res, ids)
+    }
+
+    /// One reservation's state on this replica.
+    pub fn reservation_status(&self, id: &str) -> Option<dramesh_api::native::ReservationStatus> {
+        let res = self.resolution();
+        self.reservations.status(&res, id)
+    }
+
+    /// Every known reservation (ended ones included when `with_ended`), ordered by id.
+    pub fn reservation_list(
+        &self,
+        with_ended: bool,
+    ) -> Vec<dramesh_api::native::ReservationStatus> {
+        let res = self.resolution();
+        self.reservations.list(&res, with_ended)
+    }
+
+    /// Blocks until the reservation changes of `ticket` are durable in this replica's
+    /// document (and offered to the mesh). Those of a failed write were never visible
+    /// outside this replica and are forgotten here too.
+    pub(crate) fn wait_written(&self, ticket: Ticket) -> Result<(), ApiError> {
+        self.reservations
+            .wait(ticket, &mut |batch| self.write_batch(batch))
+    }
+
+    /// Writes one batch of queued changes to the reservation document (one commit, one
+    /// fsync) and applies the result here.
+    fn write_batch(&self, batch: Vec<ObjectChange>) -> Result<(), String> {
+        let written = self.with_feed(|| {
+            let outcome = self
+                .with_store(|s| s.apply(&resv::doc_id(&self.replica), batch))
+                .map_err(|e| e.to_string())?;
+            self.apply_changes(&outcome.view);
+            Ok(())
+        });
+        if written.is_ok() {
+            self.own_docs_changed.notify_one();
+        }
+        written
+    }
+
+    /// Retires member cluster `name` on behalf of API identity `by`: writes the tombstone into
+    /// this replica's retirement document and applies it here at once (the mesh carries it
+    /// to every other replica). `NotFound` when neither the view nor the store knows the
+    /// cluster, so a typo retires nothing.
+    pub fn retire_cluster(&self, name: &str, by: &str) -> Result<RetiredCluster, ApiError> {
+        let (t, change) = retire::tombstone(name, &self.replica, by)?;
+        let known = self.with_view(|v| v.cluster(name).is_some())
+            || self.with_store(|s| s.store().holds_cluster(name));
+        if !known {
+            return Err(ApiError::NotFound(format!(
+                "retire: cluster {name} is not in this replica's view"
+            )));
+        }
+        self.with_feed(|| {
+            let outcome = self
+                .with_store(|s| s.apply(&retire::doc_id(&self.replica), vec![change]))
+                .map_err(|e| ApiError::Internal(format!("writing the retirement document: {e}")))?;
+            self.apply_changes(&outcome.view);
+            self.own_docs_changed.notify_one();
+            Ok::<_, ApiError>(())
+        })?;
+        tracing::warn!(
+            cluster = name,
+            by,
+            at_ms = t.retired_at_ms,
+            "retired a member cluster from the fleet"
+        );
+        Ok(t.into())
+    }
+
+    /// Every retired cluster, by name.
+    pub fn retired_clusters(&self) -> Vec<RetiredCluster> {
+        self.retired.list()
+    }
+
+    /// Applies tombstones (changes of the retirement scope) in the feed: drops each cluster
+    /// that one retires (the latest for it) from the store, then from the view and its
+    /// indexes. Called with the feed held.
+    fn apply_tombstones(&self, changes: &[&(String, ObjectChange)]) {
+        for (_, change) in changes {
+            let Some((cluster, at)) = self.retired.record(change) else {
+                continue;
+            };
+            let dropped = match self.with_store(|s| s.retire_cluster(&cluster, at)) {
+                Ok(d) => d,
+                Err(e) => {
+                    // What was dropped from memory stays dropped; the file is removed on the
+                    // next start, when the tombstone is applied again.
+                    tracing::error!(cluster = %cluster, error = %e, "retiring a cluster: removing its files failed");
+                    Vec::new()
+                }
+            };
+            let remaining = self.with_store(|s| s.store().holds_cluster(&cluster));
+            self.apply_view_changes(&dropped.iter().collect::<Vec<_>>());
+            if !remaining {
+                self.forget_cluster(&cluster);
+            }
+            tracing::info!(cluster = %cluster, at_ms = at, kept_newer = remaining, "applied a cluster retirement");
+        }
     }
 
     /// Applies member-cluster changes to the view and its side indexes and marks their
@@ -524,7 +602,7 @@ impl ReplicaState {
         let now = Instant::now();
         {
             let mut indexes = write(&self.indexes);
-            let Indexes { view, pending } = &mut *indexes;
+            let Indexes { view, pending, .. } = &mut *indexes;
             for (cluster, change) in changes {
                 if let Err(e) = view.apply(cluster, change) {
                     tracing::warn!(cluster, key = %change.key(), error = %e, "change not applied to the view");
@@ -556,7 +634,7 @@ impl ReplicaState {
     /// Records that `cluster`'s writers were heard from at `at`. A retired cluster is not
     /// made fresh by heartbeats (its agent may still run), only by data of a newer generation.
     pub fn touch(&self, cluster: &str, at: Instant) {
-        let retired = self.with_retired(|r| r.contains(cluster));
+        let retired = self.retired.contains(cluster);
         let mut fresh = lock(&self.fresh);
         if retired && !fresh.contains_key(cluster) {
             return;
@@ -630,8 +708,8 @@ impl ReplicaState {
             headroom: self.headroom_options(&indexes.view, clusters, false),
             ..dramesh_api::deadline::estimate_options()
         };
-        let est = self
-            .compute(&indexes)
+        let est = indexes
+            .compute()
             .estimator
             .estimate(&indexes.view, &w, &opts);
         in_time(&opts, est)
@@ -669,7 +747,7 @@ impl ReplicaState {
             &indexes.view,
             &w,
             &policy,
-            &mut self.compute(&indexes).estimator,
+            &mut indexes.compute().estimator,
             &opts,
         );
         in_time(&opts, placed)
@@ -709,7 +787,7 @@ impl ReplicaState {
                 ));
             }
         }
-        let p = dramesh_estimator::preempt(view, &w, &mut self.compute(&indexes).estimator, &opts);
+        let p = dramesh_estimator::preempt(view, &w, &mut indexes.compute().estimator, &opts);
         in_time(&opts, p)
     }
 
@@ -760,7 +838,7 @@ impl ReplicaState {
             clusters,
             view: &indexes.view,
         };
-        let mut compute = self.compute(&indexes);
+        let mut compute = indexes.compute();
         f(fleet, &mut compute.estimator, &mut opts)
     }
 
@@ -859,22 +937,5 @@ fn in_time<T>(opts: &EstimateOptions, out: T) -> Result<T, ApiError> {
         ))
     } else {
         Ok(out)
-    }
-}
-
-/// `Ok` when every named cluster is in the view, else `NotFound` naming the missing ones.
-pub(crate) fn check_clusters(view: &View, clusters: &[String]) -> Result<(), ApiError> {
-    let unknown: Vec<&str> = clusters
-        .iter()
-        .filter(|c| view.cluster(c).is_none())
-        .map(String::as_str)
-        .collect();
-    if unknown.is_empty() {
-        Ok(())
-    } else {
-        Err(ApiError::NotFound(format!(
-            "cluster(s) not in this replica's view: {}",
-            unknown.join(", ")
-        )))
     }
 }

@@ -17,9 +17,6 @@ const KNOWN: &[(&str, &[&str])] = &[
     ("dramesh-mesh", &["node", "signing"]),
     // ClusterObject decodes with load's field-naming decoder; load returns ClusterObjects.
     ("dramesh-model", &["load", "object"]),
-    // reserve and retire take ReplicaState; ReplicaState holds reserve::Resolved and
-    // retire::Retired.
-    ("dramesh-replica", &["reserve", "retire", "state"]),
     // placement uses object::nd (serde default for null) and patch::go_json; object holds
     // Placement; patch writes object's Binding.
     ("dramesh-scheduler", &["object", "patch", "placement"]),

@@ -36,8 +36,8 @@ use super::task::{DECIDE_DEADLINE, now, release_all};
 use super::{MAX_ATTEMPTS, SchedulerRole};
 use crate::karmada::{BindingRef, EventNote, KarmadaClient, KarmadaError, Kind, Object};
 use crate::requests::workload_from_manifests;
-use crate::reservations as resv;
-use crate::reserve::{Own, PreemptionHold};
+use crate::reservation_resolution::{Own, PreemptionHold};
+use crate::reservation_table as resv;
 use crate::state::ReplicaState;
 
 /// What following up one decision needs, passed explicitly.

@@ -25,8 +25,8 @@ use crate::karmada::{
     BindingRef, Cache, EventNote, KarmadaClient, KarmadaError, Kind, Object, TemplateRef,
 };
 use crate::requests::workload_from_manifests;
-use crate::reservations as resv;
-use crate::reserve::Own;
+use crate::reservation_resolution::Own;
+use crate::reservation_table as resv;
 use crate::state::ReplicaState;
 use dramesh_mesh::lock;
 

@@ -8,7 +8,7 @@ use serde_json::json;
 
 use super::*;
 use crate::karmada::KarmadaOptions;
-use crate::reservations as resv;
+use crate::reservation_table as resv;
 use dramesh_scheduler::Binding;
 use serde_json::Value;
 

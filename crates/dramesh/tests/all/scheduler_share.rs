@@ -8,7 +8,10 @@
 //!   2 s after the kill (the room its unwritten decisions held is freed by the void rule, not
 //!   the 300 s TTL);
 //! - two replicas, a third joining during a burst of bindings that all fit: every binding is
-//!   scheduled, with exactly one accepted spec write each and (almost) no conflicting one.
+//!   scheduled, with exactly one accepted spec write each and (almost) no conflicting one;
+//! - three replicas, one stopped with SIGTERM during a burst that all fits: every binding is
+//!   scheduled once, none waits for its decision longer than the takeover time
+//!   (`LIVE_WINDOW` + the 250 ms tick, + 2 s for this machine).
 //!
 //! Every wait is bounded and names what it waited for; processes are killed when a test ends.
 
@@ -125,7 +128,7 @@ async fn setup(ids: &[&str], extra: &[&str]) -> Option<Setup> {
 
 /// Replicas bound per cluster over `names`, and how many bindings have a `Scheduled`
 /// condition.
-fn bound(fake: &FakeApi, names: &[String]) -> (BTreeMap<String, i64>, usize) {
+fn bound_replicas(fake: &FakeApi, names: &[String]) -> (BTreeMap<String, i64>, usize) {
     let mut per = BTreeMap::new();
     let mut decided = 0;
     for n in names {
@@ -212,7 +215,7 @@ async fn a_replica_killed_mid_burst_leaves_no_slot_unused_past_settle_and_grace(
                 void_seen = Some((killed.elapsed(), v.clone()));
             }
         }
-        let (per, decided) = bound(&s.fake, &names);
+        let (per, decided) = bound_replicas(&s.fake, &names);
         let total: i64 = per.values().sum();
         if total >= 2 * SLOTS && full_at.is_none() {
             full_at = Some(killed.elapsed());
@@ -241,7 +244,7 @@ async fn a_replica_killed_mid_burst_leaves_no_slot_unused_past_settle_and_grace(
     );
     // Settled within what fits, once each.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let (per, _) = bound(&s.fake, &names);
+    let (per, _) = bound_replicas(&s.fake, &names);
     for c in CLUSTERS {
         assert!(per.get(c).copied().unwrap_or(0) <= SLOTS, "{per:?}");
     }
@@ -278,7 +281,7 @@ async fn a_replica_joining_during_a_burst_leaves_every_binding_written_once() {
     }
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let (per, decided) = bound(&s.fake, &names);
+        let (per, decided) = bound_replicas(&s.fake, &names);
         if decided == names.len() && per.values().sum::<i64>() == 2 * SLOTS {
             break;
         }
@@ -308,4 +311,97 @@ async fn a_replica_joining_during_a_burst_leaves_every_binding_written_once() {
         "{} conflicting binding writes: {conflicts:?}",
         conflicts.len()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_leaving_during_a_burst_hands_its_bindings_over_within_the_takeover_time() {
+    let Some(mut s) = setup(&["r1", "r2", "r3"], &[]).await else {
+        return;
+    };
+    // 16 one-GPU bindings for 16 slots: all fit. Half arrive with three members, half after
+    // r3 was stopped (SIGTERM, a clean exit: how a rolling update takes a replica away).
+    let names: Vec<String> = (0..16).map(|i| format!("job{i:02}")).collect();
+    // Every binding's first sight with its Scheduled condition, polled while they arrive.
+    let watcher = {
+        let (fake, names) = (s.fake.clone(), names.clone());
+        tokio::task::spawn_blocking(move || {
+            let mut decided_at: BTreeMap<String, Instant> = BTreeMap::new();
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while decided_at.len() < names.len() && Instant::now() < deadline {
+                for n in &names {
+                    if decided_at.contains_key(n) {
+                        continue;
+                    }
+                    let scheduled =
+                        fake.get("ResourceBinding", Some("default"), n)
+                            .is_some_and(|b| {
+                                b["status"]["conditions"]
+                                    .as_array()
+                                    .into_iter()
+                                    .flatten()
+                                    .any(|c| c["type"] == "Scheduled" && c["status"] == "True")
+                            });
+                    if scheduled {
+                        decided_at.insert(n.clone(), Instant::now());
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            decided_at
+        })
+    };
+    let mut created = BTreeMap::new();
+    for n in &names[..8] {
+        apply_workload(&s.fake, n);
+        created.insert(n.clone(), Instant::now());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let r3 = &mut s.replicas.procs.0[2];
+    let pid = r3.id().to_string();
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status();
+    for n in &names[8..] {
+        apply_workload(&s.fake, n);
+        created.insert(n.clone(), Instant::now());
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    let decided_at = watcher.await.expect("watcher");
+    assert_eq!(
+        decided_at.len(),
+        names.len(),
+        "within 60 s only these were scheduled: {:?}",
+        decided_at.keys().collect::<Vec<_>>()
+    );
+    let r3 = &mut s.replicas.procs.0[2];
+    assert!(
+        common::wait_exit(r3, Duration::from_secs(20)).is_some_and(|st| st.success()),
+        "r3 did not exit cleanly on SIGTERM"
+    );
+    // Takeover: the members drop r3 within LIVE_WINDOW after its last frame, and the loop
+    // queues what it now owns at its next 250 ms tick; 2 s more for the decision and the
+    // writes on this shared machine.
+    let bound =
+        dramesh_replica::members::LIVE_WINDOW + Duration::from_millis(250) + Duration::from_secs(2);
+    let waits: BTreeMap<&String, Duration> = names
+        .iter()
+        .map(|n| (n, decided_at[n].duration_since(created[n])))
+        .collect();
+    let worst = waits.values().max().copied().unwrap_or_default();
+    eprintln!("longest wait for a Scheduled condition: {worst:?}; {waits:?}");
+    assert!(
+        worst <= bound,
+        "a binding waited {worst:?} for its decision (takeover bound {bound:?}): {waits:?}"
+    );
+    let (per, _) = bound_replicas(&s.fake, &names);
+    assert_eq!(per.values().sum::<i64>(), 2 * SLOTS, "{per:?}");
+    let writes = spec_writes(&s.fake);
+    for n in &names {
+        assert_eq!(
+            writes.get(n),
+            Some(&1),
+            "{n} written {:?} times: {writes:?}",
+            writes.get(n)
+        );
+    }
 }

@@ -59,6 +59,7 @@ use dramesh_model::k8s::PriorityClass;
 use dramesh_scheduler::object::priority_class_from_value;
 use dramesh_scheduler::{Backoff, BindingKind, Cluster, affected_by_cluster};
 use dramesh_telemetry::registry::{CounterVec, Histogram};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
@@ -444,6 +445,11 @@ async fn sleep_until(at: Option<Instant>) {
         Some(at) => tokio::time::sleep_until(at.into()).await,
         None => std::future::pending().await,
     }
+}
+
+/// `Time` now, as Karmada objects carry it.
+pub(crate) fn now() -> Time {
+    Time(jiff::Timestamp::now())
 }
 
 fn report_dead(watches: &[&Watch]) {

@@ -154,6 +154,16 @@ impl ReplicaState {
         self.end_own_as(status)
     }
 
+    /// Ends this replica's reservations `ids` as released; one that cannot be is logged (it
+    /// ends at its TTL).
+    pub(crate) fn release_own<'a>(&self, ids: impl IntoIterator<Item = &'a String>) {
+        for id in ids {
+            if let Err(e) = self.end_own(id, ReservationState::Released) {
+                tracing::warn!(id, error = %e, "releasing a reservation failed; it ends at its TTL");
+            }
+        }
+    }
+
     /// Deletes an own reservation, remembering it as `status`.
     fn end_own_as(&self, status: ReservationStatus) -> Result<(), ApiError> {
         let (id, how) = (status.id.clone(), status.status);

@@ -2,11 +2,12 @@
 //! `spec.schedulerName` names it. Decisions are `dramesh_scheduler`'s, I/O is
 //! [`crate::karmada`]'s; this module only connects them.
 //!
-//! - **Queue.** Binding keys, fed by binding changes (every binding after a complete list),
-//!   by cluster changes that matter to scheduling (`affected_by_cluster`), by retries (a
-//!   binding that failed waits for its [`Backoff`]; one that was unschedulable also waits
-//!   for the replica's view or reservations to change, [`ReplicaState::change_count`], at
-//!   most 5 minutes), and by lost reservations (below).
+//! - **Queue** ([`queue::WorkQueue`]). Binding keys, fed by binding changes (every binding
+//!   after a complete list), by cluster changes that matter to scheduling
+//!   (`affected_by_cluster`), by retries (a binding that failed waits for its [`Backoff`];
+//!   one that was unschedulable also waits for the replica's view or reservations to change,
+//!   [`ReplicaState::change_count`], at most 5 minutes; the loop sleeps until the earliest
+//!   retry), and by lost reservations (below).
 //! - **Many bindings at once.** Up to [`MAX_IN_FLIGHT`] bindings are worked on concurrently,
 //!   each in its own task ([`task`]), a binding never twice at a time (a change arriving
 //!   meanwhile queues it again when its task ends). Per binding: read from the watch cache;
@@ -46,6 +47,7 @@
 
 mod decider;
 mod preempt;
+mod queue;
 mod task;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
@@ -55,14 +57,16 @@ use std::time::{Duration, Instant};
 
 use dramesh_model::k8s::PriorityClass;
 use dramesh_scheduler::object::priority_class_from_value;
-use dramesh_scheduler::{Backoff, BindingKind, Cluster, RetryState, affected_by_cluster};
+use dramesh_scheduler::{Backoff, BindingKind, Cluster, affected_by_cluster};
 use dramesh_telemetry::registry::{CounterVec, Histogram};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
 use crate::karmada::{Cache, Change, KarmadaClient, Kind, ObjectKey, Watch};
 use crate::members::Peers;
 use crate::state::ReplicaState;
+use queue::WorkQueue;
 use task::{Ctx, Done, Held, Job, MAX_EVENT_WRITES, Outcome, Verdict, blocking};
 
 #[cfg(test)]
@@ -83,7 +87,9 @@ pub const DEFAULT_SETTLE: Duration = Duration::from_millis(500);
 /// Default scheduler name (`--scheduler-name`).
 pub const DEFAULT_SCHEDULER_NAME: &str = "dramesh-scheduler";
 
-/// How often retries are looked at.
+/// How often what the replica's state does not signal is looked at: the members sharing the
+/// work, the decisions' reservations to void, the watched decisions (and, at the latest,
+/// whether the view moved for unschedulable bindings' retries).
 const TICK: Duration = Duration::from_millis(250);
 
 /// The scheduler role of a replica.
@@ -233,7 +239,8 @@ struct Running {
 
 struct Loop {
     ctx: Arc<Ctx>,
-    backoff: Backoff,
+    /// Bindings to work on, those running, and their retries.
+    work: WorkQueue<Key>,
     bindings: Cache,
     cluster_bindings: Cache,
     class_cache: Cache,
@@ -241,10 +248,6 @@ struct Loop {
     classes: Arc<BTreeMap<String, PriorityClass>>,
     cluster_cache: Cache,
     clusters: Arc<BTreeMap<String, Cluster>>,
-    queue: VecDeque<Key>,
-    /// Queued bindings and when they were queued.
-    queued: HashMap<Key, Instant>,
-    retry: HashMap<Key, RetryState>,
     /// Per binding, versions this loop wrote and then wrote over (see [`Loop::wrote`]).
     superseded: HashMap<Key, Vec<String>>,
     /// Per binding, every version its last task wrote: their watch events are this loop's
@@ -257,13 +260,12 @@ struct Loop {
     /// Watch events of bindings being worked on, looked at when their task ends (whether
     /// they are the task's own writes is known only then).
     deferred: HashMap<Key, Vec<Arc<crate::karmada::Object>>>,
-    /// Bindings being worked on: when they were queued, the view's change count then, and
-    /// the lost replicas handed to the task (kept for another try if it fails).
+    /// Bindings being worked on (running in `work`, with a task): when they were queued,
+    /// the view's change count then, and the lost replicas handed to the task (kept for
+    /// another try if it fails).
     running: HashMap<Key, Running>,
     tasks: JoinSet<(Key, Done)>,
     task_keys: HashMap<tokio::task::Id, Key>,
-    /// Running bindings queued again meanwhile.
-    again: HashSet<Key>,
     /// Decisions' reservations, in the order they are due.
     checks: VecDeque<Check>,
     /// Decisions whose reservations were admitted at their check and still hold room: checked
@@ -362,16 +364,13 @@ pub(crate) async fn run(
             decoded: std::sync::Mutex::new(HashMap::new()),
             warned: std::sync::Mutex::new(HashMap::new()),
         }),
-        backoff: Backoff::default(),
+        work: WorkQueue::new(MAX_IN_FLIGHT, Backoff::default()),
         bindings: rb.cache(),
         cluster_bindings: crb.cache(),
         class_cache: pc.cache(),
         classes: Arc::new(BTreeMap::new()),
         cluster_cache: cl.cache(),
         clusters: Arc::new(BTreeMap::new()),
-        queue: VecDeque::new(),
-        queued: HashMap::new(),
-        retry: HashMap::new(),
         superseded: HashMap::new(),
         own: HashMap::new(),
         seen: HashMap::new(),
@@ -379,7 +378,6 @@ pub(crate) async fn run(
         running: HashMap::new(),
         tasks: JoinSet::new(),
         task_keys: HashMap::new(),
-        again: HashSet::new(),
         checks: VecDeque::new(),
         watched: HashMap::new(),
         watched_view: 0,
@@ -396,12 +394,12 @@ pub(crate) async fn run(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     tracing::info!(scheduler = %l.ctx.role.name, "scheduler role started");
     loop {
-        let can_start = l.clusters_synced
-            && l.classes_synced
-            && l.may_decide()
-            && !l.queue.is_empty()
-            && l.running.len() < MAX_IN_FLIGHT;
+        // Unschedulable bindings wait for this count to move.
+        l.work.view_moved(l.ctx.state.change_count());
+        let can_start =
+            l.clusters_synced && l.classes_synced && l.may_decide() && l.work.can_start();
         let next_check = l.checks.front().map(|c| c.due);
+        let next_retry = l.work.next_deadline();
         // Changes first; then finished work and due checks; with room, start one binding
         // when nothing else is waiting.
         let ended = tokio::select! {
@@ -416,9 +414,9 @@ pub(crate) async fn run(
             _ = peers_changed(&mut l.peers) => { l.reshard(); false }
             Some(r) = l.tasks.join_next_with_id(), if !l.tasks.is_empty() => { l.finished(r); false }
             _ = sleep_until(next_check), if next_check.is_some() => { l.check().await; false }
+            _ = sleep_until(next_retry), if next_retry.is_some() => { l.work.queue_due(); false }
             _ = tick.tick() => {
                 l.reshard();
-                l.due();
                 l.judge_void();
                 l.recheck().await;
                 false
@@ -447,6 +445,11 @@ async fn sleep_until(at: Option<Instant>) {
         Some(at) => tokio::time::sleep_until(at.into()).await,
         None => std::future::pending().await,
     }
+}
+
+/// `Time` now, as Karmada objects carry it.
+pub(crate) fn now() -> Time {
+    Time(jiff::Timestamp::now())
 }
 
 fn report_dead(watches: &[&Watch]) {
@@ -599,10 +602,7 @@ impl Loop {
     }
 
     fn enqueue(&mut self, key: Key) {
-        if !self.queued.contains_key(&key) {
-            self.queued.insert(key.clone(), Instant::now());
-            self.queue.push_back(key);
-        }
+        self.work.enqueue(key);
     }
 
     fn enqueue_all(&mut self, kind: Kind) {
@@ -619,7 +619,7 @@ impl Loop {
             Some(Change::Applied(o)) => self.observe((kind, o.key()), o),
             Some(Change::Deleted(o)) => {
                 let key = (kind, o.key());
-                self.retry.remove(&key);
+                self.work.forget(&key);
                 self.superseded.remove(&key);
                 self.own.remove(&key);
                 self.seen.remove(&key);
@@ -643,7 +643,7 @@ impl Loop {
     /// one of this loop's own writes or shows nothing new ([`Seen`]). While the binding is
     /// being worked on the event waits for its task to end.
     fn observe(&mut self, key: Key, o: Arc<crate::karmada::Object>) {
-        if self.running.contains_key(&key) {
+        if self.work.is_running(&key) {
             self.deferred.entry(key).or_default().push(o);
             return;
         }
@@ -752,50 +752,30 @@ impl Loop {
         false
     }
 
-    /// Queues the bindings whose retry is due.
-    fn due(&mut self) {
-        let now = Instant::now();
-        let view = self.ctx.state.change_count();
-        let due: Vec<Key> = self
-            .retry
-            .iter()
-            // A binding being retried is not queued again by its own retry.
-            .filter(|(k, r)| {
-                !self.running.contains_key(*k) && self.backoff.next_attempt(r, view) <= now
-            })
-            .map(|(k, _)| k.clone())
-            .collect();
-        for k in due {
-            self.enqueue(k);
-        }
-    }
-
     /// Starts a task for the binding at the head of the queue, unless it needs none.
     fn start_next(&mut self) {
-        let Some(key) = self.queue.pop_front() else {
+        let Some((key, queued_at)) = self.work.start() else {
             return;
         };
-        let queued_at = self.queued.remove(&key).unwrap_or_else(Instant::now);
-        if self.running.contains_key(&key) {
-            self.again.insert(key);
-            return;
-        }
         let view = self.ctx.state.change_count();
         let (kind, k) = &key;
         let Some(obj) = self.cache(*kind).get(k.namespace.as_deref(), &k.name) else {
             self.settle(&key, Outcome::Dropped, queued_at, view);
+            self.work.finish(&key);
             return;
         };
         // Another member's (its owner decides it), unless this replica has a lost decision
         // of it to take back.
         if !self.owns(&obj) && !self.lost.contains_key(&key) {
-            self.retry.remove(&key);
+            self.work.forget(&key);
+            self.work.finish(&key);
             return;
         }
         // A version this loop wrote and then wrote over: the newer one's event follows.
         let rv = obj.meta().resource_version.as_ref();
         if rv.is_some_and(|rv| self.superseded.get(&key).is_some_and(|s| s.contains(rv))) {
             self.settle(&key, Outcome::Unchanged, queued_at, view);
+            self.work.finish(&key);
             return;
         }
         // An undecodable binding goes to a task too: it reports the error on the binding.
@@ -853,6 +833,8 @@ impl Loop {
         let Some(run) = self.running.remove(&key) else {
             return;
         };
+        // Queued again if a change came meanwhile.
+        self.work.finish(&key);
         self.wrote(&key, done.versions);
         for o in self.deferred.remove(&key).unwrap_or_default() {
             self.observe(key.clone(), o);
@@ -869,9 +851,6 @@ impl Loop {
             });
         }
         self.settle(&key, done.outcome, run.queued_at, run.view);
-        if self.again.remove(&key) {
-            self.enqueue(key);
-        }
     }
 
     /// Counts an outcome and sets the binding's retry.
@@ -884,14 +863,11 @@ impl Loop {
         }
         match outcome {
             Outcome::Scheduled | Outcome::Unchanged | Outcome::Dropped => {
-                self.retry.remove(key);
+                self.work.succeeded(key);
             }
             Outcome::Unschedulable | Outcome::Error => {
-                let unschedulable = outcome == Outcome::Unschedulable;
-                let r =
-                    self.backoff
-                        .failed(self.retry.get(key), Instant::now(), view, unschedulable);
-                self.retry.insert(key.clone(), r);
+                self.work
+                    .failed(key, view, outcome == Outcome::Unschedulable);
             }
         }
     }

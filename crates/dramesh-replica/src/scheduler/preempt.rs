@@ -32,26 +32,30 @@ use dramesh_scheduler::preempt::eviction_patch;
 use dramesh_scheduler::{Binding, BindingKind, Cluster, Decision, Demand, Retry};
 use serde_json::Value;
 
-use super::task::{DECIDE_DEADLINE, now, release_all};
-use super::{MAX_ATTEMPTS, SchedulerRole};
+use super::{MAX_ATTEMPTS, now};
 use crate::karmada::{BindingRef, EventNote, KarmadaClient, KarmadaError, Kind, Object};
 use crate::requests::workload_from_manifests;
 use crate::reservation_resolution::{Own, PreemptionHold};
 use crate::reservation_table as resv;
 use crate::state::ReplicaState;
 
-/// What following up one decision needs, passed explicitly.
-pub(crate) struct Context<'a> {
-    pub(crate) state: &'a Arc<ReplicaState>,
-    pub(crate) client: &'a Arc<KarmadaClient>,
-    pub(crate) role: &'a SchedulerRole,
-    /// The Karmada clusters by name.
-    pub(crate) clusters: &'a Arc<BTreeMap<String, Cluster>>,
+/// What following up one decision takes from the task that made it: plain values, nothing
+/// of the task's own.
+pub(crate) struct Inputs<'a> {
     /// The binding decided (as read).
     pub(crate) binding: &'a Arc<Binding>,
     pub(crate) demand: &'a Demand,
     /// The manifests its reservations carry (template and ResourceClaimTemplates).
     pub(crate) manifests: &'a [String],
+    /// The Karmada clusters by name.
+    pub(crate) clusters: &'a Arc<BTreeMap<String, Cluster>>,
+    /// Every binding the role knows, decoded: needed only when [`wants_bindings`] (else
+    /// empty).
+    pub(crate) bindings: &'a [Arc<Binding>],
+    /// The creator a preemption hold records (the role's).
+    pub(crate) creator: String,
+    /// When the preemption plan's estimates stop.
+    pub(crate) deadline: Instant,
 }
 
 /// Whether the binding may preempt: a `spec.schedulePriority` and a demand that allows it.
@@ -90,16 +94,18 @@ pub(crate) fn covered(state: &ReplicaState, b: &Binding) -> BTreeMap<String, i64
     out
 }
 
-/// Follows up `decision` for `cx.binding` (see the module docs); `bindings` is every binding
-/// the role knows, decoded (needed only when [`wants_bindings`]). Returns the decision to
+/// Follows up `decision` for `cx.binding` (see the module docs) on the replica's `state`
+/// (its view, reservations and holds), evicting through `client`. Returns the decision to
 /// write: unchanged, or with the preemption's status message and Event.
 pub(crate) async fn follow_up(
-    cx: Context<'_>,
-    bindings: &[Arc<Binding>],
+    state: &Arc<ReplicaState>,
+    client: &KarmadaClient,
+    cx: Inputs<'_>,
     mut decision: Decision,
 ) -> Decision {
     let b = cx.binding;
-    let holds = cx.state.preemption_holds(&b.id());
+    let bindings = cx.bindings;
+    let holds = state.preemption_holds(&b.id());
     if decision.retry == Retry::No {
         // Landed: own holds elsewhere keep room for nothing.
         let used: BTreeSet<&str> = decision
@@ -112,7 +118,7 @@ pub(crate) async fn follow_up(
         let unused = holds
             .iter()
             .filter(|h| h.own && !used.contains(h.cluster.as_str()));
-        release(cx.state, unused).await;
+        release(state, unused).await;
         return decision;
     }
     if decision.retry != Retry::Unschedulable {
@@ -123,7 +129,7 @@ pub(crate) async fn follow_up(
             annotate(&mut decision, &waiting(&h.cluster, &h.id));
         } else {
             // No cluster passes the filters any more, the held one included.
-            release(cx.state, holds.iter().filter(|h| h.own)).await;
+            release(state, holds.iter().filter(|h| h.own)).await;
         }
         return decision;
     }
@@ -132,9 +138,9 @@ pub(crate) async fn follow_up(
     }
     let at = now();
     let plan = {
-        let (state, b, demand) = (cx.state.clone(), b.clone(), cx.demand.clone());
+        let (state, b, demand) = (state.clone(), b.clone(), cx.demand.clone());
         let (clusters, bindings, at) = (cx.clusters.clone(), bindings.to_vec(), at.clone());
-        let deadline = Instant::now() + DECIDE_DEADLINE;
+        let deadline = cx.deadline;
         tokio::task::spawn_blocking(move || {
             state.preempt_binding(&b, &demand, &bindings, &clusters, deadline, &at)
         })
@@ -149,7 +155,7 @@ pub(crate) async fn follow_up(
             return decision;
         }
     };
-    let hold = match write_hold(&cx, &plan.cluster).await {
+    let hold = match write_hold(state, &cx, &plan.cluster).await {
         Ok(id) => id,
         Err(e) => {
             tracing::warn!(binding = %b.id(), error = %e, "preemption not carried out: its room cannot be held");
@@ -170,7 +176,7 @@ pub(crate) async fn follow_up(
             continue;
         };
         match evict(
-            cx.client,
+            client,
             victim,
             &plan.cluster,
             &e.event.message,
@@ -188,7 +194,7 @@ pub(crate) async fn follow_up(
                     message: e.event.message.clone(),
                 };
                 let regarding = kind_of(victim.kind).reference(&written);
-                if let Err(err) = cx.client.event(&regarding, &note).await {
+                if let Err(err) = client.event(&regarding, &note).await {
                     tracing::debug!(binding = %victim.id(), error = %err, "event not recorded");
                 }
                 tracing::info!(victim = %victim.id(), preemptor = %b.id(), cluster = %plan.cluster, "binding preempted");
@@ -205,7 +211,7 @@ pub(crate) async fn follow_up(
     }
     if evicted == 0 {
         release(
-            cx.state,
+            state,
             std::iter::once(&PreemptionHold {
                 id: hold,
                 cluster: plan.cluster.clone(),
@@ -247,13 +253,17 @@ fn annotate(decision: &mut Decision, note: &str) {
 }
 
 /// Writes the preemptor's hold on `cluster`; returns its id.
-async fn write_hold(cx: &Context<'_>, cluster: &str) -> Result<String, String> {
+async fn write_hold(
+    state: &Arc<ReplicaState>,
+    cx: &Inputs<'_>,
+    cluster: &str,
+) -> Result<String, String> {
     let Demand::Replicas(w) = cx.demand else {
         return Err("only workloads with one pod template preempt".into());
     };
     let (replicas, priority) = (w.replicas.clamp(1, resv::MAX_REPLICAS), w.priority);
-    let state = cx.state.clone();
-    let creator = cx.role.creator();
+    let state = state.clone();
+    let creator = cx.creator.clone();
     let manifests = cx.manifests.to_vec();
     let cluster = cluster.to_string();
     let preemptor = cx.binding.id();
@@ -287,7 +297,7 @@ async fn release<'h>(state: &Arc<ReplicaState>, holds: impl Iterator<Item = &'h 
         return;
     }
     let state = state.clone();
-    if let Err(e) = tokio::task::spawn_blocking(move || release_all(&state, &ids)).await {
+    if let Err(e) = tokio::task::spawn_blocking(move || state.release_own(&ids)).await {
         tracing::warn!(error = %e, "releasing preemption holds failed; they end at their TTL");
     }
 }

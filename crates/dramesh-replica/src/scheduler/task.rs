@@ -16,11 +16,12 @@ use dramesh_scheduler::{
     priority_class_name,
 };
 use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::Value;
 use tokio::sync::Semaphore;
 
-use super::{Confirm, Key, MAX_ATTEMPTS, SchedulerMetrics, SchedulerRole, binding_kind, preempt};
+use super::{
+    Confirm, Key, MAX_ATTEMPTS, SchedulerMetrics, SchedulerRole, binding_kind, now, preempt,
+};
 use crate::karmada::{
     BindingRef, Cache, EventNote, KarmadaClient, KarmadaError, Kind, Object, TemplateRef,
 };
@@ -161,20 +162,6 @@ fn manifest_of(v: &Value) -> String {
     v.to_string()
 }
 
-/// Ends this replica's reservations `ids` as released.
-pub(super) fn release_all<'a>(st: &ReplicaState, ids: impl IntoIterator<Item = &'a String>) {
-    for id in ids {
-        if let Err(e) = st.end_own(id, ReservationState::Released) {
-            tracing::warn!(id, error = %e, "releasing a reservation failed; it ends at its TTL");
-        }
-    }
-}
-
-/// `Time` now.
-pub(super) fn now() -> Time {
-    Time(jiff::Timestamp::now())
-}
-
 /// Runs `f` on the replica state on a blocking thread.
 pub(super) async fn blocking<T: Send + 'static>(
     state: &Arc<ReplicaState>,
@@ -262,16 +249,16 @@ impl Ctx {
             } else {
                 Vec::new()
             };
-            let cx = preempt::Context {
-                state: &self.state,
-                client: &self.client,
-                role: &self.role,
-                clusters: &clusters,
+            let inputs = preempt::Inputs {
                 binding: &b,
                 demand: &demand,
                 manifests: &manifests,
+                clusters: &clusters,
+                bindings: &bindings,
+                creator: self.role.creator(),
+                deadline: Instant::now() + DECIDE_DEADLINE,
             };
-            let decision = preempt::follow_up(cx, &bindings, decision).await;
+            let decision = preempt::follow_up(&self.state, &self.client, inputs, decision).await;
             if let (Confirm::BeforeWrite, Some(h)) = (self.role.confirm, &held) {
                 tokio::time::sleep(self.role.settle).await;
                 let h = h.clone();
@@ -603,7 +590,7 @@ impl Ctx {
             return;
         };
         let r = blocking(&self.state, move |st| {
-            release_all(st, h.by_cluster.values().map(|(id, _)| id))
+            st.release_own(h.by_cluster.values().map(|(id, _)| id))
         });
         if let Err(e) = r.await {
             tracing::warn!(error = %e, "releasing reservations failed; they end at their TTL");
@@ -835,7 +822,7 @@ pub(super) fn judge<K>(st: &ReplicaState, decisions: Vec<(K, Held)>) -> Vec<(K, 
                     winner = winner.unwrap_or("an unreadable reservation"),
                     "reservation lost; its decision is placed again"
                 );
-                release_all(st, held.by_cluster.values().map(|(id, _)| id));
+                st.release_own(held.by_cluster.values().map(|(id, _)| id));
                 Verdict::Lost(
                     held.by_cluster
                         .iter()

@@ -153,6 +153,22 @@ fn hosts(names: &[&str]) -> Vec<String> {
     names.iter().map(|s| s.to_string()).collect()
 }
 
+/// The scheduler scenarios' fault: replicas cut r1 / r2+r3 (agents reach every replica),
+/// 3x more one-GPU bindings for the first cluster than fit, what fits again within 2 s of the
+/// heal, sampled until 10 s after it; replicas confirming `confirm`.
+fn scheduler_partition(confirm: &str) -> Fault {
+    Fault::SchedulerPartition {
+        a: hosts(&["r1"]),
+        b: hosts(&["r2", "r3"]),
+        confirm: confirm.into(),
+        strict: false,
+        cluster: 0,
+        oversubscribe: 3,
+        hold_ms: 10_000,
+        repair_ms: 2_000,
+    }
+}
+
 /// Every scenario, for a fault window of `fault_ms`.
 pub fn all_scenarios(fault_ms: u64) -> Vec<Scenario> {
     vec![
@@ -247,30 +263,12 @@ pub fn all_scenarios(fault_ms: u64) -> Vec<Scenario> {
         Scenario {
             name: "scheduler-partition",
             about: "r1 | r2+r3 (agents reach all); 3x more one-GPU bindings than fit arrive during the cut, replicas confirm after writing; exactly what fits within 2 s of the heal",
-            fault: Fault::SchedulerPartition {
-                a: hosts(&["r1"]),
-                b: hosts(&["r2", "r3"]),
-                confirm: "after-write".into(),
-                strict: false,
-                cluster: 0,
-                oversubscribe: 3,
-                hold_ms: 10_000,
-                repair_ms: 2_000,
-            },
+            fault: scheduler_partition("after-write"),
         },
         Scenario {
             name: "scheduler-partition-before-write",
             about: "the same, replicas confirming before writing",
-            fault: Fault::SchedulerPartition {
-                a: hosts(&["r1"]),
-                b: hosts(&["r2", "r3"]),
-                confirm: "before-write".into(),
-                strict: false,
-                cluster: 0,
-                oversubscribe: 3,
-                hold_ms: 10_000,
-                repair_ms: 2_000,
-            },
+            fault: scheduler_partition("before-write"),
         },
         Scenario {
             name: "clock-shift",

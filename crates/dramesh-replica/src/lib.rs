@@ -49,3 +49,30 @@ pub use scheduler::{
     Confirm, DEFAULT_SCHEDULER_NAME, DEFAULT_SETTLE, SchedulerRole, serve, serve_shared,
 };
 pub use state::ReplicaState;
+
+/// Objects of `scope` in every release's golden data directory (`dramesh-store/tests/golden`,
+/// its `store.json` manifests): (manifest path, key, JSON), for the tests that prove each
+/// release's records still decode.
+#[cfg(test)]
+pub(crate) fn golden_objects(scope: &str) -> Vec<(String, String, Vec<u8>)> {
+    let golden =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../dramesh-store/tests/golden");
+    let mut out = Vec::new();
+    for release in std::fs::read_dir(&golden).unwrap() {
+        let manifest = release.unwrap().path().join("store.json");
+        let Ok(bytes) = std::fs::read(&manifest) else {
+            continue;
+        };
+        let m: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        for o in m["objects"].as_array().unwrap() {
+            if o["cluster"].as_str() == Some(scope) {
+                out.push((
+                    manifest.display().to_string(),
+                    o["key"].as_str().unwrap_or_default().to_string(),
+                    o["json"].as_str().unwrap_or_default().as_bytes().to_vec(),
+                ));
+            }
+        }
+    }
+    out
+}

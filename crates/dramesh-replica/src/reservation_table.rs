@@ -841,25 +841,11 @@ mod tests {
     /// are ignored: replicas of adjacent versions read each other's documents.
     #[test]
     fn records_of_every_release_decode_and_unknown_fields_are_ignored() {
-        let golden =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../dramesh-store/tests/golden");
         let mut reservations = 0;
-        for release in std::fs::read_dir(&golden).unwrap() {
-            let manifest = release.unwrap().path().join("store.json");
-            let Ok(bytes) = std::fs::read(&manifest) else {
-                continue;
-            };
-            let m: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
-            for o in m["objects"].as_array().unwrap() {
-                if o["cluster"].as_str() != Some("_reservations") {
-                    continue;
-                }
-                let json = o["json"].as_str().unwrap().as_bytes();
-                let r =
-                    Record::decode(json).unwrap_or_else(|e| panic!("{}: {e}", manifest.display()));
-                assert_eq!(o["key"].as_str(), Some(format!("meta/{}", r.id).as_str()));
-                reservations += 1;
-            }
+        for (manifest, key, json) in crate::golden_objects("_reservations") {
+            let r = Record::decode(&json).unwrap_or_else(|e| panic!("{manifest}: {e}"));
+            assert_eq!(key, format!("meta/{}", r.id));
+            reservations += 1;
         }
         assert!(reservations >= 2, "{reservations}");
 

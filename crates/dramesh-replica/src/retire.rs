@@ -157,28 +157,12 @@ mod tests {
     /// decode here, and fields a newer release adds are ignored.
     #[test]
     fn tombstones_of_every_release_decode_and_unknown_fields_are_ignored() {
-        let golden =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../dramesh-store/tests/golden");
         let mut tombstones = 0;
-        for release in std::fs::read_dir(&golden).unwrap() {
-            let manifest = release.unwrap().path().join("store.json");
-            let Ok(bytes) = std::fs::read(&manifest) else {
-                continue;
-            };
-            let m: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
-            for o in m["objects"].as_array().unwrap() {
-                if o["cluster"].as_str() != Some("_retired") {
-                    continue;
-                }
-                let json = o["json"].as_str().unwrap().as_bytes();
-                let t: Tombstone = serde_json::from_slice(json)
-                    .unwrap_or_else(|e| panic!("{}: {e}", manifest.display()));
-                assert_eq!(
-                    o["key"].as_str(),
-                    Some(format!("meta/{}", t.cluster).as_str())
-                );
-                tombstones += 1;
-            }
+        for (manifest, key, json) in crate::golden_objects("_retired") {
+            let t: Tombstone =
+                serde_json::from_slice(&json).unwrap_or_else(|e| panic!("{manifest}: {e}"));
+            assert_eq!(key, format!("meta/{}", t.cluster));
+            tombstones += 1;
         }
         assert!(tombstones >= 1, "{tombstones}");
         let t: Tombstone = serde_json::from_str(

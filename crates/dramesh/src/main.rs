@@ -496,6 +496,57 @@ fn resolve(addr: &str, flag: &str) -> anyhow::Result<SocketAddr> {
         .ok_or_else(|| anyhow::anyhow!("{flag} {addr}: resolves to no address"))
 }
 
+/// How long a peer name that does not resolve yet is retried at start: replicas of a
+/// StatefulSet start in parallel, and a peer's DNS record exists only once its pod does.
+const PEER_NAME_PATIENCE: Duration = Duration::from_secs(60);
+
+/// Resolves every `host:port` of `flag` like [`resolve`], retrying those that fail to resolve
+/// (not those that are malformed) once a second for up to `patience`, with a warning naming
+/// them every 10 s; then fails naming the first that still does not resolve.
+async fn resolve_peers(
+    addrs: &[String],
+    flag: &str,
+    patience: Duration,
+    lookup: impl AsyncFn(&str) -> std::io::Result<Option<SocketAddr>>,
+) -> anyhow::Result<Vec<SocketAddr>> {
+    let start = tokio::time::Instant::now();
+    let mut warned = start;
+    loop {
+        let mut out = Vec::with_capacity(addrs.len());
+        let mut pending = None;
+        for a in addrs {
+            match lookup(a).await {
+                Ok(Some(sa)) => out.push(sa),
+                Ok(None) => pending = pending.or(Some((a, "resolves to no address".to_string()))),
+                Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
+                    anyhow::bail!("{flag} {a}: {e}")
+                }
+                Err(e) => pending = pending.or(Some((a, e.to_string()))),
+            }
+        }
+        let Some((a, why)) = pending else {
+            return Ok(out);
+        };
+        let now = tokio::time::Instant::now();
+        if now.duration_since(start) >= patience {
+            anyhow::bail!("{flag} {a}: {why} (retried for {} s)", patience.as_secs());
+        }
+        if now.duration_since(warned) >= Duration::from_secs(10) {
+            warned = now;
+            tracing::warn!(flag, addr = %a, error = %why, "a peer name does not resolve yet; retrying");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// [`resolve_peers`] with the system resolver.
+async fn resolve_peers_now(addrs: &[String], flag: &str) -> anyhow::Result<Vec<SocketAddr>> {
+    resolve_peers(addrs, flag, PEER_NAME_PATIENCE, async |a: &str| {
+        tokio::net::lookup_host(a).await.map(|mut i| i.next())
+    })
+    .await
+}
+
 /// Completes on ctrl-c or SIGTERM.
 pub(crate) async fn shutdown_signal() {
     let ctrl_c = async {
@@ -728,10 +779,7 @@ fn main() -> ExitCode {
                     listen_mesh: resolve(&listen_mesh, "--listen-mesh")?,
                     api: resolve(&api, "--api")?,
                     grpc: resolve(&grpc, "--grpc")?,
-                    seeds: seeds
-                        .iter()
-                        .map(|s| resolve(s, "--seed"))
-                        .collect::<anyhow::Result<_>>()?,
+                    seeds: resolve_peers_now(&seeds, "--seed").await?,
                     data_dir: Some(data_dir),
                     stale_after: Duration::from_secs(stale_after),
                     estimate_cache_bound: estimate_cache_bytes
@@ -859,10 +907,7 @@ fn main() -> ExitCode {
                 };
                 let a = dramesh_agent::Agent::start(dramesh_agent::AgentConfig {
                     identity,
-                    replicas: replicas
-                        .iter()
-                        .map(|s| resolve(s, "--replica"))
-                        .collect::<anyhow::Result<_>>()?,
+                    replicas: resolve_peers_now(&replicas, "--replica").await?,
                     listen: listen_addr,
                     data_dir: Some(data_dir),
                     source,
@@ -963,5 +1008,76 @@ fn main() -> ExitCode {
             eprintln!("dramesh: {}", f.message);
             ExitCode::from(f.code)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_peer_name_that_resolves_late_is_waited_for() {
+        let tries = Cell::new(0);
+        let start = tokio::time::Instant::now();
+        let got = resolve_peers(
+            &["10.0.0.1:7946".into(), "replica-0.peers:7946".into()],
+            "--seed",
+            Duration::from_secs(60),
+            async |a: &str| {
+                if a.starts_with("10.") {
+                    return Ok(Some(addr(a)));
+                }
+                tries.set(tries.get() + 1);
+                if tries.get() < 3 {
+                    Err(std::io::Error::other("Name or service not known"))
+                } else {
+                    Ok(Some(addr("10.0.0.2:7946")))
+                }
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(got, vec![addr("10.0.0.1:7946"), addr("10.0.0.2:7946")]);
+        assert_eq!(tries.get(), 3);
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_malformed_address_fails_at_once_and_a_missing_name_after_the_patience() {
+        let start = tokio::time::Instant::now();
+        let e = resolve_peers(
+            &["no-port".into()],
+            "--seed",
+            Duration::from_secs(60),
+            async |_: &str| {
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "invalid socket address",
+                ))
+            },
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(e.to_string(), "--seed no-port: invalid socket address");
+        assert_eq!(start.elapsed(), Duration::ZERO);
+
+        let e = resolve_peers(
+            &["gone:7946".into()],
+            "--replica",
+            Duration::from_secs(60),
+            async |_: &str| Ok(None),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--replica gone:7946: resolves to no address (retried for 60 s)"
+        );
+        assert_eq!(start.elapsed(), Duration::from_secs(60));
     }
 }

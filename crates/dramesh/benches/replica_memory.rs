@@ -440,7 +440,7 @@ fn main() {
         }
     });
     println!(
-        "\n| replica | distinct calls | VmRSS empty | loaded | after the calls | peak (VmHWM) | RssAnon after | threads | after {idle_secs} s idle (threads) | repeated p50 / p99 |"
+        "\n| replica | distinct calls | VmRSS empty | loaded | after the calls | peak (VmHWM) | RssAnon after | threads | after MEMORY_IDLE_SECS={idle_secs} idle (threads) | repeated p50 / p99 |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|");
     for (f, id) in figures.iter().zip(&ids) {

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use common::{
     ReplicaListen, Replicas, karmada_client, karmada_tls_client, make_certs_with, tls_client,
-    try_http_json, try_request_tls, wait_for,
+    try_http_json, try_request_via, wait_for,
 };
 use dramesh_api::proto::karmada_service::estimator_client::EstimatorClient;
 use dramesh_api::query::{NodeClaim, ReplicaQuery, ReplicaRequirements, WireStyle};
@@ -193,7 +193,8 @@ impl Api {
         match &self.tls {
             None => try_http_json(http, "GET", "/v1/status", None),
             Some(tls) => {
-                let (code, body) = try_request_tls(http, tls, "GET", "/v1/status", "").ok()?;
+                let (code, body) =
+                    try_request_via(http, Some(tls), None, "GET", "/v1/status", "").ok()?;
                 Some((code, serde_json::from_str(&body).ok()?))
             }
         }

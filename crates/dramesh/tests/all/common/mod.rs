@@ -181,40 +181,15 @@ pub(crate) fn try_request_as(
     path: &str,
     body: &str,
 ) -> Result<(u16, String), String> {
-    let mut s = connect(addr)?;
-    exchange(&mut s, addr, token, method, path, body)
+    try_request_via(addr, None, token, method, path, body)
 }
 
-/// [`try_request`] over TLS with the client configuration `tls` (which must not offer ALPN
-/// `h2` alone: the HTTP listener speaks `http/1.1`), the server named `127.0.0.1` as the
-/// certificates of `dramesh certs --api-server 127.0.0.1` name it.
-pub(crate) fn try_request_tls(
+/// [`try_request_as`], over TLS when `tls` is given, with that client configuration (which
+/// must not offer ALPN `h2` alone: the HTTP listener speaks `http/1.1`), the server named
+/// `127.0.0.1` as the certificates of `dramesh certs --api-server 127.0.0.1` name it.
+pub(crate) fn try_request_via(
     addr: SocketAddr,
-    tls: &std::sync::Arc<rustls::ClientConfig>,
-    method: &str,
-    path: &str,
-    body: &str,
-) -> Result<(u16, String), String> {
-    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("server name");
-    let conn = rustls::ClientConnection::new(tls.clone(), name)
-        .map_err(|e| format!("TLS client for {addr}: {e}"))?;
-    let mut s = rustls::StreamOwned::new(conn, connect(addr)?);
-    exchange(&mut s, addr, None, method, path, body)
-}
-
-/// A TCP connection to `addr` with the test client's timeouts.
-fn connect(addr: SocketAddr) -> Result<TcpStream, String> {
-    let s = TcpStream::connect_timeout(&addr, HTTP_CONNECT_TIMEOUT)
-        .map_err(|e| format!("connect {addr}: {e}"))?;
-    s.set_read_timeout(Some(HTTP_READ_TIMEOUT))
-        .map_err(|e| format!("read timeout on {addr}: {e}"))?;
-    Ok(s)
-}
-
-/// One HTTP/1.1 request and its answer on `s`, a fresh connection to `addr`.
-fn exchange(
-    s: &mut impl ReadWrite,
-    addr: SocketAddr,
+    tls: Option<&std::sync::Arc<rustls::ClientConfig>>,
     token: Option<&str>,
     method: &str,
     path: &str,
@@ -227,6 +202,26 @@ fn exchange(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
+    let tcp = TcpStream::connect_timeout(&addr, HTTP_CONNECT_TIMEOUT)
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    tcp.set_read_timeout(Some(HTTP_READ_TIMEOUT))
+        .map_err(|e| format!("read timeout on {addr}: {e}"))?;
+    let Some(tls) = tls else {
+        return exchange(tcp, addr, &req);
+    };
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("server name");
+    let conn = rustls::ClientConnection::new(tls.clone(), name)
+        .map_err(|e| format!("TLS client for {addr}: {e}"))?;
+    exchange(rustls::StreamOwned::new(conn, tcp), addr, &req)
+}
+
+/// Sends the request `req` on `s`, a fresh connection to `addr`, and reads the answer to the
+/// end: its status and body.
+fn exchange(
+    mut s: impl Read + Write,
+    addr: SocketAddr,
+    req: &str,
+) -> Result<(u16, String), String> {
     s.write_all(req.as_bytes())
         .map_err(|e| format!("send to {addr}: {e}"))?;
     let mut raw = Vec::new();
@@ -263,10 +258,6 @@ fn exchange(
     };
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
-
-/// A stream an HTTP exchange runs on (TCP, or TLS over TCP).
-trait ReadWrite: Read + Write {}
-impl<T: Read + Write> ReadWrite for T {}
 
 /// Decodes a chunked body (RFC 9112 §7.1) up to its last, empty chunk.
 fn decode_chunked(mut rest: &[u8]) -> Result<Vec<u8>, String> {

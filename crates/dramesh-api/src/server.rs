@@ -1,7 +1,8 @@
 //! State shared by the gRPC and HTTP servers, and the bounded way both call the backend.
 //!
 //! Guarantees: every backend call runs on Tokio's blocking pool under a timeout, so a slow
-//! estimate never stalls the network runtime; request bodies above
+//! estimate never stalls the network runtime, and at most [`ApiConfig::max_workers`] of them
+//! at once ([`ApiState::run_blocking`]); request bodies above
 //! [`ApiConfig::max_request_bytes`] are refused before they are decoded; every request is
 //! charged its expected memory against the admission budget before it is parsed
 //! ([`crate::admission`]), and the charge is held by the worker until its work ends. A worker
@@ -43,6 +44,15 @@ pub struct ApiConfig {
     pub tls: Option<crate::tls::ApiTls>,
     /// The admission budget shared by both listeners ([`crate::admission`]).
     pub budget: BudgetLimits,
+    /// Blocking-pool threads the API's computations may hold at once, both listeners
+    /// together ([`ApiState::run_blocking`]). Default: the CPUs available to the process, at
+    /// least 2 (so a status call is not queued behind one long estimate on one CPU).
+    pub max_workers: usize,
+}
+
+/// The CPUs available to the process (its cgroup's quota included), at least 2.
+fn default_workers() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get().max(2))
 }
 
 impl Default for ApiConfig {
@@ -55,6 +65,7 @@ impl Default for ApiConfig {
             grpc: GrpcLimits::default(),
             tls: None,
             budget: BudgetLimits::default(),
+            max_workers: default_workers(),
         }
     }
 }
@@ -74,6 +85,14 @@ pub struct ApiState {
     pub auth: Arc<Auth>,
     /// The admission budget, built from `config.budget` and `metrics`.
     pub budget: Arc<Budget>,
+    /// Places for computations on the blocking pool, `config.max_workers` of them
+    /// ([`ApiState::run_blocking`]; rebuilt by [`ApiState::with_config`]).
+    pub workers: Arc<tokio::sync::Semaphore>,
+}
+
+/// The semaphore behind [`ApiState::run_blocking`].
+fn workers(config: &ApiConfig) -> Arc<tokio::sync::Semaphore> {
+    Arc::new(tokio::sync::Semaphore::new(config.max_workers.max(1)))
 }
 
 impl ApiState {
@@ -84,6 +103,7 @@ impl ApiState {
         ApiState {
             backend,
             budget: Budget::new(config.budget, metrics.clone()),
+            workers: workers(&config),
             metrics,
             config,
             ready: Arc::new(AtomicBool::new(false)),
@@ -126,7 +146,31 @@ impl ApiState {
     pub fn with_config(mut self, config: ApiConfig) -> ApiState {
         self.config = config;
         self.budget = Budget::new(self.config.budget, self.metrics.clone());
+        self.workers = workers(&self.config);
         self
+    }
+
+    /// Runs `f` on Tokio's blocking pool once one of the [`ApiConfig::max_workers`] places
+    /// is free; `f` holds its place until it returns, not until its caller stops waiting,
+    /// so at most that many computations run whatever the callers do. Callers past them wait
+    /// here, in their request's time limit, holding no thread: the blocking pool grows a
+    /// thread per computation running at once (up to 512), and each thread keeps what its
+    /// allocator heap grew to for as long as it lives, which with work arriving every few
+    /// seconds is for ever (64 Karmada calls in flight left a replica at +200-310 MiB;
+    /// docs/performance.md, "Replica memory"). Every computation a client can start goes
+    /// through here: the backend calls of both listeners and the replica's HTTP routes.
+    pub async fn run_blocking<T, F>(&self, f: F) -> Result<T, tokio::task::JoinError>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> T + Send + 'static,
+    {
+        // The semaphore is never closed: `None` cannot happen, and would only mean no limit.
+        let place = self.workers.clone().acquire_owned().await.ok();
+        tokio::task::spawn_blocking(move || {
+            let _place = place;
+            f()
+        })
+        .await
     }
 
     /// Records into `metrics` (the daemon's one registry) instead of a private one.
@@ -189,7 +233,8 @@ impl ApiState {
         let span = tracing::Span::current();
         let deadline = std::time::Instant::now() + self.config.request_timeout;
         let (stop, _stop_when_dropped) = crate::deadline::Stop::new();
-        let task = tokio::task::spawn_blocking(move || {
+        // Waiting for a place counts against the time limit.
+        let task = self.run_blocking(move || {
             let _parent = span.enter();
             crate::admission::scoped_charge(charge, || {
                 crate::deadline::scoped_until(deadline, stop, || {
@@ -245,7 +290,8 @@ impl ApiState {
         let c = cluster.to_owned();
         let deadline = std::time::Instant::now() + self.config.karmada_timeout;
         let (stop, _stop_when_dropped) = crate::deadline::Stop::new();
-        let task = tokio::task::spawn_blocking(move || {
+        // Waiting for a place counts against the time limit.
+        let task = self.run_blocking(move || {
             let _parent = span.enter();
             crate::admission::scoped_charge(charge, || {
                 crate::deadline::scoped_until(deadline, stop, || {

@@ -76,7 +76,7 @@ async fn page(State(r): State<Routes>) -> Response {
     let ready = r.api.is_ready();
     let state = r.state.clone();
     let peers = r.observer.peers().await;
-    match tokio::task::spawn_blocking(move || status_json(&state, ready)).await {
+    match r.api.run_blocking(move || status_json(&state, ready)).await {
         Ok(v) => Html(crate::status_page::render(&v, &peers)).into_response(),
         Err(e) => error(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -89,11 +89,13 @@ async fn metrics(State(r): State<Routes>) -> Response {
     let state = r.state.clone();
     let observer = r.observer.clone();
     let counter = r.reservations.clone();
-    let ages = match tokio::task::spawn_blocking(move || {
-        counter.observe(&observer.metrics, &state.reservation_list(true));
-        data_ages(&state)
-    })
-    .await
+    let ages = match r
+        .api
+        .run_blocking(move || {
+            counter.observe(&observer.metrics, &state.reservation_list(true));
+            data_ages(&state)
+        })
+        .await
     {
         Ok(a) => a,
         Err(e) => {
@@ -143,7 +145,7 @@ pub(crate) fn status_json(state: &ReplicaState, ready: bool) -> serde_json::Valu
 async fn status(State(r): State<Routes>) -> Response {
     let ready = r.api.is_ready();
     let state = r.state.clone();
-    match tokio::task::spawn_blocking(move || status_json(&state, ready)).await {
+    match r.api.run_blocking(move || status_json(&state, ready)).await {
         Ok(v) => axum::Json(v).into_response(),
         Err(e) => error(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -190,7 +192,7 @@ async fn objects(State(r): State<Routes>, uri: Uri) -> Response {
     };
     let state = r.state.clone();
     let c = cluster.clone();
-    match tokio::task::spawn_blocking(move || object_hashes(&state, &c)).await {
+    match r.api.run_blocking(move || object_hashes(&state, &c)).await {
         Ok(objects) => axum::Json(serde_json::json!({
             "cluster": cluster,
             "objects": objects,

@@ -121,14 +121,15 @@ async fn unknown_and_stale_clusters_answer_zero_not_error() {
     srv.stop().await;
 }
 
-/// The demo table, except that the device allocation search "gives up" on every
-/// `MaxAvailableReplicas` question: nothing found on member-1, 3 found on member-2.
-struct GivingUp(dramesh_api::table::TableBackend);
+/// The demo table, except that `MaxAvailableReplicas` is answered by its closure.
+struct Answering(
+    dramesh_api::table::TableBackend,
+    Box<dyn Fn(&query::ReplicaQuery) -> dramesh_api::ReplicaAnswer + Send + Sync>,
+);
 
-impl Backend for GivingUp {
+impl Backend for Answering {
     fn max_available_replicas(&self, q: &query::ReplicaQuery) -> dramesh_api::ReplicaAnswer {
-        let at_least = if q.cluster == "member-1" { 0 } else { 3 };
-        dramesh_api::ReplicaAnswer::Unknown { at_least, nodes: 2 }
+        (self.1)(q)
     }
     fn max_available_component_sets(&self, q: &ComponentSetQuery) -> dramesh_api::ReplicaAnswer {
         self.0.max_available_component_sets(q)
@@ -161,10 +162,16 @@ impl Backend for GivingUp {
 
 #[tokio::test]
 async fn a_zero_from_a_give_up_is_counted_apart_from_other_zeros() {
-    let srv = start_grpc(common::open(ApiState::new(Arc::new(GivingUp(
+    // The device allocation search "gives up" on every question: nothing found on
+    // member-1, 3 found on member-2.
+    let giving_up = Answering(
         dramesh_api::table::demo_table(),
-    )))))
-    .await;
+        Box::new(|q| dramesh_api::ReplicaAnswer::Unknown {
+            at_least: if q.cluster == "member-1" { 0 } else { 3 },
+            nodes: 2,
+        }),
+    );
+    let srv = start_grpc(common::open(ApiState::new(Arc::new(giving_up)))).await;
     let mut c = EstimatorClient::new(channel(srv.addr).await);
     let mut q = member1_query();
     assert_eq!(replicas(&mut c, &q).await, 0);
@@ -193,6 +200,46 @@ async fn a_zero_from_a_give_up_is_counted_apart_from_other_zeros() {
         ),
         "{text}"
     );
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_most_max_workers_computations_run_at_once_whatever_the_callers_send() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    // Each question takes 20 ms; the most seen computing at once is recorded.
+    let running = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let (r, m) = (running.clone(), most.clone());
+    let slow = Answering(
+        dramesh_api::table::demo_table(),
+        Box::new(move |_| {
+            let now = r.fetch_add(1, Ordering::SeqCst) + 1;
+            m.fetch_max(now, Ordering::SeqCst);
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            r.fetch_sub(1, Ordering::SeqCst);
+            dramesh_api::ReplicaAnswer::Count(7)
+        }),
+    );
+    let config = ApiConfig {
+        max_workers: 2,
+        ..ApiConfig::default()
+    };
+    let state = common::open(ApiState::new(Arc::new(slow))).with_config(config);
+    let srv = start_grpc(state).await;
+    let c = EstimatorClient::new(channel(srv.addr).await);
+    // 24 calls in flight on one connection (HTTP/2 streams): 12 rounds of 2 places, ~240 ms,
+    // well inside the 2.5 s Karmada time limit.
+    let mut calls = tokio::task::JoinSet::new();
+    for _ in 0..24 {
+        let mut c = c.clone();
+        calls.spawn(async move { replicas(&mut c, &member1_query()).await });
+    }
+    let mut answers = Vec::new();
+    while let Some(a) = calls.join_next().await {
+        answers.push(a.expect("call"));
+    }
+    assert_eq!(answers, vec![7; 24], "every call answered, none timed out");
+    assert_eq!(most.load(Ordering::SeqCst), 2, "computations at once");
     srv.stop().await;
 }
 

@@ -298,57 +298,15 @@ fn parallel_large_estimates_stay_within_the_memory_budget_and_stop_after_their_a
     );
 }
 
-/// A rustls client configuration with `ca` as its root and `cert`/`key` as its identity,
-/// offering ALPN h2 (as grpc-go does).
-fn tls_client(dir: &Path, user: &str) -> rustls::ClientConfig {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let read = |f: &str| std::fs::read(dir.join(f)).unwrap();
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_slice_iter(&read("ca.crt")) {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut c = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_client_auth_cert(
-            CertificateDer::pem_slice_iter(&read(&format!("api-client-{user}.crt")))
-                .map(Result::unwrap)
-                .collect(),
-            PrivateKeyDer::from_pem_slice(&read(&format!("api-client-{user}.key"))).unwrap(),
-        )
-        .unwrap();
-    c.alpn_protocols = vec![b"h2".to_vec()];
-    c
-}
-
 /// One Karmada `MaxAvailableReplicas` call over a new TLS connection.
-async fn karmada_call(addr: SocketAddr, tls: Arc<rustls::ClientConfig>) -> Result<i32, String> {
-    use dramesh_api::proto::karmada_service::estimator_client::EstimatorClient;
-    let connector = tokio_rustls::TlsConnector::from(tls);
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect_timeout(Duration::from_secs(5))
-        .timeout(Duration::from_secs(10))
-        .connect_with_connector(tower::service_fn(move |_uri| {
-            let connector = connector.clone();
-            async move {
-                let tcp = tokio::net::TcpStream::connect(addr).await?;
-                let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
-                let tls = connector.connect(name, tcp).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
-            }
-        }))
-        .await
-        .map_err(|e| format!("connect: {e:?}"))?;
+async fn karmada_call(addr: SocketAddr, tls: &rustls::ClientConfig) -> Result<i32, String> {
+    let mut client = common::karmada_tls_client(addr, tls).await?;
     let req = dramesh_api::proto::karmada::MaxAvailableReplicasRequest {
         cluster: "member-1".into(),
         replica_requirements: Some(Default::default()),
         ..Default::default()
     };
-    EstimatorClient::new(channel)
+    client
         .max_available_replicas(req)
         .await
         .map(|r| r.into_inner().max_replicas)
@@ -389,14 +347,14 @@ fn silent_connections_on_the_grpc_port_do_not_stop_an_authenticated_tls_client()
             &ca,
         ],
     );
-    let tls = Arc::new(tls_client(&certs, "karmada"));
+    let tls = common::tls_client(&certs, "karmada");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
     // The client works before the flood.
-    let first = rt.block_on(karmada_call(at.grpc, tls.clone()));
+    let first = rt.block_on(karmada_call(at.grpc, &tls));
     assert!(first.is_ok(), "before the flood: {first:?}");
     // 600 connections that never send a byte; those the server closes are re-opened every
     // 0.5 s, for as long as the test runs.
@@ -434,7 +392,7 @@ fn silent_connections_on_the_grpc_port_do_not_stop_an_authenticated_tls_client()
     std::thread::sleep(Duration::from_secs(1));
     let mut failures = Vec::new();
     for _ in 0..20 {
-        if let Err(e) = rt.block_on(karmada_call(at.grpc, tls.clone())) {
+        if let Err(e) = rt.block_on(karmada_call(at.grpc, &tls)) {
             failures.push(e);
         }
     }

@@ -181,10 +181,20 @@ pub(crate) fn try_request_as(
     path: &str,
     body: &str,
 ) -> Result<(u16, String), String> {
-    let mut s = TcpStream::connect_timeout(&addr, HTTP_CONNECT_TIMEOUT)
-        .map_err(|e| format!("connect {addr}: {e}"))?;
-    s.set_read_timeout(Some(HTTP_READ_TIMEOUT))
-        .map_err(|e| format!("read timeout on {addr}: {e}"))?;
+    try_request_via(addr, None, token, method, path, body)
+}
+
+/// [`try_request_as`], over TLS when `tls` is given, with that client configuration (which
+/// must not offer ALPN `h2` alone: the HTTP listener speaks `http/1.1`), the server named
+/// `127.0.0.1` as the certificates of `dramesh certs --api-server 127.0.0.1` name it.
+pub(crate) fn try_request_via(
+    addr: SocketAddr,
+    tls: Option<&std::sync::Arc<rustls::ClientConfig>>,
+    token: Option<&str>,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> Result<(u16, String), String> {
     let auth = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
@@ -192,11 +202,36 @@ pub(crate) fn try_request_as(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
+    let tcp = TcpStream::connect_timeout(&addr, HTTP_CONNECT_TIMEOUT)
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    tcp.set_read_timeout(Some(HTTP_READ_TIMEOUT))
+        .map_err(|e| format!("read timeout on {addr}: {e}"))?;
+    let Some(tls) = tls else {
+        return exchange(tcp, addr, &req);
+    };
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("server name");
+    let conn = rustls::ClientConnection::new(tls.clone(), name)
+        .map_err(|e| format!("TLS client for {addr}: {e}"))?;
+    exchange(rustls::StreamOwned::new(conn, tcp), addr, &req)
+}
+
+/// Sends the request `req` on `s`, a fresh connection to `addr`, and reads the answer to the
+/// end: its status and body.
+fn exchange(
+    mut s: impl Read + Write,
+    addr: SocketAddr,
+    req: &str,
+) -> Result<(u16, String), String> {
     s.write_all(req.as_bytes())
         .map_err(|e| format!("send to {addr}: {e}"))?;
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw)
-        .map_err(|e| format!("read from {addr}: {e}"))?;
+    match s.read_to_end(&mut raw) {
+        Ok(_) => {}
+        // A TLS server that closes without close_notify: the answer is complete anyway
+        // (`Connection: close`), and a cut one fails to parse below.
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !raw.is_empty() => {}
+        Err(e) => return Err(format!("read from {addr}: {e}")),
+    }
     let split = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
@@ -304,6 +339,66 @@ pub(crate) async fn karmada_client(addr: SocketAddr) -> EstimatorClient<Channel>
     EstimatorClient::new(channel)
 }
 
+/// A rustls client configuration trusting the CA `dir/ca.crt` of `dramesh certs`, with the
+/// client certificate `dir/api-client-<user>.{crt,key}` (`--api-client <user>`) as its
+/// identity; no ALPN (see [`karmada_tls_client`] for gRPC).
+pub(crate) fn tls_client(dir: &Path, user: &str) -> rustls::ClientConfig {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let read = |f: &str| {
+        std::fs::read(dir.join(f)).unwrap_or_else(|e| panic!("read {}: {e}", dir.join(f).display()))
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(&read("ca.crt")) {
+        roots.add(c.expect("CA PEM")).expect("CA certificate");
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("protocol versions")
+        .with_root_certificates(roots)
+        .with_client_auth_cert(
+            CertificateDer::pem_slice_iter(&read(&format!("api-client-{user}.crt")))
+                .map(|c| c.expect("client certificate PEM"))
+                .collect(),
+            PrivateKeyDer::from_pem_slice(&read(&format!("api-client-{user}.key")))
+                .expect("client key PEM"),
+        )
+        .expect("client identity")
+}
+
+/// A Karmada estimator gRPC client of the replica at `addr` over TLS with the client
+/// configuration `tls`, offering ALPN `h2` as grpc-go (karmada-scheduler) does; the server is
+/// named `127.0.0.1` (bounded connect and call times, as [`karmada_client`]).
+pub(crate) async fn karmada_tls_client(
+    addr: SocketAddr,
+    tls: &rustls::ClientConfig,
+) -> Result<EstimatorClient<Channel>, String> {
+    let mut tls = tls.clone();
+    tls.alpn_protocols = vec![b"h2".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls));
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| format!("gRPC URI: {e}"))?
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(10))
+        .connect_with_connector(tower::service_fn(move |_uri| {
+            let connector = connector.clone();
+            async move {
+                let tcp = tokio::net::TcpStream::connect(addr).await?;
+                // As Go's dialer (grpc-go) and tonic's own connector do: without it each
+                // call's small writes wait ~40 ms for the server's delayed ACK.
+                tcp.set_nodelay(true)?;
+                let name = rustls::pki_types::ServerName::try_from("127.0.0.1")
+                    .map_err(std::io::Error::other)?;
+                let tls = connector.connect(name, tcp).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
+            }
+        }))
+        .await
+        .map_err(|e| format!("connect: {e:?}"))?;
+    Ok(EstimatorClient::new(channel))
+}
+
 /// A Karmada `MaxAvailableReplicas` question for `cluster`: replicas of `cpu` and `memory`
 /// with one device of DeviceClass `class` each (dramesh's DRA extension), in `namespace`,
 /// tolerating `tolerations`.
@@ -399,6 +494,11 @@ impl Drop for Procs {
 
 /// `dramesh certs --out out` for the replica ids and `cluster/agent` names.
 pub(crate) fn make_certs(out: &Path, replicas: &[&str], agents: &[String]) {
+    make_certs_with(out, replicas, agents, &[]);
+}
+
+/// [`make_certs`] with `extra` arguments (`--api-server`, `--api-client`).
+pub(crate) fn make_certs_with(out: &Path, replicas: &[&str], agents: &[String], extra: &[&str]) {
     let mut args = vec![
         "certs".to_string(),
         "--out".into(),
@@ -410,6 +510,7 @@ pub(crate) fn make_certs(out: &Path, replicas: &[&str], agents: &[String]) {
     for a in agents {
         args.extend(["--agent".to_string(), a.clone()]);
     }
+    args.extend(extra.iter().map(|a| a.to_string()));
     run_ok(&args);
 }
 
@@ -781,6 +882,18 @@ impl Replicas {
         let certs = tmp.join("certs");
         let agents: Vec<String> = clusters.iter().map(|c| format!("{c}/_cluster")).collect();
         make_certs(&certs, ids, &agents);
+        Replicas::start_with_certs(tmp, &certs, ids, extra)
+    }
+
+    /// [`Replicas::start`] with the certificates already in `certs` (made by
+    /// [`make_certs_with`] for `ids` and the agents).
+    pub(crate) fn start_with_certs(
+        tmp: &Path,
+        certs: &Path,
+        ids: &[&str],
+        extra: &[&str],
+    ) -> Replicas {
+        let certs = certs.to_path_buf();
         let mut at: Vec<ReplicaListen> = Vec::new();
         let mut procs = Procs::default();
         for id in ids {

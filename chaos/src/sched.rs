@@ -31,6 +31,7 @@ pub struct Karmada {
     api: FakeApi,
     kubeconfig: PathBuf,
     confirm: String,
+    members: usize,
     // Serves `api`; declared last so the server stops after everything that uses it.
     _rt: tokio::runtime::Runtime,
 }
@@ -38,13 +39,14 @@ pub struct Karmada {
 impl Karmada {
     /// Starts the server on the harness's bridge address with one Karmada `Cluster` per member
     /// cluster (every API enabled, so no cluster is filtered for a missing API) and the one-GPU
-    /// `ResourceClaimTemplate` `gpu` the workloads name. The replicas will confirm decisions
-    /// `confirm` (`after-write`, `before-write`).
+    /// `ResourceClaimTemplate` `gpu` the workloads name. The `members` replicas will confirm
+    /// decisions `confirm` (`after-write`, `before-write`, `strict`).
     pub fn start(
         gateway: Ipv4Addr,
         dir: &Path,
         clusters: &[String],
         confirm: &str,
+        members: usize,
     ) -> Result<Karmada> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -77,6 +79,7 @@ impl Karmada {
             api,
             kubeconfig,
             confirm: confirm.to_string(),
+            members,
             _rt: rt,
         })
     }
@@ -96,6 +99,8 @@ impl Karmada {
             SCHEDULER_NAME.into(),
             "--scheduler-confirm".into(),
             self.confirm.clone(),
+            "--scheduler-members".into(),
+            self.members.to_string(),
         ]
     }
 

@@ -31,6 +31,7 @@ pub mod karmada;
 pub mod members;
 mod observe;
 mod pending;
+mod quorum;
 mod requests;
 mod reservation_api;
 mod reservation_resolution;

@@ -283,6 +283,56 @@ mod tests {
         )
     }
 
+    /// Strict judging deducts every other live reservation whatever its rank: of two that
+    /// fit only one at a time, the one resolution admits is refused too, and a reservation
+    /// alone with room is confirmed; decisions place around the conflicted one as well.
+    #[test]
+    fn strict_judging_counts_every_live_reservation_whatever_its_rank() {
+        let st = ReplicaState::in_memory("r1");
+        // One node of 4 GPUs in cluster a; each reservation holds 3 (one replica of 3 GPUs).
+        st.apply_changes(&[node("a", 0, 4)]);
+        let (x, y) = (foreign("r2", 1, "a", 1, 0), foreign("r3", 2, "a", 1, 0));
+        let with3 = |c: (String, ObjectChange)| {
+            let ObjectChange::Upsert { key, json } = c.1 else {
+                unreachable!()
+            };
+            let mut v: serde_json::Value = serde_json::from_slice(&json).unwrap();
+            v["manifests"] =
+                serde_json::json!(deployment(v["workload"]["name"].as_str().unwrap(), 3));
+            (
+                c.0,
+                ObjectChange::Upsert {
+                    key,
+                    json: serde_json::to_vec(&v).unwrap().into(),
+                },
+            )
+        };
+        let (x, y) = (with3(x), with3(y));
+        st.apply_changes(&[x]);
+        let idx = |seq: u64, owner: &str| format!("{owner}-{seq:016}");
+        let (ix, iy) = (idx(1, "r2"), idx(2, "r3"));
+        assert_eq!(st.fits_against_all_live(&[(&ix, "a")]), Ok(()));
+        st.apply_changes(&[y]);
+        // Resolution admits x (it ranks first) and conflicts y; strict refuses both.
+        let states: Vec<_> = outcomes(&st).into_iter().map(|o| o.1).collect();
+        assert_eq!(
+            states,
+            [ReservationState::Live, ReservationState::Conflicted]
+        );
+        for id in [&ix, &iy] {
+            let e = st.fits_against_all_live(&[(id, "a")]).unwrap_err();
+            assert!(
+                e.contains("where 0 fit with every other live reservation deducted"),
+                "{e}"
+            );
+        }
+        assert!(st.fits_against_all_live(&[("r9-1", "a")]).is_err());
+        // What a strict decision deducts: both; what others deduct: the admitted one.
+        assert_eq!(deductions(&st).len(), 1);
+        let all = st.reservations.all_live(&st.resolution(), None, None, &[]);
+        assert_eq!(all.iter().count(), 2);
+    }
+
     /// Reservations written, released, arriving from other replicas (ranked before and
     /// after this replica's) and a view change, in random order: after every step the
     /// resolution reached from the previous one (extended or resolved again) equals the

@@ -442,6 +442,102 @@ impl Reservations {
         assumed
     }
 
+    /// Deductions of every live reservation of `res`, admitted or not (strict scheduling
+    /// places around all of them; see [`crate::quorum`]), in rank order, of cluster `only`
+    /// (all when `None`), leaving out the reservations `except` and the preemption holds
+    /// written for the binding `holds_of`.
+    pub(crate) fn all_live(
+        &self,
+        res: &Resolved,
+        only: Option<&str>,
+        holds_of: Option<&str>,
+        except: &[&str],
+    ) -> Assumed {
+        let holds = holds_of
+            .map(|b| self.preemption_holds(b))
+            .unwrap_or_default();
+        let mut assumed = Assumed::default();
+        for (cluster, part) in &res.parts {
+            if only.is_some_and(|o| o != &**cluster) {
+                continue;
+            }
+            let workloads: HashMap<&str, &Arc<Workload>> = part
+                .entries
+                .iter()
+                .filter_map(|e| e.workload.as_ref().ok().map(|w| (&*e.id, w)))
+                .collect();
+            let list: Vec<Arc<AssumedWorkload>> = part
+                .resolution
+                .ranked
+                .iter()
+                .filter(|r| {
+                    r.replicas > 0
+                        && !except.contains(&&*r.id)
+                        && !holds.iter().any(|h| *h.id == *r.id)
+                })
+                .filter_map(|r| {
+                    workloads
+                        .get(&*r.id)
+                        .map(|w| Arc::new(AssumedWorkload::from_shared(cluster, w, r.replicas)))
+                })
+                .collect();
+            assumed.set(cluster, list.into());
+        }
+        assumed
+    }
+
+    /// Whether each reservation of `held` (id, cluster) still fits in its cluster with every
+    /// other live reservation of `res` deducted, whatever their rank (strict scheduling's
+    /// judgement, see [`crate::quorum`]); `Err` names the first that does not, or is not live.
+    pub(crate) fn fits_against_all_live(
+        &self,
+        res: &Resolved,
+        view: &View,
+        estimator: &mut Estimator,
+        held: &[(&str, &str)],
+    ) -> Result<(), String> {
+        for (id, cluster) in held {
+            let part = res
+                .parts
+                .get(*cluster)
+                .ok_or_else(|| format!("reservation {id}: no live reservation in {cluster}"))?;
+            let entry = part
+                .entries
+                .iter()
+                .find(|e| &*e.id == *id)
+                .ok_or_else(|| format!("reservation {id} is no longer live"))?;
+            let w = entry
+                .workload
+                .as_ref()
+                .map_err(|e| format!("reservation {id}: {e}"))?;
+            let replicas = part
+                .resolution
+                .ranked
+                .iter()
+                .find(|r| &*r.id == *id)
+                .map_or(entry.record.replicas, |r| r.replicas);
+            if replicas <= 0 {
+                continue;
+            }
+            let opts = dramesh_estimator::EstimateOptions {
+                assumed: self.all_live(res, Some(cluster), None, &[id]),
+                clusters: vec![cluster.to_string()],
+                ..Default::default()
+            };
+            let est = estimator.estimate(view, w, &opts);
+            let fit = est
+                .cluster(cluster)
+                .filter(|c| c.error.is_none())
+                .map_or(0, |c| c.max_replicas);
+            if fit < replicas {
+                return Err(format!(
+                    "reservation {id} holds {replicas} replica(s) in {cluster}, where {fit} fit with every other live reservation deducted"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The unexpired preemption holds written for the binding `preemptor` (`Binding::id`),
     /// by any replica, ordered by id.
     pub(crate) fn preemption_holds(&self, preemptor: &str) -> Vec<PreemptionHold> {

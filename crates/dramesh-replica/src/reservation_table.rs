@@ -587,6 +587,12 @@ impl Table {
                 if self.entries.get(&key.name).is_some_and(|e| e.json == *json) {
                     return;
                 }
+                // Replica metadata (`_role.`, `_ack.`, and whatever a later release adds) is
+                // read by its own module; reservation ids never start with `_`.
+                if key.name.starts_with('_') {
+                    tracing::debug!(key = %key.name, "replica metadata of another release ignored");
+                    return;
+                }
                 let record = match Record::decode(json) {
                     Ok(r) if r.id == key.name => r,
                     Ok(r) => {

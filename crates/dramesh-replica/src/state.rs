@@ -146,6 +146,8 @@ pub struct ReplicaState {
     retired: RetiredClusters,
     /// The scheduler role records of the replicas (their reservation documents' `_role`).
     roles: Mutex<crate::members::Roles>,
+    /// The replicas' ack records for strict scheduling (their reservation documents' `_ack`).
+    acks: Mutex<crate::quorum::Acks>,
     /// Signalled after this replica wrote its reservation or retirement document (the mesh
     /// pushes both).
     pub(crate) own_docs_changed: Arc<tokio::sync::Notify>,
@@ -194,6 +196,7 @@ impl ReplicaState {
             reservations: Reservations::new(replica, writable),
             retired: RetiredClusters::default(),
             roles: Mutex::new(Default::default()),
+            acks: Mutex::new(Default::default()),
             own_docs_changed: Arc::new(tokio::sync::Notify::new()),
             replica: replica.to_string(),
             stale_after,
@@ -346,6 +349,7 @@ impl ReplicaState {
             *indexes = Indexes::new(bound);
         }
         lock(&self.roles).clear();
+        lock(&self.acks).clear();
         let keep: BTreeSet<String> = snapshot
             .iter()
             .filter(|(c, _)| resv::is_scope(c))
@@ -371,6 +375,19 @@ impl ReplicaState {
             .partition(|(_, ch)| crate::members::role_of(ch.key()).is_some());
         if !roles.is_empty() {
             self.apply_roles(&roles);
+        }
+        let (acks, ours): (Vec<_>, Vec<_>) = ours
+            .into_iter()
+            .partition(|(_, ch)| crate::quorum::ack_of(ch.key()).is_some());
+        if !acks.is_empty() {
+            let mut known = lock(&self.acks);
+            for (_, change) in &acks {
+                crate::quorum::apply(&mut known, change);
+            }
+            // Acknowledgements free and take no capacity: no retry of anything.
+            if ours.is_empty() && changes.is_empty() && roles.is_empty() {
+                return;
+            }
         }
         if !ours.is_empty() {
             self.reservations.apply(&ours, now);
@@ -425,6 +442,51 @@ impl ReplicaState {
         self.wait_written(ticket)
     }
 
+    /// The ack records of strict scheduling known here, this replica's included.
+    pub(crate) fn ack_records(&self) -> crate::quorum::Acks {
+        lock(&self.acks).clone()
+    }
+
+    /// Writes this replica's ack record when it would change: its latest reservation is at
+    /// least `seq` (the one it has published when `None`), with the `seq` of every other
+    /// replica's ack record applied here; returns once durable. Blocking.
+    pub(crate) fn publish_acks(&self, seq: Option<u64>) -> Result<(), ApiError> {
+        let record = {
+            let acks = lock(&self.acks);
+            let mine = acks.get(&self.replica);
+            let seq = seq
+                .into_iter()
+                .chain(mine.map(|m| m.seq))
+                .max()
+                .unwrap_or(0);
+            let record = crate::quorum::own_record(&self.replica, seq, &acks);
+            if mine == Some(&record) {
+                return Ok(());
+            }
+            record
+        };
+        self.reservations.check_writable()?;
+        let json = serde_json::to_vec(&record)
+            .map_err(|e| ApiError::Internal(format!("encoding the ack record: {e}")))?;
+        let ticket = self.reservations.submit(vec![ObjectChange::Upsert {
+            key: crate::quorum::ack_key(&self.replica),
+            json: Arc::from(json.as_slice()),
+        }]);
+        self.wait_written(ticket)
+    }
+
+    /// Strict scheduling's judgement of this replica's reservations `held` (id and cluster
+    /// each): whether each still fits with every other live reservation this replica holds
+    /// deducted, whatever their rank (see [`crate::quorum`]). `Err` names the first that does
+    /// not. Blocking: call it off the async reactor.
+    pub(crate) fn fits_against_all_live(&self, held: &[(&str, &str)]) -> Result<(), String> {
+        let res = self.resolution();
+        let indexes = self.indexes();
+        let mut compute = indexes.compute();
+        self.reservations
+            .fits_against_all_live(&res, &indexes.view, &mut compute.estimator, held)
+    }
+
     /// Replaces the scheduler decisions' reservations judged void (by id, with why; see
     /// [`crate::reservation_table::Record::decision`]); counts a change when the set changed, so
     /// unschedulable bindings are retried on the freed room.
@@ -475,6 +537,16 @@ impl ReplicaState {
     ) -> dramesh_estimator::Assumed {
         let res = self.resolution();
         self.reservations.assumed_for(&res, b)
+    }
+
+    /// Deductions of every live reservation, admitted or not, except the preemption holds
+    /// written for `b`: what a strict decision of `b` places around.
+    pub(crate) fn reserved_all_live_for(
+        &self,
+        b: &dramesh_scheduler::Binding,
+    ) -> dramesh_estimator::Assumed {
+        let res = self.resolution();
+        self.reservations.all_live(&res, None, Some(&b.id()), &[])
     }
 
     /// The unexpired preemption holds written for the binding `preemptor` (`Binding::id`),
@@ -804,8 +876,13 @@ impl ReplicaState {
         demand: &dramesh_scheduler::Demand,
         clusters: &std::collections::BTreeMap<String, dramesh_scheduler::Cluster>,
         deadline: Instant,
+        strict: bool,
     ) -> dramesh_scheduler::Decision {
-        let assumed = self.reserved_for(kept.unwrap_or(b));
+        let assumed = if strict {
+            self.reserved_all_live_for(kept.unwrap_or(b))
+        } else {
+            self.reserved_for(kept.unwrap_or(b))
+        };
         self.on_fleet(assumed, clusters, deadline, |fleet, est, opts| match kept {
             Some(k) => dramesh_scheduler::decide_after_loss(k, demand, fleet, est, opts),
             None => dramesh_scheduler::decide(b, demand, fleet, est, opts),

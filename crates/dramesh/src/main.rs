@@ -215,10 +215,17 @@ enum Command {
         #[arg(long, default_value_t = dramesh_replica::DEFAULT_SETTLE.as_millis() as u64, requires = "karmada_kubeconfig")]
         scheduler_settle_ms: u64,
         /// When a decision's reservations are confirmed against other replicas':
-        /// after-write (write at once; a loser's replicas move one settle window later) or
-        /// before-write (wait the settle window first; never more written than fits).
+        /// after-write (write at once; a loser's replicas move one settle window later),
+        /// before-write (wait the settle window first), or strict (a majority of the
+        /// --scheduler-members replicas must hold them first; no overcommit, partitions
+        /// included, and no device decision without a majority).
         #[arg(long, default_value = "after-write", requires = "karmada_kubeconfig")]
         scheduler_confirm: dramesh_replica::Confirm,
+        /// How many replicas have the scheduler role (the StatefulSet's replicas): strict
+        /// confirmation needs a majority of them.
+        #[arg(long, requires = "karmada_kubeconfig", required_if_eq("scheduler_confirm", "strict"),
+            value_parser = clap::value_parser!(u32).range(1..))]
+        scheduler_members: Option<u32>,
         /// Whether the replicas with the same --scheduler-name split the bindings among
         /// themselves (each binding decided by one live replica, by rendezvous hashing of
         /// its uid); false: every replica decides every binding.
@@ -740,6 +747,7 @@ fn main() -> ExitCode {
             scheduler_name,
             scheduler_settle_ms,
             scheduler_confirm,
+            scheduler_members,
             scheduler_shard,
             otlp_endpoint,
         } => daemon(
@@ -802,6 +810,7 @@ fn main() -> ExitCode {
                             settle: Duration::from_millis(scheduler_settle_ms),
                             confirm: scheduler_confirm,
                             shard: scheduler_shard,
+                            members: scheduler_members.map_or(1, |m| m as usize),
                         }
                     }),
                 })

@@ -109,6 +109,9 @@ pub struct SchedulerRole {
     /// (`--scheduler-shard`, default on): each decides only the bindings it owns. Off, it
     /// decides every binding, as every other replica does (conflicting writes decide).
     pub shard: bool,
+    /// How many replicas have this role ([`Confirm::Strict`] confirms with a majority of
+    /// them; `--scheduler-members`). Unused by the other modes.
+    pub members: usize,
 }
 
 /// When a decision's reservations are confirmed by overcommit resolution, relative to
@@ -125,6 +128,13 @@ pub enum Confirm {
     /// only when a competing reservation arrives after the window (a partition, a slow link);
     /// every decision that reserves takes at least one settle window.
     BeforeWrite,
+    /// Confirm before writing, with a majority of [`SchedulerRole::members`] holding the
+    /// decision's reservations and every live reservation the confirming replica holds
+    /// deducted, whatever their rank ([`crate::quorum`]): two decisions that conflict are
+    /// never both written, partitions included. A replica that cannot reach a majority within
+    /// the settle window writes no device decision: the binding's `Scheduled` condition says
+    /// so, and it is retried with backoff.
+    Strict,
 }
 
 impl std::str::FromStr for Confirm {
@@ -134,8 +144,9 @@ impl std::str::FromStr for Confirm {
         match s {
             "after-write" => Ok(Confirm::AfterWrite),
             "before-write" => Ok(Confirm::BeforeWrite),
+            "strict" => Ok(Confirm::Strict),
             other => Err(format!(
-                "{other:?} is not a confirmation mode (after-write or before-write)"
+                "{other:?} is not a confirmation mode (after-write, before-write or strict)"
             )),
         }
     }
@@ -150,6 +161,7 @@ impl SchedulerRole {
             settle: DEFAULT_SETTLE,
             confirm: Confirm::default(),
             shard: true,
+            members: 1,
         }
     }
 
@@ -320,6 +332,38 @@ pub async fn serve_shared(
     run(state, client, role, None, Some(peers), stop).await;
 }
 
+/// How often a strict replica looks whether its ack record is behind what it has applied.
+const ACK_EVERY: Duration = Duration::from_millis(20);
+
+/// Strict scheduling: keeps this replica's ack record up to date (see [`crate::quorum`])
+/// until `stop` turns true; a record is written only when it changes.
+async fn publish_acks(state: Arc<ReplicaState>, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(ACK_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        if *stop.borrow() {
+            return;
+        }
+        match blocking(&state, |st| st.publish_acks(None)).await {
+            Ok(Ok(())) => failing = false,
+            Ok(Err(e)) if !failing => {
+                failing = true;
+                tracing::warn!(error = %e, "the ack record was not written; strict decisions of other replicas wait");
+            }
+            Err(e) if !failing => {
+                failing = true;
+                tracing::warn!(error = %e, "the ack record was not written");
+            }
+            _ => {}
+        }
+    }
+}
+
 /// Runs the scheduler loop until `stop` turns true (or a watch task dies).
 pub(crate) async fn run(
     state: Arc<ReplicaState>,
@@ -348,6 +392,9 @@ pub(crate) async fn run(
             tracing::warn!(error = %e, "the scheduler role record was not written; the other replicas do not leave this one a share");
         }
         Err(e) => tracing::warn!(error = %e, "the scheduler role record was not written"),
+    }
+    if role.confirm == Confirm::Strict {
+        tokio::spawn(publish_acks(state.clone(), stop.clone()));
     }
     let me = state.replica.clone();
     let mut l = Loop {
@@ -843,7 +890,12 @@ impl Loop {
         if let (Outcome::Error, Some(lost)) = (done.outcome, run.lost) {
             self.note_lost(&key, lost);
         }
-        if let Some(held) = done.held {
+        // A strict decision was judged against every live reservation before it was
+        // written: it is never moved for ranking behind a later one.
+        if let Some(held) = done
+            .held
+            .filter(|_| self.ctx.role.confirm != Confirm::Strict)
+        {
             self.checks.push_back(Check {
                 due: Instant::now() + self.ctx.role.settle,
                 key: key.clone(),

@@ -115,6 +115,17 @@ pub(super) struct Held {
     pub(super) write_by: Instant,
 }
 
+/// Why strict scheduling did not confirm a decision.
+enum Refused {
+    /// Its reservations do not fit with every other live one: placed again.
+    Lost(String),
+    /// No majority of the members acknowledged it in time: not written, retried.
+    NoMajority(String),
+}
+
+/// How often a strict decision looks for its majority.
+const STRICT_POLL: Duration = Duration::from_millis(10);
+
 /// What a task reports back to the loop.
 pub(super) struct Done {
     pub(super) outcome: Outcome,
@@ -259,6 +270,24 @@ impl Ctx {
                 deadline: Instant::now() + DECIDE_DEADLINE,
             };
             let decision = preempt::follow_up(&self.state, &self.client, inputs, decision).await;
+            if let (Confirm::Strict, Some(h)) = (self.role.confirm, &held) {
+                match self.confirm_strict(h).await {
+                    Ok(()) => {}
+                    Err(Refused::Lost(why)) => {
+                        tracing::info!(binding = %b.id(), reason = %why, "strict: reservation refused; its decision is placed again");
+                        self.release(held).await;
+                        if let Some(m) = &self.metrics {
+                            m.count("reservation_lost");
+                        }
+                        continue;
+                    }
+                    Err(Refused::NoMajority(why)) => {
+                        self.release(held).await;
+                        self.warn_once(&key, &b, "binding not scheduled", &why);
+                        return self.write_error(kind, &obj, &b, why).await;
+                    }
+                }
+            }
             if let (Confirm::BeforeWrite, Some(h)) = (self.role.confirm, &held) {
                 tokio::time::sleep(self.role.settle).await;
                 let h = h.clone();
@@ -320,6 +349,65 @@ impl Ctx {
             }
         }
         Done::of(Outcome::Error)
+    }
+
+    /// Strict scheduling's confirmation of `h` (see [`crate::quorum`]): publishes this
+    /// replica's ack record up to `h`'s reservations, waits at most one settle window for a
+    /// majority of the role's members to acknowledge them, then judges them against every
+    /// live reservation this replica holds.
+    async fn confirm_strict(&self, h: &Held) -> Result<(), Refused> {
+        let me = self.state.replica.clone();
+        let seq = h
+            .by_cluster
+            .values()
+            .filter_map(|(id, _)| {
+                id.strip_prefix(me.as_str())?
+                    .strip_prefix('-')?
+                    .parse()
+                    .ok()
+            })
+            .max()
+            .unwrap_or(0u64);
+        let published = blocking(&self.state, move |st| st.publish_acks(Some(seq))).await;
+        if let Err(e) = published
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()))
+        {
+            return Err(Refused::NoMajority(format!(
+                "strict scheduling: this replica's acknowledgements could not be written ({e})"
+            )));
+        }
+        let members = self.role.members;
+        let deadline = Instant::now() + self.role.settle;
+        loop {
+            match crate::quorum::confirmed(&me, seq, &self.state.ack_records(), members) {
+                Ok(()) => break,
+                Err(n) if Instant::now() >= deadline => {
+                    return Err(Refused::NoMajority(format!(
+                        "strict scheduling: {n} of the {members} scheduler replicas hold this decision's reservations after {} ms, {} needed; retried",
+                        self.role.settle.as_millis(),
+                        crate::quorum::majority(members)
+                    )));
+                }
+                Err(_) => tokio::time::sleep(STRICT_POLL).await,
+            }
+        }
+        let held: Vec<(String, String)> = h
+            .by_cluster
+            .iter()
+            .map(|(c, (id, _))| (id.clone(), c.clone()))
+            .collect();
+        let judged = blocking(&self.state, move |st| {
+            let held: Vec<(&str, &str)> =
+                held.iter().map(|(i, c)| (i.as_str(), c.as_str())).collect();
+            st.fits_against_all_live(&held)
+        })
+        .await;
+        match judged {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(why)) => Err(Refused::Lost(why)),
+            Err(e) => Err(Refused::Lost(e.to_string())),
+        }
     }
 
     /// Writes a `SchedulerError` decision (`message`) on `b`, with its Event when the
@@ -561,11 +649,12 @@ impl Ctx {
             let clusters = clusters.clone();
             let creator = self.role.creator();
             let settle = self.role.settle;
+            let strict = self.role.confirm == Confirm::Strict;
             self.decider
                 .run(move |st| {
                     let deadline = Instant::now() + DECIDE_DEADLINE;
                     let decision =
-                        st.decide_binding(&b, kept.as_ref(), &demand, &clusters, deadline);
+                        st.decide_binding(&b, kept.as_ref(), &demand, &clusters, deadline, strict);
                     // Replicas are held relative to what the binding keeps: a lost cluster's
                     // replicas placed on it again are held again.
                     let base = kept.as_ref().unwrap_or(&b);

@@ -156,6 +156,7 @@ fn start_with(
         settle,
         confirm,
         shard: true,
+        members: 1,
     };
     let metrics = SchedulerMetrics::register(&dramesh_telemetry::Metrics::new())
         .expect("metric names are free");

@@ -44,6 +44,7 @@ use crate::certs::TlsIdentity;
 use crate::identity::PeerIdentity;
 use crate::protocol::{ConnId, Counters, Output, Protocol, ProtocolConfig};
 use crate::store::DocStore;
+use crate::sync::lock;
 use crate::transport::{self, MESH_SERVER_NAME, TransportConfig, TransportError};
 use crate::wire::{self, pb};
 use dramesh_store::{DocId, HeadsVerifier};
@@ -294,13 +295,6 @@ pub struct MeshHandle {
     /// What connection tasks need (in-process links are started from the handle).
     #[cfg_attr(not(feature = "test-util"), allow(dead_code))]
     ctx: Ctx,
-}
-
-/// Locks a mutex, continuing with the data if a panicking thread poisoned it. Every mutex of
-/// the mesh and of the daemons around it (the shared store among them) guards plain data that
-/// stays consistent between calls.
-pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl MeshHandle {

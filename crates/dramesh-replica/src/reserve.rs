@@ -19,7 +19,7 @@ use crate::group_commit::Ticket;
 use crate::requests::workload_from_manifests;
 use crate::reservations::{self as resv, ClusterRead, Record};
 use crate::state::{ReplicaState, check_clusters};
-use dramesh_mesh::lock;
+use crate::sync::lock;
 
 /// A reservation this replica writes for itself.
 pub(crate) struct Own<'a> {

@@ -28,7 +28,7 @@ use crate::requests::workload_from_manifests;
 use crate::reservations as resv;
 use crate::reserve::Own;
 use crate::state::ReplicaState;
-use dramesh_mesh::lock;
+use crate::sync::lock;
 
 /// Longest estimator work for one decision.
 pub(super) const DECIDE_DEADLINE: Duration = Duration::from_secs(5);

@@ -1,0 +1,199 @@
+//! Refusals: of a writer's messages by the store, and of a peer's protocol version.
+
+use super::*;
+
+/// A replica tells a refused writer why at most this often per document and connection.
+pub const REFUSAL_INTERVAL: Duration = Duration::from_secs(10);
+/// A writer logs refusals of its document at most this often.
+pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(60);
+/// How long a session refused for its version stays open after the refusal was sent, so the
+/// refusal reaches the peer before the connection closes (closing drops unsent frames).
+pub const VERSION_REFUSAL_LINGER: Duration = Duration::from_secs(1);
+/// Most peers whose last version-refusal log time is remembered.
+pub(super) const MAX_VERSION_LOGGED: usize = 10_000;
+/// Longest refusal text sent or logged.
+pub(super) const MAX_REFUSAL_REASON: usize = 1024;
+
+pub(super) fn code_of(reason: &RejectReason) -> pb::RefusalCode {
+    match reason {
+        RejectReason::FutureGeneration(_) => pb::RefusalCode::FutureGeneration,
+        RejectReason::Unauthorized(_) => pb::RefusalCode::Unauthorized,
+        RejectReason::Malformed(_) => pb::RefusalCode::Malformed,
+        RejectReason::BadSignature(_) => pb::RefusalCode::BadSignature,
+        RejectReason::Retired(_) => pb::RefusalCode::Retired,
+        RejectReason::StaleGeneration { .. } | RejectReason::Store(_) => pb::RefusalCode::Store,
+    }
+}
+
+pub(super) fn bounded(text: &str) -> String {
+    match text.char_indices().nth(MAX_REFUSAL_REASON) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text.to_string(),
+    }
+}
+
+impl Protocol {
+    /// Marks the writer on `conn` as refused and tells it why, at most once per
+    /// [`REFUSAL_INTERVAL`] per document.
+    pub(super) fn refuse_writer(
+        &mut self,
+        conn: ConnId,
+        doc: &DocId,
+        generation: u64,
+        reason: &RejectReason,
+        now: Instant,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(session) = self.sessions.get_mut(&conn) else {
+            return;
+        };
+        let text = bounded(&reason.to_string());
+        session.refused = Some(text.clone());
+        let due = session
+            .refusals_sent
+            .get(doc)
+            .is_none_or(|t| now.saturating_duration_since(*t) >= REFUSAL_INTERVAL);
+        if !due {
+            return;
+        }
+        session.refusals_sent.insert(doc.clone(), now);
+        self.counters.refusals_sent += 1;
+        self.send(
+            out,
+            conn,
+            Body::Refusal(pb::Refusal {
+                doc: Some(doc.into()),
+                generation,
+                code: code_of(reason) as i32,
+                reason: text,
+            }),
+        );
+    }
+
+    /// A replica refused this writer's own document: log it (rate-limited), and when the
+    /// generation was refused as lying in the future and the store's clock now agrees, start
+    /// a new generation and offer it to every peer.
+    /// Whether a version refusal involving `peer` is to be logged now (at most once per
+    /// [`REFUSAL_LOG_INTERVAL`] per peer, whichever side refused).
+    pub(super) fn version_log_due(&mut self, peer: &PeerIdentity, now: Instant) -> bool {
+        let due = self
+            .version_logged
+            .get(peer)
+            .is_none_or(|t| now.saturating_duration_since(*t) >= REFUSAL_LOG_INTERVAL);
+        if due {
+            if self.version_logged.len() >= MAX_VERSION_LOGGED {
+                self.version_logged
+                    .retain(|_, t| now.saturating_duration_since(*t) < REFUSAL_LOG_INTERVAL);
+            }
+            self.version_logged.insert(peer.clone(), now);
+        }
+        due
+    }
+
+    /// Refuses a session whose peer announced a version this node does not speak: sends the
+    /// `Refusal` (code `VERSION`, `reason` naming both versions), ignores the peer from now on
+    /// and closes the connection [`VERSION_REFUSAL_LINGER`] later, so the refusal gets there.
+    pub(super) fn refuse_version(
+        &mut self,
+        conn: ConnId,
+        peer: &PeerIdentity,
+        reason: String,
+        now: Instant,
+        out: &mut Vec<Output>,
+    ) {
+        self.counters.version_refusals_sent += 1;
+        if self.version_log_due(peer, now) {
+            warn!(%peer, %reason, "refusing a peer of an incompatible protocol version (logged at most once a minute per peer)");
+        }
+        let reason = bounded(&reason);
+        if let Some(s) = self.sessions.get_mut(&conn) {
+            s.version_refused = true;
+        }
+        self.send(
+            out,
+            conn,
+            Body::Refusal(pb::Refusal {
+                doc: None,
+                generation: 0,
+                code: pb::RefusalCode::Version as i32,
+                reason,
+            }),
+        );
+        self.closing.insert((now + VERSION_REFUSAL_LINGER, conn));
+    }
+
+    /// A peer refused this node's version: logged, counted, and the connection closed.
+    pub(super) fn on_version_refusal(
+        &mut self,
+        conn: ConnId,
+        peer: &PeerIdentity,
+        r: &pb::Refusal,
+        now: Instant,
+        out: &mut Vec<Output>,
+    ) {
+        self.counters.version_refusals_received += 1;
+        let reason = bounded(&r.reason);
+        if self.version_log_due(peer, now) {
+            warn!(%peer, %reason, "a peer refuses this node's protocol version (logged at most once a minute per peer)");
+        }
+        out.push(Output::Close {
+            conn,
+            reason: format!("refused for its protocol version: {reason}"),
+        });
+    }
+
+    pub(super) fn on_refusal<S: DocStore>(
+        &mut self,
+        store: &mut S,
+        conn: ConnId,
+        peer: &PeerIdentity,
+        r: pb::Refusal,
+        now: Instant,
+        out: &mut Vec<Output>,
+    ) {
+        if r.code == pb::RefusalCode::Version as i32 {
+            self.on_version_refusal(conn, peer, &r, now, out);
+            return;
+        }
+        let Some(doc) = wire::doc_from_wire(r.doc.as_ref()) else {
+            self.counters.protocol_errors += 1;
+            debug!(%peer, "ignoring a refusal with an invalid document id");
+            return;
+        };
+        // Replicas and the cluster's relay store what a writer sends, so they may refuse it.
+        let carrier = peer.is_replica() || self.sessions.get(&conn).is_some_and(|s| s.relay);
+        if !carrier || !self.local.owns(&doc) {
+            self.unauthorized(peer, "refusal", &doc);
+            return;
+        }
+        self.counters.refusals_received += 1;
+        let code = pb::RefusalCode::try_from(r.code).unwrap_or(pb::RefusalCode::Unspecified);
+        let due = self
+            .refusal_logged
+            .get(&doc)
+            .is_none_or(|t| now.saturating_duration_since(*t) >= REFUSAL_LOG_INTERVAL);
+        if due {
+            self.refusal_logged.insert(doc.clone(), now);
+            warn!(
+                %peer,
+                %doc,
+                generation = r.generation,
+                code = code.as_str_name(),
+                reason = %bounded(&r.reason),
+                "a replica refuses this writer's changes (logged at most once a minute)"
+            );
+        }
+        if code != pb::RefusalCode::FutureGeneration {
+            return;
+        }
+        let Some(generation) = store.recover_generation(&doc) else {
+            return;
+        };
+        self.counters.generation_recoveries += 1;
+        info!(%doc, refused = r.generation, generation, "the clock agrees the refused generation lies in the future: started a new generation");
+        let conns: Vec<ConnId> = self.sessions.keys().copied().collect();
+        for conn in conns {
+            self.push_doc(store, conn, &doc, false, out);
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! Sync and apply: automerge sync messages in and out, per (session, document).
+
+use super::*;
+
+impl Protocol {
+    pub(super) fn doc_state<'a>(
+        saved: &mut HashMap<(PeerIdentity, DocId), (u64, SyncState)>,
+        session: &'a mut Session,
+        doc: &DocId,
+        generation: u64,
+    ) -> &'a mut SyncState {
+        let ds = session.docs.entry(doc.clone()).or_insert_with(|| {
+            session.left_to_peer.remove(doc);
+            let state = match saved.remove(&(session.identity.clone(), doc.clone())) {
+                Some((g, state)) if g == generation => state,
+                _ => SyncState::new(),
+            };
+            DocSync {
+                generation,
+                state,
+                signer_sent: None,
+                signer_seen: None,
+                progress: 0,
+                suspect: None,
+            }
+        });
+        if ds.generation != generation {
+            ds.generation = generation;
+            ds.state = SyncState::new();
+            ds.suspect = None;
+        }
+        &mut ds.state
+    }
+
+    /// The attestation of a received `Sync`, its signer chain taken from this session when the
+    /// sender named it by hash (see [`DocSync::signer_sent`]).
+    pub(super) fn signed_from_session(
+        w: &pb::SignedHeads,
+        ds: Option<&mut DocSync>,
+    ) -> Result<Attestation, String> {
+        let mut a = wire::signed_from_wire(w)?;
+        match ds {
+            Some(ds) if w.signer.is_empty() && !w.signer_sha256.is_empty() => {
+                let seen = ds
+                    .signer_seen
+                    .clone()
+                    .filter(|c| Sha256::digest(c).as_slice() == w.signer_sha256.as_slice())
+                    .ok_or("signer named by hash was not sent on this session")?;
+                a.signer = seen;
+            }
+            Some(ds) => ds.signer_seen = Some(a.signer.clone()),
+            None => {}
+        }
+        Ok(a)
+    }
+
+    pub(super) fn on_sync<S: DocStore>(
+        &mut self,
+        store: &mut S,
+        conn: ConnId,
+        peer: &PeerIdentity,
+        s: pb::Sync,
+        now: Instant,
+        out: &mut Vec<Output>,
+    ) {
+        self.counters.sync_in += 1;
+        let Some(doc) = wire::doc_from_wire(s.doc.as_ref()) else {
+            self.protocol_error(out, conn, "sync message with an invalid document id".into());
+            return;
+        };
+        if !self.sessions.get(&conn).is_some_and(|s| s.covers(&doc)) {
+            self.unauthorized(peer, "sync", &doc);
+            return;
+        }
+        let before = store.entry(&doc);
+        let Some(session) = self.sessions.get_mut(&conn) else {
+            return;
+        };
+        // The document's session state holds the signer chain this session sent before.
+        Self::doc_state(&mut self.saved_states, session, &doc, s.generation);
+        let signed = match s.signed.as_ref().map(|w| {
+            let ds = session.docs.get_mut(&doc);
+            Self::signed_from_session(w, ds)
+        }) {
+            None => None,
+            Some(Ok(a)) => Some(a),
+            Some(Err(reason)) => {
+                self.counters.rejected_bad_signature += 1;
+                warn!(%peer, %doc, %reason, "unusable signed heads; sync message refused");
+                return;
+            }
+        };
+        let Some(session) = self.sessions.get_mut(&conn) else {
+            return;
+        };
+        let state = Self::doc_state(&mut self.saved_states, session, &doc, s.generation);
+        let received = store.receive_sync_message(
+            peer,
+            &doc,
+            s.generation,
+            state,
+            &s.payload,
+            signed.as_ref(),
+        );
+        if let Some(ds) = session.docs.get_mut(&doc) {
+            ds.progress += 1;
+        }
+        match received {
+            Ok(()) => {
+                // What the peer asks for is resent, even if sent before (and lost or refused).
+                if let Some(session) = self.sessions.get_mut(&conn) {
+                    if peer.owns(&doc) {
+                        session.refused = None;
+                    }
+                    if let Some(ds) = session.docs.get_mut(&doc) {
+                        ds.state.resend_requested();
+                    }
+                }
+            }
+            Err(RejectReason::StaleGeneration { have, got }) => {
+                self.counters.stale_generation += 1;
+                debug!(%peer, %doc, have, got, "stale generation; offering ours");
+                self.push_doc(store, conn, &doc, true, out);
+                return;
+            }
+            Err(reason) => {
+                if matches!(reason, RejectReason::BadSignature(_)) {
+                    self.counters.rejected_bad_signature += 1;
+                } else {
+                    self.counters.rejected_by_store += 1;
+                }
+                if matches!(reason, RejectReason::Retired(_)) {
+                    // Expected until every peer has applied the retirement: not worth a warning
+                    // per message (the writer itself is told, rate-limited, below).
+                    debug!(%peer, %doc, %reason, "store refused sync message");
+                } else {
+                    warn!(%peer, %doc, %reason, "store refused sync message");
+                }
+                if self.carries(&doc) && peer.owns(&doc) {
+                    self.refuse_writer(conn, &doc, s.generation, &reason, now, out);
+                }
+                // The refused message may have left the sync state expecting an answer.
+                if let Some(ds) = self
+                    .sessions
+                    .get_mut(&conn)
+                    .and_then(|s| s.docs.get_mut(&doc))
+                {
+                    ds.state.reset();
+                }
+                return;
+            }
+        }
+        let after = store.entry(&doc);
+        let changed = after.is_some() && after != before;
+        if let (true, Some(entry)) = (changed, &after) {
+            self.counters.applied += 1;
+            out.push(Output::Applied {
+                doc: doc.clone(),
+                generation: entry.generation,
+                from: peer.clone(),
+            });
+        }
+        // An agent delivers its own document or, as its cluster's relay, that cluster's: either
+        // way it reports in its heartbeats which replicas it reaches itself.
+        let from_agent = !peer.is_replica();
+        // Continue the automerge sync exchange with the sender.
+        if after.as_ref().is_some_and(|e| e.generation == s.generation) {
+            if changed && from_agent && self.carries(&doc) && !self.config.ack_delay.is_zero() {
+                self.delay_push(conn, &doc, now + self.config.ack_delay);
+            } else {
+                self.push_doc(store, conn, &doc, false, out);
+            }
+        } else {
+            self.reply_without_doc(conn, &doc, s.generation, out);
+        }
+        // Replicas pass every applied change on; a relay passes on what its node agents send
+        // (to the replicas: no other session of a relay covers a node's document).
+        let passes_on = self.local.is_replica() || (self.relay && from_agent);
+        if changed && passes_on && self.config.push {
+            // Agents dial every replica they know and report in their heartbeats which ones
+            // they reach: an agent's change is not relayed to those (anti-entropy repairs a
+            // lost message), and by a replica to the others only after `relay_delay`, so one
+            // exchange carries every change of that window. A change relayed to a replica by
+            // another replica is passed on at once (its writer may reach only that one), and
+            // so is what a relay forwards (its node agents reach no replica).
+            let reached = self
+                .sessions
+                .get(&conn)
+                .filter(|_| from_agent)
+                .map(|s| &s.reached);
+            // Only peers that may hold the document: with one session per agent, offering
+            // every change to every session cost a deferred push per agent per change (a
+            // fifth of a replica's protocol thread at 100 agents and 1,000 changes/s).
+            let others: Vec<(ConnId, bool, bool)> = self
+                .covering(&doc)
+                .into_iter()
+                .filter(|c| *c != conn)
+                .filter_map(|c| {
+                    let o = self.sessions.get(&c)?;
+                    let agent_reaches = reached.is_some_and(|r| r.contains(&o.identity));
+                    Some((c, o.identity.is_replica(), agent_reaches))
+                })
+                .collect();
+            let delay = self.local.is_replica() && !self.config.relay_delay.is_zero();
+            for (other, to_replica, agent_reaches) in others {
+                if from_agent && to_replica && agent_reaches {
+                    continue;
+                }
+                if from_agent && to_replica && delay {
+                    self.delay_push(other, &doc, now + self.config.relay_delay);
+                } else {
+                    self.push_doc(store, other, &doc, false, out);
+                }
+            }
+        }
+    }
+
+    /// Answers a sync message for a document we do not hold yet (its first message carries
+    /// only heads): an empty document's reply tells the sender to send every change.
+    pub(super) fn reply_without_doc(
+        &mut self,
+        conn: ConnId,
+        doc: &DocId,
+        generation: u64,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(session) = self.sessions.get_mut(&conn) else {
+            return;
+        };
+        let state = Self::doc_state(&mut self.saved_states, session, doc, generation);
+        if let Some(payload) = state.empty_doc_message() {
+            self.send(
+                out,
+                conn,
+                Body::Sync(pb::Sync {
+                    doc: Some(doc.into()),
+                    generation,
+                    payload,
+                    signed: None,
+                }),
+            );
+        }
+    }
+}

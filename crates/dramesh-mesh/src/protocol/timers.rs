@@ -1,0 +1,213 @@
+//! Timers: when each session next probes, heartbeats and exchanges peers, and the tick that runs them.
+
+use super::*;
+
+impl Protocol {
+    pub(super) fn jittered(&mut self, base: Duration) -> Duration {
+        let factor: f64 = self.rng.random_range(0.75..1.25);
+        base.mul_f64(factor)
+    }
+
+    /// Periodic work: due relays and answers, digest probes, heartbeats, peer exchange.
+    pub fn on_tick<S: DocStore>(&mut self, store: &mut S, now: Instant) -> Vec<Output> {
+        let mut out = Vec::new();
+        while let Some(&(at, conn)) = self.closing.first()
+            && at <= now
+        {
+            self.closing.pop_first();
+            out.push(Output::Close {
+                conn,
+                reason: "protocol version refused".into(),
+            });
+        }
+        let due: Vec<(ConnId, DocId)> = self
+            .delayed
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for (conn, doc) in due {
+            self.delayed.remove(&(conn, doc.clone()));
+            self.push_doc(store, conn, &doc, false, &mut out);
+        }
+        if std::mem::take(&mut self.announce)
+            && self.local.is_replica()
+            && self.config.peer_exchange
+        {
+            // Makes the exchange due on every session now (their timers run from here).
+            self.make_due(|_| true, |s| s.next_peer_exchange = now);
+        }
+        // What each heartbeat of an agent tells: the replicas it reaches (the same for every
+        // session of this tick).
+        let mut reached: Option<Vec<String>> = None;
+        let mut conns = Vec::new();
+        while let Some(&(at, conn)) = self.timers.first()
+            && at <= now
+        {
+            self.timers.pop_first();
+            if let Some(s) = self.sessions.get_mut(&conn) {
+                s.timer = None;
+            }
+            conns.push(conn);
+        }
+        for &conn in &conns {
+            let (due_ae, due_hb, due_pex) = match self.sessions.get(&conn) {
+                Some(s) if s.hello_received => (
+                    now >= s.next_anti_entropy,
+                    now >= s.next_heartbeat,
+                    now >= s.next_peer_exchange,
+                ),
+                _ => continue,
+            };
+            let pending = self
+                .sessions
+                .get(&conn)
+                .is_some_and(Session::repairs_pending);
+            if due_ae && self.config.anti_entropy && pending {
+                // Our last round's messages are still queued at the peer (or on their way): a
+                // round now would list and repair the same documents again. A healing
+                // replica's relays repeated rounds every 2 s for ~14 s, each generating a sync
+                // message per differing document. Rounds resume once the peer's heartbeat says
+                // it has handled them.
+                self.counters.rounds_deferred += 1;
+            } else if due_ae && self.config.anti_entropy {
+                let root = self.scoped_digest(store, conn).root();
+                self.counters.digest_probes_sent += 1;
+                self.send(
+                    &mut out,
+                    conn,
+                    Body::Digest(pb::Digest {
+                        root,
+                        buckets: vec![],
+                    }),
+                );
+                let interval = self
+                    .sessions
+                    .get(&conn)
+                    .map_or(self.config.anti_entropy_interval, |s| {
+                        s.anti_entropy_interval
+                    });
+                let next = now + self.jittered(interval);
+                if let Some(s) = self.sessions.get_mut(&conn) {
+                    s.next_anti_entropy = next;
+                }
+            }
+            if due_hb {
+                let own_docs = match &self.local {
+                    PeerIdentity::Agent { cluster, node } => store
+                        .entry(&DocId::new(cluster.clone(), node.clone()))
+                        .iter()
+                        .map(pb::DocEntry::from)
+                        .collect(),
+                    PeerIdentity::Replica { .. } => vec![],
+                };
+                let (sequence, frames_processed) = match self.sessions.get_mut(&conn) {
+                    Some(s) => {
+                        s.heartbeat_out += 1;
+                        s.next_heartbeat = now + s.heartbeat_interval;
+                        (s.heartbeat_out, s.frames_in)
+                    }
+                    None => continue,
+                };
+                let reached_replicas = if self.local.is_replica() {
+                    vec![]
+                } else {
+                    reached
+                        .get_or_insert_with(|| {
+                            self.sessions
+                                .values()
+                                .filter(|s| s.hello_received && s.identity.is_replica())
+                                .map(|s| s.identity.uri())
+                                .take(MAX_PEER_EXCHANGE)
+                                .collect()
+                        })
+                        .clone()
+                };
+                let body = Body::Ephemeral(pb::Ephemeral {
+                    sender: self.local.uri(),
+                    sequence,
+                    own_docs,
+                    reached_replicas,
+                    frames_processed,
+                });
+                self.send(&mut out, conn, body);
+            }
+            if due_pex && self.local.is_replica() && self.config.peer_exchange {
+                if let Some(s) = self.sessions.get_mut(&conn) {
+                    s.next_peer_exchange = now + self.config.peer_exchange_interval;
+                }
+                let body = Body::PeerExchange(self.peer_exchange());
+                self.send(&mut out, conn, body);
+            }
+        }
+        for conn in conns {
+            self.schedule(conn);
+        }
+        out
+    }
+
+    /// Moves a timer (`set`) of every session past its hello that `which` selects, and requeues
+    /// those sessions.
+    pub(super) fn make_due(
+        &mut self,
+        which: impl Fn(&Session) -> bool,
+        set: impl Fn(&mut Session),
+    ) {
+        let conns: Vec<ConnId> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.hello_received && which(s))
+            .map(|(c, _)| *c)
+            .collect();
+        for conn in conns {
+            if let Some(s) = self.sessions.get_mut(&conn) {
+                set(s);
+            }
+            self.schedule(conn);
+        }
+    }
+
+    /// (Re)queues session `conn` in [`Protocol::timers`] at its earliest timer that is on.
+    pub(super) fn schedule(&mut self, conn: ConnId) {
+        let (anti_entropy, peer_exchange) = (
+            self.config.anti_entropy,
+            self.local.is_replica() && self.config.peer_exchange,
+        );
+        let Some(s) = self.sessions.get_mut(&conn) else {
+            return;
+        };
+        if !s.hello_received {
+            return;
+        }
+        let mut at = s.next_heartbeat;
+        if anti_entropy {
+            at = at.min(s.next_anti_entropy);
+        }
+        if peer_exchange {
+            at = at.min(s.next_peer_exchange);
+        }
+        if let Some(old) = s.timer.replace(at) {
+            self.timers.remove(&(old, conn));
+        }
+        self.timers.insert((at, conn));
+    }
+
+    pub(super) fn peer_exchange(&self) -> pb::PeerExchange {
+        let mut replicas: Vec<pb::KnownReplica> = self
+            .known_replicas
+            .iter()
+            .map(|(identity, addr)| pb::KnownReplica {
+                identity: identity.clone(),
+                addr: addr.clone(),
+            })
+            .collect();
+        if let Some(addr) = &self.config.advertise_addr {
+            replicas.push(pb::KnownReplica {
+                identity: self.local.uri(),
+                addr: addr.clone(),
+            });
+        }
+        replicas.truncate(MAX_PEER_EXCHANGE);
+        pb::PeerExchange { replicas }
+    }
+}

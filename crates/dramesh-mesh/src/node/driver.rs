@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{broadcast, mpsc, oneshot};
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::conn::{ConnStats, Link, Outbound};
 use super::{AppliedChange, PeerStatus, Shared};
@@ -32,7 +32,6 @@ pub(super) enum Event {
     Disconnected(ConnId),
     Frame(ConnId, pb::Envelope),
     LocalChange(DocId),
-    Tick,
     Peers(oneshot::Sender<Vec<PeerStatus>>),
     Shutdown,
 }
@@ -58,9 +57,11 @@ const MAX_BATCH_EVENTS: usize = 256;
 /// fails the batch's frames are dropped and the affected sessions' sync states reset, so
 /// nothing undurable is acknowledged and anti-entropy retries later.
 ///
-/// The protocol's timers run at least every `tick_interval` even when frames keep the queue
-/// full (the timer task's ticks are then refused): a batch that finds a tick overdue ends with
-/// one.
+/// Timers: the thread sleeps until the protocol's [`Protocol::poll_timeout`] (no sooner than
+/// `tick_interval` after the last run, no later than [`MAX_SLEEP`]) or the next event, and
+/// every batch that finds the timers due ends with a tick, so they run on time even when
+/// frames keep the queue full (a healing replica otherwise went seconds without heartbeats,
+/// which tell peers how far it got, and without its delayed answers and relays).
 pub(super) fn drive<S: DocStore>(
     protocol: Protocol,
     store: Arc<Mutex<S>>,
@@ -84,13 +85,24 @@ pub(super) fn drive<S: DocStore>(
         conns_changed: true,
         last_tick: Instant::now(),
     };
+    // Only a timer: waiting for the next event or the next timer, whichever comes first.
+    let clock = match tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            error!(error = %e, "cannot start the protocol thread's clock; the mesh node stops");
+            return;
+        }
+    };
     let mut batch: Vec<Event> = Vec::with_capacity(MAX_BATCH_EVENTS);
     loop {
-        if !next_batch(&mut events, &mut batch) {
+        if !next_batch(&clock, &mut events, &mut batch, driver.next_tick()) {
             break;
         }
-        driver.add_overdue_tick(&mut batch);
         let stop = driver.handle_batch(&mut batch);
+        driver.tick_if_due();
         driver.generate_pushes();
         driver.commit();
         driver.release();
@@ -102,11 +114,32 @@ pub(super) fn drive<S: DocStore>(
     driver.close_all();
 }
 
-/// Waits for an event, then takes every event already queued behind it (up to
-/// [`MAX_BATCH_EVENTS`]); `false` once every sender is gone.
-fn next_batch(events: &mut mpsc::Receiver<Event>, batch: &mut Vec<Event>) -> bool {
-    let Some(first) = events.blocking_recv() else {
-        return false;
+/// Longest the protocol thread goes without running its timers, whatever
+/// [`Protocol::poll_timeout`] says: a bound, should a timer ever go unreported.
+const MAX_SLEEP: Duration = Duration::from_secs(1);
+
+/// Waits for an event until `deadline`, then takes every event already queued behind it (up to
+/// [`MAX_BATCH_EVENTS`]); an empty batch when the deadline passed first, `false` once every
+/// sender is gone.
+fn next_batch(
+    clock: &tokio::runtime::Runtime,
+    events: &mut mpsc::Receiver<Event>,
+    batch: &mut Vec<Event>,
+    deadline: Instant,
+) -> bool {
+    let first = match events.try_recv() {
+        Ok(e) => e,
+        Err(mpsc::error::TryRecvError::Disconnected) => return false,
+        Err(mpsc::error::TryRecvError::Empty) => {
+            let deadline = tokio::time::Instant::from_std(deadline);
+            // The timer is made inside the clock's context (a `Sleep` needs its runtime).
+            let wait = async { tokio::time::timeout_at(deadline, events.recv()).await };
+            match clock.block_on(wait) {
+                Ok(Some(e)) => e,
+                Ok(None) => return false,
+                Err(_) => return true,
+            }
+        }
     };
     batch.push(first);
     while batch.len() < MAX_BATCH_EVENTS {
@@ -141,14 +174,39 @@ struct Driver<S> {
 }
 
 impl<S: DocStore> Driver<S> {
-    /// Under a full queue the timer task's ticks are refused; without this a healing replica
-    /// went seconds without heartbeats (which tell peers how far it got, and so hold back their
-    /// rounds) and without its delayed answers and relays.
-    fn add_overdue_tick(&self, batch: &mut Vec<Event>) {
-        if self.last_tick.elapsed() >= self.tick_interval
-            && !batch.iter().any(|e| matches!(e, Event::Tick))
-        {
-            batch.push(Event::Tick);
+    /// When the timers next need to run: when the protocol asks, but not sooner than
+    /// `tick_interval` after the last run nor later than [`MAX_SLEEP`] after it.
+    fn next_tick(&self) -> Instant {
+        let latest = self.last_tick + MAX_SLEEP;
+        match self.protocol.poll_timeout() {
+            Some(at) => at.max(self.last_tick + self.tick_interval).min(latest),
+            None => latest,
+        }
+    }
+
+    /// Runs the protocol's timers if they are due (asked after the batch's events, which may
+    /// have scheduled some).
+    fn tick_if_due(&mut self) {
+        let now = Instant::now();
+        if now < self.next_tick() {
+            return;
+        }
+        self.last_tick = now;
+        let outputs = {
+            let mut s = lock(&self.store);
+            self.protocol.on_tick(&mut *s, now)
+        };
+        self.hold(outputs);
+    }
+
+    /// Closes at once the connections the protocol closes (closing acknowledges nothing, and
+    /// later frames of the batch from them are then ignored) and holds every other output.
+    fn hold(&mut self, outputs: Vec<Output>) {
+        for out in outputs {
+            match out {
+                Output::Close { conn, reason } => self.close(conn, &reason),
+                other => self.held.push(other),
+            }
         }
     }
 
@@ -204,24 +262,12 @@ impl<S: DocStore> Driver<S> {
                         vec![]
                     }
                 }
-                Event::Tick => {
-                    self.last_tick = now;
-                    let mut s = lock(&self.store);
-                    self.protocol.on_tick(&mut *s, now)
-                }
                 Event::Peers(reply) => {
                     let _ = reply.send(peer_statuses(&self.protocol, &self.conns));
                     vec![]
                 }
             };
-            for out in outputs {
-                match out {
-                    // Closing acknowledges nothing: do it at once so later frames of the batch
-                    // from that connection are ignored.
-                    Output::Close { conn, reason } => self.close(conn, &reason),
-                    other => self.held.push(other),
-                }
-            }
+            self.hold(outputs);
         }
         false
     }

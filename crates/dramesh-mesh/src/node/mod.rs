@@ -79,7 +79,10 @@ pub struct NodeConfig {
     pub protocol: ProtocolConfig,
     /// QUIC and buffering settings.
     pub transport: TransportConfig,
-    /// How often the protocol's timers are checked.
+    /// Least time between two runs of the protocol's timers. The protocol thread sleeps until
+    /// [`Protocol::poll_timeout`] or the next event, but timers falling due within this of the
+    /// last run wait for the next one, so a node with many sessions runs them in batches
+    /// rather than once per session.
     pub tick_interval: Duration,
     /// How long an agent with a relay target ([`MeshHandle::set_relay_target`]) goes without
     /// a session with it before it dials the replicas directly too (see the module docs).
@@ -358,21 +361,6 @@ impl MeshHandle {
         };
         tasks.spawn(accept_loop(ctx.clone()));
         tasks.spawn(dial_manager(ctx.clone(), config.seeds.clone(), advertise));
-        let tick_events = events_tx.clone();
-        let tick_interval = config.tick_interval;
-        tasks.spawn(async move {
-            let mut interval = tokio::time::interval(tick_interval);
-            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-            loop {
-                interval.tick().await;
-                // A full queue means the protocol thread is busy; it then ticks by itself
-                // (see `drive`).
-                if let Err(mpsc::error::TrySendError::Closed(_)) = tick_events.try_send(Event::Tick)
-                {
-                    break;
-                }
-            }
-        });
         info!(%identity, %local_addr, "mesh node started");
         Ok(MeshHandle {
             identity,

@@ -83,9 +83,12 @@ mod session;
 mod sync;
 mod timers;
 
+use push::Pushes;
+use refusal::Refusals;
 pub use refusal::{REFUSAL_INTERVAL, REFUSAL_LOG_INTERVAL, VERSION_REFUSAL_LINGER};
 use session::{DocSync, Session, Suspect};
 pub use session::{Scope, SessionStatus};
+use timers::Timers;
 
 /// Major protocol version carried in `Hello.protocol_version` (see [`crate::version`]).
 pub const PROTOCOL_VERSION: u32 = version::PROTOCOL_MAJOR;
@@ -277,17 +280,10 @@ pub struct Protocol {
     known_replicas: BTreeMap<String, String>,
     saved_states: HashMap<(PeerIdentity, DocId), (u64, SyncState)>,
     counters: Counters,
-    rng: StdRng,
-    /// See [`Protocol::set_coalesce_pushes`].
-    coalesce: bool,
-    /// Pushes waiting for [`Protocol::flush_pushes`], one per (connection, document).
-    deferred: BTreeSet<(ConnId, DocId)>,
-    /// Relays to replicas and answers to writers waiting for their time (see
-    /// [`ProtocolConfig::relay_delay`] and [`ProtocolConfig::ack_delay`]).
-    delayed: BTreeMap<(ConnId, DocId), Instant>,
-    /// When a refusal of each own document was last logged (writers; see
-    /// [`REFUSAL_LOG_INTERVAL`]).
-    refusal_logged: HashMap<DocId, Instant>,
+    /// Pushes coalesced per batch and delayed relays and answers.
+    pushes: Pushes,
+    /// Refusal logging and sessions refused for their version.
+    refusals: Refusals,
     /// See [`Protocol::set_relay`].
     relay: bool,
     /// Sessions (after their hello) exchanging more than one document, and those exchanging
@@ -295,47 +291,29 @@ pub struct Protocol {
     /// every change would otherwise scan them all (see [`Protocol::covering`]).
     wide: BTreeSet<ConnId>,
     by_doc: HashMap<DocId, Vec<ConnId>>,
-    /// Sessions by when their next timer (probe, heartbeat, peer exchange) is due: a relay
-    /// holds a session per node of its cluster, and visiting them all on every tick was most
-    /// of its idle cost.
-    timers: BTreeSet<(Instant, ConnId)>,
+    /// When each session's timers are next due, and the announcement of a learned replica.
+    timers: Timers,
     /// Sessions with a relay whose hello arrived.
     relay_sessions: usize,
-    /// A replica learned a replica it did not know: the next tick tells every session (see
-    /// [`Protocol::learn_replica`]).
-    announce: bool,
-    /// Sessions refused for their version, by when they are closed
-    /// ([`VERSION_REFUSAL_LINGER`]).
-    closing: BTreeSet<(Instant, ConnId)>,
-    /// When a version refusal was last logged, by peer (at most once per
-    /// [`REFUSAL_LOG_INTERVAL`]).
-    version_logged: HashMap<PeerIdentity, Instant>,
 }
 
 impl Protocol {
     /// A node with identity `local` and no sessions.
     pub fn new(local: PeerIdentity, config: ProtocolConfig) -> Self {
-        let rng = StdRng::seed_from_u64(config.jitter_seed);
         Self {
+            timers: Timers::new(config.jitter_seed),
             local,
             config,
             sessions: BTreeMap::new(),
             known_replicas: BTreeMap::new(),
             saved_states: HashMap::new(),
             counters: Counters::default(),
-            rng,
-            coalesce: false,
-            deferred: BTreeSet::new(),
-            delayed: BTreeMap::new(),
-            refusal_logged: HashMap::new(),
+            pushes: Pushes::default(),
+            refusals: Refusals::default(),
             relay: false,
             wide: BTreeSet::new(),
             by_doc: HashMap::new(),
-            timers: BTreeSet::new(),
             relay_sessions: 0,
-            announce: false,
-            closing: BTreeSet::new(),
-            version_logged: HashMap::new(),
         }
     }
 
@@ -470,7 +448,7 @@ impl Protocol {
                     return out;
                 }
                 for r in p.replicas.iter().take(MAX_PEER_EXCHANGE) {
-                    self.learn_replica(&r.identity, &r.addr);
+                    self.learn_replica(&r.identity, &r.addr, now);
                 }
             }
         }

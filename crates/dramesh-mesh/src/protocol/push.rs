@@ -1,6 +1,79 @@
 //! Push and relay: offers of changes to the peers that may hold them, at once, coalesced per batch, or delayed.
 
+use std::collections::btree_map::Entry;
+
 use super::*;
+
+/// Pushes not generated yet: those coalesced until the driver's next
+/// [`Protocol::flush_pushes`], and relays and answers delayed to their time
+/// ([`ProtocolConfig::relay_delay`], [`ProtocolConfig::ack_delay`]). Keyed by (connection,
+/// document): no entry concerns two documents.
+#[derive(Default)]
+pub(super) struct Pushes {
+    /// See [`Protocol::set_coalesce_pushes`].
+    coalesce: bool,
+    /// Pushes waiting for [`Protocol::flush_pushes`], one per (connection, document).
+    deferred: BTreeSet<(ConnId, DocId)>,
+    /// Delayed pushes, and when each is due.
+    delayed: BTreeMap<(ConnId, DocId), Instant>,
+    /// `delayed` by due time: the next one and the due ones without a scan.
+    due: BTreeSet<(Instant, ConnId, DocId)>,
+}
+
+impl Pushes {
+    /// Schedules a push of `doc` on `conn` for `at`, keeping an earlier one.
+    fn delay(&mut self, conn: ConnId, doc: &DocId, at: Instant) {
+        if let Entry::Vacant(v) = self.delayed.entry((conn, doc.clone())) {
+            v.insert(at);
+            self.due.insert((at, conn, doc.clone()));
+        }
+    }
+
+    /// The delayed pushes due at `now`, in (connection, document) order (still scheduled).
+    pub(super) fn due_at(&self, now: Instant) -> Vec<(ConnId, DocId)> {
+        let mut due: Vec<(ConnId, DocId)> = self
+            .due
+            .iter()
+            .take_while(|(at, _, _)| *at <= now)
+            .map(|(_, c, d)| (*c, d.clone()))
+            .collect();
+        due.sort_unstable();
+        due
+    }
+
+    /// Unschedules the delayed push of `doc` on `conn`.
+    pub(super) fn undelay(&mut self, conn: ConnId, doc: &DocId) {
+        if let Some(at) = self.delayed.remove(&(conn, doc.clone())) {
+            self.due.remove(&(at, conn, doc.clone()));
+        }
+    }
+
+    /// Drops the delayed pushes of a closed connection.
+    pub(super) fn forget(&mut self, conn: ConnId) {
+        self.delayed.retain(|(c, _), _| *c != conn);
+        self.due.retain(|(_, c, _)| *c != conn);
+    }
+
+    /// When the next delayed push is due.
+    pub(super) fn next_due(&self) -> Option<Instant> {
+        self.due.first().map(|(at, _, _)| *at)
+    }
+
+    /// Takes the documents deferred on `conn`.
+    fn take_deferred_of(&mut self, conn: ConnId) -> Vec<DocId> {
+        // The set is ordered by connection, then document; the empty id sorts first.
+        let docs: Vec<DocId> = self
+            .deferred
+            .range((conn, DocId::new(String::new(), String::new()))..)
+            .take_while(|(c, _)| *c == conn)
+            .map(|(_, d)| d.clone())
+            .collect();
+        for doc in &docs {
+            self.deferred.remove(&(conn, doc.clone()));
+        }
+        docs
+    }
+}
 
 impl Protocol {
     /// Coalesces pushes: offers of local changes, relays and sync replies are not generated at
@@ -13,14 +86,14 @@ impl Protocol {
     /// each batch of queued events, so an idle node still answers at once while a busy one
     /// sends one message per document per batch. Anti-entropy repairs are never deferred.
     pub fn set_coalesce_pushes(&mut self, on: bool) {
-        self.coalesce = on;
+        self.pushes.coalesce = on;
     }
 
     /// Generates the pushes deferred since the last call (see
     /// [`Protocol::set_coalesce_pushes`]).
     pub fn flush_pushes<S: DocStore>(&mut self, store: &mut S) -> Vec<Output> {
         let mut out = Vec::new();
-        for (conn, doc) in std::mem::take(&mut self.deferred) {
+        for (conn, doc) in std::mem::take(&mut self.pushes.deferred) {
             self.push_doc_now(store, conn, &doc, false, &mut out);
         }
         out
@@ -33,22 +106,14 @@ impl Protocol {
         conn: ConnId,
         out: &mut Vec<Output>,
     ) {
-        // The set is ordered by connection, then document; the empty id sorts first.
-        let docs: Vec<DocId> = self
-            .deferred
-            .range((conn, DocId::new(String::new(), String::new()))..)
-            .take_while(|(c, _)| *c == conn)
-            .map(|(_, d)| d.clone())
-            .collect();
-        for doc in docs {
-            self.deferred.remove(&(conn, doc.clone()));
+        for doc in self.pushes.take_deferred_of(conn) {
             self.push_doc_now(store, conn, &doc, false, out);
         }
     }
 
     /// Whether pushes are waiting for [`Protocol::flush_pushes`].
     pub fn has_deferred_pushes(&self) -> bool {
-        !self.deferred.is_empty()
+        !self.pushes.deferred.is_empty()
     }
 
     /// Generates and queues the next sync message for `doc` on `conn`, if any (deferred to
@@ -61,9 +126,9 @@ impl Protocol {
         reset: bool,
         out: &mut Vec<Output>,
     ) {
-        if self.coalesce && !reset {
+        if self.pushes.coalesce && !reset {
             if self.sessions.contains_key(&conn) {
-                self.deferred.insert((conn, doc.clone()));
+                self.pushes.deferred.insert((conn, doc.clone()));
             }
             return;
         }
@@ -134,6 +199,6 @@ impl Protocol {
     /// Schedules a push of `doc` on `conn` for `at` (or keeps an earlier one), sent by
     /// [`Protocol::on_tick`].
     pub(super) fn delay_push(&mut self, conn: ConnId, doc: &DocId, at: Instant) {
-        self.delayed.entry((conn, doc.clone())).or_insert(at);
+        self.pushes.delay(conn, doc, at);
     }
 }

@@ -2,6 +2,45 @@
 
 use super::*;
 
+/// What refusals leave behind: when each was last logged, and the sessions refused for their
+/// version that are waiting to be closed.
+#[derive(Default)]
+pub(super) struct Refusals {
+    /// When a refusal of each own document was last logged (writers; see
+    /// [`REFUSAL_LOG_INTERVAL`]).
+    logged: HashMap<DocId, Instant>,
+    /// When a version refusal was last logged, by peer (at most once per
+    /// [`REFUSAL_LOG_INTERVAL`]).
+    version_logged: HashMap<PeerIdentity, Instant>,
+    /// Sessions refused for their version, by when they are closed
+    /// ([`VERSION_REFUSAL_LINGER`]).
+    closing: BTreeSet<(Instant, ConnId)>,
+}
+
+impl Refusals {
+    /// Takes the version-refused sessions whose linger is over at `now`, earliest first.
+    pub(super) fn due_closes(&mut self, now: Instant) -> Vec<ConnId> {
+        let mut due = Vec::new();
+        while let Some(&(at, conn)) = self.closing.first()
+            && at <= now
+        {
+            self.closing.pop_first();
+            due.push(conn);
+        }
+        due
+    }
+
+    /// Forgets the pending close of a connection that is gone.
+    pub(super) fn forget(&mut self, conn: ConnId) {
+        self.closing.retain(|(_, c)| *c != conn);
+    }
+
+    /// When the next version-refused session is to be closed.
+    pub(super) fn next_close(&self) -> Option<Instant> {
+        self.closing.first().map(|(at, _)| *at)
+    }
+}
+
 /// A replica tells a refused writer why at most this often per document and connection.
 pub const REFUSAL_INTERVAL: Duration = Duration::from_secs(10);
 /// A writer logs refusals of its document at most this often.
@@ -70,22 +109,21 @@ impl Protocol {
         );
     }
 
-    /// A replica refused this writer's own document: log it (rate-limited), and when the
-    /// generation was refused as lying in the future and the store's clock now agrees, start
-    /// a new generation and offer it to every peer.
     /// Whether a version refusal involving `peer` is to be logged now (at most once per
     /// [`REFUSAL_LOG_INTERVAL`] per peer, whichever side refused).
     pub(super) fn version_log_due(&mut self, peer: &PeerIdentity, now: Instant) -> bool {
         let due = self
+            .refusals
             .version_logged
             .get(peer)
             .is_none_or(|t| now.saturating_duration_since(*t) >= REFUSAL_LOG_INTERVAL);
         if due {
-            if self.version_logged.len() >= MAX_VERSION_LOGGED {
-                self.version_logged
+            if self.refusals.version_logged.len() >= MAX_VERSION_LOGGED {
+                self.refusals
+                    .version_logged
                     .retain(|_, t| now.saturating_duration_since(*t) < REFUSAL_LOG_INTERVAL);
             }
-            self.version_logged.insert(peer.clone(), now);
+            self.refusals.version_logged.insert(peer.clone(), now);
         }
         due
     }
@@ -119,7 +157,9 @@ impl Protocol {
                 reason,
             }),
         );
-        self.closing.insert((now + VERSION_REFUSAL_LINGER, conn));
+        self.refusals
+            .closing
+            .insert((now + VERSION_REFUSAL_LINGER, conn));
     }
 
     /// A peer refused this node's version: logged, counted, and the connection closed.
@@ -142,6 +182,9 @@ impl Protocol {
         });
     }
 
+    /// A replica refused this writer's own document: log it (rate-limited), and when the
+    /// generation was refused as lying in the future and the store's clock now agrees, start
+    /// a new generation and offer it to every peer.
     pub(super) fn on_refusal<S: DocStore>(
         &mut self,
         store: &mut S,
@@ -169,11 +212,12 @@ impl Protocol {
         self.counters.refusals_received += 1;
         let code = pb::RefusalCode::try_from(r.code).unwrap_or(pb::RefusalCode::Unspecified);
         let due = self
-            .refusal_logged
+            .refusals
+            .logged
             .get(&doc)
             .is_none_or(|t| now.saturating_duration_since(*t) >= REFUSAL_LOG_INTERVAL);
         if due {
-            self.refusal_logged.insert(doc.clone(), now);
+            self.refusals.logged.insert(doc.clone(), now);
             warn!(
                 %peer,
                 %doc,

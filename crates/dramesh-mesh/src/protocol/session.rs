@@ -386,18 +386,18 @@ impl Protocol {
 
     /// The connection is gone; its sync states are remembered for a reconnect.
     pub fn on_disconnected(&mut self, conn: ConnId) {
-        self.delayed.retain(|(c, _), _| *c != conn);
+        self.pushes.forget(conn);
         let Some(session) = self.sessions.remove(&conn) else {
             return;
         };
         if session.version_refused {
-            self.closing.retain(|(_, c)| *c != conn);
+            self.refusals.forget(conn);
         }
         if session.hello_received && session.relay {
             self.relay_sessions -= 1;
         }
         if let Some(at) = session.timer {
-            self.timers.remove(&(at, conn));
+            self.timers.unqueue(at, conn);
         }
         match &session.scope {
             Some(Scope::Doc(d)) => {
@@ -453,7 +453,7 @@ impl Protocol {
         }
     }
 
-    pub(super) fn learn_replica(&mut self, identity: &str, addr: &str) {
+    pub(super) fn learn_replica(&mut self, identity: &str, addr: &str, now: Instant) {
         if addr.is_empty() || addr.len() > MAX_ADDR_LEN {
             return;
         }
@@ -466,7 +466,7 @@ impl Protocol {
                     // A new replica starts empty, and the relays carry most of the fleet's
                     // documents: waiting for the periodic exchange (10 s) before they dial it
                     // was most of a new replica's first 15 s.
-                    self.announce = true;
+                    self.timers.announce(now);
                 }
             }
             Ok(_) => {}
@@ -552,7 +552,7 @@ impl Protocol {
         if peer.is_replica()
             && let Some(addr) = &advertise
         {
-            self.learn_replica(&peer.uri(), addr);
+            self.learn_replica(&peer.uri(), addr, now);
         }
         // Catch up at once instead of waiting for the first timer.
         if self.config.anti_entropy {

@@ -2,35 +2,88 @@
 
 use super::*;
 
+/// The protocol's clock-driven work that is not per document: sessions by when their next
+/// timer (probe, heartbeat, peer exchange) is due, the announcement of a newly learned
+/// replica, and the jitter of probe periods. A relay holds a session per node of its cluster,
+/// and visiting them all on every tick was most of its idle cost: only due sessions are
+/// visited.
+pub(super) struct Timers {
+    /// Each session after its hello, at its earliest timer that is on (see
+    /// [`Protocol::schedule`]).
+    queue: BTreeSet<(Instant, ConnId)>,
+    /// When a replica learned a replica it did not know: the next tick makes the peer exchange
+    /// due on every session (see [`Protocol::learn_replica`]).
+    announce: Option<Instant>,
+    /// Jitter of the probe periods (seeded by [`ProtocolConfig::jitter_seed`]).
+    rng: StdRng,
+}
+
+impl Timers {
+    pub(super) fn new(seed: u64) -> Self {
+        Self {
+            queue: BTreeSet::new(),
+            announce: None,
+            rng: StdRng::seed_from_u64(seed),
+        }
+    }
+
+    /// Notes, at `now`, that the next tick should tell every session the known replicas.
+    pub(super) fn announce(&mut self, now: Instant) {
+        self.announce.get_or_insert(now);
+    }
+
+    /// Takes a session's entry out of the queue.
+    pub(super) fn unqueue(&mut self, at: Instant, conn: ConnId) {
+        self.queue.remove(&(at, conn));
+    }
+
+    /// The earliest moment a session's timer or the announcement needs a tick.
+    fn next(&self) -> Option<Instant> {
+        let queued = self.queue.first().map(|(at, _)| *at);
+        match (queued, self.announce) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
 impl Protocol {
     pub(super) fn jittered(&mut self, base: Duration) -> Duration {
-        let factor: f64 = self.rng.random_range(0.75..1.25);
+        let factor: f64 = self.timers.rng.random_range(0.75..1.25);
         base.mul_f64(factor)
+    }
+
+    /// The earliest moment the protocol needs [`Protocol::on_tick`]: a session's probe,
+    /// heartbeat or peer exchange, a delayed relay or answer, the close of a session refused
+    /// for its version, or the announcement of a newly learned replica (then a moment already
+    /// past). `None` while nothing is scheduled. A tick before it does nothing, so a driver may
+    /// sleep until then or until an event arrives; events may move it earlier, so it is asked
+    /// again after each.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        [
+            self.timers.next(),
+            self.pushes.next_due(),
+            self.refusals.next_close(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Periodic work: due relays and answers, digest probes, heartbeats, peer exchange.
     pub fn on_tick<S: DocStore>(&mut self, store: &mut S, now: Instant) -> Vec<Output> {
         let mut out = Vec::new();
-        while let Some(&(at, conn)) = self.closing.first()
-            && at <= now
-        {
-            self.closing.pop_first();
+        for conn in self.refusals.due_closes(now) {
             out.push(Output::Close {
                 conn,
                 reason: "protocol version refused".into(),
             });
         }
-        let due: Vec<(ConnId, DocId)> = self
-            .delayed
-            .iter()
-            .filter(|(_, at)| **at <= now)
-            .map(|(k, _)| k.clone())
-            .collect();
-        for (conn, doc) in due {
-            self.delayed.remove(&(conn, doc.clone()));
+        for (conn, doc) in self.pushes.due_at(now) {
+            self.pushes.undelay(conn, &doc);
             self.push_doc(store, conn, &doc, false, &mut out);
         }
-        if std::mem::take(&mut self.announce)
+        if self.timers.announce.take().is_some()
             && self.local.is_replica()
             && self.config.peer_exchange
         {
@@ -41,10 +94,10 @@ impl Protocol {
         // session of this tick).
         let mut reached: Option<Vec<String>> = None;
         let mut conns = Vec::new();
-        while let Some(&(at, conn)) = self.timers.first()
+        while let Some(&(at, conn)) = self.timers.queue.first()
             && at <= now
         {
-            self.timers.pop_first();
+            self.timers.queue.pop_first();
             if let Some(s) = self.sessions.get_mut(&conn) {
                 s.timer = None;
             }
@@ -187,9 +240,9 @@ impl Protocol {
             at = at.min(s.next_peer_exchange);
         }
         if let Some(old) = s.timer.replace(at) {
-            self.timers.remove(&(old, conn));
+            self.timers.queue.remove(&(old, conn));
         }
-        self.timers.insert((at, conn));
+        self.timers.queue.insert((at, conn));
     }
 
     pub(super) fn peer_exchange(&self) -> pb::PeerExchange {

@@ -2,6 +2,20 @@
 
 use super::*;
 
+/// One session's anti-entropy rounds.
+pub(super) struct Rounds {
+    /// See [`SessionStatus::digest_matched`].
+    pub(super) digest_matched: bool,
+    /// [`Session::frames_out`] after the last round in which we started repairs.
+    pub(super) repairs_sent: u64,
+    /// Until when a session between two replicas leaves every member cluster's documents to
+    /// their carriers ([`ProtocolConfig::carrier_grace`]).
+    pub(super) carrier_grace_until: Option<Instant>,
+    /// Documents with no sync state on this session that a round left to the peer, holding
+    /// changes we lack, and when (see [`Protocol::push_differences`]).
+    pub(super) left_to_peer: HashMap<DocId, Instant>,
+}
+
 /// Documents two replicas leave out of their anti-entropy (see
 /// [`Protocol::carriers_reaching`]).
 #[derive(Default)]
@@ -78,7 +92,7 @@ impl Protocol {
         if d.root == root
             && let Some(s) = self.sessions.get_mut(&conn)
         {
-            s.digest_matched = true;
+            s.rounds.digest_matched = true;
         }
         if d.buckets.is_empty() {
             if d.root != root {
@@ -310,15 +324,19 @@ impl Protocol {
                     // side ahead, and it sends them. Should it not within 3/4 of an
                     // anti-entropy interval (both lack changes, or its message was lost), a
                     // later round starts the sync here.
-                    let min_age = session.anti_entropy_interval.mul_f64(0.75);
-                    let since = *session.left_to_peer.entry(entry.doc.clone()).or_insert(now);
+                    let min_age = session.timers.anti_entropy_interval.mul_f64(0.75);
+                    let since = *session
+                        .rounds
+                        .left_to_peer
+                        .entry(entry.doc.clone())
+                        .or_insert(now);
                     if now.saturating_duration_since(since) < min_age {
                         if since == now {
                             self.counters.repairs_left_to_peer += 1;
                         }
                         continue;
                     }
-                    session.left_to_peer.remove(&entry.doc);
+                    session.rounds.left_to_peer.remove(&entry.doc);
                 }
             }
             if repairs == self.config.max_repairs_per_round {
@@ -343,7 +361,7 @@ impl Protocol {
         if repairs > 0
             && let Some(s) = self.sessions.get_mut(&conn)
         {
-            s.repairs_sent = s.frames_out;
+            s.rounds.repairs_sent = s.frames_out;
         }
     }
 
@@ -365,7 +383,11 @@ impl Protocol {
         if !self.local.is_replica() || !peer.is_replica() {
             return left;
         }
-        if session.carrier_grace_until.is_some_and(|until| now < until) {
+        if session
+            .rounds
+            .carrier_grace_until
+            .is_some_and(|until| now < until)
+        {
             left.all_clusters = true;
             return left;
         }
@@ -434,7 +456,7 @@ impl Protocol {
         let Some(session) = self.sessions.get_mut(&conn) else {
             return;
         };
-        let min_age = session.anti_entropy_interval.mul_f64(0.75);
+        let min_age = session.timers.anti_entropy_interval.mul_f64(0.75);
         // (reset, the mismatch continues an earlier one)
         let (reset, continuing) = match session.docs.get(doc) {
             // Nothing exchanged yet on this session: the state is fresh anyway.

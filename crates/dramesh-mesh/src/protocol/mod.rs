@@ -83,12 +83,14 @@ mod session;
 mod sync;
 mod timers;
 
+use anti_entropy::Rounds;
 use push::Pushes;
 use refusal::Refusals;
 pub use refusal::{REFUSAL_INTERVAL, REFUSAL_LOG_INTERVAL, VERSION_REFUSAL_LINGER};
-use session::{DocSync, Session, Suspect};
+use session::Session;
 pub use session::{Scope, SessionStatus};
-use timers::Timers;
+use sync::{DocSync, SavedStates, Suspect};
+use timers::{SessionTimers, Timers};
 
 /// Major protocol version carried in `Hello.protocol_version` (see [`crate::version`]).
 pub const PROTOCOL_VERSION: u32 = version::PROTOCOL_MAJOR;
@@ -96,8 +98,6 @@ pub const PROTOCOL_VERSION: u32 = version::PROTOCOL_MAJOR;
 pub const MAX_PEER_EXCHANGE: usize = 1024;
 /// Longest accepted advertised address.
 pub const MAX_ADDR_LEN: usize = 256;
-/// Most remembered per-(peer, document) sync states of closed sessions.
-const MAX_SAVED_STATES: usize = 250_000;
 
 /// Driver-assigned id of one live connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -278,7 +278,8 @@ pub struct Protocol {
     config: ProtocolConfig,
     sessions: BTreeMap<ConnId, Session>,
     known_replicas: BTreeMap<String, String>,
-    saved_states: HashMap<(PeerIdentity, DocId), (u64, SyncState)>,
+    /// Sync states of closed sessions, for reconnects.
+    saved_states: SavedStates,
     counters: Counters,
     /// Pushes coalesced per batch and delayed relays and answers.
     pushes: Pushes,
@@ -306,7 +307,7 @@ impl Protocol {
             config,
             sessions: BTreeMap::new(),
             known_replicas: BTreeMap::new(),
-            saved_states: HashMap::new(),
+            saved_states: SavedStates::default(),
             counters: Counters::default(),
             pushes: Pushes::default(),
             refusals: Refusals::default(),

@@ -36,42 +36,20 @@ pub struct SessionStatus {
     pub features: BTreeSet<String>,
 }
 
-pub(super) struct DocSync {
-    pub(super) generation: u64,
-    pub(super) state: SyncState,
-    /// SHA-256 of the signer chain last sent for this document on this session: later
-    /// signatures by the same signer go without it (a chain is ~0.5 KB per message otherwise).
-    pub(super) signer_sent: Option<[u8; 32]>,
-    /// The signer chain last received for this document on this session.
-    pub(super) signer_seen: Option<Arc<[u8]>>,
-    /// Sync messages sent or received for the document on this session.
-    pub(super) progress: u64,
-    /// The last anti-entropy mismatch not yet resolved (see [`Protocol::repair_doc`]).
-    pub(super) suspect: Option<Suspect>,
-}
-
-/// An anti-entropy mismatch of one document on one session, as first seen.
-pub(super) struct Suspect {
-    /// [`DocSync::progress`] after the mismatch was handled.
-    pub(super) progress: u64,
-    /// Our entry when the mismatch was seen; a change means our heads moved.
-    pub(super) entry: Option<DocEntry>,
-    pub(super) since: Instant,
-}
-
+/// One connection's session: who the peer is and what it exchanges, its timers, its
+/// anti-entropy rounds, and its per-document sync states (`docs`, each a [`DocSync`] of its
+/// own: nothing in it is shared between documents).
 pub(super) struct Session {
     pub(super) identity: PeerIdentity,
     pub(super) hello_received: bool,
+    /// The sync state of each document exchanged on this session.
     pub(super) docs: HashMap<DocId, DocSync>,
-    pub(super) next_anti_entropy: Instant,
-    pub(super) next_heartbeat: Instant,
-    pub(super) next_peer_exchange: Instant,
+    pub(super) timers: SessionTimers,
+    pub(super) rounds: Rounds,
     pub(super) heartbeat_out: u64,
     pub(super) heartbeat_in: u64,
     pub(super) last_heard: Instant,
     pub(super) docs_behind: usize,
-    /// See [`SessionStatus::digest_matched`].
-    pub(super) digest_matched: bool,
     /// See [`SessionStatus::refused`].
     pub(super) refused: Option<String>,
     /// When a [`pb::Refusal`] was last sent for each document on this session.
@@ -90,12 +68,6 @@ pub(super) struct Session {
     /// This node refused the peer's version: every later frame but a refusal is ignored until
     /// the connection closes.
     pub(super) version_refused: bool,
-    /// Mean digest probe and heartbeat periods of the session (a node agent and its relay
-    /// use the slower `node_*` ones).
-    pub(super) anti_entropy_interval: Duration,
-    pub(super) heartbeat_interval: Duration,
-    /// The session's entry in [`Protocol::timers`], once its hello arrived.
-    pub(super) timer: Option<Instant>,
     /// Frames handled from the peer on this session (told to it in heartbeats).
     pub(super) frames_in: u64,
     /// Frames queued to the peer on this session, less those the driver dropped.
@@ -103,21 +75,14 @@ pub(super) struct Session {
     /// How many of our frames the peer last reported having handled (`None` until a heartbeat
     /// says so; older peers never do).
     pub(super) peer_processed: Option<u64>,
-    /// [`Session::frames_out`] after the last anti-entropy round in which we started repairs.
-    pub(super) repairs_sent: u64,
-    /// Until when a session between two replicas leaves every member cluster's documents to
-    /// their carriers ([`ProtocolConfig::carrier_grace`]).
-    pub(super) carrier_grace_until: Option<Instant>,
-    /// Documents with no sync state on this session that an anti-entropy round left to the
-    /// peer, holding changes we lack, and when (see [`Protocol::push_differences`]).
-    pub(super) left_to_peer: HashMap<DocId, Instant>,
 }
 
 impl Session {
     /// Whether the peer has yet to handle the repairs of our last anti-entropy round: a new
     /// round would find the same documents differing and only repeat the work.
     pub(super) fn repairs_pending(&self) -> bool {
-        self.peer_processed.is_some_and(|n| n < self.repairs_sent)
+        self.peer_processed
+            .is_some_and(|n| n < self.rounds.repairs_sent)
     }
 }
 
@@ -291,7 +256,7 @@ impl Protocol {
                 last_heard: s.last_heard,
                 heartbeat_seq: s.heartbeat_in,
                 docs_behind: s.docs_behind,
-                digest_matched: s.digest_matched,
+                digest_matched: s.rounds.digest_matched,
                 refused: s.refused.clone(),
                 advertise_addr: s.advertise_addr.clone(),
                 relay: s.relay,
@@ -343,19 +308,28 @@ impl Protocol {
                 identity: peer,
                 hello_received: false,
                 docs: HashMap::new(),
-                next_anti_entropy: now + first_ae,
-                next_heartbeat: now + hb,
-                next_peer_exchange: now + self.config.peer_exchange_interval,
+                timers: SessionTimers {
+                    next_anti_entropy: now + first_ae,
+                    next_heartbeat: now + hb,
+                    next_peer_exchange: now + self.config.peer_exchange_interval,
+                    anti_entropy_interval: ae,
+                    heartbeat_interval: hb,
+                    queued: None,
+                },
+                rounds: Rounds {
+                    digest_matched: false,
+                    repairs_sent: 0,
+                    carrier_grace_until: (self.local.is_replica() && peer_is_replica)
+                        .then(|| now + self.config.carrier_grace),
+                    left_to_peer: HashMap::new(),
+                },
                 heartbeat_out: 0,
                 heartbeat_in: 0,
                 frames_in: 0,
                 frames_out: 0,
                 peer_processed: None,
-                repairs_sent: 0,
-                left_to_peer: HashMap::new(),
                 last_heard: now,
                 docs_behind: 0,
-                digest_matched: false,
                 refused: None,
                 refusals_sent: HashMap::new(),
                 advertise_addr: None,
@@ -365,11 +339,6 @@ impl Protocol {
                 peer_version: None,
                 features: BTreeSet::new(),
                 version_refused: false,
-                anti_entropy_interval: ae,
-                heartbeat_interval: hb,
-                timer: None,
-                carrier_grace_until: (self.local.is_replica() && peer_is_replica)
-                    .then(|| now + self.config.carrier_grace),
             },
         );
         let mut hello = pb::Hello {
@@ -396,7 +365,7 @@ impl Protocol {
         if session.hello_received && session.relay {
             self.relay_sessions -= 1;
         }
-        if let Some(at) = session.timer {
+        if let Some(at) = session.timers.queued {
             self.timers.unqueue(at, conn);
         }
         match &session.scope {
@@ -413,14 +382,7 @@ impl Protocol {
             }
             None => {}
         }
-        if self.saved_states.len() + session.docs.len() > MAX_SAVED_STATES {
-            self.saved_states.clear();
-        }
-        for (doc, mut ds) in session.docs {
-            ds.state.reset();
-            self.saved_states
-                .insert((session.identity.clone(), doc), (ds.generation, ds.state));
-        }
+        self.saved_states.save(&session.identity, session.docs);
     }
 
     /// The driver dropped `envelope`, one of this protocol's outputs for `conn` (its queue was
@@ -547,7 +509,10 @@ impl Protocol {
             // Every replica this agent reaches hears so at the next tick, not a heartbeat
             // interval later: until then a replica relays the agent's changes to the others
             // (after a healed partition, the thousands the agent repairs first).
-            self.make_due(|s| s.identity.is_replica(), |s| s.next_heartbeat = now);
+            self.make_due(
+                |s| s.identity.is_replica(),
+                |s| s.timers.next_heartbeat = now,
+            );
         }
         if peer.is_replica()
             && let Some(addr) = &advertise

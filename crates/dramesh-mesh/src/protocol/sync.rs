@@ -2,19 +2,71 @@
 
 use super::*;
 
+/// Most remembered per-(peer, document) sync states of closed sessions.
+const MAX_SAVED_STATES: usize = 250_000;
+
+/// The sync state of one document on one session: all a message about the document needs
+/// from the session, so per-document work can move off the protocol thread with it.
+pub(super) struct DocSync {
+    pub(super) generation: u64,
+    pub(super) state: SyncState,
+    /// SHA-256 of the signer chain last sent for this document on this session: later
+    /// signatures by the same signer go without it (a chain is ~0.5 KB per message otherwise).
+    pub(super) signer_sent: Option<[u8; 32]>,
+    /// The signer chain last received for this document on this session.
+    pub(super) signer_seen: Option<Arc<[u8]>>,
+    /// Sync messages sent or received for the document on this session.
+    pub(super) progress: u64,
+    /// The last anti-entropy mismatch not yet resolved (see [`Protocol::repair_doc`]).
+    pub(super) suspect: Option<Suspect>,
+}
+
+/// An anti-entropy mismatch of one document on one session, as first seen.
+pub(super) struct Suspect {
+    /// [`DocSync::progress`] after the mismatch was handled.
+    pub(super) progress: u64,
+    /// Our entry when the mismatch was seen; a change means our heads moved.
+    pub(super) entry: Option<DocEntry>,
+    pub(super) since: Instant,
+}
+
+/// The sync states of closed sessions, per (peer, document), reset, so that a reconnect
+/// resumes each exchange where it stood (at most [`MAX_SAVED_STATES`]).
+#[derive(Default)]
+pub(super) struct SavedStates(HashMap<(PeerIdentity, DocId), (u64, SyncState)>);
+
+impl SavedStates {
+    /// Remembers the sync states of a session that closed.
+    pub(super) fn save(&mut self, peer: &PeerIdentity, docs: HashMap<DocId, DocSync>) {
+        if self.0.len() + docs.len() > MAX_SAVED_STATES {
+            self.0.clear();
+        }
+        for (doc, mut ds) in docs {
+            ds.state.reset();
+            self.0
+                .insert((peer.clone(), doc), (ds.generation, ds.state));
+        }
+    }
+
+    /// The saved state of `doc` with `peer` if it is of `generation`, else a new one.
+    fn take(&mut self, peer: &PeerIdentity, doc: &DocId, generation: u64) -> SyncState {
+        match self.0.remove(&(peer.clone(), doc.clone())) {
+            Some((g, state)) if g == generation => state,
+            _ => SyncState::new(),
+        }
+    }
+}
+
 impl Protocol {
     pub(super) fn doc_state<'a>(
-        saved: &mut HashMap<(PeerIdentity, DocId), (u64, SyncState)>,
+        saved: &mut SavedStates,
         session: &'a mut Session,
         doc: &DocId,
         generation: u64,
     ) -> &'a mut SyncState {
         let ds = session.docs.entry(doc.clone()).or_insert_with(|| {
-            session.left_to_peer.remove(doc);
-            let state = match saved.remove(&(session.identity.clone(), doc.clone())) {
-                Some((g, state)) if g == generation => state,
-                _ => SyncState::new(),
-            };
+            session.rounds.left_to_peer.remove(doc);
+            let state = saved.take(&session.identity, doc, generation);
             DocSync {
                 generation,
                 state,

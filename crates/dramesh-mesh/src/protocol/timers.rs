@@ -18,6 +18,20 @@ pub(super) struct Timers {
     rng: StdRng,
 }
 
+/// One session's timers: when its next probe, heartbeat and peer exchange are due, their
+/// periods, and its entry in [`Timers`].
+pub(super) struct SessionTimers {
+    pub(super) next_anti_entropy: Instant,
+    pub(super) next_heartbeat: Instant,
+    pub(super) next_peer_exchange: Instant,
+    /// Mean digest probe and heartbeat periods of the session (a node agent and its relay
+    /// use the slower `node_*` ones).
+    pub(super) anti_entropy_interval: Duration,
+    pub(super) heartbeat_interval: Duration,
+    /// The session's entry in [`Timers`], once its hello arrived.
+    pub(super) queued: Option<Instant>,
+}
+
 impl Timers {
     pub(super) fn new(seed: u64) -> Self {
         Self {
@@ -88,7 +102,7 @@ impl Protocol {
             && self.config.peer_exchange
         {
             // Makes the exchange due on every session now (their timers run from here).
-            self.make_due(|_| true, |s| s.next_peer_exchange = now);
+            self.make_due(|_| true, |s| s.timers.next_peer_exchange = now);
         }
         // What each heartbeat of an agent tells: the replicas it reaches (the same for every
         // session of this tick).
@@ -99,16 +113,16 @@ impl Protocol {
         {
             self.timers.queue.pop_first();
             if let Some(s) = self.sessions.get_mut(&conn) {
-                s.timer = None;
+                s.timers.queued = None;
             }
             conns.push(conn);
         }
         for &conn in &conns {
             let (due_ae, due_hb, due_pex) = match self.sessions.get(&conn) {
                 Some(s) if s.hello_received => (
-                    now >= s.next_anti_entropy,
-                    now >= s.next_heartbeat,
-                    now >= s.next_peer_exchange,
+                    now >= s.timers.next_anti_entropy,
+                    now >= s.timers.next_heartbeat,
+                    now >= s.timers.next_peer_exchange,
                 ),
                 _ => continue,
             };
@@ -138,11 +152,11 @@ impl Protocol {
                     .sessions
                     .get(&conn)
                     .map_or(self.config.anti_entropy_interval, |s| {
-                        s.anti_entropy_interval
+                        s.timers.anti_entropy_interval
                     });
                 let next = now + self.jittered(interval);
                 if let Some(s) = self.sessions.get_mut(&conn) {
-                    s.next_anti_entropy = next;
+                    s.timers.next_anti_entropy = next;
                 }
             }
             if due_hb {
@@ -157,7 +171,7 @@ impl Protocol {
                 let (sequence, frames_processed) = match self.sessions.get_mut(&conn) {
                     Some(s) => {
                         s.heartbeat_out += 1;
-                        s.next_heartbeat = now + s.heartbeat_interval;
+                        s.timers.next_heartbeat = now + s.timers.heartbeat_interval;
                         (s.heartbeat_out, s.frames_in)
                     }
                     None => continue,
@@ -187,7 +201,7 @@ impl Protocol {
             }
             if due_pex && self.local.is_replica() && self.config.peer_exchange {
                 if let Some(s) = self.sessions.get_mut(&conn) {
-                    s.next_peer_exchange = now + self.config.peer_exchange_interval;
+                    s.timers.next_peer_exchange = now + self.config.peer_exchange_interval;
                 }
                 let body = Body::PeerExchange(self.peer_exchange());
                 self.send(&mut out, conn, body);
@@ -232,14 +246,14 @@ impl Protocol {
         if !s.hello_received {
             return;
         }
-        let mut at = s.next_heartbeat;
+        let mut at = s.timers.next_heartbeat;
         if anti_entropy {
-            at = at.min(s.next_anti_entropy);
+            at = at.min(s.timers.next_anti_entropy);
         }
         if peer_exchange {
-            at = at.min(s.next_peer_exchange);
+            at = at.min(s.timers.next_peer_exchange);
         }
-        if let Some(old) = s.timer.replace(at) {
+        if let Some(old) = s.timers.queued.replace(at) {
             self.timers.queue.remove(&(old, conn));
         }
         self.timers.queue.insert((at, conn));

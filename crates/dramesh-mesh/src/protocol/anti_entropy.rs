@@ -361,7 +361,7 @@ impl Protocol {
         if repairs > 0
             && let Some(s) = self.sessions.get_mut(&conn)
         {
-            s.rounds.repairs_sent = s.frames_out;
+            s.rounds.repairs_sent = s.heartbeats.frames_out;
         }
     }
 
@@ -392,7 +392,7 @@ impl Protocol {
             return left;
         }
         for s in self.sessions.values() {
-            if !s.hello_received || !s.reached.contains(peer) {
+            if !s.hello_received || !s.heartbeats.reached.contains(peer) {
                 continue;
             }
             match &s.scope {

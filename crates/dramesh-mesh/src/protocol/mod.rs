@@ -86,9 +86,10 @@ mod timers;
 use anti_entropy::Rounds;
 use push::Pushes;
 use refusal::Refusals;
+use refusal::SessionRefusals;
 pub use refusal::{REFUSAL_INTERVAL, REFUSAL_LOG_INTERVAL, VERSION_REFUSAL_LINGER};
-use session::Session;
 pub use session::{Scope, SessionStatus};
+use session::{Session, SessionIndex};
 use sync::{DocSync, SavedStates, Suspect};
 use timers::{SessionTimers, Timers};
 
@@ -272,7 +273,11 @@ pub struct Counters {
     pub version_refusals_received: u64,
 }
 
-/// The replication state machine of one node (see the module docs).
+/// The replication state machine of one node (see the module docs). It composes sub-states
+/// that each own their fields: the sessions (each with its [`SessionTimers`], anti-entropy
+/// [`Rounds`], heartbeats, refusals and per-document [`DocSync`] states) and their
+/// [`SessionIndex`], the [`Timers`] queue, the [`Pushes`] not generated yet, the [`Refusals`]
+/// log and linger, and the [`SavedStates`] of closed sessions.
 pub struct Protocol {
     local: PeerIdentity,
     config: ProtocolConfig,
@@ -287,15 +292,10 @@ pub struct Protocol {
     refusals: Refusals,
     /// See [`Protocol::set_relay`].
     relay: bool,
-    /// Sessions (after their hello) exchanging more than one document, and those exchanging
-    /// one, by document: a relay or a replica may hold thousands of one-document sessions, and
-    /// every change would otherwise scan them all (see [`Protocol::covering`]).
-    wide: BTreeSet<ConnId>,
-    by_doc: HashMap<DocId, Vec<ConnId>>,
+    /// The sessions by what they exchange.
+    index: SessionIndex,
     /// When each session's timers are next due, and the announcement of a learned replica.
     timers: Timers,
-    /// Sessions with a relay whose hello arrived.
-    relay_sessions: usize,
 }
 
 impl Protocol {
@@ -312,9 +312,7 @@ impl Protocol {
             pushes: Pushes::default(),
             refusals: Refusals::default(),
             relay: false,
-            wide: BTreeSet::new(),
-            by_doc: HashMap::new(),
-            relay_sessions: 0,
+            index: SessionIndex::default(),
         }
     }
 
@@ -336,7 +334,7 @@ impl Protocol {
     fn send(&mut self, out: &mut Vec<Output>, conn: ConnId, body: Body) {
         self.counters.frames_out += 1;
         if let Some(s) = self.sessions.get_mut(&conn) {
-            s.frames_out += 1;
+            s.heartbeats.frames_out += 1;
         }
         if matches!(body, Body::Sync(_)) {
             self.counters.sync_out += 1;
@@ -370,10 +368,10 @@ impl Protocol {
         let Some(session) = self.sessions.get_mut(&conn) else {
             return out;
         };
-        session.last_heard = now;
-        session.frames_in += 1;
+        session.heartbeats.last_heard = now;
+        session.heartbeats.frames_in += 1;
         let hello_received = session.hello_received;
-        let version_refused = session.version_refused;
+        let version_refused = session.refusals.version_refused;
         let peer = session.identity.clone();
         self.counters.frames_in += 1;
         if version_refused {

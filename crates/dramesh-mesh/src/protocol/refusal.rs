@@ -17,6 +17,18 @@ pub(super) struct Refusals {
     closing: BTreeSet<(Instant, ConnId)>,
 }
 
+/// What refusals left on one session.
+#[derive(Default)]
+pub(super) struct SessionRefusals {
+    /// See [`SessionStatus::refused`].
+    pub(super) refused: Option<String>,
+    /// When a [`pb::Refusal`] was last sent for each document on this session.
+    pub(super) refusals_sent: HashMap<DocId, Instant>,
+    /// This node refused the peer's version: every later frame but a refusal is ignored until
+    /// the connection closes.
+    pub(super) version_refused: bool,
+}
+
 impl Refusals {
     /// Takes the version-refused sessions whose linger is over at `now`, earliest first.
     pub(super) fn due_closes(&mut self, now: Instant) -> Vec<ConnId> {
@@ -87,15 +99,16 @@ impl Protocol {
             return;
         };
         let text = bounded(&reason.to_string());
-        session.refused = Some(text.clone());
+        session.refusals.refused = Some(text.clone());
         let due = session
+            .refusals
             .refusals_sent
             .get(doc)
             .is_none_or(|t| now.saturating_duration_since(*t) >= REFUSAL_INTERVAL);
         if !due {
             return;
         }
-        session.refusals_sent.insert(doc.clone(), now);
+        session.refusals.refusals_sent.insert(doc.clone(), now);
         self.counters.refusals_sent += 1;
         self.send(
             out,
@@ -145,7 +158,7 @@ impl Protocol {
         }
         let reason = bounded(&reason);
         if let Some(s) = self.sessions.get_mut(&conn) {
-            s.version_refused = true;
+            s.refusals.version_refused = true;
         }
         self.send(
             out,

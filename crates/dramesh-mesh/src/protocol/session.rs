@@ -46,17 +46,9 @@ pub(super) struct Session {
     pub(super) docs: HashMap<DocId, DocSync>,
     pub(super) timers: SessionTimers,
     pub(super) rounds: Rounds,
-    pub(super) heartbeat_out: u64,
-    pub(super) heartbeat_in: u64,
-    pub(super) last_heard: Instant,
-    pub(super) docs_behind: usize,
-    /// See [`SessionStatus::refused`].
-    pub(super) refused: Option<String>,
-    /// When a [`pb::Refusal`] was last sent for each document on this session.
-    pub(super) refusals_sent: HashMap<DocId, Instant>,
+    pub(super) heartbeats: Heartbeats,
+    pub(super) refusals: SessionRefusals,
     pub(super) advertise_addr: Option<String>,
-    /// Replicas the peer (an agent) reported a live session with in its last heartbeat.
-    pub(super) reached: BTreeSet<PeerIdentity>,
     /// Whether the peer declared itself its cluster's relay in its hello.
     pub(super) relay: bool,
     /// What the session exchanges; `None` until the peer's hello.
@@ -65,9 +57,18 @@ pub(super) struct Session {
     pub(super) peer_version: Option<PeerVersion>,
     /// See [`SessionStatus::features`].
     pub(super) features: BTreeSet<String>,
-    /// This node refused the peer's version: every later frame but a refusal is ignored until
-    /// the connection closes.
-    pub(super) version_refused: bool,
+}
+
+/// What a session's heartbeats carry each way: sequence numbers, when the peer was last heard
+/// from, what it reported (documents behind, replicas reached), and how many frames each side
+/// has handled (which paces anti-entropy rounds, see [`Session::repairs_pending`]).
+pub(super) struct Heartbeats {
+    pub(super) heartbeat_out: u64,
+    pub(super) heartbeat_in: u64,
+    pub(super) last_heard: Instant,
+    pub(super) docs_behind: usize,
+    /// Replicas the peer (an agent) reported a live session with in its last heartbeat.
+    pub(super) reached: BTreeSet<PeerIdentity>,
     /// Frames handled from the peer on this session (told to it in heartbeats).
     pub(super) frames_in: u64,
     /// Frames queued to the peer on this session, less those the driver dropped.
@@ -77,11 +78,24 @@ pub(super) struct Session {
     pub(super) peer_processed: Option<u64>,
 }
 
+/// The sessions after their hello, indexed by what they exchange: those exchanging more than
+/// one document, and those exchanging one, by document. A relay or a replica may hold
+/// thousands of one-document sessions, and every change would otherwise scan them all (see
+/// [`Protocol::covering`]).
+#[derive(Default)]
+pub(super) struct SessionIndex {
+    pub(super) wide: BTreeSet<ConnId>,
+    pub(super) by_doc: HashMap<DocId, Vec<ConnId>>,
+    /// Sessions with a relay.
+    pub(super) relay_sessions: usize,
+}
+
 impl Session {
     /// Whether the peer has yet to handle the repairs of our last anti-entropy round: a new
     /// round would find the same documents differing and only repeat the work.
     pub(super) fn repairs_pending(&self) -> bool {
-        self.peer_processed
+        self.heartbeats
+            .peer_processed
             .is_some_and(|n| n < self.rounds.repairs_sent)
     }
 }
@@ -187,12 +201,13 @@ impl Protocol {
     /// The sessions whose scope covers `doc`, in connection order.
     pub(super) fn covering(&self, doc: &DocId) -> Vec<ConnId> {
         let mut out: Vec<ConnId> = self
+            .index
             .wide
             .iter()
             .copied()
             .filter(|c| self.sessions.get(c).is_some_and(|s| s.covers(doc)))
             .collect();
-        if let Some(conns) = self.by_doc.get(doc) {
+        if let Some(conns) = self.index.by_doc.get(doc) {
             out.extend(conns);
             out.sort_unstable();
         }
@@ -242,7 +257,7 @@ impl Protocol {
 
     /// Whether a session with a relay whose hello arrived is up.
     pub fn has_relay_session(&self) -> bool {
-        self.relay_sessions > 0
+        self.index.relay_sessions > 0
     }
 
     /// Every session, by connection.
@@ -253,11 +268,11 @@ impl Protocol {
                 conn: *conn,
                 identity: s.identity.clone(),
                 hello_received: s.hello_received,
-                last_heard: s.last_heard,
-                heartbeat_seq: s.heartbeat_in,
-                docs_behind: s.docs_behind,
+                last_heard: s.heartbeats.last_heard,
+                heartbeat_seq: s.heartbeats.heartbeat_in,
+                docs_behind: s.heartbeats.docs_behind,
                 digest_matched: s.rounds.digest_matched,
-                refused: s.refused.clone(),
+                refused: s.refusals.refused.clone(),
                 advertise_addr: s.advertise_addr.clone(),
                 relay: s.relay,
                 scope: s.scope.clone(),
@@ -323,22 +338,22 @@ impl Protocol {
                         .then(|| now + self.config.carrier_grace),
                     left_to_peer: HashMap::new(),
                 },
-                heartbeat_out: 0,
-                heartbeat_in: 0,
-                frames_in: 0,
-                frames_out: 0,
-                peer_processed: None,
-                last_heard: now,
-                docs_behind: 0,
-                refused: None,
-                refusals_sent: HashMap::new(),
+                heartbeats: Heartbeats {
+                    heartbeat_out: 0,
+                    heartbeat_in: 0,
+                    last_heard: now,
+                    docs_behind: 0,
+                    reached: BTreeSet::new(),
+                    frames_in: 0,
+                    frames_out: 0,
+                    peer_processed: None,
+                },
+                refusals: SessionRefusals::default(),
                 advertise_addr: None,
-                reached: BTreeSet::new(),
                 relay: false,
                 scope: None,
                 peer_version: None,
                 features: BTreeSet::new(),
-                version_refused: false,
             },
         );
         let mut hello = pb::Hello {
@@ -359,26 +374,26 @@ impl Protocol {
         let Some(session) = self.sessions.remove(&conn) else {
             return;
         };
-        if session.version_refused {
+        if session.refusals.version_refused {
             self.refusals.forget(conn);
         }
         if session.hello_received && session.relay {
-            self.relay_sessions -= 1;
+            self.index.relay_sessions -= 1;
         }
         if let Some(at) = session.timers.queued {
             self.timers.unqueue(at, conn);
         }
         match &session.scope {
             Some(Scope::Doc(d)) => {
-                if let Some(conns) = self.by_doc.get_mut(d) {
+                if let Some(conns) = self.index.by_doc.get_mut(d) {
                     conns.retain(|c| *c != conn);
                     if conns.is_empty() {
-                        self.by_doc.remove(d);
+                        self.index.by_doc.remove(d);
                     }
                 }
             }
             Some(_) => {
-                self.wide.remove(&conn);
+                self.index.wide.remove(&conn);
             }
             None => {}
         }
@@ -396,7 +411,7 @@ impl Protocol {
         self.counters.backpressure_events += 1;
         if let Some(s) = self.sessions.get_mut(&conn) {
             // It never reaches the peer, so the peer's count of handled frames never will.
-            s.frames_out = s.frames_out.saturating_sub(1);
+            s.heartbeats.frames_out = s.heartbeats.frames_out.saturating_sub(1);
         }
         let Some(Body::Sync(sync)) = &envelope.body else {
             return;
@@ -484,14 +499,14 @@ impl Protocol {
         };
         let advertise = (!h.advertise_addr.is_empty()).then_some(h.advertise_addr);
         match &scope {
-            Scope::Doc(d) => self.by_doc.entry(d.clone()).or_default().push(conn),
+            Scope::Doc(d) => self.index.by_doc.entry(d.clone()).or_default().push(conn),
             Scope::All | Scope::Cluster(_) => {
-                self.wide.insert(conn);
+                self.index.wide.insert(conn);
             }
         }
         if let Some(s) = self.sessions.get_mut(&conn) {
             if h.relay && !(s.hello_received && s.relay) {
-                self.relay_sessions += 1;
+                self.index.relay_sessions += 1;
             }
             s.hello_received = true;
             s.advertise_addr = advertise.clone();
@@ -575,16 +590,16 @@ impl Protocol {
             }
         }
         if let Some(s) = self.sessions.get_mut(&conn) {
-            if e.sequence <= s.heartbeat_in {
+            if e.sequence <= s.heartbeats.heartbeat_in {
                 // Stale or replayed heartbeat.
                 return;
             }
-            s.heartbeat_in = e.sequence;
-            s.docs_behind = behind;
-            s.reached = reached;
+            s.heartbeats.heartbeat_in = e.sequence;
+            s.heartbeats.docs_behind = behind;
+            s.heartbeats.reached = reached;
             if e.frames_processed > 0 {
                 // Never more than we sent: a peer cannot claim frames it never got.
-                s.peer_processed = Some(e.frames_processed.min(s.frames_out));
+                s.heartbeats.peer_processed = Some(e.frames_processed.min(s.heartbeats.frames_out));
             }
         }
     }

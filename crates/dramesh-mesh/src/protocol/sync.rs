@@ -162,7 +162,7 @@ impl Protocol {
                 // What the peer asks for is resent, even if sent before (and lost or refused).
                 if let Some(session) = self.sessions.get_mut(&conn) {
                     if peer.owns(&doc) {
-                        session.refused = None;
+                        session.refusals.refused = None;
                     }
                     if let Some(ds) = session.docs.get_mut(&doc) {
                         ds.state.resend_requested();
@@ -239,7 +239,7 @@ impl Protocol {
                 .sessions
                 .get(&conn)
                 .filter(|_| from_agent)
-                .map(|s| &s.reached);
+                .map(|s| &s.heartbeats.reached);
             // Only peers that may hold the document: with one session per agent, offering
             // every change to every session cost a deferred push per agent per change (a
             // fifth of a replica's protocol thread at 100 agents and 1,000 changes/s).

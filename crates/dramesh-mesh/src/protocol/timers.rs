@@ -170,9 +170,9 @@ impl Protocol {
                 };
                 let (sequence, frames_processed) = match self.sessions.get_mut(&conn) {
                     Some(s) => {
-                        s.heartbeat_out += 1;
+                        s.heartbeats.heartbeat_out += 1;
                         s.timers.next_heartbeat = now + s.timers.heartbeat_interval;
-                        (s.heartbeat_out, s.frames_in)
+                        (s.heartbeats.heartbeat_out, s.heartbeats.frames_in)
                     }
                     None => continue,
                 };

@@ -28,6 +28,10 @@
 //!   is followed by the next at once. When two connections to the same identity exist, both
 //!   ends keep the one dialed by the smaller identity URI (or the newer one if both were dialed
 //!   by the same side).
+//!
+//! Files: `endpoint` (accepting), `conn` (connection tasks and budgets), `dial` (what is dialed
+//! and the dial loops), `driver` (the protocol thread); this file holds the handle, the
+//! configuration and the state they share.
 
 mod conn;
 mod dial;

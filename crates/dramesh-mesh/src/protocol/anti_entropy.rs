@@ -1,4 +1,11 @@
-//! Anti-entropy: digest probes, bucket hashes and entries, and the repairs they start.
+//! Anti-entropy: digest probes, bucket hashes and entries, and the repairs they start; each
+//! session's [`Rounds`].
+//!
+//! Guarantees (see the protocol's module docs for why): a round compares the session's whole
+//! scope by its root; only a mismatch costs bucket hashes, entries and sync messages; a
+//! document's sync state is reset only when a mismatch persists across two probes without
+//! progress; at most [`ProtocolConfig::max_repairs_per_round`] repairs per round; between two
+//! replicas, documents whose carriers reach both are left to them.
 
 use super::*;
 

@@ -57,6 +57,13 @@
 //!   [`REFUSAL_INTERVAL`] per document. The writer logs it at most once per
 //!   [`REFUSAL_LOG_INTERVAL`]; for a generation refused as lying in the future it asks the
 //!   store to recover ([`DocStore::recover_generation`]) and offers the new generation.
+//!
+//! Layout: [`Protocol`] composes sub-states that each own their fields, in their own files:
+//! `session` (sessions, scopes, heartbeats, the index of sessions by document), `timers` (the
+//! queue of due sessions, the tick, [`Protocol::poll_timeout`]), `push` (coalesced and delayed
+//! pushes), `anti_entropy` (rounds and repairs), `sync` (per-document sync states, apply) and
+//! `refusal`. This file holds the configuration, the outputs, the counters and the frame
+//! dispatch.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};

@@ -1,4 +1,10 @@
-//! Push and relay: offers of changes to the peers that may hold them, at once, coalesced per batch, or delayed.
+//! Push and relay: changes offered to the peers that may hold them at once, coalesced per
+//! batch, or delayed ([`Pushes`]).
+//!
+//! Guarantees: with coalescing on, at most one sync message per (connection, document) per
+//! [`Protocol::flush_pushes`]; a delayed push is sent by the first tick at or after its time
+//! (an earlier one is kept when asked twice) and is dropped with its connection;
+//! [`Protocol::poll_timeout`] includes the earliest delayed push.
 
 use std::collections::btree_map::Entry;
 

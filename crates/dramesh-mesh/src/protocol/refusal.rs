@@ -1,4 +1,11 @@
-//! Refusals: of a writer's messages by the store, and of a peer's protocol version.
+//! Refusals: of a writer's messages by the store, and of a peer's protocol version
+//! ([`Refusals`], [`SessionRefusals`]).
+//!
+//! Guarantees: a replica tells a writer why it refused at most once per [`REFUSAL_INTERVAL`]
+//! per document and connection; a writer logs refusals at most once per
+//! [`REFUSAL_LOG_INTERVAL`] per document, and version refusals at most once per peer; a session
+//! refused for its version is closed by the first tick [`VERSION_REFUSAL_LINGER`] after the
+//! refusal (included in [`Protocol::poll_timeout`]), or at once when the peer's refusal comes.
 
 use super::*;
 

@@ -1,4 +1,11 @@
-//! Sessions: one per connection, from the hello to the close.
+//! Sessions: one per connection, from the hello to the close; who the peer is, what the
+//! session exchanges ([`Scope`]), its [`Heartbeats`], and the [`SessionIndex`] that finds the
+//! sessions of a document.
+//!
+//! Guarantees: nothing but `Hello` is handled before the peer's hello; the scope is fixed at
+//! the hello by [`Scope::of_session`], and a peer it refuses is closed; a closed session's sync
+//! states are kept (reset) for a reconnect; stale or replayed heartbeats are ignored, and a
+//! peer cannot claim to have handled more frames than were sent to it.
 
 use super::*;
 

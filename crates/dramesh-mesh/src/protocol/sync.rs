@@ -1,4 +1,10 @@
-//! Sync and apply: automerge sync messages in and out, per (session, document).
+//! Sync and apply: automerge sync messages in and out, per (session, document) ([`DocSync`]),
+//! and the [`SavedStates`] of closed sessions.
+//!
+//! Guarantees: the store applies only what a verified signature of the writer covers
+//! ([`DocStore::receive_sync_message`]); a message of an older generation than held is not
+//! applied; a document's state on one session is its own [`DocSync`], so per-document work
+//! depends on no other document's.
 
 use super::*;
 

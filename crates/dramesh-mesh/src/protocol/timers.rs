@@ -1,4 +1,10 @@
-//! Timers: when each session next probes, heartbeats and exchanges peers, and the tick that runs them.
+//! Timers: when each session next probes, heartbeats and exchanges peers ([`SessionTimers`],
+//! queued in [`Timers`]), the tick that runs what is due, and [`Protocol::poll_timeout`].
+//!
+//! Guarantees: a tick visits only the sessions whose timer is due; a tick earlier than
+//! [`Protocol::poll_timeout`] does nothing, and a tick at it leaves nothing due, so a driver
+//! that ticks only then misses no timer (`tests/protocol.rs`,
+//! `ticking_only_at_poll_timeout_misses_no_timer`).
 
 use super::*;
 

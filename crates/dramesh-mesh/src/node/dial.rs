@@ -27,9 +27,9 @@ use crate::transport::MESH_SERVER_NAME;
 ///
 /// Replicas, and agents without a relay target, dial the seeds and every replica learned
 /// through peer exchange (replicas split the pairs). An agent with a relay target
-/// ([`MeshHandle::set_relay_target`]) that is not itself the relay dials only the relay, and
+/// ([`MeshHandle::set_relay_target`](super::MeshHandle::set_relay_target)) that is not itself the relay dials only the relay, and
 /// the replicas too while it has had no session with the relay for
-/// [`NodeConfig::relay_fallback`]: nothing it writes waits for a relay that is down. Once a
+/// [`NodeConfig::relay_fallback`](super::NodeConfig::relay_fallback): nothing it writes waits for a relay that is down. Once a
 /// session with the relay is up again, the direct ones are closed.
 pub(super) async fn dial_manager(ctx: Ctx, seeds: Vec<SocketAddr>, own_addr: SocketAddr) {
     let mut dialing: HashMap<SocketAddr, watch::Sender<bool>> = HashMap::new();

@@ -262,7 +262,7 @@ struct Shared {
     /// Node-wide outbound byte budget ([`TransportConfig::outbound_total_bytes`]).
     outbound_total: Arc<Semaphore>,
     outbound_total_max: u32,
-    /// The store's verifier, for [`verify_ahead`]; replaced when the certificate rotates.
+    /// The store's verifier, for `conn::verify_ahead`; replaced when the certificate rotates.
     verifier: Mutex<Arc<dyn HeadsVerifier>>,
 }
 

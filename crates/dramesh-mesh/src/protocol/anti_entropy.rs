@@ -4,19 +4,30 @@
 //! Guarantees (see the protocol's module docs for why): a round compares the session's whole
 //! scope by its root; only a mismatch costs bucket hashes, entries and sync messages; a
 //! document's sync state is reset only when a mismatch persists across two probes without
-//! progress; at most [`ProtocolConfig::max_repairs_per_round`] repairs per round; between two
+//! progress; at most [`ProtocolConfig::max_repairs_per_round`](super::ProtocolConfig::max_repairs_per_round) repairs per round; between two
 //! replicas, documents whose carriers reach both are left to them.
 
-use super::*;
+use super::{
+    ConnId, Output, Protocol,
+    session::{Scope, Session},
+    sync::Suspect,
+};
+use crate::identity::PeerIdentity;
+use crate::store::DocStore;
+use crate::wire::{self, pb, pb::envelope::Body};
+use dramesh_store::{DIGEST_BUCKETS, Digest, DocEntry, DocId, REPLICA_SCOPES};
+use std::collections::{HashMap, HashSet};
+use std::time::Instant;
+use tracing::warn;
 
 /// One session's anti-entropy rounds.
 pub(super) struct Rounds {
-    /// See [`SessionStatus::digest_matched`].
+    /// See [`SessionStatus::digest_matched`](super::SessionStatus::digest_matched).
     pub(super) digest_matched: bool,
-    /// [`Session::frames_out`] after the last round in which we started repairs.
+    /// [`Heartbeats::frames_out`](super::session::Heartbeats::frames_out) after the last round in which we started repairs.
     pub(super) repairs_sent: u64,
     /// Until when a session between two replicas leaves every member cluster's documents to
-    /// their carriers ([`ProtocolConfig::carrier_grace`]).
+    /// their carriers ([`ProtocolConfig::carrier_grace`](super::ProtocolConfig::carrier_grace)).
     pub(super) carrier_grace_until: Option<Instant>,
     /// Documents with no sync state on this session that a round left to the peer, holding
     /// changes we lack, and when (see [`Protocol::push_differences`]).
@@ -27,7 +38,7 @@ pub(super) struct Rounds {
 /// [`Protocol::carriers_reaching`]).
 #[derive(Default)]
 pub(super) struct LeftToCarriers {
-    /// Every member cluster (the session's [`ProtocolConfig::carrier_grace`]).
+    /// Every member cluster (the session's [`ProtocolConfig::carrier_grace`](super::ProtocolConfig::carrier_grace)).
     pub(super) all_clusters: bool,
     /// Clusters whose relay reaches both.
     pub(super) clusters: HashSet<String>,
@@ -56,7 +67,7 @@ impl Protocol {
 
     /// The entries in `buckets` of what `conn`'s session repairs, with their bucket, ordered
     /// by bucket: its scope without the documents `left` to carriers (counted in
-    /// [`Counters::repairs_left_to_writers`]), which are never copied.
+    /// [`Counters::repairs_left_to_writers`](super::Counters::repairs_left_to_writers)), which are never copied.
     pub(super) fn repair_entries<S: DocStore>(
         &mut self,
         store: &S,
@@ -289,7 +300,7 @@ impl Protocol {
     }
 
     /// Starts the sync of each of `mine` that differs from the peer's entry in `theirs`, up to
-    /// [`ProtocolConfig::max_repairs_per_round`].
+    /// [`ProtocolConfig::max_repairs_per_round`](super::ProtocolConfig::max_repairs_per_round).
     ///
     /// Where the session has exchanged nothing about the document yet (the first round after a
     /// connect, as when a partition heals) and the peer listed its heads, only the side ahead
@@ -380,7 +391,7 @@ impl Protocol {
     /// replica-to-replica as well would, under a steady update stream, exchange the entries of
     /// every changing document and resend its changes on each anti-entropy round (with a
     /// hundred thousand per-node documents, megabytes per round). During the session's
-    /// [`ProtocolConfig::carrier_grace`] every member cluster is left to its carriers.
+    /// [`ProtocolConfig::carrier_grace`](super::ProtocolConfig::carrier_grace) every member cluster is left to its carriers.
     pub(super) fn carriers_reaching(&self, conn: ConnId, now: Instant) -> LeftToCarriers {
         let mut left = LeftToCarriers::default();
         let Some(session) = self.sessions.get(&conn) else {

@@ -65,22 +65,17 @@
 //! `refusal`. This file holds the configuration, the outputs, the counters and the frame
 //! dispatch.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use rand::{Rng, SeedableRng, rngs::StdRng};
-use tracing::{debug, info, warn};
+use rand::Rng;
+use tracing::warn;
 
-use std::sync::Arc;
-
-use dramesh_store::{
-    Attestation, DIGEST_BUCKETS, Digest, DocEntry, DocId, REPLICA_SCOPES, SyncState,
-};
-use sha2::{Digest as _, Sha256};
+use dramesh_store::DocId;
 
 use crate::identity::PeerIdentity;
-use crate::store::{DocStore, RejectReason};
-use crate::version::{self, PeerVersion};
+use crate::store::DocStore;
+use crate::version;
 use crate::wire::{self, WIRE_VERSION, pb, pb::envelope::Body};
 
 mod anti_entropy;
@@ -90,15 +85,13 @@ mod session;
 mod sync;
 mod timers;
 
-use anti_entropy::Rounds;
 use push::Pushes;
 use refusal::Refusals;
-use refusal::SessionRefusals;
 pub use refusal::{REFUSAL_INTERVAL, REFUSAL_LOG_INTERVAL, VERSION_REFUSAL_LINGER};
 pub use session::{Scope, SessionStatus};
 use session::{Session, SessionIndex};
-use sync::{DocSync, SavedStates, Suspect};
-use timers::{SessionTimers, Timers};
+use sync::SavedStates;
+use timers::Timers;
 
 /// Major protocol version carried in `Hello.protocol_version` (see [`crate::version`]).
 pub const PROTOCOL_VERSION: u32 = version::PROTOCOL_MAJOR;
@@ -281,10 +274,12 @@ pub struct Counters {
 }
 
 /// The replication state machine of one node (see the module docs). It composes sub-states
-/// that each own their fields: the sessions (each with its [`SessionTimers`], anti-entropy
-/// [`Rounds`], heartbeats, refusals and per-document [`DocSync`] states) and their
-/// [`SessionIndex`], the [`Timers`] queue, the [`Pushes`] not generated yet, the [`Refusals`]
-/// log and linger, and the [`SavedStates`] of closed sessions.
+/// that each own their fields: the sessions (each with its timers, anti-entropy rounds,
+/// heartbeats, refusals and per-document sync states) and their index by document, the queue of
+/// session timers, the pushes not generated yet, the refusal log and linger, and the sync states
+/// of closed sessions (`SessionTimers`, `Rounds`, `Heartbeats`, `SessionRefusals`, `DocSync`,
+/// `SessionIndex`, `Timers`, `Pushes`, `Refusals`, `SavedStates`; ARCHITECTURE.md, "Mesh
+/// protocol").
 pub struct Protocol {
     local: PeerIdentity,
     config: ProtocolConfig,

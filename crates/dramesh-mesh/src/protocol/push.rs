@@ -8,11 +8,17 @@
 
 use std::collections::btree_map::Entry;
 
-use super::*;
+use super::{ConnId, Output, Protocol};
+use crate::store::DocStore;
+use crate::wire::{pb, pb::envelope::Body};
+use dramesh_store::DocId;
+use sha2::{Digest as _, Sha256};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
 
 /// Pushes not generated yet: those coalesced until the driver's next
 /// [`Protocol::flush_pushes`], and relays and answers delayed to their time
-/// ([`ProtocolConfig::relay_delay`], [`ProtocolConfig::ack_delay`]). Keyed by (connection,
+/// ([`ProtocolConfig::relay_delay`](super::ProtocolConfig::relay_delay), [`ProtocolConfig::ack_delay`](super::ProtocolConfig::ack_delay)). Keyed by (connection,
 /// document): no entry concerns two documents.
 #[derive(Default)]
 pub(super) struct Pushes {

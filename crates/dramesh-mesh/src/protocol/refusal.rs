@@ -7,7 +7,14 @@
 //! refused for its version is closed by the first tick [`VERSION_REFUSAL_LINGER`] after the
 //! refusal (included in [`Protocol::poll_timeout`]), or at once when the peer's refusal comes.
 
-use super::*;
+use super::{ConnId, Output, Protocol};
+use crate::identity::PeerIdentity;
+use crate::store::{DocStore, RejectReason};
+use crate::wire::{self, pb, pb::envelope::Body};
+use dramesh_store::DocId;
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+use tracing::{debug, info, warn};
 
 /// What refusals leave behind: when each was last logged, and the sessions refused for their
 /// version that are waiting to be closed.
@@ -27,7 +34,7 @@ pub(super) struct Refusals {
 /// What refusals left on one session.
 #[derive(Default)]
 pub(super) struct SessionRefusals {
-    /// See [`SessionStatus::refused`].
+    /// See [`SessionStatus::refused`](super::SessionStatus::refused).
     pub(super) refused: Option<String>,
     /// When a [`pb::Refusal`] was last sent for each document on this session.
     pub(super) refusals_sent: HashMap<DocId, Instant>,

@@ -7,7 +7,19 @@
 //! states are kept (reset) for a reconnect; stale or replayed heartbeats are ignored, and a
 //! peer cannot claim to have handled more frames than were sent to it.
 
-use super::*;
+use super::{
+    ConnId, MAX_ADDR_LEN, MAX_PEER_EXCHANGE, Output, Protocol, anti_entropy::Rounds,
+    refusal::SessionRefusals, sync::DocSync, timers::SessionTimers,
+};
+use crate::identity::PeerIdentity;
+use crate::store::DocStore;
+use crate::version;
+use crate::version::PeerVersion;
+use crate::wire::{self, pb, pb::envelope::Body};
+use dramesh_store::DocId;
+use std::collections::{BTreeSet, HashMap};
+use std::time::Instant;
+use tracing::{debug, warn};
 
 /// Protocol-level view of one session.
 #[derive(Debug, Clone)]
@@ -60,9 +72,9 @@ pub(super) struct Session {
     pub(super) relay: bool,
     /// What the session exchanges; `None` until the peer's hello.
     pub(super) scope: Option<Scope>,
-    /// See [`SessionStatus::peer_version`].
+    /// See [`SessionStatus::peer_version`](super::SessionStatus::peer_version).
     pub(super) peer_version: Option<PeerVersion>,
-    /// See [`SessionStatus::features`].
+    /// See [`SessionStatus::features`](super::SessionStatus::features).
     pub(super) features: BTreeSet<String>,
 }
 

@@ -6,7 +6,16 @@
 //! applied; a document's state on one session is its own [`DocSync`], so per-document work
 //! depends on no other document's.
 
-use super::*;
+use super::{ConnId, Output, Protocol, session::Session};
+use crate::identity::PeerIdentity;
+use crate::store::{DocStore, RejectReason};
+use crate::wire::{self, pb, pb::envelope::Body};
+use dramesh_store::{Attestation, DocEntry, DocId, SyncState};
+use sha2::{Digest as _, Sha256};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+use tracing::{debug, warn};
 
 /// Most remembered per-(peer, document) sync states of closed sessions.
 const MAX_SAVED_STATES: usize = 250_000;

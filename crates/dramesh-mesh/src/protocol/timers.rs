@@ -6,7 +6,14 @@
 //! that ticks only then misses no timer (`tests/protocol.rs`,
 //! `ticking_only_at_poll_timeout_misses_no_timer`).
 
-use super::*;
+use super::{ConnId, MAX_PEER_EXCHANGE, Output, Protocol, session::Session};
+use crate::identity::PeerIdentity;
+use crate::store::DocStore;
+use crate::wire::{pb, pb::envelope::Body};
+use dramesh_store::DocId;
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
 
 /// The protocol's clock-driven work that is not per document: sessions by when their next
 /// timer (probe, heartbeat, peer exchange) is due, the announcement of a newly learned
@@ -20,7 +27,7 @@ pub(super) struct Timers {
     /// When a replica learned a replica it did not know: the next tick makes the peer exchange
     /// due on every session (see [`Protocol::learn_replica`]).
     announce: Option<Instant>,
-    /// Jitter of the probe periods (seeded by [`ProtocolConfig::jitter_seed`]).
+    /// Jitter of the probe periods (seeded by [`ProtocolConfig::jitter_seed`](super::ProtocolConfig::jitter_seed)).
     rng: StdRng,
 }
 

@@ -3,6 +3,13 @@
 
 use super::*;
 
+/// The store's digest and each member cluster's (see [`Store::cluster_digest`]), kept up to
+/// date as entries change.
+pub(super) struct Digests {
+    pub(super) all: Digest,
+    pub(super) by_cluster: HashMap<String, Digest>,
+}
+
 impl Store {
     pub(super) fn set_digest(&mut self, doc: &DocId) {
         let Some(e) = self.docs.get_mut(doc) else {
@@ -19,13 +26,13 @@ impl Store {
     /// XORs `part` into `bucket` of the digest and of `doc`'s cluster digest: the one place
     /// both change.
     pub(super) fn xor_digest(&mut self, doc: &DocId, bucket: u32, part: u64) {
-        self.digest.xor(bucket, part);
-        match self.cluster_digests.get_mut(&doc.cluster) {
+        self.digests.all.xor(bucket, part);
+        match self.digests.by_cluster.get_mut(&doc.cluster) {
             Some(d) => d.xor(bucket, part),
             None => {
                 let mut d = Digest::empty();
                 d.xor(bucket, part);
-                self.cluster_digests.insert(doc.cluster.clone(), d);
+                self.digests.by_cluster.insert(doc.cluster.clone(), d);
             }
         }
     }
@@ -77,7 +84,7 @@ impl Store {
 
     /// The digest of all entries, maintained on every mutation.
     pub fn digest(&self) -> &Digest {
-        &self.digest
+        &self.digests.all
     }
 
     /// The entries of the documents in the digest buckets `buckets` ([`DocId::bucket`]) that
@@ -110,7 +117,8 @@ impl Store {
     /// The digest over the documents of member cluster `cluster` (empty when none is held),
     /// maintained like [`Store::digest`]: what a replica and a cluster's relay compare.
     pub fn cluster_digest(&self, cluster: &str) -> Digest {
-        self.cluster_digests
+        self.digests
+            .by_cluster
             .get(cluster)
             .cloned()
             .unwrap_or_else(Digest::empty)

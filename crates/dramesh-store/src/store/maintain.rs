@@ -2,6 +2,14 @@
 
 use super::*;
 
+/// Compaction of replica copies: which wait for the budget (see [`Store::maintain_deferred`]),
+/// until when they rest, and how many were done (writers' and replicas').
+pub(super) struct Compaction {
+    pub(super) due: BTreeSet<DocId>,
+    pub(super) rest_until: Instant,
+    pub(super) done: u64,
+}
+
 impl Store {
     /// Applies [`RolloverPolicy`] to `doc` after it grew: compacts its file, or (writer only)
     /// rolls it over. Returns whether a rollover happened.
@@ -51,8 +59,8 @@ impl Store {
         }
         if !e.owned {
             let hard = (((p.max_stored_ratio + 1.0) * reference) as u64).max(p.min_stored_bytes);
-            if e.stored_bytes <= hard && Instant::now() < self.compaction_rest_until {
-                self.compaction_due.insert(doc.clone());
+            if e.stored_bytes <= hard && Instant::now() < self.compaction.rest_until {
+                self.compaction.due.insert(doc.clone());
                 return Ok(false);
             }
         }
@@ -65,7 +73,7 @@ impl Store {
     pub(super) fn compact(&mut self, doc: &DocId) -> Result<bool, StoreError> {
         self.settle(doc)?;
         let started = Instant::now();
-        self.compaction_due.remove(doc);
+        self.compaction.due.remove(doc);
         let max_compacted_ratio = self.config.rollover.max_compacted_ratio;
         let Some(e) = self.docs.get(doc) else {
             return Ok(false);
@@ -91,11 +99,11 @@ impl Store {
             e.base_bytes = base;
             e.signed_unsaved = false;
         }
-        self.compactions += 1;
+        self.compaction.done += 1;
         if !owned {
             let spent = started.elapsed();
             let duty = self.config.rollover.compaction_duty.clamp(1e-6, 1.0);
-            self.compaction_rest_until = Instant::now() + spent.mul_f64((1.0 - duty) / duty);
+            self.compaction.rest_until = Instant::now() + spent.mul_f64((1.0 - duty) / duty);
         }
         Ok(false)
     }
@@ -112,10 +120,10 @@ impl Store {
     /// batches (the mesh node does after sending each batch's frames). A copy that reaches
     /// `max_stored_ratio + 1` is compacted at once regardless.
     pub fn maintain_deferred(&mut self) -> Result<Option<DocId>, StoreError> {
-        if Instant::now() < self.compaction_rest_until {
+        if Instant::now() < self.compaction.rest_until {
             return Ok(None);
         }
-        let Some(doc) = self.compaction_due.pop_first() else {
+        let Some(doc) = self.compaction.due.pop_first() else {
             return Ok(None);
         };
         // Removed since, or taken over by this store's writer (which compacts inline).
@@ -128,11 +136,11 @@ impl Store {
 
     /// Whether replica copies wait for [`Store::maintain_deferred`].
     pub fn has_deferred_compactions(&self) -> bool {
-        !self.compaction_due.is_empty()
+        !self.compaction.due.is_empty()
     }
 
     /// Compactions done since the store was opened, and replica copies waiting for one.
     pub fn compaction_counts(&self) -> (u64, usize) {
-        (self.compactions, self.compaction_due.len())
+        (self.compaction.done, self.compaction.due.len())
     }
 }

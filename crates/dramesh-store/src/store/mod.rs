@@ -20,8 +20,9 @@
 //! clock), `write` (the local writer, persistence, group commit), `maintain` (compaction),
 //! `generation` (rollover, recovery, rejoin), `digest` (entries and digests), `sync` (sync
 //! messages out and in, verification, reconcile, promotion into the view) and `scope` (cluster
-//! scopes, retirement, dropped copies). The state is still one `Store` with its fields here;
-//! giving each job its own state type is what remains (issue 33 item 1).
+//! scopes, retirement, dropped copies). Group commit, compaction, digests and retirement own
+//! their state (`GroupCommit`, `Compaction`, `Digests`, `Retirement`); the documents, pending
+//! changes, view and trust are still `Store` fields several jobs share.
 
 use crate::attest::{self, Attestation, Carried, SignedMessage, Trust};
 use crate::auth::{check_authors, keep_changes};
@@ -284,32 +285,11 @@ pub struct Store {
     docs: BTreeMap<DocId, Held>,
     pending: BTreeMap<DocId, Pending>,
     view: View,
-    digest: Digest,
-    /// The digest of each member cluster's documents (see [`Store::cluster_digest`]).
-    cluster_digests: HashMap<String, Digest>,
+    digests: digest::Digests,
     undelivered: Vec<(String, ObjectChange)>,
-    /// Group commit: received changes are appended without fsync and made durable together by
-    /// [`Store::sync_pending`] (see [`Store::set_group_commit`]).
-    group_commit: bool,
-    /// Documents with appended records not fsynced yet (group commit only).
-    unsynced: BTreeSet<DocId>,
-    /// Whether a new file was created since the last [`Store::sync_pending`] without fsyncing
-    /// it or the directory (a first replica copy under group commit).
-    unsynced_new_files: bool,
-    /// Writes those new files on a thread of its own (started with the first).
-    writer: Option<persist::Writer>,
-    /// Replica copies whose compaction waits for the budget (see [`Store::maintain_deferred`]).
-    compaction_due: BTreeSet<DocId>,
-    /// Until when replica compactions rest.
-    compaction_rest_until: Instant,
-    /// Compactions done (writers' and replicas').
-    compactions: u64,
-    /// Retired member clusters: documents whose rejoin ([`REJOIN_KEY`]) is not later than
-    /// this time (ms) are refused, and so are generations begun at or before it.
-    retired: BTreeMap<String, u64>,
-    /// Per document of a retired cluster: the latest generation received whole and refused
-    /// because it does not rejoin; it and earlier ones are refused at once from then on.
-    refused_generations: BTreeMap<DocId, u64>,
+    commit: write::GroupCommit,
+    compaction: maintain::Compaction,
+    retirement: scope::Retirement,
     /// Set by [`Store::rejoin`] for the rollover it makes.
     rejoin_next: bool,
     /// Signs own documents and verifies received changes (see [`Store::set_trust`]).
@@ -609,7 +589,7 @@ impl Store {
     /// Waits for the background writer when `doc`'s new file is not written yet, so no other
     /// operation on that file comes first.
     fn settle(&mut self, doc: &DocId) -> Result<(), StoreError> {
-        match &mut self.writer {
+        match &mut self.commit.writer {
             Some(w) if w.unwritten(doc) => w.finish(),
             _ => Ok(()),
         }

@@ -1,6 +1,10 @@
 //! Opening a store: loading every document file, recovering torn tails and corrupt files
 //! (reported in [`OpenReport`]), and the store's clock.
 
+use super::digest::Digests;
+use super::maintain::Compaction;
+use super::scope::Retirement;
+use super::write::GroupCommit;
 use super::*;
 
 impl Store {
@@ -29,18 +33,18 @@ impl Store {
             docs: BTreeMap::new(),
             pending: BTreeMap::new(),
             view: View::default(),
-            digest: Digest::empty(),
-            cluster_digests: HashMap::new(),
+            digests: Digests {
+                all: Digest::empty(),
+                by_cluster: HashMap::new(),
+            },
             undelivered: Vec::new(),
-            group_commit: false,
-            unsynced: BTreeSet::new(),
-            unsynced_new_files: false,
-            writer: None,
-            compaction_due: BTreeSet::new(),
-            compaction_rest_until: Instant::now(),
-            compactions: 0,
-            retired: BTreeMap::new(),
-            refused_generations: BTreeMap::new(),
+            commit: GroupCommit::default(),
+            compaction: Compaction {
+                due: BTreeSet::new(),
+                rest_until: Instant::now(),
+                done: 0,
+            },
+            retirement: Retirement::default(),
             rejoin_next: false,
             trust: None,
             out_of_scope: 0,

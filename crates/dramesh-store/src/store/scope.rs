@@ -2,6 +2,17 @@
 
 use super::*;
 
+/// Retired member clusters.
+#[derive(Default)]
+pub(super) struct Retirement {
+    /// Documents whose rejoin ([`REJOIN_KEY`]) is not later than this time (ms) are refused,
+    /// and so are generations begun at or before it.
+    pub(super) retired: BTreeMap<String, u64>,
+    /// Per document of a retired cluster: the latest generation received whole and refused
+    /// because it does not rejoin; it and earlier ones are refused at once from then on.
+    pub(super) refused_generations: BTreeMap<DocId, u64>,
+}
+
 impl Store {
     /// Retires member cluster `cluster` as of `at_ms` (wall clock, ms since the epoch): every
     /// replica copy of its documents that does not rejoin later ([`REJOIN_KEY`] at most
@@ -18,7 +29,11 @@ impl Store {
         cluster: &str,
         at_ms: u64,
     ) -> Result<Vec<(String, ObjectChange)>, StoreError> {
-        let bound = self.retired.entry(cluster.to_string()).or_insert(0);
+        let bound = self
+            .retirement
+            .retired
+            .entry(cluster.to_string())
+            .or_insert(0);
         *bound = (*bound).max(at_ms);
         let bound = *bound;
         self.pending
@@ -57,8 +72,8 @@ impl Store {
             return Ok(None);
         };
         self.xor_digest(doc, old.bucket, old.digest_part);
-        self.unsynced.remove(doc);
-        self.compaction_due.remove(doc);
+        self.commit.unsynced.remove(doc);
+        self.compaction.due.remove(doc);
         let keys = object_keys(&old.doc, None);
         out.extend(self.reconcile(doc, keys, Old::Doc(Box::new(old.doc))));
         Ok(Some(old.generation))
@@ -104,7 +119,7 @@ impl Store {
 
     /// Retired clusters and the time each was retired at ([`Store::retire_cluster`]).
     pub fn retired_clusters(&self) -> &BTreeMap<String, u64> {
-        &self.retired
+        &self.retirement.retired
     }
 
     /// The value of each of `keys` of `doc` that counts as present in the view (`None` for the

@@ -240,9 +240,10 @@ impl Store {
                 generation,
             });
         }
-        if let Some(&retired_at_ms) = self.retired.get(&doc.cluster)
+        if let Some(&retired_at_ms) = self.retirement.retired.get(&doc.cluster)
             && (generation <= retired_at_ms
                 || self
+                    .retirement
                     .refused_generations
                     .get(doc)
                     .is_some_and(|g| generation <= *g))
@@ -512,7 +513,7 @@ impl Store {
             .into_iter()
             .filter(|k| parse_doc_key(k).is_some())
             .collect();
-        let persisted = self.persist_incremental(doc, self.group_commit);
+        let persisted = self.persist_incremental(doc, self.commit.on);
         self.set_digest(doc);
         let view = self.reconcile(doc, keys, Old::At(before));
         self.undelivered.extend(view);
@@ -527,15 +528,15 @@ impl Store {
         let Some(dir) = &self.dir else {
             return Ok(());
         };
-        if self.writer.is_none() {
+        if self.commit.writer.is_none() {
             match persist::Writer::start(dir.clone()) {
-                Ok(w) => self.writer = Some(w),
+                Ok(w) => self.commit.writer = Some(w),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot start the store's file writer thread; writing new files inline")
                 }
             }
         }
-        match &mut self.writer {
+        match &mut self.commit.writer {
             Some(w) => w.submit(f),
             None => persist::write_new(dir, &f, Durability::None).map(|_| ()),
         }
@@ -551,10 +552,14 @@ impl Store {
         };
         // A generation of a retired cluster is adopted only when its writer asked to rejoin
         // after the retirement: a rollover alone (however it started) never brings it back.
-        if let Some(&retired_at_ms) = self.retired.get(&doc.cluster)
+        if let Some(&retired_at_ms) = self.retirement.retired.get(&doc.cluster)
             && read_rejoin(&p.doc) <= retired_at_ms
         {
-            let refused = self.refused_generations.entry(doc.clone()).or_insert(0);
+            let refused = self
+                .retirement
+                .refused_generations
+                .entry(doc.clone())
+                .or_insert(0);
             *refused = (*refused).max(p.generation);
             tracing::info!(doc = %doc, generation = p.generation, retired_at_ms, "refused a new generation of a retired cluster: it does not rejoin");
             return Err(StoreError::RetiredCluster {
@@ -573,7 +578,7 @@ impl Store {
         // yet: a crash before `sync_pending` then loses nothing anyone was told of (the file is
         // torn or absent, see `Store::open`), while a file replacing an older generation is
         // written whole before it is renamed over it.
-        let defer = self.group_commit
+        let defer = self.commit.on
             && self.config.durability == Durability::Fsync
             && !self.docs.contains_key(doc);
         let f = snapshot_file(
@@ -598,8 +603,8 @@ impl Store {
             }
         };
         if defer {
-            self.unsynced.insert(doc.clone());
-            self.unsynced_new_files = true;
+            self.commit.unsynced.insert(doc.clone());
+            self.commit.new_files = true;
         }
         let heads = p.doc.get_heads();
         let entry = Held {
@@ -634,7 +639,7 @@ impl Store {
         };
         self.set_digest(doc);
         // The new generation's file is a fresh snapshot: an older copy's queued compaction is moot.
-        self.compaction_due.remove(doc);
+        self.compaction.due.remove(doc);
         tracing::debug!(doc = %doc, generation = p.generation, "adopted generation");
         let view = self.reconcile(doc, keys.into_iter().collect(), old);
         let mut out = std::mem::take(&mut self.undelivered);

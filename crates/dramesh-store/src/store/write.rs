@@ -3,6 +3,21 @@
 
 use super::*;
 
+/// Group commit: received changes are appended without fsync and made durable together by
+/// [`Store::sync_pending`] (see [`Store::set_group_commit`]).
+#[derive(Default)]
+pub(super) struct GroupCommit {
+    /// Whether group commit is on.
+    pub(super) on: bool,
+    /// Documents with appended records not fsynced yet.
+    pub(super) unsynced: BTreeSet<DocId>,
+    /// Whether a new file was created since the last [`Store::sync_pending`] without fsyncing
+    /// it or the directory (a first replica copy).
+    pub(super) new_files: bool,
+    /// Writes those new files on a thread of its own (started with the first).
+    pub(super) writer: Option<persist::Writer>,
+}
+
 impl Store {
     /// Writes a snapshot as the document's new file (new generation or compaction); returns
     /// (file bytes, snapshot record bytes).
@@ -63,7 +78,7 @@ impl Store {
         e.saved_heads = heads;
         e.not_durable = false;
         if defer {
-            self.unsynced.insert(doc.clone());
+            self.commit.unsynced.insert(doc.clone());
         }
         Ok(())
     }
@@ -81,18 +96,18 @@ impl Store {
         if !on {
             self.sync_pending()?;
         }
-        self.group_commit = on;
+        self.commit.on = on;
         Ok(())
     }
 
     /// Whether received changes are group-committed (see [`Store::set_group_commit`]).
     pub fn group_commit(&self) -> bool {
-        self.group_commit
+        self.commit.on
     }
 
     /// Whether appended records are waiting for [`Store::sync_pending`].
     pub fn has_unsynced(&self) -> bool {
-        !self.unsynced.is_empty()
+        !self.commit.unsynced.is_empty()
     }
 
     /// Makes every document file appended to since the last call durable (group commit, one
@@ -100,23 +115,24 @@ impl Store {
     /// pending. On error they all stay pending, so a later call retries them; nothing derived
     /// from them may be acknowledged until then.
     pub fn sync_pending(&mut self) -> Result<usize, StoreError> {
-        let synced = self.unsynced.len();
+        let synced = self.commit.unsynced.len();
         if synced == 0 {
             return Ok(0);
         }
-        if let Some(w) = &mut self.writer {
+        if let Some(w) = &mut self.commit.writer {
             w.finish()?;
         }
         if let Some(dir) = &self.dir {
             let files: Vec<PathBuf> = self
+                .commit
                 .unsynced
                 .iter()
                 .map(|d| persist::doc_path(dir, d))
                 .collect();
-            persist::sync_many(dir, &files, self.unsynced_new_files)?;
+            persist::sync_many(dir, &files, self.commit.new_files)?;
         }
-        self.unsynced.clear();
-        self.unsynced_new_files = false;
+        self.commit.unsynced.clear();
+        self.commit.new_files = false;
         Ok(synced)
     }
 

@@ -35,13 +35,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context as _;
+use dramesh_mesh::PeerIdentity;
 use dramesh_mesh::certs::TlsIdentity;
 use dramesh_mesh::daemon::{open_store, stopped};
 use dramesh_mesh::node::{MeshHandle, NodeConfig};
 use dramesh_mesh::observe::Observer;
 use dramesh_mesh::protocol::ProtocolConfig;
 use dramesh_mesh::store_adapter::MeshStore;
-use dramesh_mesh::{PeerIdentity, lock};
 use dramesh_model::{ClusterObject, ObjectChange, ObjectKey};
 use dramesh_store::DocId;
 use dramesh_telemetry::Metrics;
@@ -532,7 +532,11 @@ async fn write_batches(
         let in_task = span.clone();
         let r = tokio::task::spawn_blocking(move || -> Result<usize, dramesh_store::StoreError> {
             let _entered = in_task.enter();
-            let mut s = lock(&store);
+            // The store guards plain data, consistent between calls: a panic elsewhere that
+            // poisoned it does not stop publishing.
+            let mut s = store
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             if let Some(t) = new_term {
                 s.set_lease_term(&d, t)?;
             }

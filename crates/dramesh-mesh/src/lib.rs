@@ -29,10 +29,10 @@ pub mod protocol;
 pub mod signing;
 pub mod store;
 pub mod store_adapter;
+mod sync;
 pub mod transport;
 pub mod version;
 pub mod wire;
 
 pub use identity::PeerIdentity;
-pub use node::lock;
 pub use store::{DocStore, RejectReason};

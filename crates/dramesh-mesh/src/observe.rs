@@ -21,8 +21,9 @@ use std::time::{Duration, Instant};
 use dramesh_telemetry::{Direction, Metrics};
 
 use crate::PeerIdentity;
-use crate::node::{AppliedChange, MeshHandle, PeerStatus, lock};
+use crate::node::{AppliedChange, MeshHandle, PeerStatus};
 use crate::store_adapter::MeshStore;
+use crate::sync::lock;
 
 /// The `peer` label and the status page's name of a mesh identity (its URI without scheme).
 pub fn peer_label(id: &PeerIdentity) -> String {

@@ -179,7 +179,7 @@ impl MeshVerifier {
         let fresh = |at: &Instant, expires: u64| {
             now.duration_since(*at) < CHAIN_CACHE_TTL && unix_now.as_secs() < expires
         };
-        if let Some((id, at, expires)) = crate::node::lock(&self.verified).get(&key)
+        if let Some((id, at, expires)) = crate::sync::lock(&self.verified).get(&key)
             && fresh(at, *expires)
         {
             return Ok(id.clone());
@@ -191,7 +191,7 @@ impl MeshVerifier {
             .map_err(|e| format!("signer certificate does not verify against the mesh CA: {e}"))?;
         let id = PeerIdentity::from_certificate_der(leaf).map_err(|e| e.to_string())?;
         let expires = chain_expiry(&chain)?;
-        let mut cache = crate::node::lock(&self.verified);
+        let mut cache = crate::sync::lock(&self.verified);
         if cache.len() >= CHAIN_CACHE_ENTRIES {
             cache.retain(|_, (_, at, expires)| fresh(at, *expires));
             if cache.len() >= CHAIN_CACHE_ENTRIES {
@@ -236,7 +236,7 @@ impl HeadsVerifier for MeshVerifier {
             h.finalize().into()
         };
         let now = Instant::now();
-        if crate::node::lock(&self.passed)
+        if crate::sync::lock(&self.passed)
             .get(&key)
             .is_some_and(|at| now.duration_since(*at) < PASSED_TTL)
         {
@@ -259,7 +259,7 @@ impl HeadsVerifier for MeshVerifier {
         let alg = algs.first().ok_or("signature scheme has no algorithm")?;
         leaf.verify_signature(*alg, statement, sig)
             .map_err(|e| format!("signature by {id} does not verify: {e}"))?;
-        let mut passed = crate::node::lock(&self.passed);
+        let mut passed = crate::sync::lock(&self.passed);
         if passed.len() >= PASSED_ENTRIES {
             passed.retain(|_, at| now.duration_since(*at) < PASSED_TTL);
             if passed.len() >= PASSED_ENTRIES {
@@ -302,7 +302,7 @@ mod tests {
         let sig = signer.sign(statement).unwrap();
         let chain = signer.signer();
         verifier.verify(&doc, statement, &sig, &chain).unwrap();
-        assert_eq!(crate::node::lock(&verifier.passed).len(), 1);
+        assert_eq!(crate::sync::lock(&verifier.passed).len(), 1);
         verifier.verify(&doc, statement, &sig, &chain).unwrap();
         let mut forged = sig.clone();
         let last = forged.len() - 1;
@@ -314,7 +314,7 @@ mod tests {
                 .is_err()
         );
         assert_eq!(
-            crate::node::lock(&verifier.passed).len(),
+            crate::sync::lock(&verifier.passed).len(),
             1,
             "a failed check was remembered"
         );

@@ -1668,3 +1668,79 @@ fn without_carriers_replicas_repair_member_documents_once_the_grace_is_over() {
         assert_eq!(sim.nodes[1].store.get(d, "gpu").as_deref(), Some("5"));
     }
 }
+
+/// `poll_timeout` says when a tick has work: a tick before it changes nothing, a tick at it
+/// leaves nothing due, and a delayed relay moves it earlier. Driving the nodes only at those
+/// moments (as the node's driver does) converges like fixed ticks.
+#[test]
+fn ticking_only_at_poll_timeout_misses_no_timer() {
+    let delay = Duration::from_millis(500);
+    let mut sim = three_replicas_and_agent(delay);
+    sim.connect(0, 1);
+    sim.connect(1, 2);
+    sim.connect(3, 0);
+    sim.run();
+    for n in &sim.nodes {
+        assert!(n.proto.poll_timeout().is_some(), "sessions have timers");
+    }
+    // The agent's first heartbeat tells r0 whom it reaches; its write is then relayed by r0
+    // only after `relay_delay`.
+    let mut first_write = true;
+    let doc = DocId::new("c1", "n1");
+    let start = sim.now;
+    let mut ticks = 0;
+    while sim.now < start + Duration::from_secs(30) {
+        let next = sim
+            .nodes
+            .iter()
+            .filter_map(|n| n.proto.poll_timeout())
+            .min()
+            .expect("timers stay scheduled");
+        assert!(next >= sim.now, "a timer due in the past was not run");
+        let before = next.checked_sub(Duration::from_millis(1)).unwrap();
+        if before > sim.now {
+            for n in &mut sim.nodes {
+                let due = n.proto.poll_timeout();
+                let out = n.proto.on_tick(&mut n.store, before);
+                assert!(out.is_empty(), "a tick before poll_timeout sent {out:?}");
+                assert_eq!(n.proto.poll_timeout(), due, "a tick before it changed it");
+            }
+        }
+        sim.tick(next - sim.now);
+        ticks += 1;
+        for n in &sim.nodes {
+            assert!(
+                n.proto.poll_timeout().is_some_and(|t| t > sim.now),
+                "a tick at poll_timeout left work due"
+            );
+        }
+        if first_write && sim.now >= start + Duration::from_secs(2) {
+            first_write = false;
+            sim.write(3, &doc, "gpu", "8");
+            let relay_by = sim.now + delay;
+            assert!(
+                sim.nodes[0]
+                    .proto
+                    .poll_timeout()
+                    .is_some_and(|t| t <= relay_by),
+                "the delayed relay is not in poll_timeout"
+            );
+        }
+    }
+    assert!(!first_write);
+    // Heartbeats every second on 3 sessions (both ends), probes every ~2 s: some dozens of
+    // wake-ups in 30 s, not the 300 of a fixed 100 ms tick.
+    println!("{ticks} wake-ups in 30 simulated seconds");
+    assert!((30..300).contains(&ticks), "{ticks} wake-ups");
+    let held = sim.nodes[3]
+        .store
+        .entry(&doc)
+        .expect("agent holds its document");
+    for r in 0..3 {
+        assert_eq!(
+            sim.nodes[r].store.entry(&doc).as_ref(),
+            Some(&held),
+            "replica {r} converged"
+        );
+    }
+}

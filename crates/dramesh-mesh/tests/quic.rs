@@ -374,8 +374,8 @@ async fn an_unreachable_peer_is_dialed_without_gaps_and_found_soon_after_the_hea
 
 /// A node whose inbound queue stays full (a replica healing from a partition) still runs its
 /// timers: its heartbeats, which tell peers how far it got and so pace their anti-entropy
-/// rounds, keep their period. The timer task's ticks are refused by a full queue, so the
-/// protocol thread ticks by itself when a tick is overdue.
+/// rounds, keep their period: the protocol thread ends every batch that finds its timers due
+/// ([`dramesh_mesh::protocol::Protocol::poll_timeout`]) with a tick, however full its queue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_with_a_full_inbound_queue_keeps_its_heartbeats() {
     init_tracing();

@@ -47,7 +47,7 @@ pub(crate) struct GroupCommit {
 impl GroupCommit {
     /// Queues `changes`; they are written by the wait of this or a later ticket.
     pub(crate) fn submit(&self, changes: Vec<ObjectChange>) -> Ticket {
-        let mut st = dramesh_mesh::lock(&self.state);
+        let mut st = crate::sync::lock(&self.state);
         st.queue.extend(changes);
         st.issued += 1;
         Ticket(st.issued)
@@ -61,7 +61,7 @@ impl GroupCommit {
         ticket: Ticket,
         write: &mut dyn FnMut(Vec<ObjectChange>) -> Result<(), String>,
     ) -> Result<(), String> {
-        let mut st = dramesh_mesh::lock(&self.state);
+        let mut st = crate::sync::lock(&self.state);
         loop {
             if st.written >= ticket.0 {
                 return match st
@@ -89,7 +89,7 @@ impl GroupCommit {
             } else {
                 write(batch)
             };
-            st = dramesh_mesh::lock(&self.state);
+            st = crate::sync::lock(&self.state);
             st.writing = false;
             st.written = to;
             if let Err(e) = result {

@@ -42,6 +42,7 @@ pub mod runner;
 mod scheduler;
 pub mod state;
 mod status_page;
+mod sync;
 
 pub use backend::ReplicaBackend;
 pub use members::Peers;

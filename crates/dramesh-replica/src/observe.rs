@@ -7,8 +7,8 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use crate::sync::lock;
 use dramesh_api::native::{ReservationState, ReservationStatus};
-use dramesh_mesh::lock;
 use dramesh_telemetry::{Metrics, ReservationLabel as Counted};
 
 /// Reservation states as of the previous scrape.

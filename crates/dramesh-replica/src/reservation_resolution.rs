@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
+use crate::sync::lock;
 use dramesh_api::ApiError;
 use dramesh_api::auth::{Caller, Caps, Refusal, RefusalKind};
 use dramesh_api::native::{ReservationState, ReservationStatus, WorkloadRef};
@@ -22,7 +23,6 @@ use dramesh_estimator::{
     Admission, Assumed, AssumedList, AssumedWorkload, ClusterResolution, Estimator, Reservation,
     View, Workload,
 };
-use dramesh_mesh::lock;
 use dramesh_model::ObjectChange;
 
 use crate::group_commit::{GroupCommit, Ticket};

@@ -29,7 +29,7 @@ use dramesh_model::{ObjectChange, ObjectKey, ObjectKind};
 use dramesh_store::{DocId, RETIRED_SCOPE, valid_segment};
 use serde::{Deserialize, Serialize};
 
-use dramesh_mesh::lock;
+use crate::sync::lock;
 
 /// The retirement document written by `replica`.
 pub(crate) fn doc_id(replica: &str) -> DocId {

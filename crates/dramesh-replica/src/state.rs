@@ -50,13 +50,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
+use crate::sync::lock;
 use dramesh_api::native::{ClusterStatus, Freshness, ResourceAmount, RetiredCluster, StatusReport};
 use dramesh_api::{ApiError, FreshnessMap, ReplicaAnswer};
 use dramesh_estimator::{CacheBound, ResList};
 use dramesh_estimator::{
     Estimate, EstimateOptions, Estimator, PlacementResult, PreemptionResult, View,
 };
-use dramesh_mesh::lock;
 use dramesh_mesh::store_adapter::MeshStore;
 use dramesh_model::ObjectChange;
 

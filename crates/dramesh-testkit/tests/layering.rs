@@ -13,8 +13,6 @@ use dramesh_testkit::layering::{check_acyclic, workspace_sources};
 const KNOWN: &[(&str, &[&str])] = &[
     // ApiError::Refused carries auth::Refusal; auth's functions return ApiError.
     ("dramesh-api", &["auth", "backend"]),
-    // signing's caches lock through node::lock.
-    ("dramesh-mesh", &["node", "signing"]),
     // ClusterObject decodes with load's field-naming decoder; load returns ClusterObjects.
     ("dramesh-model", &["load", "object"]),
     // placement uses object::nd (serde default for null) and patch::go_json; object holds

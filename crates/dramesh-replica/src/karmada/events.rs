@@ -114,7 +114,7 @@ impl EventRecorder {
             ),
         };
         let cached = {
-            let mut cache = dramesh_mesh::lock(&self.cache);
+            let mut cache = crate::sync::lock(&self.cache);
             cache.expire(now - CACHE_TTL);
             cache.by_key.get(&key).cloned()
         };
@@ -139,7 +139,7 @@ impl EventRecorder {
                 e
             }
         };
-        let mut cache = dramesh_mesh::lock(&self.cache);
+        let mut cache = crate::sync::lock(&self.cache);
         cache.order.push_back((now, key.clone()));
         cache.by_key.insert(key, event);
         cache.expire(now - CACHE_TTL);

@@ -29,7 +29,7 @@ use crate::requests::workload_from_manifests;
 use crate::reservation_resolution::Own;
 use crate::reservation_table as resv;
 use crate::state::ReplicaState;
-use dramesh_mesh::lock;
+use crate::sync::lock;
 
 /// Longest estimator work for one decision.
 pub(super) const DECIDE_DEADLINE: Duration = Duration::from_secs(5);

@@ -1,0 +1,471 @@
+//! The protocol driver: the thread that owns the [`Protocol`] and the connection table, feeds
+//! it events in batches, commits what a batch changed and only then releases its frames.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{broadcast, mpsc, oneshot};
+use tracing::{debug, error, info, warn};
+
+use super::conn::{ConnStats, Link, Outbound};
+use super::{AppliedChange, PeerStatus, Shared};
+use crate::identity::PeerIdentity;
+use crate::protocol::{ConnId, Output, Protocol};
+use crate::store::DocStore;
+use crate::sync::lock;
+use crate::wire::{self, pb};
+use dramesh_store::DocId;
+
+/// What the driver is told by the handle, the connection tasks and the timer.
+pub(super) enum Event {
+    Connected {
+        conn: ConnId,
+        identity: PeerIdentity,
+        dialed: bool,
+        connection: Link,
+        outbound: Outbound,
+        stats: Arc<ConnStats>,
+    },
+    SetRelay(bool),
+    Disconnected(ConnId),
+    Frame(ConnId, pb::Envelope),
+    LocalChange(DocId),
+    Peers(oneshot::Sender<Vec<PeerStatus>>),
+    Shutdown,
+}
+
+struct ConnEntry {
+    identity: PeerIdentity,
+    dialed: bool,
+    connection: Link,
+    outbound: Outbound,
+    stats: Arc<ConnStats>,
+}
+
+/// Most events the protocol thread handles before it commits and releases their outputs.
+const MAX_BATCH_EVENTS: usize = 256;
+
+/// The protocol thread: owns the [`Protocol`], locks the store per event.
+///
+/// Group commit: the thread takes every event already queued (up to [`MAX_BATCH_EVENTS`]),
+/// handles them, asks the store to make what they changed durable ([`DocStore::flush`], one
+/// fsync per touched document instead of one per message), and only then sends the frames
+/// and announces the applied changes they produced. No reply, relay, digest or heads that
+/// reflects a received change leaves the node before that change is durable. If the flush
+/// fails the batch's frames are dropped and the affected sessions' sync states reset, so
+/// nothing undurable is acknowledged and anti-entropy retries later.
+///
+/// Timers: the thread sleeps until the protocol's [`Protocol::poll_timeout`] (no sooner than
+/// `tick_interval` after the last run, no later than [`MAX_SLEEP`]) or the next event, and
+/// every batch that finds the timers due ends with a tick, so they run on time even when
+/// frames keep the queue full (a healing replica otherwise went seconds without heartbeats,
+/// which tell peers how far it got, and without its delayed answers and relays).
+pub(super) fn drive<S: DocStore>(
+    protocol: Protocol,
+    store: Arc<Mutex<S>>,
+    mut events: mpsc::Receiver<Event>,
+    applied: broadcast::Sender<AppliedChange>,
+    shared: Arc<Shared>,
+    max_sessions: usize,
+    tick_interval: Duration,
+) {
+    let mut driver = Driver {
+        local_uri: protocol.local().uri(),
+        protocol,
+        store,
+        applied,
+        shared,
+        max_sessions,
+        tick_interval,
+        conns: HashMap::new(),
+        held: Vec::new(),
+        pushed: HashSet::new(),
+        conns_changed: true,
+        last_tick: Instant::now(),
+    };
+    // Only a timer: waiting for the next event or the next timer, whichever comes first.
+    let clock = match tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            error!(error = %e, "cannot start the protocol thread's clock; the mesh node stops");
+            return;
+        }
+    };
+    let mut batch: Vec<Event> = Vec::with_capacity(MAX_BATCH_EVENTS);
+    loop {
+        if !next_batch(&clock, &mut events, &mut batch, driver.next_tick()) {
+            break;
+        }
+        let stop = driver.handle_batch(&mut batch);
+        driver.tick_if_due();
+        driver.generate_pushes();
+        driver.commit();
+        driver.release();
+        driver.publish();
+        if stop {
+            break;
+        }
+    }
+    driver.close_all();
+}
+
+/// Longest the protocol thread goes without running its timers, whatever
+/// [`Protocol::poll_timeout`] says: a bound, should a timer ever go unreported.
+const MAX_SLEEP: Duration = Duration::from_secs(1);
+
+/// Waits for an event until `deadline`, then takes every event already queued behind it (up to
+/// [`MAX_BATCH_EVENTS`]); an empty batch when the deadline passed first, `false` once every
+/// sender is gone.
+fn next_batch(
+    clock: &tokio::runtime::Runtime,
+    events: &mut mpsc::Receiver<Event>,
+    batch: &mut Vec<Event>,
+    deadline: Instant,
+) -> bool {
+    let first = match events.try_recv() {
+        Ok(e) => e,
+        Err(mpsc::error::TryRecvError::Disconnected) => return false,
+        Err(mpsc::error::TryRecvError::Empty) => {
+            let deadline = tokio::time::Instant::from_std(deadline);
+            // The timer is made inside the clock's context (a `Sleep` needs its runtime).
+            let wait = async { tokio::time::timeout_at(deadline, events.recv()).await };
+            match clock.block_on(wait) {
+                Ok(Some(e)) => e,
+                Ok(None) => return false,
+                Err(_) => return true,
+            }
+        }
+    };
+    batch.push(first);
+    while batch.len() < MAX_BATCH_EVENTS {
+        match events.try_recv() {
+            Ok(e) => batch.push(e),
+            Err(_) => break,
+        }
+    }
+    true
+}
+
+/// The protocol thread's state: the protocol, the connection table, and what the batch being
+/// handled produced.
+struct Driver<S> {
+    protocol: Protocol,
+    store: Arc<Mutex<S>>,
+    applied: broadcast::Sender<AppliedChange>,
+    shared: Arc<Shared>,
+    max_sessions: usize,
+    tick_interval: Duration,
+    local_uri: String,
+    conns: HashMap<ConnId, ConnEntry>,
+    /// The batch's outputs, held until what produced them is durable.
+    held: Vec<Output>,
+    /// Documents whose local change the batch already pushed.
+    pushed: HashSet<DocId>,
+    /// Whether the set of connections changed since the view last listed it (a relay holds a
+    /// session per node of its cluster: listing them after every batch cost a quarter of its
+    /// protocol thread).
+    conns_changed: bool,
+    last_tick: Instant,
+}
+
+impl<S: DocStore> Driver<S> {
+    /// When the timers next need to run: when the protocol asks, but not sooner than
+    /// `tick_interval` after the last run nor later than [`MAX_SLEEP`] after it.
+    fn next_tick(&self) -> Instant {
+        let latest = self.last_tick + MAX_SLEEP;
+        match self.protocol.poll_timeout() {
+            Some(at) => at.max(self.last_tick + self.tick_interval).min(latest),
+            None => latest,
+        }
+    }
+
+    /// Runs the protocol's timers if they are due (asked after the batch's events, which may
+    /// have scheduled some).
+    fn tick_if_due(&mut self) {
+        let now = Instant::now();
+        if now < self.next_tick() {
+            return;
+        }
+        self.last_tick = now;
+        let outputs = {
+            let mut s = lock(&self.store);
+            self.protocol.on_tick(&mut *s, now)
+        };
+        self.hold(outputs);
+    }
+
+    /// Closes at once the connections the protocol closes (closing acknowledges nothing, and
+    /// later frames of the batch from them are then ignored) and holds every other output.
+    fn hold(&mut self, outputs: Vec<Output>) {
+        for out in outputs {
+            match out {
+                Output::Close { conn, reason } => self.close(conn, &reason),
+                other => self.held.push(other),
+            }
+        }
+    }
+
+    /// Hands the batch's events to the protocol, closing at once the connections it closes
+    /// and holding every other output. `true` when the batch asked the thread to stop (the
+    /// events queued behind the shutdown are dropped).
+    fn handle_batch(&mut self, batch: &mut Vec<Event>) -> bool {
+        self.pushed.clear();
+        for event in batch.drain(..) {
+            let now = Instant::now();
+            let outputs = match event {
+                Event::Shutdown => return true,
+                Event::Connected {
+                    conn,
+                    identity,
+                    dialed,
+                    connection,
+                    outbound,
+                    stats,
+                } => {
+                    let entry = ConnEntry {
+                        identity,
+                        dialed,
+                        connection,
+                        outbound,
+                        stats,
+                    };
+                    self.on_connected(conn, entry, now)
+                }
+                Event::Disconnected(conn) => {
+                    if self.conns.remove(&conn).is_some() {
+                        self.conns_changed = true;
+                        self.protocol.on_disconnected(conn);
+                    }
+                    vec![]
+                }
+                Event::SetRelay(on) => self.set_relay(on),
+                Event::Frame(conn, env) => {
+                    if self.conns.contains_key(&conn) {
+                        let mut s = lock(&self.store);
+                        self.protocol.handle_frame(&mut *s, conn, env, now)
+                    } else {
+                        vec![]
+                    }
+                }
+                Event::LocalChange(doc) => {
+                    // The application wrote before it notified, so the first push of a batch
+                    // already carries every write whose notification is queued behind it.
+                    if self.pushed.insert(doc.clone()) {
+                        let mut s = lock(&self.store);
+                        self.protocol.on_local_change(&mut *s, &doc)
+                    } else {
+                        vec![]
+                    }
+                }
+                Event::Peers(reply) => {
+                    let _ = reply.send(peer_statuses(&self.protocol, &self.conns));
+                    vec![]
+                }
+            };
+            self.hold(outputs);
+        }
+        false
+    }
+
+    /// A new connection: kept, unless it duplicates one to the same identity that wins (both
+    /// ends keep the one dialed by the smaller identity URI, or the newer one when the same
+    /// side dialed both) or the node already has [`TransportConfig::max_sessions`](crate::transport::TransportConfig).
+    fn on_connected(&mut self, conn: ConnId, entry: ConnEntry, now: Instant) -> Vec<Output> {
+        let existing = self
+            .conns
+            .iter()
+            .find(|(_, e)| e.identity == entry.identity)
+            .map(|(c, e)| (*c, e.dialed));
+        let keep_new = match existing {
+            None => true,
+            Some((_, old_dialed)) if old_dialed == entry.dialed => true,
+            Some(_) => {
+                // Keep the connection dialed by the smaller identity URI.
+                let we_are_smaller = self.local_uri < entry.identity.uri();
+                entry.dialed == we_are_smaller
+            }
+        };
+        let transport = &self.shared.transport;
+        if keep_new && existing.is_none() && self.conns.len() >= self.max_sessions {
+            transport.sessions_refused.fetch_add(1, Ordering::Relaxed);
+            warn!(identity = %entry.identity, max_sessions = self.max_sessions, "too many sessions; connection closed");
+            entry.connection.close(6, b"too many sessions");
+            return vec![];
+        }
+        if !keep_new {
+            transport
+                .duplicate_connections
+                .fetch_add(1, Ordering::Relaxed);
+            entry.connection.close(2, b"duplicate connection");
+            return vec![];
+        }
+        if let Some((old, _)) = existing
+            && let Some(e) = self.conns.remove(&old)
+        {
+            transport
+                .duplicate_connections
+                .fetch_add(1, Ordering::Relaxed);
+            e.connection.close(2, b"duplicate connection");
+            self.protocol.on_disconnected(old);
+        }
+        self.conns_changed = true;
+        let identity = entry.identity.clone();
+        self.conns.insert(conn, entry);
+        self.protocol.on_connected(conn, identity, now)
+    }
+
+    /// Becomes or stops being the cluster's relay; a node that stops drops what it carried.
+    fn set_relay(&mut self, on: bool) -> Vec<Output> {
+        let closes = self.protocol.set_relay(on);
+        if !on {
+            let dropped = lock(&self.store).drop_copies();
+            if dropped > 0 {
+                info!(
+                    dropped,
+                    "no longer the cluster's relay: dropped the documents it carried"
+                );
+            }
+        }
+        closes
+    }
+
+    /// Closes a connection and ends its session.
+    fn close(&mut self, conn: ConnId, reason: &str) {
+        if let Some(e) = self.conns.remove(&conn) {
+            self.conns_changed = true;
+            e.connection.close(1, reason.as_bytes());
+            self.protocol.on_disconnected(conn);
+        }
+    }
+
+    /// The batch's coalesced pushes: one per (connection, document).
+    fn generate_pushes(&mut self) {
+        if self.protocol.has_deferred_pushes() {
+            let mut s = lock(&self.store);
+            self.held.extend(self.protocol.flush_pushes(&mut *s));
+        }
+    }
+
+    /// Makes what the batch received durable; if that fails its frames are dropped (and the
+    /// protocol told), so nothing undurable is acknowledged.
+    fn commit(&mut self) {
+        let flushed = lock(&self.store).flush();
+        if let Err(e) = flushed {
+            warn!(error = %e, frames = self.held.len(), "store flush failed; outputs of the batch dropped");
+            for out in self.held.drain(..) {
+                if let Output::Send { conn, envelope } = out {
+                    self.protocol.on_dropped(conn, &envelope);
+                }
+            }
+        }
+    }
+
+    /// Sends the held frames within the budgets, closes what the batch closed, announces the
+    /// applied changes, then runs the store's deferred upkeep.
+    fn release(&mut self) {
+        for out in std::mem::take(&mut self.held) {
+            match out {
+                Output::Send { conn, envelope } => self.send(conn, envelope),
+                Output::Close { conn, reason } => self.close(conn, &reason),
+                Output::Applied {
+                    doc,
+                    generation,
+                    from,
+                } => {
+                    let _ = self.applied.send(AppliedChange {
+                        doc,
+                        generation,
+                        from,
+                    });
+                }
+            }
+        }
+        lock(&self.store).maintain();
+    }
+
+    /// Queues one frame on its connection if both the connection's and the node's outbound
+    /// budgets take it; otherwise drops it and tells the protocol.
+    fn send(&mut self, conn: ConnId, envelope: pb::Envelope) {
+        let Some(entry) = self.conns.get(&conn) else {
+            return;
+        };
+        let frame = match wire::encode_frame(&envelope) {
+            Ok(f) => f,
+            Err(e) => {
+                warn!(peer = %entry.identity, error = %e, "cannot encode frame; dropped");
+                return;
+            }
+        };
+        let shared = &self.shared;
+        let len = u32::try_from(frame.len()).unwrap_or(u32::MAX);
+        let permits = len.min(entry.outbound.max_permits);
+        let total = shared
+            .outbound_total
+            .clone()
+            .try_acquire_many_owned(len.min(shared.outbound_total_max));
+        let own = entry.outbound.budget.try_acquire_many(permits);
+        match (own, total) {
+            (Ok(p), Ok(total)) => {
+                p.forget();
+                let _ = entry.outbound.tx.send((frame, permits, total));
+            }
+            _ => {
+                shared
+                    .transport
+                    .frames_dropped
+                    .fetch_add(1, Ordering::Relaxed);
+                debug!(peer = %entry.identity, "outbound budget exhausted; frame dropped");
+                self.protocol.on_dropped(conn, &envelope);
+            }
+        }
+    }
+
+    /// Publishes what the handle reads between batches (replicas, connections, counters).
+    fn publish(&mut self) {
+        let mut view = lock(&self.shared.view);
+        if view.known_replicas != *self.protocol.known_replicas() {
+            view.known_replicas = self.protocol.known_replicas().clone();
+        }
+        if std::mem::take(&mut self.conns_changed) {
+            view.connected = self.conns.values().map(|e| e.identity.clone()).collect();
+        }
+        view.counters = self.protocol.counters().clone();
+        view.relay_session = self.protocol.has_relay_session();
+    }
+
+    /// Closes every connection (the thread is stopping).
+    fn close_all(self) {
+        for (_, e) in self.conns {
+            e.connection.close(0, b"shutdown");
+        }
+    }
+}
+
+fn peer_statuses(protocol: &Protocol, conns: &HashMap<ConnId, ConnEntry>) -> Vec<PeerStatus> {
+    protocol
+        .sessions()
+        .into_iter()
+        .filter_map(|s| {
+            let e = conns.get(&s.conn)?;
+            Some(PeerStatus {
+                identity: s.identity,
+                remote_addr: e.connection.remote_address(),
+                dialed: e.dialed,
+                hello_received: s.hello_received,
+                last_heard: s.last_heard,
+                bytes_sent: e.stats.bytes_sent.load(Ordering::Relaxed),
+                bytes_received: e.stats.bytes_received.load(Ordering::Relaxed),
+                rtt: e.connection.rtt(),
+                docs_behind: s.docs_behind,
+                digest_matched: s.digest_matched,
+                refused: s.refused,
+                relay: s.relay,
+            })
+        })
+        .collect()
+}

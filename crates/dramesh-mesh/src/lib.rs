@@ -4,7 +4,7 @@
 //! [`dramesh_store::Digest`], [`dramesh_store::SyncState`]); this crate moves them between peers.
 //!
 //! - [`identity`]: peer identities from certificate URI SANs and document ownership.
-//! - [`store`]: the [`DocStore`](store::DocStore) trait the mesh replicates.
+//! - [`store`]: the [`DocStore`] trait the mesh replicates.
 //! - [`wire`]: protobuf envelope and length-prefixed framing with a hard size limit.
 //! - [`protocol`]: sans-I/O replication state machine (push, relay, anti-entropy, authorization).
 //! - [`version`]: protocol versions and features announced in `Hello`, and the rule admitting a
@@ -12,7 +12,7 @@
 //! - [`certs`]: development PKI generation and loading (rcgen, PEM).
 //! - [`transport`]: quinn/rustls mutual-TLS endpoint configuration.
 //! - [`node`]: the async node the daemons run ([`node::MeshHandle`]).
-//! - [`store_adapter`]: the persistent `dramesh-store` as a [`DocStore`](store::DocStore).
+//! - [`store_adapter`]: the persistent `dramesh-store` as a [`DocStore`].
 //! - [`daemon`]: what the agent and replica daemons share around a node (store opening, stop
 //!   signal, shutdown order).
 //! - [`observe`]: copies a node's and its store's state into the daemon's metric set.

@@ -38,41 +38,60 @@ pub(crate) struct RoleRecord {
     pub(crate) scheduler: String,
 }
 
+/// The store key of replica `replica`'s metadata record of kind `prefix` (`_role.`,
+/// `_ack.`): one key per replica, since the store shows one value per key of the scope.
+pub(crate) fn meta_key(prefix: &str, replica: &str) -> ObjectKey {
+    ObjectKey::new(ObjectKind::ClusterInfo, None, &format!("{prefix}{replica}"))
+}
+
+/// The replica whose metadata record of kind `prefix` `key` (of the reservation scope) is,
+/// if it is one.
+pub(crate) fn meta_of<'a>(prefix: &str, key: &'a ObjectKey) -> Option<&'a str> {
+    if key.kind != ObjectKind::ClusterInfo {
+        return None;
+    }
+    key.name.strip_prefix(prefix).filter(|r| !r.is_empty())
+}
+
+/// Applies one change of a metadata record of kind `prefix` to `records`, by replica; a
+/// record that does not decode is logged (naming `what`) and ignored.
+pub(crate) fn apply_meta<T: serde::de::DeserializeOwned>(
+    records: &mut BTreeMap<String, T>,
+    prefix: &str,
+    what: &str,
+    change: &dramesh_model::ObjectChange,
+) {
+    use dramesh_model::ObjectChange;
+    let Some(replica) = meta_of(prefix, change.key()) else {
+        return;
+    };
+    match change {
+        ObjectChange::Upsert { json, .. } => match serde_json::from_slice::<T>(json) {
+            Ok(r) => {
+                records.insert(replica.to_string(), r);
+            }
+            Err(e) => tracing::warn!(replica, error = %e, "{what} ignored"),
+        },
+        ObjectChange::Delete { .. } => {
+            records.remove(replica);
+        }
+    }
+}
+
 /// The store key of replica `replica`'s role record.
 pub(crate) fn role_key(replica: &str) -> ObjectKey {
-    ObjectKey::new(
-        ObjectKind::ClusterInfo,
-        None,
-        &format!("{ROLE_PREFIX}{replica}"),
-    )
+    meta_key(ROLE_PREFIX, replica)
 }
 
 /// The replica whose role record `key` (of the reservation scope) is, if it is one.
 pub(crate) fn role_of(key: &ObjectKey) -> Option<&str> {
-    if key.kind != ObjectKind::ClusterInfo {
-        return None;
-    }
-    key.name.strip_prefix(ROLE_PREFIX).filter(|r| !r.is_empty())
+    meta_of(ROLE_PREFIX, key)
 }
 
 /// Applies one change of a role record to `roles`; a record that does not decode is
 /// logged and ignored.
 pub(crate) fn apply(roles: &mut Roles, change: &dramesh_model::ObjectChange) {
-    use dramesh_model::ObjectChange;
-    let Some(replica) = role_of(change.key()) else {
-        return;
-    };
-    match change {
-        ObjectChange::Upsert { json, .. } => match serde_json::from_slice::<RoleRecord>(json) {
-            Ok(r) => {
-                roles.insert(replica.to_string(), r);
-            }
-            Err(e) => tracing::warn!(replica, error = %e, "scheduler role record ignored"),
-        },
-        ObjectChange::Delete { .. } => {
-            roles.remove(replica);
-        }
-    }
+    apply_meta(roles, ROLE_PREFIX, "scheduler role record", change);
 }
 
 /// The role records known, by replica id.

@@ -22,7 +22,7 @@
 
 use std::collections::BTreeMap;
 
-use dramesh_model::{ObjectKey, ObjectKind};
+use dramesh_model::ObjectKey;
 use serde::{Deserialize, Serialize};
 
 /// The prefix of the ack record's key name (followed by the replica id).
@@ -44,39 +44,18 @@ pub(crate) type Acks = BTreeMap<String, AckRecord>;
 
 /// The store key of replica `replica`'s ack record.
 pub(crate) fn ack_key(replica: &str) -> ObjectKey {
-    ObjectKey::new(
-        ObjectKind::ClusterInfo,
-        None,
-        &format!("{ACK_PREFIX}{replica}"),
-    )
+    crate::members::meta_key(ACK_PREFIX, replica)
 }
 
 /// The replica whose ack record `key` (of the reservation scope) is, if it is one.
 pub(crate) fn ack_of(key: &ObjectKey) -> Option<&str> {
-    if key.kind != ObjectKind::ClusterInfo {
-        return None;
-    }
-    key.name.strip_prefix(ACK_PREFIX).filter(|r| !r.is_empty())
+    crate::members::meta_of(ACK_PREFIX, key)
 }
 
 /// Applies one change of an ack record to `acks`; a record that does not decode is logged
 /// and ignored.
 pub(crate) fn apply(acks: &mut Acks, change: &dramesh_model::ObjectChange) {
-    use dramesh_model::ObjectChange;
-    let Some(replica) = ack_of(change.key()) else {
-        return;
-    };
-    match change {
-        ObjectChange::Upsert { json, .. } => match serde_json::from_slice::<AckRecord>(json) {
-            Ok(r) => {
-                acks.insert(replica.to_string(), r);
-            }
-            Err(e) => tracing::warn!(replica, error = %e, "ack record ignored"),
-        },
-        ObjectChange::Delete { .. } => {
-            acks.remove(replica);
-        }
-    }
+    crate::members::apply_meta(acks, ACK_PREFIX, "ack record", change);
 }
 
 /// The ack record replica `me`, whose latest reservation is `seq`, publishes given the

@@ -111,13 +111,21 @@ impl MeshStore {
     }
 
     /// Retires a member cluster (see [`Store::retire_cluster`]); returns the visible changes
-    /// (they are not queued: the caller applies them in order with what it drained).
+    /// to apply now, in order: the cluster's changes still queued (they came before the
+    /// retirement), then what the retirement dropped. The cluster has nothing left in the
+    /// queue, so a later drain cannot bring a dropped document's objects back into the view.
     pub fn retire_cluster(
         &mut self,
         cluster: &str,
         at_ms: u64,
     ) -> Result<Vec<(String, ObjectChange)>, StoreError> {
-        self.store.retire_cluster(cluster, at_ms)
+        let dropped = self.store.retire_cluster(cluster, at_ms)?;
+        let (mut out, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.queue)
+            .into_iter()
+            .partition(|(c, _)| c == cluster);
+        self.queue = rest;
+        out.extend(dropped);
+        Ok(out)
     }
 
     /// The queued view changes of received sync messages, oldest first.
@@ -454,6 +462,62 @@ mod tests {
         }
         let e = peers[1].store.entry(&docref).unwrap();
         assert_eq!(Some(e), peers[0].store.entry(&docref));
+    }
+
+    /// Changes of a cluster received but not yet drained when the cluster is retired come
+    /// back from the retirement ahead of its deletes, and leave the queue: a drain after the
+    /// retirement (the replica's feed, racing an API retirement) cannot list the cluster again.
+    #[test]
+    fn retiring_a_cluster_hands_back_its_queued_changes_before_its_deletes() {
+        let agent_id = PeerIdentity::Agent {
+            cluster: "east".into(),
+            node: dramesh_store::CLUSTER_PUBLISHER.into(),
+        };
+        let replica_id = PeerIdentity::Replica { id: "r1".into() };
+        let cfg = || ProtocolConfig {
+            jitter_seed: 5,
+            anti_entropy_interval: Duration::from_secs(60),
+            ..ProtocolConfig::default()
+        };
+        let doc = DocId::new("east", dramesh_store::CLUSTER_PUBLISHER);
+        let mut agent_store = MeshStore::new(mem(), false);
+        agent_store.open_writer(&doc).unwrap();
+        agent_store.apply(&doc, vec![node("n1", "a")]).unwrap();
+        let mut peers = agent_and_replica(&agent_id, &replica_id, agent_store, cfg);
+        let now = Instant::now();
+        let mut outs = VecDeque::new();
+        let (a, b) = peers.split_at_mut(1);
+        for o in a[0].proto.on_connected(ConnId(1), replica_id.clone(), now) {
+            outs.push_back((0, o));
+        }
+        for o in b[0].proto.on_connected(ConnId(2), agent_id.clone(), now) {
+            outs.push_back((1, o));
+        }
+        run(&mut peers, outs, now);
+        // Queued, not drained, when the retirement comes.
+        let after_ms = u64::try_from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis(),
+        )
+        .unwrap()
+            + 60_000;
+        let got: Vec<String> = peers[1]
+            .store
+            .retire_cluster("east", after_ms)
+            .unwrap()
+            .into_iter()
+            .map(|(c, ch)| {
+                let op = match ch {
+                    ObjectChange::Upsert { .. } => "upsert",
+                    ObjectChange::Delete { .. } => "delete",
+                };
+                format!("{c}:{op}:{}", ch.key().name)
+            })
+            .collect();
+        assert_eq!(got, ["east:upsert:n1", "east:delete:n1"]);
+        assert!(peers[1].store.drain_changes().is_empty());
     }
 
     #[test]

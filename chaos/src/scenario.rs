@@ -913,7 +913,6 @@ fn play_fault(
     // The scheduler scenarios keep what fits fixed: the driver changes nothing.
     let drive = !matches!(sc.fault, Fault::SchedulerPartition { .. });
     let sampler_stop = Arc::new(AtomicBool::new(false));
-    // (binding clusters, bindings to create, created so far, interval, the sampler, policy)
     let mut sched: Option<SchedRun> = None;
     let interval = match write_rate.or(scenario_rate) {
         Some(r) if r > 0.0 => Duration::from_secs_f64(1.0 / r),

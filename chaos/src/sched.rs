@@ -57,14 +57,7 @@ impl Karmada {
             .block_on(FakeApi::start_on(SocketAddr::from((gateway, 0))))
             .with_context(|| format!("starting the Karmada API server on {gateway}"))?;
         for c in clusters {
-            api.apply(
-                json!({"apiVersion": "cluster.karmada.io/v1alpha1", "kind": "Cluster",
-                "metadata": {"name": c, "labels": {"name": c}},
-                "spec": {"syncMode": "Push"},
-                "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "",
-                    "message": "", "lastTransitionTime": "2026-11-28T00:00:00Z"}],
-                    "apiEnablements": dramesh_sim::karmada_api_enablements()}}),
-            );
+            api.apply(dramesh_sim::karmada_cluster(c, true));
         }
         api.apply(
             json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",

@@ -562,6 +562,18 @@ fn write_snapshot_files(
     Ok(())
 }
 
+/// A Karmada `Cluster` named `name` (label `name: <name>`, push mode) as its status controller
+/// reports it: `Ready` (or not, per `ready`) and serving every API of
+/// [`karmada_api_enablements`], so no scheduler filter refuses it for a missing API.
+pub fn karmada_cluster(name: &str, ready: bool) -> Value {
+    json!({"apiVersion": "cluster.karmada.io/v1alpha1", "kind": "Cluster",
+        "metadata": {"name": name, "labels": {"name": name}},
+        "spec": {"syncMode": "Push"},
+        "status": {"conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" },
+            "reason": "", "message": "", "lastTransitionTime": "2026-11-25T12:00:00Z"}],
+            "apiEnablements": karmada_api_enablements()}})
+}
+
 /// `status.apiEnablements` of a member cluster that serves the built-in workload kinds and
 /// the common training CRDs (RayJob, RayCluster, TrainJob, PyTorchJob), as Karmada's
 /// cluster status controller writes it: Karmada's scheduler places a resource only on

@@ -55,14 +55,7 @@ fn publish(state: &ReplicaState, i: usize, used: usize, before: Option<usize>) {
     state.apply_changes(&changes);
 }
 
-fn cluster(name: &str, ready: bool) -> Value {
-    json!({"apiVersion": "cluster.karmada.io/v1alpha1", "kind": "Cluster",
-        "metadata": {"name": name, "labels": {"name": name}},
-        "spec": {"syncMode": "Push"},
-        "status": {"conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" },
-            "reason": "", "message": "", "lastTransitionTime": "2026-11-25T12:00:00Z"}],
-            "apiEnablements": dramesh_sim::karmada_api_enablements()}})
-}
+use dramesh_sim::karmada_cluster as cluster;
 
 fn deployment(name: &str) -> Value {
     json!({"apiVersion": "apps/v1", "kind": "Deployment",

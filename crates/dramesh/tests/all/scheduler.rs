@@ -29,7 +29,7 @@ use kube::core::GroupVersionKind;
 use serde_json::{Value, json};
 
 fn cluster(name: &str) -> Value {
-    common::karmada_cluster(name)
+    dramesh_sim::karmada_cluster(name, true)
 }
 
 fn binding(name: &str, scheduler: &str) -> Value {

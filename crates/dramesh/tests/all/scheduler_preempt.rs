@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 const NS: &str = "default";
 
 fn cluster(name: &str) -> Value {
-    common::karmada_cluster(name)
+    dramesh_sim::karmada_cluster(name, true)
 }
 
 /// Deployment `name` of GPU replicas, its pods of PriorityClass `class` when given.

@@ -32,7 +32,7 @@ const SLOTS: i64 = 8;
 const SETTLE: Duration = Duration::from_millis(500);
 
 fn cluster(name: &str) -> Value {
-    common::karmada_cluster(name)
+    dramesh_sim::karmada_cluster(name, true)
 }
 
 /// A Deployment of one pod with one GPU claim, and its binding over both clusters.

@@ -931,17 +931,6 @@ impl Replicas {
     }
 }
 
-/// A Karmada Cluster `name` (label `name: <name>`), Ready, listing every API
-/// `dramesh-sim` workloads use.
-pub(crate) fn karmada_cluster(name: &str) -> Value {
-    serde_json::json!({"apiVersion": "cluster.karmada.io/v1alpha1", "kind": "Cluster",
-        "metadata": {"name": name, "labels": {"name": name}},
-        "spec": {"syncMode": "Push"},
-        "status": {"conditions": [{"type": "Ready", "status": "True",
-            "reason": "", "message": "", "lastTransitionTime": "2026-11-25T12:00:00Z"}],
-            "apiEnablements": dramesh_sim::karmada_api_enablements()}})
-}
-
 /// Waits until the replica at `h` has `clusters` member clusters in its status and is ready
 /// (caught up with a peer replica, so the mesh carries reservations between them).
 pub(crate) async fn wait_clusters_and_ready(h: SocketAddr, clusters: usize) {

@@ -9,7 +9,25 @@ use crate::fit::{AssumedDevices, DeviceQuery};
 use crate::hash::FastMap;
 use crate::overlay::Overlay;
 use crate::resources::{ResList, ResName};
-use crate::view::{ClusterView, NodeEntry};
+use crate::view::{ClusterView, NodeEntry, ViewStamp};
+
+/// Where one cluster's first-fit deductions end ([`crate::Estimator::deduction_reach`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reach {
+    /// The last node (in name order) any replica was deducted from; `None`: none was.
+    pub last: Option<Arc<str>>,
+    /// Replicas that fit nowhere.
+    pub unplaced: i64,
+}
+
+impl Reach {
+    /// Whether a change of `node` leaves every first-fit of these deductions as it was
+    /// whatever it changed: every replica was placed, all of them before `node`, so no
+    /// first-fit reached it with replicas left.
+    pub fn passes(&self, node: &str) -> bool {
+        self.unplaced == 0 && self.last.as_deref().is_none_or(|l| node > l)
+    }
+}
 use crate::workload::Workload;
 
 /// An in-flight workload already assigned to a cluster but not yet bound to nodes.
@@ -218,6 +236,18 @@ impl Deductions {
         }
     }
 
+    /// Where these deductions end; `None` once a replica holds a device not local to its
+    /// node (then every node's answer depends on every deduction).
+    pub(crate) fn reach(&self) -> Option<Reach> {
+        if self.held.as_ref().is_some_and(AssumedDevices::holds_shared) {
+            return None;
+        }
+        Some(Reach {
+            last: self.res.keys().max().cloned(),
+            unplaced: self.unplaced,
+        })
+    }
+
     /// Gives back what [`Deductions::take_devices`] took.
     pub(crate) fn put_devices(&mut self, held: Option<AssumedDevices>) {
         if held.is_some() {
@@ -380,16 +410,16 @@ fn shape_key(a: &AssumedWorkload) -> Option<u64> {
 }
 
 /// One cluster's deductions kept between estimates, extended when the assumed list grows at
-/// its end and built again when anything else changed (the view, an earlier entry).
+/// its end, carried over a view change that moves no first-fit it made
+/// ([`DeductionLog::carries_to`]), and built again when anything else changed (the view, an
+/// earlier entry).
 ///
 /// A build is numbered; each extension is an epoch, and every node it deducted from is
 /// logged with it, so a memo made at (build, epoch) is brought up to date by revisiting
 /// the nodes logged after its epoch.
 #[derive(Debug)]
 pub(crate) struct DeductionLog {
-    view_gen: u64,
-    dev_counter: u64,
-    shared_gen: u64,
+    stamp: ViewStamp,
     max_steps: Option<u64>,
     /// Unique per build among an estimator's logs; never 0 (a memo without deductions).
     pub(crate) build: u64,
@@ -409,9 +439,7 @@ impl DeductionLog {
     /// An empty log of `c` as it is now.
     pub(crate) fn new(c: &ClusterView, max_steps: Option<u64>, build: u64) -> DeductionLog {
         DeductionLog {
-            view_gen: c.generation,
-            dev_counter: c.devices.counter(),
-            shared_gen: c.devices.shared_gen,
+            stamp: c.stamp(),
             max_steps,
             build,
             epoch: 0,
@@ -424,24 +452,65 @@ impl DeductionLog {
     }
 
     /// Whether extending this log gives the deductions of `list` in `c`: built on the same
-    /// view and budget, and what it placed is a prefix of `list`.
-    pub(crate) fn extends_to(
-        &self,
+    /// budget, what it placed is a prefix of `list`, and built on the same view of `c`, or on
+    /// one whose changes since leave every first-fit it made as it was, in which case the log
+    /// now counts as built on `c` as it is. A changed node leaves them when it leaves the
+    /// fit of everything placed as it was ([`NodeChange::leaves_fits`]), or when it comes
+    /// after every node deducted from and every replica was placed (no first-fit reached it
+    /// with replicas left). Then first-fit places the same replicas on the same nodes, so the
+    /// deductions, the device allocations and the first-fit cursors (each at or before the
+    /// last node deducted from, or the first node) are those a build on `c` would make.
+    pub(crate) fn carries_to(
+        &mut self,
         c: &ClusterView,
         list: &AssumedList,
         max_steps: Option<u64>,
     ) -> bool {
-        self.view_gen == c.generation
-            && self.dev_counter == c.devices.counter()
-            && self.shared_gen == c.devices.shared_gen
-            && self.max_steps == max_steps
-            && (self.last.as_ref().is_some_and(|l| Arc::ptr_eq(l, list))
-                || (self.placed.len() <= list.len()
-                    && self
-                        .placed
-                        .iter()
-                        .zip(list.iter())
-                        .all(|(a, b)| same_deduction(a, b))))
+        if self.max_steps != max_steps || !self.is_prefix_of(list) {
+            return false;
+        }
+        let now = c.stamp();
+        if self.stamp == now {
+            return true;
+        }
+        let Some(reach) = self.ded.reach() else {
+            return false;
+        };
+        let Some(changes) = c.node_changes_since(&self.stamp) else {
+            return false;
+        };
+        if self.placed.iter().any(|a| {
+            a.claims
+                .as_ref()
+                .is_some_and(|w| !w.shared_claims.is_empty())
+        }) {
+            return false;
+        }
+        let mut claims: Vec<&NodeClaim> = Vec::new();
+        for a in &self.placed {
+            if !claims.contains(&&a.node_claim) {
+                claims.push(&a.node_claim);
+            }
+        }
+        if !changes
+            .iter()
+            .all(|ch| ch.leaves_fits(c, &claims) || reach.passes(&ch.node))
+        {
+            return false;
+        }
+        self.stamp = now;
+        true
+    }
+
+    /// Whether what this log placed is a prefix of `list`.
+    fn is_prefix_of(&self, list: &AssumedList) -> bool {
+        self.last.as_ref().is_some_and(|l| Arc::ptr_eq(l, list))
+            || (self.placed.len() <= list.len()
+                && self
+                    .placed
+                    .iter()
+                    .zip(list.iter())
+                    .all(|(a, b)| same_deduction(a, b)))
     }
 
     /// Records that what is placed is all of `list`.

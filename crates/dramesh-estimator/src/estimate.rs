@@ -20,7 +20,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::assumed::{Assumed, AssumedList, DeductionLog, NodeFree, assumed_deductions, node_free};
+use crate::assumed::{
+    Assumed, AssumedList, DeductionLog, NodeFree, Reach, assumed_deductions, node_free,
+};
 use crate::filter::NodeClaim;
 use crate::fit::{AssumedDevices, DeviceCache, DeviceQuery};
 use crate::hash::{FastMap, FastSet};
@@ -196,7 +198,7 @@ pub struct Estimator {
     /// with the same assumed list or one that extends it.
     deductions: FastMap<String, DeductionLog>,
     /// Deduction builds made (numbers them).
-    builds: u64,
+    pub(crate) builds: u64,
     /// Headroom's per-node counts of hypothetical nodes (see [`ShapeKey`]).
     shape_counts: FastMap<ShapeKey, (ShapeGens, NodeCount)>,
     /// Headroom's NodePool plans per cluster, with the cluster generation they were made at
@@ -240,7 +242,10 @@ pub fn view_cache_bytes(view: &View) -> usize {
     (view.estimated_bytes() / 4).clamp(MIN_CACHE_BYTES, DEFAULT_CACHE_BYTES)
 }
 
-type MemoKey = (String, u64);
+/// (cluster, workload key, with deductions): answers with nothing deducted are kept apart
+/// from answers against a deduction log, so estimates of both kinds (a decision's and a
+/// resolution's count with nothing deducted) do not recount the cluster in turn.
+type MemoKey = (String, u64, bool);
 
 #[derive(Debug)]
 struct Memo {
@@ -284,7 +289,7 @@ impl Factor {
 
 /// A cluster's per-node answers for one workload, with their sums, valid as of the
 /// recorded generations.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct ClusterMemo {
     /// The deduction build and epoch the answers count against (0: no deductions).
     build: u64,
@@ -596,6 +601,22 @@ impl Estimator {
         out.headroom = Some(headroom);
     }
 
+    /// Where the first-fit deductions of `list` (assumed workloads of `cluster`, in
+    /// deduction order) end in `view` (see [`Reach`]); `None` when the cluster is not in the
+    /// view or a replica holds a device not local to its node.
+    pub fn deduction_reach(
+        &mut self,
+        view: &View,
+        cluster: &str,
+        list: &AssumedList,
+    ) -> Option<Reach> {
+        let c = view.cluster(cluster)?;
+        let log = self.take_deductions(c, list, &EstimateOptions::default())?;
+        let reach = log.ded.reach();
+        self.deductions.insert(c.name.clone(), log);
+        reach
+    }
+
     /// The cluster's deductions of `list` (its assumed workloads, in order), taken out of
     /// the kept logs: the kept log extended when `list` extends what it placed, else a new
     /// build. `None` once the deadline passed (the kept log stays, a consistent prefix).
@@ -606,9 +627,13 @@ impl Estimator {
         opts: &EstimateOptions,
     ) -> Option<DeductionLog> {
         let steps = opts.max_allocation_steps;
-        let mut log = match self.deductions.remove(&c.name) {
-            Some(l) if l.extends_to(c, list, steps) => l,
-            _ => {
+        let kept = self
+            .deductions
+            .remove(&c.name)
+            .and_then(|mut l| l.carries_to(c, list, steps).then_some(l));
+        let mut log = match kept {
+            Some(l) => l,
+            None => {
                 self.builds += 1;
                 DeductionLog::new(c, steps, self.builds)
             }
@@ -678,8 +703,15 @@ impl Estimator {
         opts: &EstimateOptions,
         list: Option<&AssumedList>,
     ) -> ClusterEstimate {
-        let key = (c.name.clone(), workload_key(w, opts));
-        let memo = self.take_memo(&key);
+        let key = (c.name.clone(), workload_key(w, opts), list.is_some());
+        // A first answer against deductions starts from the answers with nothing deducted
+        // (nodes never deducted from answer the same).
+        let memo = self.take_memo(&key).or_else(|| {
+            let base = (key.0.clone(), key.1, false);
+            (key.2)
+                .then(|| self.memos.get(&base).map(|m| m.memo.clone()))
+                .flatten()
+        });
         let mut log = match list {
             None => None,
             Some(list) => match self.take_deductions(c, list, opts) {
@@ -1199,7 +1231,7 @@ mod tests {
     }
 
     fn key(i: u64) -> MemoKey {
-        ("c".to_string(), i)
+        ("c".to_string(), i, false)
     }
 
     #[test]

@@ -47,7 +47,7 @@ extern crate self as dramesh_estimator;
 #[path = "../tests/all/common/fleet.rs"]
 mod test_fleet;
 
-pub use assumed::{Assumed, AssumedList, AssumedWorkload};
+pub use assumed::{Assumed, AssumedList, AssumedWorkload, Reach};
 pub use cluster_devices::{ClassUsage, ClusterDevices};
 pub use estimate::{
     CacheBound, ClusterEstimate, Component, DEADLINE_EXCEEDED, DEFAULT_CACHE_BYTES, Estimate,
@@ -75,8 +75,8 @@ pub use reservations::{
 pub use resources::{ResList, ResName};
 pub use snapshot::{SnapshotError, load_snapshot};
 pub use view::{
-    ApplyError, Autoscaling, ClusterView, NodeEntry, NodeUsage, Owner, PodEntry, VIEW_BYTES_PER,
-    View,
+    ApplyError, Autoscaling, ClusterView, NodeChange, NodeEntry, NodeUsage, Owner, PodEntry,
+    VIEW_BYTES_PER, View, ViewStamp, owner_key,
 };
 pub use workload::{
     ClaimRef, MAX_CLAIM_REFS, TemplateRef, TemplateSource, Workload, WorkloadError, load_workload,

@@ -16,7 +16,8 @@
 //!
 //! Guarantees: the result does not depend on the order of the input slice, and two replicas
 //! whose views and reservation sets are equal compute equal results (the estimator is
-//! deterministic). A reservation is all or nothing: one that fits only partly is conflicted.
+//! deterministic), whether they resolve from nothing or from an earlier resolution carried
+//! over node changes ([`resolve_cluster`]: carrying is exact or not done). A reservation is all or nothing: one that fits only partly is conflicted.
 //! Deductions are by resource requests and pod slots (cpu, memory, extended resources such
 //! as `nvidia.com/gpu`, pods), the same model as Karmada assumed workloads, and by DRA
 //! devices: each reserved replica of a workload with claims holds its own allocation of the
@@ -27,9 +28,10 @@ use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::assumed::{Assumed, AssumedWorkload};
+use crate::assumed::{Assumed, AssumedList, AssumedWorkload, Reach};
 use crate::estimate::{EstimateOptions, Estimator};
-use crate::view::View;
+use crate::filter::NodeClaim;
+use crate::view::{ClusterView, View, ViewStamp};
 use crate::workload::Workload;
 
 /// One live reservation, as resolution needs it.
@@ -86,6 +88,18 @@ pub struct ClusterResolution {
     pub assumed: Vec<Arc<AssumedWorkload>>,
     /// The place in `ranked` of each entry of `assumed`.
     pub assumed_at: Vec<usize>,
+    /// The view of the cluster it holds on.
+    stamp: ViewStamp,
+    /// Per entry of `ranked`: the replicas its check found the cluster to fit (`None`: not
+    /// checked, holding nothing, or the check failed).
+    counts: Vec<Option<i64>>,
+    /// Per workload shape (fingerprint) of `ranked`: the replicas the cluster fits with
+    /// nothing deducted.
+    bases: Vec<(u64, i64)>,
+    /// Where the admitted reservations' first-fit deductions end (`None`: unknown).
+    reach: Option<Reach>,
+    /// Entries of `ranked` taken from the previous resolution without an estimate.
+    reused: usize,
 }
 
 impl ClusterResolution {
@@ -102,6 +116,159 @@ impl ClusterResolution {
     pub fn assumed_ids(&self) -> impl Iterator<Item = &Arc<str>> {
         self.assumed_at.iter().map(|&i| &self.ranked[i].id)
     }
+
+    /// The view of the cluster this resolution holds on.
+    pub fn stamp(&self) -> ViewStamp {
+        self.stamp
+    }
+
+    /// Entries taken from the previous resolution without an estimate ([`resolve_cluster`]).
+    pub fn reused(&self) -> usize {
+        self.reused
+    }
+
+    /// Keeps the first `n` entries of the ranking.
+    fn truncate(&mut self, n: usize) {
+        self.ranked.truncate(n);
+        self.counts.truncate(n);
+        let admitted = self.assumed_at.iter().take_while(|&&i| i < n).count();
+        self.assumed.truncate(admitted);
+        self.assumed_at.truncate(admitted);
+    }
+
+    /// This resolution of `list` (ranked), made on an earlier view of `cluster`, brought to
+    /// `view` as it is, as far as that is exact without checking again: `None` when the
+    /// changes since are not all of a node (see [`ClusterView::node_changes_since`]) or a
+    /// changed node may take or give replicas of an admitted reservation's first-fit.
+    /// Otherwise the entries that rank as before, cut at the first whose outcome the changes
+    /// turn (the rest are checked again). Why it is exact: a check's count is the sum of
+    /// independent per-node answers (workloads without shared claims, no device held
+    /// outside its node). A changed node that leaves every fit as it was changes no answer.
+    /// Any other changed node comes after every node deducted from, all replicas placed, so
+    /// the deductions are the same, the node holds none of them in every check, and its
+    /// answer there is its answer with nothing deducted: each count moves by what its
+    /// workload's count with nothing deducted moved (kept per shape in `bases`), which one
+    /// memoized estimate per shape gives.
+    fn carried(
+        &self,
+        view: &View,
+        estimator: &mut Estimator,
+        cluster: &str,
+        list: &[&Reservation],
+    ) -> Option<ClusterResolution> {
+        let cv = view.cluster(cluster)?;
+        let changes = cv.node_changes_since(&self.stamp)?;
+        let same = self
+            .ranked
+            .iter()
+            .zip(list)
+            .take_while(|(a, b)| {
+                (Arc::ptr_eq(&a.id, &b.id) || a.id == b.id)
+                    && a.priority == b.priority
+                    && a.replicas == b.replicas
+            })
+            .count();
+        let mut claims: Vec<&NodeClaim> = Vec::new();
+        for r in &list[..same] {
+            // A shared claim's allocation may select nodes by label: not judged here.
+            if !r.workload.shared_claims.is_empty() {
+                return None;
+            }
+            if !claims.contains(&&r.workload.node_claim) {
+                claims.push(&r.workload.node_claim);
+            }
+        }
+        let mut moved = false;
+        for ch in &changes {
+            if ch.leaves_fits(cv, &claims) {
+                continue;
+            }
+            if !self.reach.as_ref().is_some_and(|r| r.passes(&ch.node)) {
+                return None;
+            }
+            moved = true;
+        }
+        let mut out = self.clone();
+        out.truncate(same);
+        out.stamp = cv.stamp();
+        if moved {
+            let mut shifts: Vec<(u64, Option<i64>)> = Vec::new();
+            for (i, r) in list[..same].iter().enumerate() {
+                if r.replicas <= 0 {
+                    continue;
+                }
+                let fp = r.workload.fingerprint;
+                let shift = match shifts.iter().find(|(f, _)| *f == fp) {
+                    Some((_, s)) => *s,
+                    None => {
+                        let was = self.bases.iter().find(|(f, _)| *f == fp).map(|(_, b)| *b);
+                        let now = base_count(view, estimator, cluster, &r.workload);
+                        let s = was.zip(now).map(|(w, n)| n - w);
+                        shifts.push((fp, s));
+                        s
+                    }
+                };
+                let (Some(shift), Some(count)) = (shift, out.counts[i]) else {
+                    out.truncate(i);
+                    break;
+                };
+                let count = count + shift;
+                let admitted = count >= r.replicas;
+                if admitted != matches!(out.ranked[i].admission, Admission::Admitted) {
+                    out.truncate(i);
+                    break;
+                }
+                out.counts[i] = Some(count);
+                if let Admission::Conflicted { available, .. } = &mut out.ranked[i].admission {
+                    *available = count;
+                }
+            }
+        }
+        Some(out)
+    }
+
+    /// Records what a later resolution needs to carry this one to another view: the stamp,
+    /// each shape's count with nothing deducted, where the deductions end.
+    fn finish(
+        &mut self,
+        view: &View,
+        estimator: &mut Estimator,
+        cluster: &str,
+        list: &[&Reservation],
+    ) {
+        self.stamp = view
+            .cluster(cluster)
+            .map(ClusterView::stamp)
+            .unwrap_or_default();
+        let mut bases: Vec<(u64, i64)> = Vec::new();
+        let mut tried: Vec<u64> = Vec::new();
+        for r in list {
+            let fp = r.workload.fingerprint;
+            if r.replicas > 0 && !tried.contains(&fp) {
+                tried.push(fp);
+                // Unknown (the estimate failed): entries of this shape are checked again
+                // after any change that is not fit-neutral.
+                if let Some(n) = base_count(view, estimator, cluster, &r.workload) {
+                    bases.push((fp, n));
+                }
+            }
+        }
+        self.bases = bases;
+        let list: AssumedList = self.assumed.clone().into();
+        self.reach = estimator.deduction_reach(view, cluster, &list);
+    }
+}
+
+/// Replicas of `w` that `cluster` fits with nothing deducted (`None`: the estimate failed).
+fn base_count(view: &View, estimator: &mut Estimator, cluster: &str, w: &Workload) -> Option<i64> {
+    let opts = EstimateOptions {
+        clusters: vec![cluster.to_string()],
+        ..EstimateOptions::default()
+    };
+    let est = estimator.estimate(view, w, &opts);
+    est.cluster(cluster)
+        .filter(|c| c.error.is_none())
+        .map(|c| c.max_replicas)
 }
 
 /// The result of [`resolve`]: each cluster's resolution.
@@ -189,11 +356,15 @@ pub fn resolve(view: &View, estimator: &mut Estimator, reservations: &[Reservati
 }
 
 /// [`resolve`] of the reservations of one cluster (those of `reservations` in `cluster`),
-/// reusing `previous`, an earlier result of this function for the same cluster on the same
-/// view of it: the reservations ranked before the first difference between the two rankings
-/// keep their outcomes (an outcome depends only on the reservations ranked before it), and
-/// only the rest are checked, each with one estimate. Besides those estimates, the work is
-/// copying pointers, one per reservation.
+/// reusing `previous`, an earlier result of this function for the same cluster: the
+/// reservations ranked before the first difference between the two rankings keep their
+/// outcomes (an outcome depends only on the reservations ranked before it), and only the rest
+/// are checked, each with one estimate. When the view of the cluster changed since
+/// `previous`, it is first carried to the view as it is where that is exact (see
+/// `ClusterResolution::carried`: node changes that leave every fit as it was, or that come
+/// after every deduction, shift counts by one memoized estimate per workload shape), else
+/// nothing is reused. Besides those estimates, the work is copying pointers, one per
+/// reservation.
 pub fn resolve_cluster(
     view: &View,
     estimator: &mut Estimator,
@@ -210,6 +381,18 @@ pub fn resolve_cluster(
         ranked: Vec::with_capacity(list.len()),
         ..ClusterResolution::default()
     };
+    let stamp = view
+        .cluster(cluster)
+        .map(ClusterView::stamp)
+        .unwrap_or_default();
+    let carried;
+    let previous = match previous {
+        Some(p) if p.stamp != stamp => {
+            carried = p.carried(view, estimator, cluster, &list);
+            carried.as_ref()
+        }
+        p => p,
+    };
     let mut kept = 0;
     if let Some(p) = previous {
         kept = p
@@ -223,12 +406,15 @@ pub fn resolve_cluster(
             })
             .count();
         out.ranked.extend_from_slice(&p.ranked[..kept]);
+        out.counts.extend_from_slice(&p.counts[..kept]);
         // `assumed` is in rank order: the admitted ones among the kept come first.
         let admitted = p.assumed_at.iter().take_while(|&&i| i < kept).count();
         out.assumed.extend_from_slice(&p.assumed[..admitted]);
         out.assumed_at.extend_from_slice(&p.assumed_at[..admitted]);
     }
+    out.reused = kept;
     out.check(view, estimator, cluster, list[kept..].iter().copied());
+    out.finish(view, estimator, cluster, &list);
     out
 }
 
@@ -253,7 +439,26 @@ impl ClusterResolution {
             }
             last = Some((r.priority, r.id.clone()));
         }
+        if self.stamp
+            != view
+                .cluster(cluster)
+                .map(ClusterView::stamp)
+                .unwrap_or_default()
+        {
+            return Err(format!("the view of cluster {cluster} changed since"));
+        }
         self.check(view, estimator, cluster, more.iter());
+        // Shapes new here get their counts with nothing deducted.
+        let mut list: Vec<&Reservation> = Vec::new();
+        for r in more {
+            if !self.bases.iter().any(|(f, _)| *f == r.workload.fingerprint) {
+                list.push(r);
+            }
+        }
+        let mut bases = std::mem::take(&mut self.bases);
+        self.finish(view, estimator, cluster, &list);
+        bases.append(&mut self.bases);
+        self.bases = bases;
         Ok(())
     }
 
@@ -272,6 +477,7 @@ impl ClusterResolution {
         let mut shared: Option<Assumed> = None;
         for r in list {
             let admission = if r.replicas <= 0 {
+                self.counts.push(None);
                 Admission::Admitted
             } else {
                 let assumed = shared.get_or_insert_with(|| {
@@ -292,6 +498,7 @@ impl ClusterResolution {
                         None => (c.max_replicas, None),
                     },
                 };
+                self.counts.push(reason.is_none().then_some(available));
                 if reason.is_none() && available >= r.replicas {
                     self.assumed.push(Arc::new(AssumedWorkload::from_shared(
                         cluster,
@@ -393,6 +600,11 @@ mod tests {
 
     /// A workload whose replicas each claim `gpus` DRA GPUs through a ResourceClaimTemplate.
     fn dra_workload(name: &str, gpus: i64) -> Arc<Workload> {
+        dra_workload_on(name, gpus, serde_json::json!({}))
+    }
+
+    /// [`dra_workload`] with `nodeSelector: node_selector`.
+    fn dra_workload_on(name: &str, gpus: i64, node_selector: serde_json::Value) -> Arc<Workload> {
         let tpl: dramesh_model::k8s::ResourceClaimTemplate =
             serde_json::from_value(serde_json::json!({
                 "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
@@ -407,7 +619,8 @@ mod tests {
         )]);
         let spec = serde_json::json!({
             "containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}],
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu"}]
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu"}],
+            "nodeSelector": node_selector,
         });
         Arc::new(
             Workload::from_pod_spec(
@@ -516,6 +729,136 @@ mod tests {
         }
         assert!(conflicted > 0, "the fleet should run out of GPUs");
         assert!(reused > 100, "most steps should reuse a prefix ({reused})");
+    }
+
+    /// Node changes in random order (relabels no workload selects on, relabels one does,
+    /// cordons, pods started and ended), each followed by resolving the same reservations
+    /// from the last resolution with the same estimator: it equals resolving from nothing
+    /// with a fresh estimator, and estimates deducting it equal a fresh estimator's. Most
+    /// changes are carried without checking anything again (fit-neutral, or after every
+    /// deduction, where counts move by each shape's count with nothing deducted), and some
+    /// of those move the count of a conflicted reservation.
+    #[test]
+    fn resolutions_carried_over_node_changes_equal_resolving_afresh() {
+        let spec = dramesh_sim::typed::FleetSpec {
+            clusters: 1,
+            nodes_per_cluster: 40,
+            gpus_per_node: 4,
+            owners_per_cluster: 1,
+            kubernetes_version: "1.36".into(),
+        };
+        let mut v = View::new();
+        let mut nodes = Vec::new();
+        dramesh_sim::typed::cluster_objects(&spec, 0, &|n| n % 3, |o| {
+            if let dramesh_model::ClusterObject::Node(n) = &o {
+                nodes.push((**n).clone());
+            }
+            v.apply_object("c", o).unwrap();
+        });
+        let shapes = [
+            dra_workload("one", 1),
+            dra_workload("two", 2),
+            dra_workload_on("sel", 1, serde_json::json!({"gpu": "a100"})),
+        ];
+        let mut seed = 7u64;
+        let mut next = |m: u64| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) % m
+        };
+        // Small ones, admitted within the first nodes, and three too big to fit.
+        let mut live: Vec<Reservation> = (0..12)
+            .map(|i| res(&format!("r-{i}"), 0, 1 + next(2) as i64, &shapes[i % 3]))
+            .collect();
+        for (i, w) in shapes.iter().enumerate() {
+            live.push(res(&format!("big-{i}"), 0, 130, w));
+        }
+        let pod = |node: &str, i: usize| -> dramesh_model::ClusterObject {
+            let p: dramesh_model::k8s::Pod = serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": format!("cpu-{i}"), "namespace": "other"},
+                "spec": {"nodeName": node, "containers": [{"name": "c",
+                    "resources": {"requests": {"cpu": "100"}}}]},
+                "status": {"phase": "Running"}
+            }))
+            .unwrap();
+            dramesh_model::ClusterObject::Pod(Arc::new(p))
+        };
+        let mut pods: Vec<Option<dramesh_model::ClusterObject>> = vec![None; nodes.len()];
+        let mut est = Estimator::new();
+        let mut last = resolve_cluster(&v, &mut est, "c", &live, None);
+        let probe = dra_workload("probe", 1);
+        let (mut carried, mut moved, mut neutral) = (0, 0, 0);
+        for step in 0..200 {
+            let i = next(nodes.len() as u64) as usize;
+            let node = &mut nodes[i];
+            let name = node.metadata.name.clone().unwrap();
+            let labels = node.metadata.labels.get_or_insert_default();
+            let change = next(5);
+            match change {
+                0 => {
+                    // Selected on by "sel".
+                    if labels.remove("gpu").is_none() {
+                        labels.insert("gpu".into(), "a100".into());
+                    }
+                }
+                1 => {
+                    let spec = node.spec.get_or_insert_default();
+                    spec.unschedulable = Some(!spec.unschedulable.unwrap_or(false));
+                }
+                2 => {
+                    labels.insert("update".into(), step.to_string());
+                }
+                _ => match pods[i].take() {
+                    Some(p) => v
+                        .apply("c", &ObjectChange::Delete { key: p.key() })
+                        .unwrap(),
+                    None => {
+                        let p = pod(&name, i);
+                        v.apply_object("c", p.clone()).unwrap();
+                        pods[i] = Some(p);
+                    }
+                },
+            }
+            if change < 3 {
+                let o = dramesh_model::ClusterObject::Node(Arc::new(node.clone()));
+                v.apply_object("c", o).unwrap();
+            }
+            let fresh = resolve_cluster(&v, &mut Estimator::new(), "c", &live, None);
+            let again = resolve_cluster(&v, &mut est, "c", &live, Some(&last));
+            assert_eq!(again.ranked, fresh.ranked, "step {step}");
+            assert!(again.assumed_ids().eq(fresh.assumed_ids()), "step {step}");
+            if again.reused() == live.len() {
+                carried += 1;
+                if fresh.ranked != last.ranked {
+                    moved += 1;
+                }
+                if change == 2 {
+                    neutral += 1;
+                }
+            }
+            let opts = EstimateOptions {
+                assumed: Resolution {
+                    clusters: BTreeMap::from([("c".to_string(), fresh.clone())]),
+                }
+                .assumed(),
+                ..EstimateOptions::default()
+            };
+            assert_eq!(
+                est.estimate(&v, &probe, &opts),
+                Estimator::new().estimate(&v, &probe, &opts),
+                "step {step}"
+            );
+            last = again;
+        }
+        assert!(carried > 80, "most changes are carried ({carried})");
+        assert!(neutral > 20, "irrelevant relabels are carried ({neutral})");
+        assert!(
+            moved > 10,
+            "carried changes move conflicted counts ({moved})"
+        );
+        assert!(carried < 200, "some changes are checked again ({carried})");
     }
 
     /// Extending a resolution with reservations that rank after all others gives what

@@ -19,7 +19,7 @@ use dramesh_model::karpenter::{NodeClaim, NodePool};
 use dramesh_model::{ClusterInfo, ClusterObject, ObjectChange, ObjectKey, ObjectKind};
 
 use crate::cluster_devices::{CHANGE_LOG, ClaimHandle, ClusterDevices};
-use crate::filter::NodeFacts;
+use crate::filter::{NodeClaim as PodNodeClaim, NodeFacts};
 use crate::hash::FastMap;
 use crate::resources::{ResList, ResName, pod_requests};
 
@@ -146,6 +146,44 @@ pub struct NodeUsage {
 /// or 4 NICs, 10,000 pods and 10,000 allocated claims), view and store together.
 pub const VIEW_BYTES_PER: [usize; 4] = [14 << 10, 12 << 10, 20 << 10, 12 << 10];
 
+/// Facts-only node changes whose previous facts a cluster keeps ([`NodeChange`]).
+const FACTS_LOG: usize = 128;
+
+/// What a cluster's view was at one moment, as far as estimates of its nodes are concerned
+/// ([`ClusterView::stamp`]): equal stamps, equal answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ViewStamp {
+    generation: u64,
+    dev_counter: u64,
+    shared_gen: u64,
+    templates: u64,
+}
+
+/// A node changed since some [`ViewStamp`] ([`ClusterView::node_changes_since`]).
+#[derive(Debug, Clone)]
+pub struct NodeChange {
+    /// The node's name.
+    pub node: Arc<str>,
+    /// Its facts at the stamp, when only its labels, taints or `unschedulable` changed since
+    /// (its capacity, pods and devices did not).
+    before: Option<Arc<NodeEntry>>,
+}
+
+impl NodeChange {
+    /// Whether the change leaves the node's fit of every workload whose node claim is one of
+    /// `claims` as it was, whatever is deducted from it: only its facts changed, and each
+    /// claim passes or fails it as before. (For workloads without shared claims, whose
+    /// allocations' node selectors are not judged here.)
+    pub fn leaves_fits(&self, c: &ClusterView, claims: &[&PodNodeClaim]) -> bool {
+        let (Some(old), Some(now)) = (&self.before, c.nodes.get(&self.node)) else {
+            return false;
+        };
+        claims
+            .iter()
+            .all(|k| k.check(&old.facts()).is_ok() == k.check(&now.facts()).is_ok())
+    }
+}
+
 /// One member cluster.
 #[derive(Debug, Default)]
 pub struct ClusterView {
@@ -165,6 +203,15 @@ pub struct ClusterView {
     pub(crate) log: VecDeque<(u64, Arc<str>)>,
     /// Changes at or before this generation may be missing from `log`.
     pub(crate) log_floor: u64,
+    /// The last [`FACTS_LOG`] node changes that changed only labels, taints or
+    /// `unschedulable`: (generation of the change, the node as it was before), oldest first.
+    facts_log: VecDeque<(u64, Arc<NodeEntry>)>,
+    /// Bumped when a ResourceClaimTemplate's spec changes (claim references resolve to it).
+    templates_gen: u64,
+    /// Bumped when a pod's counted facts change.
+    pods_gen: u64,
+    /// Active pods bound to a node, per owner ([`owner_key`]).
+    bound: FastMap<Box<str>, i64>,
     /// Karpenter NodePools and NodeClaims (scale-up headroom reads them; no estimate of the
     /// nodes there now does).
     pub(crate) autoscaling: Autoscaling,
@@ -224,6 +271,98 @@ impl ClusterView {
     /// Monotonic change counter of this cluster.
     pub fn generation(&self) -> u64 {
         self.generation
+    }
+
+    /// Monotonic counter of changes to the cluster's pods (bound, active, requests, owner,
+    /// claims).
+    pub fn pods_generation(&self) -> u64 {
+        self.pods_gen
+    }
+
+    /// Active pods bound to a node whose owner ([`Owner`]) has the key `owner`
+    /// ([`owner_key`]).
+    pub fn bound_pods(&self, owner: &str) -> i64 {
+        self.bound.get(owner).copied().unwrap_or(0)
+    }
+
+    /// What the view of this cluster is now, for [`ClusterView::node_changes_since`].
+    pub fn stamp(&self) -> ViewStamp {
+        ViewStamp {
+            generation: self.generation,
+            dev_counter: self.devices.counter(),
+            shared_gen: self.devices.shared_gen,
+            templates: self.templates_gen,
+        }
+    }
+
+    /// The nodes changed since `since`, each with its facts as they were then when only its
+    /// labels, taints or `unschedulable` changed since (see [`NodeChange`]); `None` when
+    /// something else changed that estimates read (device classes, node-less slices, claim
+    /// templates, the version, a node-less allocation), when the cluster has node-less
+    /// ResourceSlices (a label change could bring their devices to a node or take them away),
+    /// or when the recorded history does not reach back to `since`. Nothing else a fit of a
+    /// node reads can change: a node's answer for a workload without shared claims depends
+    /// on that node alone.
+    pub fn node_changes_since(&self, since: &ViewStamp) -> Option<Vec<NodeChange>> {
+        let now = self.stamp();
+        if since.shared_gen != now.shared_gen
+            || since.templates != now.templates
+            || since.generation > now.generation
+            || since.generation < self.log_floor
+            || since.dev_counter < self.devices.log_floor
+            || self.devices.shared_slices > 0
+        {
+            return None;
+        }
+        if *since == now {
+            return Some(Vec::new());
+        }
+        // Per node: its view changes, device changes and recorded facts changes since, and
+        // its earliest recorded facts.
+        #[derive(Default)]
+        struct Seen<'a> {
+            views: u32,
+            devices: u32,
+            facts: u32,
+            before: Option<&'a Arc<NodeEntry>>,
+        }
+        let mut per: FastMap<&Arc<str>, Seen> = FastMap::default();
+        for (g, n) in self.log.iter().rev() {
+            if *g <= since.generation {
+                break;
+            }
+            per.entry(n).or_default().views += 1;
+        }
+        for (g, n) in self.devices.log.iter().rev() {
+            if *g <= since.dev_counter {
+                break;
+            }
+            per.entry(n).or_default().devices += 1;
+        }
+        for (g, old) in self.facts_log.iter().rev() {
+            if *g <= since.generation {
+                break;
+            }
+            if let Some(p) = per.get_mut(&old.name) {
+                p.facts += 1;
+                p.before = Some(old);
+            }
+        }
+        let mut out: Vec<NodeChange> = per
+            .into_iter()
+            .map(|(node, seen)| {
+                // Facts-only: every view change of the node is a recorded facts change, and
+                // its device changes are only the one each node update makes.
+                let facts_only =
+                    seen.views > 0 && seen.devices == seen.views && seen.facts == seen.views;
+                NodeChange {
+                    node: node.clone(),
+                    before: seen.before.filter(|_| facts_only).cloned(),
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| a.node.cmp(&b.node));
+        Some(out)
     }
 
     /// The cluster's Karpenter NodePools and NodeClaims.
@@ -342,6 +481,7 @@ impl ClusterView {
         let Some(mut old) = self.pods.remove(key) else {
             return;
         };
+        self.pods_gen += 1;
         if old.node.is_none() {
             self.unbound_pods = self.unbound_pods.saturating_sub(1);
         }
@@ -353,6 +493,13 @@ impl ClusterView {
         if old.active
             && let Some(node) = &old.node
         {
+            let key = owner_key(&old.owner.namespace, &old.owner.kind, &old.owner.name);
+            if let Some(n) = self.bound.get_mut(key.as_str()) {
+                *n -= 1;
+                if *n <= 0 {
+                    self.bound.remove(key.as_str());
+                }
+            }
             if let Some(u) = self.usage.get_mut(node) {
                 u.requested.sub_all(&old.requests);
                 u.pods = u.pods.saturating_sub(1);
@@ -376,6 +523,7 @@ impl ClusterView {
             return;
         }
         self.remove_pod(&key);
+        self.pods_gen += 1;
         let mut entry = self.intern(entry);
         entry.claim_handles = entry
             .claims
@@ -385,6 +533,8 @@ impl ClusterView {
         if entry.active
             && let Some(node) = &entry.node
         {
+            let key = owner_key(&entry.owner.namespace, &entry.owner.kind, &entry.owner.name);
+            *self.bound.entry(key.into_boxed_str()).or_default() += 1;
             let u = self.usage.entry(node.clone()).or_default();
             u.requested.add_all(&entry.requests);
             u.pods += 1;
@@ -523,9 +673,19 @@ impl View {
                 if c.nodes.get(&name) == Some(&entry) {
                     return Ok(());
                 }
-                c.nodes.insert(name.clone(), entry);
+                let before = c.nodes.insert(name.clone(), entry);
                 c.devices.node_changed(&name);
                 c.bump(&name);
+                if let Some(old) = before
+                    && c.nodes
+                        .get(&name)
+                        .is_some_and(|n| n.allocatable == old.allocatable)
+                {
+                    c.facts_log.push_back((c.generation, Arc::new(old)));
+                    if c.facts_log.len() > FACTS_LOG {
+                        c.facts_log.pop_front();
+                    }
+                }
             }
             ClusterObject::Pod(p) => {
                 let pk = (key.namespace.clone().unwrap_or_default(), key.name.clone());
@@ -567,6 +727,7 @@ impl View {
                 // Only the spec is read: a metadata update changes no answer.
                 if c.claim_templates.get(&k).map(|(_, h)| *h) != Some(spec_hash) {
                     c.generation += 1;
+                    c.templates_gen += 1;
                     c.claim_templates.insert(k, (t, spec_hash));
                 }
             }
@@ -627,6 +788,7 @@ impl View {
                 let k = (key.namespace.clone().unwrap_or_default(), key.name.clone());
                 if c.claim_templates.remove(&k).is_some() {
                     c.generation += 1;
+                    c.templates_gen += 1;
                 }
             }
             ObjectKind::NodePool => {
@@ -664,6 +826,12 @@ fn node_entry(n: &Node) -> Result<NodeEntry, String> {
         unschedulable: spec.and_then(|s| s.unschedulable).unwrap_or(false),
         allocatable,
     })
+}
+
+/// The key of an owner ([`ClusterView::bound_pods`]): its names joined by NUL, which no
+/// Kubernetes name contains.
+pub fn owner_key(namespace: &str, kind: &str, name: &str) -> String {
+    format!("{namespace}\0{kind}\0{name}")
 }
 
 /// The workload identity of a pod (see [`Owner`]).

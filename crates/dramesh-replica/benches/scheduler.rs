@@ -19,7 +19,11 @@
 //! `cargo bench -p dramesh-replica --bench scheduler`. `SCHED_FLEET=clusters,nodes` changes
 //! the fleet (default `100,1000`). `SCHED_VIEW_RATE=n` (default 0) also applies `n` node
 //! updates a second, round robin over the clusters, during the steady phase, as agents
-//! publishing their nodes' status would (to every replica's view).
+//! publishing their nodes' status would (to every replica's view). `SCHED_VIEW_CHANGE` says
+//! which: `labels` (default) relabels the first node of the cluster (a change estimates
+//! count, which leaves every fit here as it was); `pods` starts or ends a one-GPU pod with
+//! its allocated ResourceClaim on a node drawn at random (two objects, one update: room
+//! taken or given back).
 //!
 //! `SCHED_REPLICAS=n` (default 1) runs `n` replicas sharing the work (`--scheduler-shard`):
 //! `n` replica states, each with its own store in its own data directory and the whole
@@ -497,9 +501,15 @@ async fn main() {
 
     let cpu = cpu_seconds();
     let view_rate: u64 = env("SCHED_VIEW_RATE", 0);
+    let pod_churn = match std::env::var("SCHED_VIEW_CHANGE").as_deref() {
+        Ok("pods") => true,
+        Ok("labels") | Err(_) => false,
+        Ok(other) => panic!("SCHED_VIEW_CHANGE={other}: expected labels or pods"),
+    };
     let updating = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(view_rate > 0));
     let updater = (view_rate > 0).then(|| {
         let (states, updating) = (states.clone(), updating.clone());
+        let nodes_per_cluster = spec.nodes_per_cluster;
         // The first node of each cluster, relabelled on every update.
         let mut firsts = Vec::new();
         for c in 0..clusters {
@@ -517,16 +527,54 @@ async fn main() {
             let period = Duration::from_secs_f64(1.0 / view_rate as f64);
             let started = Instant::now();
             let mut applied = 0u64;
+            // Pods started by `pods` churn, by (cluster, node): started when absent, ended
+            // when present.
+            let mut running: std::collections::HashSet<(usize, usize)> = Default::default();
+            let mut seed = 0x9e37_79b9_7f4a_7c15u64;
             while updating.load(std::sync::atomic::Ordering::Relaxed) {
                 let i = applied as usize % firsts.len();
-                let (cluster, node) = &mut firsts[i];
-                node.metadata
-                    .labels
-                    .get_or_insert_default()
-                    .insert("bench.dramesh.io/update".into(), applied.to_string());
-                let o = dramesh_model::ClusterObject::Node(Arc::new(node.clone()));
+                let changes = if pod_churn {
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let n = (seed >> 33) as usize % nodes_per_cluster;
+                    let cluster = firsts[i].0.clone();
+                    let node = format!("c{i}-n{n}");
+                    let (claim, pod) = (format!("{node}-churn"), format!("{node}-churn-pod"));
+                    let objects = [
+                        dramesh_model::ClusterObject::ResourceClaim(Arc::new(
+                            dramesh_sim::typed::allocated_claim("default", &claim, &node, 7),
+                        )),
+                        dramesh_model::ClusterObject::Pod(Arc::new(dramesh_sim::typed::gpu_pod(
+                            "default", &pod, &node, "churn", 0, &claim,
+                        ))),
+                    ];
+                    let start = running.insert((i, n));
+                    if !start {
+                        running.remove(&(i, n));
+                    }
+                    objects
+                        .iter()
+                        .map(|o| {
+                            let change = if start {
+                                ObjectChange::upsert(o)
+                            } else {
+                                ObjectChange::Delete { key: o.key() }
+                            };
+                            (cluster.clone(), change)
+                        })
+                        .collect::<Vec<_>>()
+                } else {
+                    let (cluster, node) = &mut firsts[i];
+                    node.metadata
+                        .labels
+                        .get_or_insert_default()
+                        .insert("bench.dramesh.io/update".into(), applied.to_string());
+                    let o = dramesh_model::ClusterObject::Node(Arc::new(node.clone()));
+                    vec![(cluster.clone(), ObjectChange::upsert(&o))]
+                };
                 for state in &states {
-                    state.apply_changes(&[(cluster.clone(), ObjectChange::upsert(&o))]);
+                    state.apply_changes(&changes);
                 }
                 applied += 1;
                 let due = started + period.mul_f64(applied as f64);

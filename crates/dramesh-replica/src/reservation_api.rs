@@ -60,9 +60,7 @@ impl ReplicaState {
         preemptor: Option<&str>,
     ) -> Result<(Vec<String>, crate::group_commit::Ticket), ApiError> {
         let indexes = self.indexes();
-        let mut compute = indexes.compute();
-        self.reservations
-            .queue_own(all, preemptor, &indexes.view, &mut compute.resolution)
+        self.reservations.queue_own(all, preemptor, &indexes.view)
     }
 
     /// Writes a reservation owned by this replica and created by `caller`, within its caps
@@ -209,12 +207,30 @@ mod tests {
     use dramesh_api::auth::Caps;
     use dramesh_api::native::WorkloadRef;
     use dramesh_model::Manifest;
+    use std::collections::BTreeMap;
     use std::path::Path;
     use std::time::Instant;
 
     fn node(cluster: &str, n: usize, gpus: u32) -> (String, ObjectChange) {
+        node_with(cluster, n, gpus, "", false)
+    }
+
+    /// Node `n` of `cluster` with label `update: <label>` and, when `tainted`, a NoSchedule
+    /// taint no workload here tolerates.
+    fn node_with(
+        cluster: &str,
+        n: usize,
+        gpus: u32,
+        label: &str,
+        tainted: bool,
+    ) -> (String, ObjectChange) {
+        let taints = if tainted {
+            "spec: {taints: [{key: t, effect: NoSchedule}]}\n"
+        } else {
+            ""
+        };
         let yaml = format!(
-            "apiVersion: v1\nkind: Node\nmetadata: {{name: n{n}}}\nstatus: {{allocatable: {{cpu: '64', memory: 256Gi, pods: '110', nvidia.com/gpu: '{gpus}'}}}}\n"
+            "apiVersion: v1\nkind: Node\nmetadata: {{name: n{n}, labels: {{update: '{label}'}}}}\n{taints}status: {{allocatable: {{cpu: '64', memory: 256Gi, pods: '110', nvidia.com/gpu: '{gpus}'}}}}\n"
         );
         let loaded = dramesh_model::load::load_str(Path::new("n.yaml"), &yaml).unwrap();
         let Manifest::Object(o) = &loaded[0].manifest else {
@@ -334,8 +350,9 @@ mod tests {
     }
 
     /// Reservations written, released, arriving from other replicas (ranked before and
-    /// after this replica's) and a view change, in random order: after every step the
-    /// resolution reached from the previous one (extended or resolved again) equals the
+    /// after this replica's) and view changes (capacity, taints, labels), in random order:
+    /// after every step the resolution reached from the previous one (extended, carried
+    /// over a change that leaves every fit as it was, or resolved again) equals the
     /// resolution computed from nothing.
     #[test]
     fn the_resolution_kept_up_to_date_equals_one_from_scratch() {
@@ -344,6 +361,10 @@ mod tests {
             .flat_map(|n| [node("a", n, 4), node("b", n, 2)])
             .collect();
         st.apply_changes(&nodes);
+        // Nodes 0-2 of each cluster: GPUs and whether tainted.
+        let mut shape: BTreeMap<(&str, usize), (u32, bool)> = (0..3)
+            .flat_map(|n| [(("a", n), (4, false)), (("b", n), (2, false))])
+            .collect();
         let shapes = [
             Arc::new(workload_from_manifests(&deployment("one", 1)).unwrap()),
             Arc::new(workload_from_manifests(&deployment("two", 2)).unwrap()),
@@ -357,7 +378,7 @@ mod tests {
         };
         let mut own: Vec<String> = Vec::new();
         let (mut changed, mut conflicted) = (0, 0);
-        for step in 0..120 {
+        for step in 0..160 {
             let before = st.reservations.inspect(|t| t.version);
             match next(10) {
                 0 if !own.is_empty() => {
@@ -372,6 +393,22 @@ mod tests {
                     st.apply_changes(&[r]);
                 }
                 2 => st.apply_changes(&[node("a", 3 + next(2) as usize, 1 + next(4) as u32)]),
+                3 | 4 => {
+                    let key = (if next(2) == 0 { "a" } else { "b" }, next(3) as usize);
+                    let (gpus, tainted) = shape.get_mut(&key).unwrap();
+                    // A label no workload selects on (every fit as it was), or, one time in
+                    // four, a taint put on or taken off (fits change).
+                    if next(4) == 0 {
+                        *tainted = !*tainted;
+                    }
+                    st.apply_changes(&[node_with(
+                        key.0,
+                        key.1,
+                        *gpus,
+                        &step.to_string(),
+                        *tainted,
+                    )]);
+                }
                 _ => {
                     let w = &shapes[next(2) as usize];
                     let manifests = deployment(&w.name, if w.name == "one" { 1 } else { 2 });
@@ -429,6 +466,14 @@ mod tests {
         assert!(
             extended > 30,
             "most own writes should only extend ({extended})"
+        );
+        let carried = {
+            let indexes = st.indexes();
+            indexes.compute().resolution.carried
+        };
+        assert!(
+            carried > 10,
+            "relabelled nodes should leave most parts as they were ({carried})"
         );
         assert!(conflicted > 0, "the fleet should run out of GPUs");
     }

@@ -20,15 +20,15 @@ use dramesh_api::ApiError;
 use dramesh_api::auth::{Caller, Caps, Refusal, RefusalKind};
 use dramesh_api::native::{ReservationState, ReservationStatus, WorkloadRef};
 use dramesh_estimator::{
-    Admission, Assumed, AssumedList, AssumedWorkload, ClusterResolution, Estimator, Reservation,
-    View, Workload,
+    Admission, Assumed, AssumedList, AssumedWorkload, ClusterResolution, ClusterView, Estimator,
+    Reservation, View, Workload,
 };
 use dramesh_model::ObjectChange;
 
 use crate::group_commit::{GroupCommit, Ticket};
 use crate::requests::{check_clusters, workload_from_manifests};
 use crate::reservation_table::{
-    self as resv, BoundPods, ClusterRead, Entry, Record, RecordCaps, Table, base_status,
+    self as resv, ClusterRead, Entry, Record, RecordCaps, Table, base_status,
 };
 
 /// A reservation this replica writes for itself.
@@ -85,12 +85,13 @@ pub(crate) struct ResolutionCache {
     /// The last resolution; each cluster's part records what it was computed from, so a
     /// change of one cluster's reservations resolves that cluster again, not all of them.
     pub(crate) resolved: Option<Arc<Resolved>>,
-    /// Bound pods per workload, for the replicas a reservation still holds.
-    bound: BoundPods,
     /// Cluster resolutions computed so far (numbers them).
     epochs: u64,
     /// Of those, the ones that only resolved reservations added after all others.
     pub(crate) extended: u64,
+    /// Of those, the ones after a view change that checked nothing again (see
+    /// [`ClusterResolution`]'s carrying over node changes).
+    pub(crate) carried: u64,
 }
 
 /// One cluster's part of a resolution, with what it was computed from.
@@ -103,8 +104,6 @@ pub(crate) struct ClusterPart {
     outcome_epoch: u64,
     /// The table's version of the cluster's reservations.
     table_version: u64,
-    /// The cluster's view generation.
-    view_gen: u64,
     /// When the first of its live reservations expires: the part is computed again then.
     until: Option<Instant>,
     /// The live reservations it was computed from, in no particular order.
@@ -118,6 +117,18 @@ pub(crate) struct ClusterPart {
     expired: BTreeSet<String>,
     /// The admitted reservations as estimator deductions, shared with every estimate.
     assumed: AssumedList,
+}
+
+impl ClusterPart {
+    /// Whether the part holds for `view` of `cluster` at `now`: resolved on this view of
+    /// the cluster, and none of its reservations expired since.
+    fn current(&self, view: &View, cluster: &str, now: Instant) -> bool {
+        let stamp = view
+            .cluster(cluster)
+            .map(ClusterView::stamp)
+            .unwrap_or_default();
+        self.resolution.stamp() == stamp && self.until.is_none_or(|u| now < u)
+    }
 }
 
 /// One overcommit resolution of the unexpired reservations.
@@ -333,7 +344,8 @@ impl Reservations {
         // Void decisions are left out as reservations over cap are.
         over_cap.extend(void.iter().map(|(id, why)| (id.clone(), why.clone())));
         // Clusters to resolve again, each with the table version after which only additions
-        // need reading (its part's, when that part can be extended).
+        // need reading (its part's, when that part can be extended); and clusters whose parts
+        // are carried to the view as it is.
         let parts = cache.resolved.as_ref().map(|r| &r.parts);
         let stale: Vec<(Arc<str>, Option<u64>)> = versions
             .iter()
@@ -341,9 +353,7 @@ impl Reservations {
                 let Some(p) = parts.and_then(|p| p.get(c)).filter(|_| !voided.contains(c)) else {
                     return Some((c.clone(), None));
                 };
-                let view_gen = view.cluster(c).map_or(0, |v| v.generation());
-                let current = p.view_gen == view_gen && p.until.is_none_or(|u| now < u);
-                if current && p.table_version == *version {
+                if p.current(view, c, now) && p.table_version == *version {
                     return None;
                 }
                 Some((c.clone(), Some(p.table_version)))
@@ -390,7 +400,6 @@ impl Reservations {
             resolved.parts.insert(cluster, part);
         }
         let known: BTreeSet<&str> = versions.iter().map(|(c, _)| &**c).collect();
-        cache.bound.retain(|c| known.contains(c));
         let gone: Vec<Arc<str>> = resolved
             .parts
             .keys()
@@ -715,14 +724,13 @@ impl Reservations {
     /// to the table at once, so every resolution from now on counts them, and queues them
     /// for the reservation document as one change; returns their ids in order and the
     /// ticket that [`Reservations::wait`] makes them durable with (nothing may act on them
-    /// outside this replica before). `view` and `cache` (held by the caller) give the pods
-    /// of each workload bound at creation. Nothing is queued when one of them is refused.
+    /// outside this replica before). `view` (held by the caller) gives the pods of each
+    /// workload bound at creation. Nothing is queued when one of them is refused.
     pub(crate) fn queue_own(
         &self,
         all: &[Own<'_>],
         preemptor: Option<&str>,
         view: &View,
-        cache: &mut ResolutionCache,
     ) -> Result<(Vec<String>, Ticket), ApiError> {
         self.check_writable()?;
         let workloads: Vec<WorkloadRef> = all
@@ -736,11 +744,8 @@ impl Reservations {
         let mut bound = Vec::with_capacity(all.len());
         for (r, w) in all.iter().zip(&workloads) {
             check_clusters(view, &[r.cluster.to_string()])?;
-            let key = resv::owner_key(&w.namespace, &w.kind, &w.name);
-            bound.push(
-                view.cluster(r.cluster)
-                    .map_or(0, |c| cache.bound.get(c, &key)),
-            );
+            let key = dramesh_estimator::owner_key(&w.namespace, &w.kind, &w.name);
+            bound.push(view.cluster(r.cluster).map_or(0, |c| c.bound_pods(&key)));
         }
         let ids: Vec<String> = self.with_table(|t| all.iter().map(|_| t.next_id()).collect());
         let mut changes = Vec::with_capacity(all.len());
@@ -865,17 +870,14 @@ fn resolve_part(
     (now, over_cap): (Instant, &BTreeMap<Arc<str>, String>),
 ) -> Arc<ClusterPart> {
     let cv = view.cluster(cluster);
-    let view_gen = cv.map_or(0, |v| v.generation());
     let (previous, all) = match (read, previous) {
         (ClusterRead::Added(mut added), Some(mut p)) => {
             // Void reservations hold nothing (their clusters are read whole when that changes).
             added.retain(|e| !over_cap.contains_key(&*e.id));
-            if p.view_gen == view_gen && p.until.is_none_or(|u| now < u) {
+            if p.current(view, cluster, now) {
                 // New reservations that rank after every one resolved: resolved alone.
-                let more: Result<Vec<Reservation>, _> = added
-                    .iter()
-                    .map(|e| reservation(&mut cache.bound, cv, cluster, e))
-                    .collect();
+                let more: Result<Vec<Reservation>, _> =
+                    added.iter().map(|e| reservation(cv, cluster, e)).collect();
                 if let Ok(more) = more {
                     let part = Arc::make_mut(&mut p);
                     let admitted = part.resolution.assumed.len();
@@ -921,21 +923,29 @@ fn resolve_part(
     let mut undecodable = BTreeMap::new();
     let mut input = Vec::with_capacity(entries.len());
     for e in &entries {
-        match reservation(&mut cache.bound, cv, cluster, e) {
+        match reservation(cv, cluster, e) {
             Ok(r) => input.push(r),
             Err(u) => {
                 undecodable.insert(e.record.id.clone(), u);
             }
         }
     }
-    let reusable = previous.as_deref().filter(|p| p.view_gen == view_gen);
+    // Resolved from the previous part, which `resolve_cluster` carries to the view as it
+    // is as far as that is exact.
     let resolution = dramesh_estimator::resolve_cluster(
         view,
         estimator,
         cluster,
         &input,
-        reusable.map(|p| &p.resolution),
+        previous.as_deref().map(|p| &p.resolution),
     );
+    if let Some(p) = previous.as_deref()
+        && p.resolution.stamp() != resolution.stamp()
+        && !p.resolution.ranked.is_empty()
+        && resolution.reused() == p.resolution.ranked.len()
+    {
+        cache.carried += 1;
+    }
     let assumed = resolution.assumed.clone().into();
     cache.epochs += 1;
     let outcome_epoch = match previous.as_deref() {
@@ -945,7 +955,6 @@ fn resolve_part(
     Arc::new(ClusterPart {
         outcome_epoch,
         table_version: version,
-        view_gen,
         until,
         entries,
         resolution,
@@ -959,12 +968,11 @@ fn resolve_part(
 /// holds (those the cluster reports bound since it was written are no longer held), or, when
 /// its workload does not decode, its conflicted outcome and replicas.
 fn reservation(
-    bound: &mut BoundPods,
     cv: Option<&dramesh_estimator::ClusterView>,
     cluster: &Arc<str>,
     e: &Entry,
 ) -> Result<Reservation, (Admission, i64)> {
-    let bound = cv.map_or(0, |c| bound.get(c, &e.owner_key));
+    let bound = cv.map_or(0, |c| c.bound_pods(&e.owner_key));
     let left = (e.record.replicas - (bound - e.record.bound_at_creation).max(0)).max(0);
     match &e.workload {
         Ok(w) => Ok(Reservation {

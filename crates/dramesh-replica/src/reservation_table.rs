@@ -34,12 +34,11 @@
 //! - **Ended** reservations (released, expired, satisfied) are remembered for a while
 //!   (at most [`MAX_ENDED`]) so an owner can still be told what became of them.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use dramesh_api::native::{ReservationState, ReservationStatus, WorkloadRef};
-use dramesh_estimator::ClusterView;
 use dramesh_estimator::Workload;
 use dramesh_model::{ObjectChange, ObjectKey, ObjectKind};
 use dramesh_store::{DocId, RESERVATION_SCOPE};
@@ -186,50 +185,6 @@ impl Record {
     }
 }
 
-/// Active bound pods per owner (namespace, kind, name) of each cluster, counted in one pass
-/// over the cluster's pods and kept until the cluster's generation changes.
-#[derive(Debug, Default)]
-pub(crate) struct BoundPods {
-    per_cluster: HashMap<String, (u64, OwnerCounts)>,
-}
-
-/// Pods by owner key. Keys come from member clusters the mesh authenticates: a fixed-seed
-/// hash (fast on these short keys) is not a flooding risk.
-type OwnerCounts = HashMap<String, i64, foldhash::fast::FixedState>;
-
-/// The key of an owner: its names joined by NUL, which no Kubernetes name contains.
-pub(crate) fn owner_key(namespace: &str, kind: &str, name: &str) -> String {
-    format!("{namespace}\0{kind}\0{name}")
-}
-
-impl BoundPods {
-    /// Pods bound (and active) in `c` whose owner has the key `owner` ([`owner_key`]).
-    pub(crate) fn get(&mut self, c: &ClusterView, owner: &str) -> i64 {
-        let g = c.generation();
-        let counts = match self.per_cluster.get(&c.name) {
-            Some((at, counts)) if *at == g => counts,
-            _ => {
-                let mut counts = OwnerCounts::default();
-                for (_, p) in c.pods() {
-                    if p.active && p.node.is_some() {
-                        *counts
-                            .entry(owner_key(&p.owner.namespace, &p.owner.kind, &p.owner.name))
-                            .or_default() += 1;
-                    }
-                }
-                self.per_cluster.insert(c.name.clone(), (g, counts));
-                &self.per_cluster[&c.name].1
-            }
-        };
-        counts.get(owner).copied().unwrap_or(0)
-    }
-
-    /// Forgets clusters not in `keep`.
-    pub(crate) fn retain(&mut self, keep: impl Fn(&str) -> bool) {
-        self.per_cluster.retain(|c, _| keep(c));
-    }
-}
-
 /// A known reservation.
 #[derive(Debug, Clone)]
 pub(crate) struct Entry {
@@ -241,7 +196,7 @@ pub(crate) struct Entry {
     pub(crate) id: Arc<str>,
     /// `record.cluster`, shared with resolutions.
     pub(crate) cluster: Arc<str>,
-    /// The [`owner_key`] of `record.workload`.
+    /// The [`dramesh_estimator::owner_key`] of `record.workload`.
     pub(crate) owner_key: Arc<str>,
     /// When this replica considers it expired (see the module docs).
     pub(crate) expiry: Instant,
@@ -669,7 +624,7 @@ impl Table {
             expiry,
             id: Arc::from(record.id.as_str()),
             cluster: Arc::from(record.cluster.as_str()),
-            owner_key: Arc::from(owner_key(&w.namespace, &w.kind, &w.name)),
+            owner_key: Arc::from(dramesh_estimator::owner_key(&w.namespace, &w.kind, &w.name)),
             record,
             workload,
             seen,

@@ -639,13 +639,20 @@ impl Loop {
                 None => {}
             }
         }
+        let mut freed = false;
         for (id, why) in &judged {
             if !self.void.contains(id) {
+                freed = true;
                 tracing::info!(id = %id, reason = %why, "a decision's reservation is void: it holds nothing");
             }
         }
         self.void = judged.keys().cloned().collect();
         self.ctx.state.set_void_decisions(judged);
+        // A binding refused just before held room its backoff away (up to 10 s): measured
+        // 2 s past the settle window plus grace after a replica's SIGKILL.
+        if freed {
+            self.work.retry_unschedulable_now();
+        }
     }
 
     fn enqueue(&mut self, key: Key) {

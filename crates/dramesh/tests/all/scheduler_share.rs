@@ -160,14 +160,37 @@ fn spec_writes(fake: &FakeApi) -> BTreeMap<String, usize> {
     out
 }
 
+/// The arguments of confirmation mode `mode` for the three replicas of these tests.
+fn confirm(mode: &'static str) -> Vec<&'static str> {
+    let mut args = vec!["--scheduler-confirm", mode];
+    if mode == "strict" {
+        args.extend(["--scheduler-members", "3"]);
+    }
+    args
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_killed_mid_burst_leaves_no_slot_unused_past_settle_and_grace() {
-    let Some(mut s) = setup(
-        &["r1", "r2", "r3"],
-        &["--scheduler-confirm", "before-write"],
-    )
-    .await
-    else {
+    killed_mid_burst("before-write").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strict_replica_killed_mid_burst_leaves_no_slot_unused_past_settle_and_grace() {
+    killed_mid_burst("strict").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_available_replica_killed_mid_burst_leaves_no_slot_unused_past_settle_and_grace() {
+    killed_mid_burst("after-write").await;
+}
+
+/// Three replicas confirming `mode`; r2 frozen mid-burst (SIGSTOP) at a moment it holds a
+/// decision it reserved and has not written (any moment once r1 holds one of its
+/// reservations, in after-write mode, which writes at once), then killed (SIGKILL). Every slot
+/// is bound within settle + grace + 2 s of the freeze, r1 reports each of r2's unwritten
+/// decisions' reservations void, and strict mode never binds more than fits at any sample.
+async fn killed_mid_burst(mode: &'static str) {
+    let Some(mut s) = setup(&["r1", "r2", "r3"], &confirm(mode)).await else {
         return;
     };
     // 20 one-GPU bindings for 16 slots: what r1 and r3 own does not fill the fleet alone,
@@ -176,56 +199,50 @@ async fn a_replica_killed_mid_burst_leaves_no_slot_unused_past_settle_and_grace(
     for n in &names {
         apply_workload(&s.fake, n);
     }
-    // Mid-burst: r2 has decided and reserved (r1 holds the reservation), and waits out the
-    // settle window before writing (before-write).
-    let h1 = s.replicas.at[0].http;
-    tokio::task::spawn_blocking(move || {
-        wait_for("a reservation of r2 on r1", Duration::from_secs(30), || {
-            let (code, body) = common::try_request(h1, "GET", "/v1/reservations", "").ok()?;
-            (code == 200 && body.contains("\"owner\":\"r2\"")).then_some(())
-        })
-    })
-    .await
-    .expect("wait");
+    let (killed, unwritten) = freeze_holding_an_unwritten_decision(&s, mode).await;
     // SIGKILL: no release, no goodbye; its unwritten decisions' reservations stay.
     let r2 = &mut s.replicas.procs.0[1];
     r2.kill().expect("kill r2");
     let _ = r2.wait();
-    let killed = Instant::now();
+    // dramesh_scheduler::void::VOID_GRACE is the 5 s.
     let bound_by = SETTLE + Duration::from_secs(5) + Duration::from_secs(2);
     let mut full_at = None;
-    let mut void_seen = None;
+    // When r1 reported each of `unwritten` void.
+    let mut void_seen: BTreeMap<String, Duration> = BTreeMap::new();
+    let mut worst = 0;
     let r1 = s.replicas.at[0].http;
     let deadline = killed + Duration::from_secs(60);
     loop {
-        if void_seen.is_none() {
-            let (code, body) = common::http(r1, "GET", "/v1/reservations", None);
-            assert_eq!(code, 200, "{body}");
-            let list: Value = serde_json::from_str(&body).expect("reservation list");
-            let void = list["reservations"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|r| {
-                    r["owner"] == "r2"
-                        && r["status"] == "released"
-                        && r["reason"].as_str().is_some_and(|x| x.starts_with("void:"))
-                });
-            if let Some(v) = void {
-                void_seen = Some((killed.elapsed(), v.clone()));
+        if void_seen.len() < unwritten.len() {
+            for r in r2_reservations(r1) {
+                let id = r["id"].as_str().unwrap_or_default().to_string();
+                let void = r["status"] == "released"
+                    && r["reason"].as_str().is_some_and(|x| x.starts_with("void:"));
+                if void && unwritten.contains_key(&id) && !void_seen.contains_key(&id) {
+                    void_seen.insert(id, killed.elapsed());
+                }
             }
         }
         let (per, decided) = bound_replicas(&s.fake, &names);
         let total: i64 = per.values().sum();
+        worst = worst.max(per.values().copied().max().unwrap_or(0));
+        if mode == "strict" {
+            assert!(
+                per.values().all(|n| *n <= SLOTS),
+                "strict mode bound more than fits {:?} after r2 stopped: {per:?}",
+                killed.elapsed()
+            );
+        }
         if total >= 2 * SLOTS && full_at.is_none() {
             full_at = Some(killed.elapsed());
         }
-        if full_at.is_some() && decided == names.len() && void_seen.is_some() {
+        if full_at.is_some() && decided == names.len() && void_seen.len() == unwritten.len() {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "after {:?}: {total} of {} slots bound {per:?}, {decided} of {} bindings decided",
+            "{mode}: after {:?}: {total} of {} slots bound {per:?}, {decided} of {} bindings \
+             decided; r2's unwritten decisions {unwritten:?}, void after {void_seen:?}",
             killed.elapsed(),
             2 * SLOTS,
             names.len()
@@ -233,14 +250,15 @@ async fn a_replica_killed_mid_burst_leaves_no_slot_unused_past_settle_and_grace(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let full_at = full_at.unwrap_or_default();
-    // The scenario: r2 died holding room for a decision it never wrote, which r1 voids.
-    let (void_at, void) = void_seen.unwrap_or_default();
     eprintln!(
-        "every slot bound {full_at:?} after the kill; r2's reservation void after {void_at:?}: {void}"
+        "{mode}: every slot bound {full_at:?} after r2 stopped; its unwritten decisions \
+         {unwritten:?} void after {void_seen:?}; most replicas bound on one cluster at a \
+         sample: {worst}"
     );
     assert!(
         full_at <= bound_by,
-        "every slot bound only {full_at:?} after the kill (bound: settle + grace + 2 s = {bound_by:?})"
+        "{mode}: every slot bound only {full_at:?} after r2 stopped (bound: settle + grace + \
+         2 s = {bound_by:?})"
     );
     // Settled within what fits, once each.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -250,9 +268,82 @@ async fn a_replica_killed_mid_burst_leaves_no_slot_unused_past_settle_and_grace(
     }
 }
 
+/// r2's reservations as r1 (HTTP address `r1`) reports them.
+fn r2_reservations(r1: std::net::SocketAddr) -> Vec<Value> {
+    let (code, body) = common::http(r1, "GET", "/v1/reservations", None);
+    assert_eq!(code, 200, "{body}");
+    let list: Value = serde_json::from_str(&body).expect("reservation list");
+    list["reservations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["owner"] == "r2")
+        .cloned()
+        .collect()
+}
+
+/// Freezes r2 (SIGSTOP) once r1 holds one of its reservations and, unless `mode` writes at
+/// once (after-write), only at a moment r2 holds a decision it reserved and did not write
+/// (else it is resumed and tried again, for at most 30 s). Returns when it was frozen, and
+/// r2's live reservations on r1 whose binding does not carry r2's decision (id → binding)
+/// 300 ms after the freeze (a write r2 had sent has landed by then).
+async fn freeze_holding_an_unwritten_decision(
+    s: &Setup,
+    mode: &str,
+) -> (Instant, BTreeMap<String, String>) {
+    let r1 = s.replicas.at[0].http;
+    let r2 = &s.replicas.procs.0[1];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        tokio::task::spawn_blocking(move || {
+            wait_for("a reservation of r2 on r1", Duration::from_secs(30), || {
+                let (code, body) = common::try_request(r1, "GET", "/v1/reservations", "").ok()?;
+                (code == 200 && body.contains("\"owner\":\"r2\"")).then_some(())
+            })
+        })
+        .await
+        .expect("wait");
+        common::signal(r2, "STOP");
+        let stopped = Instant::now();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let unwritten: BTreeMap<String, String> = r2_reservations(r1)
+            .into_iter()
+            .filter(|r| r["status"] == "live")
+            .filter_map(|r| {
+                let name = r["workload"]["name"].as_str()?.to_string();
+                let b = s.fake.get("ResourceBinding", Some("default"), &name)?;
+                let by = b["metadata"]["annotations"]["scheduler.dramesh.io/decision"].as_str();
+                let id = r["id"].as_str()?.to_string();
+                (!by.is_some_and(|by| by.starts_with("r2/"))).then_some((id, name))
+            })
+            .collect();
+        if !unwritten.is_empty() || mode == "after-write" {
+            return (stopped, unwritten);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{mode}: r2 never held an unwritten decision when frozen"
+        );
+        common::signal(r2, "CONT");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_joining_during_a_burst_leaves_every_binding_written_once() {
-    let Some(mut s) = setup(&["r1", "r2", "r3"][..2], &[]).await else {
+    joining_during_burst(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strict_replica_joining_during_a_burst_leaves_every_binding_written_once() {
+    joining_during_burst(&confirm("strict")).await;
+}
+
+/// Two replicas started with `extra`, a third joining (with the same arguments) while 16
+/// bindings that all fit arrive: every one is scheduled, with one accepted spec write each and
+/// at most 2 conflicting writes in all.
+async fn joining_during_burst(extra: &[&str]) {
+    let Some(mut s) = setup(&["r1", "r2"], extra).await else {
         return;
     };
     // 16 one-GPU bindings for 16 slots: all fit.
@@ -315,7 +406,20 @@ async fn a_replica_joining_during_a_burst_leaves_every_binding_written_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_leaving_during_a_burst_hands_its_bindings_over_within_the_takeover_time() {
-    let Some(mut s) = setup(&["r1", "r2", "r3"], &[]).await else {
+    leaving_during_burst(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strict_replica_leaving_during_a_burst_hands_its_bindings_over_within_the_takeover_time()
+{
+    leaving_during_burst(&confirm("strict")).await;
+}
+
+/// Three replicas started with `extra`, r3 stopped with SIGTERM halfway through 16 bindings
+/// that all fit: every binding gets its `Scheduled=True` condition within the takeover time of
+/// its creation, and exactly one accepted spec write.
+async fn leaving_during_burst(extra: &[&str]) {
+    let Some(mut s) = setup(&["r1", "r2", "r3"], extra).await else {
         return;
     };
     // 16 one-GPU bindings for 16 slots: all fit. Half arrive with three members, half after
@@ -356,11 +460,7 @@ async fn a_replica_leaving_during_a_burst_hands_its_bindings_over_within_the_tak
         created.insert(n.clone(), Instant::now());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let r3 = &mut s.replicas.procs.0[2];
-    let pid = r3.id().to_string();
-    let _ = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status();
+    common::signal(&s.replicas.procs.0[2], "TERM");
     for n in &names[8..] {
         apply_workload(&s.fake, n);
         created.insert(n.clone(), Instant::now());

@@ -136,8 +136,7 @@ impl Demo {
 
     /// Sends SIGTERM and waits (at most 20 s) for a clean exit; returns whether it exited 0.
     pub(crate) fn stop(&mut self) -> bool {
-        let pid = self.child.id().to_string();
-        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        signal(&self.child, "TERM");
         if let Some(status) = wait_exit(&mut self.child, Duration::from_secs(20)) {
             return status.success();
         }
@@ -455,6 +454,18 @@ pub(crate) fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Op
     }
 }
 
+/// Sends `signal` (`TERM`, `STOP`, `CONT`, ...) to `child` with kill(1).
+pub(crate) fn signal(child: &Child, signal: &str) {
+    let status = Command::new("kill")
+        .args([format!("-{signal}"), child.id().to_string()])
+        .status();
+    assert!(
+        status.as_ref().is_ok_and(|s| s.success()),
+        "kill -{signal} {}: {status:?}",
+        child.id()
+    );
+}
+
 /// Waits (at most `limit`) for `child` to exit; `None` when it is still running (or cannot be
 /// waited for). Does not kill it.
 pub(crate) fn wait_exit(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
@@ -669,8 +680,11 @@ pub(crate) fn spawn_replica_with(
         }
         meshed(&mut cmd, certs, &stem);
         // The start line is logged at info.
-        cmd.env("RUST_LOG", "warn,dramesh_replica::runner=info")
-            .stderr(Stdio::piped());
+        cmd.env(
+            "RUST_LOG",
+            "warn,dramesh_replica::runner=info,dramesh_replica::scheduler=debug",
+        )
+        .stderr(Stdio::piped());
         let mut child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("spawn dramesh {stem}: {e}"));

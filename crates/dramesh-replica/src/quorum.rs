@@ -7,7 +7,8 @@
 //! that reservation, so a replica that has applied the record has applied every reservation of
 //! the writer up to `seq`, releases included: a document's changes apply in causal order), and
 //! `acks`, for every other replica, the `seq` of that replica's ack record as the writer has
-//! applied it.
+//! applied it. A replica's records never go back: each is composed from the one queued
+//! before it ([`own_record`]) and queued in the order composed.
 //!
 //! [`confirmed`] holds for reservation `(me, s)` when `me` and enough other replicas to make a
 //! majority of the `members` have each published `acks[me] >= s`, and `me` has applied every

@@ -11,7 +11,8 @@
 //! - **Backoff per key** ([`Backoff`], karmada-scheduler's): a failed key is retried after
 //!   1 s, 2 s, 4 s, ... up to 10 s; one that was unschedulable waits, in addition, for the
 //!   replica's view or reservations to change ([`WorkQueue::view_moved`]), at most 5 minutes.
-//!   A success forgets the failures.
+//!   A success forgets the failures. Room freed by void decisions queues every unschedulable
+//!   key at once ([`WorkQueue::retry_unschedulable_now`]).
 //! - **Timed by the earliest deadline**: the retries wait in deadline order and the caller
 //!   sleeps until the first ([`WorkQueue::next_deadline`], [`WorkQueue::queue_due`]); nothing
 //!   is polled.

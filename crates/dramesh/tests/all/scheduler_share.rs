@@ -260,11 +260,27 @@ async fn killed_mid_burst(mode: &'static str) {
         "{mode}: every slot bound only {full_at:?} after r2 stopped (bound: settle + grace + \
          2 s = {bound_by:?})"
     );
-    // Settled within what fits, once each.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Settled to what fits within the same bound: an after-write decision of r2's that lost
+    // its reservation to an earlier one is placed again by the binding's new owner (r2
+    // watches nothing any more).
+    let fits_at = loop {
+        let (per, _) = bound_replicas(&s.fake, &names);
+        if per.values().all(|n| *n <= SLOTS) {
+            break killed.elapsed();
+        }
+        assert!(
+            killed.elapsed() <= bound_by,
+            "{mode}: {per:?} bound {:?} after r2 stopped (bound: {bound_by:?})",
+            killed.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    eprintln!("{mode}: within what fits {fits_at:?} after r2 stopped");
+    // And it stays there, every slot used.
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let (per, _) = bound_replicas(&s.fake, &names);
     for c in CLUSTERS {
-        assert!(per.get(c).copied().unwrap_or(0) <= SLOTS, "{per:?}");
+        assert_eq!(per.get(c).copied().unwrap_or(0), SLOTS, "{per:?}");
     }
 }
 
@@ -340,16 +356,20 @@ async fn a_strict_replica_joining_during_a_burst_leaves_every_binding_written_on
 }
 
 /// Two replicas started with `extra`, a third joining (with the same arguments) while 16
-/// bindings that all fit arrive: every one is scheduled, with one accepted spec write each and
-/// at most 2 conflicting writes in all.
+/// bindings that all fit arrive: every one gets its `Scheduled=True` condition within the
+/// takeover time of its creation, with one accepted spec write each and at most 2
+/// conflicting writes in all.
 async fn joining_during_burst(extra: &[&str]) {
     let Some(mut s) = setup(&["r1", "r2"], extra).await else {
         return;
     };
     // 16 one-GPU bindings for 16 slots: all fit.
     let names: Vec<String> = (0..16).map(|i| format!("job{i:02}")).collect();
+    let watcher = watch_scheduled(&s.fake, &names);
+    let mut created = BTreeMap::new();
     for n in &names[..8] {
         apply_workload(&s.fake, n);
+        created.insert(n.clone(), Instant::now());
     }
     // r3 joins (seeded with r1), while the rest of the burst arrives. Its certificate is
     // signed by the same CA (`dramesh certs` reuses the one in the folder).
@@ -368,8 +388,10 @@ async fn joining_during_burst(extra: &[&str]) {
     ));
     for n in &names[8..] {
         apply_workload(&s.fake, n);
+        created.insert(n.clone(), Instant::now());
         tokio::time::sleep(Duration::from_millis(150)).await;
     }
+    within_takeover_time(&names, &created, &watcher.await.expect("watcher"));
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let (per, decided) = bound_replicas(&s.fake, &names);
@@ -404,6 +426,69 @@ async fn joining_during_burst(extra: &[&str]) {
     );
 }
 
+/// Polls (every 20 ms, for at most 60 s) when each of `names` is first seen with its
+/// `Scheduled=True` condition.
+fn watch_scheduled(
+    fake: &FakeApi,
+    names: &[String],
+) -> tokio::task::JoinHandle<BTreeMap<String, Instant>> {
+    let (fake, names) = (fake.clone(), names.to_vec());
+    tokio::task::spawn_blocking(move || {
+        let mut decided_at: BTreeMap<String, Instant> = BTreeMap::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while decided_at.len() < names.len() && Instant::now() < deadline {
+            for n in &names {
+                if decided_at.contains_key(n) {
+                    continue;
+                }
+                let scheduled = fake
+                    .get("ResourceBinding", Some("default"), n)
+                    .is_some_and(|b| {
+                        b["status"]["conditions"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .any(|c| c["type"] == "Scheduled" && c["status"] == "True")
+                    });
+                if scheduled {
+                    decided_at.insert(n.clone(), Instant::now());
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        decided_at
+    })
+}
+
+/// Every binding of `names` got its `Scheduled=True` condition (`decided_at`) within the
+/// takeover time of its creation (`created`): the members change within `LIVE_WINDOW` after
+/// a replica's last frame, and the loop queues what it now owns at its next 250 ms tick;
+/// 2 s more for the decision and the writes on this shared machine.
+fn within_takeover_time(
+    names: &[String],
+    created: &BTreeMap<String, Instant>,
+    decided_at: &BTreeMap<String, Instant>,
+) {
+    assert_eq!(
+        decided_at.len(),
+        names.len(),
+        "within 60 s only these were scheduled: {:?}",
+        decided_at.keys().collect::<Vec<_>>()
+    );
+    let bound =
+        dramesh_replica::members::LIVE_WINDOW + Duration::from_millis(250) + Duration::from_secs(2);
+    let waits: BTreeMap<&String, Duration> = names
+        .iter()
+        .map(|n| (n, decided_at[n].duration_since(created[n])))
+        .collect();
+    let worst = waits.values().max().copied().unwrap_or_default();
+    eprintln!("longest wait for a Scheduled condition: {worst:?}; {waits:?}");
+    assert!(
+        worst <= bound,
+        "a binding waited {worst:?} for its decision (takeover bound {bound:?}): {waits:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_leaving_during_a_burst_hands_its_bindings_over_within_the_takeover_time() {
     leaving_during_burst(&[]).await;
@@ -425,35 +510,7 @@ async fn leaving_during_burst(extra: &[&str]) {
     // 16 one-GPU bindings for 16 slots: all fit. Half arrive with three members, half after
     // r3 was stopped (SIGTERM, a clean exit: how a rolling update takes a replica away).
     let names: Vec<String> = (0..16).map(|i| format!("job{i:02}")).collect();
-    // Every binding's first sight with its Scheduled condition, polled while they arrive.
-    let watcher = {
-        let (fake, names) = (s.fake.clone(), names.clone());
-        tokio::task::spawn_blocking(move || {
-            let mut decided_at: BTreeMap<String, Instant> = BTreeMap::new();
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while decided_at.len() < names.len() && Instant::now() < deadline {
-                for n in &names {
-                    if decided_at.contains_key(n) {
-                        continue;
-                    }
-                    let scheduled =
-                        fake.get("ResourceBinding", Some("default"), n)
-                            .is_some_and(|b| {
-                                b["status"]["conditions"]
-                                    .as_array()
-                                    .into_iter()
-                                    .flatten()
-                                    .any(|c| c["type"] == "Scheduled" && c["status"] == "True")
-                            });
-                    if scheduled {
-                        decided_at.insert(n.clone(), Instant::now());
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            decided_at
-        })
-    };
+    let watcher = watch_scheduled(&s.fake, &names);
     let mut created = BTreeMap::new();
     for n in &names[..8] {
         apply_workload(&s.fake, n);
@@ -467,32 +524,12 @@ async fn leaving_during_burst(extra: &[&str]) {
         tokio::time::sleep(Duration::from_millis(150)).await;
     }
     let decided_at = watcher.await.expect("watcher");
-    assert_eq!(
-        decided_at.len(),
-        names.len(),
-        "within 60 s only these were scheduled: {:?}",
-        decided_at.keys().collect::<Vec<_>>()
-    );
     let r3 = &mut s.replicas.procs.0[2];
     assert!(
         common::wait_exit(r3, Duration::from_secs(20)).is_some_and(|st| st.success()),
         "r3 did not exit cleanly on SIGTERM"
     );
-    // Takeover: the members drop r3 within LIVE_WINDOW after its last frame, and the loop
-    // queues what it now owns at its next 250 ms tick; 2 s more for the decision and the
-    // writes on this shared machine.
-    let bound =
-        dramesh_replica::members::LIVE_WINDOW + Duration::from_millis(250) + Duration::from_secs(2);
-    let waits: BTreeMap<&String, Duration> = names
-        .iter()
-        .map(|n| (n, decided_at[n].duration_since(created[n])))
-        .collect();
-    let worst = waits.values().max().copied().unwrap_or_default();
-    eprintln!("longest wait for a Scheduled condition: {worst:?}; {waits:?}");
-    assert!(
-        worst <= bound,
-        "a binding waited {worst:?} for its decision (takeover bound {bound:?}): {waits:?}"
-    );
+    within_takeover_time(&names, &created, &decided_at);
     let (per, _) = bound_replicas(&s.fake, &names);
     assert_eq!(per.values().sum::<i64>(), 2 * SLOTS, "{per:?}");
     let writes = spec_writes(&s.fake);

@@ -358,3 +358,97 @@ async fn a_decision_never_written_frees_its_room_after_settle_and_grace() {
     assert_eq!(mine.status, ReservationState::Live, "{mine:?}");
     running.stop().await;
 }
+
+/// A replica wrote a decision and died; later a reservation ranked before the decision's
+/// (a higher priority) takes its cluster's room. Its decider would have placed the replicas
+/// again; the binding's new owner does, once the reservation is old enough to be judged
+/// (settle + grace after it first saw it), and only once.
+#[tokio::test]
+async fn a_departed_replicas_written_decision_that_loses_its_room_is_placed_again() {
+    let fake = FakeApi::start().await;
+    if !fake.validates_karmada_crds() {
+        eprintln!("skipped: ../shared/fixtures/karmada/crds is absent, writes cannot be validated");
+        return;
+    }
+    setup(&fake);
+    let names: Vec<String> = (0..8).map(|i| format!("w{i}")).collect();
+    for n in &names {
+        fake.apply(deployment(n));
+        fake.apply(binding(n, 1));
+    }
+    let (states, peers) = replicas(&["r1", "rd"]);
+    let mesh = bridge_all(states.clone(), Duration::from_millis(50));
+    let r1 = start_shared(&fake, &states[0], &peers[0]);
+    let rd = start_shared(&fake, &states[1], &peers[1]);
+    catch_up(&states, &peers).await;
+    for n in &names {
+        wait_binding(&fake, n, "scheduled", is_success_at_generation).await;
+    }
+    let by = |b: &Value| {
+        b["metadata"]["annotations"][dramesh_scheduler::void::DECIDED_BY]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let ghost = names
+        .iter()
+        .find(|n| by(&get_binding(&fake, n)).starts_with("rd/"))
+        .expect("rd decided one of 8 bindings")
+        .clone();
+    let lost_cluster = targets(&get_binding(&fake, &ghost))[0].0.clone();
+    // rd dies: nothing more of its document arrives, and r1's members lose it.
+    rd.stop().await;
+    mesh.abort();
+    peers[0].send_modify(|p| p.alive.clear());
+    // Everything on the ghost's cluster, ranked before every decision there.
+    let record = resv::Record {
+        id: "rx-0000000000000001".into(),
+        owner: "rx".into(),
+        creator: "alice".into(),
+        cluster: lost_cluster.clone(),
+        workload: dramesh_api::native::WorkloadRef {
+            namespace: NS.into(),
+            kind: "Deployment".into(),
+            name: "big".into(),
+        },
+        manifests: vec![deployment("big").to_string(), claim_template().to_string()],
+        replicas: 32,
+        priority: 1000,
+        ttl_seconds: 300,
+        bound_at_creation: 0,
+        preemptor: None,
+        caps: None,
+        decision: None,
+    };
+    let json = serde_json::to_vec(&record).unwrap();
+    states[0].apply_changes(&[(
+        resv::doc_id("rx").cluster.clone(),
+        ObjectChange::Upsert {
+            key: resv::record_key(&record.id),
+            json: Arc::from(json.as_slice()),
+        },
+    )]);
+    let taken = Instant::now();
+    let b = wait_binding(&fake, &ghost, "placed again by r1", |b| {
+        by(b).starts_with("r1/") && is_success_at_generation(b)
+    })
+    .await;
+    let took = taken.elapsed();
+    let other = if lost_cluster == "c0" { "c1" } else { "c0" };
+    assert_eq!(targets(&b), [(other.to_string(), 1)], "{b:#}");
+    // rd's reservation was first seen before the injection: judged within a tick after
+    // settle + grace, then decided and written.
+    assert!(
+        took < Duration::from_millis(100)
+            + dramesh_scheduler::void::VOID_GRACE
+            + Duration::from_secs(2),
+        "placed again {took:?} after its room was taken"
+    );
+    // Once: rd's write and r1's.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        spec_patches(&fake).get(&format!("{ghost}-deployment")),
+        Some(&2)
+    );
+    r1.stop().await;
+}

@@ -680,11 +680,8 @@ pub(crate) fn spawn_replica_with(
         }
         meshed(&mut cmd, certs, &stem);
         // The start line is logged at info.
-        cmd.env(
-            "RUST_LOG",
-            "warn,dramesh_replica::runner=info,dramesh_replica::scheduler=debug",
-        )
-        .stderr(Stdio::piped());
+        cmd.env("RUST_LOG", "warn,dramesh_replica::runner=info")
+            .stderr(Stdio::piped());
         let mut child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("spawn dramesh {stem}: {e}"));

@@ -103,11 +103,7 @@ struct Three {
 const IDS: [&str; 3] = ["ra", "rb", "rc"];
 
 async fn three(n: usize) -> Option<Three> {
-    let fake = FakeApi::start().await;
-    if !fake.validates_karmada_crds() {
-        eprintln!("skipped: ../shared/fixtures/karmada/crds is absent, writes cannot be validated");
-        return None;
-    }
+    let fake = validating_fake().await?;
     setup(&fake);
     let names: Vec<String> = (0..n).map(|i| format!("w{i}")).collect();
     for n in &names {
@@ -250,15 +246,55 @@ async fn a_stopped_replicas_bindings_are_taken_over() {
     rc.stop().await;
 }
 
+/// A reservation of `replicas` one-GPU replicas of Deployment `name` on `cluster`, made by
+/// `creator` on replica `owner` (its first), priority 0, holding no decision.
+fn gpu_record(
+    owner: &str,
+    creator: &str,
+    cluster: &str,
+    name: &str,
+    replicas: i64,
+) -> resv::Record {
+    resv::Record {
+        id: format!("{owner}-0000000000000001"),
+        owner: owner.into(),
+        creator: creator.into(),
+        cluster: cluster.into(),
+        workload: dramesh_api::native::WorkloadRef {
+            namespace: NS.into(),
+            kind: "Deployment".into(),
+            name: name.into(),
+        },
+        manifests: vec![deployment(name).to_string(), claim_template().to_string()],
+        replicas,
+        priority: 0,
+        ttl_seconds: 300,
+        bound_at_creation: 0,
+        preemptor: None,
+        caps: None,
+        decision: None,
+    }
+}
+
+/// Delivers `record` to `st`, as the mesh delivers its owner's reservation document.
+fn deliver(st: &ReplicaState, record: &resv::Record) {
+    let json = serde_json::to_vec(record).unwrap();
+    st.apply_changes(&[(
+        resv::doc_id(&record.owner).cluster.clone(),
+        ObjectChange::Upsert {
+            key: resv::record_key(&record.id),
+            json: Arc::from(json.as_slice()),
+        },
+    )]);
+}
+
 /// A replica reserved all of c0's GPUs for a decision and died before writing it: once the
 /// settle window and the grace have passed, the reservation is void here, its room used.
 #[tokio::test]
 async fn a_decision_never_written_frees_its_room_after_settle_and_grace() {
-    let fake = FakeApi::start().await;
-    if !fake.validates_karmada_crds() {
-        eprintln!("skipped: ../shared/fixtures/karmada/crds is absent, writes cannot be validated");
+    let Some(fake) = validating_fake().await else {
         return;
-    }
+    };
     let st = state("r1");
     publish(&st, 0, 0, None); // c0: 8 free GPUs
     publish(&st, 1, 4, None); // c1: none
@@ -279,35 +315,10 @@ async fn a_decision_never_written_frees_its_room_after_settle_and_grace() {
         settle_ms: 500,
     };
     let record = resv::Record {
-        id: "rdead-0000000000000001".into(),
-        owner: "rdead".into(),
-        creator: format!("scheduler:{ME}"),
-        cluster: "c0".into(),
-        workload: dramesh_api::native::WorkloadRef {
-            namespace: NS.into(),
-            kind: "Deployment".into(),
-            name: "ghost".into(),
-        },
-        manifests: vec![
-            deployment("ghost").to_string(),
-            claim_template().to_string(),
-        ],
-        replicas: 8,
-        priority: 0,
-        ttl_seconds: 300,
-        bound_at_creation: 0,
-        preemptor: None,
-        caps: None,
         decision: Some(decision.clone()),
+        ..gpu_record("rdead", &format!("scheduler:{ME}"), "c0", "ghost", 8)
     };
-    let json = serde_json::to_vec(&record).unwrap();
-    st.apply_changes(&[(
-        resv::doc_id("rdead").cluster.clone(),
-        ObjectChange::Upsert {
-            key: resv::record_key(&record.id),
-            json: Arc::from(json.as_slice()),
-        },
-    )]);
+    deliver(&st, &record);
     let seen = Instant::now();
     let dead = st.reservation_status(&record.id).expect("known");
     assert_eq!(dead.status, ReservationState::Live, "{dead:?}");
@@ -365,11 +376,9 @@ async fn a_decision_never_written_frees_its_room_after_settle_and_grace() {
 /// (settle + grace after it first saw it), and only once.
 #[tokio::test]
 async fn a_departed_replicas_written_decision_that_loses_its_room_is_placed_again() {
-    let fake = FakeApi::start().await;
-    if !fake.validates_karmada_crds() {
-        eprintln!("skipped: ../shared/fixtures/karmada/crds is absent, writes cannot be validated");
+    let Some(fake) = validating_fake().await else {
         return;
-    }
+    };
     setup(&fake);
     let names: Vec<String> = (0..8).map(|i| format!("w{i}")).collect();
     for n in &names {
@@ -402,32 +411,10 @@ async fn a_departed_replicas_written_decision_that_loses_its_room_is_placed_agai
     peers[0].send_modify(|p| p.alive.clear());
     // Everything on the ghost's cluster, ranked before every decision there.
     let record = resv::Record {
-        id: "rx-0000000000000001".into(),
-        owner: "rx".into(),
-        creator: "alice".into(),
-        cluster: lost_cluster.clone(),
-        workload: dramesh_api::native::WorkloadRef {
-            namespace: NS.into(),
-            kind: "Deployment".into(),
-            name: "big".into(),
-        },
-        manifests: vec![deployment("big").to_string(), claim_template().to_string()],
-        replicas: 32,
         priority: 1000,
-        ttl_seconds: 300,
-        bound_at_creation: 0,
-        preemptor: None,
-        caps: None,
-        decision: None,
+        ..gpu_record("rx", "alice", &lost_cluster, "big", 32)
     };
-    let json = serde_json::to_vec(&record).unwrap();
-    states[0].apply_changes(&[(
-        resv::doc_id("rx").cluster.clone(),
-        ObjectChange::Upsert {
-            key: resv::record_key(&record.id),
-            json: Arc::from(json.as_slice()),
-        },
-    )]);
+    deliver(&states[0], &record);
     let taken = Instant::now();
     let b = wait_binding(&fake, &ghost, "placed again by r1", |b| {
         by(b).starts_with("r1/") && is_success_at_generation(b)

@@ -644,7 +644,9 @@ impl Loop {
                         .map(String::as_str),
                 },
             };
+            // Strict decisions are never moved once written (see `finished`).
             let departed = self.ctx.role.shard
+                && self.ctx.role.confirm != Confirm::Strict
                 && e.owner != self.ctx.state.replica
                 && !self.members.contains(&e.owner);
             if let Some(o) = obj.as_ref().filter(|o| departed && self.owns(o))

@@ -314,6 +314,8 @@ struct Loop {
     /// Reservations of departed members' written decisions whose replicas this replica took
     /// back ([`Loop::take_over_lost`]), so that each is taken back once.
     taken_over: BTreeSet<Arc<str>>,
+    /// The change count and the orphans of the last look of [`Loop::take_over_lost`].
+    orphans_looked: Option<(u64, Vec<String>)>,
 }
 
 /// Runs the scheduler role on `state` through `client` until `stop` turns true or a watch
@@ -446,6 +448,7 @@ pub(crate) async fn run(
         members: vec![me],
         void: BTreeSet::new(),
         taken_over: BTreeSet::new(),
+        orphans_looked: None,
     };
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -697,7 +700,15 @@ impl Loop {
         if orphans.is_empty() {
             return;
         }
+        // A state changes only with the reservations or the view (a dead replica's admitted
+        // decisions stay orphans until their pods are reported or their TTL): judged again
+        // only when the change count moved or another orphan came.
         let ids: Vec<String> = orphans.iter().map(|(_, e)| e.id.to_string()).collect();
+        let looked = (self.ctx.state.change_count(), ids.clone());
+        if self.orphans_looked.as_ref() == Some(&looked) {
+            return;
+        }
+        self.orphans_looked = Some(looked);
         // Resolution runs the estimator: off the reactor.
         let lost = blocking(&self.ctx.state, move |st| {
             st.reservation_states(&ids)

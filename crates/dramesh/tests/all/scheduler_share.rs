@@ -10,7 +10,8 @@
 //!   not the 300 s TTL; its written after-write decisions that lost are placed again by the
 //!   bindings' new owners), and strict mode never binds more than fits. Measured over five
 //!   runs on a shared 2-core VM, alone and in parallel: 5.9-6.2 s before-write, 5.6-5.8 s
-//!   strict; after-write kept every slot bound and was back within what fits after 0.4-5.8 s;
+//!   strict, 0.3-3.1 s after-write (the longest when r2 was frozen before deciding the
+//!   bindings it owned: they wait for the takeover), back within what fits after 0.3-5.8 s;
 //! - two replicas, a third joining during a burst of bindings that all fit (default mode and
 //!   strict): every binding is scheduled within the takeover time of its creation (measured
 //!   worst 0.2-2.1 s), with exactly one accepted spec write each and (almost) no conflicting
@@ -28,7 +29,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{Replicas, wait_for};
+use common::Replicas;
 use dramesh_fakeapi::FakeApi;
 use dramesh_sim::{ClusterSpec, NodeGroup, NodeShape};
 use serde_json::{Value, json};
@@ -305,50 +306,63 @@ fn r2_reservations(r1: std::net::SocketAddr) -> Vec<Value> {
         .collect()
 }
 
-/// Freezes r2 (SIGSTOP) once r1 holds one of its reservations and, unless `mode` writes at
-/// once (after-write), only at a moment r2 holds a decision it reserved and did not write
-/// (else it is resumed and tried again, for at most 30 s). Returns when it was frozen, and
-/// r2's live reservations on r1 whose binding does not carry r2's decision (id → binding)
-/// 300 ms after the freeze (a write r2 had sent has landed by then).
+/// r2's live reservations on r1 (HTTP address `r1`) whose binding does not carry r2's
+/// decision (`scheduler.dramesh.io/decision: r2/...`): id → binding name.
+fn unwritten_of_r2(fake: &FakeApi, r1: std::net::SocketAddr) -> BTreeMap<String, String> {
+    r2_reservations(r1)
+        .into_iter()
+        .filter(|r| r["status"] == "live")
+        .filter_map(|r| {
+            let name = r["workload"]["name"].as_str()?.to_string();
+            let b = fake.get("ResourceBinding", Some("default"), &name)?;
+            let by = b["metadata"]["annotations"]["scheduler.dramesh.io/decision"].as_str();
+            let id = r["id"].as_str()?.to_string();
+            (!by.is_some_and(|by| by.starts_with("r2/"))).then_some((id, name))
+        })
+        .collect()
+}
+
+/// Freezes r2 (SIGSTOP) as soon as r1 holds one of its reservations and, unless `mode` writes
+/// at once (after-write), one whose decision r2 has not written (r1 is polled every 5 ms: a
+/// strict decision is written one acknowledgement round trip after its reservation). If,
+/// 300 ms after the freeze (a write r2 had sent has landed by then), r2 holds no unwritten
+/// decision after all, it is resumed and tried again, for at most 30 s. Returns when it was
+/// frozen, and r2's unwritten decisions then ([`unwritten_of_r2`]).
 async fn freeze_holding_an_unwritten_decision(
     s: &Setup,
-    mode: &str,
+    mode: &'static str,
 ) -> (Instant, BTreeMap<String, String>) {
     let r1 = s.replicas.at[0].http;
-    let r2 = &s.replicas.procs.0[1];
+    let pid = s.replicas.procs.0[1].id();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        tokio::task::spawn_blocking(move || {
-            wait_for("a reservation of r2 on r1", Duration::from_secs(30), || {
-                let (code, body) = common::try_request(r1, "GET", "/v1/reservations", "").ok()?;
-                (code == 200 && body.contains("\"owner\":\"r2\"")).then_some(())
-            })
+        let fake = s.fake.clone();
+        let stopped = tokio::task::spawn_blocking(move || {
+            loop {
+                let found = if mode == "after-write" {
+                    !r2_reservations(r1).is_empty()
+                } else {
+                    !unwritten_of_r2(&fake, r1).is_empty()
+                };
+                if found {
+                    common::signal_pid(pid, "STOP");
+                    return Instant::now();
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{mode}: r1 never held a reservation of r2 for a decision r2 had not written"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
         })
         .await
-        .expect("wait");
-        common::signal(r2, "STOP");
-        let stopped = Instant::now();
+        .expect("freeze");
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let unwritten: BTreeMap<String, String> = r2_reservations(r1)
-            .into_iter()
-            .filter(|r| r["status"] == "live")
-            .filter_map(|r| {
-                let name = r["workload"]["name"].as_str()?.to_string();
-                let b = s.fake.get("ResourceBinding", Some("default"), &name)?;
-                let by = b["metadata"]["annotations"]["scheduler.dramesh.io/decision"].as_str();
-                let id = r["id"].as_str()?.to_string();
-                (!by.is_some_and(|by| by.starts_with("r2/"))).then_some((id, name))
-            })
-            .collect();
+        let unwritten = unwritten_of_r2(&s.fake, r1);
         if !unwritten.is_empty() || mode == "after-write" {
             return (stopped, unwritten);
         }
-        assert!(
-            Instant::now() < deadline,
-            "{mode}: r2 never held an unwritten decision when frozen"
-        );
-        common::signal(r2, "CONT");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        common::signal_pid(pid, "CONT");
     }
 }
 

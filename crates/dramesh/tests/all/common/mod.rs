@@ -456,13 +456,17 @@ pub(crate) fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Op
 
 /// Sends `signal` (`TERM`, `STOP`, `CONT`, ...) to `child` with kill(1).
 pub(crate) fn signal(child: &Child, signal: &str) {
+    signal_pid(child.id(), signal);
+}
+
+/// Sends `signal` to process `pid` with kill(1).
+pub(crate) fn signal_pid(pid: u32, signal: &str) {
     let status = Command::new("kill")
-        .args([format!("-{signal}"), child.id().to_string()])
+        .args([format!("-{signal}"), pid.to_string()])
         .status();
     assert!(
         status.as_ref().is_ok_and(|s| s.success()),
-        "kill -{signal} {}: {status:?}",
-        child.id()
+        "kill -{signal} {pid}: {status:?}"
     );
 }
 

@@ -33,6 +33,13 @@
 //! read and what changed is applied to the other replicas' tables, as the store's change feed
 //! delivers them. This copying reads whole documents, far more than the mesh's incremental
 //! sync, so its CPU time is reported apart. All of it shares one process.
+//!
+//! `SCHED_CONFIRM=after-write|before-write|strict` (default after-write) sets every replica's
+//! `--scheduler-confirm`; with `strict`, `--scheduler-members` is `SCHED_REPLICAS`, and the
+//! replicas' ack records travel with their reservation documents through the same 50 ms
+//! copying (a confirmation's round trip is then two copies and an ack write, where the mesh
+//! pushes at once; ack records change every 20 ms under load, so the copying reads the
+//! documents at every pass).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -371,6 +378,10 @@ async fn main() {
     .expect("log");
 
     let replicas: usize = env("SCHED_REPLICAS", 1).max(1);
+    let confirm: dramesh_replica::Confirm = std::env::var("SCHED_CONFIRM")
+        .ok()
+        .map(|c| c.parse().unwrap_or_else(|e| panic!("SCHED_CONFIRM: {e}")))
+        .unwrap_or_default();
     let dirs: Vec<tempfile::TempDir> = (0..replicas)
         .map(|_| tempfile::tempdir().expect("temporary data directory"))
         .collect();
@@ -408,7 +419,7 @@ async fn main() {
         }
     }
     eprintln!(
-        "fleet: {clusters} clusters x {nodes} nodes x 8 GPUs loaded into {replicas} replica(s) in {:.1} s",
+        "fleet: {clusters} clusters x {nodes} nodes x 8 GPUs loaded into {replicas} replica(s) (confirm {confirm:?}) in {:.1} s",
         t.elapsed().as_secs_f64()
     );
 
@@ -434,7 +445,11 @@ async fn main() {
             fake.client(),
             KarmadaOptions::new(SCHEDULER, &state.replica),
         ));
-        let role = SchedulerRole::new(std::path::PathBuf::new(), SCHEDULER);
+        let role = SchedulerRole {
+            confirm,
+            members: replicas,
+            ..SchedulerRole::new(std::path::PathBuf::new(), SCHEDULER)
+        };
         let others = states
             .iter()
             .filter(|s| s.replica != state.replica)

@@ -7,7 +7,8 @@
 //! that reservation, so a replica that has applied the record has applied every reservation of
 //! the writer up to `seq`, releases included: a document's changes apply in causal order), and
 //! `acks`, for every other replica, the `seq` of that replica's ack record as the writer has
-//! applied it.
+//! applied it. A replica's records never go back: each is composed from the one queued
+//! before it ([`own_record`]) and queued in the order composed.
 //!
 //! [`confirmed`] holds for reservation `(me, s)` when `me` and enough other replicas to make a
 //! majority of the `members` have each published `acks[me] >= s`, and `me` has applied every
@@ -58,17 +59,20 @@ pub(crate) fn apply(acks: &mut Acks, change: &dramesh_model::ObjectChange) {
     crate::members::apply_meta(acks, ACK_PREFIX, "ack record", change);
 }
 
-/// The ack record replica `me`, whose latest reservation is `seq`, publishes given the
-/// records `acks` it holds.
-pub(crate) fn own_record(me: &str, seq: u64, acks: &Acks) -> AckRecord {
-    AckRecord {
-        seq,
-        acks: acks
-            .iter()
-            .filter(|(r, _)| *r != me)
-            .map(|(r, a)| (r.clone(), a.seq))
-            .collect(),
+/// The ack record replica `me` publishes after `last`, the one it queued last, when its
+/// latest reservation is at least `seq` and it holds the records `acks`: never behind `last`
+/// in any field. The copy of its own record in `acks` lags behind what was queued until the
+/// write is applied, so a record built from it alone could go back, and a later record that
+/// acknowledges less than an earlier one breaks the order [`confirmed`]'s guarantee rests on
+/// (and stalls confirmations of reservations it no longer covers).
+pub(crate) fn own_record(me: &str, seq: u64, acks: &Acks, last: &AckRecord) -> AckRecord {
+    let mut record = last.clone();
+    record.seq = record.seq.max(seq).max(acks.get(me).map_or(0, |a| a.seq));
+    for (r, a) in acks.iter().filter(|(r, _)| *r != me) {
+        let s = record.acks.entry(r.clone()).or_default();
+        *s = (*s).max(a.seq);
     }
+    record
 }
 
 /// A majority of `members` replicas: more than half.
@@ -171,12 +175,37 @@ mod tests {
         }
     }
 
+    /// A record composed while a higher one is queued but not yet applied here (the strict
+    /// task publishing its reservation's seq, the 20 ms publisher publishing new acks) keeps
+    /// what the queued one said.
+    #[test]
+    fn own_record_never_goes_back_behind_the_one_queued_last() {
+        let mut acks = Acks::new();
+        acks.insert("a".into(), rec(4, &[("b", 1)]));
+        acks.insert("b".into(), rec(9, &[]));
+        acks.insert("c".into(), rec(2, &[]));
+        let queued = own_record("a", 12, &acks, &AckRecord::default());
+        assert_eq!(queued, rec(12, &[("b", 9), ("c", 2)]));
+        // c's record moves on; a's own copy still says 4.
+        acks.insert("c".into(), rec(3, &[]));
+        assert_eq!(
+            own_record("a", 0, &acks, &queued),
+            rec(12, &[("b", 9), ("c", 3)])
+        );
+        // An acknowledgement once published is never lowered.
+        acks.insert("b".into(), rec(5, &[]));
+        assert_eq!(own_record("a", 0, &acks, &queued).acks["b"], 9);
+    }
+
     #[test]
     fn own_record_lists_the_others_seqs_and_keys_round_trip() {
         let mut acks = Acks::new();
         acks.insert("a".into(), rec(4, &[("b", 1)]));
         acks.insert("b".into(), rec(9, &[]));
-        assert_eq!(own_record("a", 12, &acks), rec(12, &[("b", 9)]));
+        assert_eq!(
+            own_record("a", 12, &acks, &AckRecord::default()),
+            rec(12, &[("b", 9)])
+        );
         assert_eq!(ack_of(&ack_key("r2")), Some("r2"));
         assert_eq!(majority(3), 2);
         assert_eq!(majority(4), 3);

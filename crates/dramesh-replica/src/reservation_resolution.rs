@@ -74,6 +74,8 @@ pub(crate) struct DecisionEntry {
     pub(crate) cluster: Arc<str>,
     pub(crate) owner: String,
     pub(crate) decision: dramesh_scheduler::void::DecisionRef,
+    /// The replicas it added to the cluster.
+    pub(crate) replicas: i64,
     /// When this replica first saw it (its owner: made it).
     pub(crate) seen: Instant,
 }
@@ -304,6 +306,7 @@ impl Reservations {
                         cluster: e.cluster.clone(),
                         owner: e.record.owner.clone(),
                         decision: e.record.decision.clone()?,
+                        replicas: e.record.replicas,
                         seen: e.seen,
                     })
                 })

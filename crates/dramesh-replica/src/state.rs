@@ -37,13 +37,16 @@
 //!    reservation resolution cache): `compute` is a field of [`Indexes`], reachable only
 //!    through a held guard ([`Indexes::compute`]), so it is never taken first. A resolution
 //!    holds both throughout, which makes resolutions one at a time, each from the last.
-//! 5. Leaves, taken last and holding no other lock: the reservation table (private to
+//! 5. `own_ack`: held only by [`ReplicaState::publish_acks`] (called with no lock held) while
+//!    it composes this replica's ack record from `acks` and queues it on the group commit,
+//!    one leaf after the other, so records are queued in the order they were composed.
+//! 6. Leaves, taken last and holding no other lock: the reservation table (private to
 //!    [`Reservations`], whose module reaches no lock of this state, so it is taken with the
 //!    indexes and compute held by a resolution), the retired clusters (private to
 //!    [`RetiredClusters`], likewise), the group commit's queue (private to it), and, each
 //!    inside one small method here, `fresh` (data age per cluster), `headroom` (NodePool
 //!    failure detection, taken with the indexes held), `roles` (the replicas' scheduler role
-//!    records) and `cache_bound`.
+//!    records), `acks` (their ack records) and `cache_bound`.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -148,6 +151,10 @@ pub struct ReplicaState {
     roles: Mutex<crate::members::Roles>,
     /// The replicas' ack records for strict scheduling (their reservation documents' `_ack`).
     acks: Mutex<crate::quorum::Acks>,
+    /// This replica's ack record as last queued for its reservation document, and whether it
+    /// stands (queued and not failed; false before the first; see
+    /// [`ReplicaState::publish_acks`]).
+    own_ack: Mutex<(crate::quorum::AckRecord, bool)>,
     /// Signalled after this replica wrote its reservation or retirement document (the mesh
     /// pushes both).
     pub(crate) own_docs_changed: Arc<tokio::sync::Notify>,
@@ -197,6 +204,7 @@ impl ReplicaState {
             retired: RetiredClusters::default(),
             roles: Mutex::new(Default::default()),
             acks: Mutex::new(Default::default()),
+            own_ack: Mutex::new(Default::default()),
             own_docs_changed: Arc::new(tokio::sync::Notify::new()),
             replica: replica.to_string(),
             stale_after,
@@ -451,20 +459,28 @@ impl ReplicaState {
     /// least `seq` (the one it has published when `None`), with the `seq` of every other
     /// replica's ack record applied here; returns once durable. Blocking.
     pub(crate) fn publish_acks(&self, seq: Option<u64>) -> Result<(), ApiError> {
-        let record = {
-            let acks = lock(&self.acks);
-            let mine = acks.get(&self.replica);
-            let seq = seq
-                .into_iter()
-                .chain(mine.map(|m| m.seq))
-                .max()
-                .unwrap_or(0);
-            let record = crate::quorum::own_record(&self.replica, seq, &acks);
-            if mine == Some(&record) {
-                return Ok(());
-            }
-            record
+        let Some(ticket) = self.queue_acks(seq)? else {
+            return Ok(());
         };
+        let written = self.wait_written(ticket);
+        if written.is_err() {
+            // Written again by the next call, even if nothing changed.
+            lock(&self.own_ack).1 = false;
+        }
+        written
+    }
+
+    /// Queues this replica's next ack record ([`crate::quorum::own_record`]) unless it is the
+    /// one queued last. Concurrent callers (a strict decision publishing its reservation's
+    /// `seq`, the periodic publisher) compose and queue under one lock, so records are
+    /// written in the order they were composed, each covering the one before.
+    fn queue_acks(&self, seq: Option<u64>) -> Result<Option<Ticket>, ApiError> {
+        let mut own = lock(&self.own_ack);
+        let record =
+            crate::quorum::own_record(&self.replica, seq.unwrap_or(0), &lock(&self.acks), &own.0);
+        if own.1 && record == own.0 {
+            return Ok(None);
+        }
         self.reservations.check_writable()?;
         let json = serde_json::to_vec(&record)
             .map_err(|e| ApiError::Internal(format!("encoding the ack record: {e}")))?;
@@ -472,7 +488,8 @@ impl ReplicaState {
             key: crate::quorum::ack_key(&self.replica),
             json: Arc::from(json.as_slice()),
         }]);
-        self.wait_written(ticket)
+        *own = (record, true);
+        Ok(Some(ticket))
     }
 
     /// Strict scheduling's judgement of this replica's reservations `held` (id and cluster
@@ -1014,5 +1031,40 @@ fn in_time<T>(opts: &EstimateOptions, out: T) -> Result<T, ApiError> {
         ))
     } else {
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The strict task's record (its reservation's `seq`) and the periodic publisher's (a new
+    /// acknowledgement) queued before either is written: the one written last still carries
+    /// the `seq`. Built from the applied copy of the own record alone, it went back to 0, and
+    /// the other replicas acknowledged the lower `seq` (measured: strict decisions waiting out
+    /// their window for want of a majority on a healthy mesh).
+    #[test]
+    fn ack_records_queued_back_to_back_never_go_back() {
+        let st = ReplicaState::in_memory("r1");
+        let first = st.queue_acks(Some(10)).unwrap().expect("queued");
+        let theirs = crate::quorum::AckRecord {
+            seq: 3,
+            acks: [("r1".to_string(), 0)].into(),
+        };
+        st.apply_changes(&[(
+            dramesh_store::RESERVATION_SCOPE.to_string(),
+            ObjectChange::Upsert {
+                key: crate::quorum::ack_key("r2"),
+                json: serde_json::to_vec(&theirs).unwrap().into(),
+            },
+        )]);
+        let second = st.queue_acks(None).unwrap().expect("queued");
+        st.wait_written(first).unwrap();
+        st.wait_written(second).unwrap();
+        let mine = &st.ack_records()["r1"];
+        assert_eq!(mine.seq, 10, "{mine:?}");
+        assert_eq!(mine.acks.get("r2"), Some(&3), "{mine:?}");
+        // Nothing new: nothing written.
+        assert!(st.queue_acks(Some(10)).unwrap().is_none());
     }
 }

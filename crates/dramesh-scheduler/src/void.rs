@@ -205,6 +205,24 @@ pub fn void(
     (assigned < d.target).then_some(Void::NotWritten)
 }
 
+/// Whether the binding as `served` holds `owner`'s decision `d` as the last one written: its
+/// [`DECIDED_BY`] annotation names that decision, for the same binding. Its reservations then
+/// guard room the binding uses; if one loses overcommit resolution, the decision must be
+/// placed again, which its decider does, or, once the decider is gone, the binding's new
+/// owner.
+pub fn last_written(owner: &str, d: &DecisionRef, served: Served<'_>) -> bool {
+    let Served::Present {
+        uid,
+        decided_by: by,
+        ..
+    } = served
+    else {
+        return false;
+    };
+    (d.uid.is_empty() || uid.is_empty() || uid == d.uid)
+        && by == Some(decided_by(owner, d.generation).as_str())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -303,6 +321,35 @@ mod tests {
             assert_eq!(void("r1", &d, "c0", young, served), None, "{what}, young");
             assert_eq!(void("r1", &d, "c0", old, served), want, "{what}, old");
         }
+    }
+
+    #[test]
+    fn the_last_decision_written_is_the_one_its_annotation_names() {
+        let d = decision();
+        let written = at(&[("c0", 4)]);
+        let by = |uid, who| Served::Present {
+            uid,
+            generation: 4,
+            clusters: &written,
+            decided_by: who,
+        };
+        assert!(last_written("r1", &d, by("u1", Some("r1/3"))));
+        assert!(
+            last_written("r1", &d, by("", Some("r1/3"))),
+            "served without a uid"
+        );
+        assert!(!last_written("r2", &d, by("u1", Some("r1/3"))), "another's");
+        assert!(
+            !last_written("r1", &d, by("u1", Some("r1/5"))),
+            "a later one"
+        );
+        assert!(!last_written("r1", &d, by("u1", None)), "none written");
+        assert!(
+            !last_written("r1", &d, by("u2", Some("r1/3"))),
+            "created again"
+        );
+        assert!(!last_written("r1", &d, Served::Absent));
+        assert!(!last_written("r1", &d, Served::Unknown));
     }
 
     #[test]

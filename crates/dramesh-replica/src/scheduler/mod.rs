@@ -38,11 +38,15 @@
 //!   void: a decision's reservation names its binding and generation, and once the decision
 //!   had time to be written, a binding that does not show it voids it on every replica that
 //!   sees the binding ([`dramesh_scheduler::void`]; the loop judges every tick and never
-//!   starts writing a decision past its write deadline).
+//!   starts writing a decision past its write deadline). Room freed that way retries every
+//!   unschedulable binding at once, whatever its backoff.
 //! - **Work shared across replicas** ([`SchedulerRole::shard`]): replicas with the same
 //!   scheduler name split the bindings by rendezvous hashing of their uid over the members
 //!   alive ([`crate::members`], [`dramesh_scheduler::share`]); each decides only the bindings
-//!   it owns but watches all, and queues those it newly owns when the members change.
+//!   it owns but watches all, and queues those it newly owns when the members change. A
+//!   written decision of a member that died or left is watched by nobody: once its
+//!   reservations are old enough to be judged void, the binding's new owner places its
+//!   replicas again if one of them lost overcommit resolution ([`Loop::take_over_lost`]).
 //!   See ARCHITECTURE.md, "The loop on the replica", for the protocol and its limits.
 
 mod decider;
@@ -65,7 +69,9 @@ use tokio::task::JoinSet;
 
 use crate::karmada::{Cache, Change, KarmadaClient, Kind, ObjectKey, Watch};
 use crate::members::Peers;
+use crate::reservation_resolution::DecisionEntry;
 use crate::state::ReplicaState;
+use dramesh_api::native::ReservationState;
 use queue::WorkQueue;
 use task::{Ctx, Done, Held, Job, MAX_EVENT_WRITES, Outcome, Verdict, blocking};
 
@@ -305,6 +311,11 @@ struct Loop {
     members: Vec<String>,
     /// The decisions' reservations judged void at the last look.
     void: BTreeSet<Arc<str>>,
+    /// Reservations of departed members' written decisions whose replicas this replica took
+    /// back ([`Loop::take_over_lost`]), so that each is taken back once.
+    taken_over: BTreeSet<Arc<str>>,
+    /// The change count and the orphans of the last look of [`Loop::take_over_lost`].
+    orphans_looked: Option<(u64, Vec<String>)>,
 }
 
 /// Runs the scheduler role on `state` through `client` until `stop` turns true or a watch
@@ -436,6 +447,8 @@ pub(crate) async fn run(
         peers,
         members: vec![me],
         void: BTreeSet::new(),
+        taken_over: BTreeSet::new(),
+        orphans_looked: None,
     };
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -464,7 +477,8 @@ pub(crate) async fn run(
             _ = sleep_until(next_retry), if next_retry.is_some() => { l.work.queue_due(); false }
             _ = tick.tick() => {
                 l.reshard();
-                l.judge_void();
+                let orphans = l.judge_void();
+                l.take_over_lost(orphans).await;
                 l.recheck().await;
                 false
             }
@@ -584,15 +598,18 @@ impl Loop {
     /// against the bindings as this replica's watches hold them, and hands the void ones to
     /// the state (which leaves them out of every estimate; their owner releases them). A
     /// decision this replica wrote itself is never judged unwritten (its watch may lag its
-    /// own write); any other verdict holds for it too.
-    fn judge_void(&mut self) {
-        use dramesh_scheduler::void::{Served, Void, void};
+    /// own write); any other verdict holds for it too. Returns the reservations of decisions
+    /// written by replicas no longer among the members, on bindings this replica owns now
+    /// (with the binding's key), for [`Loop::take_over_lost`].
+    fn judge_void(&mut self) -> Vec<(Key, DecisionEntry)> {
+        use dramesh_scheduler::void::{Served, Void, last_written, void};
         let entries = self
             .ctx
             .state
             .decision_reservations(&self.ctx.role.creator());
+        let mut orphans = Vec::new();
         if entries.is_empty() && self.void.is_empty() {
-            return;
+            return orphans;
         }
         let written: HashSet<&str> = self
             .checks
@@ -630,6 +647,16 @@ impl Loop {
                         .map(String::as_str),
                 },
             };
+            // Strict decisions are never moved once written (see `finished`).
+            let departed = self.ctx.role.shard
+                && self.ctx.role.confirm != Confirm::Strict
+                && e.owner != self.ctx.state.replica
+                && !self.members.contains(&e.owner);
+            if let Some(o) = obj.as_ref().filter(|o| departed && self.owns(o))
+                && last_written(&e.owner, d, served)
+            {
+                orphans.push(((kind, o.key()), e.clone()));
+            }
             let age = now.saturating_duration_since(e.seen);
             match void(&e.owner, d, &e.cluster, age, served) {
                 Some(Void::NotWritten) if written.contains(&*e.id) => {}
@@ -639,13 +666,88 @@ impl Loop {
                 None => {}
             }
         }
+        let mut freed = false;
         for (id, why) in &judged {
             if !self.void.contains(id) {
+                freed = true;
                 tracing::info!(id = %id, reason = %why, "a decision's reservation is void: it holds nothing");
             }
         }
         self.void = judged.keys().cloned().collect();
         self.ctx.state.set_void_decisions(judged);
+        // A binding refused just before held room its backoff away (up to 10 s): measured
+        // 2 s past the settle window plus grace after a replica's SIGKILL.
+        if freed {
+            self.work.retry_unschedulable_now();
+        }
+        orphans
+    }
+
+    /// A written decision whose reservation loses overcommit resolution is placed again by
+    /// its decider, which watches it; a decider that died or left watches nothing. The
+    /// binding's owner now takes such a decision's replicas back as the decider would have
+    /// (`orphans`, from [`Loop::judge_void`]: decisions of departed members the bindings show;
+    /// one of its reservations conflicted makes the decision lost as a whole). It cannot
+    /// release the departed member's reservations, but a conflicted one holds nothing, and
+    /// the others are void once the binding moves on without them.
+    async fn take_over_lost(&mut self, orphans: Vec<(Key, DecisionEntry)>) {
+        let live: BTreeSet<Arc<str>> = orphans.iter().map(|(_, e)| e.id.clone()).collect();
+        self.taken_over.retain(|id| live.contains(id));
+        let orphans: Vec<(Key, DecisionEntry)> = orphans
+            .into_iter()
+            .filter(|(k, e)| !self.taken_over.contains(&e.id) && !self.lost.contains_key(k))
+            .collect();
+        if orphans.is_empty() {
+            return;
+        }
+        // A state changes only with the reservations or the view (a dead replica's admitted
+        // decisions stay orphans until their pods are reported or their TTL): judged again
+        // only when the change count moved or another orphan came.
+        let ids: Vec<String> = orphans.iter().map(|(_, e)| e.id.to_string()).collect();
+        let looked = (self.ctx.state.change_count(), ids.clone());
+        if self.orphans_looked.as_ref() == Some(&looked) {
+            return;
+        }
+        self.orphans_looked = Some(looked);
+        // Resolution runs the estimator: off the reactor.
+        let lost = blocking(&self.ctx.state, move |st| {
+            st.reservation_states(&ids)
+                .into_iter()
+                .filter(|(_, j)| j.state == ReservationState::Conflicted)
+                .map(|(id, _)| id.to_string())
+                .collect::<BTreeSet<String>>()
+        })
+        .await;
+        let lost = match lost {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(error = %e, "departed members' decisions not checked");
+                return;
+            }
+        };
+        let mut decisions: HashMap<(Key, String, i64), Vec<DecisionEntry>> = HashMap::new();
+        for (k, e) in orphans {
+            decisions
+                .entry((k, e.owner.clone(), e.decision.generation))
+                .or_default()
+                .push(e);
+        }
+        for ((key, owner, generation), entries) in decisions {
+            if !entries.iter().any(|e| lost.contains(&*e.id)) {
+                continue;
+            }
+            tracing::info!(binding = ?key, decider = %owner, generation, "a departed member's written decision lost its reservations; its replicas are placed again");
+            if let Some(m) = &self.ctx.metrics {
+                m.count("reservation_lost");
+            }
+            let mut clusters = BTreeMap::new();
+            for e in entries {
+                *clusters.entry(e.cluster.to_string()).or_default() += e.replicas;
+                self.taken_over.insert(e.id);
+            }
+            self.note_lost(&key, clusters);
+            self.enqueue(key);
+        }
     }
 
     fn enqueue(&mut self, key: Key) {

@@ -11,7 +11,8 @@
 //! - **Backoff per key** ([`Backoff`], karmada-scheduler's): a failed key is retried after
 //!   1 s, 2 s, 4 s, ... up to 10 s; one that was unschedulable waits, in addition, for the
 //!   replica's view or reservations to change ([`WorkQueue::view_moved`]), at most 5 minutes.
-//!   A success forgets the failures.
+//!   A success forgets the failures. Room freed by void decisions queues every unschedulable
+//!   key at once ([`WorkQueue::retry_unschedulable_now`]).
 //! - **Timed by the earliest deadline**: the retries wait in deadline order and the caller
 //!   sleeps until the first ([`WorkQueue::next_deadline`], [`WorkQueue::queue_due`]); nothing
 //!   is polled.
@@ -165,6 +166,28 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
                 self.unfile(&r);
                 self.file(key, r.state);
             }
+        }
+    }
+
+    /// Room that held nothing was freed (a decision's reservations were found void): every
+    /// unschedulable key is queued now, whatever its backoff (one running is queued again
+    /// when it finishes, as its run may have judged on the room still held). Their failures
+    /// are kept. Unlike a view change, this frees room the refusals counted as taken by
+    /// decisions that do not exist, and it happens only when a replica died or its writes
+    /// failed, so it cannot keep the queue busy.
+    pub(crate) fn retry_unschedulable_now(&mut self) {
+        let keys: Vec<K> = self
+            .retry
+            .iter()
+            .filter(|(_, r)| r.state.unschedulable)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in keys {
+            self.on_view.remove(&key);
+            if let Some(slot) = self.retry.get_mut(&key).and_then(|r| r.deadline.take()) {
+                self.deadlines.remove(&slot);
+            }
+            self.enqueue(key);
         }
     }
 
@@ -357,6 +380,39 @@ mod tests {
             q.attempts(&"a"),
             1,
             "its failures are kept until it succeeds"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn room_freed_by_void_decisions_retries_unschedulable_keys_at_once() {
+        let mut q = queue(8);
+        q.view_moved(1);
+        // "u" refused for room three times (4 s of backoff left), "e" failed with an error,
+        // "r" refused and running again.
+        for _ in 0..3 {
+            q.failed(&"u", 1, true);
+        }
+        q.failed(&"e", 1, false);
+        q.failed(&"r", 1, true);
+        q.enqueue("r");
+        assert_eq!(start_all(&mut q), vec!["r"]);
+        q.retry_unschedulable_now();
+        assert_eq!(
+            start_all(&mut q),
+            vec!["u"],
+            "at once, not after its backoff"
+        );
+        q.finish(&"r");
+        assert_eq!(
+            start_all(&mut q),
+            vec!["r"],
+            "its run may have judged before"
+        );
+        assert_eq!(q.attempts(&"u"), 3, "its failures are kept");
+        assert_eq!(
+            q.next_deadline(),
+            Some(now() + Duration::from_secs(1)),
+            "only the error's retry is left"
         );
     }
 

@@ -162,6 +162,17 @@ fn start_with(
     }
 }
 
+/// The fake Karmada API server, or `None`, with the skip message, when
+/// `../shared/fixtures/karmada/crds` is absent and writes cannot be validated.
+async fn validating_fake() -> Option<FakeApi> {
+    let fake = FakeApi::start().await;
+    if !fake.validates_karmada_crds() {
+        eprintln!("skipped: ../shared/fixtures/karmada/crds is absent, writes cannot be validated");
+        return None;
+    }
+    Some(fake)
+}
+
 fn get_binding(fake: &FakeApi, name: &str) -> Value {
     fake.get("ResourceBinding", Some(NS), &format!("{name}-deployment"))
         .expect("binding exists")
@@ -698,11 +709,9 @@ async fn a_stale_verdict_is_not_written_over_a_newer_decision() {
 /// replica on c0 as well.
 #[tokio::test]
 async fn claim_templates_come_from_the_member_cluster_and_karmada_where_it_has_none() {
-    let fake = FakeApi::start().await;
-    if !fake.validates_karmada_crds() {
-        eprintln!("skipped: ../shared/fixtures/karmada/crds is absent, writes cannot be validated");
+    let Some(fake) = validating_fake().await else {
         return;
-    }
+    };
     let st = state("r1");
     publish(&st, 0, 0, None); // c0: 8 free GPUs
     publish(&st, 1, 0, None); // c1: 8 free GPUs

@@ -103,11 +103,7 @@ struct Three {
 const IDS: [&str; 3] = ["ra", "rb", "rc"];
 
 async fn three(n: usize) -> Option<Three> {
-    let fake = FakeApi::start().await;
-    if !fake.validates_karmada_crds() {
-        eprintln!("skipped: ../shared/fixtures/karmada/crds is absent, writes cannot be validated");
-        return None;
-    }
+    let fake = validating_fake().await?;
     setup(&fake);
     let names: Vec<String> = (0..n).map(|i| format!("w{i}")).collect();
     for n in &names {
@@ -250,15 +246,55 @@ async fn a_stopped_replicas_bindings_are_taken_over() {
     rc.stop().await;
 }
 
+/// A reservation of `replicas` one-GPU replicas of Deployment `name` on `cluster`, made by
+/// `creator` on replica `owner` (its first), priority 0, holding no decision.
+fn gpu_record(
+    owner: &str,
+    creator: &str,
+    cluster: &str,
+    name: &str,
+    replicas: i64,
+) -> resv::Record {
+    resv::Record {
+        id: format!("{owner}-0000000000000001"),
+        owner: owner.into(),
+        creator: creator.into(),
+        cluster: cluster.into(),
+        workload: dramesh_api::native::WorkloadRef {
+            namespace: NS.into(),
+            kind: "Deployment".into(),
+            name: name.into(),
+        },
+        manifests: vec![deployment(name).to_string(), claim_template().to_string()],
+        replicas,
+        priority: 0,
+        ttl_seconds: 300,
+        bound_at_creation: 0,
+        preemptor: None,
+        caps: None,
+        decision: None,
+    }
+}
+
+/// Delivers `record` to `st`, as the mesh delivers its owner's reservation document.
+fn deliver(st: &ReplicaState, record: &resv::Record) {
+    let json = serde_json::to_vec(record).unwrap();
+    st.apply_changes(&[(
+        resv::doc_id(&record.owner).cluster.clone(),
+        ObjectChange::Upsert {
+            key: resv::record_key(&record.id),
+            json: Arc::from(json.as_slice()),
+        },
+    )]);
+}
+
 /// A replica reserved all of c0's GPUs for a decision and died before writing it: once the
 /// settle window and the grace have passed, the reservation is void here, its room used.
 #[tokio::test]
 async fn a_decision_never_written_frees_its_room_after_settle_and_grace() {
-    let fake = FakeApi::start().await;
-    if !fake.validates_karmada_crds() {
-        eprintln!("skipped: ../shared/fixtures/karmada/crds is absent, writes cannot be validated");
+    let Some(fake) = validating_fake().await else {
         return;
-    }
+    };
     let st = state("r1");
     publish(&st, 0, 0, None); // c0: 8 free GPUs
     publish(&st, 1, 4, None); // c1: none
@@ -279,35 +315,10 @@ async fn a_decision_never_written_frees_its_room_after_settle_and_grace() {
         settle_ms: 500,
     };
     let record = resv::Record {
-        id: "rdead-0000000000000001".into(),
-        owner: "rdead".into(),
-        creator: format!("scheduler:{ME}"),
-        cluster: "c0".into(),
-        workload: dramesh_api::native::WorkloadRef {
-            namespace: NS.into(),
-            kind: "Deployment".into(),
-            name: "ghost".into(),
-        },
-        manifests: vec![
-            deployment("ghost").to_string(),
-            claim_template().to_string(),
-        ],
-        replicas: 8,
-        priority: 0,
-        ttl_seconds: 300,
-        bound_at_creation: 0,
-        preemptor: None,
-        caps: None,
         decision: Some(decision.clone()),
+        ..gpu_record("rdead", &format!("scheduler:{ME}"), "c0", "ghost", 8)
     };
-    let json = serde_json::to_vec(&record).unwrap();
-    st.apply_changes(&[(
-        resv::doc_id("rdead").cluster.clone(),
-        ObjectChange::Upsert {
-            key: resv::record_key(&record.id),
-            json: Arc::from(json.as_slice()),
-        },
-    )]);
+    deliver(&st, &record);
     let seen = Instant::now();
     let dead = st.reservation_status(&record.id).expect("known");
     assert_eq!(dead.status, ReservationState::Live, "{dead:?}");
@@ -357,4 +368,74 @@ async fn a_decision_never_written_frees_its_room_after_settle_and_grace() {
     let mine = st.reservation_status(&own[0].id).expect("known");
     assert_eq!(mine.status, ReservationState::Live, "{mine:?}");
     running.stop().await;
+}
+
+/// A replica wrote a decision and died; later a reservation ranked before the decision's
+/// (a higher priority) takes its cluster's room. Its decider would have placed the replicas
+/// again; the binding's new owner does, once the reservation is old enough to be judged
+/// (settle + grace after it first saw it), and only once.
+#[tokio::test]
+async fn a_departed_replicas_written_decision_that_loses_its_room_is_placed_again() {
+    let Some(fake) = validating_fake().await else {
+        return;
+    };
+    setup(&fake);
+    let names: Vec<String> = (0..8).map(|i| format!("w{i}")).collect();
+    for n in &names {
+        fake.apply(deployment(n));
+        fake.apply(binding(n, 1));
+    }
+    let (states, peers) = replicas(&["r1", "rd"]);
+    let mesh = bridge_all(states.clone(), Duration::from_millis(50));
+    let r1 = start_shared(&fake, &states[0], &peers[0]);
+    let rd = start_shared(&fake, &states[1], &peers[1]);
+    catch_up(&states, &peers).await;
+    for n in &names {
+        wait_binding(&fake, n, "scheduled", is_success_at_generation).await;
+    }
+    let by = |b: &Value| {
+        b["metadata"]["annotations"][dramesh_scheduler::void::DECIDED_BY]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let ghost = names
+        .iter()
+        .find(|n| by(&get_binding(&fake, n)).starts_with("rd/"))
+        .expect("rd decided one of 8 bindings")
+        .clone();
+    let lost_cluster = targets(&get_binding(&fake, &ghost))[0].0.clone();
+    // rd dies: nothing more of its document arrives, and r1's members lose it.
+    rd.stop().await;
+    mesh.abort();
+    peers[0].send_modify(|p| p.alive.clear());
+    // Everything on the ghost's cluster, ranked before every decision there.
+    let record = resv::Record {
+        priority: 1000,
+        ..gpu_record("rx", "alice", &lost_cluster, "big", 32)
+    };
+    deliver(&states[0], &record);
+    let taken = Instant::now();
+    let b = wait_binding(&fake, &ghost, "placed again by r1", |b| {
+        by(b).starts_with("r1/") && is_success_at_generation(b)
+    })
+    .await;
+    let took = taken.elapsed();
+    let other = if lost_cluster == "c0" { "c1" } else { "c0" };
+    assert_eq!(targets(&b), [(other.to_string(), 1)], "{b:#}");
+    // rd's reservation was first seen before the injection: judged within a tick after
+    // settle + grace, then decided and written.
+    assert!(
+        took < Duration::from_millis(100)
+            + dramesh_scheduler::void::VOID_GRACE
+            + Duration::from_secs(2),
+        "placed again {took:?} after its room was taken"
+    );
+    // Once: rd's write and r1's.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        spec_patches(&fake).get(&format!("{ghost}-deployment")),
+        Some(&2)
+    );
+    r1.stop().await;
 }

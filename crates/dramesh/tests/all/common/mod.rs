@@ -136,8 +136,7 @@ impl Demo {
 
     /// Sends SIGTERM and waits (at most 20 s) for a clean exit; returns whether it exited 0.
     pub(crate) fn stop(&mut self) -> bool {
-        let pid = self.child.id().to_string();
-        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        signal(&self.child, "TERM");
         if let Some(status) = wait_exit(&mut self.child, Duration::from_secs(20)) {
             return status.success();
         }
@@ -453,6 +452,22 @@ pub(crate) fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Op
         assert!(Instant::now() < until, "timed out after {limit:?}: {what}");
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Sends `signal` (`TERM`, `STOP`, `CONT`, ...) to `child` with kill(1).
+pub(crate) fn signal(child: &Child, signal: &str) {
+    signal_pid(child.id(), signal);
+}
+
+/// Sends `signal` to process `pid` with kill(1).
+pub(crate) fn signal_pid(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status();
+    assert!(
+        status.as_ref().is_ok_and(|s| s.success()),
+        "kill -{signal} {pid}: {status:?}"
+    );
 }
 
 /// Waits (at most `limit`) for `child` to exit; `None` when it is still running (or cannot be

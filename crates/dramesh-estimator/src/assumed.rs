@@ -208,6 +208,24 @@ pub(crate) struct Deductions {
     held: Option<AssumedDevices>,
     /// Replicas that fit nowhere (not deducted).
     pub unplaced: i64,
+    /// What each [`Deductions::add`] did, in order, so the last ones can be undone.
+    undo: Vec<Undo>,
+}
+
+/// What one [`Deductions::add`] did.
+#[derive(Debug, Default)]
+struct Undo {
+    /// Nodes deducted from, with the replicas each took.
+    takes: Vec<(Arc<str>, i64)>,
+    /// Requests of one replica.
+    requests: ResList,
+    /// Replicas that fit nowhere.
+    unplaced: i64,
+    /// Device allocations the replicas hold.
+    allocations: Vec<dramesh_model::k8s::AllocationResult>,
+    /// Whether one of them allocated a shared claim (not undone: see
+    /// [`crate::fit::DeviceQuery::take_placed`]).
+    shared_claim: bool,
 }
 
 /// Where first-fit of one workload shape may start: every node before it is known to take
@@ -276,9 +294,59 @@ impl Deductions {
         start: Option<&FirstFit>,
         touched: &mut dyn FnMut(&Arc<str>),
     ) -> FirstFit {
+        let mut undo = Undo {
+            requests: a.requests.clone(),
+            ..Undo::default()
+        };
+        let next = self.place(c, a, overlay, max_steps, start, touched, &mut undo);
+        self.unplaced = self.unplaced.saturating_add(undo.unplaced);
+        self.undo.push(undo);
+        next
+    }
+
+    /// Undoes the last [`Deductions::add`], calling `touched` with each node it deducted
+    /// from; false (nothing undone) when there is none or it allocated a shared claim.
+    pub(crate) fn undo_last(&mut self, touched: &mut dyn FnMut(&Arc<str>)) -> bool {
+        if self.undo.last().is_none_or(|u| u.shared_claim) {
+            return false;
+        }
+        let Some(u) = self.undo.pop() else {
+            return false;
+        };
+        for (node, take) in &u.takes {
+            if let Some(e) = self.res.get_mut(node) {
+                e.0.sub_all(&u.requests.scaled(*take));
+                e.1 -= take;
+                if e.1 <= 0 {
+                    self.res.remove(node);
+                }
+            }
+            touched(node);
+        }
+        if !u.allocations.is_empty()
+            && let Some(held) = self.held.as_mut()
+        {
+            held.release(&u.allocations);
+        }
+        self.unplaced -= u.unplaced;
+        true
+    }
+
+    /// [`Deductions::add`]'s first-fit, recording what it did in `undo`.
+    #[allow(clippy::too_many_arguments)]
+    fn place(
+        &mut self,
+        c: &ClusterView,
+        a: &AssumedWorkload,
+        overlay: Option<&Overlay>,
+        max_steps: Option<u64>,
+        start: Option<&FirstFit>,
+        touched: &mut dyn FnMut(&Arc<str>),
+        undo: &mut Undo,
+    ) -> FirstFit {
         let from = match start {
             Some(FirstFit::Full) => {
-                self.unplaced = self.unplaced.saturating_add(a.replicas.max(0));
+                undo.unplaced = a.replicas.max(0);
                 return FirstFit::Full;
             }
             Some(FirstFit::From(n)) => Some(n.clone()),
@@ -292,7 +360,7 @@ impl Deductions {
             match DeviceQuery::prepare(c, dw, overlay, None, &mut self.held, max_steps) {
                 Ok(q) => devq = q,
                 Err(_) => {
-                    self.unplaced = self.unplaced.saturating_add(remaining);
+                    undo.unplaced = remaining;
                     return start.cloned().unwrap_or(FirstFit::Full);
                 }
             }
@@ -363,12 +431,14 @@ impl Deductions {
             e.0.add_all(&a.requests.scaled(take));
             e.1 += take;
             touched(&node.name);
+            undo.takes.push((node.name.clone(), take));
             remaining -= take;
         }
-        if let Some(q) = devq {
+        if let Some(mut q) = devq {
+            (undo.allocations, undo.shared_claim) = q.take_placed();
             self.held = q.into_assumed();
         }
-        self.unplaced = self.unplaced.saturating_add(remaining);
+        undo.unplaced = remaining;
         next.map_or(FirstFit::Full, FirstFit::From)
     }
 }
@@ -466,8 +536,21 @@ impl DeductionLog {
         list: &AssumedList,
         max_steps: Option<u64>,
     ) -> bool {
-        if self.max_steps != max_steps || !self.is_prefix_of(list) {
+        if self.max_steps != max_steps {
             return false;
+        }
+        if !self.is_prefix_of(list) {
+            // Another list with the same start (a resolution checking again from a changed
+            // rank): the entries after the common part are undone, then `list`'s placed.
+            let same = self
+                .placed
+                .iter()
+                .zip(list.iter())
+                .take_while(|(a, b)| same_deduction(a, b))
+                .count();
+            if same == 0 || !self.truncate(same) {
+                return false;
+            }
         }
         let now = c.stamp();
         if self.stamp == now {
@@ -499,6 +582,37 @@ impl DeductionLog {
             return false;
         }
         self.stamp = now;
+        true
+    }
+
+    /// Undoes the placed entries after the first `keep`, in a new epoch that logs the
+    /// nodes they deducted from (so memos count those nodes again); false when one of them
+    /// cannot be undone (it allocated a shared claim), or a device not local to its node is
+    /// held: the log must then be built again. Undone in reverse order, each undo gives back
+    /// exactly what its first-fit took, so the deductions are those of the first `keep`
+    /// entries placed alone; the first-fit cursors are dropped (nodes may take replicas
+    /// again), which changes where first-fit starts looking, not what it places.
+    fn truncate(&mut self, keep: usize) -> bool {
+        if self.ded.reach().is_none()
+            || self.ded.undo.len() != self.placed.len()
+            || self.ded.undo[keep..].iter().any(|u| u.shared_claim)
+        {
+            return false;
+        }
+        self.epoch += 1;
+        let epoch = self.epoch;
+        let touched = &mut self.touched;
+        while self.placed.len() > keep {
+            if !self
+                .ded
+                .undo_last(&mut |n| touched.push((epoch, n.clone())))
+            {
+                return false;
+            }
+            self.placed.pop();
+        }
+        self.cursors.clear();
+        self.last = None;
         true
     }
 

@@ -171,6 +171,12 @@ impl AssumedDevices {
         self.shared
     }
 
+    /// Gives back allocations of assumed replicas (undoing a deduction). The nodes stay
+    /// marked as holding assumed devices, which only keeps caches from answering for them.
+    pub(crate) fn release(&mut self, allocations: &[AllocationResult]) {
+        self.state.release(allocations);
+    }
+
     fn hold(&mut self, node: &NodeEntry, local: bool) {
         if local {
             self.nodes.insert(node.name.clone());
@@ -216,6 +222,9 @@ pub(crate) struct DeviceQuery<'a> {
     namespace: String,
     /// Assumed replicas' devices: `owned` then starts as their state.
     assumed: Option<AssumedDevices>,
+    /// The allocations [`DeviceQuery::place`] committed for good, and whether one of them
+    /// allocated a shared claim ([`DeviceQuery::take_placed`]).
+    placed: (Vec<AllocationResult>, bool),
 }
 
 impl ClusterView {
@@ -420,6 +429,7 @@ impl<'a> DeviceQuery<'a> {
             shape_ok,
             namespace: w.namespace.clone(),
             assumed,
+            placed: (Vec::new(), false),
         }))
     }
 
@@ -632,6 +642,13 @@ impl<'a> DeviceQuery<'a> {
         self.allocate_replicas(node, cap, ext_claim.as_ref(), true)
     }
 
+    /// The allocations placed replicas hold since the last call, and whether one of them
+    /// allocated a shared claim (which releasing them would not give back: the assumed
+    /// state remembers the claim as allocated).
+    pub(crate) fn take_placed(&mut self) -> (Vec<AllocationResult>, bool) {
+        std::mem::take(&mut self.placed)
+    }
+
     /// The device state with this query's placed replicas, for the next query; `None`
     /// when the query was not prepared with one.
     pub(crate) fn into_assumed(self) -> Option<AssumedDevices> {
@@ -691,6 +708,10 @@ impl<'a> DeviceQuery<'a> {
                                     .is_some_and(|p| **p == *node.name)
                             })
                     };
+                    if keep {
+                        self.placed.0.extend(results.iter().cloned());
+                        self.placed.1 |= !shared_part.is_empty();
+                    }
                     for (a, claim) in shared_part.iter().zip(&pending) {
                         st.commit(std::slice::from_ref(a));
                         if let Some(sel) = &a.node_selector {

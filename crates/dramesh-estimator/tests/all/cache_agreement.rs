@@ -156,9 +156,10 @@ fn cached_equals_naive_with_assumed_device_workloads() {
 }
 
 /// An assumed list that grows one workload at a time (as admitted reservations do), with
-/// now and then an entry dropped from the middle, a view change, and the list emptied: one
-/// long-lived estimator, whose kept deductions are extended or built again, answers every
-/// step as the naive path does.
+/// now and then an entry dropped from the middle or the list cut back (the kept deductions
+/// are undone to the common start), a view change, and the list emptied: one long-lived
+/// estimator, whose kept deductions are extended, undone, carried or built again, answers
+/// every step as the naive path does.
 #[test]
 fn growing_assumed_lists_agree_with_naive() {
     let mut rng = Lcg(47);
@@ -180,12 +181,16 @@ fn growing_assumed_lists_agree_with_naive() {
         ];
         let mut est = Estimator::new();
         let mut assumed: Vec<AssumedWorkload> = Vec::new();
-        for step in 0..24 {
+        for step in 0..40 {
             let label = format!("round {round} step {step}");
             match rng.next(10) {
                 0 if !assumed.is_empty() => {
                     let i = rng.next(assumed.len() as u64) as usize;
                     assumed.remove(i);
+                }
+                9 => {
+                    let keep = rng.next(assumed.len() as u64 + 1) as usize;
+                    assumed.truncate(keep);
                 }
                 1 => {
                     let c = format!("c{}", rng.next(3));

@@ -314,9 +314,12 @@ impl Resolution {
 /// of one replica would rank before every one of another, and each arriving batch would
 /// resolve the whole of the other replica's again.
 fn rank_order(pa: i32, ida: &str, pb: i32, idb: &str) -> Ordering {
-    pb.cmp(&pa)
-        .then_with(|| seq_of(ida).cmp(&seq_of(idb)))
-        .then_with(|| ida.cmp(idb))
+    rank_key(pa, ida).cmp(&rank_key(pb, idb))
+}
+
+/// What [`rank_order`] compares, as one key.
+fn rank_key(priority: i32, id: &str) -> (std::cmp::Reverse<i32>, (usize, &str), &str) {
+    (std::cmp::Reverse(priority), seq_of(id), id)
 }
 
 /// The sequence number ending `id` as (digits, digits): numeric order without parsing;
@@ -329,11 +332,6 @@ fn seq_of(id: &str) -> (usize, &str) {
         }
         _ => (0, ""),
     }
-}
-
-/// [`rank_order`] of two reservations.
-pub(crate) fn rank(a: &Reservation, b: &Reservation) -> Ordering {
-    rank_order(a.priority, &a.id, b.priority, &b.id)
 }
 
 /// Decides which reservations hold capacity (see the module docs).
@@ -376,7 +374,8 @@ pub fn resolve_cluster(
         .iter()
         .filter(|r| &*r.cluster == cluster)
         .collect();
-    list.sort_by(|a, b| rank(a, b));
+    // The rank key computed once per reservation, not per comparison.
+    list.sort_by_cached_key(|r| rank_key(r.priority, &r.id));
     let mut out = ClusterResolution {
         ranked: Vec::with_capacity(list.len()),
         ..ClusterResolution::default()

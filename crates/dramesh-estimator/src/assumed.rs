@@ -266,6 +266,21 @@ impl Deductions {
         })
     }
 
+    /// Where each deduction added ends, in order; `None` once a replica holds a device not
+    /// local to its node.
+    pub(crate) fn reaches(&self) -> Option<Vec<Reach>> {
+        self.reach()?;
+        Some(
+            self.undo
+                .iter()
+                .map(|u| Reach {
+                    last: u.takes.iter().map(|(n, _)| n).max().cloned(),
+                    unplaced: u.unplaced,
+                })
+                .collect(),
+        )
+    }
+
     /// Gives back what [`Deductions::take_devices`] took.
     pub(crate) fn put_devices(&mut self, held: Option<AssumedDevices>) {
         if held.is_some() {

@@ -601,20 +601,20 @@ impl Estimator {
         out.headroom = Some(headroom);
     }
 
-    /// Where the first-fit deductions of `list` (assumed workloads of `cluster`, in
-    /// deduction order) end in `view` (see [`Reach`]); `None` when the cluster is not in the
+    /// Where the first-fit deduction of each of `list` (assumed workloads of `cluster`, in
+    /// deduction order) ends in `view` (see [`Reach`]); `None` when the cluster is not in the
     /// view or a replica holds a device not local to its node.
-    pub fn deduction_reach(
+    pub fn deduction_reaches(
         &mut self,
         view: &View,
         cluster: &str,
         list: &AssumedList,
-    ) -> Option<Reach> {
+    ) -> Option<Vec<Reach>> {
         let c = view.cluster(cluster)?;
         let log = self.take_deductions(c, list, &EstimateOptions::default())?;
-        let reach = log.ded.reach();
+        let reaches = log.ded.reaches();
         self.deductions.insert(c.name.clone(), log);
-        reach
+        reaches
     }
 
     /// The cluster's deductions of `list` (its assumed workloads, in order), taken out of

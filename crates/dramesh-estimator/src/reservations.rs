@@ -96,8 +96,9 @@ pub struct ClusterResolution {
     /// Per workload shape (fingerprint) of `ranked`: the replicas the cluster fits with
     /// nothing deducted.
     bases: Vec<(u64, i64)>,
-    /// Where the admitted reservations' first-fit deductions end (`None`: unknown).
-    reach: Option<Reach>,
+    /// Where each admitted reservation's first-fit deduction ends, in the order of
+    /// `assumed` (`None`: unknown).
+    reaches: Option<Vec<Reach>>,
     /// Entries of `ranked` taken from the previous resolution without an estimate.
     reused: usize,
 }
@@ -138,15 +139,16 @@ impl ClusterResolution {
 
     /// This resolution of `list` (ranked), made on an earlier view of `cluster`, brought to
     /// `view` as it is, as far as that is exact without checking again: `None` when the
-    /// changes since are not all of a node (see [`ClusterView::node_changes_since`]) or a
-    /// changed node may take or give replicas of an admitted reservation's first-fit.
-    /// Otherwise the entries that rank as before, cut at the first whose outcome the changes
-    /// turn (the rest are checked again). Why it is exact: a check's count is the sum of
-    /// independent per-node answers (workloads without shared claims, no device held
-    /// outside its node). A changed node that leaves every fit as it was changes no answer.
-    /// Any other changed node comes after every node deducted from, all replicas placed, so
-    /// the deductions are the same, the node holds none of them in every check, and its
-    /// answer there is its answer with nothing deducted: each count moves by what its
+    /// changes since are not all of a node (see [`ClusterView::node_changes_since`]).
+    /// Otherwise the entries that rank as before, up to the first admitted one whose
+    /// first-fit reached the first changed node that may change a fit, and cut at the first
+    /// whose outcome the changes turn (the rest are checked again). Why it is exact: a
+    /// check's count is the sum of independent per-node answers (workloads without shared
+    /// claims, no device held outside its node). A changed node that leaves every fit as it
+    /// was changes no answer. Any other changed node comes after every node the kept
+    /// admitted reservations were deducted from, all their replicas placed, so their
+    /// deductions are the same, the node holds none of them in any kept check, and its
+    /// answer there is its answer with nothing deducted: each kept count moves by what its
     /// workload's count with nothing deducted moved (kept per shape in `bases`), which one
     /// memoized estimate per shape gives.
     fn carried(
@@ -178,22 +180,31 @@ impl ClusterResolution {
                 claims.push(&r.workload.node_claim);
             }
         }
-        let mut moved = false;
-        for ch in &changes {
-            if ch.leaves_fits(cv, &claims) {
-                continue;
+        // The first changed node (in name order) that may change a fit.
+        let first = changes
+            .iter()
+            .find(|ch| !ch.leaves_fits(cv, &claims))
+            .map(|ch| &ch.node);
+        let mut keep = same;
+        if let Some(first) = first {
+            // Kept: the reservations ranked before the first admitted one whose first-fit
+            // reached that node (every changed node after it is reached later still).
+            let reaches = self.reaches.as_ref()?;
+            if let Some((&at, _)) = self
+                .assumed_at
+                .iter()
+                .zip(reaches)
+                .find(|(_, r)| !r.passes(first))
+            {
+                keep = keep.min(at);
             }
-            if !self.reach.as_ref().is_some_and(|r| r.passes(&ch.node)) {
-                return None;
-            }
-            moved = true;
         }
         let mut out = self.clone();
-        out.truncate(same);
+        out.truncate(keep);
         out.stamp = cv.stamp();
-        if moved {
+        if first.is_some() {
             let mut shifts: Vec<(u64, Option<i64>)> = Vec::new();
-            for (i, r) in list[..same].iter().enumerate() {
+            for (i, r) in list[..keep].iter().enumerate() {
                 if r.replicas <= 0 {
                     continue;
                 }
@@ -255,7 +266,7 @@ impl ClusterResolution {
         }
         self.bases = bases;
         let list: AssumedList = self.assumed.clone().into();
-        self.reach = estimator.deduction_reach(view, cluster, &list);
+        self.reaches = estimator.deduction_reaches(view, cluster, &list);
     }
 }
 
@@ -788,7 +799,7 @@ mod tests {
         let mut est = Estimator::new();
         let mut last = resolve_cluster(&v, &mut est, "c", &live, None);
         let probe = dra_workload("probe", 1);
-        let (mut carried, mut moved, mut neutral) = (0, 0, 0);
+        let (mut carried, mut moved, mut neutral, mut partly) = (0, 0, 0, 0);
         for step in 0..200 {
             let i = next(nodes.len() as u64) as usize;
             let node = &mut nodes[i];
@@ -828,6 +839,9 @@ mod tests {
             let again = resolve_cluster(&v, &mut est, "c", &live, Some(&last));
             assert_eq!(again.ranked, fresh.ranked, "step {step}");
             assert!(again.assumed_ids().eq(fresh.assumed_ids()), "step {step}");
+            if again.reused() > 0 && again.reused() < live.len() {
+                partly += 1;
+            }
             if again.reused() == live.len() {
                 carried += 1;
                 if fresh.ranked != last.ranked {
@@ -858,6 +872,11 @@ mod tests {
             "carried changes move conflicted counts ({moved})"
         );
         assert!(carried < 200, "some changes are checked again ({carried})");
+        assert!(
+            partly > 5,
+            "changes before the last deduction keep the reservations ranked before the first \
+             that reached them ({partly})"
+        );
     }
 
     /// Extending a resolution with reservations that rank after all others gives what

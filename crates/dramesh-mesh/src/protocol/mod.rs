@@ -61,8 +61,8 @@
 //! Layout: [`Protocol`] composes sub-states that each own their fields, in their own files:
 //! `session` (sessions, scopes, heartbeats, the index of sessions by document), `timers` (the
 //! queue of due sessions, the tick, [`Protocol::poll_timeout`]), `push` (coalesced and delayed
-//! pushes), `anti_entropy` (rounds and repairs), `sync` (per-document sync states, apply) and
-//! `refusal`. This file holds the configuration, the outputs, the counters and the frame
+//! pushes), `anti_entropy` (rounds and repairs), `sync` (per-document sync states, apply),
+//! `verify` (signature checks handed out, messages parked behind them) and `refusal`. This file holds the configuration, the outputs, the counters and the frame
 //! dispatch.
 
 use std::collections::BTreeMap;
@@ -84,6 +84,7 @@ mod refusal;
 mod session;
 mod sync;
 mod timers;
+mod verify;
 
 use push::Pushes;
 use refusal::Refusals;
@@ -92,6 +93,8 @@ pub use session::{Scope, SessionStatus};
 use session::{Session, SessionIndex};
 use sync::SavedStates;
 use timers::Timers;
+use verify::Verifications;
+pub use verify::{Ticket, VerifyJob};
 
 /// Major protocol version carried in `Hello.protocol_version` (see [`crate::version`]).
 pub const PROTOCOL_VERSION: u32 = version::PROTOCOL_MAJOR;
@@ -298,6 +301,8 @@ pub struct Protocol {
     index: SessionIndex,
     /// When each session's timers are next due, and the announcement of a learned replica.
     timers: Timers,
+    /// Signature checks handed out (see [`Protocol::set_verify_jobs`]).
+    verify: Verifications,
 }
 
 impl Protocol {
@@ -315,6 +320,7 @@ impl Protocol {
             refusals: Refusals::default(),
             relay: false,
             index: SessionIndex::default(),
+            verify: Verifications::default(),
         }
     }
 

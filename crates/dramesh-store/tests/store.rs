@@ -552,15 +552,15 @@ fn group_commit_defers_fsync_until_sync_pending_and_keeps_changes() {
             .unwrap();
         full_sync(&mut a, &mut r);
     }
-    // The records are appended at once (so the page cache holds them across a process
-    // crash); only their fsync waits for the group commit.
+    // The records are appended on the store's writer thread; the group commit waits for it,
+    // then makes them durable.
     assert!(r.store.has_unsynced());
-    assert!(std::fs::metadata(doc_file(rdir.path())).unwrap().len() > len_before);
     assert_eq!(
         r.store.sync_pending().unwrap(),
         1,
         "one fsync for one touched file"
     );
+    assert!(std::fs::metadata(doc_file(rdir.path())).unwrap().len() > len_before);
     assert!(!r.store.has_unsynced());
     assert_eq!(r.store.sync_pending().unwrap(), 0);
 
@@ -581,6 +581,52 @@ fn group_commit_defers_fsync_until_sync_pending_and_keeps_changes() {
         reopened.get("c1", &node("last")).as_deref(),
         Some(&b"x"[..])
     );
+}
+
+/// Received changes are appended on the store's writer thread. An append that fails (here the
+/// file was removed behind the store's back) fails the group commit, so nothing that reflects
+/// it may be acknowledged; the next group commit rewrites the file whole from the document, and
+/// a reopened store holds every change.
+#[test]
+fn a_failed_background_append_fails_the_commit_and_the_file_is_rewritten_whole() {
+    let rdir = tempfile::tempdir().unwrap();
+    let d = DocId::new("c1", CLUSTER_PUBLISHER);
+    let config = fsync_config();
+    let mut a = agent(&d, test_config());
+    a.store.apply(&d, vec![upsert(node("g0"), "0")]).unwrap();
+    let (rs, _) = Store::open(rdir.path(), config.clone()).unwrap();
+    let mut r = Peer::replica(rs);
+    full_sync(&mut a, &mut r);
+    r.store.set_group_commit(true).unwrap();
+    let file = doc_file(rdir.path());
+    std::fs::remove_file(&file).unwrap();
+    a.store.apply(&d, vec![upsert(node("g1"), "1")]).unwrap();
+    full_sync(&mut a, &mut r);
+    assert!(
+        r.store.sync_pending().is_err(),
+        "a failed append must fail the group commit"
+    );
+    assert!(!file.exists());
+    r.store.sync_pending().unwrap();
+    assert!(file.exists(), "the file was rewritten");
+    a.store.apply(&d, vec![upsert(node("g2"), "2")]).unwrap();
+    full_sync(&mut a, &mut r);
+    r.store.sync_pending().unwrap();
+    let digest = r.store.digest().clone();
+    drop(r);
+    let (reopened, report) = Store::open(rdir.path(), config).unwrap();
+    assert!(
+        report.corrupt.is_empty() && report.truncated.is_empty(),
+        "{report:?}"
+    );
+    assert_eq!(reopened.digest(), &digest);
+    for (k, v) in [("g0", "0"), ("g1", "1"), ("g2", "2")] {
+        assert_eq!(
+            reopened.get("c1", &node(k)).as_deref(),
+            Some(v.as_bytes()),
+            "{k}"
+        );
+    }
 }
 
 /// A first copy of a document joins the group commit; a crash before its sync can leave its

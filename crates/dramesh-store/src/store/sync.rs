@@ -525,21 +525,28 @@ impl Store {
     /// Queues a new file on the background writer (starting it with the first); written here
     /// when no thread can be started.
     pub(super) fn background_write(&mut self, f: persist::NewFile) -> Result<(), StoreError> {
-        let Some(dir) = &self.dir else {
+        let Some(dir) = self.dir.clone() else {
             return Ok(());
         };
+        match self.writer() {
+            Some(w) => w.submit(f),
+            None => persist::write_new(&dir, &f, Durability::None).map(|_| ()),
+        }
+    }
+
+    /// The background writer, started with the first use; `None` without a directory or when
+    /// no thread can be started (then the caller writes inline).
+    pub(super) fn writer(&mut self) -> Option<&mut persist::Writer> {
+        let dir = self.dir.as_ref()?;
         if self.commit.writer.is_none() {
             match persist::Writer::start(dir.clone()) {
                 Ok(w) => self.commit.writer = Some(w),
                 Err(e) => {
-                    tracing::warn!(error = %e, "cannot start the store's file writer thread; writing new files inline")
+                    tracing::warn!(error = %e, "cannot start the store's file writer thread; writing inline")
                 }
             }
         }
-        match &mut self.commit.writer {
-            Some(w) => w.submit(f),
-            None => persist::write_new(dir, &f, Durability::None).map(|_| ()),
-        }
+        self.commit.writer.as_mut()
     }
 
     /// Replaces the held generation of `doc` with its completed pending one.

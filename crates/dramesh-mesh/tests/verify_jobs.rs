@@ -5,8 +5,9 @@
 //!
 //! Covered: one document's messages reach the store in arrival order whatever order their
 //! checks finish in, and its changes apply in causal order; a forged message among valid ones is
-//! refused and nothing after it is applied before it; other sessions' documents do not wait;
-//! a session that closes drops its parked messages.
+//! refused and nothing after it is applied before it; a session's later frames (a digest probe)
+//! wait behind its parked messages, so the answer reflects them; other sessions do not wait; a
+//! session that closes drops its parked messages.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -486,4 +487,40 @@ fn a_closed_session_drops_its_parked_messages() {
     assert_eq!(sim.store.received.len(), received);
     assert_eq!(sim.cpu(0).as_deref(), Some("1"));
     assert_eq!(sim.replica.verifications_in_flight(), 0);
+}
+
+/// A digest probe that arrives behind a parked message waits for it: compared after the
+/// message applied, it matches (compared before, it would have found a difference and
+/// answered with the replica's buckets).
+#[test]
+fn a_sessions_later_frames_wait_behind_its_parked_messages() {
+    let (mut sim, syncs) = start(&["2"]);
+    for (w, env) in syncs {
+        sim.deliver(w, env);
+    }
+    let root = sim.writers[0].store.digest().root();
+    let probe = dramesh_mesh::wire::envelope(Body::Digest(pb::Digest {
+        root,
+        buckets: vec![],
+    }));
+    let mismatches = sim.replica.counters().digest_mismatches;
+    let sent = sim.to_writer.len();
+    sim.deliver(0, probe);
+    assert_eq!(sim.to_writer.len(), sent, "the probe was answered early");
+    let jobs = std::mem::take(&mut sim.jobs);
+    assert_eq!(jobs.len(), 1);
+    sim.finish(&jobs[0]).unwrap();
+    assert_eq!(sim.cpu(0).as_deref(), Some("2"));
+    assert_eq!(
+        sim.replica.counters().digest_mismatches,
+        mismatches,
+        "the probe was compared before the message it followed applied"
+    );
+    let status = sim
+        .replica
+        .sessions()
+        .into_iter()
+        .find(|s| s.conn == sim.writers[0].at_replica)
+        .unwrap();
+    assert!(status.digest_matched);
 }

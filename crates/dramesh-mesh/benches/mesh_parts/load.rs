@@ -13,8 +13,9 @@
 //! `MESH_VERIFY_THREADS` (default 0) gives the receiving replica that many verifier threads
 //! ([`VerifyPool`]), its protocol handing out signature checks as the node's does; 0 checks
 //! every signature on the receiving protocol's thread. The receiving side's figures are then
-//! its protocol thread's time (`dst_ms_per_doc`) and, with the checks, its CPU time
-//! (`dst_cpu_ms_per_doc`: protocol thread plus verifier threads).
+//! its protocol thread's wall time (`dst_ms_per_doc`, with its fsyncs and, with checks, its
+//! waits for them when nothing else is left), that thread's CPU time (`dst_cpu_ms_per_doc`)
+//! and the verifier threads' CPU time (`verify_cpu_ms_per_doc`).
 
 use std::collections::VecDeque;
 
@@ -221,11 +222,13 @@ pub(crate) fn load_main(args: &[String]) {
                "listing_ms": {"per_bucket": per_bucket_ms, "one_pass": one_pass_ms, "none_kept": none_ms},
                "load": {"secs": load.secs, "dst_ms_per_doc": load.dst_secs * 1e3 / docs as f64,
                         "dst_cpu_ms_per_doc": load.dst_cpu_secs * 1e3 / docs as f64,
+                        "verify_cpu_ms_per_doc": load.verify_cpu_secs * 1e3 / docs as f64,
                         "docs_per_sec": docs as f64 / load.secs,
                         "src_ms_per_doc": load.src_secs * 1e3 / docs as f64, "rounds": load.rounds,
                         "bytes": load.bytes, "syncs": load.syncs},
                "heal": {"secs": heal.secs, "dst_ms_per_doc": heal.dst_secs * 1e3 / docs as f64,
                         "dst_cpu_ms_per_doc": heal.dst_cpu_secs * 1e3 / docs as f64,
+                        "verify_cpu_ms_per_doc": heal.verify_cpu_secs * 1e3 / docs as f64,
                         "docs_per_sec": docs as f64 / heal.secs,
                         "src_ms_per_doc": heal.src_secs * 1e3 / docs as f64, "rounds": heal.rounds,
                         "bytes": heal.bytes, "syncs": heal.syncs}})
@@ -289,9 +292,11 @@ struct Converged {
     /// Protocol and store time of each side.
     dst_secs: f64,
     src_secs: f64,
-    /// The receiving side's CPU time: the process's (every thread, the verifier threads
-    /// included), less the source's protocol time; it includes the probe's frame encoding.
+    /// CPU time of the receiving protocol's thread.
     dst_cpu_secs: f64,
+    /// CPU time of the receiving side's verifier threads (the process's, less the main
+    /// thread's).
+    verify_cpu_secs: f64,
     rounds: u32,
     /// Frame bytes to `dst`.
     bytes: u64,
@@ -303,11 +308,12 @@ impl Converged {
     fn print(&self, what: &str, docs: usize) {
         let per_doc = |secs: f64| secs * 1e3 / docs as f64;
         println!(
-            "{what} in {:.2}s ({:.3} ms per document; receiving replica {:.3} ms on its protocol thread, {:.3} ms CPU, source {:.3} ms per document), {} anti-entropy rounds, {:.1} MB and {:.2} sync messages per document received",
+            "{what} in {:.2}s ({:.3} ms per document; receiving replica {:.3} ms on its protocol thread ({:.3} ms CPU), {:.3} ms CPU on verifier threads, source {:.3} ms per document), {} anti-entropy rounds, {:.1} MB and {:.2} sync messages per document received",
             self.secs,
             per_doc(self.secs),
             per_doc(self.dst_secs),
             per_doc(self.dst_cpu_secs),
+            per_doc(self.verify_cpu_secs),
             per_doc(self.src_secs),
             self.rounds,
             self.bytes as f64 / 1e6,
@@ -318,19 +324,21 @@ impl Converged {
 
 /// Runs a new session `conn` between `src` and `dst` (replicas `ids`, with `protocols`) until
 /// `dst`'s digest equals `src`'s.
-/// CPU time of this process so far (every thread).
-fn process_cpu_secs() -> f64 {
+/// CPU time so far of this process (`libc::CLOCK_PROCESS_CPUTIME_ID`) or thread
+/// (`libc::CLOCK_THREAD_CPUTIME_ID`).
+fn cpu_secs(clock: libc::clockid_t) -> f64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: `ts` is a valid timespec for the call to write.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
     assert_eq!(rc, 0, "clock_gettime");
     ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
 }
 
-/// Hands the receiving protocol the checks that are done (waiting for one when `wait`).
+/// Hands the receiving protocol the checks that are done; when `wait`, first waits for every
+/// check out (the node's driver lingers for them the same way, see `node::driver`).
 fn take_checks(
     checks: &mut Checks,
     pd: &mut Protocol,
@@ -339,10 +347,19 @@ fn take_checks(
     wait: bool,
 ) -> Vec<Output> {
     let mut out = Vec::new();
-    if wait && let Some(t) = checks.done.blocking_recv() {
-        out.extend(pd.on_verified(dst, t, now));
+    let mut tickets = Vec::new();
+    let mut out_now = pd.verifications_in_flight();
+    while wait && out_now > 0 {
+        match checks.done.blocking_recv() {
+            Some(t) => tickets.push(t),
+            None => break,
+        }
+        out_now -= 1;
     }
     while let Ok(t) = checks.done.try_recv() {
+        tickets.push(t);
+    }
+    for t in tickets {
         out.extend(pd.on_verified(dst, t, now));
     }
     out
@@ -359,7 +376,9 @@ fn converge(
     mut checks: Option<&mut Checks>,
 ) -> Converged {
     let started = Instant::now();
-    let cpu_started = process_cpu_secs();
+    let cpu_started = cpu_secs(libc::CLOCK_PROCESS_CPUTIME_ID);
+    let main_started = cpu_secs(libc::CLOCK_THREAD_CPUTIME_ID);
+    let mut dst_cpu = 0.0f64;
     let syncs_before = pd.counters().sync_in;
     // The protocols' clock: real time, moved ahead by an anti-entropy interval whenever both
     // sides are quiet, so rounds follow each other without idle waits.
@@ -390,6 +409,7 @@ fn converge(
             && pd.verifications_in_flight() > 0
         {
             let t0 = Instant::now();
+            let c0 = cpu_secs(libc::CLOCK_THREAD_CPUTIME_ID);
             let mut held = take_checks(c, pd, dst, now(skew), wire_q.is_empty());
             while let Some(job) = pd.poll_verify() {
                 c.pool.submit(job);
@@ -399,6 +419,7 @@ fn converge(
             }
             dst.flush().expect("flush");
             dst_secs += t0.elapsed().as_secs_f64();
+            dst_cpu += cpu_secs(libc::CLOCK_THREAD_CPUTIME_ID) - c0;
             send(&mut wire_q, false, held);
         }
         // One batch per side, as the node handles a burst of frames before flushing.
@@ -417,8 +438,10 @@ fn converge(
             rounds += 1;
             skew += Duration::from_secs(3);
             let t0 = Instant::now();
+            let c0 = cpu_secs(libc::CLOCK_THREAD_CPUTIME_ID);
             let o = pd.on_tick(dst, now(skew));
             dst_secs += t0.elapsed().as_secs_f64();
+            dst_cpu += cpu_secs(libc::CLOCK_THREAD_CPUTIME_ID) - c0;
             send(&mut wire_q, false, o);
             let t0 = Instant::now();
             let o = ps.on_tick(src, now(skew));
@@ -428,6 +451,7 @@ fn converge(
         }
         for to_dst in [true, false] {
             let t0 = Instant::now();
+            let c0 = cpu_secs(libc::CLOCK_THREAD_CPUTIME_ID);
             let (p, s) = if to_dst {
                 (&mut *pd, &mut *dst)
             } else {
@@ -454,6 +478,7 @@ fn converge(
             let secs = t0.elapsed().as_secs_f64();
             if to_dst {
                 dst_secs += secs;
+                dst_cpu += cpu_secs(libc::CLOCK_THREAD_CPUTIME_ID) - c0;
             } else {
                 src_secs += secs;
             }
@@ -468,12 +493,14 @@ fn converge(
             );
         }
     }
-    let cpu = process_cpu_secs() - cpu_started;
+    let cpu = cpu_secs(libc::CLOCK_PROCESS_CPUTIME_ID) - cpu_started;
+    let main = cpu_secs(libc::CLOCK_THREAD_CPUTIME_ID) - main_started;
     Converged {
         secs: started.elapsed().as_secs_f64(),
         dst_secs,
         src_secs,
-        dst_cpu_secs: cpu - src_secs,
+        dst_cpu_secs: dst_cpu,
+        verify_cpu_secs: cpu - main,
         rounds,
         bytes,
         syncs: pd.counters().sync_in - syncs_before,

@@ -123,9 +123,10 @@ pub(super) fn drive<S: DocStore>(
     let mut batch: Vec<Event> = Vec::with_capacity(MAX_BATCH_EVENTS);
     let mut checked: Vec<Ticket> = Vec::new();
     loop {
-        let take_events = driver.protocol.verifications_in_flight() < MAX_CHECKS_IN_FLIGHT;
+        let in_flight = driver.protocol.verifications_in_flight();
         let wake = Wake {
-            take_events,
+            take_events: in_flight < MAX_CHECKS_IN_FLIGHT,
+            in_flight,
             deadline: driver.next_tick(),
         };
         if !next_batch(
@@ -156,16 +157,68 @@ pub(super) fn drive<S: DocStore>(
 /// [`Protocol::poll_timeout`] says: a bound, should a timer ever go unreported.
 const MAX_SLEEP: Duration = Duration::from_secs(1);
 
-/// What [`next_batch`] waits for: new events (unless too many checks are out), and until when.
+/// What [`next_batch`] waits for: new events (unless too many checks are out), checks done (of
+/// `in_flight` out), and until when.
 struct Wake {
     take_events: bool,
+    in_flight: usize,
     deadline: Instant,
+}
+
+/// How long the thread, woken by finished checks alone while more are out, waits for the rest
+/// (or an event) before it handles them: a burst of signed messages finishes its checks within
+/// a few milliseconds, and handling each as it finished cost a commit (a `syncfs`) per
+/// document or two.
+const CHECK_LINGER: Duration = Duration::from_millis(3);
+
+/// What woke [`wait_one`].
+enum Woken {
+    Event(Option<Event>),
+    Checked(Option<Ticket>),
+}
+
+/// Waits until `until` for the next event (when `take_events`) or finished check; `None` when
+/// the time passed first.
+fn wait_one(
+    clock: &tokio::runtime::Runtime,
+    events: &mut mpsc::Receiver<Event>,
+    done: &mut Option<mpsc::UnboundedReceiver<Ticket>>,
+    take_events: bool,
+    until: Instant,
+) -> Option<Woken> {
+    let deadline = tokio::time::Instant::from_std(until);
+    // The timer is made inside the clock's context (a `Sleep` needs its runtime).
+    let wait = async {
+        let check = async {
+            match done.as_mut() {
+                Some(d) => d.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        let event = async {
+            if take_events {
+                events.recv().await
+            } else {
+                std::future::pending().await
+            }
+        };
+        let either = async {
+            tokio::select! {
+                biased;
+                t = check => Woken::Checked(t),
+                e = event => Woken::Event(e),
+            }
+        };
+        tokio::time::timeout_at(deadline, either).await
+    };
+    clock.block_on(wait).ok()
 }
 
 /// Waits until `wake.deadline` for an event (when `wake.take_events`) or a check reported done,
 /// then takes every check already done and every event already queued (up to
-/// [`MAX_BATCH_EVENTS`]); nothing when the deadline passed first, `false` once every event
-/// sender is gone.
+/// [`MAX_BATCH_EVENTS`]); woken by checks alone while more are out, it waits up to
+/// [`CHECK_LINGER`] for those too. Nothing when the deadline passed first, `false` once every
+/// event sender is gone.
 fn next_batch(
     clock: &tokio::runtime::Runtime,
     events: &mut mpsc::Receiver<Event>,
@@ -174,11 +227,15 @@ fn next_batch(
     checked: &mut Vec<Ticket>,
     wake: Wake,
 ) -> bool {
-    if let Some(d) = done.as_mut() {
-        while let Ok(t) = d.try_recv() {
-            checked.push(t);
+    let drain_done = |done: &mut Option<mpsc::UnboundedReceiver<Ticket>>,
+                      checked: &mut Vec<Ticket>| {
+        if let Some(d) = done.as_mut() {
+            while let Ok(t) = d.try_recv() {
+                checked.push(t);
+            }
         }
-    }
+    };
+    drain_done(done, checked);
     let mut first = None;
     if wake.take_events {
         match events.try_recv() {
@@ -188,43 +245,35 @@ fn next_batch(
         }
     }
     if first.is_none() && checked.is_empty() {
-        enum Woken {
-            Event(Option<Event>),
-            Checked(Option<Ticket>),
-        }
-        let deadline = tokio::time::Instant::from_std(wake.deadline);
-        let take_events = wake.take_events;
-        // The timer is made inside the clock's context (a `Sleep` needs its runtime).
-        let wait = async {
-            let check = async {
-                match done.as_mut() {
-                    Some(d) => d.recv().await,
-                    None => std::future::pending().await,
-                }
-            };
-            let event = async {
-                if take_events {
-                    events.recv().await
-                } else {
-                    std::future::pending().await
-                }
-            };
-            let either = async {
-                tokio::select! {
-                    biased;
-                    t = check => Woken::Checked(t),
-                    e = event => Woken::Event(e),
-                }
-            };
-            tokio::time::timeout_at(deadline, either).await
-        };
-        match clock.block_on(wait) {
-            Ok(Woken::Event(Some(e))) => first = Some(e),
-            Ok(Woken::Event(None)) => return false,
-            Ok(Woken::Checked(Some(t))) => checked.push(t),
+        match wait_one(clock, events, done, wake.take_events, wake.deadline) {
+            Some(Woken::Event(Some(e))) => first = Some(e),
+            Some(Woken::Event(None)) => return false,
+            Some(Woken::Checked(Some(t))) => checked.push(t),
             // The pool holds a sender as long as it lives.
-            Ok(Woken::Checked(None)) => *done = None,
-            Err(_) => return true,
+            Some(Woken::Checked(None)) => *done = None,
+            None => return true,
+        }
+    }
+    if first.is_none() && !checked.is_empty() {
+        let until = (Instant::now() + CHECK_LINGER).min(wake.deadline);
+        while checked.len() < wake.in_flight {
+            drain_done(done, checked);
+            if checked.len() >= wake.in_flight {
+                break;
+            }
+            match wait_one(clock, events, done, wake.take_events, until) {
+                Some(Woken::Checked(Some(t))) => checked.push(t),
+                Some(Woken::Event(Some(e))) => {
+                    first = Some(e);
+                    break;
+                }
+                Some(Woken::Event(None)) => return false,
+                Some(Woken::Checked(None)) => {
+                    *done = None;
+                    break;
+                }
+                None => break,
+            }
         }
     }
     let Some(first) = first else {

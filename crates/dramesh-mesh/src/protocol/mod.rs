@@ -424,41 +424,65 @@ impl Protocol {
             return out;
         }
         match body {
-            Body::Hello(_) if hello_received => {
-                self.protocol_error(&mut out, conn, "duplicate Hello".into());
+            // A sync message parks itself (see `verify`) once its signer chain is resolved.
+            Body::Sync(s) => self.on_sync(store, conn, &peer, s, now, &mut out),
+            // Behind a message waiting for its signature check, the session's other frames
+            // wait too: what the node answers on a session then reflects every earlier message.
+            other => {
+                if let Some(body) = self.park_frame(conn, other) {
+                    self.dispatch(store, conn, &peer, body, now, &mut out);
+                }
             }
-            Body::Hello(h) => self.on_hello(store, conn, &peer, h, now, &mut out),
-            Body::Digest(d) => self.on_digest(store, conn, d, now, &mut out),
+        }
+        out
+    }
+
+    /// Handles one frame's body other than `Sync`, in its session's order.
+    fn dispatch<S: DocStore>(
+        &mut self,
+        store: &mut S,
+        conn: ConnId,
+        peer: &PeerIdentity,
+        body: Body,
+        now: Instant,
+        out: &mut Vec<Output>,
+    ) {
+        let hello_received = self.sessions.get(&conn).is_some_and(|s| s.hello_received);
+        match body {
+            Body::Hello(_) if hello_received => {
+                self.protocol_error(out, conn, "duplicate Hello".into());
+            }
+            Body::Hello(h) => self.on_hello(store, conn, peer, h, now, out),
+            Body::Digest(d) => self.on_digest(store, conn, d, now, out),
             Body::BucketRequest(r) => {
-                let Some(buckets) = self.check_buckets(&mut out, conn, &r.buckets) else {
-                    return out;
+                let Some(buckets) = self.check_buckets(out, conn, &r.buckets) else {
+                    return;
                 };
-                let mine = self.on_entries(store, conn, &peer, &buckets, &r.entries, now, &mut out);
-                self.send_entries(store, &mut out, conn, &buckets, &mine, false);
+                let mine = self.on_entries(store, conn, peer, &buckets, &r.entries, now, out);
+                self.send_entries(store, out, conn, &buckets, &mine, false);
             }
             Body::BucketEntries(e) => {
-                let Some(buckets) = self.check_buckets(&mut out, conn, &e.buckets) else {
-                    return out;
+                let Some(buckets) = self.check_buckets(out, conn, &e.buckets) else {
+                    return;
                 };
-                self.on_entries(store, conn, &peer, &buckets, &e.entries, now, &mut out);
+                self.on_entries(store, conn, peer, &buckets, &e.entries, now, out);
             }
-            Body::Sync(s) => self.on_sync(store, conn, &peer, s, now, &mut out),
-            Body::Refusal(r) => self.on_refusal(store, conn, &peer, r, now, &mut out),
-            Body::Ephemeral(e) => self.on_ephemeral(store, conn, &peer, e),
+            Body::Sync(s) => self.on_sync(store, conn, peer, s, now, out),
+            Body::Refusal(r) => self.on_refusal(store, conn, peer, r, now, out),
+            Body::Ephemeral(e) => self.on_ephemeral(store, conn, peer, e),
             Body::PeerExchange(p) => {
                 if !peer.is_replica() {
                     self.counters.rejected_unauthorized += 1;
                     warn!(%peer, "refused PeerExchange from an agent");
-                    return out;
+                    return;
                 }
                 if !self.config.peer_exchange {
-                    return out;
+                    return;
                 }
                 for r in p.replicas.iter().take(MAX_PEER_EXCHANGE) {
                     self.learn_replica(&r.identity, &r.addr, now);
                 }
             }
         }
-        out
     }
 }

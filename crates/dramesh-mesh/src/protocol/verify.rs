@@ -7,9 +7,12 @@
 //! Guarantees:
 //! - Off by default: then every message goes to the store as it arrives (the simulated-time
 //!   tests run that way).
-//! - The messages of one document on one session reach the store in the order they arrived,
-//!   whatever order their jobs finish in: a message waits behind every earlier one of its
-//!   document on its session, signed or not. Other documents do not wait for it.
+//! - A session's frames are handled in the order they arrived, whatever order their checks
+//!   finish in: behind a parked message every later frame of its session waits (signed or not,
+//!   any document, digests and entries too, so what the node answers on a session reflects
+//!   every earlier message of it). In particular one document's messages reach the store in
+//!   arrival order. Other sessions do not wait, and every check of a burst is handed out at
+//!   once (they run in parallel; only their release is in order).
 //! - The store stays the only judge. A job's verdict lands in the verifier's memory of
 //!   signatures that passed (`signing::MeshVerifier`), and the store checks every message as it
 //!   did without jobs, which for a verified signature is a lookup. Nothing the store did not
@@ -29,7 +32,7 @@ use dramesh_store::{Attestation, DocId, HeadsVerifier, attest};
 
 use super::{ConnId, Output, Protocol};
 use crate::store::DocStore;
-use crate::wire::pb;
+use crate::wire::pb::{self, envelope::Body};
 
 /// Names one [`VerifyJob`] when it is reported done ([`Protocol::on_verified`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -72,19 +75,27 @@ impl VerifyJob {
     }
 }
 
-/// A received sync message waiting for its own check or an earlier message's.
+/// A received frame waiting for its own check or an earlier frame's.
 pub(super) struct Parked {
-    /// The check it waits for (`None`: it carries no signature, it only keeps its place).
+    /// The check it waits for (`None`: it only keeps its place).
     ticket: Option<Ticket>,
     done: bool,
-    sync: pb::Sync,
-    signed: Option<Attestation>,
+    what: ParkedFrame,
 }
 
-/// The messages a session holds back, per document in arrival order.
+enum ParkedFrame {
+    Sync {
+        doc: DocId,
+        sync: pb::Sync,
+        signed: Option<Attestation>,
+    },
+    Other(Body),
+}
+
+/// The frames a session holds back, in arrival order.
 #[derive(Default)]
 pub(super) struct SessionParked {
-    docs: HashMap<DocId, VecDeque<Parked>>,
+    queue: VecDeque<Parked>,
     /// Frames parked (not yet handled, for the heartbeats' count).
     pub(super) frames: u64,
 }
@@ -96,7 +107,7 @@ pub(super) struct Verifications {
     pub(super) on: bool,
     next: u64,
     jobs: VecDeque<VerifyJob>,
-    out: HashMap<Ticket, (ConnId, DocId)>,
+    out: HashMap<Ticket, ConnId>,
 }
 
 impl Protocol {
@@ -118,8 +129,24 @@ impl Protocol {
         self.verify.out.len()
     }
 
-    /// Parks `sync` on `conn` if it needs a check or an earlier message of its document is
-    /// parked; `None` when it was parked, else it is handed back to be applied now.
+    /// Parks a frame other than `Sync` on `conn` if an earlier frame is parked; `None` when it
+    /// was parked, else it is handed back to be handled now.
+    pub(super) fn park_frame(&mut self, conn: ConnId, body: Body) -> Option<Body> {
+        let session = self.sessions.get_mut(&conn)?;
+        if session.parked.queue.is_empty() {
+            return Some(body);
+        }
+        session.parked.frames += 1;
+        session.parked.queue.push_back(Parked {
+            ticket: None,
+            done: false,
+            what: ParkedFrame::Other(body),
+        });
+        None
+    }
+
+    /// Parks `sync` on `conn` if it needs a check or an earlier frame is parked; `None` when
+    /// it was parked, else it is handed back to be applied now.
     pub(super) fn park_if_waiting(
         &mut self,
         conn: ConnId,
@@ -133,7 +160,7 @@ impl Protocol {
         // The store checks no signature on the node's own documents (their changes are dropped).
         let needs_check = signed.is_some() && !self.local.owns(doc);
         let session = self.sessions.get_mut(&conn)?;
-        let queued = session.parked.docs.get(doc).is_some_and(|q| !q.is_empty());
+        let queued = !session.parked.queue.is_empty();
         if !needs_check && !queued {
             return Some((sync, signed));
         }
@@ -141,7 +168,7 @@ impl Protocol {
             (true, Some(a)) => {
                 let ticket = Ticket(self.verify.next);
                 self.verify.next += 1;
-                self.verify.out.insert(ticket, (conn, doc.clone()));
+                self.verify.out.insert(ticket, conn);
                 self.verify.jobs.push_back(VerifyJob {
                     ticket,
                     doc: doc.clone(),
@@ -153,22 +180,20 @@ impl Protocol {
             _ => None,
         };
         session.parked.frames += 1;
-        session
-            .parked
-            .docs
-            .entry(doc.clone())
-            .or_default()
-            .push_back(Parked {
-                ticket,
-                done: false,
+        session.parked.queue.push_back(Parked {
+            ticket,
+            done: false,
+            what: ParkedFrame::Sync {
+                doc: doc.clone(),
                 sync,
                 signed,
-            });
+            },
+        });
         None
     }
 
-    /// A check handed out by [`Protocol::poll_verify`] is done (whatever its verdict): the messages
-    /// of its document on its session that no longer wait go to the store, in arrival order.
+    /// A check handed out by [`Protocol::poll_verify`] is done (whatever its verdict): the frames
+    /// of its session that no longer wait are handled, in arrival order.
     pub fn on_verified<S: DocStore>(
         &mut self,
         store: &mut S,
@@ -176,16 +201,14 @@ impl Protocol {
         now: Instant,
     ) -> Vec<Output> {
         let mut out = Vec::new();
-        let Some((conn, doc)) = self.verify.out.remove(&ticket) else {
+        let Some(conn) = self.verify.out.remove(&ticket) else {
             return out;
         };
         let Some(session) = self.sessions.get_mut(&conn) else {
             return out;
         };
         let peer = session.identity.clone();
-        let Some(queue) = session.parked.docs.get_mut(&doc) else {
-            return out;
-        };
+        let queue = &mut session.parked.queue;
         if let Some(p) = queue.iter_mut().find(|p| p.ticket == Some(ticket)) {
             p.done = true;
         }
@@ -193,25 +216,18 @@ impl Protocol {
         while queue.front().is_some_and(|p| p.done || p.ticket.is_none()) {
             ready.extend(queue.pop_front());
         }
-        if queue.is_empty() {
-            session.parked.docs.remove(&doc);
-        }
         session.parked.frames -= ready.len() as u64;
         for p in ready {
-            // An earlier message's outputs may have closed the session.
+            // An earlier frame's outputs may have closed the session.
             if !self.sessions.contains_key(&conn) {
                 break;
             }
-            self.apply_sync(
-                store,
-                conn,
-                &peer,
-                doc.clone(),
-                p.sync,
-                p.signed,
-                now,
-                &mut out,
-            );
+            match p.what {
+                ParkedFrame::Sync { doc, sync, signed } => {
+                    self.apply_sync(store, conn, &peer, doc, sync, signed, now, &mut out)
+                }
+                ParkedFrame::Other(body) => self.dispatch(store, conn, &peer, body, now, &mut out),
+            }
         }
         out
     }

@@ -15,7 +15,8 @@
 //! every signature on the receiving protocol's thread. The receiving side's figures are then
 //! its protocol thread's wall time (`dst_ms_per_doc`, with its fsyncs and, with checks, its
 //! waits for them when nothing else is left), that thread's CPU time (`dst_cpu_ms_per_doc`)
-//! and the verifier threads' CPU time (`verify_cpu_ms_per_doc`).
+//! and the CPU time of the other threads, its verifier threads and its store's file writer
+//! (`verify_cpu_ms_per_doc`).
 
 use std::collections::VecDeque;
 
@@ -294,8 +295,8 @@ struct Converged {
     src_secs: f64,
     /// CPU time of the receiving protocol's thread.
     dst_cpu_secs: f64,
-    /// CPU time of the receiving side's verifier threads (the process's, less the main
-    /// thread's).
+    /// CPU time of the process's other threads: the receiving side's verifier threads and its
+    /// store's file writer (the process's, less the main thread's).
     verify_cpu_secs: f64,
     rounds: u32,
     /// Frame bytes to `dst`.
@@ -308,7 +309,7 @@ impl Converged {
     fn print(&self, what: &str, docs: usize) {
         let per_doc = |secs: f64| secs * 1e3 / docs as f64;
         println!(
-            "{what} in {:.2}s ({:.3} ms per document; receiving replica {:.3} ms on its protocol thread ({:.3} ms CPU), {:.3} ms CPU on verifier threads, source {:.3} ms per document), {} anti-entropy rounds, {:.1} MB and {:.2} sync messages per document received",
+            "{what} in {:.2}s ({:.3} ms per document; receiving replica {:.3} ms on its protocol thread ({:.3} ms CPU), {:.3} ms CPU on other threads (verifiers, the store's writer), source {:.3} ms per document), {} anti-entropy rounds, {:.1} MB and {:.2} sync messages per document received",
             self.secs,
             per_doc(self.secs),
             per_doc(self.dst_secs),

@@ -9,20 +9,24 @@
 //! wait behind its parked messages, so the answer reflects them; other sessions do not wait; a
 //! session that closes drops its parked messages.
 
+#[path = "common/fixtures.rs"]
+mod fixtures;
+
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dramesh_mesh::certs::{self, CaBundle};
-use dramesh_mesh::protocol::{ConnId, Output, Protocol, ProtocolConfig, VerifyJob};
+use dramesh_mesh::protocol::{ConnId, Output, Protocol, VerifyJob};
 use dramesh_mesh::signing;
 use dramesh_mesh::store_adapter::MeshStore;
 use dramesh_mesh::wire::{pb, pb::envelope::Body};
 use dramesh_mesh::{DocStore, PeerIdentity, RejectReason};
 use dramesh_store::{
-    Attestation, Digest, DocEntry, DocId, Durability, HeadsVerifier, ObjectChange, ObjectKey,
-    ObjectKind, SignedMessage, Store, StoreConfig, SyncState, Trust,
+    Attestation, Digest, DocEntry, DocId, HeadsVerifier, ObjectKey, ObjectKind, SignedMessage,
+    SyncState, Trust,
 };
+use fixtures::{config, mem_store, node_change};
 
 /// The replica's store, recording every sync message given to it (document, payload) in order.
 struct Recording {
@@ -97,32 +101,6 @@ struct Sim {
 }
 
 const AT_WRITER: ConnId = ConnId(1);
-
-fn config() -> ProtocolConfig {
-    ProtocolConfig {
-        jitter_seed: 7,
-        relay_delay: Duration::ZERO,
-        ack_delay: Duration::ZERO,
-        ..ProtocolConfig::default()
-    }
-}
-
-fn mem_store() -> Store {
-    Store::in_memory(StoreConfig {
-        durability: Durability::None,
-        ..StoreConfig::default()
-    })
-}
-
-fn node_change(name: &str, cpu: &str) -> ObjectChange {
-    let json = format!(
-        r#"{{"apiVersion":"v1","kind":"Node","metadata":{{"name":"{name}"}},"status":{{"allocatable":{{"cpu":"{cpu}"}}}}}}"#
-    );
-    ObjectChange::Upsert {
-        key: ObjectKey::new(ObjectKind::Node, None, name),
-        json: Arc::from(json.into_bytes().into_boxed_slice()),
-    }
-}
 
 impl Sim {
     fn new(ca: &CaBundle) -> Sim {

@@ -42,6 +42,11 @@
 //!   applies only changes covered by the writer's verified signature, which travels with
 //!   them (`Sync.signed`), whoever relays them ([`DocStore::receive_sync_message`]); refusals
 //!   count in [`Counters::rejected_bad_signature`].
+//! - **Signature checks** may run off the protocol's thread ([`Protocol::set_verify_jobs`]): a
+//!   signed sync message then waits, with every later frame of its session, until its
+//!   [`VerifyJob`] is reported done ([`Protocol::poll_verify`], [`Protocol::on_verified`]); a
+//!   session's frames are handled in arrival order either way, and the store still checks
+//!   every signature before it applies anything.
 //! - Nothing but `Hello` is accepted before the peer's `Hello`; protocol violations close the
 //!   connection.
 //! - **Versions**: a peer whose `Hello` announces a protocol version this node does not speak

@@ -279,6 +279,9 @@ pub struct Counters {
     pub version_refusals_sent: u64,
     /// Version refusals received from peers that do not speak this node's protocol version.
     pub version_refusals_received: u64,
+    /// Signature checks handed out to run off the protocol's thread
+    /// ([`Protocol::poll_verify`]).
+    pub checks_handed_out: u64,
 }
 
 /// The replication state machine of one node (see the module docs). It composes sub-states

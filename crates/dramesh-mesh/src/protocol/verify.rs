@@ -168,6 +168,7 @@ impl Protocol {
             (true, Some(a)) => {
                 let ticket = Ticket(self.verify.next);
                 self.verify.next += 1;
+                self.counters.checks_handed_out += 1;
                 self.verify.out.insert(ticket, conn);
                 self.verify.jobs.push_back(VerifyJob {
                     ticket,

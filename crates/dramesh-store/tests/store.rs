@@ -583,6 +583,55 @@ fn group_commit_defers_fsync_until_sync_pending_and_keeps_changes() {
     );
 }
 
+/// A store that stopped serving the view (a relay's, an agent's) carries documents exactly as
+/// one that serves it (same digest, same files) but computes no visible values: receiving and
+/// writing report no view changes and reads see nothing. Opened again, it builds the view from
+/// its files.
+#[test]
+fn a_store_that_serves_no_view_still_carries_and_persists_documents() {
+    let d = DocId::new("c1", CLUSTER_PUBLISHER);
+    let mut a = agent(&d, test_config());
+    a.store.apply(&d, vec![upsert(node("n1"), "1")]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (carrier, _) = Store::open(dir.path(), fsync_config()).unwrap();
+    let mut carrier = Peer::replica(carrier);
+    carrier.store.stop_serving_view();
+    let mut replica = Peer::replica(Store::in_memory(test_config()));
+    full_sync(&mut a, &mut carrier);
+    full_sync(&mut a, &mut replica);
+    a.store.apply(&d, vec![upsert(node("n2"), "2")]).unwrap();
+    full_sync(&mut a, &mut carrier);
+    full_sync(&mut a, &mut replica);
+    assert_eq!(carrier.store.digest(), replica.store.digest());
+    assert_eq!(
+        replica.view.len(),
+        2,
+        "the serving replica reported both objects"
+    );
+    assert!(
+        carrier.view.is_empty(),
+        "view changes reported: {:?}",
+        carrier.view
+    );
+    assert_eq!(carrier.store.get("c1", &node("n2")), None);
+    assert!(carrier.store.snapshot().is_empty());
+    // Own writes too.
+    let own = DocId::new("c1", "w");
+    carrier.store.open_writer(&own).unwrap();
+    let out = carrier
+        .store
+        .apply(&own, vec![upsert(node("own"), "x")])
+        .unwrap();
+    assert!(out.view.is_empty());
+    let digest = carrier.store.digest().clone();
+    drop(carrier);
+    let (reopened, report) = Store::open(dir.path(), fsync_config()).unwrap();
+    assert!(report.corrupt.is_empty(), "{report:?}");
+    assert_eq!(reopened.digest(), &digest);
+    assert_eq!(reopened.get("c1", &node("n2")).as_deref(), Some(&b"2"[..]));
+    assert_eq!(reopened.get("c1", &node("own")).as_deref(), Some(&b"x"[..]));
+}
+
 /// Received changes are appended on the store's writer thread. An append that fails (here the
 /// file was removed behind the store's back) fails the group commit, so nothing that reflects
 /// it may be acknowledged; the next group commit rewrites the file whole from the document, and

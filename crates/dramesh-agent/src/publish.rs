@@ -264,6 +264,10 @@ impl Agent {
                         ObjectChange::Delete { .. } => None,
                     })
                     .collect();
+                // Nothing reads this store's objects back from here on (what it published is
+                // tracked by the scope tracker; replicas serve the view): it keeps none, so a
+                // write or a relayed change costs no value reads and comparisons.
+                store.stop_serving_view();
                 Ok((store, existing))
             })
             .await
@@ -530,7 +534,7 @@ async fn write_batches(
         span.record(fields::CLUSTER, doc.cluster.as_str());
         record_count(&span, fields::CHANGES_APPLIED, n as u64);
         let in_task = span.clone();
-        let r = tokio::task::spawn_blocking(move || -> Result<usize, dramesh_store::StoreError> {
+        let r = tokio::task::spawn_blocking(move || -> Result<(), dramesh_store::StoreError> {
             let _entered = in_task.enter();
             // The store guards plain data, consistent between calls: a panic elsewhere that
             // poisoned it does not stop publishing.
@@ -540,19 +544,19 @@ async fn write_batches(
             if let Some(t) = new_term {
                 s.set_lease_term(&d, t)?;
             }
-            let out = s.apply(&d, changes)?;
-            Ok(out.view.len())
+            s.apply(&d, changes)?;
+            Ok(())
         })
         .await;
         match r {
-            Ok(Ok(visible)) => {
+            Ok(Ok(())) => {
                 if let Some(t) = new_term {
                     term = Some(t);
                 }
                 count.fetch_add(1, Ordering::Relaxed);
                 metrics.agent_batches_total.with(["ok"]).inc();
                 span.record(fields::OTEL_STATUS_CODE, "ok");
-                tracing::debug!(parent: &span, %scope, snapshot, changes = n, visible, "batch committed");
+                tracing::debug!(parent: &span, %scope, snapshot, changes = n, "batch committed");
                 mesh.notify_local_change(doc.clone()).instrument(span).await;
             }
             Ok(Err(e)) => {

@@ -75,6 +75,12 @@ impl MeshStore {
         self.store.set_clock_offset_ms(offset_ms);
     }
 
+    /// Stops keeping the materialized view (see [`Store::stop_serving_view`]): for agents and
+    /// cluster relays, which never read objects back.
+    pub fn stop_serving_view(&mut self) {
+        self.store.stop_serving_view();
+    }
+
     /// Read access to the wrapped store.
     pub fn store(&self) -> &Store {
         &self.store

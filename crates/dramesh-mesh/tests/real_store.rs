@@ -259,6 +259,64 @@ async fn shutdown(nodes: impl IntoIterator<Item = TestNode>) {
     }
 }
 
+/// The node's verifier threads check the signatures of what a replica receives, in order: a
+/// writer's updates in quick succession reach a replica with verifier threads (checked there
+/// off the protocol thread) and, relayed by it, one without (checked in its store on the
+/// protocol thread), and both end at the writer's last value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signatures_checked_on_verifier_threads_and_without_them_converge() {
+    init_tracing();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let ca = certs::generate_ca("test CA", 1).unwrap();
+        let mut replicas = Vec::new();
+        for (i, threads) in [2, 0].into_iter().enumerate() {
+            let id = certs::issue_identity(&ca, &replica_id(&format!("r{i}")), 1).unwrap();
+            let seeds = replicas
+                .first()
+                .map(|r: &TestNode| vec![r.handle.local_addr()]);
+            let mut cfg = fast_config(id, seeds.unwrap_or_default());
+            cfg.verify_threads = threads;
+            replicas.push(TestNode::start(cfg, mem_store(), true).await);
+        }
+        let seed = replicas[0].handle.local_addr();
+        let specs = uniform_fleet(1, 1, 0.5);
+        let (name, objects) = per_node_objects(&specs[0]).remove(0);
+        let mut agent = Agent::start(&ca, &specs[0].name, &name, vec![seed]).await;
+        let node = objects
+            .iter()
+            .find(|c| c.key().kind == ObjectKind::Node)
+            .unwrap()
+            .clone();
+        agent.write(objects).await;
+        for rev in 0..20 {
+            agent.write(vec![relabel(&node, &rev.to_string())]).await;
+        }
+        let reps: Vec<&TestNode> = replicas.iter().collect();
+        wait_until("convergence", Duration::from_secs(30), || {
+            converged(&reps, std::slice::from_ref(&agent))
+        })
+        .await;
+        let want = union_of(std::slice::from_ref(&agent));
+        for (i, r) in replicas.iter().enumerate() {
+            assert!(
+                r.view() == want,
+                "replica r{i} view differs from the writer's"
+            );
+            let c = r.handle.counters();
+            assert_eq!(c.rejected_bad_signature, 0, "r{i}");
+            if i == 0 {
+                assert!(c.checks_handed_out > 0, "r0 handed out no check");
+            } else {
+                assert_eq!(c.checks_handed_out, 0, "r1 has no verifier threads");
+            }
+        }
+        shutdown(replicas).await;
+        agent.node.handle.shutdown().await;
+    })
+    .await
+    .expect("test timed out");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_and_ten_agents_of_three_clusters_converge() {
     init_tracing();

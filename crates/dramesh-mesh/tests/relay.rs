@@ -10,6 +10,8 @@
 //! replicas instead. Each test is bounded by a timeout.
 
 mod common;
+#[path = "common/fixtures.rs"]
+mod fixtures;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -21,7 +23,8 @@ use dramesh_mesh::certs::{self, CaBundle};
 use dramesh_mesh::node::{MeshHandle, NodeConfig};
 use dramesh_mesh::store_adapter::MeshStore;
 use dramesh_mesh::{DocStore, PeerIdentity};
-use dramesh_store::{DocId, Durability, ObjectChange, ObjectKey, ObjectKind, Store, StoreConfig};
+use dramesh_store::{DocId, Durability, ObjectKey, ObjectKind, Store, StoreConfig};
+use fixtures::node_change;
 
 struct Node {
     handle: MeshHandle,
@@ -99,16 +102,6 @@ fn disk_store(dir: &Path) -> Store {
     )
     .unwrap()
     .0
-}
-
-fn node_change(name: &str, cpu: &str) -> ObjectChange {
-    let json = format!(
-        r#"{{"apiVersion":"v1","kind":"Node","metadata":{{"name":"{name}"}},"status":{{"allocatable":{{"cpu":"{cpu}"}}}}}}"#
-    );
-    ObjectChange::Upsert {
-        key: ObjectKey::new(ObjectKind::Node, None, name),
-        json: Arc::from(json.into_bytes().into_boxed_slice()),
-    }
 }
 
 async fn wait_until(what: &str, limit: Duration, cond: impl FnMut() -> bool) -> Duration {

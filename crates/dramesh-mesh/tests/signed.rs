@@ -11,6 +11,8 @@
 //! sending another node's document, or a relay another cluster's, is refused by scope even
 //! when the message is genuine and signed.
 
+#[path = "common/fixtures.rs"]
+mod fixtures;
 #[path = "common/forge.rs"]
 mod forge;
 
@@ -20,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use automerge::transaction::Transactable as _;
 use dramesh_mesh::certs::{self, CaBundle, TlsIdentity};
-use dramesh_mesh::protocol::{ConnId, Output, Protocol, ProtocolConfig};
+use dramesh_mesh::protocol::{ConnId, Output, Protocol};
 use dramesh_mesh::signing;
 use dramesh_mesh::store_adapter::MeshStore;
 use dramesh_mesh::wire::{self, pb, pb::envelope::Body};
@@ -29,6 +31,7 @@ use dramesh_store::{
     Attestation, DocId, Durability, ObjectChange, ObjectKey, ObjectKind, Store, StoreConfig,
     writer_actor,
 };
+use fixtures::{config, mem_store, node_change};
 
 struct Node {
     proto: Protocol,
@@ -47,22 +50,6 @@ struct Sim {
     refs_sent: usize,
 }
 
-fn config() -> ProtocolConfig {
-    ProtocolConfig {
-        jitter_seed: 7,
-        relay_delay: Duration::ZERO,
-        ack_delay: Duration::ZERO,
-        ..ProtocolConfig::default()
-    }
-}
-
-fn mem_store() -> Store {
-    Store::in_memory(StoreConfig {
-        durability: Durability::None,
-        ..StoreConfig::default()
-    })
-}
-
 fn replica(id: &str) -> PeerIdentity {
     PeerIdentity::Replica { id: id.into() }
 }
@@ -71,16 +58,6 @@ fn agent(cluster: &str, node: &str) -> PeerIdentity {
     PeerIdentity::Agent {
         cluster: cluster.into(),
         node: node.into(),
-    }
-}
-
-fn node_change(name: &str, cpu: &str) -> ObjectChange {
-    let json = format!(
-        r#"{{"apiVersion":"v1","kind":"Node","metadata":{{"name":"{name}"}},"status":{{"allocatable":{{"cpu":"{cpu}"}}}}}}"#
-    );
-    ObjectChange::Upsert {
-        key: node_key(name),
-        json: Arc::from(json.into_bytes().into_boxed_slice()),
     }
 }
 

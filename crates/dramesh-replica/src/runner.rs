@@ -67,6 +67,10 @@ pub struct ReplicaConfig {
     pub estimate_autoscaler_headroom: bool,
     /// Replication switches and limits of the mesh node.
     pub protocol: ProtocolConfig,
+    /// Threads checking writers' signatures on received changes ahead of the mesh's protocol
+    /// thread ([`NodeConfig::verify_threads`]; 0: on that thread). `None`: the node's default,
+    /// the CPUs this process may use.
+    pub mesh_verify_threads: Option<usize>,
     /// How long a starting replica waits for a peer replica to be reachable before it counts
     /// as caught up from its disk alone (see the module docs).
     pub ready_timeout: Duration,
@@ -164,6 +168,9 @@ impl Replica {
         let mut node = NodeConfig::new(config.identity.clone(), config.listen_mesh);
         node.seeds = config.seeds.clone();
         node.protocol = config.protocol.clone();
+        if let Some(n) = config.mesh_verify_threads {
+            node.verify_threads = n;
+        }
         let mesh = Arc::new(
             MeshHandle::start(node, store.clone())
                 .await

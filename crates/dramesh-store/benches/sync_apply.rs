@@ -12,12 +12,16 @@
 //! [`HISTORY_MAX`] updates, so iterations sample histories from 1 to 5,000 changes. Receiving
 //! a sync message costs more the longer the history (automerge walks the change graph).
 //!
+//! The "without a view" variants apply the same messages to a store that stopped serving the
+//! view ([`Store::stop_serving_view`], as agents and cluster relays run): the difference is what
+//! computing the visible changes costs per message.
+//!
 //! Run: `cargo bench -p dramesh-store --bench sync_apply`
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use dramesh_store::{
-    DocId, Durability, ObjectChange, ObjectKey, ObjectKind, RolloverPolicy, Store, StoreConfig,
-    SyncState,
+    CLUSTER_PUBLISHER, DocId, Durability, ObjectChange, ObjectKey, ObjectKind, RolloverPolicy,
+    Store, StoreConfig, SyncState,
 };
 use std::hint::black_box;
 use std::sync::Arc;
@@ -82,8 +86,19 @@ struct Pair {
 }
 
 impl Pair {
+    /// A pair whose replica serves the view (`view`) or not.
+    fn with_view(view: bool) -> Pair {
+        let mut p = Pair::new();
+        if !view {
+            p.replica.stop_serving_view();
+        }
+        p
+    }
+
     fn new() -> Pair {
-        let doc = DocId::new("cluster-0", "agent-a");
+        // The cluster's publisher may write every record (a node's writer only its node's:
+        // under writer scopes a node writer's 5,000 Nodes would not be visible at all).
+        let doc = DocId::new("cluster-0", CLUSTER_PUBLISHER);
         let mut writer = Store::in_memory(config());
         let generation = writer.open_writer(&doc).expect("open writer");
         let all: Vec<ObjectChange> = (0..KEYS)
@@ -167,24 +182,37 @@ impl Pair {
 }
 
 fn bench(c: &mut Criterion) {
-    let mut pair = Pair::new();
     let mut group = c.benchmark_group("replica_receive");
     group.sample_size(20);
     group.measurement_time(Duration::from_secs(10));
-    for (batch, name) in [
-        (10, "apply a 10-change sync batch to a 5,000-key document"),
-        (1, "apply a 1-change sync batch to a 5,000-key document"),
+    for (batch, view, name) in [
+        (
+            10,
+            true,
+            "apply a 10-change sync batch to a 5,000-key document",
+        ),
+        (
+            1,
+            true,
+            "apply a 1-change sync batch to a 5,000-key document",
+        ),
+        (
+            1,
+            false,
+            "apply a 1-change sync batch to a 5,000-key document without a view",
+        ),
     ] {
+        let mut pair = Pair::with_view(view);
         group.bench_function(name, |b| {
             b.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
                     if pair.rev > HISTORY_MAX {
-                        pair = Pair::new();
+                        pair = Pair::with_view(view);
                     }
                     let msg = pair.next_batch(batch);
                     let start = Instant::now();
-                    let view = pair
+                    let changes = pair
                         .replica
                         .receive_sync_message(
                             &pair.doc,
@@ -195,8 +223,9 @@ fn bench(c: &mut Criterion) {
                         )
                         .expect("replica receive");
                     total += start.elapsed();
-                    assert_eq!(view.len() as u64, batch, "one visible change per write");
-                    black_box(view);
+                    let want = if view { batch } else { 0 };
+                    assert_eq!(changes.len() as u64, want, "visible changes");
+                    black_box(changes);
                     pair.settle();
                 }
                 total

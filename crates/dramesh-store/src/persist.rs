@@ -269,39 +269,74 @@ impl NewFile {
     }
 }
 
-type Written = (NewFile, Result<u64, crate::StoreError>);
+/// Records appended to an existing document file (see [`append_records`]).
+pub(crate) struct Append {
+    pub doc: DocId,
+    pub path: PathBuf,
+    /// Encoded records ([`change_records`]).
+    pub records: Vec<u8>,
+}
 
-/// Writes new document files without fsync on a thread of its own. A replica taking in a
-/// fleet of new documents spent about a third of its time creating their files (inode
-/// allocation, write, rename); on this thread that overlaps with decoding and verifying the
-/// next ones. [`Writer::finish`] waits for every write; the store calls it before the
-/// group commit's `syncfs` and before any other operation on a file still being written.
+/// What the writer thread does.
+enum Job {
+    New(NewFile),
+    Append(Append),
+}
+
+impl Job {
+    fn doc(&self) -> &DocId {
+        match self {
+            Job::New(f) => &f.header.doc,
+            Job::Append(a) => &a.doc,
+        }
+    }
+
+    fn run(&self, dir: &Path) -> Result<u64, crate::StoreError> {
+        match self {
+            Job::New(f) => write_new(dir, f, Durability::None),
+            Job::Append(a) => append_records(&a.path, &a.records, Durability::None),
+        }
+    }
+}
+
+type Done = (Job, Result<u64, crate::StoreError>);
+
+/// Writes new document files, and appends received changes to existing ones, without fsync on
+/// a thread of its own, in submission order. A replica taking in a fleet of new documents spent
+/// about a third of its time creating their files (inode allocation, write, rename), and a
+/// healing one a file open and write per changed document; on this thread that overlaps with
+/// decoding, applying and verifying the next ones. [`Writer::finish`] waits for every job; the
+/// store calls it before the group commit's `syncfs` and before any other operation on a file
+/// with a job still queued (appends need not wait: they run after the jobs before them).
 pub(crate) struct Writer {
     /// The store's directory.
     dir: PathBuf,
-    jobs: Option<std::sync::mpsc::Sender<NewFile>>,
-    done: std::sync::mpsc::Receiver<Written>,
+    jobs: Option<std::sync::mpsc::Sender<Job>>,
+    done: std::sync::mpsc::Receiver<Done>,
     thread: Option<std::thread::JoinHandle<()>>,
-    /// Writes submitted and not yet reported.
+    /// Jobs submitted and not yet reported.
     in_flight: usize,
-    /// Documents whose file is submitted or failed, not yet written.
-    unwritten: std::collections::HashSet<DocId>,
-    /// Writes that failed, submitted again by the next [`Writer::finish`].
+    /// Documents with jobs submitted or failed and not yet done, and how many.
+    unwritten: std::collections::HashMap<DocId, usize>,
+    /// New files that failed, submitted again by the next [`Writer::finish`].
     failed: Vec<NewFile>,
+    /// Documents an append failed for (it may have written part of its records, so it is not
+    /// repeated): the store rewrites their files whole ([`Writer::take_failed_appends`]).
+    failed_appends: std::collections::BTreeSet<DocId>,
 }
 
 impl Writer {
     /// Starts the thread writing into `dir`.
     pub(crate) fn start(dir: PathBuf) -> io::Result<Writer> {
-        let (jobs, rx) = std::sync::mpsc::channel::<NewFile>();
-        let (tx, done) = std::sync::mpsc::channel::<Written>();
+        let (jobs, rx) = std::sync::mpsc::channel::<Job>();
+        let (tx, done) = std::sync::mpsc::channel::<Done>();
         let thread_dir = dir.clone();
         let thread = std::thread::Builder::new()
             .name("dramesh-store-writer".into())
             .spawn(move || {
-                for f in rx {
-                    let r = write_new(&thread_dir, &f, Durability::None);
-                    if tx.send((f, r)).is_err() {
+                for job in rx {
+                    let r = job.run(&thread_dir);
+                    if tx.send((job, r)).is_err() {
                         return;
                     }
                 }
@@ -312,57 +347,100 @@ impl Writer {
             done,
             thread: Some(thread),
             in_flight: 0,
-            unwritten: std::collections::HashSet::new(),
+            unwritten: std::collections::HashMap::new(),
             failed: Vec::new(),
+            failed_appends: std::collections::BTreeSet::new(),
         })
     }
 
-    /// Queues `f`; written here when the thread is gone.
+    /// Queues a new file; written here when the thread is gone.
     pub(crate) fn submit(&mut self, f: NewFile) -> Result<(), crate::StoreError> {
-        self.unwritten.insert(f.header.doc.clone());
+        self.queue(Job::New(f))
+    }
+
+    /// Queues an append; written here when the thread is gone.
+    pub(crate) fn append(&mut self, a: Append) -> Result<(), crate::StoreError> {
+        self.queue(Job::Append(a))
+    }
+
+    fn queue(&mut self, job: Job) -> Result<(), crate::StoreError> {
+        *self.unwritten.entry(job.doc().clone()).or_insert(0) += 1;
         let Some(jobs) = &self.jobs else {
-            return self.write_inline(f);
+            let r = job.run(&self.dir);
+            return self.done_with(job, r);
         };
-        match jobs.send(f) {
+        match jobs.send(job) {
             Ok(()) => {
                 self.in_flight += 1;
                 Ok(())
             }
-            Err(std::sync::mpsc::SendError(f)) => self.write_inline(f),
+            Err(std::sync::mpsc::SendError(job)) => {
+                let r = job.run(&self.dir);
+                self.done_with(job, r)
+            }
         }
     }
 
-    fn write_inline(&mut self, f: NewFile) -> Result<(), crate::StoreError> {
-        match write_new(&self.dir, &f, Durability::None) {
-            Ok(_) => {
-                self.unwritten.remove(&f.header.doc);
-                Ok(())
-            }
-            Err(e) => {
+    /// Books a job's outcome.
+    fn done_with(
+        &mut self,
+        job: Job,
+        r: Result<u64, crate::StoreError>,
+    ) -> Result<(), crate::StoreError> {
+        let doc = job.doc().clone();
+        let err = match (job, r) {
+            (_, Ok(_)) => None,
+            (Job::New(f), Err(e)) => {
                 self.failed.push(f);
-                Err(e)
+                // Still unwritten: resubmitted by the next `finish`.
+                return Err(e);
+            }
+            (Job::Append(a), Err(e)) => {
+                self.failed_appends.insert(a.doc);
+                Some(e)
+            }
+        };
+        if let Some(n) = self.unwritten.get_mut(&doc) {
+            *n -= 1;
+            if *n == 0 {
+                self.unwritten.remove(&doc);
             }
         }
+        err.map_or(Ok(()), Err)
     }
 
-    /// Whether `doc`'s file is still to be written.
+    /// Whether `doc`'s file has a job still to run.
     pub(crate) fn unwritten(&self, doc: &DocId) -> bool {
-        self.unwritten.contains(doc)
+        self.unwritten.contains_key(doc)
     }
 
-    /// Waits until every submitted file is written, submitting failed ones again first;
-    /// returns the first error (its file stays to be written by the next call).
+    /// Documents whose appends failed since the last call: their files miss records the store
+    /// holds, and must be rewritten whole.
+    pub(crate) fn take_failed_appends(&mut self) -> std::collections::BTreeSet<DocId> {
+        std::mem::take(&mut self.failed_appends)
+    }
+
+    /// Waits until every submitted job ran, submitting failed new files again first; returns
+    /// the first error (a failed new file stays to be written by the next call, a failed
+    /// append is reported by [`Writer::take_failed_appends`]).
     pub(crate) fn finish(&mut self) -> Result<(), crate::StoreError> {
         let mut first_err = None;
         for f in std::mem::take(&mut self.failed) {
+            // Counted again by `queue`.
+            if let Some(n) = self.unwritten.get_mut(&f.header.doc) {
+                *n -= 1;
+                if *n == 0 {
+                    self.unwritten.remove(&f.header.doc);
+                }
+            }
             if let Err(e) = self.submit(f) {
                 first_err.get_or_insert(e);
             }
         }
         while self.in_flight > 0 {
-            let Ok((f, r)) = self.done.recv() else {
-                // The thread ended (it only does when it panicked) with files unwritten: every
-                // later operation on them fails, and later new files are written inline.
+            let Ok((job, r)) = self.done.recv() else {
+                // The thread ended (it only does when it panicked) with jobs not run: every
+                // later operation on their files fails, and later jobs run inline.
                 self.in_flight = 0;
                 self.jobs = None;
                 first_err.get_or_insert(crate::StoreError::Io {
@@ -372,14 +450,8 @@ impl Writer {
                 break;
             };
             self.in_flight -= 1;
-            match r {
-                Ok(_) => {
-                    self.unwritten.remove(&f.header.doc);
-                }
-                Err(e) => {
-                    first_err.get_or_insert(e);
-                    self.failed.push(f);
-                }
+            if let Err(e) = self.done_with(job, r) {
+                first_err.get_or_insert(e);
             }
         }
         first_err.map_or(Ok(()), Err)
@@ -404,21 +476,36 @@ pub(crate) fn append_changes(
     signed: Option<&[u8]>,
     durability: Durability,
 ) -> Result<u64, crate::StoreError> {
+    let buf = change_records(changes, signed).map_err(io_err(path))?;
+    append_records(path, &buf, durability)
+}
+
+/// One change record, then the signed heads that cover it if given, encoded.
+pub(crate) fn change_records(changes: &[u8], signed: Option<&[u8]>) -> io::Result<Vec<u8>> {
     let mut buf =
         Vec::with_capacity(2 * RECORD_HEADER + changes.len() + signed.map_or(0, <[u8]>::len));
-    encode_record(&mut buf, KIND_CHANGES, changes).map_err(io_err(path))?;
+    encode_record(&mut buf, KIND_CHANGES, changes)?;
     if let Some(signed) = signed {
-        encode_record(&mut buf, KIND_SIGNED, signed).map_err(io_err(path))?;
+        encode_record(&mut buf, KIND_SIGNED, signed)?;
     }
+    Ok(buf)
+}
+
+/// Appends encoded records to the file at `path`; returns how many bytes.
+pub(crate) fn append_records(
+    path: &Path,
+    records: &[u8],
+    durability: Durability,
+) -> Result<u64, crate::StoreError> {
     let mut f = OpenOptions::new()
         .append(true)
         .open(path)
         .map_err(io_err(path))?;
-    f.write_all(&buf).map_err(io_err(path))?;
+    f.write_all(records).map_err(io_err(path))?;
     if durability == Durability::Fsync {
         f.sync_data().map_err(io_err(path))?;
     }
-    Ok(buf.len() as u64)
+    Ok(records.len() as u64)
 }
 
 /// Fsyncs the data of a file appended to without fsync (group commit).

@@ -552,15 +552,15 @@ fn group_commit_defers_fsync_until_sync_pending_and_keeps_changes() {
             .unwrap();
         full_sync(&mut a, &mut r);
     }
-    // The records are appended at once (so the page cache holds them across a process
-    // crash); only their fsync waits for the group commit.
+    // The records are appended on the store's writer thread; the group commit waits for it,
+    // then makes them durable.
     assert!(r.store.has_unsynced());
-    assert!(std::fs::metadata(doc_file(rdir.path())).unwrap().len() > len_before);
     assert_eq!(
         r.store.sync_pending().unwrap(),
         1,
         "one fsync for one touched file"
     );
+    assert!(std::fs::metadata(doc_file(rdir.path())).unwrap().len() > len_before);
     assert!(!r.store.has_unsynced());
     assert_eq!(r.store.sync_pending().unwrap(), 0);
 
@@ -581,6 +581,101 @@ fn group_commit_defers_fsync_until_sync_pending_and_keeps_changes() {
         reopened.get("c1", &node("last")).as_deref(),
         Some(&b"x"[..])
     );
+}
+
+/// A store that stopped serving the view (a relay's, an agent's) carries documents exactly as
+/// one that serves it (same digest, same files) but computes no visible values: receiving and
+/// writing report no view changes and reads see nothing. Opened again, it builds the view from
+/// its files.
+#[test]
+fn a_store_that_serves_no_view_still_carries_and_persists_documents() {
+    let d = DocId::new("c1", CLUSTER_PUBLISHER);
+    let mut a = agent(&d, test_config());
+    a.store.apply(&d, vec![upsert(node("n1"), "1")]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (carrier, _) = Store::open(dir.path(), fsync_config()).unwrap();
+    let mut carrier = Peer::replica(carrier);
+    carrier.store.stop_serving_view();
+    let mut replica = Peer::replica(Store::in_memory(test_config()));
+    full_sync(&mut a, &mut carrier);
+    full_sync(&mut a, &mut replica);
+    a.store.apply(&d, vec![upsert(node("n2"), "2")]).unwrap();
+    full_sync(&mut a, &mut carrier);
+    full_sync(&mut a, &mut replica);
+    assert_eq!(carrier.store.digest(), replica.store.digest());
+    assert_eq!(
+        replica.view.len(),
+        2,
+        "the serving replica reported both objects"
+    );
+    assert!(
+        carrier.view.is_empty(),
+        "view changes reported: {:?}",
+        carrier.view
+    );
+    assert_eq!(carrier.store.get("c1", &node("n2")), None);
+    assert!(carrier.store.snapshot().is_empty());
+    // Own writes too.
+    let own = DocId::new("c1", "w");
+    carrier.store.open_writer(&own).unwrap();
+    let out = carrier
+        .store
+        .apply(&own, vec![upsert(node("own"), "x")])
+        .unwrap();
+    assert!(out.view.is_empty());
+    let digest = carrier.store.digest().clone();
+    drop(carrier);
+    let (reopened, report) = Store::open(dir.path(), fsync_config()).unwrap();
+    assert!(report.corrupt.is_empty(), "{report:?}");
+    assert_eq!(reopened.digest(), &digest);
+    assert_eq!(reopened.get("c1", &node("n2")).as_deref(), Some(&b"2"[..]));
+    assert_eq!(reopened.get("c1", &node("own")).as_deref(), Some(&b"x"[..]));
+}
+
+/// Received changes are appended on the store's writer thread. An append that fails (here the
+/// file was removed behind the store's back) fails the group commit, so nothing that reflects
+/// it may be acknowledged; the next group commit rewrites the file whole from the document, and
+/// a reopened store holds every change.
+#[test]
+fn a_failed_background_append_fails_the_commit_and_the_file_is_rewritten_whole() {
+    let rdir = tempfile::tempdir().unwrap();
+    let d = DocId::new("c1", CLUSTER_PUBLISHER);
+    let config = fsync_config();
+    let mut a = agent(&d, test_config());
+    a.store.apply(&d, vec![upsert(node("g0"), "0")]).unwrap();
+    let (rs, _) = Store::open(rdir.path(), config.clone()).unwrap();
+    let mut r = Peer::replica(rs);
+    full_sync(&mut a, &mut r);
+    r.store.set_group_commit(true).unwrap();
+    let file = doc_file(rdir.path());
+    std::fs::remove_file(&file).unwrap();
+    a.store.apply(&d, vec![upsert(node("g1"), "1")]).unwrap();
+    full_sync(&mut a, &mut r);
+    assert!(
+        r.store.sync_pending().is_err(),
+        "a failed append must fail the group commit"
+    );
+    assert!(!file.exists());
+    r.store.sync_pending().unwrap();
+    assert!(file.exists(), "the file was rewritten");
+    a.store.apply(&d, vec![upsert(node("g2"), "2")]).unwrap();
+    full_sync(&mut a, &mut r);
+    r.store.sync_pending().unwrap();
+    let digest = r.store.digest().clone();
+    drop(r);
+    let (reopened, report) = Store::open(rdir.path(), config).unwrap();
+    assert!(
+        report.corrupt.is_empty() && report.truncated.is_empty(),
+        "{report:?}"
+    );
+    assert_eq!(reopened.digest(), &digest);
+    for (k, v) in [("g0", "0"), ("g1", "1"), ("g2", "2")] {
+        assert_eq!(
+            reopened.get("c1", &node(k)).as_deref(),
+            Some(v.as_bytes()),
+            "{k}"
+        );
+    }
 }
 
 /// A first copy of a document joins the group commit; a crash before its sync can leave its

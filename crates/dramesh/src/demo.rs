@@ -330,6 +330,7 @@ pub(crate) async fn run(serve: bool, tls: crate::apiauth::TlsArgs) -> anyhow::Re
             estimate_cache_bound: dramesh_estimator::CacheBound::View,
             estimate_autoscaler_headroom: false,
             protocol: ProtocolConfig::default(),
+            mesh_verify_threads: None,
             ready_timeout: dramesh_replica::DEFAULT_READY_TIMEOUT,
             api_config: dramesh_api::ApiConfig {
                 tls: api_tls.clone(),

@@ -189,6 +189,11 @@ enum Command {
         /// ready from its disk alone (with a peer, it is ready once their digests matched).
         #[arg(long, default_value_t = dramesh_replica::DEFAULT_READY_TIMEOUT.as_secs())]
         ready_timeout: u64,
+        /// Threads checking writers' signatures on received changes ahead of the mesh's
+        /// protocol thread (0: on that thread). Default: the CPUs this process may use (its
+        /// cgroup's CPU quota counts).
+        #[arg(long)]
+        mesh_verify_threads: Option<usize>,
         /// Chaos testing only: no digest probes (anti-entropy).
         #[arg(long)]
         chaos_disable_anti_entropy: bool,
@@ -738,6 +743,7 @@ fn main() -> ExitCode {
             estimate_cache_bytes,
             estimate_autoscaler_headroom,
             ready_timeout,
+            mesh_verify_threads,
             chaos_disable_anti_entropy,
             chaos_disable_push,
             chaos_disable_peer_exchange,
@@ -796,6 +802,7 @@ fn main() -> ExitCode {
                         }),
                     estimate_autoscaler_headroom,
                     protocol,
+                    mesh_verify_threads,
                     ready_timeout: Duration::from_secs(ready_timeout),
                     api_config: dramesh_api::ApiConfig {
                         tls: security.tls,

@@ -9,12 +9,28 @@
 //! Prints the time each side's protocol spent, so a profile (`perf record` on this process)
 //! sees the receiving path alone, and the per-document figures the 100,000-document
 //! targets need.
+//!
+//! `MESH_VERIFY_THREADS` (default 0) gives the receiving replica that many verifier threads
+//! ([`VerifyPool`]), its protocol handing out signature checks as the node's does; 0 checks
+//! every signature on the receiving protocol's thread. The receiving side's figures are then
+//! its protocol thread's wall time (`dst_ms_per_doc`, with its fsyncs and, with checks, its
+//! waits for them when nothing else is left), that thread's CPU time (`dst_cpu_ms_per_doc`)
+//! and the CPU time of the other threads, its verifier threads and its store's file writer
+//! (`verify_cpu_ms_per_doc`).
 
 use std::collections::VecDeque;
 
-use dramesh_mesh::protocol::{ConnId, Output, Protocol, ProtocolConfig};
+use dramesh_mesh::node::VerifyPool;
+use dramesh_mesh::protocol::{ConnId, Output, Protocol, ProtocolConfig, Ticket};
 use dramesh_mesh::wire;
 use dramesh_store::{SyncState, Trust};
+use tokio::sync::mpsc as tokio_mpsc;
+
+/// The receiving replica's verifier threads and where they report done checks.
+struct Checks {
+    pool: VerifyPool,
+    done: tokio_mpsc::UnboundedReceiver<Ticket>,
+}
 
 use super::nodes::{identities, plan_fleet, write_plan};
 use super::*;
@@ -93,7 +109,31 @@ pub(crate) fn load_main(args: &[String]) {
         t.elapsed().as_secs_f64()
     );
 
-    let mut dst = open("r3", &dst_tls);
+    let mut dst = {
+        let (store, _) = Store::open(
+            tmp.path().join("r3"),
+            StoreConfig {
+                durability: Durability::Fsync,
+                ..StoreConfig::default()
+            },
+        )
+        .expect("open store");
+        MeshStore::new(store, true)
+    };
+    let dst_trust = dramesh_mesh::signing::trust(&dst_tls).expect("trust");
+    let dst_verifier = Arc::new(Mutex::new(dst_trust.verifier.clone()));
+    dst.set_trust(dst_trust);
+    let threads = std::env::var("MESH_VERIFY_THREADS").ok().map_or(0, |v| {
+        v.parse().expect("MESH_VERIFY_THREADS: a thread count")
+    });
+    let mut checks = (threads > 0).then(|| {
+        let (tx, done) = tokio_mpsc::unbounded_channel();
+        Checks {
+            pool: VerifyPool::new(threads, "load", dst_verifier.clone(), tx),
+            done,
+        }
+    });
+    println!("receiving replica: {threads} verifier threads");
     let ids = (&src_tls.identity, &dst_tls.identity);
     let cfg = ProtocolConfig {
         jitter_seed: 7,
@@ -103,7 +143,16 @@ pub(crate) fn load_main(args: &[String]) {
         Protocol::new(ids.0.clone(), cfg.clone()),
         Protocol::new(ids.1.clone(), cfg),
     );
-    let load = converge(&mut src, &mut dst, &mut protocols, ids, docs, ConnId(1));
+    protocols.1.set_verify_jobs(checks.is_some());
+    let load = converge(
+        &mut src,
+        &mut dst,
+        &mut protocols,
+        ids,
+        docs,
+        ConnId(1),
+        checks.as_mut(),
+    );
     load.print(&format!("new replica loaded {docs} documents"), docs);
 
     // What anti-entropy pays to list the entries of differing buckets on this replica: every
@@ -158,16 +207,30 @@ pub(crate) fn load_main(args: &[String]) {
     // remembers the sync states of the closed session.
     protocols.0.on_disconnected(ConnId(1));
     protocols.1.on_disconnected(ConnId(1));
-    let heal = converge(&mut src, &mut dst, &mut protocols, ids, docs, ConnId(2));
+    let heal = converge(
+        &mut src,
+        &mut dst,
+        &mut protocols,
+        ids,
+        docs,
+        ConnId(2),
+        checks.as_mut(),
+    );
     heal.print(&format!("healed {docs} changed documents"), docs);
     println!(
         "LOAD {}",
-        json!({"docs": docs,
+        json!({"docs": docs, "verify_threads": threads,
                "listing_ms": {"per_bucket": per_bucket_ms, "one_pass": one_pass_ms, "none_kept": none_ms},
                "load": {"secs": load.secs, "dst_ms_per_doc": load.dst_secs * 1e3 / docs as f64,
+                        "dst_cpu_ms_per_doc": load.dst_cpu_secs * 1e3 / docs as f64,
+                        "verify_cpu_ms_per_doc": load.verify_cpu_secs * 1e3 / docs as f64,
+                        "docs_per_sec": docs as f64 / load.secs,
                         "src_ms_per_doc": load.src_secs * 1e3 / docs as f64, "rounds": load.rounds,
                         "bytes": load.bytes, "syncs": load.syncs},
                "heal": {"secs": heal.secs, "dst_ms_per_doc": heal.dst_secs * 1e3 / docs as f64,
+                        "dst_cpu_ms_per_doc": heal.dst_cpu_secs * 1e3 / docs as f64,
+                        "verify_cpu_ms_per_doc": heal.verify_cpu_secs * 1e3 / docs as f64,
+                        "docs_per_sec": docs as f64 / heal.secs,
                         "src_ms_per_doc": heal.src_secs * 1e3 / docs as f64, "rounds": heal.rounds,
                         "bytes": heal.bytes, "syncs": heal.syncs}})
     );
@@ -230,6 +293,11 @@ struct Converged {
     /// Protocol and store time of each side.
     dst_secs: f64,
     src_secs: f64,
+    /// CPU time of the receiving protocol's thread.
+    dst_cpu_secs: f64,
+    /// CPU time of the process's other threads: the receiving side's verifier threads and its
+    /// store's file writer (the process's, less the main thread's).
+    verify_cpu_secs: f64,
     rounds: u32,
     /// Frame bytes to `dst`.
     bytes: u64,
@@ -241,10 +309,12 @@ impl Converged {
     fn print(&self, what: &str, docs: usize) {
         let per_doc = |secs: f64| secs * 1e3 / docs as f64;
         println!(
-            "{what} in {:.2}s ({:.3} ms per document; receiving replica {:.3} ms, source {:.3} ms per document), {} anti-entropy rounds, {:.1} MB and {:.2} sync messages per document received",
+            "{what} in {:.2}s ({:.3} ms per document; receiving replica {:.3} ms on its protocol thread ({:.3} ms CPU), {:.3} ms CPU on other threads (verifiers, the store's writer), source {:.3} ms per document), {} anti-entropy rounds, {:.1} MB and {:.2} sync messages per document received",
             self.secs,
             per_doc(self.secs),
             per_doc(self.dst_secs),
+            per_doc(self.dst_cpu_secs),
+            per_doc(self.verify_cpu_secs),
             per_doc(self.src_secs),
             self.rounds,
             self.bytes as f64 / 1e6,
@@ -255,6 +325,48 @@ impl Converged {
 
 /// Runs a new session `conn` between `src` and `dst` (replicas `ids`, with `protocols`) until
 /// `dst`'s digest equals `src`'s.
+/// CPU time so far of this process (`libc::CLOCK_PROCESS_CPUTIME_ID`) or thread
+/// (`libc::CLOCK_THREAD_CPUTIME_ID`).
+fn cpu_secs(clock: libc::clockid_t) -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the call to write.
+    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime");
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+}
+
+/// Hands the receiving protocol the checks that are done; when `wait`, first waits for every
+/// check out (the node's driver lingers for them the same way, see `node::driver`).
+fn take_checks(
+    checks: &mut Checks,
+    pd: &mut Protocol,
+    dst: &mut MeshStore,
+    now: Instant,
+    wait: bool,
+) -> Vec<Output> {
+    let mut out = Vec::new();
+    let mut tickets = Vec::new();
+    let mut out_now = pd.verifications_in_flight();
+    while wait && out_now > 0 {
+        match checks.done.blocking_recv() {
+            Some(t) => tickets.push(t),
+            None => break,
+        }
+        out_now -= 1;
+    }
+    while let Ok(t) = checks.done.try_recv() {
+        tickets.push(t);
+    }
+    for t in tickets {
+        out.extend(pd.on_verified(dst, t, now));
+    }
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
 fn converge(
     src: &mut MeshStore,
     dst: &mut MeshStore,
@@ -262,8 +374,12 @@ fn converge(
     ids: (&PeerIdentity, &PeerIdentity),
     docs: usize,
     conn: ConnId,
+    mut checks: Option<&mut Checks>,
 ) -> Converged {
     let started = Instant::now();
+    let cpu_started = cpu_secs(libc::CLOCK_PROCESS_CPUTIME_ID);
+    let main_started = cpu_secs(libc::CLOCK_THREAD_CPUTIME_ID);
+    let mut dst_cpu = 0.0f64;
     let syncs_before = pd.counters().sync_in;
     // The protocols' clock: real time, moved ahead by an anti-entropy interval whenever both
     // sides are quiet, so rounds follow each other without idle waits.
@@ -288,9 +404,31 @@ fn converge(
     let target = src.digest().root();
     let mut last_report = Instant::now();
     loop {
+        // Checks done go to the receiving protocol first, as the node's driver hands them back
+        // before a batch's new frames; with nothing else to do, it waits for them.
+        if let Some(c) = checks.as_deref_mut()
+            && pd.verifications_in_flight() > 0
+        {
+            let t0 = Instant::now();
+            let c0 = cpu_secs(libc::CLOCK_THREAD_CPUTIME_ID);
+            let mut held = take_checks(c, pd, dst, now(skew), wire_q.is_empty());
+            while let Some(job) = pd.poll_verify() {
+                c.pool.submit(job);
+            }
+            if pd.has_deferred_pushes() {
+                held.extend(pd.flush_pushes(dst));
+            }
+            dst.flush().expect("flush");
+            dst_secs += t0.elapsed().as_secs_f64();
+            dst_cpu += cpu_secs(libc::CLOCK_THREAD_CPUTIME_ID) - c0;
+            send(&mut wire_q, false, held);
+        }
         // One batch per side, as the node handles a burst of frames before flushing.
         let batch: Vec<(bool, Vec<u8>)> = wire_q.drain(..).collect();
         if batch.is_empty() {
+            if pd.verifications_in_flight() > 0 {
+                continue;
+            }
             if dst.digest().root() == target {
                 break;
             }
@@ -301,8 +439,10 @@ fn converge(
             rounds += 1;
             skew += Duration::from_secs(3);
             let t0 = Instant::now();
+            let c0 = cpu_secs(libc::CLOCK_THREAD_CPUTIME_ID);
             let o = pd.on_tick(dst, now(skew));
             dst_secs += t0.elapsed().as_secs_f64();
+            dst_cpu += cpu_secs(libc::CLOCK_THREAD_CPUTIME_ID) - c0;
             send(&mut wire_q, false, o);
             let t0 = Instant::now();
             let o = ps.on_tick(src, now(skew));
@@ -312,6 +452,7 @@ fn converge(
         }
         for to_dst in [true, false] {
             let t0 = Instant::now();
+            let c0 = cpu_secs(libc::CLOCK_THREAD_CPUTIME_ID);
             let (p, s) = if to_dst {
                 (&mut *pd, &mut *dst)
             } else {
@@ -328,11 +469,17 @@ fn converge(
             if p.has_deferred_pushes() {
                 held.extend(p.flush_pushes(s));
             }
+            if to_dst && let Some(c) = checks.as_deref_mut() {
+                while let Some(job) = p.poll_verify() {
+                    c.pool.submit(job);
+                }
+            }
             s.flush().expect("flush");
             s.maintain();
             let secs = t0.elapsed().as_secs_f64();
             if to_dst {
                 dst_secs += secs;
+                dst_cpu += cpu_secs(libc::CLOCK_THREAD_CPUTIME_ID) - c0;
             } else {
                 src_secs += secs;
             }
@@ -347,10 +494,14 @@ fn converge(
             );
         }
     }
+    let cpu = cpu_secs(libc::CLOCK_PROCESS_CPUTIME_ID) - cpu_started;
+    let main = cpu_secs(libc::CLOCK_THREAD_CPUTIME_ID) - main_started;
     Converged {
         secs: started.elapsed().as_secs_f64(),
         dst_secs,
         src_secs,
+        dst_cpu_secs: dst_cpu,
+        verify_cpu_secs: cpu - main,
         rounds,
         bytes,
         syncs: pd.counters().sync_in - syncs_before,

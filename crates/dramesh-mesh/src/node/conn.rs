@@ -16,13 +16,11 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tracing::{debug, warn};
 
+use super::Ctx;
 use super::driver::Event;
-use super::{Ctx, Shared};
 use crate::identity::PeerIdentity;
 use crate::protocol::ConnId;
-use crate::sync::lock;
-use crate::wire::{self, pb};
-use dramesh_store::HeadsVerifier;
+use crate::wire;
 
 #[derive(Default)]
 pub(super) struct ConnStats {
@@ -73,41 +71,6 @@ impl Link {
             Link::Local(_) => Duration::ZERO,
         }
     }
-}
-
-/// Verifies a received sync message's signature on its connection's task, ahead of the
-/// protocol thread: the verifier remembers signatures that passed, so the store's check there
-/// is a lookup. Taking in a fleet of new documents, these ECDSA verifications (the writer's
-/// chain and its signed heads) were a fifth of the protocol thread's work, and connection tasks
-/// run on other threads. Only messages that carry their signer chain: a chain named by hash
-/// (sent earlier on the session) is resolved by the protocol, which verifies those itself. Only
-/// documents `from` may deliver at all ([`crate::store::may_deliver`]): an agent cannot make
-/// the node verify signatures for other clusters, which the protocol refuses unverified. The
-/// outcome is not used here; a bad signature is refused by the store as before.
-fn verify_ahead(shared: &Shared, from: &PeerIdentity, env: &pb::Envelope) {
-    let verifier = lock(&shared.verifier).clone();
-    verify_sync_signature(verifier.as_ref(), from, env);
-}
-
-/// [`verify_ahead`] with a given verifier.
-fn verify_sync_signature(verifier: &dyn HeadsVerifier, from: &PeerIdentity, env: &pb::Envelope) {
-    let Some(pb::envelope::Body::Sync(s)) = &env.body else {
-        return;
-    };
-    let Some(w) = s.signed.as_ref().filter(|w| !w.signer.is_empty()) else {
-        return;
-    };
-    let (Some(doc), Ok(a)) = (
-        wire::doc_from_wire(s.doc.as_ref()),
-        wire::signed_from_wire(w),
-    ) else {
-        return;
-    };
-    if !crate::store::may_deliver(from, &doc) {
-        return;
-    }
-    let statement = dramesh_store::attest::statement(&doc, s.generation, &a.heads);
-    let _ = verifier.verify(&doc, &statement, &a.signature, &a.signer);
 }
 
 /// The queue of frames to one peer, with its byte budget, and the connection's counters.
@@ -240,7 +203,6 @@ pub(super) async fn run_local(
                 .transport
                 .bytes_received
                 .fetch_add(frame.len() as u64, Ordering::Relaxed);
-            verify_ahead(&ctx.shared, &identity, &env);
             if ctx.events.send(Event::Frame(conn, env)).await.is_err() {
                 break;
             }
@@ -319,7 +281,6 @@ pub(super) async fn run_connection(
                         .transport
                         .bytes_received
                         .fetch_add(len as u64, Ordering::Relaxed);
-                    verify_ahead(&ctx.shared, &identity, &env);
                     if ctx.events.send(Event::Frame(conn, env)).await.is_err() {
                         break;
                     }
@@ -358,58 +319,5 @@ async fn unwanted(wanted: Option<watch::Receiver<bool>>) {
         if wanted.changed().await.is_err() {
             return;
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-
-    /// Signatures are verified ahead only for sync messages carrying their chain, about a
-    /// document the sender may deliver at all: an agent cannot make the node verify another
-    /// cluster's signatures.
-    #[test]
-    fn signatures_are_verified_ahead_only_for_documents_the_sender_may_deliver() {
-        use super::{HeadsVerifier, verify_sync_signature};
-        use crate::PeerIdentity;
-        use crate::wire::pb;
-        use dramesh_store::DocId;
-        use std::sync::atomic::{AtomicUsize, Ordering};
-
-        #[derive(Default)]
-        struct Counting(AtomicUsize);
-        impl HeadsVerifier for Counting {
-            fn verify(&self, _: &DocId, _: &[u8], _: &[u8], _: &[u8]) -> Result<(), String> {
-                self.0.fetch_add(1, Ordering::Relaxed);
-                Err("not checked in this test".into())
-            }
-        }
-        let sync = |cluster: &str, signer: &[u8]| {
-            crate::wire::envelope(pb::envelope::Body::Sync(pb::Sync {
-                doc: Some((&DocId::new(cluster, "n1")).into()),
-                generation: 1,
-                payload: vec![],
-                signed: Some(pb::SignedHeads {
-                    heads: vec![vec![7; 32]],
-                    signature: vec![1, 2, 3],
-                    signer: signer.to_vec(),
-                    signer_sha256: vec![],
-                }),
-            }))
-        };
-        let agent = PeerIdentity::Agent {
-            cluster: "c1".into(),
-            node: "n2".into(),
-        };
-        let replica = PeerIdentity::Replica { id: "r1".into() };
-        let v = Counting::default();
-        let count = || v.0.load(Ordering::Relaxed);
-        verify_sync_signature(&v, &agent, &sync("c1", b"chain"));
-        assert_eq!(count(), 1, "own cluster, chain carried");
-        verify_sync_signature(&v, &agent, &sync("c2", b"chain"));
-        assert_eq!(count(), 1, "another cluster's document from an agent");
-        verify_sync_signature(&v, &replica, &sync("c2", b"chain"));
-        assert_eq!(count(), 2, "replicas may relay any document");
-        verify_sync_signature(&v, &replica, &sync("c2", b""));
-        assert_eq!(count(), 2, "a chain named by hash is left to the protocol");
     }
 }

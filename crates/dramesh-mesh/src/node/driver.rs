@@ -10,9 +10,10 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tracing::{debug, error, info, warn};
 
 use super::conn::{ConnStats, Link, Outbound};
+use super::verify::VerifyPool;
 use super::{AppliedChange, PeerStatus, Shared};
 use crate::identity::PeerIdentity;
-use crate::protocol::{ConnId, Output, Protocol};
+use crate::protocol::{ConnId, Output, Protocol, Ticket};
 use crate::store::DocStore;
 use crate::sync::lock;
 use crate::wire::{self, pb};
@@ -47,6 +48,17 @@ struct ConnEntry {
 /// Most events the protocol thread handles before it commits and releases their outputs.
 const MAX_BATCH_EVENTS: usize = 256;
 
+/// Most signature checks out on the verifier threads: beyond it the protocol thread takes no
+/// new events until some are done, so parked messages stay bounded and the connections'
+/// bounded queues push back on the senders as before.
+const MAX_CHECKS_IN_FLIGHT: usize = 4 * MAX_BATCH_EVENTS;
+
+/// The verifier threads and the channel they report done checks on.
+pub(super) struct Verifiers {
+    pub(super) pool: VerifyPool,
+    pub(super) done: mpsc::UnboundedReceiver<Ticket>,
+}
+
 /// The protocol thread: owns the [`Protocol`], locks the store per event.
 ///
 /// Group commit: the thread takes every event already queued (up to [`MAX_BATCH_EVENTS`]),
@@ -62,6 +74,11 @@ const MAX_BATCH_EVENTS: usize = 256;
 /// every batch that finds the timers due ends with a tick, so they run on time even when
 /// frames keep the queue full (a healing replica otherwise went seconds without heartbeats,
 /// which tell peers how far it got, and without its delayed answers and relays).
+///
+/// Signature checks: with `verifiers` the protocol hands them out ([`Protocol::poll_verify`])
+/// and the thread queues them on the verifier threads after each event; checks reported done are handed back
+/// ([`Protocol::on_verified`]) at the start of the next batch, before its new events.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn drive<S: DocStore>(
     protocol: Protocol,
     store: Arc<Mutex<S>>,
@@ -70,8 +87,15 @@ pub(super) fn drive<S: DocStore>(
     shared: Arc<Shared>,
     max_sessions: usize,
     tick_interval: Duration,
+    verifiers: Option<Verifiers>,
 ) {
+    let (pool, mut done) = match verifiers {
+        Some(v) => (Some(v.pool), Some(v.done)),
+        None => (None, None),
+    };
     let mut driver = Driver {
+        pool,
+        unchecked: Vec::new(),
         local_uri: protocol.local().uri(),
         protocol,
         store,
@@ -97,10 +121,25 @@ pub(super) fn drive<S: DocStore>(
         }
     };
     let mut batch: Vec<Event> = Vec::with_capacity(MAX_BATCH_EVENTS);
+    let mut checked: Vec<Ticket> = Vec::new();
     loop {
-        if !next_batch(&clock, &mut events, &mut batch, driver.next_tick()) {
+        let in_flight = driver.protocol.verifications_in_flight();
+        let wake = Wake {
+            take_events: in_flight < MAX_CHECKS_IN_FLIGHT,
+            in_flight,
+            deadline: driver.next_tick(),
+        };
+        if !next_batch(
+            &clock,
+            &mut events,
+            &mut done,
+            &mut batch,
+            &mut checked,
+            wake,
+        ) {
             break;
         }
+        driver.handle_checked(&mut checked);
         let stop = driver.handle_batch(&mut batch);
         driver.tick_if_due();
         driver.generate_pushes();
@@ -118,28 +157,127 @@ pub(super) fn drive<S: DocStore>(
 /// [`Protocol::poll_timeout`] says: a bound, should a timer ever go unreported.
 const MAX_SLEEP: Duration = Duration::from_secs(1);
 
-/// Waits for an event until `deadline`, then takes every event already queued behind it (up to
-/// [`MAX_BATCH_EVENTS`]); an empty batch when the deadline passed first, `false` once every
-/// sender is gone.
+/// What [`next_batch`] waits for: new events (unless too many checks are out), checks done (of
+/// `in_flight` out), and until when.
+struct Wake {
+    take_events: bool,
+    in_flight: usize,
+    deadline: Instant,
+}
+
+/// How long the thread, woken by finished checks alone while more are out, waits for the rest
+/// (or an event) before it handles them: a burst of signed messages finishes its checks within
+/// a few milliseconds, and handling each as it finished cost a commit (a `syncfs`) per
+/// document or two.
+const CHECK_LINGER: Duration = Duration::from_millis(3);
+
+/// What woke [`wait_one`].
+enum Woken {
+    Event(Option<Event>),
+    Checked(Option<Ticket>),
+}
+
+/// Waits until `until` for the next event (when `take_events`) or finished check; `None` when
+/// the time passed first.
+fn wait_one(
+    clock: &tokio::runtime::Runtime,
+    events: &mut mpsc::Receiver<Event>,
+    done: &mut Option<mpsc::UnboundedReceiver<Ticket>>,
+    take_events: bool,
+    until: Instant,
+) -> Option<Woken> {
+    let deadline = tokio::time::Instant::from_std(until);
+    // The timer is made inside the clock's context (a `Sleep` needs its runtime).
+    let wait = async {
+        let check = async {
+            match done.as_mut() {
+                Some(d) => d.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        let event = async {
+            if take_events {
+                events.recv().await
+            } else {
+                std::future::pending().await
+            }
+        };
+        let either = async {
+            tokio::select! {
+                biased;
+                t = check => Woken::Checked(t),
+                e = event => Woken::Event(e),
+            }
+        };
+        tokio::time::timeout_at(deadline, either).await
+    };
+    clock.block_on(wait).ok()
+}
+
+/// Waits until `wake.deadline` for an event (when `wake.take_events`) or a check reported done,
+/// then takes every check already done and every event already queued (up to
+/// [`MAX_BATCH_EVENTS`]); woken by checks alone while more are out, it waits up to
+/// [`CHECK_LINGER`] for those too. Nothing when the deadline passed first, `false` once every
+/// event sender is gone.
 fn next_batch(
     clock: &tokio::runtime::Runtime,
     events: &mut mpsc::Receiver<Event>,
+    done: &mut Option<mpsc::UnboundedReceiver<Ticket>>,
     batch: &mut Vec<Event>,
-    deadline: Instant,
+    checked: &mut Vec<Ticket>,
+    wake: Wake,
 ) -> bool {
-    let first = match events.try_recv() {
-        Ok(e) => e,
-        Err(mpsc::error::TryRecvError::Disconnected) => return false,
-        Err(mpsc::error::TryRecvError::Empty) => {
-            let deadline = tokio::time::Instant::from_std(deadline);
-            // The timer is made inside the clock's context (a `Sleep` needs its runtime).
-            let wait = async { tokio::time::timeout_at(deadline, events.recv()).await };
-            match clock.block_on(wait) {
-                Ok(Some(e)) => e,
-                Ok(None) => return false,
-                Err(_) => return true,
+    let drain_done = |done: &mut Option<mpsc::UnboundedReceiver<Ticket>>,
+                      checked: &mut Vec<Ticket>| {
+        if let Some(d) = done.as_mut() {
+            while let Ok(t) = d.try_recv() {
+                checked.push(t);
             }
         }
+    };
+    drain_done(done, checked);
+    let mut first = None;
+    if wake.take_events {
+        match events.try_recv() {
+            Ok(e) => first = Some(e),
+            Err(mpsc::error::TryRecvError::Disconnected) => return false,
+            Err(mpsc::error::TryRecvError::Empty) => {}
+        }
+    }
+    if first.is_none() && checked.is_empty() {
+        match wait_one(clock, events, done, wake.take_events, wake.deadline) {
+            Some(Woken::Event(Some(e))) => first = Some(e),
+            Some(Woken::Event(None)) => return false,
+            Some(Woken::Checked(Some(t))) => checked.push(t),
+            // The pool holds a sender as long as it lives.
+            Some(Woken::Checked(None)) => *done = None,
+            None => return true,
+        }
+    }
+    if first.is_none() && !checked.is_empty() {
+        let until = (Instant::now() + CHECK_LINGER).min(wake.deadline);
+        while checked.len() < wake.in_flight {
+            drain_done(done, checked);
+            if checked.len() >= wake.in_flight {
+                break;
+            }
+            match wait_one(clock, events, done, wake.take_events, until) {
+                Some(Woken::Checked(Some(t))) => checked.push(t),
+                Some(Woken::Event(Some(e))) => {
+                    first = Some(e);
+                    break;
+                }
+                Some(Woken::Event(None)) => return false,
+                Some(Woken::Checked(None)) => {
+                    *done = None;
+                    break;
+                }
+                None => break,
+            }
+        }
+    }
+    let Some(first) = first else {
+        return true;
     };
     batch.push(first);
     while batch.len() < MAX_BATCH_EVENTS {
@@ -155,6 +293,10 @@ fn next_batch(
 /// handled produced.
 struct Driver<S> {
     protocol: Protocol,
+    /// The verifier threads (see [`drive`]).
+    pool: Option<VerifyPool>,
+    /// Checks handed out with no pool to run them: handed back at once, for the store to check.
+    unchecked: Vec<Ticket>,
     store: Arc<Mutex<S>>,
     applied: broadcast::Sender<AppliedChange>,
     shared: Arc<Shared>,
@@ -199,8 +341,19 @@ impl<S: DocStore> Driver<S> {
         self.hold(outputs);
     }
 
+    /// Queues the signature checks the protocol handed out on the verifier threads.
+    fn dispatch_checks(&mut self) {
+        while let Some(job) = self.protocol.poll_verify() {
+            match &mut self.pool {
+                Some(pool) => pool.submit(job),
+                None => self.unchecked.push(job.ticket),
+            }
+        }
+    }
+
     /// Closes at once the connections the protocol closes (closing acknowledges nothing, and
-    /// later frames of the batch from them are then ignored) and holds every other output.
+    /// later frames of the batch from them are then ignored), holds every other output, and
+    /// queues the checks the protocol handed out.
     fn hold(&mut self, outputs: Vec<Output>) {
         for out in outputs {
             match out {
@@ -208,6 +361,25 @@ impl<S: DocStore> Driver<S> {
                 other => self.held.push(other),
             }
         }
+        self.dispatch_checks();
+    }
+
+    /// Hands the protocol back the signature checks that are done (and any that had no
+    /// thread to run on): the messages parked behind them go to the store.
+    fn handle_checked(&mut self, checked: &mut Vec<Ticket>) {
+        checked.append(&mut self.unchecked);
+        if checked.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let outputs: Vec<Output> = {
+            let mut s = lock(&self.store);
+            checked
+                .drain(..)
+                .flat_map(|t| self.protocol.on_verified(&mut *s, t, now))
+                .collect()
+        };
+        self.hold(outputs);
     }
 
     /// Hands the batch's events to the protocol, closing at once the connections it closes

@@ -37,6 +37,7 @@ mod conn;
 mod dial;
 mod driver;
 mod endpoint;
+mod verify;
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
@@ -57,7 +58,7 @@ use crate::store::DocStore;
 use crate::sync::lock;
 use crate::transport::{self, TransportConfig, TransportError};
 use crate::wire;
-use dramesh_store::{DocId, HeadsVerifier};
+use dramesh_store::DocId;
 
 #[cfg(feature = "test-util")]
 pub use conn::LocalLink;
@@ -66,6 +67,7 @@ use conn::{Link, LocalClose, outbound_for, run_local};
 use dial::dial_manager;
 use driver::{Event, drive};
 use endpoint::accept_loop;
+pub use verify::{SharedVerifier, VerifyPool, default_verify_threads};
 
 /// Everything needed to start a node.
 #[derive(Clone)]
@@ -91,6 +93,10 @@ pub struct NodeConfig {
     /// How long an agent with a relay target ([`MeshHandle::set_relay_target`]) goes without
     /// a session with it before it dials the replicas directly too (see the module docs).
     pub relay_fallback: Duration,
+    /// Threads that check the writers' signatures on received sync messages ahead of the
+    /// store (see [`VerifyPool`]); 0 leaves every check to the protocol thread. Default: the
+    /// cores the process may use ([`default_verify_threads`]). Started with their first check.
+    pub verify_threads: usize,
 }
 
 impl NodeConfig {
@@ -105,6 +111,7 @@ impl NodeConfig {
             transport: TransportConfig::default(),
             tick_interval: Duration::from_millis(100),
             relay_fallback: Duration::from_secs(10),
+            verify_threads: default_verify_threads(),
         }
     }
 }
@@ -262,8 +269,8 @@ struct Shared {
     /// Node-wide outbound byte budget ([`TransportConfig::outbound_total_bytes`]).
     outbound_total: Arc<Semaphore>,
     outbound_total_max: u32,
-    /// The store's verifier, for `conn::verify_ahead`; replaced when the certificate rotates.
-    verifier: Mutex<Arc<dyn HeadsVerifier>>,
+    /// The store's verifier, for the verifier threads; replaced when the certificate rotates.
+    verifier: SharedVerifier,
 }
 
 /// Handle to a running node.
@@ -323,11 +330,18 @@ impl MeshHandle {
             relay_target: Mutex::new(None),
             outbound_total: Arc::new(Semaphore::new(total_max as usize)),
             outbound_total_max: total_max,
-            verifier: Mutex::new(verifier),
+            verifier: Arc::new(Mutex::new(verifier)),
         });
         let max_sessions = config.transport.max_sessions.max(1);
         let mut protocol = Protocol::new(identity.clone(), pconfig);
         protocol.set_coalesce_pushes(true);
+        let verifiers = (config.verify_threads > 0).then(|| {
+            let (tx, done) = mpsc::unbounded_channel();
+            let name = format!("dramesh-mesh {identity}");
+            let pool = VerifyPool::new(config.verify_threads, &name, shared.verifier.clone(), tx);
+            driver::Verifiers { pool, done }
+        });
+        protocol.set_verify_jobs(verifiers.is_some());
         let driver = {
             let tick_interval = config.tick_interval;
             let shared = shared.clone();
@@ -343,6 +357,7 @@ impl MeshHandle {
                         shared,
                         max_sessions,
                         tick_interval,
+                        verifiers,
                     )
                 })
                 .map_err(NodeError::Thread)?

@@ -42,6 +42,11 @@
 //!   applies only changes covered by the writer's verified signature, which travels with
 //!   them (`Sync.signed`), whoever relays them ([`DocStore::receive_sync_message`]); refusals
 //!   count in [`Counters::rejected_bad_signature`].
+//! - **Signature checks** may run off the protocol's thread ([`Protocol::set_verify_jobs`]): a
+//!   signed sync message then waits, with every later frame of its session, until its
+//!   [`VerifyJob`] is reported done ([`Protocol::poll_verify`], [`Protocol::on_verified`]); a
+//!   session's frames are handled in arrival order either way, and the store still checks
+//!   every signature before it applies anything.
 //! - Nothing but `Hello` is accepted before the peer's `Hello`; protocol violations close the
 //!   connection.
 //! - **Versions**: a peer whose `Hello` announces a protocol version this node does not speak
@@ -61,8 +66,8 @@
 //! Layout: [`Protocol`] composes sub-states that each own their fields, in their own files:
 //! `session` (sessions, scopes, heartbeats, the index of sessions by document), `timers` (the
 //! queue of due sessions, the tick, [`Protocol::poll_timeout`]), `push` (coalesced and delayed
-//! pushes), `anti_entropy` (rounds and repairs), `sync` (per-document sync states, apply) and
-//! `refusal`. This file holds the configuration, the outputs, the counters and the frame
+//! pushes), `anti_entropy` (rounds and repairs), `sync` (per-document sync states, apply),
+//! `verify` (signature checks handed out, messages parked behind them) and `refusal`. This file holds the configuration, the outputs, the counters and the frame
 //! dispatch.
 
 use std::collections::BTreeMap;
@@ -84,6 +89,7 @@ mod refusal;
 mod session;
 mod sync;
 mod timers;
+mod verify;
 
 use push::Pushes;
 use refusal::Refusals;
@@ -92,6 +98,8 @@ pub use session::{Scope, SessionStatus};
 use session::{Session, SessionIndex};
 use sync::SavedStates;
 use timers::Timers;
+use verify::Verifications;
+pub use verify::{Ticket, VerifyJob};
 
 /// Major protocol version carried in `Hello.protocol_version` (see [`crate::version`]).
 pub const PROTOCOL_VERSION: u32 = version::PROTOCOL_MAJOR;
@@ -271,6 +279,9 @@ pub struct Counters {
     pub version_refusals_sent: u64,
     /// Version refusals received from peers that do not speak this node's protocol version.
     pub version_refusals_received: u64,
+    /// Signature checks handed out to run off the protocol's thread
+    /// ([`Protocol::poll_verify`]).
+    pub checks_handed_out: u64,
 }
 
 /// The replication state machine of one node (see the module docs). It composes sub-states
@@ -298,6 +309,8 @@ pub struct Protocol {
     index: SessionIndex,
     /// When each session's timers are next due, and the announcement of a learned replica.
     timers: Timers,
+    /// Signature checks handed out (see [`Protocol::set_verify_jobs`]).
+    verify: Verifications,
 }
 
 impl Protocol {
@@ -315,6 +328,7 @@ impl Protocol {
             refusals: Refusals::default(),
             relay: false,
             index: SessionIndex::default(),
+            verify: Verifications::default(),
         }
     }
 
@@ -418,41 +432,65 @@ impl Protocol {
             return out;
         }
         match body {
-            Body::Hello(_) if hello_received => {
-                self.protocol_error(&mut out, conn, "duplicate Hello".into());
+            // A sync message parks itself (see `verify`) once its signer chain is resolved.
+            Body::Sync(s) => self.on_sync(store, conn, &peer, s, now, &mut out),
+            // Behind a message waiting for its signature check, the session's other frames
+            // wait too: what the node answers on a session then reflects every earlier message.
+            other => {
+                if let Some(body) = self.park_frame(conn, other) {
+                    self.dispatch(store, conn, &peer, body, now, &mut out);
+                }
             }
-            Body::Hello(h) => self.on_hello(store, conn, &peer, h, now, &mut out),
-            Body::Digest(d) => self.on_digest(store, conn, d, now, &mut out),
+        }
+        out
+    }
+
+    /// Handles one frame's body other than `Sync`, in its session's order.
+    fn dispatch<S: DocStore>(
+        &mut self,
+        store: &mut S,
+        conn: ConnId,
+        peer: &PeerIdentity,
+        body: Body,
+        now: Instant,
+        out: &mut Vec<Output>,
+    ) {
+        let hello_received = self.sessions.get(&conn).is_some_and(|s| s.hello_received);
+        match body {
+            Body::Hello(_) if hello_received => {
+                self.protocol_error(out, conn, "duplicate Hello".into());
+            }
+            Body::Hello(h) => self.on_hello(store, conn, peer, h, now, out),
+            Body::Digest(d) => self.on_digest(store, conn, d, now, out),
             Body::BucketRequest(r) => {
-                let Some(buckets) = self.check_buckets(&mut out, conn, &r.buckets) else {
-                    return out;
+                let Some(buckets) = self.check_buckets(out, conn, &r.buckets) else {
+                    return;
                 };
-                let mine = self.on_entries(store, conn, &peer, &buckets, &r.entries, now, &mut out);
-                self.send_entries(store, &mut out, conn, &buckets, &mine, false);
+                let mine = self.on_entries(store, conn, peer, &buckets, &r.entries, now, out);
+                self.send_entries(store, out, conn, &buckets, &mine, false);
             }
             Body::BucketEntries(e) => {
-                let Some(buckets) = self.check_buckets(&mut out, conn, &e.buckets) else {
-                    return out;
+                let Some(buckets) = self.check_buckets(out, conn, &e.buckets) else {
+                    return;
                 };
-                self.on_entries(store, conn, &peer, &buckets, &e.entries, now, &mut out);
+                self.on_entries(store, conn, peer, &buckets, &e.entries, now, out);
             }
-            Body::Sync(s) => self.on_sync(store, conn, &peer, s, now, &mut out),
-            Body::Refusal(r) => self.on_refusal(store, conn, &peer, r, now, &mut out),
-            Body::Ephemeral(e) => self.on_ephemeral(store, conn, &peer, e),
+            Body::Sync(s) => self.on_sync(store, conn, peer, s, now, out),
+            Body::Refusal(r) => self.on_refusal(store, conn, peer, r, now, out),
+            Body::Ephemeral(e) => self.on_ephemeral(store, conn, peer, e),
             Body::PeerExchange(p) => {
                 if !peer.is_replica() {
                     self.counters.rejected_unauthorized += 1;
                     warn!(%peer, "refused PeerExchange from an agent");
-                    return out;
+                    return;
                 }
                 if !self.config.peer_exchange {
-                    return out;
+                    return;
                 }
                 for r in p.replicas.iter().take(MAX_PEER_EXCHANGE) {
                     self.learn_replica(&r.identity, &r.addr, now);
                 }
             }
         }
-        out
     }
 }

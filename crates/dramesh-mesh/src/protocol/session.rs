@@ -7,6 +7,7 @@
 //! states are kept (reset) for a reconnect; stale or replayed heartbeats are ignored, and a
 //! peer cannot claim to have handled more frames than were sent to it.
 
+use super::verify::SessionParked;
 use super::{
     ConnId, MAX_ADDR_LEN, MAX_PEER_EXCHANGE, Output, Protocol, anti_entropy::Rounds,
     refusal::SessionRefusals, sync::DocSync, timers::SessionTimers,
@@ -76,6 +77,8 @@ pub(super) struct Session {
     pub(super) peer_version: Option<PeerVersion>,
     /// See [`SessionStatus::features`](super::SessionStatus::features).
     pub(super) features: BTreeSet<String>,
+    /// Received sync messages waiting for signature checks (see `verify`).
+    pub(super) parked: SessionParked,
 }
 
 /// What a session's heartbeats carry each way: sequence numbers, when the peer was last heard
@@ -373,6 +376,7 @@ impl Protocol {
                 scope: None,
                 peer_version: None,
                 features: BTreeSet::new(),
+                parked: SessionParked::default(),
             },
         );
         let mut hello = pb::Hello {

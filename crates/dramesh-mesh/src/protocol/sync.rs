@@ -139,7 +139,6 @@ impl Protocol {
             self.unauthorized(peer, "sync", &doc);
             return;
         }
-        let before = store.entry(&doc);
         let Some(session) = self.sessions.get_mut(&conn) else {
             return;
         };
@@ -157,6 +156,27 @@ impl Protocol {
                 return;
             }
         };
+        let Some((s, signed)) = self.park_if_waiting(conn, &doc, s, signed) else {
+            return;
+        };
+        self.apply_sync(store, conn, peer, doc, s, signed, now, out);
+    }
+
+    /// Gives a received sync message to the store (which verifies its signature) and
+    /// continues the exchange: the answer to the sender, and the relay of what it changed.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn apply_sync<S: DocStore>(
+        &mut self,
+        store: &mut S,
+        conn: ConnId,
+        peer: &PeerIdentity,
+        doc: DocId,
+        s: pb::Sync,
+        signed: Option<Attestation>,
+        now: Instant,
+        out: &mut Vec<Output>,
+    ) {
+        let before = store.entry(&doc);
         let Some(session) = self.sessions.get_mut(&conn) else {
             return;
         };

@@ -185,7 +185,10 @@ impl Protocol {
                     Some(s) => {
                         s.heartbeats.heartbeat_out += 1;
                         s.timers.next_heartbeat = now + s.timers.heartbeat_interval;
-                        (s.heartbeats.heartbeat_out, s.heartbeats.frames_in)
+                        (
+                            s.heartbeats.heartbeat_out,
+                            s.heartbeats.frames_in - s.parked.frames,
+                        )
                     }
                     None => continue,
                 };

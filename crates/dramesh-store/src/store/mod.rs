@@ -301,6 +301,8 @@ pub struct Store {
     packed: PackedChanges,
     /// See [`Store::uncovered_dropped`].
     uncovered_dropped: u64,
+    /// Whether the store keeps the materialized view (see [`Store::stop_serving_view`]).
+    serves_view: bool,
 }
 
 fn wall_millis(offset_ms: i64) -> u64 {

@@ -50,6 +50,7 @@ impl Store {
             out_of_scope: 0,
             packed: PackedChanges::new(DEFAULT_PACKED_BYTES),
             uncovered_dropped: 0,
+            serves_view: true,
         }
     }
 

@@ -328,6 +328,17 @@ impl Store {
         }
     }
 
+    /// Stops keeping the materialized view, for a store nobody reads objects from (an agent
+    /// or a cluster's relay, which only write and carry documents): from now on no change
+    /// computes visible values (no old values read, no presence or scope evaluated), every
+    /// mutation returns no view changes, and [`Store::get`] and [`Store::snapshot`] see
+    /// nothing. Documents, digests, sync, signatures and files are unaffected. One way: a
+    /// store opened again builds its view from its files.
+    pub fn stop_serving_view(&mut self) {
+        self.serves_view = false;
+        self.view = View::default();
+    }
+
     /// Installs what this store signs its own documents with and verifies received changes
     /// against (see [`Store::receive_signed_sync_message`]). The mesh node installs it from its
     /// certificate when it starts.
@@ -496,16 +507,21 @@ impl Store {
             return Ok(std::mem::take(&mut self.undelivered));
         }
         // Every change applied by this message, including ones queued by an earlier message
-        // until their dependencies arrived: their operations name the changed keys.
-        let changed = match changed_root_keys(e.doc.get_changes(&before)) {
-            Some(keys) => keys,
-            None => {
-                tracing::debug!(doc = %doc, "changed keys not readable from the changes; diffing");
-                patched_keys(&e.doc.diff(
-                    &before,
-                    &after,
-                    TextRepresentation::String(automerge::TextEncoding::default()),
-                ))
+        // until their dependencies arrived: their operations name the changed keys (for the
+        // view only).
+        let changed = if !self.serves_view {
+            BTreeSet::new()
+        } else {
+            match changed_root_keys(e.doc.get_changes(&before)) {
+                Some(keys) => keys,
+                None => {
+                    tracing::debug!(doc = %doc, "changed keys not readable from the changes; diffing");
+                    patched_keys(&e.doc.diff(
+                        &before,
+                        &after,
+                        TextRepresentation::String(automerge::TextEncoding::default()),
+                    ))
+                }
             }
         };
         e.term = read_term(&e.doc);
@@ -525,21 +541,28 @@ impl Store {
     /// Queues a new file on the background writer (starting it with the first); written here
     /// when no thread can be started.
     pub(super) fn background_write(&mut self, f: persist::NewFile) -> Result<(), StoreError> {
-        let Some(dir) = &self.dir else {
+        let Some(dir) = self.dir.clone() else {
             return Ok(());
         };
+        match self.writer() {
+            Some(w) => w.submit(f),
+            None => persist::write_new(&dir, &f, Durability::None).map(|_| ()),
+        }
+    }
+
+    /// The background writer, started with the first use; `None` without a directory or when
+    /// no thread can be started (then the caller writes inline).
+    pub(super) fn writer(&mut self) -> Option<&mut persist::Writer> {
+        let dir = self.dir.as_ref()?;
         if self.commit.writer.is_none() {
             match persist::Writer::start(dir.clone()) {
                 Ok(w) => self.commit.writer = Some(w),
                 Err(e) => {
-                    tracing::warn!(error = %e, "cannot start the store's file writer thread; writing new files inline")
+                    tracing::warn!(error = %e, "cannot start the store's file writer thread; writing inline")
                 }
             }
         }
-        match &mut self.commit.writer {
-            Some(w) => w.submit(f),
-            None => persist::write_new(dir, &f, Durability::None).map(|_| ()),
-        }
+        self.commit.writer.as_mut()
     }
 
     /// Replaces the held generation of `doc` with its completed pending one.
@@ -628,11 +651,17 @@ impl Store {
             signed_unsaved: false,
             doc: p.doc,
         };
-        let mut keys: BTreeSet<String> = object_keys(&entry.doc, None).into_iter().collect();
+        let mut keys: BTreeSet<String> = if self.serves_view {
+            object_keys(&entry.doc, None).into_iter().collect()
+        } else {
+            BTreeSet::new()
+        };
         let old = match self.docs.insert(doc.clone(), entry) {
             Some(old) => {
                 self.xor_digest(doc, old.bucket, old.digest_part);
-                keys.extend(object_keys(&old.doc, None));
+                if self.serves_view {
+                    keys.extend(object_keys(&old.doc, None));
+                }
                 Old::Doc(Box::new(old.doc))
             }
             None => Old::Absent,
@@ -670,13 +699,17 @@ impl Store {
     }
 
     /// Updates the view after `doc` changed and returns the visible changes for `keys`
-    /// (plus every key of the document when its lease term changed).
+    /// (plus every key of the document when its lease term changed); nothing when the store
+    /// serves no view ([`Store::stop_serving_view`]).
     pub(super) fn reconcile(
         &mut self,
         doc: &DocId,
         keys: Vec<String>,
         old: Old,
     ) -> Vec<(String, ObjectChange)> {
+        if !self.serves_view {
+            return Vec::new();
+        }
         let old_term = self.view.term(&doc.cluster, &doc.writer);
         let new_term = self.docs.get(doc).map(|e| e.term);
         let mut keys = keys;

@@ -14,8 +14,12 @@ pub(super) struct GroupCommit {
     /// Whether a new file was created since the last [`Store::sync_pending`] without fsyncing
     /// it or the directory (a first replica copy).
     pub(super) new_files: bool,
-    /// Writes those new files on a thread of its own (started with the first).
+    /// Writes those new files, and appends received changes, on a thread of its own (started
+    /// with the first).
     pub(super) writer: Option<persist::Writer>,
+    /// Documents whose file missed an append the writer thread failed: rewritten whole by the
+    /// next [`Store::sync_pending`] (until one succeeds).
+    pub(super) rewrite: BTreeSet<DocId>,
 }
 
 impl Store {
@@ -38,14 +42,13 @@ impl Store {
         doc: &DocId,
         defer: bool,
     ) -> Result<(), StoreError> {
-        self.settle(doc)?;
         let path = self.path_of(doc);
         let defer = defer && self.config.durability == Durability::Fsync && path.is_some();
-        let durability = if defer {
-            Durability::None
-        } else {
-            self.config.durability
-        };
+        // A deferred append runs on the writer thread after every job queued before it on the
+        // file; an inline one waits for them.
+        if !defer {
+            self.settle(doc)?;
+        }
         let Some(e) = self.docs.get_mut(doc) else {
             return Ok(());
         };
@@ -64,14 +67,23 @@ impl Store {
             .then(|| e.signed.as_ref().map(Attestation::encode))
             .flatten();
         let appended = match path {
-            Some(p) => match persist::append_changes(&p, &bytes, signed.as_deref(), durability) {
-                Ok(n) => n,
-                Err(err) => {
-                    e.not_durable = true;
-                    return Err(err);
-                }
-            },
-            None => framed_len(bytes.len()) + signed.as_ref().map_or(0, |s| framed_len(s.len())),
+            Some(p) if defer => self.background_append(doc, p, &bytes, signed.as_deref()),
+            Some(p) => {
+                persist::append_changes(&p, &bytes, signed.as_deref(), self.config.durability)
+            }
+            None => {
+                Ok(framed_len(bytes.len()) + signed.as_ref().map_or(0, |s| framed_len(s.len())))
+            }
+        };
+        let Some(e) = self.docs.get_mut(doc) else {
+            return Ok(());
+        };
+        let appended = match appended {
+            Ok(n) => n,
+            Err(err) => {
+                e.not_durable = true;
+                return Err(err);
+            }
         };
         e.signed_unsaved = false;
         e.stored_bytes += appended;
@@ -81,6 +93,34 @@ impl Store {
             self.commit.unsynced.insert(doc.clone());
         }
         Ok(())
+    }
+
+    /// Queues an append of received changes on the background writer (starting it with the
+    /// first); appended here when no thread can be started. Returns the bytes appended.
+    fn background_append(
+        &mut self,
+        doc: &DocId,
+        path: PathBuf,
+        changes: &[u8],
+        signed: Option<&[u8]>,
+    ) -> Result<u64, StoreError> {
+        let records =
+            persist::change_records(changes, signed).map_err(|source| StoreError::Io {
+                path: path.clone(),
+                source,
+            })?;
+        let len = records.len() as u64;
+        match self.writer() {
+            Some(w) => w.append(persist::Append {
+                doc: doc.clone(),
+                path,
+                records,
+            })?,
+            None => {
+                persist::append_records(&path, &records, Durability::None)?;
+            }
+        }
+        Ok(len)
     }
 
     /// Turns group commit of received changes on or off.
@@ -120,7 +160,17 @@ impl Store {
             return Ok(0);
         }
         if let Some(w) = &mut self.commit.writer {
-            w.finish()?;
+            let finished = w.finish();
+            self.commit.rewrite.extend(w.take_failed_appends());
+            finished?;
+        }
+        // A file that missed an append is rewritten whole from the document (fsynced and
+        // renamed into place, like a compaction); until that succeeded nothing is durable.
+        for doc in std::mem::take(&mut self.commit.rewrite) {
+            if let Err(e) = self.compact(&doc) {
+                self.commit.rewrite.insert(doc);
+                return Err(e);
+            }
         }
         if let Some(dir) = &self.dir {
             let files: Vec<PathBuf> = self

@@ -1020,4 +1020,86 @@ mod tests {
             .map_or(0, |u| u.pods);
         assert_eq!(usage, 0);
     }
+
+    /// What `node_changes_since` says per node: facts-only changes carry the node's facts
+    /// as they were at the stamp (the earliest of several), a pod, a capacity or a device
+    /// change on the node does not, a cluster-wide change (a device class, a claim template)
+    /// answers `None`, and so does a stamp older than the kept history; a facts record
+    /// pushed out of the kept history makes that node's change not facts-only.
+    #[test]
+    fn node_changes_since_tells_facts_only_changes_from_the_rest() {
+        let labelled = |a: &str, cpu: &str| {
+            node(
+                json!({"a": a}),
+                json!({"beat": "2026-11-26T00:00:00Z"}),
+                cpu,
+            )
+        };
+        let mut v = View::new();
+        v.apply_object("c", labelled("1", "8")).unwrap();
+        let c = |v: &View| v.cluster("c").unwrap().stamp();
+        let at = c(&v);
+        let changes = |v: &View, at: &ViewStamp| v.cluster("c").unwrap().node_changes_since(at);
+        assert_eq!(changes(&v, &at).map(|c| c.len()), Some(0));
+        v.apply_object("c", labelled("2", "8")).unwrap();
+        v.apply_object("c", labelled("3", "8")).unwrap();
+        let got = changes(&v, &at).unwrap();
+        assert_eq!(got.len(), 1);
+        let before = got[0].before.as_ref().expect("facts only");
+        assert_eq!(
+            before.labels.get("a").map(String::as_str),
+            Some("1"),
+            "the earliest"
+        );
+        // A claim selecting `a: 1` passes the node at the stamp and fails it now.
+        let selects = PodNodeClaim {
+            node_selector: [("a".to_string(), "1".to_string())].into(),
+            ..PodNodeClaim::default()
+        };
+        let any = PodNodeClaim::default();
+        let cv = v.cluster("c").unwrap();
+        assert!(got[0].leaves_fits(cv, &[&any]));
+        assert!(!got[0].leaves_fits(cv, &[&any, &selects]));
+        // A pod on the node: not facts-only.
+        let at = c(&v);
+        v.apply_object("c", pod("Running", "1")).unwrap();
+        v.apply_object("c", labelled("4", "8")).unwrap();
+        let got = changes(&v, &at).unwrap();
+        assert!(got.len() == 1 && got[0].before.is_none());
+        // Capacity: not facts-only.
+        let at = c(&v);
+        v.apply_object("c", labelled("4", "16")).unwrap();
+        assert!(changes(&v, &at).unwrap()[0].before.is_none());
+        // A device class: cluster-wide.
+        let at = c(&v);
+        let class: k8s::DeviceClass = serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": "gpu"}, "spec": {}
+        }))
+        .unwrap();
+        v.apply_object("c", ClusterObject::DeviceClass(Arc::new(class)))
+            .unwrap();
+        assert!(changes(&v, &at).is_none());
+        // A claim template: cluster-wide (claim references resolve to it).
+        let at = c(&v);
+        let tpl: k8s::ResourceClaimTemplate = serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "t", "namespace": "ml"}, "spec": {"spec": {}}
+        }))
+        .unwrap();
+        v.apply_object("c", ClusterObject::ResourceClaimTemplate(Arc::new(tpl)))
+            .unwrap();
+        assert!(changes(&v, &at).is_none());
+        // More facts changes than are kept: the node's change is no longer facts-only.
+        let at = c(&v);
+        for i in 0..=FACTS_LOG {
+            v.apply_object("c", labelled(&format!("x{i}"), "16"))
+                .unwrap();
+        }
+        let got = changes(&v, &at).unwrap();
+        assert!(got.len() == 1 && got[0].before.is_none());
+        let at = c(&v);
+        v.apply_object("c", labelled("y", "16")).unwrap();
+        assert!(changes(&v, &at).unwrap()[0].before.is_some());
+    }
 }

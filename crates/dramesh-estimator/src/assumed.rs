@@ -313,7 +313,107 @@ impl Deductions {
             requests: a.requests.clone(),
             ..Undo::default()
         };
-        let next = self.place(c, a, overlay, max_steps, start, touched, &mut undo);
+        let next = 'place: {
+            let from = match start {
+                Some(FirstFit::Full) => {
+                    undo.unplaced = a.replicas.max(0);
+                    break 'place FirstFit::Full;
+                }
+                Some(FirstFit::From(n)) => Some(n.clone()),
+                None => None,
+            };
+            let mut remaining = a.replicas.max(0);
+            let mut devq = None;
+            if let Some(dw) = a.claims.as_deref() {
+                self.held
+                    .get_or_insert_with(|| AssumedDevices::start(c, overlay));
+                match DeviceQuery::prepare(c, dw, overlay, None, &mut self.held, max_steps) {
+                    Ok(q) => devq = q,
+                    Err(_) => {
+                        undo.unplaced = remaining;
+                        break 'place start.cloned().unwrap_or(FirstFit::Full);
+                    }
+                }
+            }
+            let nodes: Box<dyn Iterator<Item = &NodeEntry>> = match &from {
+                Some(n) => Box::new(
+                    c.nodes
+                        .range::<str, _>((
+                            std::ops::Bound::Included(&**n),
+                            std::ops::Bound::Unbounded,
+                        ))
+                        .map(|(_, v)| v),
+                ),
+                None => Box::new(c.nodes.values()),
+            };
+            // The first node not proven to take none of this shape.
+            let mut next: Option<Arc<str>> = None;
+            for node in nodes {
+                if remaining <= 0 {
+                    next.get_or_insert_with(|| node.name.clone());
+                    break;
+                }
+                if a.node_claim.check(&node.facts()).is_err() {
+                    continue;
+                }
+                let free = node_free(c, node, overlay, Some(&self.res));
+                let fit = match &devq {
+                    None => free.res.max_divided(&a.requests).0,
+                    Some(q) => {
+                        if !q.node_allowed(node) {
+                            continue;
+                        }
+                        // Extended resources this node serves through devices are counted by
+                        // the allocation, as for the estimated workload.
+                        a.requests
+                            .iter()
+                            .filter(|(r, req)| {
+                                *req > 0 && r.is_divisible() && !q.served_by_devices(node, r)
+                            })
+                            .map(|(r, req)| free.res.get(r).max(0) / req)
+                            .min()
+                            .unwrap_or(i64::MAX)
+                    }
+                };
+                let mut take = remaining.min(fit).min(free.pods);
+                if take <= 0 {
+                    continue;
+                }
+                if let Some(q) = devq.as_mut() {
+                    match q.place(node, take) {
+                        // A give-up places what was found before it; the rest stays unplaced. A
+                        // smaller state may not give up, so the node is not proven full.
+                        Ok(fit) => {
+                            if fit.gave_up {
+                                next.get_or_insert_with(|| node.name.clone());
+                            }
+                            take = fit.replicas;
+                        }
+                        // The claims cannot be allocated anywhere: no further node either.
+                        Err(_) => {
+                            next.get_or_insert_with(|| node.name.clone());
+                            break;
+                        }
+                    }
+                    if take <= 0 {
+                        continue;
+                    }
+                }
+                next.get_or_insert_with(|| node.name.clone());
+                let e = self.res.entry(node.name.clone()).or_default();
+                e.0.add_all(&a.requests.scaled(take));
+                e.1 += take;
+                touched(&node.name);
+                undo.takes.push((node.name.clone(), take));
+                remaining -= take;
+            }
+            if let Some(mut q) = devq {
+                (undo.allocations, undo.shared_claim) = q.take_placed();
+                self.held = q.into_assumed();
+            }
+            undo.unplaced = remaining;
+            next.map_or(FirstFit::Full, FirstFit::From)
+        };
         self.unplaced = self.unplaced.saturating_add(undo.unplaced);
         self.undo.push(undo);
         next
@@ -345,116 +445,6 @@ impl Deductions {
         }
         self.unplaced -= u.unplaced;
         true
-    }
-
-    /// [`Deductions::add`]'s first-fit, recording what it did in `undo`.
-    #[allow(clippy::too_many_arguments)]
-    fn place(
-        &mut self,
-        c: &ClusterView,
-        a: &AssumedWorkload,
-        overlay: Option<&Overlay>,
-        max_steps: Option<u64>,
-        start: Option<&FirstFit>,
-        touched: &mut dyn FnMut(&Arc<str>),
-        undo: &mut Undo,
-    ) -> FirstFit {
-        let from = match start {
-            Some(FirstFit::Full) => {
-                undo.unplaced = a.replicas.max(0);
-                return FirstFit::Full;
-            }
-            Some(FirstFit::From(n)) => Some(n.clone()),
-            None => None,
-        };
-        let mut remaining = a.replicas.max(0);
-        let mut devq = None;
-        if let Some(dw) = a.claims.as_deref() {
-            self.held
-                .get_or_insert_with(|| AssumedDevices::start(c, overlay));
-            match DeviceQuery::prepare(c, dw, overlay, None, &mut self.held, max_steps) {
-                Ok(q) => devq = q,
-                Err(_) => {
-                    undo.unplaced = remaining;
-                    return start.cloned().unwrap_or(FirstFit::Full);
-                }
-            }
-        }
-        let nodes: Box<dyn Iterator<Item = &NodeEntry>> = match &from {
-            Some(n) => Box::new(
-                c.nodes
-                    .range::<str, _>((std::ops::Bound::Included(&**n), std::ops::Bound::Unbounded))
-                    .map(|(_, v)| v),
-            ),
-            None => Box::new(c.nodes.values()),
-        };
-        // The first node not proven to take none of this shape.
-        let mut next: Option<Arc<str>> = None;
-        for node in nodes {
-            if remaining <= 0 {
-                next.get_or_insert_with(|| node.name.clone());
-                break;
-            }
-            if a.node_claim.check(&node.facts()).is_err() {
-                continue;
-            }
-            let free = node_free(c, node, overlay, Some(&self.res));
-            let fit = match &devq {
-                None => free.res.max_divided(&a.requests).0,
-                Some(q) => {
-                    if !q.node_allowed(node) {
-                        continue;
-                    }
-                    // Extended resources this node serves through devices are counted by
-                    // the allocation, as for the estimated workload.
-                    a.requests
-                        .iter()
-                        .filter(|(r, req)| {
-                            *req > 0 && r.is_divisible() && !q.served_by_devices(node, r)
-                        })
-                        .map(|(r, req)| free.res.get(r).max(0) / req)
-                        .min()
-                        .unwrap_or(i64::MAX)
-                }
-            };
-            let mut take = remaining.min(fit).min(free.pods);
-            if take <= 0 {
-                continue;
-            }
-            if let Some(q) = devq.as_mut() {
-                match q.place(node, take) {
-                    // A give-up places what was found before it; the rest stays unplaced. A
-                    // smaller state may not give up, so the node is not proven full.
-                    Ok(fit) => {
-                        if fit.gave_up {
-                            next.get_or_insert_with(|| node.name.clone());
-                        }
-                        take = fit.replicas;
-                    }
-                    // The claims cannot be allocated anywhere: no further node either.
-                    Err(_) => {
-                        next.get_or_insert_with(|| node.name.clone());
-                        break;
-                    }
-                }
-                if take <= 0 {
-                    continue;
-                }
-            }
-            next.get_or_insert_with(|| node.name.clone());
-            let e = self.res.entry(node.name.clone()).or_default();
-            e.0.add_all(&a.requests.scaled(take));
-            e.1 += take;
-            touched(&node.name);
-            undo.takes.push((node.name.clone(), take));
-            remaining -= take;
-        }
-        if let Some(mut q) = devq {
-            (undo.allocations, undo.shared_claim) = q.take_placed();
-            self.held = q.into_assumed();
-        }
-        undo.unplaced = remaining;
-        next.map_or(FirstFit::Full, FirstFit::From)
     }
 }
 

@@ -442,6 +442,9 @@ impl Deductions {
             && let Some(held) = self.held.as_mut()
         {
             held.release(&u.allocations);
+            for (node, take) in &u.takes {
+                held.unhold(node, *take);
+            }
         }
         self.unplaced -= u.unplaced;
         true

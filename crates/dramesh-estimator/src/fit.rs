@@ -130,8 +130,8 @@ pub(crate) struct AssumedDevices {
     /// The view's allocations, minus those a what-if overlay gives back, plus those of the
     /// assumed replicas placed so far.
     state: AllocatedState,
-    /// Nodes whose local pools hold devices of assumed replicas.
-    nodes: FastSet<Arc<str>>,
+    /// Nodes whose local pools hold devices of assumed replicas, with how many replicas.
+    nodes: FastMap<Arc<str>, i64>,
     /// An assumed replica holds a device that is not local to its node.
     shared: bool,
     /// Shared claims (namespace, name) allocated by assumed replicas (once, by the first
@@ -155,7 +155,7 @@ impl AssumedDevices {
         }
         AssumedDevices {
             state,
-            nodes: FastSet::default(),
+            nodes: FastMap::default(),
             shared: false,
             claims: FastMap::default(),
         }
@@ -171,15 +171,26 @@ impl AssumedDevices {
         self.shared
     }
 
-    /// Gives back allocations of assumed replicas (undoing a deduction). The nodes stay
-    /// marked as holding assumed devices, which only keeps caches from answering for them.
+    /// Gives back allocations of assumed replicas (undoing a deduction whose devices are all
+    /// local to their nodes); [`AssumedDevices::unhold`] then says how many left each node.
     pub(crate) fn release(&mut self, allocations: &[AllocationResult]) {
         self.state.release(allocations);
     }
 
+    /// `replicas` assumed replicas on `node` hold its devices no longer: once none does, the
+    /// caches answer for the node again.
+    pub(crate) fn unhold(&mut self, node: &str, replicas: i64) {
+        if let Some(n) = self.nodes.get_mut(node) {
+            *n -= replicas;
+            if *n <= 0 {
+                self.nodes.remove(node);
+            }
+        }
+    }
+
     fn hold(&mut self, node: &NodeEntry, local: bool) {
         if local {
-            self.nodes.insert(node.name.clone());
+            *self.nodes.entry(node.name.clone()).or_default() += 1;
         } else {
             self.shared = true;
         }
@@ -509,7 +520,7 @@ impl<'a> DeviceQuery<'a> {
         if self
             .assumed
             .as_ref()
-            .is_some_and(|a| a.nodes.contains(&node.name))
+            .is_some_and(|a| a.nodes.contains_key(&node.name))
         {
             return self.fit_uncached(node, cap, ext_claim.as_ref());
         }

@@ -39,6 +39,31 @@ impl Checks {
             self.pool.submit(job);
         }
     }
+
+    /// The checks done so far; with `block`, first waits for one, then up to `linger` for the
+    /// rest of the `in_flight` (as the node's driver does).
+    pub(crate) fn finished(
+        &mut self,
+        block: bool,
+        in_flight: usize,
+        linger: Duration,
+    ) -> Vec<Ticket> {
+        let mut tickets = Vec::new();
+        if block {
+            tickets.extend(self.done.blocking_recv());
+            let until = Instant::now() + linger;
+            while tickets.len() < in_flight && Instant::now() < until {
+                match self.done.try_recv() {
+                    Ok(t) => tickets.push(t),
+                    Err(_) => std::thread::sleep(Duration::from_micros(50)),
+                }
+            }
+        }
+        while let Ok(t) = self.done.try_recv() {
+            tickets.push(t);
+        }
+        tickets
+    }
 }
 
 use super::nodes::{identities, plan_fleet, write_plan};
@@ -396,7 +421,7 @@ pub(crate) fn cpu_secs(clock: libc::clockid_t) -> f64 {
 
 /// Hands the receiving protocol the checks that are done; when `wait`, first waits for every
 /// check out (the node's driver lingers for them the same way, see `node::driver`).
-pub(crate) fn take_checks(
+fn take_checks(
     checks: &mut Checks,
     pd: &mut Protocol,
     dst: &mut MeshStore,
@@ -556,9 +581,10 @@ pub(crate) fn converge(
         if last_report.elapsed() > Duration::from_secs(10) {
             last_report = Instant::now();
             eprintln!(
-                "  {:.0}s: {} of {docs} documents",
+                "  {:.0}s: the receiving replica holds {} documents, {} sync messages received ({docs} documents to take)",
                 started.elapsed().as_secs_f64(),
-                dst.store().doc_count()
+                dst.store().doc_count(),
+                pd.counters().sync_in - syncs_before
             );
         }
     }

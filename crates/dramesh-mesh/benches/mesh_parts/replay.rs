@@ -11,10 +11,14 @@
 //! Replay: for each verifier thread count in `MESH_REPLAY_THREADS` (default `1,2,4`), a child
 //! process (this binary, role `__replay_child`) copies the saved store, opens it with `r3`'s
 //! certificate, and feeds the recorded traffic to a fresh `r3` protocol as the node's driver
-//! would: a batch's frames, its verification jobs handed to the verifier threads, and before
-//! the next batch every check of this one done (the recorded source answered a state in which
-//! they were), the store flushed (fsync). Its answers are dropped. The child must end at the
-//! recorded source's digest, or the replay fails. Reports documents applied per second and CPU
+//! would: frames in batches of up to 256 while fewer than 1,024 checks are out on the verifier
+//! threads, checks done handed back first, a commit (fsync) after each batch; every check of a
+//! recorded batch done before the next one starts (the recorded source answered a state in
+//! which they were). Its answers are dropped. The child must end at the recorded source's
+//! digest, or the replay fails. Before the replay the child verifies the signatures of the
+//! documents it holds, so that their signers' chains are cached, as on a replica that stayed up
+//! through the partition; `MESH_REPLAY_COLD=1` skips that (a restarted replica: each
+//! document's first signature then also checks its signer's chain, a second ECDSA check). Reports documents applied per second and CPU
 //! per document: the whole process, its protocol (main) thread, the verifier threads and the
 //! store's file writer (`/proc/self/task`).
 //!
@@ -22,10 +26,11 @@
 
 use std::io::{BufWriter, Read};
 
+use dramesh_mesh::node::SharedVerifier;
 use dramesh_mesh::protocol::{ConnId, Protocol, ProtocolConfig};
 use dramesh_mesh::wire;
 
-use super::load::{Fleet, converge, cpu_secs, open_replica, take_checks, verifier_threads};
+use super::load::{Fleet, converge, cpu_secs, open_replica, verifier_threads};
 use super::*;
 
 /// One step of the recorded traffic to the receiving replica.
@@ -41,6 +46,12 @@ pub(crate) const TICK_SKEW: Duration = Duration::from_secs(3);
 
 /// The session of the recorded heal.
 const CONN: ConnId = ConnId(2);
+
+/// The node's driver's bounds (`node/driver.rs`): events per batch, checks out before it
+/// takes no more events, and how long it waits for the rest of the checks out once one is done.
+const MAX_BATCH_EVENTS: usize = 256;
+const MAX_CHECKS_IN_FLIGHT: usize = 4 * MAX_BATCH_EVENTS;
+const CHECK_LINGER: Duration = Duration::from_millis(3);
 
 fn config() -> ProtocolConfig {
     ProtocolConfig {
@@ -283,6 +294,23 @@ fn threads_cpu() -> HashMap<&'static str, f64> {
     by_role
 }
 
+/// Verifies the signed heads of every document `dst` holds, so that its verifier has their
+/// signers' chains cached; returns how many it checked.
+fn warm_chains(dst: &MeshStore, verifier: &SharedVerifier) -> usize {
+    let v = verifier.lock().expect("verifier").clone();
+    let all: Vec<u32> = (0..dramesh_store::DIGEST_BUCKETS).collect();
+    let mut n = 0;
+    for (_, e) in dst.store().bucket_entries(&all, |_| true) {
+        if let Some(a) = dst.store().signed_heads(&e.doc) {
+            let statement = dramesh_store::attest::statement(&e.doc, e.generation, &a.heads);
+            v.verify(&e.doc, &statement, &a.signature, &a.signer)
+                .expect("a held document's signature verifies");
+            n += 1;
+        }
+    }
+    n
+}
+
 pub(crate) fn replay_child_main(args: &[String]) {
     let [dir, threads, ..] = args else {
         panic!("replay child needs 2 arguments: <recording dir> <verifier threads>");
@@ -303,6 +331,15 @@ pub(crate) fn replay_child_main(args: &[String]) {
     let r3 = work.path().join("r3");
     copy_dir(&dir.join("base"), &r3);
     let (mut dst, verifier) = open_replica(&r3, &tls);
+    let cold = std::env::var_os("MESH_REPLAY_COLD").is_some();
+    if !cold {
+        let t = Instant::now();
+        let n = warm_chains(&dst, &verifier);
+        println!(
+            "signer chains of {n} held documents checked ahead ({:.1}s), as a replica that stayed up has them cached",
+            t.elapsed().as_secs_f64()
+        );
+    }
     let mut checks = verifier_threads(threads, "replay", verifier);
     let mut pd = Protocol::new(tls.identity.clone(), config());
     pd.set_verify_jobs(checks.is_some());
@@ -326,30 +363,44 @@ pub(crate) fn replay_child_main(args: &[String]) {
                 let _ = pd.on_tick(&mut dst, now(skew));
             }
             Event::Batch(frames) => {
-                for f in frames {
-                    let env = wire::decode_payload(&f[wire::FRAME_HEADER_LEN..]).expect("decode");
-                    let _ = pd.handle_frame(&mut dst, CONN, env, now(skew));
-                }
-                if pd.has_deferred_pushes() {
-                    let _ = pd.flush_pushes(&mut dst);
-                }
-                if let Some(c) = checks.as_mut() {
-                    loop {
-                        c.submit(&mut pd);
-                        if pd.verifications_in_flight() == 0 {
-                            break;
-                        }
+                // As the node's driver: up to MAX_BATCH_EVENTS frames at a time while fewer
+                // than MAX_CHECKS_IN_FLIGHT checks are out, checks done handed back first, a
+                // commit after each round.
+                let mut frames = frames.into_iter().peekable();
+                loop {
+                    let in_flight = pd.verifications_in_flight();
+                    let take_frames = in_flight < MAX_CHECKS_IN_FLIGHT;
+                    if frames.peek().is_none() && in_flight == 0 {
+                        break;
+                    }
+                    if let Some(c) = checks.as_mut() {
+                        let block = in_flight > 0 && (!take_frames || frames.peek().is_none());
                         let (t0, c0) = (Instant::now(), cpu_secs(libc::CLOCK_THREAD_CPUTIME_ID));
-                        let _ = take_checks(c, &mut pd, &mut dst, now(skew), true);
-                        waiting += t0.elapsed().as_secs_f64()
-                            - (cpu_secs(libc::CLOCK_THREAD_CPUTIME_ID) - c0);
-                        if pd.has_deferred_pushes() {
-                            let _ = pd.flush_pushes(&mut dst);
+                        let done = c.finished(block, in_flight, CHECK_LINGER);
+                        if block {
+                            waiting += t0.elapsed().as_secs_f64()
+                                - (cpu_secs(libc::CLOCK_THREAD_CPUTIME_ID) - c0);
+                        }
+                        for t in done {
+                            let _ = pd.on_verified(&mut dst, t, now(skew));
                         }
                     }
+                    if take_frames {
+                        for f in frames.by_ref().take(MAX_BATCH_EVENTS) {
+                            let env =
+                                wire::decode_payload(&f[wire::FRAME_HEADER_LEN..]).expect("decode");
+                            let _ = pd.handle_frame(&mut dst, CONN, env, now(skew));
+                        }
+                    }
+                    if pd.has_deferred_pushes() {
+                        let _ = pd.flush_pushes(&mut dst);
+                    }
+                    if let Some(c) = checks.as_mut() {
+                        c.submit(&mut pd);
+                    }
+                    dst.flush().expect("flush");
+                    dst.maintain();
                 }
-                dst.flush().expect("flush");
-                dst.maintain();
             }
         }
     }
@@ -383,6 +434,6 @@ pub(crate) fn replay_child_main(args: &[String]) {
                "verifier_cpu_ms_per_doc": per_doc(role("verifiers")),
                "writer_cpu_ms_per_doc": per_doc(role("writer")),
                "other_cpu_ms_per_doc": per_doc(role("other")),
-               "protocol_wait_secs": waiting, "load_avg": load_avg.trim()})
+               "protocol_wait_secs": waiting, "chains_cached": !cold, "load_avg": load_avg.trim()})
     );
 }

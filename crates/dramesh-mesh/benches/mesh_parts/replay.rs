@@ -108,20 +108,22 @@ pub(crate) fn replay_main(args: &[String]) {
         results.push(serde_json::from_str::<Value>(line).expect("REPLAY JSON"));
     }
     println!(
-        "| verifier threads | documents/s | process CPU ms/doc | protocol thread | verifiers | store writer | protocol thread waiting for checks, s |"
+        "| verifier threads | documents/s | process CPU ms/doc | protocol thread | verifiers | store writer | protocol thread waiting for checks, s | commits, s |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     for r in &results {
         let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
         println!(
-            "| {} | {:.0} | {:.3} | {:.3} | {:.3} | {:.3} | {:.2} |",
+            "| {} | {:.0} | {:.3} | {:.3} | {:.3} | {:.3} | {:.2} | {:.2} ({}) |",
             r["verify_threads"],
             f("docs_per_sec"),
             f("process_cpu_ms_per_doc"),
             f("protocol_cpu_ms_per_doc"),
             f("verifier_cpu_ms_per_doc"),
             f("writer_cpu_ms_per_doc"),
-            f("protocol_wait_secs")
+            f("protocol_wait_secs"),
+            f("commit_secs"),
+            r["commits"]
         );
     }
     println!("REPLAY_JSON {}", Value::Array(results));
@@ -355,6 +357,8 @@ pub(crate) fn replay_child_main(args: &[String]) {
     let mut skew = Duration::ZERO;
     let now = |skew: Duration| Instant::now() + skew;
     let mut waiting = 0.0f64;
+    // Wall time of the commits (the store's flush: fsync) and how many.
+    let (mut commit_secs, mut commits) = (0.0f64, 0u64);
     let _ = pd.on_connected(CONN, source, now(skew));
     for event in events {
         match event {
@@ -398,7 +402,10 @@ pub(crate) fn replay_child_main(args: &[String]) {
                     if let Some(c) = checks.as_mut() {
                         c.submit(&mut pd);
                     }
+                    let t0 = Instant::now();
                     dst.flush().expect("flush");
+                    commit_secs += t0.elapsed().as_secs_f64();
+                    commits += 1;
                     dst.maintain();
                 }
             }
@@ -418,7 +425,7 @@ pub(crate) fn replay_child_main(args: &[String]) {
     );
     let per_doc = |s: f64| s * 1e3 / changed as f64;
     println!(
-        "replayed the heal of {changed} documents with {threads} verifier threads in {secs:.2}s ({:.0} documents/s): process CPU {:.3} ms per document, protocol thread {:.3}, verifiers {:.3}, store writer {:.3}; protocol thread waiting for checks {waiting:.2}s; load average {}",
+        "replayed the heal of {changed} documents with {threads} verifier threads in {secs:.2}s ({:.0} documents/s): process CPU {:.3} ms per document, protocol thread {:.3}, verifiers {:.3}, store writer {:.3}; protocol thread waiting for checks {waiting:.2}s, in {commits} commits {commit_secs:.2}s; load average {}",
         changed as f64 / secs,
         per_doc(process),
         per_doc(main),
@@ -434,6 +441,7 @@ pub(crate) fn replay_child_main(args: &[String]) {
                "verifier_cpu_ms_per_doc": per_doc(role("verifiers")),
                "writer_cpu_ms_per_doc": per_doc(role("writer")),
                "other_cpu_ms_per_doc": per_doc(role("other")),
-               "protocol_wait_secs": waiting, "chains_cached": !cold, "load_avg": load_avg.trim()})
+               "protocol_wait_secs": waiting, "commits": commits, "commit_secs": commit_secs,
+               "chains_cached": !cold, "load_avg": load_avg.trim()})
     );
 }

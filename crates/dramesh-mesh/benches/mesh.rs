@@ -17,9 +17,9 @@
 //!    time until every replica holds every document.
 //! 2. steady updates at `MESH_RATE` node updates/s spread over the writers: propagation
 //!    latency writer -> all 3 replicas (p50/p99; in the relay topology also per hop, writer ->
-//!    its cluster's relay and relay -> all 3 replicas), frame bytes on the wire per update vs the
-//!    JSON size of the changed Node, replica CPU (from `/proc/<pid>/stat`), sessions, open
-//!    file descriptors and threads.
+//!    its cluster's relay and relay -> all 3 replicas, and both hops' share of the p99 tail),
+//!    frame bytes on the wire per update vs the JSON size of the changed Node, replica CPU
+//!    (from `/proc/<pid>/stat`), sessions, open file descriptors and threads.
 //! 3. partition r2 for `MESH_PARTITION_SECS` while updates continue, stop updates and heal:
 //!    time until all replicas hold the writers' state, and the CPU seconds the heal cost the
 //!    healing replica (and its protocol thread), the bench process and the other replicas.

@@ -23,7 +23,7 @@ use std::collections::VecDeque;
 use dramesh_mesh::node::{SharedVerifier, VerifyPool};
 use dramesh_mesh::protocol::{ConnId, Output, Protocol, ProtocolConfig, Ticket};
 use dramesh_mesh::wire;
-use dramesh_store::{SyncState, Trust};
+use dramesh_store::SyncState;
 use tokio::sync::mpsc as tokio_mpsc;
 
 /// The receiving replica's verifier threads and where they report done checks.
@@ -66,7 +66,7 @@ impl Checks {
     }
 }
 
-use super::nodes::{identities, plan_fleet, write_plan};
+use super::nodes::{identities, plan_fleet, writer_store};
 use super::replay::{Event, TICK_SKEW};
 use super::*;
 
@@ -108,23 +108,8 @@ impl Fleet {
         let (mut src, _) = open_replica(&tmp.path().join("r0"), &src_tls);
         let mut writers: Vec<Writer> = Vec::with_capacity(plans.len());
         for (plan, tls) in plans.iter().zip(ids) {
-            let mut store = MeshStore::new(
-                Store::in_memory(StoreConfig {
-                    durability: Durability::None,
-                    ..StoreConfig::default()
-                }),
-                false,
-            );
-            store.set_trust(Trust {
-                signer: Some(Arc::new(
-                    dramesh_mesh::signing::MeshSigner::new(&tls).expect("signer"),
-                )),
-                verifier: verifier.clone(),
-            });
-            let store = Mutex::new(store);
-            write_plan(&store, plan);
             let mut w = Writer {
-                store: store.into_inner().expect("writer store"),
+                store: writer_store(plan, &tls, &verifier),
                 doc: plan.doc.clone(),
                 node: plan.node.clone(),
                 identity: tls.identity.clone(),

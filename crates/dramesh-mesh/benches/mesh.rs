@@ -17,9 +17,9 @@
 //!    time until every replica holds every document.
 //! 2. steady updates at `MESH_RATE` node updates/s spread over the writers: propagation
 //!    latency writer -> all 3 replicas (p50/p99; in the relay topology also per hop, writer ->
-//!    its cluster's relay and relay -> all 3 replicas), frame bytes on the wire per update vs the
-//!    JSON size of the changed Node, replica CPU (from `/proc/<pid>/stat`), sessions, open
-//!    file descriptors and threads.
+//!    its cluster's relay and relay -> all 3 replicas, and both hops' share of the p99 tail),
+//!    frame bytes on the wire per update vs the JSON size of the changed Node, replica CPU
+//!    (from `/proc/<pid>/stat`), sessions, open file descriptors and threads.
 //! 3. partition r2 for `MESH_PARTITION_SECS` while updates continue, stop updates and heal:
 //!    time until all replicas hold the writers' state, and the CPU seconds the heal cost the
 //!    healing replica (and its protocol thread), the bench process and the other replicas.
@@ -42,6 +42,11 @@
 //! Probe (no sockets, one process, for profiling one side): `cargo bench -p dramesh-mesh
 //! --bench mesh -- __load <clusters> <nodes>` times a replica receiving a fleet of per-node
 //! documents and then healing one change of each (`mesh_parts/load.rs`).
+//!
+//! Replay (the receiving replica's capacity on a process of its own): `cargo bench -p
+//! dramesh-mesh --bench mesh -- __replay <clusters> <nodes> [changed]` records the sync traffic
+//! of a heal once and replays it into a fresh replica child process with 1, 2 and 4 verifier
+//! threads (`mesh_parts/replay.rs`).
 
 #[path = "mesh_parts/load.rs"]
 mod load;
@@ -49,6 +54,8 @@ mod load;
 mod nodes;
 #[path = "mesh_parts/relay.rs"]
 mod relayed;
+#[path = "mesh_parts/replay.rs"]
+mod replay;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -1105,6 +1112,58 @@ impl Timeline {
     }
 }
 
+/// Where the slowest relay-carried updates spent their time: the updates whose writer -> all
+/// 3 replicas time (the sum of their two hops) is at or above that time's p99.
+struct HopTail {
+    updates: usize,
+    /// The p99 the tail starts at, ms.
+    from_ms: f64,
+    to_relay_p50: f64,
+    from_relay_p50: f64,
+    /// The relay -> replicas hop's share of the tail's summed time (0..1).
+    from_relay_share: f64,
+}
+
+impl HopTail {
+    /// The tail of `hops` (writer -> relay, relay -> all 3 replicas, ms, per update); `None`
+    /// without updates or when the tail never reached every replica (no finite time to split).
+    fn of(hops: &[(f64, f64)]) -> Option<HopTail> {
+        let mut totals: Vec<f64> = hops.iter().map(|(a, b)| a + b).collect();
+        totals.sort_by(f64::total_cmp);
+        let from_ms = percentile(&totals, 0.99);
+        if !from_ms.is_finite() {
+            return None;
+        }
+        let tail: Vec<(f64, f64)> = hops
+            .iter()
+            .copied()
+            .filter(|(a, b)| a + b >= from_ms && b.is_finite())
+            .collect();
+        let (mut to, mut from): (Vec<f64>, Vec<f64>) = tail.iter().copied().unzip();
+        to.sort_by(f64::total_cmp);
+        from.sort_by(f64::total_cmp);
+        let (sum_to, sum_from) = (to.iter().sum::<f64>(), from.iter().sum::<f64>());
+        Some(HopTail {
+            updates: tail.len(),
+            from_ms,
+            to_relay_p50: percentile(&to, 0.5),
+            from_relay_p50: percentile(&from, 0.5),
+            from_relay_share: sum_from / (sum_to + sum_from),
+        })
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "the p99 tail ({} updates at or above {:.1} ms): writer -> relay p50 {:.1} ms, relay -> all 3 replicas p50 {:.1} ms, {:.0} % of their time after the relay",
+            self.updates,
+            self.from_ms,
+            self.to_relay_p50,
+            self.from_relay_p50,
+            self.from_relay_share * 100.0
+        )
+    }
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -1192,6 +1251,8 @@ fn main() {
         Some("__replica") => return replica_main(&args[2..]),
         Some("__layout") => return layout_main(&args[2..]),
         Some("__load") => return load::load_main(&args[2..]),
+        Some("__replay") => return replay::replay_main(&args[2..]),
+        Some("__replay_child") => return replay::replay_child_main(&args[2..]),
         _ => {}
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -1668,24 +1729,28 @@ fn phases<W: Writers>(
     // relay, and relay -> all 3 replicas. Tells the relays' share of the bench process apart
     // from the replicas' work.
     let hop_latency = writers.relay_seen().map(|relay| {
-        let (mut to_relay, mut from_relay) = (Vec::new(), Vec::new());
+        let mut hops = Vec::new();
         for Sent { seq, at, .. } in &steady_sent {
             let Some(r) = relay.get(seq) else {
                 continue;
             };
-            to_relay.push(r.saturating_sub(*at) as f64 / 1e6);
             let worst = seen
                 .iter()
                 .map(|s| s.get(seq).copied())
                 .collect::<Option<Vec<u64>>>()
                 .and_then(|v| v.into_iter().max());
-            from_relay.push(worst.map_or(f64::INFINITY, |w| w.saturating_sub(*r) as f64 / 1e6));
+            hops.push((
+                r.saturating_sub(*at) as f64 / 1e6,
+                worst.map_or(f64::INFINITY, |w| w.saturating_sub(*r) as f64 / 1e6),
+            ));
         }
+        let tail = HopTail::of(&hops);
+        let (mut to_relay, mut from_relay): (Vec<f64>, Vec<f64>) = hops.into_iter().unzip();
         to_relay.sort_by(f64::total_cmp);
         from_relay.sort_by(f64::total_cmp);
-        (to_relay, from_relay)
+        (to_relay, from_relay, tail)
     });
-    if let Some((to_relay, from_relay)) = &hop_latency {
+    if let Some((to_relay, from_relay, tail)) = &hop_latency {
         println!(
             "per hop ({} updates carried by relays): writer -> relay p50 {:.1} ms p99 {:.1} ms; relay -> all 3 replicas p50 {:.1} ms p99 {:.1} ms",
             to_relay.len(),
@@ -1694,6 +1759,9 @@ fn phases<W: Writers>(
             percentile(from_relay, 0.5),
             percentile(from_relay, 0.99)
         );
+        if let Some(t) = tail {
+            println!("per hop, {}", t.describe());
+        }
     }
     let mut writes: Vec<f64> = steady_sent
         .iter()
@@ -1863,7 +1931,7 @@ fn phases<W: Writers>(
     println!(
         "| propagation agent -> all 3 replicas p50 / p99 / max | {p50:.1} / {p99:.1} / {pmax:.1} ms ({unseen} unobserved) | p99 <= 250 ms |"
     );
-    if let Some((to_relay, from_relay)) = &hop_latency {
+    if let Some((to_relay, from_relay, tail)) = &hop_latency {
         println!(
             "| per hop: writer -> relay, relay -> all 3 replicas p50 / p99 | {:.1} / {:.1} ms, {:.1} / {:.1} ms | |",
             percentile(to_relay, 0.5),
@@ -1871,6 +1939,9 @@ fn phases<W: Writers>(
             percentile(from_relay, 0.5),
             percentile(from_relay, 0.99)
         );
+        if let Some(t) = tail {
+            println!("| per hop, {} | | |", t.describe());
+        }
     }
     for (i, v) in per_replica.iter().enumerate() {
         println!(
@@ -2055,9 +2126,12 @@ fn phases<W: Writers>(
         "load_secs": load_secs, "rate_target": rate, "rate_achieved": achieved_rate,
         "updates": n_updates, "p50_ms": p50, "p99_ms": p99, "max_ms": pmax, "unobserved": unseen,
         "per_replica_p99_ms": per_replica.iter().map(|v| percentile(v, 0.99)).collect::<Vec<_>>(),
-        "hop_ms": hop_latency.as_ref().map(|(to, from)| json!({
+        "hop_ms": hop_latency.as_ref().map(|(to, from, tail)| json!({
             "writer_to_relay": {"p50": percentile(to, 0.5), "p99": percentile(to, 0.99)},
-            "relay_to_all3": {"p50": percentile(from, 0.5), "p99": percentile(from, 0.99)}})),
+            "relay_to_all3": {"p50": percentile(from, 0.5), "p99": percentile(from, 0.99)},
+            "tail": tail.as_ref().map(|t| json!({"updates": t.updates, "from_ms": t.from_ms,
+                "writer_to_relay_p50": t.to_relay_p50, "relay_to_all3_p50": t.from_relay_p50,
+                "relay_hop_share": t.from_relay_share}))})),
         "payload_bytes": payload_avg,
         "agent_bytes_per_update": per_update(agent_bytes),
         "replica_ingress_per_update": replica_received.iter().map(|b| per_update(*b)).collect::<Vec<_>>(),

@@ -20,20 +20,191 @@
 
 use std::collections::VecDeque;
 
-use dramesh_mesh::node::VerifyPool;
+use dramesh_mesh::node::{SharedVerifier, VerifyPool};
 use dramesh_mesh::protocol::{ConnId, Output, Protocol, ProtocolConfig, Ticket};
 use dramesh_mesh::wire;
-use dramesh_store::{SyncState, Trust};
+use dramesh_store::SyncState;
 use tokio::sync::mpsc as tokio_mpsc;
 
 /// The receiving replica's verifier threads and where they report done checks.
-struct Checks {
+pub(crate) struct Checks {
     pool: VerifyPool,
     done: tokio_mpsc::UnboundedReceiver<Ticket>,
 }
 
-use super::nodes::{identities, plan_fleet, write_plan};
+impl Checks {
+    /// Hands every check `protocol` has ready to the verifier threads.
+    pub(crate) fn submit(&mut self, protocol: &mut Protocol) {
+        while let Some(job) = protocol.poll_verify() {
+            self.pool.submit(job);
+        }
+    }
+
+    /// The checks done so far; with `block`, first waits for one, then up to `linger` for the
+    /// rest of the `in_flight` (as the node's driver does).
+    pub(crate) fn finished(
+        &mut self,
+        block: bool,
+        in_flight: usize,
+        linger: Duration,
+    ) -> Vec<Ticket> {
+        let mut tickets = Vec::new();
+        if block {
+            tickets.extend(self.done.blocking_recv());
+            let until = Instant::now() + linger;
+            while tickets.len() < in_flight && Instant::now() < until {
+                match self.done.try_recv() {
+                    Ok(t) => tickets.push(t),
+                    Err(_) => std::thread::sleep(Duration::from_micros(50)),
+                }
+            }
+        }
+        while let Ok(t) = self.done.try_recv() {
+            tickets.push(t);
+        }
+        tickets
+    }
+}
+
+use super::nodes::{identities, plan_fleet, writer_store};
+use super::replay::{Event, TICK_SKEW};
 use super::*;
+
+/// A source replica store holding every node writer's signed document, and the writers, with
+/// the identities of the source (`r0`) and of a receiving replica (`r3`).
+pub(crate) struct Fleet {
+    /// Holds the stores' directories (the source's at `r0`).
+    pub(crate) tmp: tempfile::TempDir,
+    pub(crate) src: MeshStore,
+    pub(crate) src_tls: certs::TlsIdentity,
+    pub(crate) ca: certs::CaBundle,
+    /// The receiving replica's certificate and key, PEM.
+    pub(crate) dst_leaf: certs::LeafBundle,
+    pub(crate) dst_tls: certs::TlsIdentity,
+    writers: Vec<Writer>,
+    pub(crate) docs: usize,
+}
+
+impl Fleet {
+    /// Plans `clusters` x `nodes` node writers and syncs every writer's document into the source.
+    pub(crate) fn build(clusters: usize, nodes: usize) -> Fleet {
+        let t = Instant::now();
+        let (plans, _, _) = plan_fleet(clusters, nodes);
+        let ca = certs::generate_ca("load CA", 1).expect("CA");
+        let ids = identities(&ca, &plans);
+        let verifier: Arc<dyn dramesh_store::HeadsVerifier> =
+            Arc::new(dramesh_mesh::signing::MeshVerifier::new(&ids[0].ca_certs).expect("verifier"));
+        let leaf = |id: &str| {
+            certs::issue_leaf(&ca, &PeerIdentity::Replica { id: id.into() }, 1)
+                .expect("replica identity")
+        };
+        let tls = |leaf: &certs::LeafBundle| {
+            certs::identity_from_pem(&leaf.cert_pem, &leaf.key_pem, &ca.cert_pem, "replica")
+                .expect("replica identity")
+        };
+        let dst_leaf = leaf("r3");
+        let (src_tls, dst_tls) = (tls(&leaf("r0")), tls(&dst_leaf));
+        let tmp = tempfile::tempdir().expect("temp dir");
+        let (mut src, _) = open_replica(&tmp.path().join("r0"), &src_tls);
+        let mut writers: Vec<Writer> = Vec::with_capacity(plans.len());
+        for (plan, tls) in plans.iter().zip(ids) {
+            let mut w = Writer {
+                store: writer_store(plan, &tls, &verifier),
+                doc: plan.doc.clone(),
+                node: plan.node.clone(),
+                identity: tls.identity.clone(),
+                mine: SyncState::default(),
+                theirs: SyncState::default(),
+            };
+            w.sync_into(&mut src, &src_tls.identity);
+            writers.push(w);
+        }
+        src.flush().expect("flush source");
+        let docs = src.store().doc_count();
+        assert_eq!(
+            docs,
+            plans.len(),
+            "the source holds every writer's document"
+        );
+        println!(
+            "source replica holds {docs} documents ({:.1}s to build)",
+            t.elapsed().as_secs_f64()
+        );
+        Fleet {
+            tmp,
+            src,
+            src_tls,
+            ca,
+            dst_leaf,
+            dst_tls,
+            writers,
+            docs,
+        }
+    }
+
+    /// The first `count` writers change their Node once; only the source takes the changes.
+    pub(crate) fn change(&mut self, count: usize) {
+        let t = Instant::now();
+        for (i, w) in self.writers.iter_mut().take(count).enumerate() {
+            let mut node = w.node.clone();
+            node["metadata"]["annotations"][SEQ_ANNOTATION] = Value::String(i.to_string());
+            let json = serde_json::to_vec(&node).expect("node JSON");
+            let name = node["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            w.store
+                .apply(
+                    &w.doc,
+                    vec![ObjectChange::Upsert {
+                        key: ObjectKey::new(ObjectKind::Node, None, &name),
+                        json: json.into(),
+                    }],
+                )
+                .expect("update");
+            w.sync_into(&mut self.src, &self.src_tls.identity);
+        }
+        self.src.flush().expect("flush source");
+        println!(
+            "{} updates taken by the source ({:.1}s)",
+            count.min(self.writers.len()),
+            t.elapsed().as_secs_f64()
+        );
+    }
+}
+
+/// Opens (or creates) a replica's fsynced store at `dir` with `tls`'s trust; returns it and
+/// its verifier, for a [`VerifyPool`].
+pub(crate) fn open_replica(dir: &Path, tls: &certs::TlsIdentity) -> (MeshStore, SharedVerifier) {
+    let (store, _) = Store::open(
+        dir,
+        StoreConfig {
+            durability: Durability::Fsync,
+            ..StoreConfig::default()
+        },
+    )
+    .expect("open store");
+    let mut s = MeshStore::new(store, true);
+    let trust = dramesh_mesh::signing::trust(tls).expect("trust");
+    let verifier = Arc::new(Mutex::new(trust.verifier.clone()));
+    s.set_trust(trust);
+    (s, verifier)
+}
+
+/// `threads` verifier threads (none for 0) named after `name`, checking with `verifier`.
+pub(crate) fn verifier_threads(
+    threads: usize,
+    name: &str,
+    verifier: SharedVerifier,
+) -> Option<Checks> {
+    (threads > 0).then(|| {
+        let (tx, done) = tokio_mpsc::unbounded_channel();
+        Checks {
+            pool: VerifyPool::new(threads, name, verifier, tx),
+            done,
+        }
+    })
+}
 
 pub(crate) fn load_main(args: &[String]) {
     // `cargo bench -p dramesh-mesh --bench mesh -- __load 10 1000` appends `--bench`.
@@ -42,98 +213,16 @@ pub(crate) fn load_main(args: &[String]) {
     };
     let clusters: usize = clusters.parse().expect("cluster count");
     let nodes: usize = nodes.parse().expect("node count");
-    let t = Instant::now();
-    let (plans, _, _) = plan_fleet(clusters, nodes);
-    let ca = certs::generate_ca("load CA", 1).expect("CA");
-    let ids = identities(&ca, &plans);
-    let verifier: Arc<dyn dramesh_store::HeadsVerifier> =
-        Arc::new(dramesh_mesh::signing::MeshVerifier::new(&ids[0].ca_certs).expect("verifier"));
-    let replica = |id: &str| {
-        certs::issue_identity(&ca, &PeerIdentity::Replica { id: id.into() }, 1)
-            .expect("replica identity")
-    };
-    let (src_tls, dst_tls) = (replica("r0"), replica("r3"));
-    let tmp = tempfile::tempdir().expect("temp dir");
-    let open = |name: &str, tls: &certs::TlsIdentity| {
-        let (store, _) = Store::open(
-            tmp.path().join(name),
-            StoreConfig {
-                durability: Durability::Fsync,
-                ..StoreConfig::default()
-            },
-        )
-        .expect("open store");
-        let mut s = MeshStore::new(store, true);
-        s.set_trust(dramesh_mesh::signing::trust(tls).expect("trust"));
-        s
-    };
-    let mut src = open("r0", &src_tls);
-    let mut writers: Vec<Writer> = Vec::with_capacity(plans.len());
-    for (plan, tls) in plans.iter().zip(ids) {
-        let mut store = MeshStore::new(
-            Store::in_memory(StoreConfig {
-                durability: Durability::None,
-                ..StoreConfig::default()
-            }),
-            false,
-        );
-        store.set_trust(Trust {
-            signer: Some(Arc::new(
-                dramesh_mesh::signing::MeshSigner::new(&tls).expect("signer"),
-            )),
-            verifier: verifier.clone(),
-        });
-        let store = Mutex::new(store);
-        write_plan(&store, plan);
-        let mut w = Writer {
-            store: store.into_inner().expect("writer store"),
-            doc: plan.doc.clone(),
-            node: plan.node.clone(),
-            identity: tls.identity.clone(),
-            mine: SyncState::default(),
-            theirs: SyncState::default(),
-        };
-        w.sync_into(&mut src, &src_tls.identity);
-        writers.push(w);
-    }
-    src.flush().expect("flush source");
-    let docs = src.store().doc_count();
-    assert_eq!(
-        docs,
-        plans.len(),
-        "the source holds every writer's document"
-    );
-    drop(plans);
-    println!(
-        "source replica holds {docs} documents ({:.1}s to build)",
-        t.elapsed().as_secs_f64()
-    );
-
-    let mut dst = {
-        let (store, _) = Store::open(
-            tmp.path().join("r3"),
-            StoreConfig {
-                durability: Durability::Fsync,
-                ..StoreConfig::default()
-            },
-        )
-        .expect("open store");
-        MeshStore::new(store, true)
-    };
-    let dst_trust = dramesh_mesh::signing::trust(&dst_tls).expect("trust");
-    let dst_verifier = Arc::new(Mutex::new(dst_trust.verifier.clone()));
-    dst.set_trust(dst_trust);
+    let mut fleet = Fleet::build(clusters, nodes);
+    let docs = fleet.docs;
+    let (mut dst, dst_verifier) = open_replica(&fleet.tmp.path().join("r3"), &fleet.dst_tls);
     let threads = std::env::var("MESH_VERIFY_THREADS").ok().map_or(0, |v| {
         v.parse().expect("MESH_VERIFY_THREADS: a thread count")
     });
-    let mut checks = (threads > 0).then(|| {
-        let (tx, done) = tokio_mpsc::unbounded_channel();
-        Checks {
-            pool: VerifyPool::new(threads, "load", dst_verifier.clone(), tx),
-            done,
-        }
-    });
+    let mut checks = verifier_threads(threads, "load", dst_verifier);
     println!("receiving replica: {threads} verifier threads");
+    let (src_tls, dst_tls) = (fleet.src_tls.clone(), fleet.dst_tls.clone());
+    let src = &mut fleet.src;
     let ids = (&src_tls.identity, &dst_tls.identity);
     let cfg = ProtocolConfig {
         jitter_seed: 7,
@@ -145,13 +234,14 @@ pub(crate) fn load_main(args: &[String]) {
     );
     protocols.1.set_verify_jobs(checks.is_some());
     let load = converge(
-        &mut src,
+        src,
         &mut dst,
         &mut protocols,
         ids,
         docs,
         ConnId(1),
         checks.as_mut(),
+        None,
     );
     load.print(&format!("new replica loaded {docs} documents"), docs);
 
@@ -178,43 +268,21 @@ pub(crate) fn load_main(args: &[String]) {
     );
 
     // Every writer changes its Node once while the new replica is away.
-    let t = Instant::now();
-    for (i, w) in writers.iter_mut().enumerate() {
-        let mut node = w.node.clone();
-        node["metadata"]["annotations"][SEQ_ANNOTATION] = Value::String(i.to_string());
-        let json = serde_json::to_vec(&node).expect("node JSON");
-        let name = node["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        w.store
-            .apply(
-                &w.doc,
-                vec![ObjectChange::Upsert {
-                    key: ObjectKey::new(ObjectKind::Node, None, &name),
-                    json: json.into(),
-                }],
-            )
-            .expect("update");
-        w.sync_into(&mut src, &src_tls.identity);
-    }
-    src.flush().expect("flush source");
-    println!(
-        "{docs} updates taken by the source ({:.1}s)",
-        t.elapsed().as_secs_f64()
-    );
+    fleet.change(docs);
+    let src = &mut fleet.src;
     // The same two protocols reconnect, as replicas and relays do after a partition: each
     // remembers the sync states of the closed session.
     protocols.0.on_disconnected(ConnId(1));
     protocols.1.on_disconnected(ConnId(1));
     let heal = converge(
-        &mut src,
+        src,
         &mut dst,
         &mut protocols,
         ids,
         docs,
         ConnId(2),
         checks.as_mut(),
+        None,
     );
     heal.print(&format!("healed {docs} changed documents"), docs);
     println!(
@@ -288,7 +356,7 @@ impl Writer {
 }
 
 /// What one [`converge`] took.
-struct Converged {
+pub(crate) struct Converged {
     secs: f64,
     /// Protocol and store time of each side.
     dst_secs: f64,
@@ -306,7 +374,7 @@ struct Converged {
 }
 
 impl Converged {
-    fn print(&self, what: &str, docs: usize) {
+    pub(crate) fn print(&self, what: &str, docs: usize) {
         let per_doc = |secs: f64| secs * 1e3 / docs as f64;
         println!(
             "{what} in {:.2}s ({:.3} ms per document; receiving replica {:.3} ms on its protocol thread ({:.3} ms CPU), {:.3} ms CPU on other threads (verifiers, the store's writer), source {:.3} ms per document), {} anti-entropy rounds, {:.1} MB and {:.2} sync messages per document received",
@@ -323,11 +391,9 @@ impl Converged {
     }
 }
 
-/// Runs a new session `conn` between `src` and `dst` (replicas `ids`, with `protocols`) until
-/// `dst`'s digest equals `src`'s.
 /// CPU time so far of this process (`libc::CLOCK_PROCESS_CPUTIME_ID`) or thread
 /// (`libc::CLOCK_THREAD_CPUTIME_ID`).
-fn cpu_secs(clock: libc::clockid_t) -> f64 {
+pub(crate) fn cpu_secs(clock: libc::clockid_t) -> f64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -366,8 +432,10 @@ fn take_checks(
     out
 }
 
+/// Runs a new session `conn` between `src` and `dst` (replicas `ids`, with `protocols`) until
+/// `dst`'s digest equals `src`'s; with `record`, appends what `dst` receives to it.
 #[allow(clippy::too_many_arguments)]
-fn converge(
+pub(crate) fn converge(
     src: &mut MeshStore,
     dst: &mut MeshStore,
     (ps, pd): &mut (Protocol, Protocol),
@@ -375,6 +443,7 @@ fn converge(
     docs: usize,
     conn: ConnId,
     mut checks: Option<&mut Checks>,
+    mut record: Option<&mut Vec<Event>>,
 ) -> Converged {
     let started = Instant::now();
     let cpu_started = cpu_secs(libc::CLOCK_PROCESS_CPUTIME_ID);
@@ -412,9 +481,7 @@ fn converge(
             let t0 = Instant::now();
             let c0 = cpu_secs(libc::CLOCK_THREAD_CPUTIME_ID);
             let mut held = take_checks(c, pd, dst, now(skew), wire_q.is_empty());
-            while let Some(job) = pd.poll_verify() {
-                c.pool.submit(job);
-            }
+            c.submit(pd);
             if pd.has_deferred_pushes() {
                 held.extend(pd.flush_pushes(dst));
             }
@@ -437,7 +504,10 @@ fn converge(
                 "the replicas did not converge within an hour"
             );
             rounds += 1;
-            skew += Duration::from_secs(3);
+            skew += TICK_SKEW;
+            if let Some(r) = record.as_deref_mut() {
+                r.push(Event::Tick);
+            }
             let t0 = Instant::now();
             let c0 = cpu_secs(libc::CLOCK_THREAD_CPUTIME_ID);
             let o = pd.on_tick(dst, now(skew));
@@ -449,6 +519,16 @@ fn converge(
             src_secs += t0.elapsed().as_secs_f64();
             send(&mut wire_q, true, o);
             continue;
+        }
+        if let Some(r) = record.as_deref_mut() {
+            let frames: Vec<Vec<u8>> = batch
+                .iter()
+                .filter(|(d, _)| *d)
+                .map(|(_, f)| f.clone())
+                .collect();
+            if !frames.is_empty() {
+                r.push(Event::Batch(frames));
+            }
         }
         for to_dst in [true, false] {
             let t0 = Instant::now();
@@ -470,9 +550,7 @@ fn converge(
                 held.extend(p.flush_pushes(s));
             }
             if to_dst && let Some(c) = checks.as_deref_mut() {
-                while let Some(job) = p.poll_verify() {
-                    c.pool.submit(job);
-                }
+                c.submit(p);
             }
             s.flush().expect("flush");
             s.maintain();
@@ -488,9 +566,10 @@ fn converge(
         if last_report.elapsed() > Duration::from_secs(10) {
             last_report = Instant::now();
             eprintln!(
-                "  {:.0}s: {} of {docs} documents",
+                "  {:.0}s: the receiving replica holds {} documents, {} sync messages received ({docs} documents to take)",
                 started.elapsed().as_secs_f64(),
-                dst.store().doc_count()
+                dst.store().doc_count(),
+                pd.counters().sync_in - syncs_before
             );
         }
     }

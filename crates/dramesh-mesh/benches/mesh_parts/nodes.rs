@@ -117,6 +117,31 @@ pub(crate) fn identities(ca: &certs::CaBundle, plans: &[NodePlan]) -> Vec<certs:
         .collect()
 }
 
+/// A node writer's in-memory store, signing as `tls` (checking with `verifier`, though a
+/// writer takes no changes to check), holding `plan`'s records.
+pub(crate) fn writer_store(
+    plan: &NodePlan,
+    tls: &certs::TlsIdentity,
+    verifier: &Arc<dyn dramesh_store::HeadsVerifier>,
+) -> MeshStore {
+    let mut store = MeshStore::new(
+        Store::in_memory(StoreConfig {
+            durability: Durability::None,
+            ..StoreConfig::default()
+        }),
+        false,
+    );
+    store.set_trust(dramesh_store::Trust {
+        signer: Some(Arc::new(
+            dramesh_mesh::signing::MeshSigner::new(tls).expect("signer"),
+        )),
+        verifier: verifier.clone(),
+    });
+    let store = Mutex::new(store);
+    write_plan(&store, plan);
+    store.into_inner().expect("writer store")
+}
+
 /// Writes a plan's records into its writer's store (the Lease holder's term first).
 pub(crate) fn write_plan(store: &Mutex<MeshStore>, plan: &NodePlan) {
     let mut s = store.lock().expect("writer store");

@@ -15,9 +15,9 @@ use std::sync::mpsc as std_mpsc;
 use dramesh_mesh::node::LocalLink;
 use dramesh_mesh::protocol::{ConnId, Output, Protocol, ProtocolConfig};
 use dramesh_mesh::wire;
-use dramesh_store::{DocEntry, Trust};
+use dramesh_store::DocEntry;
 
-use super::nodes::{NodePlan, identities, plan_fleet, write_plan};
+use super::nodes::{NodePlan, identities, plan_fleet, write_plan, writer_store};
 use super::*;
 
 /// The one session of a farm writer (with its relay).
@@ -439,22 +439,7 @@ pub(crate) fn relay_setup(
         let mut farm_writers = Vec::new();
         let (tx, rx) = std_mpsc::channel::<FarmEvent>();
         for (slot, (plan, tls)) in it.enumerate() {
-            let mut ms = MeshStore::new(
-                Store::in_memory(StoreConfig {
-                    durability: Durability::None,
-                    ..StoreConfig::default()
-                }),
-                false,
-            );
-            ms.set_trust(Trust {
-                signer: Some(Arc::new(
-                    dramesh_mesh::signing::MeshSigner::new(&tls).expect("signer"),
-                )),
-                verifier: verifier.clone(),
-            });
-            let ms = Mutex::new(ms);
-            write_plan(&ms, &plan);
-            let ms = ms.into_inner().expect("writer store");
+            let ms = writer_store(&plan, &tls, &verifier);
             let sink_tx = tx.clone();
             let link = rt
                 .block_on(handle.attach_local(

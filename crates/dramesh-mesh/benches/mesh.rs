@@ -32,7 +32,9 @@
 //! MESH_STEADY_SECS (15), MESH_PARTITION_SECS (10; the scenario is 60),
 //! MESH_LAYOUT_NODES (2000 in directory mode, else 0; 0 skips), MESH_LOG (tracing filter for stderr, default `warn`),
 //! MESH_REPLICA_NICE (the replica processes' nice value; e.g. -10 gives them the CPU before
-//! the simulated fleet, as machines of their own would).
+//! the simulated fleet, as machines of their own would), MESH_REPLICA_VERIFY_THREADS (the
+//! replicas' verifier threads; default the node's, the CPUs the process may use; 0 checks on
+//! the protocol thread).
 //! The defaults run the fleet and rate with shorter measured windows so the whole
 //! bench fits in about 5 minutes on a 2-core machine; `MESH_PARTITION_SECS=60` measures the
 //! full partition. Prints a table, a summary of the targets with PASS/FAIL, and one
@@ -259,6 +261,11 @@ fn replica_main(args: &[String]) {
         assert!(report.corrupt.is_empty());
         let store = Arc::new(Mutex::new(MeshStore::new(store, true)));
         let mut cfg = NodeConfig::new(tls, listen.parse().expect("listen address"));
+        if let Ok(v) = std::env::var("MESH_REPLICA_VERIFY_THREADS") {
+            cfg.verify_threads = v
+                .parse()
+                .expect("MESH_REPLICA_VERIFY_THREADS: a thread count");
+        }
         if advertise != "-" {
             cfg.advertise = Some(advertise.parse().expect("advertise address"));
         }

@@ -570,19 +570,15 @@ impl DeductionLog {
         let Some(changes) = c.node_changes_since(&self.stamp) else {
             return false;
         };
-        if self.placed.iter().any(|a| {
-            a.claims
+        let Some(claims) = crate::view::judged_node_claims(self.placed.iter().map(|a| {
+            let shared = a
+                .claims
                 .as_ref()
-                .is_some_and(|w| !w.shared_claims.is_empty())
-        }) {
+                .is_some_and(|w| !w.shared_claims.is_empty());
+            (&a.node_claim, shared)
+        })) else {
             return false;
-        }
-        let mut claims: Vec<&NodeClaim> = Vec::new();
-        for a in &self.placed {
-            if !claims.contains(&&a.node_claim) {
-                claims.push(&a.node_claim);
-            }
-        }
+        };
         if !changes
             .iter()
             .all(|ch| ch.leaves_fits(c, &claims) || reach.passes(&ch.node))

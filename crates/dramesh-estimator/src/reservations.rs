@@ -30,7 +30,6 @@ use std::sync::Arc;
 
 use crate::assumed::{Assumed, AssumedList, AssumedWorkload, Reach};
 use crate::estimate::{EstimateOptions, Estimator};
-use crate::filter::NodeClaim;
 use crate::view::{ClusterView, View, ViewStamp};
 use crate::workload::Workload;
 
@@ -128,6 +127,20 @@ impl ClusterResolution {
         self.reused
     }
 
+    /// How many of the first entries of the ranking are `list`'s (the same reservation,
+    /// priority and replicas, in the same places).
+    fn ranks_as(&self, list: &[&Reservation]) -> usize {
+        self.ranked
+            .iter()
+            .zip(list)
+            .take_while(|(a, b)| {
+                (Arc::ptr_eq(&a.id, &b.id) || a.id == b.id)
+                    && a.priority == b.priority
+                    && a.replicas == b.replicas
+            })
+            .count()
+    }
+
     /// Keeps the first `n` entries of the ranking.
     fn truncate(&mut self, n: usize) {
         self.ranked.truncate(n);
@@ -160,26 +173,12 @@ impl ClusterResolution {
     ) -> Option<ClusterResolution> {
         let cv = view.cluster(cluster)?;
         let changes = cv.node_changes_since(&self.stamp)?;
-        let same = self
-            .ranked
-            .iter()
-            .zip(list)
-            .take_while(|(a, b)| {
-                (Arc::ptr_eq(&a.id, &b.id) || a.id == b.id)
-                    && a.priority == b.priority
-                    && a.replicas == b.replicas
-            })
-            .count();
-        let mut claims: Vec<&NodeClaim> = Vec::new();
-        for r in &list[..same] {
-            // A shared claim's allocation may select nodes by label: not judged here.
-            if !r.workload.shared_claims.is_empty() {
-                return None;
-            }
-            if !claims.contains(&&r.workload.node_claim) {
-                claims.push(&r.workload.node_claim);
-            }
-        }
+        let same = self.ranks_as(list);
+        let claims = crate::view::judged_node_claims(
+            list[..same]
+                .iter()
+                .map(|r| (&r.workload.node_claim, !r.workload.shared_claims.is_empty())),
+        )?;
         // The first changed node (in name order) that may change a fit.
         let first = changes
             .iter()
@@ -405,16 +404,7 @@ pub fn resolve_cluster(
     };
     let mut kept = 0;
     if let Some(p) = previous {
-        kept = p
-            .ranked
-            .iter()
-            .zip(&list)
-            .take_while(|(a, b)| {
-                (Arc::ptr_eq(&a.id, &b.id) || a.id == b.id)
-                    && a.priority == b.priority
-                    && a.replicas == b.replicas
-            })
-            .count();
+        kept = p.ranks_as(&list);
         out.ranked.extend_from_slice(&p.ranked[..kept]);
         out.counts.extend_from_slice(&p.counts[..kept]);
         // `assumed` is in rank order: the admitted ones among the kept come first.

@@ -184,6 +184,24 @@ impl NodeChange {
     }
 }
 
+/// The distinct node claims of workloads given as (node claim, whether it holds shared
+/// claims), for [`NodeChange::leaves_fits`]; `None` when one holds shared claims (their
+/// allocations' node selectors may select nodes by label, which is not judged there).
+pub(crate) fn judged_node_claims<'a>(
+    workloads: impl IntoIterator<Item = (&'a PodNodeClaim, bool)>,
+) -> Option<Vec<&'a PodNodeClaim>> {
+    let mut claims: Vec<&PodNodeClaim> = Vec::new();
+    for (claim, shared) in workloads {
+        if shared {
+            return None;
+        }
+        if !claims.contains(&claim) {
+            claims.push(claim);
+        }
+    }
+    Some(claims)
+}
+
 /// One member cluster.
 #[derive(Debug, Default)]
 pub struct ClusterView {

@@ -60,14 +60,7 @@ impl Store {
         };
         let generation = next.max(min_generation).max(self.now_millis()).max(1);
         let fresh = build_fresh(doc, &e.doc, generation, self.rejoin_next)?;
-        let (stored, base) = self.write_snapshot(&snapshot_file(
-            doc,
-            generation,
-            true,
-            persist::pack_snapshot(&fresh),
-            None,
-            None,
-        ))?;
+        let (stored, base) = self.write_fresh(doc, generation, &fresh)?;
         let heads = fresh.get_heads();
         let num_ops = history(&fresh).1;
         let live = live_value_bytes(&fresh);

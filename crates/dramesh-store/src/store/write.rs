@@ -34,6 +34,24 @@ impl Store {
         Ok((total, base))
     }
 
+    /// Writes `fresh`, the first snapshot of generation `generation` of this store's own
+    /// document `doc`, as its new file; returns (file bytes, snapshot record bytes).
+    pub(super) fn write_fresh(
+        &self,
+        doc: &DocId,
+        generation: u64,
+        fresh: &Automerge,
+    ) -> Result<(u64, u64), StoreError> {
+        self.write_snapshot(&snapshot_file(
+            doc,
+            generation,
+            true,
+            persist::pack_snapshot(fresh),
+            None,
+            None,
+        ))
+    }
+
     /// Appends the changes made since the last durable point of `doc`. With `defer` (group
     /// commit of received changes) the record is written but not fsynced; the document is
     /// remembered for [`Store::sync_pending`].
@@ -218,14 +236,7 @@ impl Store {
             .map_or(0, |p| p.generation.saturating_add(1));
         let generation = self.now_millis().max(min_gen).max(1);
         let fresh = build_fresh(doc, &Automerge::new(), generation, false)?;
-        let (stored, base) = self.write_snapshot(&snapshot_file(
-            doc,
-            generation,
-            true,
-            persist::pack_snapshot(&fresh),
-            None,
-            None,
-        ))?;
+        let (stored, base) = self.write_fresh(doc, generation, &fresh)?;
         self.pending.remove(doc);
         let heads = fresh.get_heads();
         let entry = Held {

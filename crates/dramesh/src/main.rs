@@ -190,10 +190,10 @@ enum Command {
         #[arg(long, default_value_t = dramesh_replica::DEFAULT_READY_TIMEOUT.as_secs())]
         ready_timeout: u64,
         /// Threads checking writers' signatures on received changes ahead of the mesh's
-        /// protocol thread (0: on that thread). Default: the CPUs this process may use (its
-        /// cgroup's CPU quota counts).
-        #[arg(long)]
-        mesh_verify_threads: Option<usize>,
+        /// protocol thread (0: on that thread; at most 256). Default: the CPUs this process
+        /// may use (its cgroup's CPU quota counts).
+        #[arg(long, value_parser = clap::value_parser!(u16).range(0..=256))]
+        mesh_verify_threads: Option<u16>,
         /// Chaos testing only: no digest probes (anti-entropy).
         #[arg(long)]
         chaos_disable_anti_entropy: bool,
@@ -802,7 +802,7 @@ fn main() -> ExitCode {
                         }),
                     estimate_autoscaler_headroom,
                     protocol,
-                    mesh_verify_threads,
+                    mesh_verify_threads: mesh_verify_threads.map(usize::from),
                     ready_timeout: Duration::from_secs(ready_timeout),
                     api_config: dramesh_api::ApiConfig {
                         tls: security.tls,

@@ -312,3 +312,22 @@ fn version_names_the_release_commit_protocol_and_store_format() {
         "{text}"
     );
 }
+
+/// `--mesh-verify-threads` is bounded: a value that would start a thread per shard beyond 256
+/// is refused before anything starts, naming the flag.
+#[test]
+fn replica_refuses_more_than_256_verifier_threads() {
+    let out = dramesh(&[
+        "replica",
+        "--id",
+        "r1",
+        "--data-dir",
+        "/nonexistent/data",
+        "--mesh-verify-threads",
+        "100000",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--mesh-verify-threads"), "{err}");
+    assert!(err.contains("0..=256"), "{err}");
+}

@@ -6,7 +6,9 @@
 //! Stores implement [`DocStore`]; the protocol holds `&mut` access only for the duration of one
 //! call, so a store can be shared with the application behind a mutex.
 
-use dramesh_store::{Attestation, Digest, DocEntry, DocId, SignedMessage, SyncState, Trust};
+use dramesh_store::{
+    Attestation, Digest, DocEntry, DocId, PendingSync, SignedMessage, StoreError, SyncState, Trust,
+};
 
 use crate::identity::PeerIdentity;
 
@@ -124,6 +126,24 @@ pub trait DocStore {
     /// commit). Stores that persist synchronously, or not at all, keep the default.
     fn flush(&mut self) -> Result<(), RejectReason> {
         Ok(())
+    }
+    /// [`DocStore::flush`] in two halves, so the node can fsync on another thread while it
+    /// handles the next batch: the I/O that makes every change received so far durable, to run
+    /// anywhere and hand to [`DocStore::complete_flush`] with its result. Changes received
+    /// after it are not covered. `None` when nothing is left to run elsewhere (what is pending
+    /// is durable once this returned `Ok`). The default flushes here.
+    fn begin_flush(&mut self) -> Result<Option<PendingSync>, RejectReason> {
+        self.flush().map(|()| None)
+    }
+    /// Books the result of a [`DocStore::begin_flush`]'s sync: `Ok` once what it covers is
+    /// durable; on error it is pending again for the next flush.
+    fn complete_flush(
+        &mut self,
+        sync: PendingSync,
+        result: Result<(), StoreError>,
+    ) -> Result<(), RejectReason> {
+        let _ = sync;
+        result.map_err(|e| RejectReason::Store(e.to_string()))
     }
     /// Background upkeep (deferred compactions) the node runs after each batch's frames are
     /// sent, so it never delays them. Errors are the store's to log.

@@ -17,8 +17,8 @@
 //!   [`Store::snapshot`] instead of silently missing updates.
 
 use dramesh_store::{
-    Attestation, Digest, DocEntry, DocId, ObjectChange, SignedMessage, Store, StoreError,
-    SyncState, Trust, WriteOutcome,
+    Attestation, Digest, DocEntry, DocId, ObjectChange, PendingSync, SignedMessage, Store,
+    StoreError, SyncState, Trust, WriteOutcome,
 };
 
 use crate::identity::PeerIdentity;
@@ -273,6 +273,21 @@ impl DocStore for MeshStore {
 
     fn flush(&mut self) -> Result<(), RejectReason> {
         self.store.sync_pending().map(|_| ()).map_err(reject)
+    }
+
+    fn begin_flush(&mut self) -> Result<Option<PendingSync>, RejectReason> {
+        self.store.begin_sync().map_err(reject)
+    }
+
+    fn complete_flush(
+        &mut self,
+        sync: PendingSync,
+        result: Result<(), StoreError>,
+    ) -> Result<(), RejectReason> {
+        self.store
+            .complete_sync(sync, result)
+            .map(|_| ())
+            .map_err(reject)
     }
 
     fn maintain(&mut self) {

@@ -38,7 +38,7 @@ pub use error::StoreError;
 pub use object::{ObjectChange, ObjectKey, ObjectKind};
 pub use persist::{Durability, STORE_FORMAT, STORE_FORMAT_MINOR};
 pub use store::{
-    CorruptDoc, DocStats, MAX_FUTURE_GENERATION_MS, OpenReport, Proof, RolloverPolicy, Store,
-    StoreConfig, TruncatedTail, WriteOutcome, stored_generation,
+    CorruptDoc, DocStats, MAX_FUTURE_GENERATION_MS, OpenReport, PendingSync, Proof, RolloverPolicy,
+    Store, StoreConfig, TruncatedTail, WriteOutcome, stored_generation,
 };
 pub use sync_state::SyncState;

@@ -583,6 +583,46 @@ fn group_commit_defers_fsync_until_sync_pending_and_keeps_changes() {
     );
 }
 
+/// A sync handed out by `begin_sync` (the mesh node runs it on another thread) covers what was
+/// received before it, not what arrives while it runs; a failed one makes its files pending
+/// again, so the next sync covers them.
+#[test]
+fn a_begun_sync_covers_what_came_before_it_and_a_failed_one_stays_pending() {
+    let rdir = tempfile::tempdir().unwrap();
+    let d = DocId::new("c1", CLUSTER_PUBLISHER);
+    let mut a = agent(&d, test_config());
+    let (rs, _) = Store::open(rdir.path(), fsync_config()).unwrap();
+    let mut r = Peer::replica(rs);
+    full_sync(&mut a, &mut r);
+    r.store.set_group_commit(true).unwrap();
+    a.store.apply(&d, vec![upsert(node("g0"), "0")]).unwrap();
+    full_sync(&mut a, &mut r);
+    let first = r.store.begin_sync().unwrap().expect("g0 is pending");
+    assert_eq!(first.files(), 1);
+    assert!(!r.store.has_unsynced(), "handed out with the sync");
+    // Received while the sync runs: not covered by it.
+    a.store.apply(&d, vec![upsert(node("g1"), "1")]).unwrap();
+    full_sync(&mut a, &mut r);
+    let ran = first.run();
+    assert_eq!(r.store.complete_sync(first, ran).unwrap(), 1);
+    assert!(r.store.has_unsynced(), "g1 waits for the next sync");
+    // A failed sync: pending again, and the next one covers it.
+    let second = r.store.begin_sync().unwrap().expect("g1 is pending");
+    assert!(!r.store.has_unsynced());
+    let failed = Err(StoreError::Io {
+        path: rdir.path().to_path_buf(),
+        source: std::io::Error::other("disk gone"),
+    });
+    assert!(r.store.complete_sync(second, failed).is_err());
+    assert!(
+        r.store.has_unsynced(),
+        "a failed sync leaves its files pending"
+    );
+    assert_eq!(r.store.sync_pending().unwrap(), 1);
+    assert!(!r.store.has_unsynced());
+    assert!(r.store.begin_sync().unwrap().is_none(), "nothing left");
+}
+
 /// A store that stopped serving the view (a relay's, an agent's) carries documents exactly as
 /// one that serves it (same digest, same files) but computes no visible values: receiving and
 /// writing report no view changes and reads see nothing. Opened again, it builds the view from

@@ -142,6 +142,16 @@ impl Fleet {
         }
     }
 
+    /// Each member cluster's relay: its first node agent.
+    pub(crate) fn relay_ids(&self) -> Vec<PeerIdentity> {
+        let mut seen = std::collections::HashSet::new();
+        self.writers
+            .iter()
+            .filter(|w| seen.insert(w.doc.cluster.clone()))
+            .map(|w| w.identity.clone())
+            .collect()
+    }
+
     /// The first `count` writers change their Node once; only the source takes the changes.
     pub(crate) fn change(&mut self, count: usize) {
         let t = Instant::now();
@@ -223,23 +233,16 @@ pub(crate) fn load_main(args: &[String]) {
     println!("receiving replica: {threads} verifier threads");
     let (src_tls, dst_tls) = (fleet.src_tls.clone(), fleet.dst_tls.clone());
     let src = &mut fleet.src;
-    let ids = (&src_tls.identity, &dst_tls.identity);
-    let cfg = ProtocolConfig {
-        jitter_seed: 7,
-        ..ProtocolConfig::default()
-    };
-    let mut protocols = (
-        Protocol::new(ids.0.clone(), cfg.clone()),
-        Protocol::new(ids.1.clone(), cfg),
-    );
-    protocols.1.set_verify_jobs(checks.is_some());
+    let mut sources = [Source::replica(ConnId(1), src_tls.identity.clone())];
+    let mut pd = Protocol::new(dst_tls.identity.clone(), probe_config());
+    pd.set_verify_jobs(checks.is_some());
     let load = converge(
         src,
         &mut dst,
-        &mut protocols,
-        ids,
+        &mut sources,
+        &mut pd,
+        &dst_tls.identity,
         docs,
-        ConnId(1),
         checks.as_mut(),
         None,
     );
@@ -272,15 +275,16 @@ pub(crate) fn load_main(args: &[String]) {
     let src = &mut fleet.src;
     // The same two protocols reconnect, as replicas and relays do after a partition: each
     // remembers the sync states of the closed session.
-    protocols.0.on_disconnected(ConnId(1));
-    protocols.1.on_disconnected(ConnId(1));
+    sources[0].protocol.on_disconnected(ConnId(1));
+    pd.on_disconnected(ConnId(1));
+    sources[0].conn = ConnId(2);
     let heal = converge(
         src,
         &mut dst,
-        &mut protocols,
-        ids,
+        &mut sources,
+        &mut pd,
+        &dst_tls.identity,
         docs,
-        ConnId(2),
         checks.as_mut(),
         None,
     );
@@ -432,16 +436,60 @@ fn take_checks(
     out
 }
 
-/// Runs a new session `conn` between `src` and `dst` (replicas `ids`, with `protocols`) until
-/// `dst`'s digest equals `src`'s; with `record`, appends what `dst` receives to it.
+/// The far end of one session in [`converge`]: a protocol on the source store, as a replica
+/// (`r0`) or as one member cluster's relay.
+pub(crate) struct Source {
+    /// The session's connection id, the same on both ends.
+    pub(crate) conn: ConnId,
+    pub(crate) id: PeerIdentity,
+    pub(crate) protocol: Protocol,
+}
+
+impl Source {
+    /// The replica `r0` on session `conn`: its scope is every document.
+    pub(crate) fn replica(conn: ConnId, id: PeerIdentity) -> Source {
+        let protocol = Protocol::new(id.clone(), probe_config());
+        Source { conn, id, protocol }
+    }
+
+    /// One relay per member cluster (the cluster's first node agent, relaying), sessions from
+    /// `first_conn` on: each session's scope is its cluster's documents, as the replica's
+    /// sessions with the relays of a fleet.
+    pub(crate) fn relays(ids: &[PeerIdentity], first_conn: u64) -> Vec<Source> {
+        ids.iter()
+            .enumerate()
+            .map(|(i, id)| {
+                let mut protocol = Protocol::new(id.clone(), probe_config());
+                let _ = protocol.set_relay(true);
+                Source {
+                    conn: ConnId(first_conn + i as u64),
+                    id: id.clone(),
+                    protocol,
+                }
+            })
+            .collect()
+    }
+}
+
+/// The probes' protocol configuration (fixed jitter, so runs compare).
+pub(crate) fn probe_config() -> ProtocolConfig {
+    ProtocolConfig {
+        jitter_seed: 7,
+        ..ProtocolConfig::default()
+    }
+}
+
+/// Runs new sessions between `src` (one per source protocol in `sources`) and `dst` (replica
+/// `dst_id`, protocol `pd`) until `dst`'s digest equals `src`'s; with `record`, appends what
+/// `dst` receives to it.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn converge(
     src: &mut MeshStore,
     dst: &mut MeshStore,
-    (ps, pd): &mut (Protocol, Protocol),
-    ids: (&PeerIdentity, &PeerIdentity),
+    sources: &mut [Source],
+    pd: &mut Protocol,
+    dst_id: &PeerIdentity,
     docs: usize,
-    conn: ConnId,
     mut checks: Option<&mut Checks>,
     mut record: Option<&mut Vec<Event>>,
 ) -> Converged {
@@ -454,22 +502,29 @@ pub(crate) fn converge(
     // sides are quiet, so rounds follow each other without idle waits.
     let mut skew = Duration::ZERO;
     let now = |skew: Duration| Instant::now() + skew;
-    // Frames in flight: (to `dst`?, encoded frame).
-    let mut wire_q: VecDeque<(bool, Vec<u8>)> = VecDeque::new();
+    // Frames in flight: (session, to `dst`?, encoded frame).
+    let mut wire_q: VecDeque<(ConnId, bool, Vec<u8>)> = VecDeque::new();
     let (mut src_secs, mut dst_secs) = (0.0f64, 0.0f64);
     let mut rounds = 0u32;
     let mut bytes = 0u64;
-    let send = |q: &mut VecDeque<(bool, Vec<u8>)>, to_dst: bool, outs: Vec<Output>| {
+    let send = |q: &mut VecDeque<(ConnId, bool, Vec<u8>)>, to_dst: bool, outs: Vec<Output>| {
         for o in outs {
-            if let Output::Send { envelope, .. } = o {
-                q.push_back((to_dst, wire::encode_frame(&envelope).expect("encode")));
+            if let Output::Send { conn, envelope } = o {
+                q.push_back((conn, to_dst, wire::encode_frame(&envelope).expect("encode")));
             }
         }
     };
-    let o = ps.on_connected(conn, ids.1.clone(), now(skew));
-    send(&mut wire_q, true, o);
-    let o = pd.on_connected(conn, ids.0.clone(), now(skew));
-    send(&mut wire_q, false, o);
+    let slot: HashMap<ConnId, usize> = sources
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.conn, i))
+        .collect();
+    for s in sources.iter_mut() {
+        let o = s.protocol.on_connected(s.conn, dst_id.clone(), now(skew));
+        send(&mut wire_q, true, o);
+        let o = pd.on_connected(s.conn, s.id.clone(), now(skew));
+        send(&mut wire_q, false, o);
+    }
     let target = src.digest().root();
     let mut last_report = Instant::now();
     loop {
@@ -491,7 +546,7 @@ pub(crate) fn converge(
             send(&mut wire_q, false, held);
         }
         // One batch per side, as the node handles a burst of frames before flushing.
-        let batch: Vec<(bool, Vec<u8>)> = wire_q.drain(..).collect();
+        let batch: Vec<(ConnId, bool, Vec<u8>)> = wire_q.drain(..).collect();
         if batch.is_empty() {
             if pd.verifications_in_flight() > 0 {
                 continue;
@@ -515,54 +570,60 @@ pub(crate) fn converge(
             dst_cpu += cpu_secs(libc::CLOCK_THREAD_CPUTIME_ID) - c0;
             send(&mut wire_q, false, o);
             let t0 = Instant::now();
-            let o = ps.on_tick(src, now(skew));
+            for s in sources.iter_mut() {
+                let o = s.protocol.on_tick(src, now(skew));
+                send(&mut wire_q, true, o);
+            }
             src_secs += t0.elapsed().as_secs_f64();
-            send(&mut wire_q, true, o);
             continue;
         }
         if let Some(r) = record.as_deref_mut() {
-            let frames: Vec<Vec<u8>> = batch
+            let frames: Vec<(ConnId, Vec<u8>)> = batch
                 .iter()
-                .filter(|(d, _)| *d)
-                .map(|(_, f)| f.clone())
+                .filter(|(_, d, _)| *d)
+                .map(|(c, _, f)| (*c, f.clone()))
                 .collect();
             if !frames.is_empty() {
                 r.push(Event::Batch(frames));
             }
         }
-        for to_dst in [true, false] {
-            let t0 = Instant::now();
-            let c0 = cpu_secs(libc::CLOCK_THREAD_CPUTIME_ID);
-            let (p, s) = if to_dst {
-                (&mut *pd, &mut *dst)
-            } else {
-                (&mut *ps, &mut *src)
-            };
-            let mut held = Vec::new();
-            for (_, frame) in batch.iter().filter(|(d, _)| *d == to_dst) {
-                if to_dst {
-                    bytes += frame.len() as u64;
-                }
-                let env = wire::decode_payload(&frame[wire::FRAME_HEADER_LEN..]).expect("decode");
-                held.extend(p.handle_frame(s, conn, env, now(skew)));
-            }
-            if p.has_deferred_pushes() {
-                held.extend(p.flush_pushes(s));
-            }
-            if to_dst && let Some(c) = checks.as_deref_mut() {
-                c.submit(p);
-            }
-            s.flush().expect("flush");
-            s.maintain();
-            let secs = t0.elapsed().as_secs_f64();
-            if to_dst {
-                dst_secs += secs;
-                dst_cpu += cpu_secs(libc::CLOCK_THREAD_CPUTIME_ID) - c0;
-            } else {
-                src_secs += secs;
-            }
-            send(&mut wire_q, !to_dst, held);
+        // The receiving replica's batch.
+        let t0 = Instant::now();
+        let c0 = cpu_secs(libc::CLOCK_THREAD_CPUTIME_ID);
+        let mut held = Vec::new();
+        for (conn, _, frame) in batch.iter().filter(|(_, d, _)| *d) {
+            bytes += frame.len() as u64;
+            let env = wire::decode_payload(&frame[wire::FRAME_HEADER_LEN..]).expect("decode");
+            held.extend(pd.handle_frame(dst, *conn, env, now(skew)));
         }
+        if pd.has_deferred_pushes() {
+            held.extend(pd.flush_pushes(dst));
+        }
+        if let Some(c) = checks.as_deref_mut() {
+            c.submit(pd);
+        }
+        dst.flush().expect("flush");
+        dst.maintain();
+        dst_secs += t0.elapsed().as_secs_f64();
+        dst_cpu += cpu_secs(libc::CLOCK_THREAD_CPUTIME_ID) - c0;
+        send(&mut wire_q, false, held);
+        // The sources' batch, each session on its own protocol.
+        let t0 = Instant::now();
+        let mut held = Vec::new();
+        for (conn, _, frame) in batch.iter().filter(|(_, d, _)| !*d) {
+            let s = &mut sources[slot[conn]];
+            let env = wire::decode_payload(&frame[wire::FRAME_HEADER_LEN..]).expect("decode");
+            held.extend(s.protocol.handle_frame(src, *conn, env, now(skew)));
+        }
+        for s in sources.iter_mut() {
+            if s.protocol.has_deferred_pushes() {
+                held.extend(s.protocol.flush_pushes(src));
+            }
+        }
+        src.flush().expect("flush");
+        src.maintain();
+        src_secs += t0.elapsed().as_secs_f64();
+        send(&mut wire_q, true, held);
         if last_report.elapsed() > Duration::from_secs(10) {
             last_report = Instant::now();
             eprintln!(

@@ -1,12 +1,16 @@
 //! `__replay <clusters> <nodes> [changed]`: the receiving replica's share of a heal, on a
 //! process of its own.
 //!
-//! Record (once): the `__load` probe's fleet (`clusters` x `nodes` signed per-node documents
-//! on a source replica `r0`) is loaded into a receiving replica `r3`, whose store directory is
-//! then saved as it is; `changed` writers (default all) change their Node once, only the
-//! source takes the changes, and a fresh `r3` protocol on the saved store (a replica that comes
-//! back) heals from `r0` over one session. Everything `r3` receives in that heal is saved in
-//! order: each batch of frames as the source sent it, and each anti-entropy tick between them.
+//! Record (once): the `__load` probe's fleet (`clusters` x `nodes` signed per-node documents,
+//! held by a source store) is loaded into a receiving replica `r3` through one relay per member
+//! cluster (a protocol on the source store with the cluster's first node agent's identity,
+//! relaying: each session's scope is its cluster, as in the fleet), and r3's store directory
+//! is saved as it is; `changed` writers (default all) change their Node once, only the source
+//! takes the changes, the relays' sessions close (they keep their sync states, as after a
+//! partition) and a fresh `r3` protocol on the saved store (a replica that comes back) heals
+//! from the relays, which dial again. Everything `r3` receives in that heal is saved in order:
+//! each batch of frames the relays sent, with its session, and each anti-entropy tick between
+//! them.
 //!
 //! Replay: for each verifier thread count in `MESH_REPLAY_THREADS` (default `1,2,4`), a child
 //! process (this binary, role `__replay_child`) copies the saved store, opens it with `r3`'s
@@ -18,25 +22,30 @@
 //! digest, or the replay fails. Before the replay the child verifies the signatures of the
 //! documents it holds, so that their signers' chains are cached, as on a replica that stayed up
 //! through the partition; `MESH_REPLAY_COLD=1` skips that (a restarted replica: each
-//! document's first signature then also checks its signer's chain, a second ECDSA check). Reports documents applied per second and CPU
-//! per document: the whole process, its protocol (main) thread, the verifier threads and the
-//! store's file writer (`/proc/self/task`).
+//! document's first signature then also checks its signer's chain, a second ECDSA check). Frames are decoded before the
+//! replay starts (the node's connection tasks decode them, not its protocol thread), their CPU
+//! reported apart. Reports documents applied per second and CPU per document: the whole
+//! process, its protocol (main) thread, the verifier threads and the store's file writer
+//! (`/proc/self/task`).
 //!
 //! `MESH_REPLAY_DIR` keeps the recording in that directory and reuses it when it is there.
 
 use std::io::{BufWriter, Read};
 
 use dramesh_mesh::node::SharedVerifier;
-use dramesh_mesh::protocol::{ConnId, Protocol, ProtocolConfig};
+use dramesh_mesh::protocol::{ConnId, Protocol};
 use dramesh_mesh::wire;
+use dramesh_store::{PendingSync, StoreError};
 
-use super::load::{Fleet, converge, cpu_secs, open_replica, verifier_threads};
+use super::load::{
+    Fleet, Source, converge, cpu_secs, open_replica, probe_config, verifier_threads,
+};
 use super::*;
 
 /// One step of the recorded traffic to the receiving replica.
 pub(crate) enum Event {
-    /// Frames (header included) the source sent in one batch.
-    Batch(Vec<Vec<u8>>),
+    /// Frames (header included) the sources sent in one batch, each with its session.
+    Batch(Vec<(ConnId, Vec<u8>)>),
     /// An anti-entropy round: both sides were quiet and the clock moved by [`TICK_SKEW`].
     Tick,
 }
@@ -44,20 +53,51 @@ pub(crate) enum Event {
 /// How far the probes move their protocols' clock at each anti-entropy round.
 pub(crate) const TICK_SKEW: Duration = Duration::from_secs(3);
 
-/// The session of the recorded heal.
-const CONN: ConnId = ConnId(2);
-
 /// The node's driver's bounds (`node/driver.rs`): events per batch, checks out before it
 /// takes no more events, and how long it waits for the rest of the checks out once one is done.
 const MAX_BATCH_EVENTS: usize = 256;
 const MAX_CHECKS_IN_FLIGHT: usize = 4 * MAX_BATCH_EVENTS;
 const CHECK_LINGER: Duration = Duration::from_millis(3);
 
-fn config() -> ProtocolConfig {
-    ProtocolConfig {
-        jitter_seed: 7,
-        ..ProtocolConfig::default()
+/// A batch's sync running on a thread of its own, as on the node's sync thread.
+type Syncing = Option<std::thread::JoinHandle<(PendingSync, Result<(), StoreError>)>>;
+
+/// Waits for the running sync, if any, and books it; returns how long the wait took.
+fn finish_commit(dst: &mut MeshStore, syncing: &mut Syncing) -> f64 {
+    let Some(h) = syncing.take() else {
+        return 0.0;
+    };
+    let t0 = Instant::now();
+    let (sync, r) = h.join().expect("sync thread");
+    dst.complete_flush(sync, r).expect("commit");
+    t0.elapsed().as_secs_f64()
+}
+
+/// [`Event`] with its frames decoded.
+enum Decoded {
+    Batch(Vec<(ConnId, wire::pb::Envelope)>),
+    Tick,
+}
+
+/// A recorded session's far end, as `meta.json` names it.
+fn source_json(conn: ConnId, id: &PeerIdentity) -> Value {
+    match id {
+        PeerIdentity::Agent { cluster, node } => {
+            json!({"conn": conn.0, "cluster": cluster, "node": node})
+        }
+        PeerIdentity::Replica { id } => json!({"conn": conn.0, "replica": id}),
     }
+}
+
+fn source_from_json(v: &Value) -> (ConnId, PeerIdentity) {
+    let conn = ConnId(v["conn"].as_u64().expect("conn of a source"));
+    let text = |k: &str| v[k].as_str().map(str::to_string);
+    let id = match (text("replica"), text("cluster"), text("node")) {
+        (Some(id), _, _) => PeerIdentity::Replica { id },
+        (None, Some(cluster), Some(node)) => PeerIdentity::Agent { cluster, node },
+        _ => panic!("a source in meta.json names neither a replica nor an agent: {v}"),
+    };
+    (conn, id)
 }
 
 pub(crate) fn replay_main(args: &[String]) {
@@ -135,23 +175,21 @@ fn record(clusters: usize, nodes: usize, changed: Option<usize>, dir: &Path) {
     let docs = fleet.docs;
     let changed = changed.unwrap_or(docs).min(docs);
     let r3 = fleet.tmp.path().join("r3");
-    let ids = (
-        fleet.src_tls.identity.clone(),
-        fleet.dst_tls.identity.clone(),
-    );
-    let mut protocols = (
-        Protocol::new(ids.0.clone(), config()),
-        Protocol::new(ids.1.clone(), config()),
-    );
+    let dst_id = fleet.dst_tls.identity.clone();
+    // One session per member cluster's relay, as a replica heals in the fleet (a cluster's
+    // documents reach the replicas through its relay).
+    let relays = fleet.relay_ids();
+    let mut sources = Source::relays(&relays, 1);
     {
         let (mut dst, _) = open_replica(&r3, &fleet.dst_tls);
+        let mut pd = Protocol::new(dst_id.clone(), probe_config());
         let load = converge(
             &mut fleet.src,
             &mut dst,
-            &mut protocols,
-            (&ids.0, &ids.1),
+            &mut sources,
+            &mut pd,
+            &dst_id,
             docs,
-            ConnId(1),
             None,
             None,
         );
@@ -161,30 +199,41 @@ fn record(clusters: usize, nodes: usize, changed: Option<usize>, dir: &Path) {
     std::fs::create_dir_all(dir).expect("recording dir");
     copy_dir(&r3, &dir.join("base"));
     fleet.change(changed);
-    // r3 comes back: its store as saved, a protocol with no session state. The source keeps
-    // the closed session's sync states, as after a partition.
-    protocols.0.on_disconnected(ConnId(1));
-    protocols.1 = Protocol::new(ids.1.clone(), config());
+    // r3 comes back: its store as saved, a protocol with no session state. The relays keep
+    // the closed sessions' sync states, as after a partition, and dial again.
+    let first_conn = sources.len() as u64 + 1;
+    for (i, s) in sources.iter_mut().enumerate() {
+        s.protocol.on_disconnected(s.conn);
+        s.conn = ConnId(first_conn + i as u64);
+    }
     let (mut dst, _) = open_replica(&r3, &fleet.dst_tls);
+    let mut pd = Protocol::new(dst_id.clone(), probe_config());
     let mut events = Vec::new();
     let heal = converge(
         &mut fleet.src,
         &mut dst,
-        &mut protocols,
-        (&ids.0, &ids.1),
+        &mut sources,
+        &mut pd,
+        &dst_id,
         changed,
-        CONN,
         None,
         Some(&mut events),
     );
-    heal.print(&format!("r3 healed {changed} changed documents"), changed);
+    heal.print(
+        &format!(
+            "r3 healed {changed} changed documents from {} relays",
+            sources.len()
+        ),
+        changed,
+    );
     let (batches, frames, bytes) = write_events(&dir.join("frames.bin"), &events);
     let ca = certs::write_ca(dir, &fleet.ca).expect("write CA");
     let leaf = certs::write_leaf(dir, &fleet.dst_leaf).expect("write r3's certificate");
     let name = |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned());
     let meta = json!({
         "docs": docs, "changed": changed, "target": fleet.src.digest().root().to_string(),
-        "source": "r0", "ca": name(&ca.cert), "cert": name(&leaf.cert), "key": name(&leaf.key),
+        "sources": sources.iter().map(|s| source_json(s.conn, &s.id)).collect::<Vec<_>>(),
+        "ca": name(&ca.cert), "cert": name(&leaf.cert), "key": name(&leaf.key),
         "batches": batches, "frames": frames, "bytes": bytes,
         "ticks": events.iter().filter(|e| matches!(e, Event::Tick)).count(),
     });
@@ -220,9 +269,10 @@ fn write_events(path: &Path, events: &[Event]) -> (usize, usize, u64) {
                 batches += 1;
                 w.write_all(&[0]).expect("write");
                 w.write_all(&len(fs.len())).expect("write");
-                for f in fs {
+                for (conn, f) in fs {
                     frames += 1;
                     bytes += f.len() as u64;
+                    w.write_all(&conn.0.to_le_bytes()).expect("write");
                     w.write_all(&len(f.len())).expect("write");
                     w.write_all(f).expect("write");
                 }
@@ -257,8 +307,11 @@ fn read_events(path: &Path) -> Vec<Event> {
         let count = len(&mut rest);
         let mut frames = Vec::with_capacity(count);
         for _ in 0..count {
+            let conn = ConnId(u64::from_le_bytes(
+                take(&mut rest, 8).try_into().expect("8 bytes"),
+            ));
             let n = len(&mut rest);
-            frames.push(take(&mut rest, n).to_vec());
+            frames.push((conn, take(&mut rest, n).to_vec()));
         }
         events.push(Event::Batch(frames));
     }
@@ -329,6 +382,26 @@ pub(crate) fn replay_child_main(args: &[String]) {
         .expect("target");
     let changed = meta["changed"].as_u64().expect("changed") as usize;
     let events = read_events(&dir.join("frames.bin"));
+    // The node's connection tasks decode frames before the protocol thread sees them: decoded
+    // here ahead, and their CPU reported on its own.
+    let decode0 = cpu_secs(libc::CLOCK_THREAD_CPUTIME_ID);
+    let events: Vec<Decoded> = events
+        .into_iter()
+        .map(|e| match e {
+            Event::Tick => Decoded::Tick,
+            Event::Batch(frames) => Decoded::Batch(
+                frames
+                    .into_iter()
+                    .map(|(conn, f)| {
+                        let env =
+                            wire::decode_payload(&f[wire::FRAME_HEADER_LEN..]).expect("decode");
+                        (conn, env)
+                    })
+                    .collect(),
+            ),
+        })
+        .collect();
+    let decode_secs = cpu_secs(libc::CLOCK_THREAD_CPUTIME_ID) - decode0;
     let work = tempfile::tempdir().expect("temp dir");
     let r3 = work.path().join("r3");
     copy_dir(&dir.join("base"), &r3);
@@ -343,11 +416,14 @@ pub(crate) fn replay_child_main(args: &[String]) {
         );
     }
     let mut checks = verifier_threads(threads, "replay", verifier);
-    let mut pd = Protocol::new(tls.identity.clone(), config());
+    let mut pd = Protocol::new(tls.identity.clone(), probe_config());
     pd.set_verify_jobs(checks.is_some());
-    let source = PeerIdentity::Replica {
-        id: meta["source"].as_str().expect("source").into(),
-    };
+    let sources: Vec<(ConnId, PeerIdentity)> = meta["sources"]
+        .as_array()
+        .expect("sources in meta.json")
+        .iter()
+        .map(source_from_json)
+        .collect();
     let load_avg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
 
     let started = Instant::now();
@@ -357,16 +433,19 @@ pub(crate) fn replay_child_main(args: &[String]) {
     let mut skew = Duration::ZERO;
     let now = |skew: Duration| Instant::now() + skew;
     let mut waiting = 0.0f64;
-    // Wall time of the commits (the store's flush: fsync) and how many.
+    // Wall time the protocol thread waited for commits (the store's fsync) and how many.
     let (mut commit_secs, mut commits) = (0.0f64, 0u64);
-    let _ = pd.on_connected(CONN, source, now(skew));
+    let mut syncing = None;
+    for (conn, id) in sources.iter() {
+        let _ = pd.on_connected(*conn, id.clone(), now(skew));
+    }
     for event in events {
         match event {
-            Event::Tick => {
+            Decoded::Tick => {
                 skew += TICK_SKEW;
                 let _ = pd.on_tick(&mut dst, now(skew));
             }
-            Event::Batch(frames) => {
+            Decoded::Batch(frames) => {
                 // As the node's driver: up to MAX_BATCH_EVENTS frames at a time while fewer
                 // than MAX_CHECKS_IN_FLIGHT checks are out, checks done handed back first, a
                 // commit after each round.
@@ -390,10 +469,8 @@ pub(crate) fn replay_child_main(args: &[String]) {
                         }
                     }
                     if take_frames {
-                        for f in frames.by_ref().take(MAX_BATCH_EVENTS) {
-                            let env =
-                                wire::decode_payload(&f[wire::FRAME_HEADER_LEN..]).expect("decode");
-                            let _ = pd.handle_frame(&mut dst, CONN, env, now(skew));
+                        for (conn, env) in frames.by_ref().take(MAX_BATCH_EVENTS) {
+                            let _ = pd.handle_frame(&mut dst, conn, env, now(skew));
                         }
                     }
                     if pd.has_deferred_pushes() {
@@ -402,15 +479,28 @@ pub(crate) fn replay_child_main(args: &[String]) {
                     if let Some(c) = checks.as_mut() {
                         c.submit(&mut pd);
                     }
-                    let t0 = Instant::now();
-                    dst.flush().expect("flush");
-                    commit_secs += t0.elapsed().as_secs_f64();
-                    commits += 1;
+                    // As the driver commits: the previous batch's sync ran alongside this
+                    // batch; this batch's runs alongside the next one when its frames are
+                    // already here, else it is waited for at once.
+                    commit_secs += finish_commit(&mut dst, &mut syncing);
+                    if let Some(sync) = dst.begin_flush().expect("begin flush") {
+                        commits += 1;
+                        syncing = Some(std::thread::spawn(move || {
+                            let r = sync.run();
+                            (sync, r)
+                        }));
+                    }
+                    let next_ready = frames.peek().is_some()
+                        && pd.verifications_in_flight() < MAX_CHECKS_IN_FLIGHT;
+                    if !next_ready {
+                        commit_secs += finish_commit(&mut dst, &mut syncing);
+                    }
                     dst.maintain();
                 }
             }
         }
     }
+    commit_secs += finish_commit(&mut dst, &mut syncing);
     dst.flush().expect("flush");
     let secs = started.elapsed().as_secs_f64();
     let process = cpu_secs(libc::CLOCK_PROCESS_CPUTIME_ID) - process0;
@@ -425,12 +515,13 @@ pub(crate) fn replay_child_main(args: &[String]) {
     );
     let per_doc = |s: f64| s * 1e3 / changed as f64;
     println!(
-        "replayed the heal of {changed} documents with {threads} verifier threads in {secs:.2}s ({:.0} documents/s): process CPU {:.3} ms per document, protocol thread {:.3}, verifiers {:.3}, store writer {:.3}; protocol thread waiting for checks {waiting:.2}s, in {commits} commits {commit_secs:.2}s; load average {}",
+        "replayed the heal of {changed} documents with {threads} verifier threads in {secs:.2}s ({:.0} documents/s): process CPU {:.3} ms per document, protocol thread {:.3}, verifiers {:.3}, store writer {:.3}, frame decoding (the node's connection tasks) {:.3}; protocol thread waiting for checks {waiting:.2}s, for {commits} commits {commit_secs:.2}s (their fsync runs alongside the next batch when it is there); load average {}",
         changed as f64 / secs,
         per_doc(process),
         per_doc(main),
         per_doc(role("verifiers")),
         per_doc(role("writer")),
+        per_doc(decode_secs),
         load_avg.trim()
     );
     println!(
@@ -441,6 +532,7 @@ pub(crate) fn replay_child_main(args: &[String]) {
                "verifier_cpu_ms_per_doc": per_doc(role("verifiers")),
                "writer_cpu_ms_per_doc": per_doc(role("writer")),
                "other_cpu_ms_per_doc": per_doc(role("other")),
+               "decode_cpu_ms_per_doc": per_doc(decode_secs), "sessions": sources.len(),
                "protocol_wait_secs": waiting, "commits": commits, "commit_secs": commit_secs,
                "chains_cached": !cold, "load_avg": load_avg.trim()})
     );

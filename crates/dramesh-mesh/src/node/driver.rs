@@ -9,15 +9,16 @@ use std::time::{Duration, Instant};
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tracing::{debug, error, info, warn};
 
+use super::commit::Syncer;
 use super::conn::{ConnStats, Link, Outbound};
 use super::verify::VerifyPool;
 use super::{AppliedChange, PeerStatus, Shared};
 use crate::identity::PeerIdentity;
 use crate::protocol::{ConnId, Output, Protocol, Ticket};
-use crate::store::DocStore;
+use crate::store::{DocStore, RejectReason};
 use crate::sync::lock;
 use crate::wire::{self, pb};
-use dramesh_store::DocId;
+use dramesh_store::{DocId, PendingSync, StoreError};
 
 /// What the driver is told by the handle, the connection tasks and the timer.
 pub(super) enum Event {
@@ -67,7 +68,13 @@ pub(super) struct Verifiers {
 /// and announces the applied changes they produced. No reply, relay, digest or heads that
 /// reflects a received change leaves the node before that change is durable. If the flush
 /// fails the batch's frames are dropped and the affected sessions' sync states reset, so
-/// nothing undurable is acknowledged and anti-entropy retries later.
+/// nothing undurable is acknowledged and anti-entropy retries later. When the next batch is
+/// already queued, the fsync ([`DocStore::begin_flush`]) runs on the sync thread (`commit`)
+/// while the thread handles that batch, and the batch's outputs are released once it is done
+/// ([`DocStore::complete_flush`]), before the next batch's: a healing replica otherwise spent a
+/// quarter of its time waiting in `syncfs`. A failed sync drops its batch's outputs; the next
+/// batch's commit covers its files again, so the later outputs that may reflect them still wait
+/// for them.
 ///
 /// Timers: the thread sleeps until the protocol's [`Protocol::poll_timeout`] (no sooner than
 /// `tick_interval` after the last run, no later than [`MAX_SLEEP`]) or the next event, and
@@ -93,8 +100,17 @@ pub(super) fn drive<S: DocStore>(
         Some(v) => (Some(v.pool), Some(v.done)),
         None => (None, None),
     };
+    let syncer = match Syncer::start() {
+        Ok(s) => Some(s),
+        Err(e) => {
+            warn!(error = %e, "cannot start the mesh node's sync thread; committing on the protocol thread");
+            None
+        }
+    };
     let mut driver = Driver {
         pool,
+        syncer,
+        committing: None,
         unchecked: Vec::new(),
         local_uri: protocol.local().uri(),
         protocol,
@@ -143,13 +159,23 @@ pub(super) fn drive<S: DocStore>(
         let stop = driver.handle_batch(&mut batch);
         driver.tick_if_due();
         driver.generate_pushes();
-        driver.commit();
-        driver.release();
+        // The previous batch's sync ran while this one was handled.
+        driver.finish_commit();
+        driver.begin_commit();
+        // Only a batch that is taken at once may run alongside the sync: waiting for events with
+        // outputs held would delay them.
+        let next_ready = !stop
+            && !events.is_empty()
+            && driver.protocol.verifications_in_flight() < MAX_CHECKS_IN_FLIGHT;
+        if !next_ready {
+            driver.finish_commit();
+        }
         driver.publish();
         if stop {
             break;
         }
     }
+    driver.finish_commit();
     driver.close_all();
 }
 
@@ -295,6 +321,10 @@ struct Driver<S> {
     protocol: Protocol,
     /// The verifier threads (see [`drive`]).
     pool: Option<VerifyPool>,
+    /// The thread that runs a batch's fsync while the next batch is handled (see [`drive`]).
+    syncer: Option<Syncer>,
+    /// The sync running on `syncer` and the outputs of the batch it makes durable.
+    committing: Option<(Arc<PendingSync>, Vec<Output>)>,
     /// Checks handed out with no pool to run them: handed back at once, for the store to check.
     unchecked: Vec<Ticket>,
     store: Arc<Mutex<S>>,
@@ -523,24 +553,81 @@ impl<S: DocStore> Driver<S> {
         }
     }
 
-    /// Makes what the batch received durable; if that fails its frames are dropped (and the
-    /// protocol told), so nothing undurable is acknowledged.
-    fn commit(&mut self) {
-        let flushed = lock(&self.store).flush();
-        if let Err(e) = flushed {
-            warn!(error = %e, frames = self.held.len(), "store flush failed; outputs of the batch dropped");
-            for out in self.held.drain(..) {
-                if let Output::Send { conn, envelope } = out {
-                    self.protocol.on_dropped(conn, &envelope);
-                }
+    /// Starts making what the batch received durable: its sync goes to the sync thread and the
+    /// batch's outputs wait for it ([`Driver::finish_commit`]). Without the thread, or when
+    /// the store has nothing to run elsewhere, the batch is committed and released here.
+    fn begin_commit(&mut self) {
+        let outputs = std::mem::take(&mut self.held);
+        let begun = lock(&self.store).begin_flush();
+        let sync = match begun {
+            Ok(Some(sync)) => Arc::new(sync),
+            Ok(None) => return self.release(outputs),
+            Err(e) => return self.drop_outputs(&e, outputs),
+        };
+        if self.syncer.as_mut().is_some_and(|s| s.submit(&sync)) {
+            self.committing = Some((sync, outputs));
+        } else {
+            let r = sync.run();
+            self.complete(sync, r, outputs);
+        }
+    }
+
+    /// Waits for the sync of the batch before, then releases its outputs (or drops them if it
+    /// failed).
+    fn finish_commit(&mut self) {
+        let Some((sync, outputs)) = self.committing.take() else {
+            return;
+        };
+        let result = match self.syncer.as_mut().and_then(Syncer::wait) {
+            Some(r) => r,
+            None => {
+                error!("the mesh node's sync thread ended; committing on the protocol thread");
+                self.syncer = None;
+                Err(StoreError::Io {
+                    path: Default::default(),
+                    source: std::io::Error::other("the mesh node's sync thread ended"),
+                })
+            }
+        };
+        self.complete(sync, result, outputs);
+    }
+
+    /// Books a sync's result with the store, then releases the outputs it held, or drops them.
+    fn complete(
+        &mut self,
+        sync: Arc<PendingSync>,
+        result: Result<(), StoreError>,
+        outputs: Vec<Output>,
+    ) {
+        let completed = match Arc::try_unwrap(sync) {
+            Ok(sync) => lock(&self.store).complete_flush(sync, result),
+            // The thread drops its handle before it reports (see `commit`), so this does not
+            // happen; if it did, the outputs wait for nothing that is known durable.
+            Err(_) => Err(RejectReason::Store(
+                "a sync was still held by the sync thread".into(),
+            )),
+        };
+        match completed {
+            Ok(()) => self.release(outputs),
+            Err(e) => self.drop_outputs(&e, outputs),
+        }
+    }
+
+    /// Drops the outputs of a batch whose changes are not durable (and tells the protocol), so
+    /// nothing undurable is acknowledged.
+    fn drop_outputs(&mut self, e: &RejectReason, outputs: Vec<Output>) {
+        warn!(error = %e, frames = outputs.len(), "store flush failed; outputs of the batch dropped");
+        for out in outputs {
+            if let Output::Send { conn, envelope } = out {
+                self.protocol.on_dropped(conn, &envelope);
             }
         }
     }
 
-    /// Sends the held frames within the budgets, closes what the batch closed, announces the
-    /// applied changes, then runs the store's deferred upkeep.
-    fn release(&mut self) {
-        for out in std::mem::take(&mut self.held) {
+    /// Sends a committed batch's frames within the budgets, closes what the batch closed,
+    /// announces the applied changes, then runs the store's deferred upkeep.
+    fn release(&mut self, outputs: Vec<Output>) {
+        for out in outputs {
             match out {
                 Output::Send { conn, envelope } => self.send(conn, envelope),
                 Output::Close { conn, reason } => self.close(conn, &reason),

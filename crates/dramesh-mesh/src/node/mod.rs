@@ -33,6 +33,7 @@
 //! and the dial loops), `driver` (the protocol thread); this file holds the handle, the
 //! configuration and the state they share.
 
+mod commit;
 mod conn;
 mod dial;
 mod driver;

@@ -56,6 +56,8 @@ mod scope;
 mod sync;
 mod write;
 
+pub use write::PendingSync;
+
 /// When a document's file is compacted and when its writer starts a new generation.
 ///
 /// Let `fresh` be the snapshot size the generation started with. When the file exceeds

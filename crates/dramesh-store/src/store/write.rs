@@ -22,6 +22,32 @@ pub(super) struct GroupCommit {
     pub(super) rewrite: BTreeSet<DocId>,
 }
 
+/// The fsync half of a group commit, handed out by [`Store::begin_sync`]: plain I/O on the
+/// files it names, run on any thread, its result booked by [`Store::complete_sync`].
+#[derive(Debug)]
+#[must_use = "the covered changes are not durable until it ran and was completed"]
+pub struct PendingSync {
+    dir: Option<PathBuf>,
+    files: Vec<PathBuf>,
+    new_files: bool,
+    docs: BTreeSet<DocId>,
+}
+
+impl PendingSync {
+    /// Makes the covered files durable (one `syncfs` for many, see `persist::sync_many`).
+    pub fn run(&self) -> Result<(), StoreError> {
+        match &self.dir {
+            Some(dir) => persist::sync_many(dir, &self.files, self.new_files),
+            None => Ok(()),
+        }
+    }
+
+    /// How many documents' files it covers.
+    pub fn files(&self) -> usize {
+        self.docs.len()
+    }
+}
+
 impl Store {
     /// Writes a snapshot as the document's new file (new generation or compaction); returns
     /// (file bytes, snapshot record bytes).
@@ -171,11 +197,28 @@ impl Store {
     /// Makes every document file appended to since the last call durable (group commit, one
     /// `syncfs` for many files on Linux, see `persist::sync_many`); returns how many files were
     /// pending. On error they all stay pending, so a later call retries them; nothing derived
-    /// from them may be acknowledged until then.
+    /// from them may be acknowledged until then. [`Store::begin_sync`], [`PendingSync::run`] and
+    /// [`Store::complete_sync`] in one call.
     pub fn sync_pending(&mut self) -> Result<usize, StoreError> {
-        let synced = self.commit.unsynced.len();
-        if synced == 0 {
-            return Ok(0);
+        match self.begin_sync()? {
+            None => Ok(0),
+            Some(p) => {
+                let r = p.run();
+                self.complete_sync(p, r)
+            }
+        }
+    }
+
+    /// The first half of [`Store::sync_pending`], on the caller's thread: waits for the
+    /// appends queued on the store's writer, rewrites files that missed one, and hands out
+    /// the fsync of every file appended to so far as a [`PendingSync`] to run on another
+    /// thread, so the caller can go on with new changes meanwhile (they are not covered: their
+    /// files stay pending for the next sync). `None` when nothing is pending. Nothing derived
+    /// from the covered changes may be acknowledged before [`Store::complete_sync`] returned
+    /// `Ok` for it.
+    pub fn begin_sync(&mut self) -> Result<Option<PendingSync>, StoreError> {
+        if self.commit.unsynced.is_empty() {
+            return Ok(None);
         }
         if let Some(w) = &mut self.commit.writer {
             let finished = w.finish();
@@ -190,18 +233,38 @@ impl Store {
                 return Err(e);
             }
         }
-        if let Some(dir) = &self.dir {
-            let files: Vec<PathBuf> = self
-                .commit
-                .unsynced
-                .iter()
-                .map(|d| persist::doc_path(dir, d))
-                .collect();
-            persist::sync_many(dir, &files, self.commit.new_files)?;
+        let docs = std::mem::take(&mut self.commit.unsynced);
+        let files = match &self.dir {
+            Some(dir) => docs.iter().map(|d| persist::doc_path(dir, d)).collect(),
+            None => Vec::new(),
+        };
+        Ok(Some(PendingSync {
+            dir: self.dir.clone(),
+            files,
+            new_files: std::mem::take(&mut self.commit.new_files),
+            docs,
+        }))
+    }
+
+    /// The second half of [`Store::sync_pending`]: books the outcome of `sync`'s
+    /// [`PendingSync::run`]; returns how many files it made durable. On error its files are
+    /// pending again (the next sync retries them) and the error is returned.
+    pub fn complete_sync(
+        &mut self,
+        sync: PendingSync,
+        result: Result<(), StoreError>,
+    ) -> Result<usize, StoreError> {
+        match result {
+            Ok(()) => Ok(sync.docs.len()),
+            Err(e) => {
+                // Documents dropped since (`scope`) are not pending any more.
+                let held = |d: &DocId| self.docs.contains_key(d) || self.pending.contains_key(d);
+                let back: Vec<DocId> = sync.docs.into_iter().filter(|d| held(d)).collect();
+                self.commit.unsynced.extend(back);
+                self.commit.new_files |= sync.new_files;
+                Err(e)
+            }
         }
-        self.commit.unsynced.clear();
-        self.commit.new_files = false;
-        Ok(synced)
     }
 
     /// Creates the document this store writes, or resumes it from disk; returns its generation.

@@ -1113,3 +1113,172 @@ async fn agent_with_a_clock_far_ahead_is_refused_told_and_recovers() {
     .await
     .expect("test timed out");
 }
+
+/// The persistent store whose batch commits fail while `fail` is set (the fsync half reports an
+/// I/O error to the store, as a failing disk would), everything else delegated.
+struct FailingCommit {
+    inner: MeshStore,
+    fail: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl DocStore for FailingCommit {
+    fn digest(&self) -> dramesh_store::Digest {
+        self.inner.digest()
+    }
+    fn bucket_entries(
+        &self,
+        buckets: &[u32],
+        keep: &dyn Fn(&DocId) -> bool,
+    ) -> Vec<(u32, DocEntry)> {
+        self.inner.bucket_entries(buckets, keep)
+    }
+    fn entry(&self, doc: &DocId) -> Option<DocEntry> {
+        self.inner.entry(doc)
+    }
+    fn heads(&self, doc: &DocId) -> Vec<[u8; 32]> {
+        self.inner.heads(doc)
+    }
+    fn holds_changes(&self, doc: &DocId, generation: u64, heads: &[[u8; 32]]) -> bool {
+        self.inner.holds_changes(doc, generation, heads)
+    }
+    fn generate_sync_message(
+        &mut self,
+        doc: &DocId,
+        state: &mut SyncState,
+    ) -> Option<dramesh_store::SignedMessage> {
+        self.inner.generate_sync_message(doc, state)
+    }
+    fn receive_sync_message(
+        &mut self,
+        from: &PeerIdentity,
+        doc: &DocId,
+        generation: u64,
+        state: &mut SyncState,
+        msg: &[u8],
+        signed: Option<&dramesh_store::Attestation>,
+    ) -> Result<(), dramesh_mesh::store::RejectReason> {
+        self.inner
+            .receive_sync_message(from, doc, generation, state, msg, signed)
+    }
+    fn set_trust(&mut self, trust: dramesh_store::Trust) {
+        self.inner.set_trust(trust);
+    }
+    fn flush(&mut self) -> Result<(), dramesh_mesh::store::RejectReason> {
+        self.inner.flush()
+    }
+    fn begin_flush(
+        &mut self,
+    ) -> Result<Option<dramesh_store::PendingSync>, dramesh_mesh::store::RejectReason> {
+        self.inner.begin_flush()
+    }
+    fn complete_flush(
+        &mut self,
+        sync: dramesh_store::PendingSync,
+        result: Result<(), dramesh_store::StoreError>,
+    ) -> Result<(), dramesh_mesh::store::RejectReason> {
+        let result = if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+            Err(dramesh_store::StoreError::Io {
+                path: Default::default(),
+                source: std::io::Error::other("injected fsync failure"),
+            })
+        } else {
+            result
+        };
+        self.inner.complete_flush(sync, result)
+    }
+    fn maintain(&mut self) {
+        self.inner.maintain();
+    }
+}
+
+/// A batch whose commit fails sends nothing that reflects it (the replica announces no applied
+/// change and relays nothing), and the next commit that succeeds makes those changes durable:
+/// a restarted replica holds them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_commit_releases_nothing_and_the_next_commit_covers_it() {
+    init_tracing();
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let ca = certs::generate_ca("test CA", 1).unwrap();
+        let tls = |p: &PeerIdentity| certs::issue_identity(&ca, p, 1).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (disk, _) = disk_store(dir.path());
+        let replica = Arc::new(Mutex::new(FailingCommit {
+            inner: MeshStore::new(disk, true),
+            fail: fail.clone(),
+        }));
+        let handle =
+            MeshHandle::start(fast_config(tls(&replica_id("r0")), vec![]), replica.clone())
+                .await
+                .unwrap();
+        let mut agent = Agent::start(
+            &ca,
+            "c1",
+            dramesh_store::CLUSTER_PUBLISHER,
+            vec![handle.local_addr()],
+        )
+        .await;
+        let node = |label: &str| ObjectChange::Upsert {
+            key: ObjectKey::new(ObjectKind::Node, None, "n1"),
+            json: serde_json::to_vec(&serde_json::json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "n1", "labels": {"l": label}}}))
+            .unwrap()
+            .into(),
+        };
+        let holds =
+            |agent: &Agent| replica.lock().unwrap().entry(&agent.doc) == Some(agent.entry());
+        agent.write(vec![node("a")]).await;
+        wait_until(
+            "the replica holds the first write",
+            Duration::from_secs(30),
+            || holds(&agent),
+        )
+        .await;
+
+        // Commits fail: the replica applies the change but announces nothing.
+        let mut applied = handle.subscribe();
+        while applied.try_recv().is_ok() {}
+        fail.store(true, std::sync::atomic::Ordering::SeqCst);
+        agent.write(vec![node("b")]).await;
+        wait_until(
+            "the replica's store applied the second write",
+            Duration::from_secs(30),
+            || holds(&agent),
+        )
+        .await;
+        // The commit runs in the same batch as the apply; give the driver ample time to have
+        // (wrongly) released it.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut announced = Vec::new();
+        while let Ok(a) = applied.try_recv() {
+            announced.push(a.doc);
+        }
+        assert!(
+            !announced.contains(&agent.doc),
+            "a change whose commit failed was announced"
+        );
+
+        // Commits succeed again: the next change's commit covers the failed one's file too.
+        fail.store(false, std::sync::atomic::Ordering::SeqCst);
+        agent.write(vec![node("c")]).await;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match tokio::time::timeout_at(deadline.into(), applied.recv()).await {
+                Ok(Ok(a)) if a.doc == agent.doc => break,
+                Ok(_) => continue,
+                Err(_) => panic!("no applied change announced after commits succeed again"),
+            }
+        }
+        let expected = agent.entry();
+        handle.shutdown().await;
+        drop(replica);
+        let (reopened, _) = disk_store(dir.path());
+        assert_eq!(
+            reopened.entry(&agent.doc),
+            Some(expected),
+            "durable after the next commit"
+        );
+    })
+    .await
+    .expect("timed out");
+}

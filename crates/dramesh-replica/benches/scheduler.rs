@@ -269,11 +269,12 @@ fn pct(lat: &[Duration], p: f64) -> f64 {
     lat[i].as_secs_f64() * 1e3
 }
 
-/// CPU seconds (user + system) used so far by this process, by its threads named
-/// `dramesh-decide` (the scheduler's deciding threads) and by the bench's document copying
-/// (`bench-copy`), from /proc: a figure that holds on a machine busy with other work, where
-/// rates and latencies do not.
-fn cpu_seconds() -> (f64, f64, f64) {
+/// CPU seconds (user + system) used so far, from /proc: the whole process and each thread name
+/// (`comm`) summed. The replicas run on a runtime of their own (`replica-rt`), the fake API
+/// server on another (`fakeapi`), the bench's document copying on `bench-copy`, so the
+/// replicas' own cost is told apart from the simulated API server's and the bench's: a figure
+/// that holds on a machine busy with other work, where rates and latencies do not.
+fn cpu_seconds() -> (f64, HashMap<String, f64>) {
     fn ticks(stat: &str) -> Option<f64> {
         // Fields after the command name (which may hold spaces): utime is the 14th field.
         let rest = &stat[stat.rfind(')')? + 2..];
@@ -285,35 +286,55 @@ fn cpu_seconds() -> (f64, f64, f64) {
         .ok()
         .and_then(|s| ticks(&s))
         .unwrap_or(0.0);
-    let (mut decider, mut copy) = (0.0, 0.0);
+    let mut by_name: HashMap<String, f64> = HashMap::new();
     if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
         for t in tasks.flatten() {
             let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-            let used = || {
-                std::fs::read_to_string(t.path().join("stat"))
-                    .ok()
-                    .and_then(|s| ticks(&s))
-                    .unwrap_or(0.0)
-            };
-            match comm.trim() {
-                "dramesh-decide" => decider += used(),
-                "bench-copy" => copy += used(),
-                _ => {}
-            }
+            let used = std::fs::read_to_string(t.path().join("stat"))
+                .ok()
+                .and_then(|s| ticks(&s))
+                .unwrap_or(0.0);
+            *by_name.entry(comm.trim().to_string()).or_default() += used;
         }
     }
-    (process, decider, copy)
+    (process, by_name)
 }
 
-/// Prints the CPU time this process, the deciding threads and the bench's document copying
-/// spent per binding since `since`.
-fn report_cpu(label: &str, n: usize, since: (f64, f64, f64)) {
-    let (p, d, c) = cpu_seconds();
+/// Threads that belong to the replicas: their runtime, the scheduler's deciding threads and
+/// their stores' file writers.
+fn is_replica_thread(name: &str) -> bool {
+    name == "replica-rt" || name == "dramesh-decide" || name.starts_with("dramesh-store")
+}
+
+/// Prints the CPU time spent per binding since `since`: the whole process, the replicas (all of
+/// them, and per replica: what one replica on a machine of its own would spend per binding of
+/// the stream), the deciding threads, the fake API server, the bench's copying and the rest
+/// (the bench's driver). Threads that ended since are not counted by name.
+fn report_cpu(label: &str, n: usize, replicas: usize, since: &(f64, HashMap<String, f64>)) {
+    let (p, names) = cpu_seconds();
+    let delta = |pick: &dyn Fn(&str) -> bool| -> f64 {
+        names
+            .iter()
+            .filter(|(k, _)| pick(k))
+            .map(|(k, v)| v - since.1.get(k).copied().unwrap_or(0.0))
+            .sum()
+    };
+    let per = |secs: f64| secs * 1e3 / n as f64;
+    let replica = delta(&|k| is_replica_thread(k));
+    let decide = delta(&|k| k == "dramesh-decide");
+    let api = delta(&|k| k == "fakeapi");
+    let copy = delta(&|k| k == "bench-copy");
+    let all = p - since.0;
     println!(
-        "{label}: CPU per binding {:.2} ms in all ({:.2} ms without the bench's document copying), {:.2} ms on the deciding threads",
-        (p - since.0) * 1e3 / n as f64,
-        (p - since.0 - (c - since.2)) * 1e3 / n as f64,
-        (d - since.1) * 1e3 / n as f64
+        "{label}: CPU per binding {:.2} ms in all; replicas {:.2} ms ({:.2} ms per replica; {:.2} with the copying, which also applies the records to the other replicas' tables), of which deciding threads {:.2} ms; fake API server {:.2} ms; bench copying {:.2} ms; the rest (bench driver) {:.2} ms",
+        per(all),
+        per(replica),
+        per(replica) / replicas as f64,
+        per(replica + copy) / replicas as f64,
+        per(decide),
+        per(api),
+        per(copy),
+        per(all - replica - api - copy)
     );
 }
 
@@ -423,7 +444,21 @@ async fn main() {
         t.elapsed().as_secs_f64()
     );
 
-    let fake = FakeApi::start().await;
+    // The fake API server and the replicas on runtimes of their own, so their CPU is told apart
+    // (see `cpu_seconds`); the bench's driver stays on the main runtime.
+    let runtime = |name: &str| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name(name)
+            .enable_all()
+            .build()
+            .expect("runtime")
+    };
+    let (api_rt, replica_rt) = (runtime("fakeapi"), runtime("replica-rt"));
+    let fake = api_rt
+        .spawn(FakeApi::start())
+        .await
+        .expect("fake API server");
     if !fake.validates_karmada_crds() {
         eprintln!("note: ../shared/fixtures/karmada/crds is absent; writes are not schema-checked");
     }
@@ -459,7 +494,7 @@ async fn main() {
             caught_up: replicas == 1,
         });
         peers.push(tx);
-        tasks.push(tokio::spawn(dramesh_replica::serve_shared(
+        tasks.push(replica_rt.spawn(dramesh_replica::serve_shared(
             state.clone(),
             client,
             role,
@@ -512,7 +547,7 @@ async fn main() {
         .wait(&fake, &mut scheduled, Duration::from_secs(300))
         .await;
     report("warm", 200, last, &lat, &failed);
-    report_cpu("warm", 200, cpu);
+    report_cpu("warm", 200, replicas, &cpu);
 
     let cpu = cpu_seconds();
     let view_rate: u64 = env("SCHED_VIEW_RATE", 0);
@@ -617,7 +652,7 @@ async fn main() {
         n as f64 / offered.as_secs_f64()
     );
     report("steady", n, last, &lat, &failed);
-    report_cpu("steady", n, cpu);
+    report_cpu("steady", n, replicas, &cpu);
     updating.store(false, std::sync::atomic::Ordering::Relaxed);
     if let Some(u) = updater {
         println!(
@@ -635,7 +670,7 @@ async fn main() {
         .wait(&fake, &mut scheduled, Duration::from_secs(600))
         .await;
     report("burst", burst, last, &lat, &failed);
-    report_cpu("burst", burst, cpu);
+    report_cpu("burst", burst, replicas, &cpu);
     for state in &states {
         let own = state
             .reservation_list(false)
@@ -658,4 +693,7 @@ async fn main() {
     if let Some(s) = syncer {
         let _ = s.join();
     }
+    // A runtime may not be dropped inside another's context.
+    replica_rt.shutdown_background();
+    api_rt.shutdown_background();
 }

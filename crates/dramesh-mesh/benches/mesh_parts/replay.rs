@@ -238,7 +238,10 @@ fn record(clusters: usize, nodes: usize, changed: Option<usize>, dir: &Path) {
         "ticks": events.iter().filter(|e| matches!(e, Event::Tick)).count(),
     });
     std::fs::write(dir.join("meta.json"), meta.to_string()).expect("write meta.json");
-    println!("recorded into {}: {meta}", dir.display());
+    // The sessions are listed in meta.json; here only how many.
+    let mut shown = meta.clone();
+    shown["sources"] = json!(sources.len());
+    println!("recorded into {}: {shown}", dir.display());
 }
 
 /// `cp -a from to`: the saved store keeps its files as they are.

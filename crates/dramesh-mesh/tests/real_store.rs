@@ -10,6 +10,8 @@
 mod common;
 #[path = "common/forge.rs"]
 mod forge;
+#[path = "common/wrapped.rs"]
+mod wrapped;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -30,6 +32,7 @@ use dramesh_store::DocEntry;
 use dramesh_store::{
     DocId, Durability, ObjectChange, ObjectKey, ObjectKind, Store, StoreConfig, SyncState,
 };
+use wrapped::Wrapped;
 
 /// Materialized state: (cluster, object key) -> compact JSON.
 type View = BTreeMap<(String, ObjectKey), Vec<u8>>;
@@ -1114,83 +1117,6 @@ async fn agent_with_a_clock_far_ahead_is_refused_told_and_recovers() {
     .expect("test timed out");
 }
 
-/// The persistent store whose batch commits fail while `fail` is set (the fsync half reports an
-/// I/O error to the store, as a failing disk would), everything else delegated.
-struct FailingCommit {
-    inner: MeshStore,
-    fail: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl DocStore for FailingCommit {
-    fn digest(&self) -> dramesh_store::Digest {
-        self.inner.digest()
-    }
-    fn bucket_entries(
-        &self,
-        buckets: &[u32],
-        keep: &dyn Fn(&DocId) -> bool,
-    ) -> Vec<(u32, DocEntry)> {
-        self.inner.bucket_entries(buckets, keep)
-    }
-    fn entry(&self, doc: &DocId) -> Option<DocEntry> {
-        self.inner.entry(doc)
-    }
-    fn heads(&self, doc: &DocId) -> Vec<[u8; 32]> {
-        self.inner.heads(doc)
-    }
-    fn holds_changes(&self, doc: &DocId, generation: u64, heads: &[[u8; 32]]) -> bool {
-        self.inner.holds_changes(doc, generation, heads)
-    }
-    fn generate_sync_message(
-        &mut self,
-        doc: &DocId,
-        state: &mut SyncState,
-    ) -> Option<dramesh_store::SignedMessage> {
-        self.inner.generate_sync_message(doc, state)
-    }
-    fn receive_sync_message(
-        &mut self,
-        from: &PeerIdentity,
-        doc: &DocId,
-        generation: u64,
-        state: &mut SyncState,
-        msg: &[u8],
-        signed: Option<&dramesh_store::Attestation>,
-    ) -> Result<(), dramesh_mesh::store::RejectReason> {
-        self.inner
-            .receive_sync_message(from, doc, generation, state, msg, signed)
-    }
-    fn set_trust(&mut self, trust: dramesh_store::Trust) {
-        self.inner.set_trust(trust);
-    }
-    fn flush(&mut self) -> Result<(), dramesh_mesh::store::RejectReason> {
-        self.inner.flush()
-    }
-    fn begin_flush(
-        &mut self,
-    ) -> Result<Option<dramesh_store::PendingSync>, dramesh_mesh::store::RejectReason> {
-        self.inner.begin_flush()
-    }
-    fn complete_flush(
-        &mut self,
-        sync: dramesh_store::PendingSync,
-        result: Result<(), dramesh_store::StoreError>,
-    ) -> Result<(), dramesh_mesh::store::RejectReason> {
-        let result = if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
-            Err(dramesh_store::StoreError::Io {
-                path: Default::default(),
-                source: std::io::Error::other("injected fsync failure"),
-            })
-        } else {
-            result
-        };
-        self.inner.complete_flush(sync, result)
-    }
-    fn maintain(&mut self) {
-        self.inner.maintain();
-    }
-}
-
 /// A batch whose commit fails sends nothing that reflects it (the replica announces no applied
 /// change and relays nothing), and the next commit that succeeds makes those changes durable:
 /// a restarted replica holds them.
@@ -1201,12 +1127,10 @@ async fn a_failed_commit_releases_nothing_and_the_next_commit_covers_it() {
         let ca = certs::generate_ca("test CA", 1).unwrap();
         let tls = |p: &PeerIdentity| certs::issue_identity(&ca, p, 1).unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (disk, _) = disk_store(dir.path());
-        let replica = Arc::new(Mutex::new(FailingCommit {
-            inner: MeshStore::new(disk, true),
-            fail: fail.clone(),
-        }));
+        let replica = Wrapped::new(MeshStore::new(disk, true));
+        let fail = replica.fail_commits.clone();
+        let replica = Arc::new(Mutex::new(replica));
         let handle =
             MeshHandle::start(fast_config(tls(&replica_id("r0")), vec![]), replica.clone())
                 .await

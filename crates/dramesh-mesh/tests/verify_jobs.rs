@@ -11,6 +11,8 @@
 
 #[path = "common/fixtures.rs"]
 mod fixtures;
+#[path = "common/wrapped.rs"]
+mod wrapped;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -21,58 +23,10 @@ use dramesh_mesh::protocol::{ConnId, Output, Protocol, VerifyJob};
 use dramesh_mesh::signing;
 use dramesh_mesh::store_adapter::MeshStore;
 use dramesh_mesh::wire::{pb, pb::envelope::Body};
-use dramesh_mesh::{DocStore, PeerIdentity, RejectReason};
-use dramesh_store::{
-    Attestation, Digest, DocEntry, DocId, HeadsVerifier, ObjectKey, ObjectKind, SignedMessage,
-    SyncState, Trust,
-};
+use dramesh_mesh::{DocStore, PeerIdentity};
+use dramesh_store::{DocId, HeadsVerifier, ObjectKey, ObjectKind};
 use fixtures::{config, mem_store, node_change};
-
-/// The replica's store, recording every sync message given to it (document, payload) in order.
-struct Recording {
-    inner: MeshStore,
-    received: Vec<(DocId, Vec<u8>)>,
-}
-
-impl DocStore for Recording {
-    fn digest(&self) -> Digest {
-        self.inner.digest()
-    }
-    fn bucket_entries(&self, b: &[u32], keep: &dyn Fn(&DocId) -> bool) -> Vec<(u32, DocEntry)> {
-        self.inner.bucket_entries(b, keep)
-    }
-    fn entry(&self, doc: &DocId) -> Option<DocEntry> {
-        self.inner.entry(doc)
-    }
-    fn heads(&self, doc: &DocId) -> Vec<[u8; 32]> {
-        self.inner.heads(doc)
-    }
-    fn holds_changes(&self, doc: &DocId, generation: u64, heads: &[[u8; 32]]) -> bool {
-        self.inner.holds_changes(doc, generation, heads)
-    }
-    fn generate_sync_message(&mut self, doc: &DocId, s: &mut SyncState) -> Option<SignedMessage> {
-        self.inner.generate_sync_message(doc, s)
-    }
-    fn receive_sync_message(
-        &mut self,
-        from: &PeerIdentity,
-        doc: &DocId,
-        generation: u64,
-        state: &mut SyncState,
-        msg: &[u8],
-        signed: Option<&Attestation>,
-    ) -> Result<(), RejectReason> {
-        self.received.push((doc.clone(), msg.to_vec()));
-        self.inner
-            .receive_sync_message(from, doc, generation, state, msg, signed)
-    }
-    fn set_trust(&mut self, trust: Trust) {
-        self.inner.set_trust(trust);
-    }
-    fn flush(&mut self) -> Result<(), RejectReason> {
-        self.inner.flush()
-    }
-}
+use wrapped::Wrapped;
 
 struct Writer {
     proto: Protocol,
@@ -86,7 +40,7 @@ struct Writer {
 /// (`ConnId(1)` at the writer).
 struct Sim {
     replica: Protocol,
-    store: Recording,
+    store: Wrapped,
     verifier: Arc<dyn HeadsVerifier>,
     writers: Vec<Writer>,
     /// Frames to the replica: (writer, frame).
@@ -113,10 +67,7 @@ impl Sim {
         replica.set_verify_jobs(true);
         Sim {
             replica,
-            store: Recording {
-                inner,
-                received: Vec::new(),
-            },
+            store: Wrapped::new(inner),
             verifier,
             writers: Vec::new(),
             to_replica: VecDeque::new(),

@@ -48,6 +48,19 @@ impl Syncer {
             .is_some_and(|j| j.send(Arc::clone(sync)).is_ok())
     }
 
+    /// [`Syncer::wait`] without waiting: `None` while the oldest sync runs, `Some(None)` when
+    /// the thread is gone.
+    pub(super) fn try_wait(&mut self) -> Option<Option<Result<(), StoreError>>> {
+        match self.done.try_recv() {
+            Ok(r) => Some(Some(r)),
+            Err(mpsc::TryRecvError::Empty) => None,
+            Err(mpsc::TryRecvError::Disconnected) => {
+                self.jobs = None;
+                Some(None)
+            }
+        }
+    }
+
     /// The result of the oldest sync not reported yet; `None` when the thread is gone.
     pub(super) fn wait(&mut self) -> Option<Result<(), StoreError>> {
         let r = self.done.recv().ok();

@@ -71,7 +71,8 @@ pub(super) struct Verifiers {
 /// nothing undurable is acknowledged and anti-entropy retries later. When the next batch is
 /// already queued, the fsync ([`DocStore::begin_flush`]) runs on the sync thread (`commit`)
 /// while the thread handles that batch, and the batch's outputs are released once it is done
-/// ([`DocStore::complete_flush`]), before the next batch's: a healing replica otherwise spent a
+/// ([`DocStore::complete_flush`]; looked for after each event of that batch, so they wait for
+/// their fsync, not for the whole next batch), before the next batch's: a healing replica otherwise spent a
 /// quarter of its time waiting in `syncfs`. A failed sync drops its batch's outputs; the next
 /// batch's commit covers its files again, so the later outputs that may reflect them still wait
 /// for them.
@@ -100,16 +101,10 @@ pub(super) fn drive<S: DocStore>(
         Some(v) => (Some(v.pool), Some(v.done)),
         None => (None, None),
     };
-    let syncer = match Syncer::start() {
-        Ok(s) => Some(s),
-        Err(e) => {
-            warn!(error = %e, "cannot start the mesh node's sync thread; committing on the protocol thread");
-            None
-        }
-    };
     let mut driver = Driver {
         pool,
-        syncer,
+        syncer: None,
+        no_sync_thread: false,
         committing: None,
         unchecked: Vec::new(),
         local_uri: protocol.local().uri(),
@@ -321,8 +316,11 @@ struct Driver<S> {
     protocol: Protocol,
     /// The verifier threads (see [`drive`]).
     pool: Option<VerifyPool>,
-    /// The thread that runs a batch's fsync while the next batch is handled (see [`drive`]).
+    /// The thread that runs a batch's fsync while the next batch is handled (see [`drive`]),
+    /// started with the first sync (a node agent that relays nothing never needs one).
     syncer: Option<Syncer>,
+    /// The sync thread could not be started or ended: commits run on this thread.
+    no_sync_thread: bool,
     /// The sync running on `syncer` and the outputs of the batch it makes durable.
     committing: Option<(Arc<PendingSync>, Vec<Output>)>,
     /// Checks handed out with no pool to run them: handed back at once, for the store to check.
@@ -410,6 +408,7 @@ impl<S: DocStore> Driver<S> {
                 .collect()
         };
         self.hold(outputs);
+        self.poll_commit();
     }
 
     /// Hands the batch's events to the protocol, closing at once the connections it closes
@@ -470,6 +469,7 @@ impl<S: DocStore> Driver<S> {
                 }
             };
             self.hold(outputs);
+            self.poll_commit();
         }
         false
     }
@@ -564,7 +564,7 @@ impl<S: DocStore> Driver<S> {
             Ok(None) => return self.release(outputs),
             Err(e) => return self.drop_outputs(&e, outputs),
         };
-        if self.syncer.as_mut().is_some_and(|s| s.submit(&sync)) {
+        if self.syncer().is_some_and(|s| s.submit(&sync)) {
             self.committing = Some((sync, outputs));
         } else {
             let r = sync.run();
@@ -572,17 +572,53 @@ impl<S: DocStore> Driver<S> {
         }
     }
 
+    /// The sync thread, started with the first sync; `None` when it cannot run.
+    fn syncer(&mut self) -> Option<&mut Syncer> {
+        if self.syncer.is_none() && !self.no_sync_thread {
+            match Syncer::start() {
+                Ok(s) => self.syncer = Some(s),
+                Err(e) => {
+                    warn!(error = %e, "cannot start the mesh node's sync thread; committing on the protocol thread");
+                    self.no_sync_thread = true;
+                }
+            }
+        }
+        self.syncer.as_mut()
+    }
+
     /// Waits for the sync of the batch before, then releases its outputs (or drops them if it
     /// failed).
     fn finish_commit(&mut self) {
+        if self.committing.is_some() {
+            let result = self.syncer.as_mut().and_then(Syncer::wait);
+            self.committed(result);
+        }
+    }
+
+    /// Releases the batch before as soon as its sync is done, between the events of the next
+    /// batch, so its outputs wait for their fsync and not for the next batch as well.
+    fn poll_commit(&mut self) {
+        if self.committing.is_some() {
+            match self.syncer.as_mut().map(Syncer::try_wait) {
+                Some(None) => {}
+                Some(Some(result)) => self.committed(result),
+                None => self.committed(None),
+            }
+        }
+    }
+
+    /// The sync of the batch before reported `result` (`None`: the thread is gone, so it is
+    /// not known durable).
+    fn committed(&mut self, result: Option<Result<(), StoreError>>) {
         let Some((sync, outputs)) = self.committing.take() else {
             return;
         };
-        let result = match self.syncer.as_mut().and_then(Syncer::wait) {
+        let result = match result {
             Some(r) => r,
             None => {
                 error!("the mesh node's sync thread ended; committing on the protocol thread");
                 self.syncer = None;
+                self.no_sync_thread = true;
                 Err(StoreError::Io {
                     path: Default::default(),
                     source: std::io::Error::other("the mesh node's sync thread ended"),

@@ -661,13 +661,8 @@ mod tests {
             v.apply_object("c", o).unwrap();
         });
         let shapes = [dra_workload("one", 1), dra_workload("two", 2)];
-        let mut seed = 12345u64;
-        let mut next = |m: u64| {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (seed >> 33) % m
-        };
+        let mut rng = dramesh_testkit::Lcg(12345);
+        let mut next = |m: u64| rng.next(m);
         let mut live: Vec<Reservation> = Vec::new();
         let mut est = Estimator::new();
         let mut previous: Option<ClusterResolution> = None;
@@ -760,13 +755,8 @@ mod tests {
             dra_workload("two", 2),
             dra_workload_on("sel", 1, serde_json::json!({"gpu": "a100"})),
         ];
-        let mut seed = 7u64;
-        let mut next = |m: u64| {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (seed >> 33) % m
-        };
+        let mut rng = dramesh_testkit::Lcg(7);
+        let mut next = |m: u64| rng.next(m);
         // Small ones, admitted within the first nodes, and three too big to fit.
         let mut live: Vec<Reservation> = (0..12)
             .map(|i| res(&format!("r-{i}"), 0, 1 + next(2) as i64, &shapes[i % 3]))

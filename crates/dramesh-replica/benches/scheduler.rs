@@ -580,14 +580,11 @@ async fn main() {
             // Pods started by `pods` churn, by (cluster, node): started when absent, ended
             // when present.
             let mut running: std::collections::HashSet<(usize, usize)> = Default::default();
-            let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+            let mut rng = dramesh_testkit::Lcg(0x9e37_79b9_7f4a_7c15);
             while updating.load(std::sync::atomic::Ordering::Relaxed) {
                 let i = applied as usize % firsts.len();
                 let changes = if pod_churn {
-                    seed = seed
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    let n = (seed >> 33) as usize % nodes_per_cluster;
+                    let n = rng.next(nodes_per_cluster as u64) as usize;
                     let cluster = firsts[i].0.clone();
                     let node = format!("c{i}-n{n}");
                     let (claim, pod) = (format!("{node}-churn"), format!("{node}-churn-pod"));

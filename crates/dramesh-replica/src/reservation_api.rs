@@ -369,13 +369,8 @@ mod tests {
             Arc::new(workload_from_manifests(&deployment("one", 1)).unwrap()),
             Arc::new(workload_from_manifests(&deployment("two", 2)).unwrap()),
         ];
-        let mut seed = 99u64;
-        let mut next = |m: u64| {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (seed >> 33) % m
-        };
+        let mut rng = dramesh_testkit::Lcg(99);
+        let mut next = |m: u64| rng.next(m);
         let mut own: Vec<String> = Vec::new();
         let (mut changed, mut conflicted) = (0, 0);
         for step in 0..160 {

@@ -28,7 +28,6 @@ pub(super) struct GroupCommit {
 #[must_use = "the covered changes are not durable until it ran and was completed"]
 pub struct PendingSync {
     dir: Option<PathBuf>,
-    files: Vec<PathBuf>,
     new_files: bool,
     docs: BTreeSet<DocId>,
 }
@@ -36,10 +35,15 @@ pub struct PendingSync {
 impl PendingSync {
     /// Makes the covered files durable (one `syncfs` for many, see `persist::sync_many`).
     pub fn run(&self) -> Result<(), StoreError> {
-        match &self.dir {
-            Some(dir) => persist::sync_many(dir, &self.files, self.new_files),
-            None => Ok(()),
-        }
+        let Some(dir) = &self.dir else {
+            return Ok(());
+        };
+        let files: Vec<PathBuf> = self
+            .docs
+            .iter()
+            .map(|d| persist::doc_path(dir, d))
+            .collect();
+        persist::sync_many(dir, &files, self.new_files)
     }
 
     /// How many documents' files it covers.
@@ -233,16 +237,10 @@ impl Store {
                 return Err(e);
             }
         }
-        let docs = std::mem::take(&mut self.commit.unsynced);
-        let files = match &self.dir {
-            Some(dir) => docs.iter().map(|d| persist::doc_path(dir, d)).collect(),
-            None => Vec::new(),
-        };
         Ok(Some(PendingSync {
             dir: self.dir.clone(),
-            files,
             new_files: std::mem::take(&mut self.commit.new_files),
-            docs,
+            docs: std::mem::take(&mut self.commit.unsynced),
         }))
     }
 

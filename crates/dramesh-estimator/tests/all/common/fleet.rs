@@ -31,18 +31,7 @@ pub fn fleet(spec: &FleetSpec, allocated: &dyn Fn(usize) -> usize) -> Result<Vie
 }
 
 /// Deterministic generator for the randomised tests: a seed always yields the same fleets.
-pub struct Lcg(pub u64);
-
-impl Lcg {
-    /// Next value in `0..n` (`0` when `n` is 0).
-    pub fn next(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) % n.max(1)
-    }
-}
+pub use dramesh_testkit::Lcg;
 
 /// A random three-cluster fleet shape: `nodes.0 + rng(nodes.1)` nodes per cluster, then
 /// `gpus.0 + rng(gpus.1)` GPUs per node, then the owners per cluster (`None`: `1 + rng(4)`),

@@ -511,7 +511,7 @@ async fn main() {
             .spawn(move || {
                 let mut last: Vec<Copied> = vec![Default::default(); states.len()];
                 while syncing.load(std::sync::atomic::Ordering::Relaxed) {
-                    std::thread::sleep(Duration::from_millis(50));
+                    std::thread::sleep(Duration::from_millis(env("SCHED_COPY_MS", 50)));
                     for (i, from) in states.iter().enumerate() {
                         let to: Vec<&Arc<ReplicaState>> = states
                             .iter()

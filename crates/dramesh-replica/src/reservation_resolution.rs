@@ -28,7 +28,7 @@ use dramesh_model::ObjectChange;
 use crate::group_commit::{GroupCommit, Ticket};
 use crate::requests::{check_clusters, workload_from_manifests};
 use crate::reservation_table::{
-    self as resv, ClusterRead, Entry, Record, RecordCaps, Table, base_status,
+    self as resv, ClusterRead, DecisionChanges, Entry, Record, RecordCaps, Table, base_status,
 };
 
 /// A reservation this replica writes for itself.
@@ -65,19 +65,6 @@ pub(crate) struct PreemptionHold {
     pub(crate) replicas: i64,
     /// Whether this replica owns it (and may release it).
     pub(crate) own: bool,
-}
-
-/// A live reservation holding a scheduler decision ([`Reservations::decision_entries`]).
-#[derive(Debug, Clone)]
-pub(crate) struct DecisionEntry {
-    pub(crate) id: Arc<str>,
-    pub(crate) cluster: Arc<str>,
-    pub(crate) owner: String,
-    pub(crate) decision: dramesh_scheduler::void::DecisionRef,
-    /// The replicas it added to the cluster.
-    pub(crate) replicas: i64,
-    /// When this replica first saw it (its owner: made it).
-    pub(crate) seen: Instant,
 }
 
 /// What the resolution keeps between calls; it lives beside the estimator it resolves with
@@ -286,32 +273,10 @@ impl Reservations {
         self.with_table(|t| t.set_void_decisions(void))
     }
 
-    /// The live reservations holding scheduler decisions created by `creator` that this
-    /// replica first saw long enough before `now` to be judged ([`DecisionRef::void_after`]).
-    ///
-    /// [`DecisionRef::void_after`]: dramesh_scheduler::void::DecisionRef::void_after
-    pub(crate) fn decision_entries(&self, creator: &str, now: Instant) -> Vec<DecisionEntry> {
-        self.with_table(|t| {
-            t.entries()
-                .filter(|(_, e)| e.record.creator == creator)
-                .filter(|(_, e)| {
-                    e.record
-                        .decision
-                        .as_ref()
-                        .is_some_and(|d| now.saturating_duration_since(e.seen) >= d.void_after())
-                })
-                .filter_map(|(_, e)| {
-                    Some(DecisionEntry {
-                        id: e.id.clone(),
-                        cluster: e.cluster.clone(),
-                        owner: e.record.owner.clone(),
-                        decision: e.record.decision.clone()?,
-                        replicas: e.record.replicas,
-                        seen: e.seen,
-                    })
-                })
-                .collect()
-        })
+    /// The changes of the reservations holding scheduler decisions since table version
+    /// `since` ([`Table::decision_changes`]; one reader).
+    pub(crate) fn decision_changes(&self, since: Option<u64>) -> (DecisionChanges, u64) {
+        self.with_table(|t| t.decision_changes(since))
     }
 
     // --- Resolution.

@@ -56,6 +56,9 @@ pub(crate) const MAX_RECORD_BYTES: usize = 256 * 1024;
 pub(crate) const MAX_REPLICAS: i64 = 1_000_000;
 /// How many ended reservations are remembered.
 pub(crate) const MAX_ENDED: usize = 4096;
+/// How many changes of decisions' reservations [`Table::decision_changes`] keeps for a reader
+/// that has not read them yet; one that fell further behind reads them all again.
+pub(crate) const MAX_DECISION_CHANGES: usize = 1 << 14;
 
 /// The reservation document written by `replica`.
 pub(crate) fn doc_id(replica: &str) -> DocId {
@@ -237,6 +240,15 @@ pub(crate) enum ClusterRead {
     Added(Vec<Arc<Entry>>),
 }
 
+/// What changed among the reservations holding scheduler decisions ([`Table::decision_changes`]).
+pub(crate) enum DecisionChanges {
+    /// Every one known now: the reader's version was too old (or none).
+    All(Vec<Arc<Entry>>),
+    /// Entries added (`true`) or removed (`false`) since the reader's version, in order (a
+    /// replaced entry is removed, then added).
+    Since(Vec<(Arc<Entry>, bool)>),
+}
+
 /// Every reservation this replica knows, and the recently ended ones.
 pub(crate) struct Table {
     owner: String,
@@ -262,6 +274,13 @@ pub(crate) struct Table {
     /// Decisions' reservations the scheduler role judged void, with why (see
     /// [`Record::decision`]): they hold nothing.
     void_decisions: BTreeMap<Arc<str>, String>,
+    /// The last changes of entries holding a decision (at most [`MAX_DECISION_CHANGES`]),
+    /// with the table version of each.
+    decision_log: VecDeque<(u64, Arc<Entry>, bool)>,
+    /// The version of the last change dropped from `decision_log` (0: none).
+    decision_log_dropped: u64,
+    /// Whether `decision_log` has a reader (set by its first read).
+    decision_log_on: bool,
 }
 
 impl Table {
@@ -280,6 +299,9 @@ impl Table {
             over_cap: BTreeMap::new(),
             over_cap_changed: BTreeSet::new(),
             void_decisions: BTreeMap::new(),
+            decision_log: VecDeque::new(),
+            decision_log_dropped: 0,
+            decision_log_on: false,
         }
     }
 
@@ -354,6 +376,14 @@ impl Table {
                 ..ClusterIndex::default()
             });
         c.version = version;
+        if self.decision_log_on && e.record.decision.is_some() {
+            self.decision_log.push_back((version, e.clone(), present));
+            if self.decision_log.len() > MAX_DECISION_CHANGES
+                && let Some((v, _, _)) = self.decision_log.pop_front()
+            {
+                self.decision_log_dropped = v;
+            }
+        }
         if present {
             c.entries.insert(e.id.clone(), e.clone());
             c.added.push((version, e.clone()));
@@ -388,6 +418,39 @@ impl Table {
                 }
             }
         }
+    }
+
+    /// The changes of the entries holding a scheduler decision since table version `since`
+    /// (all of them when `None`, or when changes after `since` were dropped), and the version
+    /// they bring the reader to. Lets the scheduler follow them without listing every
+    /// reservation at each look. One reader: what it read is forgotten, and nothing is kept
+    /// before the first read (the log holds removed entries alive until then).
+    pub(crate) fn decision_changes(&mut self, since: Option<u64>) -> (DecisionChanges, u64) {
+        self.decision_log_on = true;
+        let changes = match since {
+            Some(v) if v >= self.decision_log_dropped => {
+                let read = self.decision_log.partition_point(|(at, _, _)| *at <= v);
+                self.decision_log.drain(..read);
+                DecisionChanges::Since(
+                    self.decision_log
+                        .drain(..)
+                        .map(|(_, e, present)| (e, present))
+                        .collect(),
+                )
+            }
+            _ => {
+                self.decision_log.clear();
+                DecisionChanges::All(
+                    self.entries
+                        .values()
+                        .filter(|e| e.record.decision.is_some())
+                        .cloned()
+                        .collect(),
+                )
+            }
+        };
+        self.decision_log_dropped = 0;
+        (changes, self.version)
     }
 
     /// Computes the cap ranking again as of `now`. Per creator, its capped reservations

@@ -68,7 +68,7 @@ use crate::group_commit::Ticket;
 use crate::pending::PendingIndex;
 use crate::requests::{check_clusters, workload_from_manifests};
 use crate::reservation_resolution::{
-    DecisionEntry, Judged, PreemptionHold, Reservations, ResolutionCache, Resolved,
+    Judged, PreemptionHold, Reservations, ResolutionCache, Resolved,
 };
 use crate::reservation_table as resv;
 use crate::retire::{self, RetiredClusters};
@@ -513,12 +513,15 @@ impl ReplicaState {
         }
     }
 
-    /// The live reservations holding scheduler decisions created by `creator` that this
-    /// replica first saw long enough ago to be judged ([`DecisionRef::void_after`]).
+    /// The changes of the reservations holding scheduler decisions since table version
+    /// `since` (see [`Table::decision_changes`]; the scheduler loop is the one reader).
     ///
-    /// [`DecisionRef::void_after`]: dramesh_scheduler::void::DecisionRef::void_after
-    pub(crate) fn decision_reservations(&self, creator: &str) -> Vec<DecisionEntry> {
-        self.reservations.decision_entries(creator, Instant::now())
+    /// [`Table::decision_changes`]: crate::reservation_table::Table::decision_changes
+    pub(crate) fn decision_changes(
+        &self,
+        since: Option<u64>,
+    ) -> (crate::reservation_table::DecisionChanges, u64) {
+        self.reservations.decision_changes(since)
     }
 
     /// The current overcommit resolution of the reservations over the view (see

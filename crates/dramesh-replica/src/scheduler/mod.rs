@@ -37,8 +37,9 @@
 //!   Reservations end when the member cluster reports the pods, or at their TTL, or once
 //!   void: a decision's reservation names its binding and generation, and once the decision
 //!   had time to be written, a binding that does not show it voids it on every replica that
-//!   sees the binding ([`dramesh_scheduler::void`]; the loop judges every tick and never
-//!   starts writing a decision past its write deadline). Room freed that way retries every
+//!   sees the binding ([`dramesh_scheduler::void`]; the loop follows the verdicts as
+//!   reservations and bindings change, [`voids`], and never starts writing a decision past
+//!   its write deadline). Room freed that way retries every
 //!   unschedulable binding at once, whatever its backoff.
 //! - **Work shared across replicas** ([`SchedulerRole::shard`]): replicas with the same
 //!   scheduler name split the bindings by rendezvous hashing of their uid over the members
@@ -53,8 +54,9 @@ mod decider;
 mod preempt;
 mod queue;
 mod task;
+mod voids;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -69,11 +71,13 @@ use tokio::task::JoinSet;
 
 use crate::karmada::{Cache, Change, KarmadaClient, Kind, ObjectKey, Watch};
 use crate::members::Peers;
-use crate::reservation_resolution::DecisionEntry;
+use crate::reservation_table::Entry;
 use crate::state::ReplicaState;
 use dramesh_api::native::ReservationState;
+use dramesh_scheduler::void::Void;
 use queue::WorkQueue;
 use task::{Ctx, Done, Held, Job, MAX_EVENT_WRITES, Outcome, Verdict, blocking};
+use voids::Voids;
 
 #[cfg(test)]
 mod tests;
@@ -309,8 +313,10 @@ struct Loop {
     peers: Option<watch::Receiver<Peers>>,
     /// The members sharing the work, sorted, this replica among them.
     members: Vec<String>,
-    /// The decisions' reservations judged void at the last look.
-    void: BTreeSet<Arc<str>>,
+    /// The decisions' reservations and their verdicts, followed as they change.
+    voids: Voids,
+    /// The decisions' reservations judged void at the last look, with why.
+    void: BTreeMap<Arc<str>, String>,
     /// Reservations of departed members' written decisions whose replicas this replica took
     /// back ([`Loop::take_over_lost`]), so that each is taken back once.
     taken_over: BTreeSet<Arc<str>>,
@@ -408,6 +414,7 @@ pub(crate) async fn run(
         tokio::spawn(publish_acks(state.clone(), stop.clone()));
     }
     let me = state.replica.clone();
+    let role_creator = role.creator();
     let mut l = Loop {
         ctx: Arc::new(Ctx {
             state,
@@ -446,7 +453,8 @@ pub(crate) async fn run(
         bindings_synced: [false; 2],
         peers,
         members: vec![me],
-        void: BTreeSet::new(),
+        voids: Voids::new(role_creator),
+        void: BTreeMap::new(),
         taken_over: BTreeSet::new(),
         orphans_looked: None,
     };
@@ -580,6 +588,8 @@ impl Loop {
             return;
         }
         let before = std::mem::replace(&mut self.members, members);
+        // Who departed, and who owns which binding, is part of every verdict.
+        self.voids.all_changed();
         tracing::info!(members = ?self.members, before = ?before, "the replicas sharing the bindings changed");
         for kind in [Kind::ResourceBinding, Kind::ClusterResourceBinding] {
             for o in self.cache(kind).list() {
@@ -595,92 +605,96 @@ impl Loop {
     }
 
     /// Judges the scheduler decisions' reservations old enough to be ([`dramesh_scheduler::void`])
-    /// against the bindings as this replica's watches hold them, and hands the void ones to
+    /// against the bindings as this replica's watches hold them (those that became old
+    /// enough or whose binding changed since the last look, [`Voids`]), and hands the void ones to
     /// the state (which leaves them out of every estimate; their owner releases them). A
     /// decision this replica wrote itself is never judged unwritten (its watch may lag its
     /// own write); any other verdict holds for it too. Returns the reservations of decisions
     /// written by replicas no longer among the members, on bindings this replica owns now
     /// (with the binding's key), for [`Loop::take_over_lost`].
-    fn judge_void(&mut self) -> Vec<(Key, DecisionEntry)> {
-        use dramesh_scheduler::void::{Served, Void, last_written, void};
-        let entries = self
-            .ctx
-            .state
-            .decision_reservations(&self.ctx.role.creator());
-        let mut orphans = Vec::new();
-        if entries.is_empty() && self.void.is_empty() {
-            return orphans;
-        }
-        let written: HashSet<&str> = self
-            .checks
-            .iter()
-            .map(|c| &c.held)
-            .chain(self.watched.values())
-            .flat_map(|h| h.by_cluster.values().map(|(id, _)| id.as_str()))
-            .collect();
-        let now = Instant::now();
+    fn judge_void(&mut self) -> Vec<(Key, Arc<Entry>)> {
+        let since = self.voids.version();
+        self.voids.follow(self.ctx.state.decision_changes(since));
+        let mut voids = std::mem::replace(&mut self.voids, Voids::new(String::new()));
+        voids.judge(Instant::now(), |e, key| self.judge_one(e, key));
+        self.voids = voids;
         let mut judged = BTreeMap::new();
-        for e in &entries {
-            let (kind, i) = match e.decision.kind.as_str() {
-                "ResourceBinding" => (Kind::ResourceBinding, 0),
-                "ClusterResourceBinding" => (Kind::ClusterResourceBinding, 1),
-                _ => continue,
-            };
-            let d = &e.decision;
-            let ns = (!d.namespace.is_empty()).then_some(d.namespace.as_str());
-            let obj = self.cache(kind).get(ns, &d.name);
-            let b = obj
-                .as_ref()
-                .and_then(|o| self.ctx.decode(&(kind, o.key()), o).ok());
-            let served = match (self.bindings_synced[i], &obj, &b) {
-                (false, _, _) => Served::Unknown,
-                (true, None, _) => Served::Absent,
-                (true, Some(_), None) => Served::Unknown,
-                (true, Some(_), Some(b)) => Served::Present {
-                    uid: &b.metadata.uid,
-                    generation: b.metadata.generation,
-                    clusters: &b.clusters,
-                    decided_by: b
-                        .metadata
-                        .annotations
-                        .get(dramesh_scheduler::void::DECIDED_BY)
-                        .map(String::as_str),
-                },
-            };
-            // Strict decisions are never moved once written (see `finished`).
-            let departed = self.ctx.role.shard
-                && self.ctx.role.confirm != Confirm::Strict
-                && e.owner != self.ctx.state.replica
-                && !self.members.contains(&e.owner);
-            if let Some(o) = obj.as_ref().filter(|o| departed && self.owns(o))
-                && last_written(&e.owner, d, served)
-            {
-                orphans.push(((kind, o.key()), e.clone()));
+        for (e, key, v) in self.voids.void() {
+            if v == Void::NotWritten && self.writing(key, &e.id) {
+                continue;
             }
-            let age = now.saturating_duration_since(e.seen);
-            match void(&e.owner, d, &e.cluster, age, served) {
-                Some(Void::NotWritten) if written.contains(&*e.id) => {}
-                Some(v) => {
-                    judged.insert(e.id.clone(), v.reason(d, &e.cluster));
-                }
-                None => {}
+            if let Some(d) = &e.record.decision {
+                judged.insert(e.id.clone(), v.reason(d, &e.cluster));
             }
         }
         let mut freed = false;
         for (id, why) in &judged {
-            if !self.void.contains(id) {
+            if !self.void.contains_key(id) {
                 freed = true;
                 tracing::info!(id = %id, reason = %why, "a decision's reservation is void: it holds nothing");
             }
         }
-        self.void = judged.keys().cloned().collect();
-        self.ctx.state.set_void_decisions(judged);
+        if judged != self.void {
+            self.void = judged.clone();
+            self.ctx.state.set_void_decisions(judged);
+        }
         // A binding refused just before held room its backoff away (up to 10 s): measured
         // 2 s past the settle window plus grace after a replica's SIGKILL.
         if freed {
             self.work.retry_unschedulable_now();
         }
-        orphans
+        self.voids.orphans()
+    }
+
+    /// Judges one decision's reservation `e`, old enough to be, against its binding `key` as
+    /// the watch cache holds it ([`voids`]).
+    fn judge_one(&self, e: &Entry, key: &Key) -> voids::Judgement {
+        use dramesh_scheduler::void::{Served, last_written, void};
+        let Some(d) = &e.record.decision else {
+            return voids::Judgement::default();
+        };
+        let (kind, okey) = key;
+        let i = usize::from(*kind == Kind::ClusterResourceBinding);
+        let obj = self.cache(*kind).get(okey.namespace.as_deref(), &okey.name);
+        let b = obj.as_ref().and_then(|o| self.ctx.decode(key, o).ok());
+        let served = match (self.bindings_synced[i], &obj, &b) {
+            (false, _, _) => Served::Unknown,
+            (true, None, _) => Served::Absent,
+            (true, Some(_), None) => Served::Unknown,
+            (true, Some(_), Some(b)) => Served::Present {
+                uid: &b.metadata.uid,
+                generation: b.metadata.generation,
+                clusters: &b.clusters,
+                decided_by: b
+                    .metadata
+                    .annotations
+                    .get(dramesh_scheduler::void::DECIDED_BY)
+                    .map(String::as_str),
+            },
+        };
+        let owner = &e.record.owner;
+        // Strict decisions are never moved once written (see `finished`).
+        let departed = self.ctx.role.shard
+            && self.ctx.role.confirm != Confirm::Strict
+            && *owner != self.ctx.state.replica
+            && !self.members.contains(owner);
+        let orphan = obj.as_ref().is_some_and(|o| departed && self.owns(o))
+            && last_written(owner, d, served);
+        // Old enough (see `Voids`): the age only has to pass the threshold.
+        let age = d.void_after();
+        voids::Judgement {
+            void: void(owner, d, &e.cluster, age, served),
+            orphan,
+        }
+    }
+
+    /// Whether this replica is still writing or watching its decision for `key` that holds
+    /// reservation `id`: such a decision is never judged unwritten (its watch may lag its
+    /// own write).
+    fn writing(&self, key: &Key, id: &str) -> bool {
+        let holds = |h: &Held| h.by_cluster.values().any(|(i, _)| i == id);
+        self.watched.get(key).is_some_and(holds)
+            || self.checks.iter().any(|c| c.key == *key && holds(&c.held))
     }
 
     /// A written decision whose reservation loses overcommit resolution is placed again by
@@ -690,10 +704,10 @@ impl Loop {
     /// one of its reservations conflicted makes the decision lost as a whole). It cannot
     /// release the departed member's reservations, but a conflicted one holds nothing, and
     /// the others are void once the binding moves on without them.
-    async fn take_over_lost(&mut self, orphans: Vec<(Key, DecisionEntry)>) {
+    async fn take_over_lost(&mut self, orphans: Vec<(Key, Arc<Entry>)>) {
         let live: BTreeSet<Arc<str>> = orphans.iter().map(|(_, e)| e.id.clone()).collect();
         self.taken_over.retain(|id| live.contains(id));
-        let orphans: Vec<(Key, DecisionEntry)> = orphans
+        let orphans: Vec<(Key, Arc<Entry>)> = orphans
             .into_iter()
             .filter(|(k, e)| !self.taken_over.contains(&e.id) && !self.lost.contains_key(k))
             .collect();
@@ -725,10 +739,11 @@ impl Loop {
                 return;
             }
         };
-        let mut decisions: HashMap<(Key, String, i64), Vec<DecisionEntry>> = HashMap::new();
+        let mut decisions: HashMap<(Key, String, i64), Vec<Arc<Entry>>> = HashMap::new();
         for (k, e) in orphans {
+            let generation = e.record.decision.as_ref().map_or(0, |d| d.generation);
             decisions
-                .entry((k, e.owner.clone(), e.decision.generation))
+                .entry((k, e.record.owner.clone(), generation))
                 .or_default()
                 .push(e);
         }
@@ -742,8 +757,8 @@ impl Loop {
             }
             let mut clusters = BTreeMap::new();
             for e in entries {
-                *clusters.entry(e.cluster.to_string()).or_default() += e.replicas;
-                self.taken_over.insert(e.id);
+                *clusters.entry(e.cluster.to_string()).or_default() += e.record.replicas;
+                self.taken_over.insert(e.id.clone());
             }
             self.note_lost(&key, clusters);
             self.enqueue(key);
@@ -765,9 +780,13 @@ impl Loop {
     fn binding_change(&mut self, kind: Kind, c: Option<Change>) -> bool {
         match c {
             None => return true,
-            Some(Change::Applied(o)) => self.observe((kind, o.key()), o),
+            Some(Change::Applied(o)) => {
+                self.voids.binding_changed(&(kind, o.key()));
+                self.observe((kind, o.key()), o);
+            }
             Some(Change::Deleted(o)) => {
                 let key = (kind, o.key());
+                self.voids.binding_changed(&key);
                 self.work.forget(&key);
                 self.superseded.remove(&key);
                 self.own.remove(&key);
@@ -780,6 +799,7 @@ impl Loop {
             // A relist: only what changed while the watch was down is planned.
             Some(Change::Synced) => {
                 self.bindings_synced[usize::from(kind == Kind::ClusterResourceBinding)] = true;
+                self.voids.all_changed();
                 for o in self.cache(kind).list() {
                     self.observe((kind, o.key()), o);
                 }

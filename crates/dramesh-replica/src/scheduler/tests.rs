@@ -11,6 +11,7 @@ use crate::karmada::KarmadaOptions;
 use crate::reservation_table as resv;
 use dramesh_scheduler::Binding;
 use serde_json::Value;
+use std::collections::HashSet;
 
 mod preempt;
 mod share;

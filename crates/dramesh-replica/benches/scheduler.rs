@@ -28,18 +28,17 @@
 //! `SCHED_REPLICAS=n` (default 1) runs `n` replicas sharing the work (`--scheduler-shard`):
 //! `n` replica states, each with its own store in its own data directory and the whole
 //! fleet in its view, and `n` scheduler loops, each with its own Karmada client and watches.
-//! Their reservation documents (role records included) are copied between them every 50 ms
-//! by a thread of the bench (`bench-copy`): when a document's heads moved, its records are
-//! read and what changed is applied to the other replicas' tables, as the store's change feed
-//! delivers them. This copying reads whole documents, far more than the mesh's incremental
-//! sync, so its CPU time is reported apart. All of it shares one process.
+//! Their reservation documents (role records included) are copied between them every 5 ms
+//! (`SCHED_COPY_MS`) by a thread of the bench (`bench-copy`): when a document's heads moved, the
+//! keys changed since the heads copied last are read again (automerge's diff) and applied to
+//! the other replicas' tables, as the store's change feed delivers them; the mesh pushes a
+//! replica's writes at once, so arrivals come about as often. Its CPU time is reported apart.
+//! All of it shares one process.
 //!
 //! `SCHED_CONFIRM=after-write|before-write|strict` (default after-write) sets every replica's
 //! `--scheduler-confirm`; with `strict`, `--scheduler-members` is `SCHED_REPLICAS`, and the
-//! replicas' ack records travel with their reservation documents through the same 50 ms
-//! copying (a confirmation's round trip is then two copies and an ack write, where the mesh
-//! pushes at once; ack records change every 20 ms under load, so the copying reads the
-//! documents at every pass).
+//! replicas' ack records travel with their reservation documents through the same
+//! copying (a confirmation's round trip is then two copies and an ack write).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -216,52 +215,62 @@ impl Phase {
     }
 }
 
-/// The records of a replica's own reservation document (its store holds no other: what it
-/// receives goes to its table), by key name, and the heads they were read at.
-type Copied = (Vec<[u8; 32]>, HashMap<String, Arc<[u8]>>);
+/// The heads of a replica's own reservation document as last copied (its store holds no
+/// other: what it receives goes to its table).
+type Copied = Vec<[u8; 32]>;
 
 /// Copies what changed in `from`'s reservation document since `last` into every state of
-/// `to` (upserts and deletes, as the store's change feed would deliver them).
+/// `to` (upserts and deletes, as the store's change feed delivers them): the keys changed
+/// between the two heads (automerge's diff), each read again. Costs what changed, as the
+/// mesh's incremental sync does, so the copying can run often.
 fn copy_changes(from: &ReplicaState, to: &[&Arc<ReplicaState>], last: &mut Copied) {
+    use automerge::{ChangeHash, Prop, patches::TextRepresentation};
     let doc = DocId::reservations(from.replica.clone());
-    let heads = from.with_store(|s| s.store().heads(&doc).unwrap_or_default());
-    if heads == last.0 {
-        return;
-    }
-    let now: HashMap<String, Arc<[u8]>> = from
-        .with_store(|s| s.store().snapshot())
-        .into_iter()
-        .filter(|(c, _)| c.as_str() == RESERVATION_SCOPE)
-        .filter_map(|(_, ch)| match ch {
-            ObjectChange::Upsert { key, json } => Some((key.name.clone(), json)),
-            ObjectChange::Delete { .. } => None,
-        })
-        .collect();
     let key = |name: &str| {
         dramesh_model::ObjectKey::new(dramesh_model::ObjectKind::ClusterInfo, None, name)
     };
-    let mut changes = Vec::new();
-    for (name, json) in &now {
-        if last.1.get(name) != Some(json) {
-            changes.push((
-                RESERVATION_SCOPE.to_string(),
-                ObjectChange::Upsert {
-                    key: key(name),
-                    json: json.clone(),
-                },
-            ));
+    let (heads, changes) = from.with_store(|s| {
+        let store = s.store();
+        let Some(am) = store.automerge_doc(&doc) else {
+            return (Vec::new(), Vec::new());
+        };
+        let heads: Vec<[u8; 32]> = am.get_heads().iter().map(|h| h.0).collect();
+        if heads == *last {
+            return (heads, Vec::new());
+        }
+        let before: Vec<ChangeHash> = last.iter().map(|h| ChangeHash(*h)).collect();
+        let after: Vec<ChangeHash> = heads.iter().map(|h| ChangeHash(*h)).collect();
+        let mut names = std::collections::BTreeSet::new();
+        for p in am.diff(&before, &after, TextRepresentation::Array) {
+            let root = match (p.path.first(), &p.action) {
+                (Some((_, Prop::Map(k))), _) => Some(k.clone()),
+                (None, automerge::PatchAction::PutMap { key, .. })
+                | (None, automerge::PatchAction::DeleteMap { key }) => Some(key.clone()),
+                _ => None,
+            };
+            if let Some(name) = root.as_deref().and_then(|k| k.strip_prefix("meta/")) {
+                names.insert(name.to_string());
+            }
+        }
+        let changes: Vec<(String, ObjectChange)> = names
+            .into_iter()
+            .map(|name| {
+                let k = key(&name);
+                let change = match store.get(RESERVATION_SCOPE, &k) {
+                    Some(json) => ObjectChange::Upsert { key: k, json },
+                    None => ObjectChange::Delete { key: k },
+                };
+                (RESERVATION_SCOPE.to_string(), change)
+            })
+            .collect();
+        (heads, changes)
+    });
+    if !changes.is_empty() {
+        for st in to {
+            st.apply_changes(&changes);
         }
     }
-    for name in last.1.keys().filter(|n| !now.contains_key(*n)) {
-        changes.push((
-            RESERVATION_SCOPE.to_string(),
-            ObjectChange::Delete { key: key(name) },
-        ));
-    }
-    for st in to {
-        st.apply_changes(&changes);
-    }
-    *last = (heads, now);
+    *last = heads;
 }
 
 fn pct(lat: &[Duration], p: f64) -> f64 {
@@ -502,7 +511,7 @@ async fn main() {
             rx.clone(),
         )));
     }
-    // The mesh between the replicas: their reservation documents, every 50 ms.
+    // The mesh between the replicas: their reservation documents, every `SCHED_COPY_MS`.
     let syncing = Arc::new(std::sync::atomic::AtomicBool::new(replicas > 1));
     let syncer = (replicas > 1).then(|| {
         let (states, syncing) = (states.clone(), syncing.clone());
@@ -511,7 +520,7 @@ async fn main() {
             .spawn(move || {
                 let mut last: Vec<Copied> = vec![Default::default(); states.len()];
                 while syncing.load(std::sync::atomic::Ordering::Relaxed) {
-                    std::thread::sleep(Duration::from_millis(env("SCHED_COPY_MS", 50)));
+                    std::thread::sleep(Duration::from_millis(env("SCHED_COPY_MS", 5)));
                     for (i, from) in states.iter().enumerate() {
                         let to: Vec<&Arc<ReplicaState>> = states
                             .iter()
@@ -524,7 +533,7 @@ async fn main() {
             .expect("copying thread")
     });
     if replicas > 1 {
-        // Caught up: every replica holds the others' role records (synced within 50 ms).
+        // Caught up: every replica holds the others' role records (synced within a copy period).
         tokio::time::sleep(Duration::from_secs(1)).await;
         for p in &peers {
             p.send_modify(|p| p.caught_up = true);

@@ -342,7 +342,6 @@ mod tests {
             ids(&v).is_empty(),
             "a removed reservation keeps its verdict"
         );
-        drop(judge);
         assert_eq!(
             judged, ["r1-1"; 3],
             "judged when old enough, on its binding's change and on all"

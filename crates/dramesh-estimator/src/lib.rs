@@ -70,7 +70,8 @@ pub use policy::{
 pub use preempt::{ClusterPreemption, PreemptionResult, Victim, preempt};
 pub use quota::{ClusterQuota, DeviceClassMapping, MappingSource, QuotaError, QuotaSet};
 pub use reservations::{
-    Admission, ClusterResolution, Ranked, Reservation, Resolution, resolve, resolve_cluster,
+    Admission, ClusterResolution, Ranked, Reservation, Resolution, rank_cmp, resolve,
+    resolve_cluster,
 };
 pub use resources::{ResList, ResName};
 pub use snapshot::{SnapshotError, load_snapshot};

@@ -327,6 +327,11 @@ fn rank_order(pa: i32, ida: &str, pb: i32, idb: &str) -> Ordering {
     rank_key(pa, ida).cmp(&rank_key(pb, idb))
 }
 
+/// [`rank_order`] of two reservations: `Less` when `a` is resolved first.
+pub fn rank_cmp(a: &Reservation, b: &Reservation) -> Ordering {
+    rank_order(a.priority, &a.id, b.priority, &b.id)
+}
+
 /// What [`rank_order`] compares, as one key.
 fn rank_key(priority: i32, id: &str) -> (std::cmp::Reverse<i32>, (usize, &str), &str) {
     (std::cmp::Reverse(priority), seq_of(id), id)
@@ -419,6 +424,14 @@ pub fn resolve_cluster(
 }
 
 impl ClusterResolution {
+    /// Whether `r` ranks after every reservation resolved here, so that
+    /// [`ClusterResolution::extend`] can add it.
+    pub fn ranks_after_all(&self, r: &Reservation) -> bool {
+        self.ranked
+            .last()
+            .is_none_or(|l| rank_order(l.priority, &l.id, r.priority, &r.id) == Ordering::Less)
+    }
+
     /// Resolves `more` after everything resolved here: each must rank after every
     /// reservation of `ranked` and after those before it in `more` (checked: out of order
     /// is `Err`, and nothing is resolved). The result is what [`resolve_cluster`] of all of

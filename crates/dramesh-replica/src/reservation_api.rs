@@ -209,7 +209,7 @@ mod tests {
     use dramesh_model::Manifest;
     use std::collections::BTreeMap;
     use std::path::Path;
-    use std::time::Instant;
+    use std::time::{Duration, Instant};
 
     fn node(cluster: &str, n: usize, gpus: u32) -> (String, ObjectChange) {
         node_with(cluster, n, gpus, "", false)
@@ -357,6 +357,9 @@ mod tests {
     #[test]
     fn the_resolution_kept_up_to_date_equals_one_from_scratch() {
         let st = ReplicaState::in_memory("r1");
+        // Exact after every step: late reservations of other replicas do not wait here (see
+        // `late_reservations_of_others_wait_at_most_the_deferral`).
+        st.indexes().compute().resolution.deferral = Duration::ZERO;
         let nodes: Vec<_> = (0..3)
             .flat_map(|n| [node("a", n, 4), node("b", n, 2)])
             .collect();
@@ -510,6 +513,101 @@ mod tests {
     /// Two replicas admit alice's last slot at once: the reservation created later (higher
     /// sequence number) is void on both, whatever order they learn of them in; it is not
     /// deducted, its status says why, its owner releases it, and it ends conflicted.
+
+    /// Another replica's reservation that arrives ranked before ones resolved here, less than
+    /// the deferral after the cluster was last resolved out of order, waits: estimates do not
+    /// deduct it yet, strict scheduling does, and once the deferral has passed the kept
+    /// resolution equals one from scratch. This replica's own reservations never wait.
+    #[test]
+    fn late_reservations_of_others_wait_at_most_the_deferral() {
+        let st = ReplicaState::in_memory("r1");
+        let deferral = Duration::from_millis(300);
+        st.indexes().compute().resolution.deferral = deferral;
+        st.apply_changes(&[node("a", 0, 8)]);
+        let w = Arc::new(workload_from_manifests(&deployment("one", 1)).unwrap());
+        let manifests = deployment("one", 1);
+        let own = |replicas: i64| {
+            let (ids, ticket) = st
+                .queue_own_all(
+                    &[Own {
+                        creator: "t",
+                        cluster: "a",
+                        workload: &w,
+                        manifests: &manifests,
+                        replicas,
+                        priority: 0,
+                        ttl_seconds: 300,
+                        caps: None,
+                        decision: None,
+                    }],
+                    None,
+                )
+                .unwrap();
+            st.wait_written(ticket).unwrap();
+            ids
+        };
+        let fresh = |st: &ReplicaState| {
+            let saved = st.indexes().compute().resolution.resolved.take();
+            let fresh = (outcomes(st), deductions(st));
+            st.indexes().compute().resolution.resolved = saved;
+            fresh
+        };
+        let held = |st: &ReplicaState| -> i64 { st.reserved().iter().map(|a| a.replicas).sum() };
+        // A first resolution (from nothing: out of order), then an own reservation extends it.
+        own(2);
+        assert_eq!(held(&st), 2);
+        own(1);
+        assert_eq!(held(&st), 3);
+        // Another replica's, made before both (a lower sequence number), arrives now: it waits.
+        st.apply_changes(&[foreign("a", 1, "a", 4, 0)]);
+        assert_eq!(
+            held(&st),
+            3,
+            "a waiting reservation is deducted by estimates"
+        );
+        let deferred = || st.indexes().compute().resolution.deferred;
+        assert_eq!(deferred(), 1, "the late arrival was resolved at once");
+        let live = st.reservations.all_live(&st.resolution(), None, None, &[]);
+        assert_eq!(
+            live.iter().map(|a| a.replicas).sum::<i64>(),
+            7,
+            "strict scheduling must deduct waiting reservations"
+        );
+        assert_ne!(
+            (outcomes(&st), deductions(&st)),
+            fresh(&st),
+            "nothing waited"
+        );
+        std::thread::sleep(deferral);
+        assert_eq!(
+            (outcomes(&st), deductions(&st)),
+            fresh(&st),
+            "still waiting past the deferral"
+        );
+        assert_eq!(held(&st), 7);
+        // This replica's own reservations never wait, even ranked before resolved ones (here
+        // behind another replica's from a clock far ahead), within the deferral too.
+        st.apply_changes(&[foreign("z", u64::MAX / 2, "a", 1, 0)]);
+        assert_eq!(held(&st), 8);
+        let mine = own(1);
+        assert_eq!(deferred(), 1);
+        assert_eq!(
+            (outcomes(&st), deductions(&st)),
+            fresh(&st),
+            "an own reservation waited"
+        );
+        let state = |id: &str| {
+            st.reservation_list(false)
+                .into_iter()
+                .find(|s| s.id == id)
+                .map(|s| s.status)
+        };
+        assert_eq!(state(&mine[0]), Some(ReservationState::Live));
+        assert_eq!(
+            state(&format!("z-{:016}", u64::MAX / 2)),
+            Some(ReservationState::Conflicted)
+        );
+    }
     #[test]
     fn the_cap_ranking_voids_the_later_of_two_reservations_admitted_at_once() {
         let caps = Caps {

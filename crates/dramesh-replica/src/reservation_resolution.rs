@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::sync::lock;
 use dramesh_api::ApiError;
@@ -67,9 +67,27 @@ pub(crate) struct PreemptionHold {
     pub(crate) own: bool,
 }
 
+/// How long another replica's reservation that ranks before ones already resolved may wait
+/// to be resolved, when its cluster was resolved out of order less than this ago (the
+/// default; the scheduler role sets a fifth of its settle window,
+/// [`crate::ReplicaState::set_late_deferral`]).
+///
+/// Why: reservations rank by creation time, so one made elsewhere a moment ago arrives ranked
+/// before what this replica resolved since, and all of that is checked again (one estimate
+/// and one first-fit each). Arriving as often as the mesh delivers them, 3 sharing replicas
+/// re-resolved a cluster's recent reservations after nearly every arrival. Waiting resolves
+/// the late arrivals of one deferral together: at most one re-check of a cluster's recent
+/// reservations per deferral.
+///
+/// What it costs: a late reservation is deducted up to this much later than it arrived, as if
+/// the mesh were that much slower; the settle window must cover both. This replica's own
+/// reservations never wait, and strict scheduling deducts waiting ones with every other live
+/// reservation ([`Reservations::all_live`]).
+pub(crate) const LATE_DEFERRAL: Duration = Duration::from_millis(100);
+
 /// What the resolution keeps between calls; it lives beside the estimator it resolves with
 /// (the caller's, held with the view), so it is used under the same lock.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct ResolutionCache {
     /// The last resolution; each cluster's part records what it was computed from, so a
     /// change of one cluster's reservations resolves that cluster again, not all of them.
@@ -81,6 +99,23 @@ pub(crate) struct ResolutionCache {
     /// Of those, the ones after a view change that checked nothing again (see
     /// [`ClusterResolution`]'s carrying over node changes).
     pub(crate) carried: u64,
+    /// How long late reservations of other replicas may wait ([`LATE_DEFERRAL`]).
+    pub(crate) deferral: Duration,
+    /// Late reservations that waited so far.
+    pub(crate) deferred: u64,
+}
+
+impl Default for ResolutionCache {
+    fn default() -> ResolutionCache {
+        ResolutionCache {
+            resolved: None,
+            epochs: 0,
+            extended: 0,
+            carried: 0,
+            deferral: LATE_DEFERRAL,
+            deferred: 0,
+        }
+    }
 }
 
 /// One cluster's part of a resolution, with what it was computed from.
@@ -106,17 +141,24 @@ pub(crate) struct ClusterPart {
     expired: BTreeSet<String>,
     /// The admitted reservations as estimator deductions, shared with every estimate.
     assumed: AssumedList,
+    /// When the cluster was last resolved other than by extension.
+    resolved_at: Instant,
+    /// Other replicas' reservations that arrived ranked before ones resolved here, waiting
+    /// (at most until `resolved_at` + the deferral, [`LATE_DEFERRAL`]) to be resolved together.
+    waiting: Vec<(Arc<Entry>, Reservation)>,
 }
 
 impl ClusterPart {
     /// Whether the part holds for `view` of `cluster` at `now`: resolved on this view of
-    /// the cluster, and none of its reservations expired since.
-    fn current(&self, view: &View, cluster: &str, now: Instant) -> bool {
+    /// the cluster, none of its reservations expired since, and none waits past the deferral.
+    fn current(&self, view: &View, cluster: &str, now: Instant, deferral: Duration) -> bool {
         let stamp = view
             .cluster(cluster)
             .map(ClusterView::stamp)
             .unwrap_or_default();
-        self.resolution.stamp() == stamp && self.until.is_none_or(|u| now < u)
+        self.resolution.stamp() == stamp
+            && self.until.is_none_or(|u| now < u)
+            && (self.waiting.is_empty() || now < self.resolved_at + deferral)
     }
 }
 
@@ -321,7 +363,7 @@ impl Reservations {
                 let Some(p) = parts.and_then(|p| p.get(c)).filter(|_| !voided.contains(c)) else {
                     return Some((c.clone(), None));
                 };
-                if p.current(view, c, now) && p.table_version == *version {
+                if p.current(view, c, now, cache.deferral) && p.table_version == *version {
                     return None;
                 }
                 Some((c.clone(), Some(p.table_version)))
@@ -359,7 +401,7 @@ impl Reservations {
                 estimator,
                 cache,
                 view,
-                &cluster,
+                (&cluster, &self.owner),
                 previous,
                 read,
                 (now, &resolved.over_cap),
@@ -443,20 +485,32 @@ impl Reservations {
                 .iter()
                 .filter_map(|e| e.workload.as_ref().ok().map(|w| (&*e.id, w)))
                 .collect();
+            let keep = |id: &str, replicas: i64| {
+                replicas > 0 && !except.contains(&id) && !holds.iter().any(|h| h.id == id)
+            };
+            // Waiting reservations are live too.
             let list: Vec<Arc<AssumedWorkload>> = part
                 .resolution
                 .ranked
                 .iter()
-                .filter(|r| {
-                    r.replicas > 0
-                        && !except.contains(&&*r.id)
-                        && !holds.iter().any(|h| *h.id == *r.id)
-                })
+                .filter(|r| keep(&r.id, r.replicas))
                 .filter_map(|r| {
                     workloads
                         .get(&*r.id)
                         .map(|w| Arc::new(AssumedWorkload::from_shared(cluster, w, r.replicas)))
                 })
+                .chain(
+                    part.waiting
+                        .iter()
+                        .filter(|(_, r)| keep(&r.id, r.replicas))
+                        .map(|(_, r)| {
+                            Arc::new(AssumedWorkload::from_shared(
+                                cluster,
+                                &r.workload,
+                                r.replicas,
+                            ))
+                        }),
+                )
                 .collect();
             assumed.set(cluster, list.into());
         }
@@ -481,6 +535,7 @@ impl Reservations {
             let entry = part
                 .entries
                 .iter()
+                .chain(part.waiting.iter().map(|(e, _)| e))
                 .find(|e| &*e.id == *id)
                 .ok_or_else(|| format!("reservation {id} is no longer live"))?;
             let w = entry
@@ -832,7 +887,7 @@ fn resolve_part(
     estimator: &mut Estimator,
     cache: &mut ResolutionCache,
     view: &dramesh_estimator::View,
-    cluster: &Arc<str>,
+    (cluster, owner): (&Arc<str>, &str),
     previous: Option<Arc<ClusterPart>>,
     (version, read): (u64, ClusterRead),
     (now, over_cap): (Instant, &BTreeMap<Arc<str>, String>),
@@ -842,30 +897,46 @@ fn resolve_part(
         (ClusterRead::Added(mut added), Some(mut p)) => {
             // Void reservations hold nothing (their clusters are read whole when that changes).
             added.retain(|e| !over_cap.contains_key(&*e.id));
-            if p.current(view, cluster, now) {
-                // New reservations that rank after every one resolved: resolved alone.
+            if p.current(view, cluster, now, cache.deferral) {
                 let more: Result<Vec<Reservation>, _> =
                     added.iter().map(|e| reservation(cv, cluster, e)).collect();
                 if let Ok(more) = more {
                     let part = Arc::make_mut(&mut p);
+                    // Other replicas' reservations ranked before resolved ones wait while the
+                    // cluster was resolved out of order less than the deferral ago.
+                    let wait = now < part.resolved_at + cache.deferral;
+                    let (late, mut on): (Vec<_>, Vec<_>) =
+                        added.into_iter().zip(more).partition(|(e, r)| {
+                            wait && e.record.owner != owner && !part.resolution.ranks_after_all(r)
+                        });
+                    // New reservations that rank after every one resolved: resolved alone.
+                    on.sort_by(|a, b| dramesh_estimator::rank_cmp(&a.1, &b.1));
+                    let more: Vec<Reservation> = on.iter().map(|(_, r)| r.clone()).collect();
                     let admitted = part.resolution.assumed.len();
-                    let extended = part.resolution.extend(view, estimator, cluster, &more);
-                    if extended.is_ok() {
+                    if part
+                        .resolution
+                        .extend(view, estimator, cluster, &more)
+                        .is_ok()
+                    {
                         if part.resolution.assumed.len() != admitted {
                             part.assumed = part.resolution.assumed.clone().into();
                         }
-                        for e in &added {
+                        for (e, _) in &on {
                             part.until = Some(part.until.map_or(e.expiry, |u| u.min(e.expiry)));
                         }
-                        part.entries.extend(added);
+                        part.entries.extend(on.into_iter().map(|(e, _)| e));
+                        cache.deferred += late.len() as u64;
+                        part.waiting.extend(late);
                         part.table_version = version;
                         cache.extended += 1;
                         return p;
                     }
+                    added = on.into_iter().chain(late).map(|(e, _)| e).collect();
                 }
             }
             let mut all = p.entries.clone();
             all.extend(added);
+            all.extend(p.waiting.iter().map(|(e, _)| e.clone()));
             (Some(p), all)
         }
         (ClusterRead::Added(added), None) => (None, added),
@@ -929,6 +1000,8 @@ fn resolve_part(
         undecodable,
         expired,
         assumed,
+        resolved_at: now,
+        waiting: Vec::new(),
     })
 }
 

@@ -526,6 +526,12 @@ impl ReplicaState {
 
     /// The current overcommit resolution of the reservations over the view (see
     /// [`Reservations::resolve`]); blocking: call it off the async reactor.
+    /// Sets how long another replica's reservation that arrives ranked before ones resolved
+    /// already may wait to be resolved ([`crate::reservation_resolution::LATE_DEFERRAL`]).
+    pub fn set_late_deferral(&self, deferral: std::time::Duration) {
+        self.indexes().compute().resolution.deferral = deferral;
+    }
+
     pub(crate) fn resolution(&self) -> Arc<Resolved> {
         let indexes = self.indexes();
         let mut compute = indexes.compute();

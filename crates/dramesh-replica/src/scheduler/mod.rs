@@ -410,6 +410,9 @@ pub(crate) async fn run(
         }
         Err(e) => tracing::warn!(error = %e, "the scheduler role record was not written"),
     }
+    // Another replica's late reservation may wait a fifth of the settle window to be
+    // resolved, leaving the rest of the window to the mesh's delay.
+    state.set_late_deferral(role.settle / 5);
     if role.confirm == Confirm::Strict {
         tokio::spawn(publish_acks(state.clone(), stop.clone()));
     }

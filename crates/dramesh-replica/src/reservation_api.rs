@@ -261,6 +261,30 @@ mod tests {
             .collect()
     }
 
+    /// Writes one reservation of this replica (creator `t`, priority 0) and waits for it.
+    fn write_own(
+        st: &ReplicaState,
+        cluster: &str,
+        workload: &Arc<dramesh_estimator::Workload>,
+        manifests: &[String],
+        replicas: i64,
+    ) -> Vec<String> {
+        let own = Own {
+            creator: "t",
+            cluster,
+            workload,
+            manifests,
+            replicas,
+            priority: 0,
+            ttl_seconds: 300,
+            caps: None,
+            decision: None,
+        };
+        let (ids, ticket) = st.queue_own_all(&[own], None).unwrap();
+        st.wait_written(ticket).unwrap();
+        ids
+    }
+
     /// A record of another replica's reservation, as its document delivers it.
     fn foreign(
         owner: &str,
@@ -411,23 +435,8 @@ mod tests {
                     let w = &shapes[next(2) as usize];
                     let manifests = deployment(&w.name, if w.name == "one" { 1 } else { 2 });
                     let cluster = if next(3) == 0 { "b" } else { "a" };
-                    let (ids, ticket) = st
-                        .queue_own_all(
-                            &[Own {
-                                creator: "t",
-                                cluster,
-                                workload: w,
-                                manifests: &manifests,
-                                replicas: 1 + next(2) as i64,
-                                priority: 0,
-                                ttl_seconds: 300,
-                                caps: None,
-                                decision: None,
-                            }],
-                            None,
-                        )
-                        .unwrap();
-                    st.wait_written(ticket).unwrap();
+                    let replicas = 1 + next(2) as i64;
+                    let ids = write_own(&st, cluster, w, &manifests, replicas);
                     own.extend(ids);
                 }
             }
@@ -510,10 +519,6 @@ mod tests {
         )
     }
 
-    /// Two replicas admit alice's last slot at once: the reservation created later (higher
-    /// sequence number) is void on both, whatever order they learn of them in; it is not
-    /// deducted, its status says why, its owner releases it, and it ends conflicted.
-
     /// Another replica's reservation that arrives ranked before ones resolved here, less than
     /// the deferral after the cluster was last resolved out of order, waits: estimates do not
     /// deduct it yet, strict scheduling does, and once the deferral has passed the kept
@@ -526,26 +531,7 @@ mod tests {
         st.apply_changes(&[node("a", 0, 8)]);
         let w = Arc::new(workload_from_manifests(&deployment("one", 1)).unwrap());
         let manifests = deployment("one", 1);
-        let own = |replicas: i64| {
-            let (ids, ticket) = st
-                .queue_own_all(
-                    &[Own {
-                        creator: "t",
-                        cluster: "a",
-                        workload: &w,
-                        manifests: &manifests,
-                        replicas,
-                        priority: 0,
-                        ttl_seconds: 300,
-                        caps: None,
-                        decision: None,
-                    }],
-                    None,
-                )
-                .unwrap();
-            st.wait_written(ticket).unwrap();
-            ids
-        };
+        let own = |replicas: i64| write_own(&st, "a", &w, &manifests, replicas);
         let fresh = |st: &ReplicaState| {
             let saved = st.indexes().compute().resolution.resolved.take();
             let fresh = (outcomes(st), deductions(st));
@@ -608,6 +594,10 @@ mod tests {
             Some(ReservationState::Conflicted)
         );
     }
+
+    /// Two replicas admit alice's last slot at once: the reservation created later (higher
+    /// sequence number) is void on both, whatever order they learn of them in; it is not
+    /// deducted, its status says why, its owner releases it, and it ends conflicted.
     #[test]
     fn the_cap_ranking_voids_the_later_of_two_reservations_admitted_at_once() {
         let caps = Caps {

@@ -266,13 +266,14 @@ impl Deductions {
         })
     }
 
-    /// Where each deduction added ends, in order; `None` once a replica holds a device not
-    /// local to its node.
-    pub(crate) fn reaches(&self) -> Option<Vec<Reach>> {
+    /// Where each deduction added ends, in order, from the `start`th on; `None` once a
+    /// replica holds a device not local to its node.
+    pub(crate) fn reaches_from(&self, start: usize) -> Option<Vec<Reach>> {
         self.reach()?;
         Some(
             self.undo
                 .iter()
+                .skip(start)
                 .map(|u| Reach {
                     last: u.takes.iter().map(|(n, _)| n).max().cloned(),
                     unplaced: u.unplaced,

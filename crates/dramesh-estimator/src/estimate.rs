@@ -602,17 +602,20 @@ impl Estimator {
     }
 
     /// Where the first-fit deduction of each of `list` (assumed workloads of `cluster`, in
-    /// deduction order) ends in `view` (see [`Reach`]); `None` when the cluster is not in the
-    /// view or a replica holds a device not local to its node.
+    /// deduction order) from the `start`th on ends in `view` (see [`Reach`]; those before
+    /// `start` end where they ended when `list` was shorter: a deduction's end depends only
+    /// on those before it); `None` when the cluster is not in the view or a replica holds a
+    /// device not local to its node.
     pub fn deduction_reaches(
         &mut self,
         view: &View,
         cluster: &str,
         list: &AssumedList,
+        start: usize,
     ) -> Option<Vec<Reach>> {
         let c = view.cluster(cluster)?;
         let log = self.take_deductions(c, list, &EstimateOptions::default())?;
-        let reaches = log.ded.reaches();
+        let reaches = log.ded.reaches_from(start);
         self.deductions.insert(c.name.clone(), log);
         reaches
     }

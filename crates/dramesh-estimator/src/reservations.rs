@@ -239,12 +239,15 @@ impl ClusterResolution {
 
     /// Records what a later resolution needs to carry this one to another view: the stamp,
     /// each shape's count with nothing deducted, where the deductions end.
+    /// `known`: how many of the admitted reservations (the first ones) still have their
+    /// deduction's end in `reaches` (an extension keeps those; they are not computed again).
     fn finish(
         &mut self,
         view: &View,
         estimator: &mut Estimator,
         cluster: &str,
         list: &[&Reservation],
+        known: usize,
     ) {
         self.stamp = view
             .cluster(cluster)
@@ -265,7 +268,18 @@ impl ClusterResolution {
         }
         self.bases = bases;
         let list: AssumedList = self.assumed.clone().into();
-        self.reaches = estimator.deduction_reaches(view, cluster, &list);
+        let kept = self
+            .reaches
+            .take()
+            .filter(|r| known > 0 && r.len() == known);
+        let start = kept.as_ref().map_or(0, Vec::len);
+        self.reaches = estimator
+            .deduction_reaches(view, cluster, &list, start)
+            .map(|more| {
+                let mut r = kept.unwrap_or_default();
+                r.extend(more);
+                r
+            });
     }
 }
 
@@ -419,7 +433,7 @@ pub fn resolve_cluster(
     }
     out.reused = kept;
     out.check(view, estimator, cluster, list[kept..].iter().copied());
-    out.finish(view, estimator, cluster, &list);
+    out.finish(view, estimator, cluster, &list, 0);
     out
 }
 
@@ -460,6 +474,7 @@ impl ClusterResolution {
         {
             return Err(format!("the view of cluster {cluster} changed since"));
         }
+        let admitted = self.assumed.len();
         self.check(view, estimator, cluster, more.iter());
         // Shapes new here get their counts with nothing deducted.
         let mut list: Vec<&Reservation> = Vec::new();
@@ -469,7 +484,7 @@ impl ClusterResolution {
             }
         }
         let mut bases = std::mem::take(&mut self.bases);
-        self.finish(view, estimator, cluster, &list);
+        self.finish(view, estimator, cluster, &list, admitted);
         bases.append(&mut self.bases);
         self.bases = bases;
         Ok(())
@@ -883,9 +898,14 @@ mod tests {
         let mut est = Estimator::new();
         let mut part = resolve_cluster(&v, &mut est, "c", &all[..2], None);
         part.extend(&v, &mut est, "c", &all[2..4]).unwrap();
+        // Where each deduction ends, kept over an extension, is where it ends resolving all.
+        let four = resolve_cluster(&v, &mut Estimator::new(), "c", &all[..4], None);
+        assert!(four.reaches.as_ref().is_some_and(|r| r.len() == 4));
+        assert_eq!(part.reaches, four.reaches);
         part.extend(&v, &mut est, "c", &all[4..]).unwrap();
         assert_eq!(part.ranked, whole.ranked);
         assert!(part.assumed_ids().eq(whole.assumed_ids()));
+        assert_eq!(part.reaches, whole.reaches);
         // 8 GPUs, 2 per reservation: four admitted, two conflicted.
         assert_eq!(part.assumed.len(), 4);
         let before = part.ranked.clone();

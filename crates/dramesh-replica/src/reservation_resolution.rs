@@ -911,7 +911,7 @@ fn resolve_part(
                         });
                     // New reservations that rank after every one resolved: resolved alone.
                     on.sort_by(|a, b| dramesh_estimator::rank_cmp(&a.1, &b.1));
-                    let more: Vec<Reservation> = on.iter().map(|(_, r)| r.clone()).collect();
+                    let (on, more): (Vec<Arc<Entry>>, Vec<Reservation>) = on.into_iter().unzip();
                     let admitted = part.resolution.assumed.len();
                     if part
                         .resolution
@@ -921,17 +921,20 @@ fn resolve_part(
                         if part.resolution.assumed.len() != admitted {
                             part.assumed = part.resolution.assumed.clone().into();
                         }
-                        for (e, _) in &on {
+                        for e in &on {
                             part.until = Some(part.until.map_or(e.expiry, |u| u.min(e.expiry)));
                         }
-                        part.entries.extend(on.into_iter().map(|(e, _)| e));
+                        part.entries.extend(on);
                         cache.deferred += late.len() as u64;
                         part.waiting.extend(late);
                         part.table_version = version;
                         cache.extended += 1;
                         return p;
                     }
-                    added = on.into_iter().chain(late).map(|(e, _)| e).collect();
+                    added = on
+                        .into_iter()
+                        .chain(late.into_iter().map(|(e, _)| e))
+                        .collect();
                 }
             }
             let mut all = p.entries.clone();

@@ -671,27 +671,20 @@ impl Table {
     /// Adds or replaces the reservation `record`; `decode` is asked for its workload unless
     /// it is already known unchanged.
     fn upsert(&mut self, record: Record, json: Arc<[u8]>, now: Instant, decode: &mut Decode<'_>) {
-        if record.owner == self.owner
-            && let Some(seq) = record
-                .id
-                .rsplit_once('-')
-                .and_then(|(_, s)| s.parse::<u64>().ok())
-        {
-            self.next_seq = self.next_seq.max(seq.saturating_add(1));
-        }
-        // Another replica's sequence numbers run ahead of the wall clock while it makes more
-        // than one reservation per ms, or its clock is ahead: this replica's next ones follow
-        // (else each ranks before reservations resolved already, and every one of those is
-        // checked again; measured: most of 3 sharing replicas' re-resolutions), but not a
-        // clock more than `FOLLOW_AHEAD` ahead.
-        if record.owner != self.owner
-            && let Some(seq) = record
-                .id
-                .rsplit_once('-')
-                .and_then(|(_, s)| s.parse::<u64>().ok())
-            && seq > self.newest_other
+        // `u64::MAX`: the id ends in no number.
+        let seq = record.seq();
+        if record.owner == self.owner {
+            if seq != u64::MAX {
+                self.next_seq = self.next_seq.max(seq.saturating_add(1));
+            }
+        } else if seq > self.newest_other
             && seq <= now_ms().saturating_add(FOLLOW_AHEAD.as_millis() as u64)
         {
+            // Another replica's sequence numbers run ahead of the wall clock while it makes
+            // more than one reservation per ms, or its clock is ahead: this replica's next
+            // ones follow (else each ranks before reservations resolved already, and every one
+            // of those is checked again; measured: most of 3 sharing replicas'
+            // re-resolutions), but not a clock more than `FOLLOW_AHEAD` ahead.
             self.newest_other = seq;
         }
         let seen = self.entries.get(&record.id).map_or(now, |e| e.seen);

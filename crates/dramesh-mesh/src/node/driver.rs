@@ -71,9 +71,9 @@ pub(super) struct Verifiers {
 /// nothing undurable is acknowledged and anti-entropy retries later. When the next batch is
 /// already queued, the fsync ([`DocStore::begin_flush`]) runs on the sync thread (`commit`)
 /// while the thread handles that batch, and the batch's outputs are released once it is done
-/// ([`DocStore::complete_flush`]; looked for after each event of that batch, so they wait for
-/// their fsync, not for the whole next batch), before the next batch's: a healing replica otherwise spent a
-/// quarter of its time waiting in `syncfs`. A failed sync drops its batch's outputs; the next
+/// ([`DocStore::complete_flush`]; looked for after each event of that batch, so they wait
+/// for their fsync, not for the whole next batch), before the next batch's: a healing replica
+/// otherwise spent a quarter of its time waiting in `syncfs`. A failed sync drops its batch's outputs; the next
 /// batch's commit covers its files again, so the later outputs that may reflect them still wait
 /// for them.
 ///
@@ -103,8 +103,7 @@ pub(super) fn drive<S: DocStore>(
     };
     let mut driver = Driver {
         pool,
-        syncer: None,
-        no_sync_thread: false,
+        sync_thread: SyncThread::NotStarted,
         committing: None,
         unchecked: Vec::new(),
         local_uri: protocol.local().uri(),
@@ -312,16 +311,30 @@ fn next_batch(
 
 /// The protocol thread's state: the protocol, the connection table, and what the batch being
 /// handled produced.
+/// The node's sync thread: started with the first sync (a node agent that relays nothing
+/// never needs one); once it could not start or it ended, commits run on the protocol thread.
+enum SyncThread {
+    NotStarted,
+    Running(Syncer),
+    Unavailable,
+}
+
+impl SyncThread {
+    fn running(&mut self) -> Option<&mut Syncer> {
+        match self {
+            SyncThread::Running(s) => Some(s),
+            SyncThread::NotStarted | SyncThread::Unavailable => None,
+        }
+    }
+}
+
 struct Driver<S> {
     protocol: Protocol,
     /// The verifier threads (see [`drive`]).
     pool: Option<VerifyPool>,
-    /// The thread that runs a batch's fsync while the next batch is handled (see [`drive`]),
-    /// started with the first sync (a node agent that relays nothing never needs one).
-    syncer: Option<Syncer>,
-    /// The sync thread could not be started or ended: commits run on this thread.
-    no_sync_thread: bool,
-    /// The sync running on `syncer` and the outputs of the batch it makes durable.
+    /// The thread that runs a batch's fsync while the next batch is handled (see [`drive`]).
+    sync_thread: SyncThread,
+    /// The sync running on the sync thread and the outputs of the batch it makes durable.
     committing: Option<(Arc<PendingSync>, Vec<Output>)>,
     /// Checks handed out with no pool to run them: handed back at once, for the store to check.
     unchecked: Vec<Ticket>,
@@ -574,23 +587,23 @@ impl<S: DocStore> Driver<S> {
 
     /// The sync thread, started with the first sync; `None` when it cannot run.
     fn syncer(&mut self) -> Option<&mut Syncer> {
-        if self.syncer.is_none() && !self.no_sync_thread {
-            match Syncer::start() {
-                Ok(s) => self.syncer = Some(s),
+        if let SyncThread::NotStarted = self.sync_thread {
+            self.sync_thread = match Syncer::start() {
+                Ok(s) => SyncThread::Running(s),
                 Err(e) => {
                     warn!(error = %e, "cannot start the mesh node's sync thread; committing on the protocol thread");
-                    self.no_sync_thread = true;
+                    SyncThread::Unavailable
                 }
-            }
+            };
         }
-        self.syncer.as_mut()
+        self.sync_thread.running()
     }
 
     /// Waits for the sync of the batch before, then releases its outputs (or drops them if it
     /// failed).
     fn finish_commit(&mut self) {
         if self.committing.is_some() {
-            let result = self.syncer.as_mut().and_then(Syncer::wait);
+            let result = self.sync_thread.running().and_then(Syncer::wait);
             self.committed(result);
         }
     }
@@ -599,7 +612,7 @@ impl<S: DocStore> Driver<S> {
     /// batch, so its outputs wait for their fsync and not for the next batch as well.
     fn poll_commit(&mut self) {
         if self.committing.is_some() {
-            match self.syncer.as_mut().map(Syncer::try_wait) {
+            match self.sync_thread.running().map(Syncer::try_wait) {
                 Some(None) => {}
                 Some(Some(result)) => self.committed(result),
                 None => self.committed(None),
@@ -617,8 +630,7 @@ impl<S: DocStore> Driver<S> {
             Some(r) => r,
             None => {
                 error!("the mesh node's sync thread ended; committing on the protocol thread");
-                self.syncer = None;
-                self.no_sync_thread = true;
+                self.sync_thread = SyncThread::Unavailable;
                 Err(StoreError::Io {
                     path: Default::default(),
                     source: std::io::Error::other("the mesh node's sync thread ended"),

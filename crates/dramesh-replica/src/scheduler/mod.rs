@@ -618,7 +618,8 @@ impl Loop {
     fn judge_void(&mut self) -> Vec<(Key, Arc<Entry>)> {
         let since = self.voids.version();
         self.voids.follow(self.ctx.state.decision_changes(since));
-        let mut voids = std::mem::replace(&mut self.voids, Voids::new(String::new()));
+        // Taken out while the judge borrows the loop.
+        let mut voids = std::mem::take(&mut self.voids);
         voids.judge(Instant::now(), |e, key| self.judge_one(e, key));
         self.voids = voids;
         let mut judged = BTreeMap::new();

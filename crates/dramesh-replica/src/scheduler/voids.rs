@@ -41,6 +41,7 @@ struct Known {
 }
 
 /// The creator's decisions' reservations and their verdicts (see the module docs).
+#[derive(Default)]
 pub(super) struct Voids {
     creator: String,
     /// The table version read up to (`None`: nothing read yet).

@@ -128,6 +128,8 @@ pub enum Fault {
         hold_ms: u64,
         /// Bound on the repair after the heal.
         repair_ms: u64,
+        /// Replicas whose wall clock is shifted (libfaketime offsets such as `-7200`).
+        clocks: Vec<(String, String)>,
     },
     /// The replica runs with its wall clock shifted by `offset` (libfaketime syntax).
     ClockShift {
@@ -158,6 +160,11 @@ fn hosts(names: &[&str]) -> Vec<String> {
 /// heal, sampled until 10 s after it; replicas confirming `confirm` (`strict`: never more
 /// than fits, at any instant).
 fn scheduler_partition(confirm: &str) -> Fault {
+    scheduler_partition_skewed(confirm, &[])
+}
+
+/// [`scheduler_partition`] with the wall clocks of `clocks` shifted.
+fn scheduler_partition_skewed(confirm: &str, clocks: &[(&str, &str)]) -> Fault {
     Fault::SchedulerPartition {
         a: hosts(&["r1"]),
         b: hosts(&["r2", "r3"]),
@@ -167,6 +174,10 @@ fn scheduler_partition(confirm: &str) -> Fault {
         oversubscribe: 3,
         hold_ms: 10_000,
         repair_ms: 2_000,
+        clocks: clocks
+            .iter()
+            .map(|(r, o)| (r.to_string(), o.to_string()))
+            .collect(),
     }
 }
 
@@ -275,6 +286,11 @@ pub fn all_scenarios(fault_ms: u64) -> Vec<Scenario> {
             name: "scheduler-partition-strict",
             about: "the same, replicas confirming strictly (a majority of the 3 must hold a decision): never more bound than fits, at any instant",
             fault: scheduler_partition("strict"),
+        },
+        Scenario {
+            name: "scheduler-partition-strict-clock-skew",
+            about: "the strict case with the majority side's clocks 2.5 h apart: r2's wall clock 30 min behind, r3's 2 h ahead (libfaketime): never more bound than fits, at any instant",
+            fault: scheduler_partition_skewed("strict", &[("r2", "-1800"), ("r3", "+7200")]),
         },
         Scenario {
             name: "clock-shift",
@@ -570,8 +586,12 @@ pub fn run_scenario(sc: &Scenario, profile: &Profile, opts: &RunOptions) -> Resu
     let mut wl = Workload::new(&dir.join("snapshots"), &dramesh_sim::demo_fleet(), seed)?;
     let clusters = wl.cluster_names();
     let mut clock_offsets = BTreeMap::new();
-    if let Fault::ClockShift { replica, offset } = &sc.fault {
-        clock_offsets.insert(replica.clone(), offset.clone());
+    match &sc.fault {
+        Fault::ClockShift { replica, offset } => {
+            clock_offsets.insert(replica.clone(), offset.clone());
+        }
+        Fault::SchedulerPartition { clocks, .. } => clock_offsets.extend(clocks.iter().cloned()),
+        _ => {}
     }
     let mut notes = Vec::new();
     let mut replica_extra_args = opts.replica_extra_args.clone();

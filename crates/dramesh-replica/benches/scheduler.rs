@@ -347,6 +347,59 @@ fn report_cpu(label: &str, n: usize, replicas: usize, since: &(f64, HashMap<Stri
     );
 }
 
+/// The deciding threads' totals, summed over the replicas: decisions, seconds waited for the
+/// thread, seconds it ran, and decisions that waited longer than 10 ms
+/// (`dramesh_scheduler_decider_*`).
+#[derive(Default, Clone, Copy)]
+struct DeciderTotals {
+    decisions: f64,
+    waited: f64,
+    ran: f64,
+    over_10ms: f64,
+}
+
+fn decider_totals(metrics: &[Arc<dramesh_telemetry::Metrics>]) -> DeciderTotals {
+    let mut t = DeciderTotals::default();
+    for m in metrics {
+        let text = m.registry().render();
+        let value = |prefix: &str| -> f64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(prefix))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0.0)
+        };
+        const WAIT: &str = "dramesh_scheduler_decider_wait_seconds";
+        let count = value(&format!("{WAIT}_count "));
+        t.decisions += count;
+        t.waited += value(&format!("{WAIT}_sum "));
+        t.ran += value("dramesh_scheduler_decider_run_seconds_sum ");
+        t.over_10ms += count - value(&format!("{WAIT}_bucket{{le=\"0.01\"}} "));
+    }
+    t
+}
+
+/// Prints how the deciding threads fared since `since`, over a phase of `secs`: how busy each
+/// was (wall clock, so time waiting for a core counts), and how long decisions waited for it.
+fn report_decider(
+    label: &str,
+    metrics: &[Arc<dramesh_telemetry::Metrics>],
+    since: DeciderTotals,
+    secs: f64,
+) {
+    let now = decider_totals(metrics);
+    let n = now.decisions - since.decisions;
+    if n <= 0.0 {
+        return;
+    }
+    println!(
+        "{label}: deciding thread busy {:.0} % of the phase (per replica); decisions waited for it {:.2} ms on average, {:.1} % of them over 10 ms; {:.2} ms per decision on it",
+        100.0 * (now.ran - since.ran) / secs / metrics.len() as f64,
+        1e3 * (now.waited - since.waited) / n,
+        100.0 * (now.over_10ms - since.over_10ms) / n,
+        1e3 * (now.ran - since.ran) / n,
+    );
+}
+
 /// Prints how many bindings got more than one accepted spec write (decided by two replicas).
 fn spec_writes_per_binding(fake: &FakeApi) {
     let mut per: HashMap<String, usize> = HashMap::new();
@@ -484,6 +537,7 @@ async fn main() {
     let (stop, rx) = tokio::sync::watch::channel(false);
     let mut peers = Vec::new();
     let mut tasks = Vec::new();
+    let mut metrics = Vec::new();
     for state in &states {
         let client = Arc::new(KarmadaClient::new(
             fake.client(),
@@ -503,13 +557,12 @@ async fn main() {
             caught_up: replicas == 1,
         });
         peers.push(tx);
-        tasks.push(replica_rt.spawn(dramesh_replica::serve_shared(
-            state.clone(),
-            client,
-            role,
-            peers_rx,
-            rx.clone(),
-        )));
+        let m = Arc::new(dramesh_telemetry::Metrics::new());
+        metrics.push(m.clone());
+        let (state, rx) = (state.clone(), rx.clone());
+        tasks.push(replica_rt.spawn(async move {
+            dramesh_replica::serve_shared(state, client, role, peers_rx, Some(&m), rx).await
+        }));
     }
     // The mesh between the replicas: their reservation documents, every `SCHED_COPY_MS`.
     let syncing = Arc::new(std::sync::atomic::AtomicBool::new(replicas > 1));
@@ -548,6 +601,7 @@ async fn main() {
 
     let mut scheduled = Scheduled::default();
     let cpu = cpu_seconds();
+    let (decided, phase_start) = (decider_totals(&metrics), Instant::now());
     let mut warm = Phase::new();
     for _ in 0..200 {
         warm.create(&fake, &name());
@@ -557,8 +611,15 @@ async fn main() {
         .await;
     report("warm", 200, last, &lat, &failed);
     report_cpu("warm", 200, replicas, &cpu);
+    report_decider(
+        "warm",
+        &metrics,
+        decided,
+        phase_start.elapsed().as_secs_f64(),
+    );
 
     let cpu = cpu_seconds();
+    let (decided, phase_start) = (decider_totals(&metrics), Instant::now());
     let view_rate: u64 = env("SCHED_VIEW_RATE", 0);
     let pod_churn = match std::env::var("SCHED_VIEW_CHANGE").as_deref() {
         Ok("pods") => true,
@@ -659,6 +720,12 @@ async fn main() {
     );
     report("steady", n, last, &lat, &failed);
     report_cpu("steady", n, replicas, &cpu);
+    report_decider(
+        "steady",
+        &metrics,
+        decided,
+        phase_start.elapsed().as_secs_f64(),
+    );
     updating.store(false, std::sync::atomic::Ordering::Relaxed);
     if let Some(u) = updater {
         println!(
@@ -668,6 +735,7 @@ async fn main() {
     }
 
     let cpu = cpu_seconds();
+    let (decided, phase_start) = (decider_totals(&metrics), Instant::now());
     let mut b = Phase::new();
     for _ in 0..burst {
         b.create(&fake, &name());
@@ -677,6 +745,12 @@ async fn main() {
         .await;
     report("burst", burst, last, &lat, &failed);
     report_cpu("burst", burst, replicas, &cpu);
+    report_decider(
+        "burst",
+        &metrics,
+        decided,
+        phase_start.elapsed().as_secs_f64(),
+    );
     for state in &states {
         let own = state
             .reservation_list(false)

@@ -5,22 +5,61 @@
 //! without waiting for an async lock's hand-over, a runtime worker or the blocking pool in
 //! between (a few hundred microseconds each on a busy 2-core machine, as much as a decision
 //! itself). Guarantee: jobs run in the order they were queued, never two at once.
+//!
+//! Being one thread, it is the role's serial resource: when decisions arrive faster than it
+//! runs them (on a machine short of CPU, the thread's turn comes late too), they queue. The
+//! metrics say so: the wait for the thread and the time it runs, per decision.
 
 use std::sync::Arc;
 use std::sync::mpsc;
+use std::time::Instant;
+
+use dramesh_telemetry::registry::{Histogram, MetricsError, Registry};
 
 use crate::state::ReplicaState;
 
 type Job = Box<dyn FnOnce(&ReplicaState) + Send>;
 
+/// `dramesh_scheduler_decider_*`: per decision, the wait for the deciding thread and the time
+/// it ran (the rate of the latter's sum is the share of time the thread is busy).
+#[derive(Clone)]
+pub(crate) struct DeciderMetrics {
+    wait: Arc<Histogram>,
+    run: Arc<Histogram>,
+}
+
+impl DeciderMetrics {
+    pub(crate) fn register(r: &Registry) -> Result<DeciderMetrics, MetricsError> {
+        const BUCKETS: &[f64] = &[
+            0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0,
+        ];
+        Ok(DeciderMetrics {
+            wait: r.histogram(
+                "dramesh_scheduler_decider_wait_seconds",
+                "Time a decision waited for the deciding thread (decisions are made one at a time).",
+                BUCKETS,
+            )?,
+            run: r.histogram(
+                "dramesh_scheduler_decider_run_seconds",
+                "Time the deciding thread spent on one decision, wall clock (the rate of the sum is how busy the thread is).",
+                BUCKETS,
+            )?,
+        })
+    }
+}
+
 /// The queue of the deciding thread; the thread ends when this is dropped.
 pub(super) struct Decider {
     tx: mpsc::Sender<Job>,
+    metrics: Option<DeciderMetrics>,
 }
 
 impl Decider {
     /// Starts the thread.
-    pub(super) fn start(state: Arc<ReplicaState>) -> std::io::Result<Decider> {
+    pub(super) fn start(
+        state: Arc<ReplicaState>,
+        metrics: Option<DeciderMetrics>,
+    ) -> std::io::Result<Decider> {
         let (tx, rx) = mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name("dramesh-decide".into())
@@ -34,7 +73,7 @@ impl Decider {
                     }
                 }
             })?;
-        Ok(Decider { tx })
+        Ok(Decider { tx, metrics })
     }
 
     /// Runs `f` on the deciding thread after every job queued before it.
@@ -43,9 +82,17 @@ impl Decider {
         f: impl FnOnce(&ReplicaState) -> T + Send + 'static,
     ) -> Result<T, String> {
         let (reply, answer) = tokio::sync::oneshot::channel();
+        let metrics = self.metrics.clone();
+        let queued = Instant::now();
         self.tx
             .send(Box::new(move |st| {
-                let _ = reply.send(f(st));
+                let started = Instant::now();
+                let out = f(st);
+                if let Some(m) = metrics {
+                    m.wait.observe((started - queued).as_secs_f64());
+                    m.run.observe(started.elapsed().as_secs_f64());
+                }
+                let _ = reply.send(out);
             }))
             .map_err(|_| "the deciding thread stopped".to_string())?;
         answer
@@ -60,7 +107,7 @@ mod tests {
 
     #[tokio::test]
     async fn jobs_run_in_order_one_at_a_time_and_a_panic_does_not_stop_the_next() {
-        let d = Arc::new(Decider::start(ReplicaState::in_memory("t")).unwrap());
+        let d = Arc::new(Decider::start(ReplicaState::in_memory("t"), None).unwrap());
         let log = Arc::new(std::sync::Mutex::new(Vec::new()));
         let mut answers = Vec::new();
         for i in 0..50 {
@@ -76,5 +123,19 @@ mod tests {
         let failed = d.run(|_| -> u32 { panic!("boom") }).await;
         assert!(failed.is_err());
         assert_eq!(d.run(|_| 7).await, Ok(7));
+    }
+
+    #[tokio::test]
+    async fn the_metrics_count_each_decision_its_wait_and_its_run() {
+        let m = DeciderMetrics::register(&Registry::new()).unwrap();
+        let d = Decider::start(ReplicaState::in_memory("t"), Some(m.clone())).unwrap();
+        let pause = std::time::Duration::from_millis(60);
+        // The second job waits for the first, which runs for `pause`.
+        let (a, b) = tokio::join!(d.run(move |_| std::thread::sleep(pause)), d.run(|_| ()));
+        assert_eq!((a, b), (Ok(()), Ok(())));
+        let (wait, run) = (m.wait.snapshot(), m.run.snapshot());
+        assert_eq!((wait.count, run.count), (2, 2));
+        assert!(run.sum >= pause.as_secs_f64(), "run time {}", run.sum);
+        assert!(wait.sum >= pause.as_secs_f64() * 0.9, "wait {}", wait.sum);
     }
 }

@@ -189,6 +189,8 @@ pub(crate) struct SchedulerMetrics {
     /// Time from queueing a binding (its watch event, retry or lost reservation) to its
     /// last write.
     latency: Arc<Histogram>,
+    /// The deciding thread's queue wait and run time per decision.
+    decider: decider::DeciderMetrics,
 }
 
 impl SchedulerMetrics {
@@ -207,7 +209,12 @@ impl SchedulerMetrics {
                     "Time from queueing a binding (its watch event, retry or lost reservation) to its last write.",
                     &[0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0],
                 )?;
-                Ok(SchedulerMetrics { bindings, latency })
+                let decider = decider::DeciderMetrics::register(r)?;
+                Ok(SchedulerMetrics {
+                    bindings,
+                    latency,
+                    decider,
+                })
             });
         match made {
             Ok(m) => Some(m),
@@ -338,15 +345,18 @@ pub async fn serve(
 
 /// [`serve`] for a replica that shares the work with the replicas `peers` says are alive
 /// (for programs that exchange the replicas' reservation documents themselves; a
-/// [`crate::Replica`] learns them from its mesh).
+/// [`crate::Replica`] learns them from its mesh), its `dramesh_scheduler_*` metrics
+/// registered in `metrics` when given.
 pub async fn serve_shared(
     state: Arc<ReplicaState>,
     client: Arc<KarmadaClient>,
     role: SchedulerRole,
     peers: watch::Receiver<Peers>,
+    metrics: Option<&dramesh_telemetry::Metrics>,
     stop: watch::Receiver<bool>,
 ) {
-    run(state, client, role, None, Some(peers), stop).await;
+    let metrics = metrics.and_then(SchedulerMetrics::register);
+    run(state, client, role, metrics, Some(peers), stop).await;
 }
 
 /// How often a strict replica looks whether its ack record is behind what it has applied.
@@ -394,7 +404,10 @@ pub(crate) async fn run(
     let mut crb = client.watch(Kind::ClusterResourceBinding);
     let mut cl = client.watch(Kind::Cluster);
     let mut pc = client.watch(Kind::PriorityClass);
-    let decider = match decider::Decider::start(state.clone()) {
+    let decider = match decider::Decider::start(
+        state.clone(),
+        metrics.as_ref().map(|m| m.decider.clone()),
+    ) {
         Ok(d) => d,
         Err(e) => {
             tracing::error!(error = %e, "the scheduler role cannot start its deciding thread; it does not run");

@@ -76,8 +76,8 @@ pub use reservations::{
 pub use resources::{ResList, ResName};
 pub use snapshot::{SnapshotError, load_snapshot};
 pub use view::{
-    ApplyError, Autoscaling, ClusterView, NodeChange, NodeEntry, NodeUsage, Owner, PodEntry,
-    VIEW_BYTES_PER, View, ViewStamp, owner_key,
+    ApplyError, Autoscaling, ClusterView, Decoded, NodeChange, NodeEntry, NodeUsage, Owner,
+    PodEntry, VIEW_BYTES_PER, View, ViewStamp, decode, owner_key,
 };
 pub use workload::{
     ClaimRef, MAX_CLAIM_REFS, TemplateRef, TemplateSource, Workload, WorkloadError, load_workload,

@@ -23,6 +23,40 @@ use crate::filter::{NodeClaim as PodNodeClaim, NodeFacts};
 use crate::hash::FastMap;
 use crate::resources::{ResList, ResName, pod_requests};
 
+/// A replicated change with its object decoded: what [`View::apply_decoded`] takes. Decoding
+/// needs no view, so a caller can decode before taking the lock its view is behind.
+#[derive(Debug, Clone)]
+pub enum Decoded {
+    /// The object, created or replaced.
+    Upsert(ClusterObject),
+    /// The key of the object deleted.
+    Delete(ObjectKey),
+}
+
+/// Decodes the object of a replicated change of `cluster`, checking that it is the object its
+/// key names.
+pub fn decode(cluster: &str, change: &ObjectChange) -> Result<Decoded, ApplyError> {
+    match change {
+        ObjectChange::Upsert { key, json } => {
+            let obj = ClusterObject::from_json(key.kind, json).map_err(|e| ApplyError::Decode {
+                cluster: cluster.to_string(),
+                key: key.clone(),
+                message: e.to_string(),
+            })?;
+            let got = obj.key();
+            if &got != key && key.kind != ObjectKind::ClusterInfo {
+                return Err(ApplyError::Invalid {
+                    cluster: cluster.to_string(),
+                    key: key.clone(),
+                    message: format!("object inside the change is {got}"),
+                });
+            }
+            Ok(Decoded::Upsert(obj))
+        }
+        ObjectChange::Delete { key } => Ok(Decoded::Delete(key.clone())),
+    }
+}
+
 /// Why a change could not be applied. The view is unchanged when this is returned.
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
@@ -642,28 +676,17 @@ impl View {
         self.clusters.remove(cluster).is_some()
     }
 
-    /// Applies one replicated change.
+    /// Applies one replicated change: [`decode`] and [`View::apply_decoded`].
     pub fn apply(&mut self, cluster: &str, change: &ObjectChange) -> Result<(), ApplyError> {
+        self.apply_decoded(cluster, decode(cluster, change)?)
+    }
+
+    /// Applies one change decoded by [`decode`].
+    pub fn apply_decoded(&mut self, cluster: &str, change: Decoded) -> Result<(), ApplyError> {
         match change {
-            ObjectChange::Upsert { key, json } => {
-                let obj =
-                    ClusterObject::from_json(key.kind, json).map_err(|e| ApplyError::Decode {
-                        cluster: cluster.to_string(),
-                        key: key.clone(),
-                        message: e.to_string(),
-                    })?;
-                let got = obj.key();
-                if &got != key && key.kind != ObjectKind::ClusterInfo {
-                    return Err(ApplyError::Invalid {
-                        cluster: cluster.to_string(),
-                        key: key.clone(),
-                        message: format!("object inside the change is {got}"),
-                    });
-                }
-                self.apply_object(cluster, obj)
-            }
-            ObjectChange::Delete { key } => {
-                self.delete(cluster, key);
+            Decoded::Upsert(obj) => self.apply_object(cluster, obj),
+            Decoded::Delete(key) => {
+                self.delete(cluster, &key);
                 Ok(())
             }
         }

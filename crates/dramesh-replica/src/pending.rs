@@ -26,7 +26,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use dramesh_api::query::ObjectRef;
-use dramesh_model::{ClusterObject, ObjectChange, ObjectKind, k8s};
+use dramesh_estimator::{ApplyError, Decoded};
+use dramesh_model::{ClusterObject, ObjectKey, ObjectKind, k8s};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 /// Namespace of objects that do not name one.
@@ -95,10 +96,15 @@ fn is_pending(pod: &k8s::Pod) -> bool {
 }
 
 impl PendingIndex {
-    /// Applies one visible change of `cluster`; anything but a pod is ignored, and a pod that
-    /// is bound, finished, deleted or does not decode leaves the index.
-    pub(crate) fn apply(&mut self, cluster: &str, change: &ObjectChange) {
-        let key = change.key();
+    /// Applies one visible change of `cluster` to the object `key`, as [`dramesh_estimator::decode`]
+    /// decoded it. Anything but a pod is ignored, and a pod that is bound, finished, deleted or
+    /// does not decode leaves the index.
+    pub(crate) fn apply(
+        &mut self,
+        cluster: &str,
+        key: &ObjectKey,
+        change: &Result<Decoded, ApplyError>,
+    ) {
         if key.kind != ObjectKind::Pod {
             return;
         }
@@ -108,11 +114,8 @@ impl PendingIndex {
             .unwrap_or_else(|| DEFAULT_NAMESPACE.to_string());
         let id = (namespace.clone(), key.name.clone());
         let pod = match change {
-            ObjectChange::Upsert { json, .. } => match ClusterObject::from_json(key.kind, json) {
-                Ok(ClusterObject::Pod(p)) if is_pending(&p) => Some(p),
-                _ => None,
-            },
-            ObjectChange::Delete { .. } => None,
+            Ok(Decoded::Upsert(ClusterObject::Pod(p))) if is_pending(p) => Some(p),
+            _ => None,
         };
         match pod {
             Some(p) => {
@@ -123,8 +126,8 @@ impl PendingIndex {
                         id,
                         PendingPod {
                             namespace,
-                            deployment: deployment_of(&p),
-                            unschedulable_since: unschedulable_since(&p),
+                            deployment: deployment_of(p),
+                            unschedulable_since: unschedulable_since(p),
                         },
                     );
             }
@@ -191,6 +194,7 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
+    use dramesh_model::ObjectChange;
     use dramesh_model::load::decode_value;
     use serde_json::{Value, json};
 
@@ -213,6 +217,14 @@ mod tests {
 
     fn unsched(at: &str) -> Value {
         json!({"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "lastTransitionTime": at})
+    }
+
+    fn feed(idx: &mut PendingIndex, cluster: &str, change: &ObjectChange) {
+        idx.apply(
+            cluster,
+            change.key(),
+            &dramesh_estimator::decode(cluster, change),
+        );
     }
 
     fn up(p: k8s::Pod) -> ObjectChange {
@@ -256,7 +268,8 @@ mod tests {
     fn only_unschedulable_pods_older_than_the_threshold_count() {
         let mut idx = PendingIndex::default();
         let c = "c1";
-        idx.apply(
+        feed(
+            &mut idx,
             c,
             &up(pod(
                 "old",
@@ -266,7 +279,8 @@ mod tests {
                 unsched("2025-06-01T11:50:00Z"),
             )),
         );
-        idx.apply(
+        feed(
+            &mut idx,
             c,
             &up(pod(
                 "fresh",
@@ -278,8 +292,13 @@ mod tests {
         );
         let gated = json!({"type": "PodScheduled", "status": "False", "reason": "SchedulingGated",
             "lastTransitionTime": "2025-06-01T11:00:00Z"});
-        idx.apply(c, &up(pod("gated", "trainer-h1", "h1", None, gated)));
-        idx.apply(
+        feed(
+            &mut idx,
+            c,
+            &up(pod("gated", "trainer-h1", "h1", None, gated)),
+        );
+        feed(
+            &mut idx,
             c,
             &up(pod(
                 "other",
@@ -289,7 +308,8 @@ mod tests {
                 unsched("2025-06-01T11:00:00Z"),
             )),
         );
-        idx.apply(
+        feed(
+            &mut idx,
             c,
             &up(pod(
                 "bound",
@@ -341,8 +361,9 @@ mod tests {
         let count =
             |idx: &PendingIndex| idx.unschedulable("c", &d, Duration::ZERO, ts(NOW)).unwrap();
         let p = pod("a", "trainer-h", "h", None, unsched("2025-06-01T11:00:00Z"));
-        idx.apply("c", &up(p.clone()));
-        idx.apply(
+        feed(&mut idx, "c", &up(p.clone()));
+        feed(
+            &mut idx,
             "c",
             &up(pod(
                 "b",
@@ -353,7 +374,8 @@ mod tests {
             )),
         );
         assert_eq!(count(&idx), 2);
-        idx.apply(
+        feed(
+            &mut idx,
             "c",
             &up(pod(
                 "a",
@@ -368,17 +390,26 @@ mod tests {
         if let Some(s) = done.status.as_mut() {
             s.phase = Some("Failed".into());
         }
-        idx.apply("c", &up(done));
+        feed(&mut idx, "c", &up(done));
         assert_eq!(count(&idx), 0);
-        idx.apply("c", &up(p));
+        feed(&mut idx, "c", &up(p.clone()));
         assert_eq!(count(&idx), 1);
         let key = dramesh_model::ObjectKey::new(ObjectKind::Pod, Some("ml"), "a");
-        idx.apply("c", &ObjectChange::Delete { key });
+        // A pod whose new version does not decode leaves the index.
+        let garbled = ObjectChange::Upsert {
+            key: key.clone(),
+            json: r#"{"metadata": {"name": 7}}"#.as_bytes().into(),
+        };
+        feed(&mut idx, "c", &garbled);
+        assert_eq!(count(&idx), 0);
+        feed(&mut idx, "c", &up(p));
+        assert_eq!(count(&idx), 1);
+        feed(&mut idx, "c", &ObjectChange::Delete { key });
         assert_eq!(count(&idx), 0);
         assert_eq!(idx.len("c"), 0);
         // A pod that turned schedulable again (condition True) no longer counts.
         let ok = json!({"type": "PodScheduled", "status": "True", "lastTransitionTime": NOW});
-        idx.apply("c", &up(pod("c", "trainer-h", "h", None, ok)));
+        feed(&mut idx, "c", &up(pod("c", "trainer-h", "h", None, ok)));
         assert_eq!(count(&idx), 0);
         assert_eq!(idx.len("c"), 1);
     }

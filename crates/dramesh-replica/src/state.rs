@@ -698,14 +698,25 @@ impl ReplicaState {
             return;
         }
         let now = Instant::now();
+        // Decoded once, before the lock: readers of the view wait only for the applying.
+        let decoded: Vec<_> = changes
+            .iter()
+            .map(|(cluster, change)| {
+                (
+                    cluster,
+                    change.key(),
+                    dramesh_estimator::decode(cluster, change),
+                )
+            })
+            .collect();
         {
             let mut indexes = write(&self.indexes);
             let Indexes { view, pending, .. } = &mut *indexes;
-            for (cluster, change) in changes {
-                if let Err(e) = view.apply(cluster, change) {
-                    tracing::warn!(cluster, key = %change.key(), error = %e, "change not applied to the view");
+            for (cluster, key, change) in decoded {
+                pending.apply(cluster, key, &change);
+                if let Err(e) = change.and_then(|c| view.apply_decoded(cluster, c)) {
+                    tracing::warn!(cluster, key = %key, error = %e, "change not applied to the view");
                 }
-                pending.apply(cluster, change);
             }
             if let Some(st) = lock(&self.headroom).as_mut() {
                 let now = st.started.elapsed();

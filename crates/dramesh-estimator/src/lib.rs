@@ -60,7 +60,7 @@ pub use headroom::{
     RECOVERY_INTERVAL,
 };
 pub use placement::{
-    PlacementResult, Previous, SpreadCandidate, SpreadDemand, TargetCluster, assign,
+    ClusterInfos, PlacementResult, Previous, SpreadCandidate, SpreadDemand, TargetCluster, assign,
     assign_keeping, divide_static_weights, place, select_spread, tie_ascending, webster,
 };
 pub use policy::{

@@ -153,6 +153,9 @@ fn apportion(seats: i64, parties: Vec<Party>) -> Vec<(String, i64)> {
         .collect()
 }
 
+/// The candidate clusters' [`ClusterInfo`] by name, borrowed from the view or the fleet.
+pub type ClusterInfos<'a> = BTreeMap<&'a str, &'a ClusterInfo>;
+
 /// Karmada's static-weight division (`assignByStaticWeightStrategy` with the Webster
 /// dispenser): each selected cluster weighs the highest weight of the rules that match it;
 /// clusters no rule matches get nothing. With no rules at all every cluster weighs 1 (the
@@ -165,7 +168,7 @@ pub fn divide_static_weights(
     rules: &[(ClusterAffinity, i64)],
     replicas: i64,
     selected: &[(String, i64)],
-    infos: &BTreeMap<String, ClusterInfo>,
+    infos: &ClusterInfos<'_>,
     last: &[TargetCluster],
     ascending: bool,
 ) -> Vec<TargetCluster> {
@@ -191,7 +194,7 @@ pub fn divide_static_weights(
         selected
             .iter()
             .filter_map(|(n, _)| {
-                let info = infos.get(n).unwrap_or(&default_info);
+                let info = infos.get(n.as_str()).copied().unwrap_or(&default_info);
                 let w = rules
                     .iter()
                     .filter(|(a, _)| a.matches(n, info))
@@ -694,7 +697,7 @@ pub fn assign(
     strategy: &Strategy,
     replicas: i64,
     selected: &[(String, i64)],
-    infos: &BTreeMap<String, ClusterInfo>,
+    infos: &ClusterInfos<'_>,
     ascending: bool,
 ) -> Result<Vec<TargetCluster>, String> {
     assign_keeping(
@@ -723,7 +726,7 @@ pub fn assign_keeping(
     strategy: &Strategy,
     replicas: i64,
     selected: &[(String, i64)],
-    infos: &BTreeMap<String, ClusterInfo>,
+    infos: &ClusterInfos<'_>,
     ascending: bool,
     previous: Previous<'_>,
 ) -> Result<Vec<TargetCluster>, String> {
@@ -848,7 +851,7 @@ pub fn place(
     estimator: &mut Estimator,
     opts: &EstimateOptions,
 ) -> PlacementResult {
-    let mut infos = BTreeMap::new();
+    let mut infos = ClusterInfos::new();
     let mut candidates = Vec::new();
     let mut filtered_out = Vec::new();
     let mut stale = Vec::new();
@@ -856,7 +859,7 @@ pub fn place(
         if !opts.clusters.is_empty() && !opts.clusters.contains(&c.name) {
             continue;
         }
-        infos.insert(c.name.clone(), c.info.clone());
+        infos.insert(c.name.as_str(), &c.info);
         let ok = policy
             .affinity
             .as_ref()
@@ -926,7 +929,7 @@ pub fn place(
                 .iter()
                 .map(|(n, a)| SpreadCandidate {
                     name: n,
-                    info: infos.get(n).unwrap_or(&default_info),
+                    info: infos.get(n.as_str()).copied().unwrap_or(&default_info),
                     score: 0,
                     available: *a,
                 })

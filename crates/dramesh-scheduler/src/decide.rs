@@ -27,7 +27,6 @@ use dramesh_estimator::{
     SpreadDemand, Strategy, TargetCluster, View, assign_keeping, estimate_component_sets,
     select_spread, tie_ascending,
 };
-use dramesh_model::ClusterInfo;
 use dramesh_model::k8s::Taint;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -503,10 +502,10 @@ fn schedule_once(
         .iter()
         .map(|c| (c.name.clone(), c.allocatable))
         .collect();
-    let infos: BTreeMap<String, ClusterInfo> = selected
+    let infos: dramesh_estimator::ClusterInfos<'_> = selected
         .iter()
         .filter_map(|c| fleet.clusters.get(&c.name))
-        .map(|c| (c.name.clone(), c.info.clone()))
+        .map(|c| (c.name.as_str(), &c.info))
         .collect();
     let fresh = reschedule_required(b);
     let previous = Previous {

@@ -16,6 +16,10 @@
 //!   10): achieved rate and per-binding latency (creation to the status write).
 //! - `burst`: `SCHED_BURST` bindings (default 5,000) created at once: the drain rate.
 //!
+//! Each phase also reports CPU per binding by thread, and the deciding threads' figures from
+//! their metrics (`dramesh_scheduler_decider_*`): how busy each was, and how long decisions
+//! waited for it.
+//!
 //! `cargo bench -p dramesh-replica --bench scheduler`. `SCHED_FLEET=clusters,nodes` changes
 //! the fleet (default `100,1000`). `SCHED_VIEW_RATE=n` (default 0) also applies `n` node
 //! updates a second, round robin over the clusters, during the steady phase, as agents

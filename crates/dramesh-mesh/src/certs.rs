@@ -486,6 +486,25 @@ mod tests {
         }
     }
 
+    /// The README's "Clock faults": a peer whose clock is up to an hour behind the issuer's
+    /// still finds the certificates valid, and not more.
+    #[test]
+    fn issued_certificates_are_valid_from_an_hour_before_issue() {
+        let ca = generate_ca("x", 30).unwrap();
+        let id = PeerIdentity::Replica { id: "r1".into() };
+        let leaf = issue_leaf(&ca, &id, 30).unwrap();
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        for pem in [&ca.cert_pem, &leaf.cert_pem] {
+            let (_, p) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).unwrap();
+            let cert = p.parse_x509().unwrap();
+            let from = cert.validity().not_before.timestamp();
+            assert!(
+                (now - 3600 - 60..=now - 3600).contains(&from),
+                "{from} vs {now}"
+            );
+        }
+    }
+
     #[test]
     fn an_oversized_pem_file_is_refused_naming_it() {
         let dir = tempfile::tempdir().unwrap();

@@ -709,7 +709,7 @@ impl Estimator {
         let key = (c.name.clone(), workload_key(w, opts), list.is_some());
         // A first answer against deductions starts from the answers with nothing deducted
         // (nodes never deducted from answer the same).
-        let memo = self.take_memo(&key).or_else(|| {
+        let mut memo = self.take_memo(&key).or_else(|| {
             let base = (key.0.clone(), key.1, false);
             (key.2)
                 .then(|| self.memos.get(&base).map(|m| m.memo.clone()))
@@ -754,6 +754,24 @@ impl Estimator {
                 }
                 Err(e) => error_estimate(c, e),
             };
+        }
+        // Nothing of the cluster or its deductions changed since the memo: its answer stands.
+        // (Counting no nodes would still prepare the device query, which costs as much as
+        // counting a node or two; under churn most clusters of a decision are unchanged.)
+        if let Some(m) = memo.take_if(|m| {
+            m.view_gen == c.generation
+                && m.dev_counter == c.devices.counter()
+                && m.shared_gen == c.devices.shared_gen
+                && (m.build, m.epoch) == (build, epoch)
+        }) {
+            if let Some(mut l) = log {
+                l.ded.put_devices(held);
+                self.deductions.insert(c.name.clone(), l);
+            }
+            let mut out = m.to_estimate(c, w, opts);
+            out.assumed_unplaced = unplaced;
+            self.put_memo(key, m);
+            return out;
         }
         let changed = memo.as_ref().and_then(|m| {
             if m.shared_gen != c.devices.shared_gen {

@@ -43,6 +43,11 @@
 //! `--scheduler-confirm`; with `strict`, `--scheduler-members` is `SCHED_REPLICAS`, and the
 //! replicas' ack records travel with their reservation documents through the same
 //! copying (a confirmation's round trip is then two copies and an ack write).
+//!
+//! `SCHED_DECIDER_NICE` (default `dramesh_replica::DEFAULT_DECIDER_NICE`) is every replica's
+//! `--scheduler-decider-nice`; each phase prints the nice value the deciding threads got (it
+//! stays 0 without the privilege to lower it). The fake API server and the bench's driver
+//! share the two cores with them, as the replica's own other threads would.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -360,6 +365,8 @@ struct DeciderTotals {
     waited: f64,
     ran: f64,
     over_10ms: f64,
+    /// The deciding threads' nice value (the last replica's).
+    nice: f64,
 }
 
 fn decider_totals(metrics: &[Arc<dramesh_telemetry::Metrics>]) -> DeciderTotals {
@@ -378,6 +385,7 @@ fn decider_totals(metrics: &[Arc<dramesh_telemetry::Metrics>]) -> DeciderTotals 
         t.waited += value(&format!("{WAIT}_sum "));
         t.ran += value("dramesh_scheduler_decider_run_seconds_sum ");
         t.over_10ms += count - value(&format!("{WAIT}_bucket{{le=\"0.01\"}} "));
+        t.nice = value("dramesh_scheduler_decider_nice ");
     }
     t
 }
@@ -396,7 +404,8 @@ fn report_decider(
         return;
     }
     println!(
-        "{label}: deciding thread busy {:.0} % of the phase (per replica); decisions waited for it {:.2} ms on average, {:.1} % of them over 10 ms; {:.2} ms per decision on it",
+        "{label}: deciding thread (nice {}) busy {:.0} % of the phase (per replica); decisions waited for it {:.2} ms on average, {:.1} % of them over 10 ms; {:.2} ms per decision on it",
+        now.nice,
         100.0 * (now.ran - since.ran) / secs / metrics.len() as f64,
         1e3 * (now.waited - since.waited) / n,
         100.0 * (now.over_10ms - since.over_10ms) / n,
@@ -550,6 +559,7 @@ async fn main() {
         let role = SchedulerRole {
             confirm,
             members: replicas,
+            decider_nice: env("SCHED_DECIDER_NICE", dramesh_replica::DEFAULT_DECIDER_NICE),
             ..SchedulerRole::new(std::path::PathBuf::new(), SCHEDULER)
         };
         let others = states

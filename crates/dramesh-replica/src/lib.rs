@@ -48,7 +48,8 @@ pub use backend::ReplicaBackend;
 pub use members::Peers;
 pub use runner::{DEFAULT_READY_TIMEOUT, Replica, ReplicaConfig};
 pub use scheduler::{
-    Confirm, DEFAULT_SCHEDULER_NAME, DEFAULT_SETTLE, SchedulerRole, serve, serve_shared,
+    Confirm, DEFAULT_DECIDER_NICE, DEFAULT_SCHEDULER_NAME, DEFAULT_SETTLE, SchedulerRole, serve,
+    serve_shared,
 };
 pub use state::ReplicaState;
 

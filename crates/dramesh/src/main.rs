@@ -236,6 +236,15 @@ enum Command {
         /// its uid); false: every replica decides every binding.
         #[arg(long, default_value_t = true, action = clap::ArgAction::Set, requires = "karmada_kubeconfig")]
         scheduler_shard: bool,
+        /// Nice value asked for the scheduler role's deciding thread (-20..19; 0: the
+        /// process's). Decisions are made one at a time on it, so on a busy machine its
+        /// priority sets the latency tail. A value below the process's needs CAP_SYS_NICE;
+        /// without it the thread keeps the process's priority (logged, and shown by
+        /// dramesh_scheduler_decider_nice).
+        #[arg(long, default_value_t = dramesh_replica::DEFAULT_DECIDER_NICE,
+            allow_negative_numbers = true, requires = "karmada_kubeconfig",
+            value_parser = clap::value_parser!(i32).range(-20..=19))]
+        scheduler_decider_nice: i32,
         /// OTLP/gRPC collector for spans (http://host:4317); default $OTEL_EXPORTER_OTLP_ENDPOINT, else no export.
         #[arg(long)]
         otlp_endpoint: Option<String>,
@@ -755,6 +764,7 @@ fn main() -> ExitCode {
             scheduler_confirm,
             scheduler_members,
             scheduler_shard,
+            scheduler_decider_nice,
             otlp_endpoint,
         } => daemon(
             telemetry(
@@ -818,6 +828,7 @@ fn main() -> ExitCode {
                             confirm: scheduler_confirm,
                             shard: scheduler_shard,
                             members: scheduler_members.map_or(1, |m| m as usize),
+                            decider_nice: scheduler_decider_nice,
                         }
                     }),
                 })

@@ -9,12 +9,18 @@
 //! Being one thread, it is the role's serial resource: when decisions arrive faster than it
 //! runs them (on a machine short of CPU, the thread's turn comes late too), they queue. The
 //! metrics say so: the wait for the thread and the time it runs, per decision.
+//!
+//! On a busy machine the thread's turn is what decides the tail: it is runnable beside the
+//! replica's other threads, so it is given a higher priority (a lower nice value,
+//! [`crate::DEFAULT_DECIDER_NICE`]) where the process may raise one (`CAP_SYS_NICE`, or
+//! `RLIMIT_NICE`). Where it may not, the thread keeps the process's priority, which is logged
+//! once and shown by `dramesh_scheduler_decider_nice`.
 
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::Instant;
 
-use dramesh_telemetry::registry::{Histogram, MetricsError, Registry};
+use dramesh_telemetry::registry::{Gauge, Histogram, MetricsError, Registry};
 
 use crate::state::ReplicaState;
 
@@ -26,6 +32,8 @@ type Job = Box<dyn FnOnce(&ReplicaState) + Send>;
 pub(crate) struct DeciderMetrics {
     wait: Arc<Histogram>,
     run: Arc<Histogram>,
+    /// The nice value the thread runs at.
+    nice: Arc<Gauge>,
 }
 
 impl DeciderMetrics {
@@ -44,6 +52,10 @@ impl DeciderMetrics {
                 "Time the deciding thread spent on one decision, wall clock (the rate of the sum is how busy the thread is).",
                 BUCKETS,
             )?,
+            nice: r.gauge(
+                "dramesh_scheduler_decider_nice",
+                "Nice value of the deciding thread (lower runs first; --scheduler-decider-nice asks for it, and it stays the process's without CAP_SYS_NICE).",
+            )?,
         })
     }
 }
@@ -55,15 +67,19 @@ pub(super) struct Decider {
 }
 
 impl Decider {
-    /// Starts the thread.
+    /// Starts the thread and asks for nice value `nice` for it (0: the process's); returns
+    /// once it runs at the one it got (`dramesh_scheduler_decider_nice`).
     pub(super) fn start(
         state: Arc<ReplicaState>,
         metrics: Option<DeciderMetrics>,
+        nice: i32,
     ) -> std::io::Result<Decider> {
         let (tx, rx) = mpsc::channel::<Job>();
+        let (told, got) = mpsc::sync_channel(1);
         std::thread::Builder::new()
             .name("dramesh-decide".into())
             .spawn(move || {
+                let _ = told.send(prioritize(nice));
                 for job in rx {
                     // A panicking job answers nothing (its caller sees the decider's error)
                     // and does not stop the next.
@@ -73,6 +89,12 @@ impl Decider {
                     }
                 }
             })?;
+        let nice = got
+            .recv()
+            .map_err(|_| std::io::Error::other("the deciding thread ended at its start"))?;
+        if let Some(m) = &metrics {
+            m.nice.set(f64::from(nice));
+        }
         Ok(Decider { tx, metrics })
     }
 
@@ -101,13 +123,65 @@ impl Decider {
     }
 }
 
+/// Sets the calling thread's nice value to `nice` unless that is 0 (a lower value needs
+/// `CAP_SYS_NICE` or `RLIMIT_NICE`); returns the value it runs at, logging when that is not
+/// the one asked for.
+fn prioritize(nice: i32) -> i32 {
+    let current = thread_nice().unwrap_or(0);
+    if nice == 0 || nice == current {
+        return current;
+    }
+    match set_thread_nice(nice) {
+        Ok(()) => {
+            tracing::debug!(nice, "the deciding thread runs at a nice value of its own");
+            thread_nice().unwrap_or(nice)
+        }
+        Err(e) => {
+            tracing::warn!(
+                error = %e, asked = nice, runs_at = current,
+                "the deciding thread keeps the process's priority: a lower nice value needs \
+                 CAP_SYS_NICE (or RLIMIT_NICE). On a busy machine decisions then wait behind \
+                 the replica's other threads (dramesh_scheduler_decider_wait_seconds); \
+                 --scheduler-decider-nice 0 asks for nothing"
+            );
+            current
+        }
+    }
+}
+
+/// The calling thread's nice value (Linux keeps one per thread).
+#[cfg(target_os = "linux")]
+fn thread_nice() -> std::io::Result<i32> {
+    let tid = rustix::thread::gettid();
+    Ok(rustix::process::getpriority_process(Some(tid))?)
+}
+
+#[cfg(target_os = "linux")]
+fn set_thread_nice(nice: i32) -> std::io::Result<()> {
+    let tid = rustix::thread::gettid();
+    Ok(rustix::process::setpriority_process(Some(tid), nice)?)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn thread_nice() -> std::io::Result<i32> {
+    Err(std::io::ErrorKind::Unsupported.into())
+}
+
+#[cfg(not(target_os = "linux"))]
+fn set_thread_nice(_: i32) -> std::io::Result<()> {
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        "a thread's own nice value is Linux only",
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[tokio::test]
     async fn jobs_run_in_order_one_at_a_time_and_a_panic_does_not_stop_the_next() {
-        let d = Arc::new(Decider::start(ReplicaState::in_memory("t"), None).unwrap());
+        let d = Arc::new(Decider::start(ReplicaState::in_memory("t"), None, 0).unwrap());
         let log = Arc::new(std::sync::Mutex::new(Vec::new()));
         let mut answers = Vec::new();
         for i in 0..50 {
@@ -128,7 +202,7 @@ mod tests {
     #[tokio::test]
     async fn the_metrics_count_each_decision_its_wait_and_its_run() {
         let m = DeciderMetrics::register(&Registry::new()).unwrap();
-        let d = Decider::start(ReplicaState::in_memory("t"), Some(m.clone())).unwrap();
+        let d = Decider::start(ReplicaState::in_memory("t"), Some(m.clone()), 0).unwrap();
         let pause = std::time::Duration::from_millis(60);
         // The second job waits for the first, which runs for `pause`.
         let (a, b) = tokio::join!(d.run(move |_| std::thread::sleep(pause)), d.run(|_| ()));
@@ -137,5 +211,30 @@ mod tests {
         assert_eq!((wait.count, run.count), (2, 2));
         assert!(run.sum >= pause.as_secs_f64(), "run time {}", run.sum);
         assert!(wait.sum >= pause.as_secs_f64() * 0.9, "wait {}", wait.sum);
+    }
+
+    /// The thread runs at the nice value it reports, and at the one asked for when the
+    /// process may set it: a higher value always, a lower one with the privilege.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn the_thread_runs_at_the_nice_value_it_reports() {
+        let base = thread_nice().unwrap();
+        for asked in [base + 3, base - 2] {
+            let m = DeciderMetrics::register(&Registry::new()).unwrap();
+            let d = Decider::start(ReplicaState::in_memory("t"), Some(m.clone()), asked).unwrap();
+            let seen = d.run(|_| thread_nice().unwrap()).await.unwrap();
+            assert_eq!(m.nice.get(), f64::from(seen), "asked {asked}");
+            // Raising a nice value needs no privilege; lowering it does, and is then refused.
+            let lowering_allowed =
+                set_thread_nice(base).is_ok() && set_thread_nice(base - 1).is_ok();
+            let _ = set_thread_nice(base);
+            if asked > base || lowering_allowed {
+                assert_eq!(seen, asked);
+            } else {
+                assert_eq!(seen, base);
+            }
+        }
+        // This thread is as it was.
+        assert_eq!(thread_nice().unwrap(), base);
     }
 }

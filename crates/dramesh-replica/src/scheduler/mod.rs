@@ -122,7 +122,16 @@ pub struct SchedulerRole {
     /// How many replicas have this role ([`Confirm::Strict`] confirms with a majority of
     /// them; `--scheduler-members`). Unused by the other modes.
     pub members: usize,
+    /// The nice value asked for the deciding thread (`--scheduler-decider-nice`,
+    /// [`DEFAULT_DECIDER_NICE`]; 0: the process's).
+    pub decider_nice: i32,
 }
+
+/// The deciding thread's nice value unless told otherwise: decisions are the role's serial
+/// resource, and on a busy 2-core machine the thread at the process's priority waited for a
+/// core long enough to put the binding p99 over 50 ms in half the runs of the churn bench at
+/// 500/s; at -10 it stayed at 22-30 ms (docs/performance.md). -5 was not enough.
+pub const DEFAULT_DECIDER_NICE: i32 = -10;
 
 /// When a decision's reservations are confirmed by overcommit resolution, relative to
 /// writing the decision to the binding.
@@ -172,6 +181,7 @@ impl SchedulerRole {
             confirm: Confirm::default(),
             shard: true,
             members: 1,
+            decider_nice: DEFAULT_DECIDER_NICE,
         }
     }
 
@@ -407,6 +417,7 @@ pub(crate) async fn run(
     let decider = match decider::Decider::start(
         state.clone(),
         metrics.as_ref().map(|m| m.decider.clone()),
+        role.decider_nice,
     ) {
         Ok(d) => d,
         Err(e) => {

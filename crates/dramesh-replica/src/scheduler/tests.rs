@@ -151,6 +151,7 @@ fn start_with(
         confirm,
         shard: true,
         members: 1,
+        decider_nice: 0,
     };
     let metrics = SchedulerMetrics::register(&dramesh_telemetry::Metrics::new())
         .expect("metric names are free");

@@ -709,7 +709,7 @@ impl Estimator {
         let key = (c.name.clone(), workload_key(w, opts), list.is_some());
         // A first answer against deductions starts from the answers with nothing deducted
         // (nodes never deducted from answer the same).
-        let mut memo = self.take_memo(&key).or_else(|| {
+        let memo = self.take_memo(&key).or_else(|| {
             let base = (key.0.clone(), key.1, false);
             (key.2)
                 .then(|| self.memos.get(&base).map(|m| m.memo.clone()))
@@ -755,24 +755,17 @@ impl Estimator {
                 Err(e) => error_estimate(c, e),
             };
         }
-        // Nothing of the cluster or its deductions changed since the memo: its answer stands.
-        // (Counting no nodes would still prepare the device query, which costs as much as
-        // counting a node or two; under churn most clusters of a decision are unchanged.)
-        if let Some(m) = memo.take_if(|m| {
+        // Nothing of the cluster or its deductions changed since the memo (no node to count
+        // again, and the generations it was counted at): its answer stands, without preparing
+        // a device query, which costs as much as counting a node or two (under churn most
+        // clusters of a decision are unchanged). The generations also rule out what only the
+        // query's preparation would see (a counting of no nodes otherwise still prepares it).
+        let unchanged = memo.as_ref().is_some_and(|m| {
             m.view_gen == c.generation
                 && m.dev_counter == c.devices.counter()
                 && m.shared_gen == c.devices.shared_gen
                 && (m.build, m.epoch) == (build, epoch)
-        }) {
-            if let Some(mut l) = log {
-                l.ded.put_devices(held);
-                self.deductions.insert(c.name.clone(), l);
-            }
-            let mut out = m.to_estimate(c, w, opts);
-            out.assumed_unplaced = unplaced;
-            self.put_memo(key, m);
-            return out;
-        }
+        });
         let changed = memo.as_ref().and_then(|m| {
             if m.shared_gen != c.devices.shared_gen {
                 return None;
@@ -798,17 +791,21 @@ impl Estimator {
         m.shared_gen = c.devices.shared_gen;
         m.build = build;
         m.epoch = epoch;
-        let cache = self.device_cache.entry(c.name.clone()).or_default();
-        let counted = count_nodes(
-            c,
-            w,
-            opts,
-            log.as_ref().map(|l| &l.ded.res),
-            &mut held,
-            cache,
-            &mut m,
-            changed.as_deref(),
-        );
+        let counted = if unchanged && changed.as_ref().is_some_and(Vec::is_empty) {
+            Ok(Counted::Complete)
+        } else {
+            let cache = self.device_cache.entry(c.name.clone()).or_default();
+            count_nodes(
+                c,
+                w,
+                opts,
+                log.as_ref().map(|l| &l.ded.res),
+                &mut held,
+                cache,
+                &mut m,
+                changed.as_deref(),
+            )
+        };
         match counted {
             Ok(Counted::Complete) => {
                 if let Some(mut l) = log {

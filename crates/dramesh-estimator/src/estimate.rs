@@ -755,17 +755,14 @@ impl Estimator {
                 Err(e) => error_estimate(c, e),
             };
         }
-        // Nothing of the cluster or its deductions changed since the memo (no node to count
-        // again, and the generations it was counted at): its answer stands, without preparing
-        // a device query, which costs as much as counting a node or two (under churn most
-        // clusters of a decision are unchanged). The generations also rule out what only the
-        // query's preparation would see (a counting of no nodes otherwise still prepares it).
-        let unchanged = memo.as_ref().is_some_and(|m| {
-            m.view_gen == c.generation
-                && m.dev_counter == c.devices.counter()
-                && m.shared_gen == c.devices.shared_gen
-                && (m.build, m.epoch) == (build, epoch)
-        });
+        // With no node to count again (`changed` below, empty) and no change of the cluster
+        // since the memo's count (one that touches no node is seen only by preparing the
+        // device query, which is what counting no nodes would still do), the memo's answer
+        // stands as it is: under churn most clusters of a decision are such, and preparing a
+        // query costs as much as counting a node or two.
+        let same_cluster = memo
+            .as_ref()
+            .is_some_and(|m| m.view_gen == c.generation && m.dev_counter == c.devices.counter());
         let changed = memo.as_ref().and_then(|m| {
             if m.shared_gen != c.devices.shared_gen {
                 return None;
@@ -791,7 +788,7 @@ impl Estimator {
         m.shared_gen = c.devices.shared_gen;
         m.build = build;
         m.epoch = epoch;
-        let counted = if unchanged && changed.as_ref().is_some_and(Vec::is_empty) {
+        let counted = if same_cluster && changed.as_ref().is_some_and(Vec::is_empty) {
             Ok(Counted::Complete)
         } else {
             let cache = self.device_cache.entry(c.name.clone()).or_default();

@@ -129,8 +129,9 @@ pub struct SchedulerRole {
 
 /// The deciding thread's nice value unless told otherwise: decisions are the role's serial
 /// resource, and on a busy 2-core machine the thread at the process's priority waited for a
-/// core long enough to put the binding p99 over 50 ms in 3 of 10 runs of the churn bench at
-/// 500/s; at -10, in 1 of 15 (median 22 ms; docs/performance.md). -5 was not enough.
+/// core long enough to put the binding p99 over 50 ms in 2 of 5 runs of the churn bench at
+/// 500/s, and at -10 in none of the 5 runs interleaved with those (docs/performance.md).
+/// -5 was not enough.
 pub const DEFAULT_DECIDER_NICE: i32 = -10;
 
 /// When a decision's reservations are confirmed by overcommit resolution, relative to
